@@ -1,0 +1,3 @@
+from cuectl.cli.main import run
+
+run()

@@ -1,0 +1,99 @@
+"""The only module that reads the environment (DESIGN §2).
+
+Everything else receives values as arguments; this keeps the library testable and makes
+every knob discoverable in one place (documented in docs/environment.md).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+DEFAULT_FRAME_LIMIT = 100_000
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """Read one environment variable (for the few library spots that need one)."""
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def state_home() -> Path:
+    xdg = env("XDG_STATE_HOME")
+    return Path(xdg) if xdg else Path.home() / ".local" / "state"
+
+
+def default_db_url() -> str:
+    """``CUECTL_DB`` or the per-user SQLite file of DESIGN §3."""
+    return env("CUECTL_DB") or str(state_home() / "cuectl" / "cuectl.db")
+
+
+def log_root(db_path: Path | None) -> Path:
+    """Where frame logs go: ``CUECTL_LOG_DIR``, else ``logs/`` beside a SQLite store."""
+    explicit = env("CUECTL_LOG_DIR")
+    if explicit:
+        return Path(explicit)
+    if db_path is not None:
+        return db_path.parent / "logs"
+    return state_home() / "cuectl" / "logs"
+
+
+def lock_dir() -> Path:
+    """Host-local directory of device lease locks, shared by every user of the machine.
+
+    ``/dev/shm`` is a tmpfs on Linux: always local, never NFS, and cleared at boot, which is
+    right for locks that describe running processes. Elsewhere fall back to the temp dir.
+    """
+    explicit = env("CUECTL_LOCK_DIR")
+    if explicit:
+        return Path(explicit)
+    shm = Path("/dev/shm")
+    if shm.is_dir() and os.access(shm, os.W_OK):
+        return shm / "cuectl-locks"
+    return Path(tempfile.gettempdir()) / "cuectl-locks"
+
+
+def fake_gpus_file() -> str | None:
+    return env("CUECTL_FAKE_GPUS")
+
+
+def frame_limit() -> int:
+    raw = env("CUECTL_FRAME_LIMIT")
+    try:
+        return int(raw) if raw else DEFAULT_FRAME_LIMIT
+    except ValueError:
+        return DEFAULT_FRAME_LIMIT
+
+
+def no_color() -> bool:
+    return env("NO_COLOR") is not None
+
+
+def current_user() -> str:
+    for name in ("CUECTL_USER", "USER", "LOGNAME"):
+        value = env(name)
+        if value:
+            return value
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except Exception:  # no passwd entry (containers with arbitrary uids)
+        return str(os.getuid())
+
+
+def hostname() -> str:
+    import socket
+
+    return env("CUECTL_HOSTNAME") or socket.gethostname()
+
+
+def inherited_environ() -> dict[str, str]:
+    """The environment a frame or ``cuectl run`` child starts from."""
+    return dict(os.environ)
+
+
+def test_hook() -> str | None:
+    """Name of a worker crash point used by the chaos tests (never set by users)."""
+    return env("CUECTL_TEST_CRASH_AT")

@@ -1,0 +1,1 @@
+"""GPU discovery and sampling backends (nvml, smi, apple, amd, fake)."""

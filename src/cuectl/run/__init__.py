@@ -1,0 +1,1 @@
+"""Running work: the worker loop, device leases, frame launch and usage sampling."""
