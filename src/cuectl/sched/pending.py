@@ -1,0 +1,82 @@
+"""Why a job's frames are not running: the ``pending_reason`` of ``job show``/``job list``.
+
+Only definite blockers are reported (paused, no host, no host could ever fit a layer's
+request, dependencies, dead upstream frames). A job that merely waits for a free device
+or slot has no reason (``null``): it will run when capacity frees up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from cuectl.gpu.device import Device
+from cuectl.sched import model as m
+from cuectl.sched.match import GpuRequest, explain_hosts, tags_fit
+from cuectl.sched.store import Store
+
+
+def _request(layer: Mapping[str, Any]) -> GpuRequest:
+    return GpuRequest(gpus=layer["gpus"], vendor=layer["gpu_vendor"], models=tuple(layer["gpu_models"]),
+                      memory_min_bytes=layer["gpu_memory_min_bytes"])
+
+
+def layer_blocker(layer: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[Device], Sequence[str]]]) -> str | None:
+    """Why no registered, unlocked host could ever run this layer's frames (or None)."""
+    if not hosts:
+        return "no host registered (start `cuectl worker`)"
+    tagged = {name: devs for name, (devs, tags) in hosts.items() if tags_fit(layer["tags"], tags)}
+    if not tagged:
+        return f"no unlocked host has the tags {', '.join(layer['tags'])}"
+    if layer["gpus"] <= 0:
+        return None
+    return explain_hosts(_request(layer), tagged)
+
+
+def pending_reason(job: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[Device], Sequence[str]]]) -> str | None:
+    counts = job["frame_counts"]
+    waiting, depend = counts.get(m.WAITING, 0), counts.get(m.DEPEND, 0)
+    if not waiting and not depend:
+        return None
+    if job["paused"]:
+        return "job is paused (`cuectl job resume`)"
+    reasons = []
+    for layer in job.get("layers", []):
+        blocker = layer_blocker(layer, hosts)
+        if blocker:
+            reasons.append(f"layer {layer['name']}: {blocker}")
+    if reasons:
+        return "; ".join(reasons)
+    if not waiting and depend:
+        dead = job.get("dead_dependencies", 0)
+        if dead:
+            return f"{dead} frame(s) wait on DEAD frames; retry those to continue"
+        return f"{depend} frame(s) waiting on dependencies"
+    return None
+
+
+def usable_hosts(store: Store) -> dict[str, tuple[list[Device], list[str]]]:
+    """Registered, unlocked hosts with their device inventory and tags."""
+    hosts: dict[str, tuple[list[Device], list[str]]] = {}
+    for name, (devices, locked, tags) in store.host_inventories().items():
+        if not locked:
+            hosts[name] = ([Device.from_json(d) for d in devices], list(tags))
+    return hosts
+
+
+def describe_job(store: Store, ref: str | int) -> dict[str, Any]:
+    """``job show``: the job with layers and a ``pending_reason``."""
+    job = store.get_job(ref)
+    job["pending_reason"] = pending_reason(job, usable_hosts(store))
+    return job
+
+
+def describe_jobs(store: Store, *, include_finished: bool = True) -> list[dict[str, Any]]:
+    """``job list``: jobs without layers; the pending reason still considers them."""
+    hosts = usable_hosts(store)
+    jobs = []
+    for job in store.list_jobs(include_finished=include_finished):
+        if job["frame_counts"].get(m.WAITING) or job["frame_counts"].get(m.DEPEND):
+            full = store.get_job(job["id"])
+            job["pending_reason"] = pending_reason(full, hosts)
+        jobs.append(job)
+    return jobs

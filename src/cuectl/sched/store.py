@@ -1,0 +1,222 @@
+"""The store interface: every state change of jobs, frames and hosts goes through it.
+
+Two implementations satisfy it — SQLite (``cuectl.sched.sqlite``, the default) and
+PostgreSQL (for farms) — and one contract test suite runs against each. Nothing outside
+the implementations writes SQL. Methods return plain, JSON-ready values in the shapes of
+DESIGN §9 (``job_json``/``frame_json``/``host_json``) so the CLI only renders.
+
+Every method that changes state is one transaction. Worker-facing methods are built so
+that the write transaction stays tiny: the worker reads what is runnable
+(``runnable_layers``), matches devices in Python, and only then claims one frame of a
+chosen layer with a conditional update (``claim_frame``), which may lose the race and
+return None.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from cuectl.sched.model import JobSpec
+
+
+@dataclass(frozen=True)
+class RunnableLayer:
+    """A layer with WAITING frames that is not paused, in dispatch order."""
+
+    layer_id: int
+    job_id: int
+    job: str
+    layer: str
+    priority: int
+    gpus: int
+    gpu_vendor: str | None
+    gpu_models: tuple[str, ...]
+    gpu_memory_min_bytes: int
+    cores: float
+    memory_bytes: int
+    tags: tuple[str, ...]
+    waiting: int
+
+
+@dataclass(frozen=True)
+class ClaimedFrame:
+    """Everything the worker needs to launch one frame attempt."""
+
+    frame_id: int
+    job_id: int
+    job: str
+    user: str
+    layer_id: int
+    layer: str
+    number: int
+    frames: tuple[int, ...]
+    attempt: int
+    command: tuple[str, ...] | str
+    layer_range: str
+    chunk: int
+    cores: float
+    memory_bytes: int
+    gpus: int
+    gpu_memory_min_bytes: int
+    gpu_uuids: tuple[str, ...]
+    timeout_s: float | None
+    env: Mapping[str, str]
+    retries: int
+    log_path: str
+
+
+@dataclass(frozen=True)
+class FrameResult:
+    """What a worker reports when a frame attempt ends."""
+
+    exit_code: int | None
+    exit_signal: int | None = None
+    timed_out: bool = False
+    started_at: float | None = None
+    ended_at: float | None = None
+    max_rss_bytes: int | None = None
+    cpu_seconds: float | None = None
+    # Set when the worker killed the frame because a user asked (kill/retry/eat).
+    user_action: str | None = None
+    usage: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    name: str
+    cores: float
+    memory_bytes: int
+    gpus: Sequence[Mapping[str, Any]]  # Device.to_json() dicts
+    tags: tuple[str, ...] = ()
+    worker_pid: int | None = None
+    version: str | None = None
+
+
+class Store(abc.ABC):
+    """The small interface every backend implements (see the contract tests)."""
+
+    url: str
+
+    # -- lifecycle ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @abc.abstractmethod
+    def schema_version(self) -> int: ...
+
+    # -- jobs ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def submit(self, spec: JobSpec, *, now: float) -> int:
+        """Insert the job, its layers and frames in one transaction; return the job id."""
+
+    @abc.abstractmethod
+    def list_jobs(self, *, include_finished: bool = True) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def get_job(self, ref: str | int) -> dict[str, Any]:
+        """The job by id or unique name, with layers and ``pending_reason``. NotFound/Conflict."""
+
+    @abc.abstractmethod
+    def set_job_paused(self, ref: str | int, paused: bool) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def set_job_priority(self, ref: str | int, priority: int) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def kill_job(self, ref: str | int, *, now: float) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def retry_job(self, ref: str | int, *, now: float) -> dict[str, Any]: ...
+
+    # -- frames --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
+                    state: str | None = None, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
+        """Frames in dispatch order, at most ``limit``; also the total that matched."""
+
+    @abc.abstractmethod
+    def get_frame(self, frame_id: int) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float) -> list[dict[str, Any]]:
+        """``retry``, ``kill`` or ``eat`` frames; running ones are flagged for their worker."""
+
+    # -- hosts ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def register_host(self, host: HostInfo, *, now: float) -> None: ...
+
+    @abc.abstractmethod
+    def list_hosts(self, *, now: float, down_after: float) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def get_host(self, name: str, *, now: float, down_after: float) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def set_host_locked(self, name: str, locked: bool) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    def host_inventories(self) -> dict[str, tuple[list[Mapping[str, Any]], bool, list[str]]]:
+        """name -> (device dicts, locked, tags) for every registered host (pending reasons)."""
+
+    # -- worker --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def runnable_layers(self, *, limit: int = 200) -> list[RunnableLayer]:
+        """Read-only: layers with WAITING frames of unpaused jobs, in dispatch order."""
+
+    @abc.abstractmethod
+    def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
+                    now: float, lease_s: float) -> ClaimedFrame | None:
+        """Atomically move the layer's next WAITING frame to RUNNING; None if none left."""
+
+    @abc.abstractmethod
+    def heartbeat(self, host: str, frame_ids: Iterable[int], *, now: float, lease_s: float,
+                  live: Mapping[str, Any] | None = None) -> dict[int, str | None]:
+        """Extend the host's and its frames' leases; return each frame's pending user action
+        (``kill``/``retry``/``eat``, or ``lost`` when the frame is no longer ours)."""
+
+    @abc.abstractmethod
+    def complete_frame(self, frame_id: int, attempt: int, result: FrameResult, *, now: float) -> str | None:
+        """Record the end of an attempt (fenced: ignored unless ``attempt`` is current and the
+        frame is RUNNING). Returns the new state, or None when the report was stale."""
+
+    @abc.abstractmethod
+    def requeue_frame(self, frame_id: int, attempt: int, *, now: float, reason: str) -> str | None:
+        """Give a RUNNING attempt back to the queue (a draining worker's second signal)."""
+
+    @abc.abstractmethod
+    def running_on_host(self, host: str) -> list[dict[str, Any]]:
+        """Frames the store thinks are RUNNING on ``host`` (restarted-worker recovery)."""
+
+    @abc.abstractmethod
+    def reap(self, *, now: float) -> list[int]:
+        """Requeue (or fail, when retries are spent) RUNNING frames whose lease expired."""
+
+    @abc.abstractmethod
+    def has_unfinished_work(self) -> bool:
+        """True while any frame is WAITING, DEPEND or RUNNING."""
+
+
+def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0) -> Store:
+    """Open the store named by a path, ``sqlite:///path`` or ``postgresql://…``."""
+    from cuectl.errors import InvalidInput
+
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            from cuectl.sched.postgres import PostgresStore
+        except ImportError as exc:  # pragma: no cover - until the PostgreSQL issue lands
+            raise InvalidInput("PostgreSQL stores need the postgres extra",
+                               hint="pip install 'cuectl[postgres]'") from exc
+        return PostgresStore(url)
+    if url.startswith("sqlite:///"):
+        # SQLAlchemy convention: sqlite:///relative/path, sqlite:////absolute/path.
+        path = url[len("sqlite:///"):]
+    elif "://" in url:
+        raise InvalidInput(f"unsupported store URL {url!r}",
+                           hint="use a file path, sqlite:///path or postgresql://…")
+    else:
+        path = url
+    from cuectl.sched.sqlite import SQLiteStore
+
+    return SQLiteStore(path, create=create, busy_timeout_s=busy_timeout_s)

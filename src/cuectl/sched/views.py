@@ -1,0 +1,102 @@
+"""Rows to the JSON shapes of DESIGN §9, shared by every store backend.
+
+Keys here are the stable contract of ``--json``: add keys, never rename them. Times are
+ISO 8601 UTC, sizes bytes, durations seconds, unknown values ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from cuectl.units import iso
+
+
+def _loads(value: Any, default: Any) -> Any:
+    if value is None or value == "":
+        return default
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "user": row["user"],
+        "priority": row["priority"],
+        "state": row["state"],
+        "paused": bool(row["paused"]),
+        "created_at": iso(row["created_at"]),
+        "finished_at": iso(row["finished_at"]),
+        "frame_counts": dict(frame_counts),
+        "pending_reason": None,
+    }
+
+
+def layer_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "command": _loads(row["command"], []),
+        "range": row["range"],
+        "chunk": row["chunk"],
+        "gpus": row["gpus"],
+        "gpu_vendor": row["gpu_vendor"],
+        "gpu_models": _loads(row["gpu_models"], []),
+        "gpu_memory_min_bytes": row["gpu_memory_min_bytes"],
+        "cores": row["cores"],
+        "memory_bytes": row["memory_bytes"],
+        "retries": row["retries"],
+        "timeout_s": row["timeout_s"],
+        "tags": _loads(row["tags"], []),
+        "depends": _loads(row["depends"], []),
+        "env": _loads(row["env"], {}),
+    }
+
+
+def frame_name(number: int, layer: str) -> str:
+    """OpenCue frame names: zero-padded number, dash, layer (``0001-render``)."""
+    return f"{number:04d}-{layer}"
+
+
+def frame_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "job_id": row["job_id"],
+        "job": row["job_name"],
+        "layer": row["layer_name"],
+        "number": row["number"],
+        "frames": row["frames"],
+        "name": frame_name(row["number"], row["layer_name"]),
+        "state": row["state"],
+        "attempts": row["attempts"],
+        "host": row["host"],
+        "gpu_uuids": _loads(row["gpu_uuids"], []),
+        "exit_code": row["exit_code"],
+        "exit_signal": row["exit_signal"],
+        "started_at": iso(row["started_at"]),
+        "ended_at": iso(row["ended_at"]),
+        "gpu_util_mean_pct": row["gpu_util_mean_pct"],
+        "gpu_util_max_pct": row["gpu_util_max_pct"],
+        "gpu_memory_peak_bytes": row["gpu_memory_peak_bytes"],
+        "gpu_seconds": row["gpu_seconds"],
+        "max_rss_bytes": row["max_rss_bytes"],
+        "pending_action": row["action"],
+    }
+
+
+def host_json(row: Mapping[str, Any], *, now: float, down_after: float) -> dict[str, Any]:
+    up = (now - row["last_heartbeat"]) <= down_after
+    return {
+        "name": row["name"],
+        "state": "UP" if up else "DOWN",
+        "locked": bool(row["locked"]),
+        "last_heartbeat": iso(row["last_heartbeat"]),
+        "cores": row["cores"],
+        "memory_bytes": row["memory_bytes"],
+        "gpus": _loads(row["gpus"], []),
+        "tags": _loads(row["tags"], []),
+        "worker_pid": row["worker_pid"],
+        "version": row["version"],
+        "live": _loads(row["live"], None),
+    }

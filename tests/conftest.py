@@ -1,0 +1,99 @@
+"""Shared fixtures: isolated state per test (store, lock dir, logs), fake GPU files, and an
+in-process CLI runner that goes through the same error mapping as the real executable."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = (REPO.parent / "shared" / "fixtures" / "gpu") if (REPO.parent / "shared").is_dir() else None
+
+
+@pytest.fixture(autouse=True)
+def _isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Never touch the user's store, /dev/shm locks or real GPUs from a test."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    monkeypatch.setenv("CUECTL_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("CUECTL_DB", raising=False)
+    monkeypatch.delenv("CUECTL_FAKE_GPUS", raising=False)
+    monkeypatch.delenv("CUECTL_LOG_DIR", raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "store" / "cuectl.db"
+
+
+def write_fake_gpus(path: Path, devices: list[dict[str, Any]], *, host: str | None = None,
+                    state_dir: Path | None = None) -> Path:
+    doc: dict[str, Any] = {"devices": devices}
+    if host:
+        doc["host"] = host
+    if state_dir:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        doc["state_dir"] = str(state_dir)
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def fake_gpus(tmp_path: Path):
+    """Factory: ``fake_gpus([{"model": …, "vendor": …, "memory": "16G"}], host="h1")``."""
+    counter = {"n": 0}
+
+    def make(devices: list[dict[str, Any]], *, host: str | None = None, state: bool = False) -> Path:
+        counter["n"] += 1
+        name = f"gpus-{host or counter['n']}.yaml"
+        return write_fake_gpus(tmp_path / name, devices, host=host,
+                               state_dir=(tmp_path / f"gpu-state-{host or counter['n']}") if state else None)
+
+    return make
+
+
+class CliResult:
+    def __init__(self, code: int, out: str, err: str) -> None:
+        self.exit_code, self.stdout, self.stderr = code, out, err
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def __repr__(self) -> str:
+        return f"CliResult(exit={self.exit_code}, out={self.stdout[-500:]!r}, err={self.stderr[-500:]!r})"
+
+
+@pytest.fixture
+def cli(db_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Run ``cuectl --db <tmp store> ARGS`` in-process; returns exit code, stdout, stderr."""
+    from cuectl.cli.main import app
+
+    def invoke(*args: str, db: bool = True) -> CliResult:
+        argv = (["--db", str(db_path)] if db else []) + [str(a) for a in args]
+        capsys.readouterr()
+        try:
+            code = app(args=argv, prog_name="cuectl", standalone_mode=False)
+        except SystemExit as exc:  # pragma: no cover - typer exits on --help
+            code = exc.code if isinstance(exc.code, int) else 0
+        captured = capsys.readouterr()
+        return CliResult(code or 0, captured.out, captured.err)
+
+    return invoke
+
+
+def cuectl_cmd() -> list[str]:
+    """How tests start the real executable as a subprocess."""
+    exe = Path(sys.executable).with_name("cuectl")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env

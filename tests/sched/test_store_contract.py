@@ -1,0 +1,353 @@
+"""The store contract: every backend must pass these (SQLite here; PostgreSQL joins via
+the ``store`` fixture's params). Real files in tmp dirs, no mocks."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuectl.errors import Conflict, InvalidInput, NotFound, SchemaTooNew, StoreError
+from cuectl.sched import model as m
+from cuectl.sched.spec import spec_from_mapping
+from cuectl.sched.store import FrameResult, HostInfo, open_store
+
+NOW = 1_700_000_000.0
+GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB", "backend": "fake",
+       "memory_total_bytes": 16160 * 1024**2}
+
+
+@pytest.fixture(params=["sqlite"])
+def store(request, tmp_path: Path):
+    s = open_store(str(tmp_path / "s" / "cuectl.db"))
+    yield s
+    s.close()
+
+
+def job(name="j", layers=None, priority=0, paused=False):
+    layers = layers or [{"name": "render", "command": ["true"], "range": "1-3"}]
+    return spec_from_mapping({"name": name, "priority": priority, "paused": paused, "layers": layers}, user="alice")
+
+
+def claim_next(store, host="h1", now=NOW, lease_s=60.0):
+    for layer in store.runnable_layers():
+        claimed = store.claim_frame(layer.layer_id, host=host, worker=f"{host}-w", gpu_uuids=[], now=now,
+                                    lease_s=lease_s)
+        if claimed:
+            return claimed
+    return None
+
+
+def ok(code=0):
+    return FrameResult(exit_code=code, started_at=NOW, ended_at=NOW + 1)
+
+
+def test_submit_and_show_shapes(store):
+    job_id = store.submit(job(layers=[{"name": "render", "command": "echo #IFRAME#", "range": "1-10", "chunk": 3,
+                                       "gpus": 1, "gpu_vendor": "nvidia", "gpu_models": ["V100"],
+                                       "gpu_memory_min": "16G", "tags": ["gpu"]}]), now=NOW)
+    data = store.get_job(job_id)
+    assert data["state"] == "PENDING" and data["user"] == "alice" and data["paused"] is False
+    assert data["created_at"].endswith("Z")
+    assert data["frame_counts"] == {"WAITING": 4}
+    layer = data["layers"][0]
+    assert (layer["name"], layer["range"], layer["chunk"], layer["gpus"], layer["gpu_vendor"]) == \
+        ("render", "1-10", 3, 1, "NVIDIA")
+    assert layer["gpu_memory_min_bytes"] == 16 * 1024**3 and layer["gpu_models"] == ["V100"]
+    frames, total = store.list_frames(job=job_id)
+    assert total == 4 and [f["number"] for f in frames] == [1, 4, 7, 10]
+    assert frames[0]["name"] == "0001-render" and frames[0]["frames"] == "1-3"
+    assert store.get_job("j")["id"] == job_id
+
+
+def test_lookup_errors(store):
+    with pytest.raises(NotFound):
+        store.get_job("nope")
+    store.submit(job("dup"), now=NOW)
+    store.submit(job("dup"), now=NOW)
+    with pytest.raises(Conflict):
+        store.get_job("dup")
+    with pytest.raises(NotFound):
+        store.get_frame(999)
+    with pytest.raises(NotFound):
+        store.frame_action([999], "retry", now=NOW)
+
+
+def test_list_frames_limit_and_filters(store):
+    job_id = store.submit(job(layers=[{"name": "a", "command": ["true"], "range": "1-50"},
+                                      {"name": "b", "command": ["true"], "range": "1-5"}]), now=NOW)
+    frames, total = store.list_frames(job=job_id, limit=10)
+    assert len(frames) == 10 and total == 55
+    frames, total = store.list_frames(job=job_id, layer="b")
+    assert total == 5 and {f["layer"] for f in frames} == {"b"}
+    frames, total = store.list_frames(state="RUNNING")
+    assert total == 0
+
+
+def test_claim_order_priority_then_submit_then_frame_order(store):
+    low = store.submit(job("low", priority=1), now=NOW)
+    high = store.submit(job("high", priority=10, layers=[{"name": "r", "command": ["true"], "range": "1-10:5"}]),
+                        now=NOW + 1)
+    order = []
+    while (c := claim_next(store)) is not None:
+        order.append((c.job_id, c.number))
+    assert order == [(high, n) for n in (1, 6, 3, 5, 7, 9, 2, 4, 8, 10)] + [(low, n) for n in (1, 2, 3)]
+
+
+def test_paused_job_and_locked_host_are_not_claimed(store):
+    job_id = store.submit(job(paused=True), now=NOW)
+    assert claim_next(store) is None
+    store.set_job_paused(job_id, False)
+    store.register_host(HostInfo(name="h1", cores=4, memory_bytes=1 << 30, gpus=[GPU]), now=NOW)
+    store.set_host_locked("h1", True)
+    assert claim_next(store, host="h1") is None
+    assert claim_next(store, host="h2") is not None
+
+
+def test_claim_records_everything_and_completion_is_fenced(store):
+    store.submit(job(layers=[{"name": "r", "command": ["run", "#IFRAME#"], "range": "1", "retries": 1,
+                              "env": {"A": "1"}}]), now=NOW)
+    layer = store.runnable_layers()[0]
+    c = store.claim_frame(layer.layer_id, host="h1", worker="w1", gpu_uuids=["GPU-a"], now=NOW, lease_s=60)
+    assert (c.attempt, c.number, c.frames, c.command, c.env, c.gpu_uuids) == \
+        (1, 1, (1,), ("run", "#IFRAME#"), {"A": "1"}, ("GPU-a",))
+    frame = store.get_frame(c.frame_id)
+    assert frame["state"] == "RUNNING" and frame["host"] == "h1" and frame["gpu_uuids"] == ["GPU-a"]
+    assert store.complete_frame(c.frame_id, c.attempt + 1, ok(), now=NOW) is None  # wrong attempt
+    assert store.complete_frame(c.frame_id, c.attempt, ok(1), now=NOW) == "WAITING"  # retry 1 of 1
+    assert store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW) is None  # stale report
+    c2 = claim_next(store)
+    assert c2.attempt == 2
+    assert store.complete_frame(c2.frame_id, 2, ok(3), now=NOW) == "DEAD"
+    assert store.get_job(c.job_id)["state"] == "FINISHED"
+    history = store.get_frame(c.frame_id)["attempt_history"]
+    assert [(a["attempt"], a["outcome"], a["exit_code"]) for a in history] == [(1, "failed", 1), (2, "failed", 3)]
+
+
+def test_success_finishes_job(store):
+    job_id = store.submit(job(), now=NOW)
+    while (c := claim_next(store)) is not None:
+        assert store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW) == "SUCCEEDED"
+    data = store.get_job(job_id)
+    assert data["state"] == "FINISHED" and data["frame_counts"] == {"SUCCEEDED": 3}
+    assert not store.has_unfinished_work()
+
+
+def test_layer_dependency_releases_in_same_transaction(store):
+    job_id = store.submit(job(layers=[
+        {"name": "render", "command": ["true"], "range": "1-2"},
+        {"name": "comp", "command": ["true"], "range": "1-2", "depends": ["render"]}]), now=NOW)
+    assert store.list_frames(job=job_id, layer="comp")[0][0]["state"] == "DEPEND"
+    first = claim_next(store)
+    store.complete_frame(first.frame_id, 1, ok(), now=NOW)
+    assert {f["state"] for f in store.list_frames(job=job_id, layer="comp")[0]} == {"DEPEND"}
+    second = claim_next(store)
+    assert second.layer == "render"
+    store.complete_frame(second.frame_id, 1, ok(), now=NOW)
+    assert {f["state"] for f in store.list_frames(job=job_id, layer="comp")[0]} == {"WAITING"}
+
+
+def test_frame_by_frame_dependency_with_different_chunks(store):
+    job_id = store.submit(job(layers=[
+        {"name": "render", "command": ["true"], "range": "1-4"},
+        {"name": "comp", "command": ["true"], "range": "1-4", "chunk": 2,
+         "depends": [{"layer": "render", "type": "frame"}]},
+        {"name": "extra", "command": ["true"], "range": "10-11", "depends": [{"layer": "render", "type": "frame"}]},
+    ]), now=NOW)
+    comp = {f["number"]: f for f in store.list_frames(job=job_id, layer="comp")[0]}
+    assert comp[1]["state"] == "DEPEND" and comp[3]["state"] == "DEPEND"
+    # Frames without a counterpart upstream have no dependency at all.
+    assert {f["state"] for f in store.list_frames(job=job_id, layer="extra")[0]} == {"WAITING"}
+    render = {f["number"]: f["id"] for f in store.list_frames(job=job_id, layer="render")[0]}
+    store.frame_action([render[1]], "eat", now=NOW)  # eaten frames release dependents too
+    assert store.get_frame(comp[1]["id"])["state"] == "DEPEND"
+    c = claim_next(store)
+    assert (c.layer, c.number) == ("render", 2)
+    store.complete_frame(c.frame_id, 1, ok(), now=NOW)
+    assert store.get_frame(comp[1]["id"])["state"] == "WAITING"
+    assert store.get_frame(comp[3]["id"])["state"] == "DEPEND"
+
+
+def test_dead_upstream_blocks_and_retry_unblocks(store):
+    job_id = store.submit(job(layers=[
+        {"name": "a", "command": ["false"], "range": "1", "retries": 0},
+        {"name": "b", "command": ["true"], "range": "1", "depends": [{"layer": "a", "type": "frame"}]}]), now=NOW)
+    c = claim_next(store)
+    assert store.complete_frame(c.frame_id, 1, ok(1), now=NOW) == "DEAD"
+    assert store.get_job(job_id)["dead_dependencies"] == 1
+    assert store.get_job(job_id)["state"] == "PENDING"
+    store.retry_job(job_id, now=NOW)
+    c = claim_next(store)
+    assert (c.layer, c.attempt) == ("a", 2)
+    store.complete_frame(c.frame_id, 2, ok(), now=NOW)
+    assert claim_next(store).layer == "b"
+
+
+def test_actions_on_running_frames_reach_the_worker(store):
+    store.submit(job(layers=[{"name": "r", "command": ["sleep", "9"], "range": "1-3"}]), now=NOW)
+    store.register_host(HostInfo(name="h1", cores=4, memory_bytes=1 << 30, gpus=[]), now=NOW)
+    a, b, c = (claim_next(store) for _ in range(3))
+    store.frame_action([a.frame_id], "kill", now=NOW)
+    store.frame_action([b.frame_id], "retry", now=NOW)
+    store.frame_action([c.frame_id], "eat", now=NOW)
+    actions = store.heartbeat("h1", [a.frame_id, b.frame_id, c.frame_id, 12345], now=NOW, lease_s=60)
+    assert actions == {a.frame_id: "kill", b.frame_id: "retry", c.frame_id: "eat", 12345: "lost"}
+    killed = FrameResult(exit_code=None, exit_signal=15, user_action="kill")
+    assert store.complete_frame(a.frame_id, 1, killed, now=NOW) == "DEAD"
+    assert store.complete_frame(b.frame_id, 1, killed, now=NOW) == "WAITING"
+    assert store.complete_frame(c.frame_id, 1, killed, now=NOW) == "EATEN"
+
+
+def test_kill_job_eats_waiting_and_flags_running(store):
+    job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-3"}]), now=NOW)
+    running = claim_next(store)
+    data = store.kill_job(job_id, now=NOW)
+    assert data["frame_counts"] == {"EATEN": 2, "RUNNING": 1} and data["state"] == "PENDING"
+    assert store.get_frame(running.frame_id)["pending_action"] == "eat"
+    store.complete_frame(running.frame_id, 1, FrameResult(exit_code=None, exit_signal=15), now=NOW)
+    assert store.get_job(job_id)["state"] == "FINISHED"
+
+
+def test_reap_requeues_expired_then_dead(store):
+    store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1", "retries": 1}]), now=NOW)
+    c = claim_next(store, lease_s=2)
+    assert store.reap(now=NOW + 1) == []
+    assert store.reap(now=NOW + 3) == [c.frame_id]
+    frame = store.get_frame(c.frame_id)
+    assert frame["state"] == "WAITING" and frame["attempts"] == 1
+    c2 = claim_next(store, now=NOW + 4, lease_s=2)
+    assert c2.attempt == 2
+    # A heartbeat extends the lease; a late completion of attempt 1 is fenced off.
+    store.register_host(HostInfo(name="h1", cores=1, memory_bytes=0, gpus=[]), now=NOW)
+    store.heartbeat("h1", [c2.frame_id], now=NOW + 5, lease_s=2)
+    assert store.reap(now=NOW + 6.5) == []
+    assert store.complete_frame(c.frame_id, 1, ok(), now=NOW + 7) is None
+    assert store.reap(now=NOW + 8) == [c2.frame_id]
+    assert store.get_frame(c2.frame_id)["state"] == "DEAD"
+
+
+def test_requeue_frame_is_fenced(store):
+    store.submit(job(), now=NOW)
+    c = claim_next(store)
+    assert store.requeue_frame(c.frame_id, 2, now=NOW, reason="drain") is None
+    assert store.requeue_frame(c.frame_id, 1, now=NOW, reason="drain") == "WAITING"
+    assert store.get_frame(c.frame_id)["attempts"] == 1
+
+
+def test_hosts_register_list_lock(store):
+    store.register_host(HostInfo(name="h1", cores=8, memory_bytes=1 << 34, gpus=[GPU], tags=("gpu",)), now=NOW)
+    hosts = store.list_hosts(now=NOW + 10, down_after=60)
+    assert [(h["name"], h["state"], h["locked"], h["gpus"][0]["uuid"]) for h in hosts] == \
+        [("h1", "UP", False, "GPU-a")]
+    assert store.list_hosts(now=NOW + 100, down_after=60)[0]["state"] == "DOWN"
+    store.set_host_locked("h1", True)
+    assert store.get_host("h1", now=NOW, down_after=60)["locked"] is True
+    with pytest.raises(NotFound):
+        store.set_host_locked("h9", True)
+    # Re-registering refreshes the inventory.
+    store.register_host(HostInfo(name="h1", cores=8, memory_bytes=1 << 34, gpus=[]), now=NOW + 200)
+    assert store.get_host("h1", now=NOW + 200, down_after=60)["gpus"] == []
+
+
+_CLAIMER = """
+import json, sys
+from cuectl.sched.store import open_store
+s = open_store(sys.argv[1])
+got = []
+while True:
+    layers = s.runnable_layers()
+    if not layers:
+        break
+    c = s.claim_frame(layers[0].layer_id, host=sys.argv[2], worker=sys.argv[2], gpu_uuids=[], now=0, lease_s=60)
+    if c:
+        got.append(c.frame_id)
+print(json.dumps(got))
+"""
+
+
+def test_concurrent_claimers_never_share_a_frame(tmp_path: Path):
+    path = str(tmp_path / "c.db")
+    s = open_store(path)
+    s.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-400"}]), now=NOW)
+    s.close()
+    procs = [subprocess.Popen([sys.executable, "-c", _CLAIMER, path, f"h{i}"], stdout=subprocess.PIPE, text=True)
+             for i in range(4)]
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    claimed = [f for r in results for f in r]
+    assert len(claimed) == 400 and len(set(claimed)) == 400
+    assert sum(1 for r in results if r) >= 2, "claims are spread over the contenders"
+
+
+# -- SQLite specifics: files, modes, versions, foreign files --------------------------------
+def test_sqlite_file_modes_and_wal(tmp_path: Path):
+    path = tmp_path / "new" / "dir" / "cuectl.db"
+    s = open_store(str(path))
+    s.submit(job(), now=NOW)
+    assert stat.S_IMODE(path.stat().st_mode) & 0o007 == 0, "store must not be world-accessible"
+    assert stat.S_IMODE(path.parent.stat().st_mode) & 0o007 == 0
+    assert s.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    s.close()
+
+
+def test_sqlite_url_forms(tmp_path: Path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = open_store("sqlite:///rel.db")
+    s.close()
+    assert (tmp_path / "rel.db").exists()
+    s = open_store(f"sqlite:///{tmp_path}/abs.db")
+    s.close()
+    assert (tmp_path / "abs.db").exists()
+    with pytest.raises(InvalidInput):
+        open_store("mysql://x")
+
+
+def test_newer_schema_is_refused_untouched(tmp_path: Path):
+    path = tmp_path / "v.db"
+    open_store(str(path)).close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    before = path.read_bytes()
+    with pytest.raises(SchemaTooNew, match="schema version 99"):
+        open_store(str(path))
+    assert path.read_bytes() == before
+
+
+def test_foreign_and_corrupt_files_are_refused(tmp_path: Path):
+    foreign = tmp_path / "foreign.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE photos (id INTEGER)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="not a cuectl store"):
+        open_store(str(foreign))
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(os.urandom(4096))
+    with pytest.raises(StoreError, match="not a usable cuectl store"):
+        open_store(str(garbage))
+    assert garbage.stat().st_size == 4096
+
+
+def test_existing_store_reopens_with_data(tmp_path: Path):
+    path = str(tmp_path / "r.db")
+    s = open_store(path)
+    job_id = s.submit(job(), now=NOW)
+    s.close()
+    s = open_store(path)
+    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 1
+    s.close()
+
+
+def test_layer_json_round_trip_of_shell_and_argv_commands(store):
+    job_id = store.submit(job(layers=[{"name": "a", "command": "echo 'x y' && true", "range": "1"},
+                                      {"name": "b", "command": ["echo", "x y"], "range": "1"}]), now=NOW)
+    layers = store.get_job(job_id)["layers"]
+    assert layers[0]["command"] == "echo 'x y' && true" and layers[1]["command"] == ["echo", "x y"]
+    assert json.dumps(layers)  # JSON-serialisable
