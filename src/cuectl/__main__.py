@@ -1,3 +1,3 @@
-from cuectl.cli.main import run
+from cuectl.cli.entry import run
 
 run()

@@ -724,6 +724,9 @@ class SQLiteStore(Store):
                 reaped.append(int(row["id"]))
         return reaped
 
+    def running_count(self) -> int:
+        return int(self._read("SELECT COUNT(*) FROM frames WHERE state = 'RUNNING'")[0][0])
+
     def has_unfinished_work(self) -> bool:
         return bool(self._read("SELECT 1 FROM frames WHERE state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1"))
 

@@ -167,14 +167,17 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
-                    now: float, lease_s: float) -> ClaimedFrame | None:
-        """Atomically move the layer's next WAITING frame to RUNNING; None if none left."""
+                    now: float, lease_s: float, log_dir: str | None = None) -> ClaimedFrame | None:
+        """Atomically move the layer's next WAITING frame to RUNNING; None if none left.
+        The attempt's log goes under ``log_dir`` (default: ``logs/`` beside the store)."""
 
     @abc.abstractmethod
     def heartbeat(self, host: str, frame_ids: Iterable[int], *, now: float, lease_s: float,
-                  live: Mapping[str, Any] | None = None) -> dict[int, str | None]:
+                  live: Mapping[str, Any] | None = None, attempts: Mapping[int, int] | None = None
+                  ) -> dict[int, str | None]:
         """Extend the host's and its frames' leases; return each frame's pending user action
-        (``kill``/``retry``/``eat``, or ``lost`` when the frame is no longer ours)."""
+        (``kill``/``retry``/``eat``, or ``lost`` when the frame is no longer ours — another
+        host, or another attempt than ``attempts`` says)."""
 
     @abc.abstractmethod
     def complete_frame(self, frame_id: int, attempt: int, result: FrameResult, *, now: float) -> str | None:
@@ -192,6 +195,10 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def reap(self, *, now: float) -> list[int]:
         """Requeue (or fail, when retries are spent) RUNNING frames whose lease expired."""
+
+    @abc.abstractmethod
+    def running_count(self) -> int:
+        """Frames RUNNING anywhere in the store."""
 
     @abc.abstractmethod
     def has_unfinished_work(self) -> bool:

@@ -1,0 +1,78 @@
+"""``cuectl host …``: registered hosts, their devices, locking."""
+
+from __future__ import annotations
+
+import time
+
+import typer
+
+from cuectl.cli import term
+
+host_app = typer.Typer(help="Inspect and lock worker hosts.", no_args_is_help=True)
+JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable keys, see docs/json.md).")
+# A host is DOWN when its worker has not heartbeated for this long (the default frame
+# lease timeout): by then its frames are presumed lost too.
+DOWN_AFTER_S = 60.0
+
+
+def _gpu_summary(gpus: list) -> str:
+    if not gpus:
+        return "-"
+    counts: dict[str, int] = {}
+    for d in gpus:
+        counts[d["model"]] = counts.get(d["model"], 0) + 1
+    return ", ".join(f"{n}x {model}" for model, n in counts.items())
+
+
+@host_app.command("list")
+def host_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """List registered hosts with UP/DOWN state and devices."""
+    from cuectl.units import format_bytes
+
+    hosts = ctx.obj.store().list_hosts(now=time.time(), down_after=DOWN_AFTER_S)
+    if as_json:
+        term.emit_json({"hosts": hosts})
+        return
+    term.table(["NAME", "STATE", "LOCKED", "CORES", "MEMORY", "GPUS", "LAST HEARTBEAT"],
+               [[h["name"], h["state"], "yes" if h["locked"] else "no", h["cores"], format_bytes(h["memory_bytes"]),
+                 _gpu_summary(h["gpus"]), h["last_heartbeat"]] for h in hosts])
+
+
+@host_app.command("show")
+def host_show(ctx: typer.Context, host: str = typer.Argument(..., help="Host name."), as_json: bool = JSON_OPT) -> None:
+    """Show a host, its devices (with live values from the last heartbeat) and running frames."""
+    from cuectl.units import format_bytes
+
+    data = ctx.obj.store().get_host(host, now=time.time(), down_after=DOWN_AFTER_S)
+    if as_json:
+        term.emit_json(data)
+        return
+    term.fields([("name", data["name"]), ("state", data["state"]), ("locked", data["locked"]),
+                 ("cores", data["cores"]), ("memory", format_bytes(data["memory_bytes"])),
+                 ("tags", ", ".join(data["tags"]) or "-"), ("last heartbeat", data["last_heartbeat"]),
+                 ("running frames", ", ".join(map(str, data["running_frames"])) or "-")])
+    live = {d.get("uuid"): d for d in ((data.get("live") or {}).get("devices") or [])}
+    term.line()
+    term.table(["IDX", "UUID", "VENDOR", "MODEL", "MEMORY", "FREE", "UTIL"],
+               [[d["index"], d["uuid"], d["vendor"], d["model"], format_bytes(d.get("memory_total_bytes")),
+                 format_bytes(live.get(d["uuid"], {}).get("memory_free_bytes", d.get("memory_free_bytes"))),
+                 live.get(d["uuid"], {}).get("utilization_pct", d.get("utilization_pct"))]
+                for d in data["gpus"]])
+
+
+@host_app.command("lock")
+def host_lock(ctx: typer.Context, host: str, as_json: bool = JSON_OPT) -> None:
+    """Stop dispatching new frames to a host (running frames finish)."""
+    data = ctx.obj.store().set_host_locked(host, True)
+    term.emit_json(data) if as_json else term.line(f"locked host {host}")
+
+
+@host_app.command("unlock")
+def host_unlock(ctx: typer.Context, host: str, as_json: bool = JSON_OPT) -> None:
+    """Dispatch to a locked host again."""
+    data = ctx.obj.store().set_host_locked(host, False)
+    term.emit_json(data) if as_json else term.line(f"unlocked host {host}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(host_app, name="host")

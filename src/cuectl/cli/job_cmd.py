@@ -1,0 +1,275 @@
+"""``cuectl submit``, ``cuectl job …`` and ``cuectl frame …``: parse, call the library, render."""
+
+from __future__ import annotations
+
+import time
+from typing import List, Optional
+
+import typer
+
+from cuectl.cli import term
+from cuectl.errors import InvalidInput
+from cuectl.sched import model as m
+
+job_app = typer.Typer(help="Inspect and control jobs.", no_args_is_help=True)
+frame_app = typer.Typer(help="Inspect and control frames.", no_args_is_help=True)
+
+JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable keys, see docs/json.md).")
+
+
+def _store(ctx: typer.Context):
+    return ctx.obj.store()
+
+
+# -- submit ------------------------------------------------------------------------------
+def submit(
+    ctx: typer.Context,
+    args: Optional[List[str]] = typer.Argument(None, metavar="SPEC.yaml | -- COMMAND [ARGS...]",
+                                               help="A job spec file, or (with --name) the command after --."),
+    name: Optional[str] = typer.Option(None, "--name", help="Job name (flag form: one layer)."),
+    range_: str = typer.Option("1", "--range", help="Frame range (OpenCue FrameSet: 1-100, 1-100x2, 1-10:5…)."),
+    chunk: int = typer.Option(1, "--chunk", help="Frames per chunk."),
+    layer: Optional[str] = typer.Option(None, "--layer", help="Layer name (default: the job name's first word)."),
+    gpus: int = typer.Option(0, "--gpus", help="Devices per frame."),
+    gpu_vendor: Optional[str] = typer.Option(None, "--gpu-vendor", help="NVIDIA, AMD, Apple or Intel."),
+    gpu_model: List[str] = typer.Option([], "--gpu-model", help="Allowed model (repeatable): A100, 'RTX 4090', '*V100*'."),
+    gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min", help="Memory per device, e.g. 24G."),
+    cores: Optional[float] = typer.Option(None, "--cores", help="CPU cores reserved per frame."),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Host RAM reserved per frame, e.g. 8G."),
+    priority: int = typer.Option(0, "--priority", help="Higher runs first."),
+    retries: Optional[int] = typer.Option(None, "--retries", help="Retries after a failure (default 3)."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", help="Per-frame timeout, e.g. 30m."),
+    env: List[str] = typer.Option([], "--env", help="K=V for the frame environment (repeatable)."),
+    tag: List[str] = typer.Option([], "--tag", help="Only hosts with this tag (repeatable)."),
+    paused: bool = typer.Option(False, "--paused", help="Submit paused."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Submit a job: a YAML spec with several layers, or one layer from flags."""
+    from cuectl import config
+    from cuectl.sched import spec as specs
+
+    args = list(args or [])
+    if name is None:
+        if len(args) != 1:
+            raise InvalidInput("give one job spec file, or --name with a command after --",
+                               hint="cuectl submit job.yaml | cuectl submit --name N --range 1-10 -- CMD ARGS")
+        job_spec = specs.load_spec_file(args[0], user=config.current_user(), frame_limit=config.frame_limit())
+    else:
+        if not args:
+            raise InvalidInput("--name needs a command after --", hint="cuectl submit --name N -- CMD ARGS")
+        job_spec = specs.spec_from_flags(
+            name=name, command=args, range=range_, chunk=chunk, layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
+            gpu_models=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
+            retries=retries, timeout=timeout, env=env, tags=tag, paused=paused, user=config.current_user(),
+            frame_limit=config.frame_limit())
+    store = _store(ctx)
+    job_id = store.submit(job_spec, now=time.time())
+    if as_json:
+        from cuectl.sched.pending import describe_job
+
+        term.emit_json(describe_job(store, job_id))
+    else:
+        term.line(str(job_id))
+
+
+# -- job ---------------------------------------------------------------------------------
+def _counts(job: dict) -> str:
+    c = job["frame_counts"]
+    done = c.get(m.SUCCEEDED, 0) + c.get(m.EATEN, 0)
+    total = sum(c.values())
+    parts = [f"{done}/{total} done"]
+    for state in (m.RUNNING, m.WAITING, m.DEPEND, m.DEAD):
+        if c.get(state):
+            parts.append(f"{c[state]} {state.lower()}")
+    return ", ".join(parts)
+
+
+@job_app.command("list")
+def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
+             active: bool = typer.Option(False, "--active", help="Hide finished jobs.")) -> None:
+    """List jobs (newest last)."""
+    from cuectl.sched.pending import describe_jobs
+
+    jobs = describe_jobs(_store(ctx), include_finished=not active)
+    if as_json:
+        term.emit_json({"jobs": jobs})
+        return
+    term.table(["ID", "NAME", "USER", "PRI", "STATE", "FRAMES", "PENDING REASON"],
+               [[j["id"], j["name"], j["user"], j["priority"],
+                 j["state"] + (" (paused)" if j["paused"] else ""), _counts(j), j["pending_reason"]] for j in jobs])
+
+
+@job_app.command("show")
+def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or unique name."),
+             as_json: bool = JSON_OPT) -> None:
+    """Show a job, its layers, and why waiting frames are not running."""
+    from cuectl.sched.pending import describe_job
+    from cuectl.units import format_bytes, format_duration
+
+    data = describe_job(_store(ctx), job)
+    if as_json:
+        term.emit_json(data)
+        return
+    term.fields([("job", f"{data['id']} {data['name']}"), ("user", data["user"]), ("priority", data["priority"]),
+                 ("state", data["state"] + (" (paused)" if data["paused"] else "")),
+                 ("created", data["created_at"]), ("frames", _counts(data)),
+                 ("pending reason", data["pending_reason"])])
+    rows = []
+    for layer in data["layers"]:
+        gpu = "-"
+        if layer["gpus"]:
+            gpu = f"{layer['gpus']}x {layer['gpu_vendor'] or 'any'}"
+            if layer["gpu_models"]:
+                gpu += " " + "|".join(layer["gpu_models"])
+            if layer["gpu_memory_min_bytes"]:
+                gpu += f" >={format_bytes(layer['gpu_memory_min_bytes'])}"
+        deps = ", ".join(f"{d['layer']}({d['type']})" for d in layer["depends"]) or "-"
+        rows.append([layer["name"], layer["range"], layer["chunk"], gpu, layer["cores"],
+                     format_bytes(layer["memory_bytes"]) if layer["memory_bytes"] else "-",
+                     layer["retries"], format_duration(layer["timeout_s"]), deps])
+    term.line()
+    term.table(["LAYER", "RANGE", "CHUNK", "GPUS", "CORES", "MEMORY", "RETRIES", "TIMEOUT", "DEPENDS"], rows)
+
+
+def _job_change(ctx: typer.Context, as_json: bool, data: dict, message: str) -> None:
+    if as_json:
+        term.emit_json(data)
+    else:
+        term.line(message)
+
+
+@job_app.command("pause")
+def job_pause(ctx: typer.Context, job: str, as_json: bool = JSON_OPT) -> None:
+    """Stop dispatching the job's frames (running frames finish)."""
+    data = _store(ctx).set_job_paused(job, True)
+    _job_change(ctx, as_json, data, f"paused job {data['id']} {data['name']}")
+
+
+@job_app.command("resume")
+def job_resume(ctx: typer.Context, job: str, as_json: bool = JSON_OPT) -> None:
+    """Dispatch the job's frames again."""
+    data = _store(ctx).set_job_paused(job, False)
+    _job_change(ctx, as_json, data, f"resumed job {data['id']} {data['name']}")
+
+
+@job_app.command("kill")
+def job_kill(ctx: typer.Context, job: str, as_json: bool = JSON_OPT) -> None:
+    """Kill running frames and eat every unfinished frame."""
+    data = _store(ctx).kill_job(job, now=time.time())
+    _job_change(ctx, as_json, data, f"killed job {data['id']} {data['name']}")
+
+
+@job_app.command("retry")
+def job_retry(ctx: typer.Context, job: str, as_json: bool = JSON_OPT) -> None:
+    """Requeue the job's DEAD and EATEN frames."""
+    data = _store(ctx).retry_job(job, now=time.time())
+    _job_change(ctx, as_json, data, f"retrying dead frames of job {data['id']} {data['name']}")
+
+
+@job_app.command("priority")
+def job_priority(ctx: typer.Context, job: str, priority: int = typer.Argument(..., help="New priority."),
+                 as_json: bool = JSON_OPT) -> None:
+    """Change a job's priority (higher runs first)."""
+    data = _store(ctx).set_job_priority(job, priority)
+    _job_change(ctx, as_json, data, f"job {data['id']} {data['name']} priority {priority}")
+
+
+# -- frame -------------------------------------------------------------------------------
+def _gpu_cell(frame: dict) -> str:
+    util, peak = frame.get("gpu_util_mean_pct"), frame.get("gpu_memory_peak_bytes")
+    if util is None and peak is None:
+        return "-"
+    from cuectl.units import format_bytes
+
+    return f"{util:.0f}% {format_bytes(peak)}" if util is not None else format_bytes(peak)
+
+
+@frame_app.command("list")
+def frame_list(ctx: typer.Context,
+               job: Optional[str] = typer.Option(None, "--job", help="Job id or unique name."),
+               layer: Optional[str] = typer.Option(None, "--layer", help="Layer name."),
+               state: Optional[str] = typer.Option(None, "--state", help="WAITING, DEPEND, RUNNING, SUCCEEDED, DEAD, EATEN."),
+               limit: int = typer.Option(1000, "--limit", help="Show at most this many frames."),
+               as_json: bool = JSON_OPT) -> None:
+    """List frames in dispatch order."""
+    if state is not None:
+        state = state.upper()
+        if state not in m.FRAME_STATES:
+            raise InvalidInput(f"unknown frame state {state!r} (expected one of {', '.join(m.FRAME_STATES)})")
+    if limit < 1:
+        raise InvalidInput("--limit must be 1 or more")
+    frames, total = _store(ctx).list_frames(job=job, layer=layer, state=state, limit=limit)
+    truncated = total > len(frames)
+    if as_json:
+        term.emit_json({"frames": frames, "total": total, "truncated": truncated})
+        return
+    term.table(["ID", "JOB", "FRAME", "STATE", "TRIES", "HOST", "GPUS", "GPU UTIL/MEM", "EXIT", "STARTED"],
+               [[f["id"], f["job"], f["name"], f["state"], f["attempts"], f["host"], len(f["gpu_uuids"]) or "-",
+                 _gpu_cell(f), f["exit_code"] if f["exit_signal"] is None else f"sig {f['exit_signal']}",
+                 f["started_at"]] for f in frames],
+               footer=f"showing {len(frames)} of {total} frames (use --limit)" if truncated else None)
+
+
+@frame_app.command("show")
+def frame_show(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame id."), as_json: bool = JSON_OPT) -> None:
+    """Show one frame with its attempts and GPU usage."""
+    data = _store(ctx).get_frame(frame)
+    if as_json:
+        term.emit_json(data)
+        return
+    term.fields([(k, data[k]) for k in ("id", "job", "layer", "name", "state", "attempts", "host", "gpu_uuids",
+                                        "exit_code", "exit_signal", "started_at", "ended_at", "max_rss_bytes",
+                                        "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes",
+                                        "gpu_seconds", "log_path")])
+    if data["attempt_history"]:
+        term.line()
+        term.table(["ATTEMPT", "HOST", "OUTCOME", "EXIT", "SIGNAL"],
+                   [[a["attempt"], a["host"], a["outcome"], a["exit_code"], a["exit_signal"]]
+                    for a in data["attempt_history"]])
+
+
+@frame_app.command("log")
+def frame_log(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame id."),
+              follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing while the frame runs.")) -> None:
+    """Print a frame's log (its latest attempt)."""
+    from cuectl.run.logs import stream_log
+
+    store = _store(ctx)
+    stream_log(store, frame, follow=follow)
+
+
+def _frame_action(ctx: typer.Context, frames: List[int], action: str, as_json: bool) -> None:
+    result = _store(ctx).frame_action(frames, action, now=time.time())
+    if as_json:
+        term.emit_json({"frames": result})
+        return
+    for f in result:
+        note = f" (running: the worker will {action} it)" if f["state"] == m.RUNNING else ""
+        term.line(f"{action}: frame {f['id']} {f['name']} is {f['state']}{note}")
+
+
+@frame_app.command("retry")
+def frame_retry(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
+                as_json: bool = JSON_OPT) -> None:
+    """Requeue frames (a running frame is killed first)."""
+    _frame_action(ctx, frames, "retry", as_json)
+
+
+@frame_app.command("kill")
+def frame_kill(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
+               as_json: bool = JSON_OPT) -> None:
+    """Stop frames and mark them DEAD (retry them later)."""
+    _frame_action(ctx, frames, "kill", as_json)
+
+
+@frame_app.command("eat")
+def frame_eat(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
+              as_json: bool = JSON_OPT) -> None:
+    """Mark frames done without running them (dependents are released)."""
+    _frame_action(ctx, frames, "eat", as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)
+    app.add_typer(job_app, name="job")
+    app.add_typer(frame_app, name="frame")

@@ -1,0 +1,163 @@
+"""The ``cuectl`` root command: global options, sub-commands, and the one place where
+library errors become ``error: …`` lines and exit codes (DESIGN §6).
+
+Exit codes: 0 success; 1 the operation failed (``CuectlError``); 2 bad usage or invalid
+input (``InvalidInput`` and click usage errors). No traceback reaches a user unless
+``--debug`` is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.2x vendors click; older releases depend on the click package
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover - depends on the installed typer
+    from click import exceptions as _click_exc
+
+from cuectl import __version__
+from cuectl.errors import CuectlError
+
+
+class CuectlGroup(TyperGroup):
+    """Runs every invocation (the console script and typer's CliRunner alike) through
+    ``_guarded`` so error handling is identical in tests and for users."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        code = _guarded(lambda: super(CuectlGroup, self).main(
+            args=argv, prog_name=prog_name or "cuectl", complete_var=complete_var,
+            standalone_mode=False, **extra), debug=_debug_requested(argv))
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+_NO_ARGS = getattr(_click_exc, "NoArgsIsHelpError", None) or getattr(_click_exc, "NoArgsIsHelp")
+
+
+def _debug_requested(argv: Sequence[str]) -> bool:
+    for arg in argv:
+        if arg == "--":
+            return False
+        if arg == "--debug":
+            return True
+    return False
+
+
+def _guarded(call, *, debug: bool) -> int:
+    from cuectl.cli import term
+
+    try:
+        result = call()
+        return result if isinstance(result, int) else 0
+    except CuectlError as exc:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        term.error(exc.message, exc.hint)
+        return exc.exit_code
+    except _NO_ARGS as exc:
+        exc.show()
+        return 2
+    except _click_exc.UsageError as exc:
+        hint = None
+        if exc.ctx is not None:
+            hint = f"see '{exc.ctx.command_path} --help'"
+        term.error(exc.format_message(), hint)
+        return 2
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        term.error("aborted")
+        return 130
+    except KeyboardInterrupt:
+        term.error("interrupted")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: say so briefly, full traceback only with --debug
+        if debug:
+            raise
+        term.error(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
+        return 1
+
+
+@dataclass
+class AppState:
+    """What the global options decide, shared by every command through ``ctx.obj``."""
+
+    db: Optional[str] = None
+    debug: bool = False
+    _store: Any = field(default=None, repr=False)
+
+    def store(self):
+        """Open the store once per invocation (lazily: `gpu list` needs none)."""
+        if self._store is None:
+            from cuectl import config
+            from cuectl.sched.store import open_store
+
+            self._store = open_store(self.db or config.default_db_url())
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+app = typer.Typer(
+    cls=CuectlGroup,
+    help="A GPU-aware job queue: OpenCue-style jobs, layers and frames on a workstation or a farm.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"cuectl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    db: Optional[str] = typer.Option(None, "--db", metavar="URL",
+                                     help="Store: a path, sqlite:///path or postgresql://… (default: $CUECTL_DB or "
+                                          "$XDG_STATE_HOME/cuectl/cuectl.db)."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    state = AppState(db=db, debug=debug)
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+def _register() -> None:
+    from cuectl.cli import admin_cmd, gpu_cmd, host_cmd, job_cmd, lease_cmds, worker_cmd
+
+    job_cmd.register(app)
+    host_cmd.register(app)
+    worker_cmd.register(app)
+    admin_cmd.register(app)
+    gpu_cmd.app.command("leases", help="Who holds which local device (worker frames, `cuectl run`, the Python API).")(
+        lease_cmds.leases_cmd)
+    app.add_typer(gpu_cmd.app, name="gpu", help="This machine's GPUs and their leases (no store needed).")
+    app.command("run", context_settings={"allow_interspersed_args": False},
+                help="Run a command with an exclusive lease on local GPUs (ad-hoc work beside queued frames).")(
+        lease_cmds.run_cmd)
+
+
+_register()

@@ -1,0 +1,56 @@
+"""``cuectl worker``: run frames on this host until stopped (or idle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from cuectl.cli import term
+from cuectl.errors import InvalidInput
+
+
+def worker(
+    ctx: typer.Context,
+    name: Optional[str] = typer.Option(None, "--name", help="Host name to register as (default: the fake GPU "
+                                                             "file's host, else this machine's hostname)."),
+    until_idle: bool = typer.Option(False, "--until-idle", help="Exit 0 once nothing this host could run is "
+                                                                "waiting or running."),
+    max_frames: Optional[int] = typer.Option(None, "--max-frames", help="Run at most N frames, then exit."),
+    poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the queue when idle."),
+    sample_interval: float = typer.Option(10.0, "--sample-interval", help="Seconds between GPU samples per frame."),
+    lease_timeout: float = typer.Option(60.0, "--lease-timeout", help="Seconds a silent worker's frames stay "
+                                                                      "claimed before they are requeued."),
+    gpu_only: bool = typer.Option(False, "--gpu-only", help="Run only frames that ask for GPUs."),
+    lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", help="Host-local device lease directory "
+                                                                     "(default: $CUECTL_LOCK_DIR or /dev/shm/cuectl-locks)."),
+    tag: List[str] = typer.Option([], "--tag", help="Tag this host (layers with tags run only on hosts with all of them)."),
+    cores: Optional[float] = typer.Option(None, "--cores", help="CPU slots for CPU frames (default: all cores)."),
+    backend: str = typer.Option("auto", "--backend", help="GPU backend: auto, nvml, smi, apple, amd, fake."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print frame starts and ends."),
+) -> None:
+    """Run frames on this host: register, claim what fits, lease devices, report."""
+    from cuectl.run.service import build_worker, run_worker
+
+    if poll <= 0 or sample_interval <= 0 or lease_timeout <= 0:
+        raise InvalidInput("--poll, --sample-interval and --lease-timeout must be greater than 0")
+    if max_frames is not None and max_frames < 1:
+        raise InvalidInput("--max-frames must be 1 or more")
+    if cores is not None and cores <= 0:
+        raise InvalidInput("--cores must be greater than 0")
+    state = ctx.obj
+    w, discovery = build_worker(state.store(), db_url=state.db, name=name, until_idle=until_idle,
+                                max_frames=max_frames, poll=poll, sample_interval=sample_interval,
+                                lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
+                                cores=cores, backend=backend)
+    if not quiet:
+        devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices) or "no GPUs"
+        fake = " (fake GPUs)" if any(d.backend == "fake" for d in w.devices) else ""
+        term.info(f"worker {w.opts.name}: {devs}{fake}; {w.opts.cores:g} CPU slots; store {state.store().url}")
+    code = run_worker(w, discovery, announce=None if quiet else term.info)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("worker")(worker)

@@ -1,0 +1,70 @@
+"""Assemble a worker from the machine (discovery, cores, memory) and run it.
+
+Separate from ``worker.py`` so the loop stays free of environment lookups: everything
+host-specific is decided here, once, and passed in as ``WorkerOptions``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Sequence
+
+from cuectl import config
+from cuectl.errors import InvalidInput
+from cuectl.run.worker import Supervisor, Worker, WorkerOptions
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
+
+
+def _store_dir(store, db_url: str | None) -> Path | None:
+    path = getattr(store, "path", None)
+    return Path(path) if path is not None else None
+
+
+def build_worker(store, *, db_url: str | None, name: str | None, until_idle: bool, max_frames: int | None,
+                 poll: float, sample_interval: float, lease_timeout: float, gpu_only: bool,
+                 lock_dir: Path | None, tags: Sequence[str], cores: float | None, backend: str = "auto"):
+    import psutil
+
+    from cuectl.gpu import discover, fake_host_name
+    from cuectl.run.lease import prepare_lock_dir
+
+    discovery = discover(backend)
+    host = name or fake_host_name(None) or config.hostname()
+    if not _HOST_RE.match(host):
+        raise InvalidInput(f"invalid host name {host!r} (letters, digits, '.', '_' and '-')")
+    locks = Path(lock_dir) if lock_dir else config.lock_dir()
+    prepare_lock_dir(locks)
+    log_dir = config.log_root(_store_dir(store, db_url))
+    opts = WorkerOptions(
+        name=host, lock_dir=locks, state_dir=config.state_home() / "cuectl" / "worker" / host,
+        log_dir=str(log_dir), cores=float(cores or psutil.cpu_count() or 1),
+        memory_bytes=int(psutil.virtual_memory().total), poll_s=poll, sample_interval_s=sample_interval,
+        lease_timeout_s=lease_timeout, gpu_only=gpu_only, tags=tuple(tags), max_frames=max_frames,
+        until_idle=until_idle, kill_grace_s=float(config.env("CUECTL_KILL_GRACE", "5") or 5),
+        crash_at=config.test_hook())
+    worker = Worker(store=store, opts=opts, devices=list(discovery.devices),
+                    sampler=lambda uuids, pids: discovery.sample(uuids, pids))
+    return worker, discovery
+
+
+def run_worker(worker: Worker, discovery, *, announce: Callable[[str], None] | None = None) -> int:
+    seen: dict[int, str] = {}
+
+    def report(w: Worker) -> None:
+        if announce is None:
+            return
+        for fid, rf in w.running.items():
+            if fid not in seen:
+                gpus = ",".join(str(d.index) for d in rf.devices) or "-"
+                seen[fid] = rf.claim.layer
+                announce(f"start  frame {fid} {rf.claim.job}/{rf.claim.number:04d}-{rf.claim.layer} "
+                         f"attempt {rf.claim.attempt} gpus {gpus}")
+        for fid in [f for f in seen if f not in w.running]:
+            announce(f"end    frame {fid}")
+            del seen[fid]
+
+    sup = Supervisor(worker, on_iteration=report)
+    sup.install_signals()
+    return sup.run()

@@ -1,0 +1,514 @@
+"""The worker: register the host, claim frames that fit, lease devices, launch, report.
+
+``Worker.loop()`` does one iteration (finish what ended, heartbeat, reap, claim what
+fits); ``supervise()`` is the tiny driver around it that sleeps, wakes on child exits and
+signals, and decides when to stop. Keeping the iteration separate makes the worker easy to
+test and to reason about: every step is a short, fenced store call.
+
+Crash safety: a device is leased (a kernel lock, inherited by the frame process) before
+its frame is claimed, so if the worker dies anywhere the device stays leased until the
+frame's processes are gone. A restarted worker reads the run files it left in its state
+directory, kills still-running orphans, and only then requeues their frames — a frame
+never runs twice at once on its host. Other hosts requeue a silent worker's frames once
+their lease expires (``reap``); the store's attempt fencing discards late reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from cuectl import __version__
+from cuectl.errors import StoreError
+from cuectl.gpu.device import Device
+from cuectl.run import launch
+from cuectl.run.lease import DeviceLock, held_uuids, isolation_env, try_lock_all, update_holder
+from cuectl.run.usage import UsageTracker
+from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, select_devices, tags_fit
+from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, RunnableLayer, Store
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    name: str
+    lock_dir: Path
+    state_dir: Path  # host-local: run files of this worker's frames
+    log_dir: str
+    cores: float
+    memory_bytes: int
+    poll_s: float = 1.0
+    sample_interval_s: float = 10.0
+    lease_timeout_s: float = 60.0
+    gpu_only: bool = False
+    tags: tuple[str, ...] = ()
+    max_frames: int | None = None
+    until_idle: bool = False
+    kill_grace_s: float = 5.0
+    crash_at: str | None = None  # test hook: os._exit at a named point (chaos tests)
+
+
+@dataclass
+class RunningFrame:
+    claim: ClaimedFrame
+    proc: launch.FrameProcess
+    locks: list[DeviceLock]
+    devices: tuple[Device, ...]
+    usage: UsageTracker
+    runfile: Path
+    user_action: str | None = None
+    lost: bool = False
+    next_sample: float = 0.0
+
+
+@dataclass
+class Pending:
+    """A finished attempt whose report the store has not accepted yet (store busy)."""
+
+    frame_id: int
+    attempt: int
+    result: FrameResult
+
+
+@dataclass
+class LoopStats:
+    claimed: int = 0
+    finished: int = 0
+    reaped: int = 0
+
+
+@dataclass
+class Worker:
+    store: Store
+    opts: WorkerOptions
+    devices: Sequence[Device]
+    sampler: Callable[[Sequence[str], Sequence[int]], dict] | None = None
+    running: dict[int, RunningFrame] = field(default_factory=dict)
+    pending: list[Pending] = field(default_factory=list)
+    draining: bool = False
+    claimed_total: int = 0
+    stats: LoopStats = field(default_factory=LoopStats)
+    _next_heartbeat: float = 0.0
+    _next_reap: float = 0.0
+    _nothing_fits: bool = False
+    _last_live: dict[str, Any] | None = None
+
+    # -- start-up ------------------------------------------------------------------------
+    @property
+    def worker_id(self) -> str:
+        return f"{self.opts.name}:{os.getpid()}"
+
+    def vendors(self) -> set[str]:
+        return {d.vendor for d in self.devices}
+
+    def register(self, now: float) -> None:
+        self.store.register_host(HostInfo(
+            name=self.opts.name, cores=self.opts.cores, memory_bytes=self.opts.memory_bytes,
+            gpus=[d.to_json() for d in self.devices], tags=self.opts.tags, worker_pid=os.getpid(),
+            version=__version__), now=now)
+
+    def recover(self, now: float) -> list[int]:
+        """Deal with frames a previous worker of this host left RUNNING.
+
+        Orphans that still run are killed (their group, and with it the inherited device
+        lease) before their frames are requeued, so no frame runs twice at the same time.
+        """
+        runfiles = {}
+        self.opts.state_dir.mkdir(parents=True, exist_ok=True)
+        for path in self.opts.state_dir.glob("*.json"):
+            try:
+                info = json.loads(path.read_text())
+                runfiles[int(info["frame_id"])] = (path, info)
+            except (OSError, ValueError, KeyError):
+                path.unlink(missing_ok=True)
+        requeued = []
+        for path, info in runfiles.values():
+            if _same_process(info):
+                launch.kill_process_group(int(info["pgid"]), grace=self.opts.kill_grace_s)
+        for frame in self.store.running_on_host(self.opts.name):
+            if self.store.requeue_frame(frame["id"], frame["attempts"], now=now, reason="orphaned"):
+                requeued.append(frame["id"])
+        for path, _ in runfiles.values():
+            path.unlink(missing_ok=True)
+        return requeued
+
+    # -- one iteration ---------------------------------------------------------------------
+    def loop(self, now: float | None = None) -> LoopStats:
+        """One iteration: report ended frames, heartbeat, reap, claim. Never blocks long."""
+        self.stats = LoopStats()
+        now = time.time() if now is None else now
+        self._flush_pending(now)
+        self._collect_finished()
+        if self.running and now >= min((r.next_sample for r in self.running.values()), default=now):
+            self._sample(now)
+        if now >= self._next_heartbeat:
+            self._heartbeat(now)
+        if now >= self._next_reap:
+            self._next_reap = now + max(0.5, self.opts.lease_timeout_s / 2)
+            self.stats.reaped = len(self.store.reap(now=now))
+        if not self.draining and not self._reached_max():
+            self._claim_all(now)
+        return self.stats
+
+    def _reached_max(self) -> bool:
+        return self.opts.max_frames is not None and self.claimed_total >= self.opts.max_frames
+
+    # -- claiming --------------------------------------------------------------------------
+    def _free_cpu(self) -> CpuPool:
+        used_cores = sum(r.claim.cores for r in self.running.values() if r.claim.gpus == 0)
+        used_mem = sum(r.claim.memory_bytes for r in self.running.values() if r.claim.gpus == 0)
+        return CpuPool(cores=self.opts.cores - used_cores, memory_bytes=self.opts.memory_bytes - used_mem)
+
+    def _claim_all(self, now: float) -> None:
+        """Claim frames until nothing more fits (highest priority first, then backfill)."""
+        self._nothing_fits = False
+        live: list[Device] | None = None
+        while not self._reached_max():
+            layers = self.store.runnable_layers()
+            claimed = False
+            for layer in layers:
+                if not tags_fit(layer.tags, self.opts.tags):
+                    continue
+                if layer.gpus > 0:
+                    if live is None:
+                        live = self._live_devices()
+                    claimed = self._claim_gpu_layer(layer, live, now)
+                elif not self.opts.gpu_only and cpu_fits(layer.cores, layer.memory_bytes, self._free_cpu()) is None:
+                    claimed = self._claim(layer, [], now)
+                if claimed:
+                    break
+            if not claimed:
+                self._nothing_fits = True
+                return
+            if self._reached_max():
+                return
+
+    def _claim_gpu_layer(self, layer: RunnableLayer, live: list[Device], now: float) -> bool:
+        request = GpuRequest(gpus=layer.gpus, vendor=layer.gpu_vendor, models=layer.gpu_models,
+                             memory_min_bytes=layer.gpu_memory_min_bytes)
+        mine = {u for r in self.running.values() for u in r.claim.gpu_uuids}
+        busy = mine | held_uuids(self.opts.lock_dir, live)
+        result = select_devices(request, live, busy=busy)
+        if not result.devices:
+            return False
+        locks = try_lock_all(self.opts.lock_dir, list(result.devices), holder=f"{self.opts.name} claiming")
+        if locks is None:  # someone (e.g. `cuectl run`) took one between the probe and now
+            return False
+        self._crash_point("after_lock")
+        try:
+            return self._claim(layer, locks, now, devices=result.devices)
+        finally:
+            if not any(r.locks is locks for r in self.running.values()):
+                for lock in locks:
+                    lock.release()
+
+    def _claim(self, layer: RunnableLayer, locks: list[DeviceLock], now: float,
+               devices: Sequence[Device] = ()) -> bool:
+        claim = self.store.claim_frame(layer.layer_id, host=self.opts.name, worker=self.worker_id,
+                                       gpu_uuids=[d.uuid for d in devices], now=now,
+                                       lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
+        if claim is None:
+            return False
+        self._crash_point("after_claim")
+        self.claimed_total += 1
+        self.stats.claimed += 1
+        self._launch(claim, locks, tuple(devices), now)
+        return True
+
+    def _live_devices(self) -> list[Device]:
+        """The inventory with live free memory (one batch sample), so busy cards are skipped."""
+        if not self.devices or self.sampler is None:
+            return list(self.devices)
+        try:
+            samples = self.sampler([d.uuid for d in self.devices], [])
+        except Exception:  # a flaky backend must not stop dispatch: use static values
+            return list(self.devices)
+        out = []
+        for d in self.devices:
+            s = samples.get(d.uuid)
+            if s is not None and s.memory_free_bytes is not None:
+                d = replace(d, memory_free_bytes=s.memory_free_bytes, utilization_pct=s.utilization_pct)
+            out.append(d)
+        return out
+
+    # -- launching -------------------------------------------------------------------------
+    def _launch(self, claim: ClaimedFrame, locks: list[DeviceLock], devices: tuple[Device, ...], now: float) -> None:
+        ctx = launch.FrameContext(
+            job=claim.job, job_id=str(claim.job_id), layer=claim.layer, layer_id=str(claim.layer_id),
+            frame_id=str(claim.frame_id), frame_number=claim.number, frames=claim.frames,
+            layer_range=claim.layer_range, chunk=claim.chunk, attempt=claim.attempt, cores=claim.cores,
+            memory_bytes=claim.memory_bytes,
+            gpu_memory_bytes=min((d.memory_total_bytes or 0 for d in devices), default=None) if devices else None,
+            log_path=Path(claim.log_path))
+        iso_env = isolation_env(list(devices), all_vendors_present=self.vendors())
+        try:
+            argv = launch.substitute_tokens(claim.command, ctx)
+            env = launch.frame_env(ctx, layer_env=claim.env, isolation=iso_env)
+            proc = launch.FrameProcess.start(
+                argv, env=env, log_path=Path(claim.log_path), pass_fds=[lk.fd for lk in locks],
+                timeout_s=claim.timeout_s, grace=self.opts.kill_grace_s,
+                header=launch.log_header(str(claim.frame_id), claim.attempt, self.opts.name))
+        except Exception as exc:  # bad command/env or unwritable log: fail this attempt
+            for lock in locks:
+                lock.release()
+            self._report(claim.frame_id, claim.attempt, FrameResult(
+                exit_code=126, started_at=now, ended_at=time.time(), usage={"error": str(exc)}))
+            return
+        for lock in locks:
+            update_holder(lock, pid=proc.pid, holder=f"frame {claim.frame_id}")
+        runfile = self.opts.state_dir / f"{claim.frame_id}.json"
+        _write_runfile(runfile, claim, proc)
+        tracker = UsageTracker([d.uuid for d in devices], proc_started(proc, now))
+        rf = RunningFrame(claim=claim, proc=proc, locks=locks, devices=devices, usage=tracker, runfile=runfile,
+                          next_sample=now)  # sample at once: short frames get data too
+        self.running[claim.frame_id] = rf
+        self._crash_point("after_launch")
+
+    # -- finishing -------------------------------------------------------------------------
+    def _collect_finished(self) -> None:
+        for frame_id, rf in list(self.running.items()):
+            info = rf.proc.poll()
+            if info is None:
+                continue
+            self._finish(rf, info)
+            del self.running[frame_id]
+
+    def _finish(self, rf: RunningFrame, info: launch.ExitInfo) -> None:
+        if rf.devices and self.sampler is not None:
+            self._sample_frames([rf], info.ended_at)
+        for lock in rf.locks:
+            lock.release()
+        rf.runfile.unlink(missing_ok=True)
+        if rf.lost:
+            return  # the store gave this attempt to someone else; our report would be fenced anyway
+        usage = rf.usage.summary(info.ended_at)
+        result = FrameResult(exit_code=info.exit_code, exit_signal=info.exit_signal, timed_out=info.timed_out,
+                             started_at=info.started_at, ended_at=info.ended_at, max_rss_bytes=info.max_rss_bytes,
+                             cpu_seconds=info.cpu_seconds, user_action=rf.user_action, usage=usage)
+        self._crash_point("before_complete")
+        self._report(rf.claim.frame_id, rf.claim.attempt, result)
+        self.stats.finished += 1
+
+    def _report(self, frame_id: int, attempt: int, result: FrameResult) -> None:
+        try:
+            self.store.complete_frame(frame_id, attempt, result, now=time.time())
+        except StoreError:
+            # The store is busy or unreachable: keep the result and retry next iteration
+            # (the frame's lease is still extended by our heartbeats meanwhile).
+            self.pending.append(Pending(frame_id, attempt, result))
+
+    def _flush_pending(self, now: float) -> None:
+        pending, self.pending = self.pending, []
+        for p in pending:
+            self._report(p.frame_id, p.attempt, p.result)
+
+    # -- heartbeats, user actions, sampling -------------------------------------------------
+    def _heartbeat(self, now: float) -> None:
+        self._next_heartbeat = now + max(0.2, self.opts.lease_timeout_s / 4)
+        ids = list(self.running) + [p.frame_id for p in self.pending]
+        attempts = {fid: rf.claim.attempt for fid, rf in self.running.items()}
+        attempts.update({p.frame_id: p.attempt for p in self.pending})
+        try:
+            actions = self.store.heartbeat(self.opts.name, ids, now=now, lease_s=self.opts.lease_timeout_s,
+                                           live=self._last_live, attempts=attempts)
+        except StoreError:
+            return  # try again next time; frames keep running
+        for frame_id, action in actions.items():
+            rf = self.running.get(frame_id)
+            if rf is None or action is None or rf.user_action or rf.lost:
+                continue
+            if action == "lost":
+                rf.lost = True
+                rf.proc.kill(grace=self.opts.kill_grace_s, reason="frame reassigned by the store")
+            else:
+                rf.user_action = action
+                rf.proc.kill(grace=self.opts.kill_grace_s, reason=f"user asked to {action}")
+
+    def _sample(self, now: float) -> None:
+        due = [rf for rf in self.running.values() if now >= rf.next_sample]
+        for rf in due:
+            rf.next_sample = now + self.opts.sample_interval_s
+        self._sample_frames([rf for rf in due if rf.devices], now)
+
+    def _sample_frames(self, frames: Sequence[RunningFrame], now: float) -> None:
+        if not frames or self.sampler is None:
+            return
+        uuids = sorted({u for rf in frames for u in rf.claim.gpu_uuids})
+        pids: set[int] = set()
+        frame_pids = {}
+        for rf in frames:
+            frame_pids[rf.claim.frame_id] = rf.proc.pids() if not rf.proc.finished else set()
+            pids |= frame_pids[rf.claim.frame_id]
+        try:
+            samples = self.sampler(uuids, sorted(pids))
+        except Exception:
+            return
+        for rf in frames:
+            rf.usage.add(samples, frame_pids[rf.claim.frame_id], now)
+        self._last_live = {"at": now, "devices": [
+            {"uuid": s.uuid, "utilization_pct": s.utilization_pct, "memory_used_bytes": s.memory_used_bytes,
+             "memory_free_bytes": s.memory_free_bytes} for s in samples.values()]}
+
+    # -- stopping --------------------------------------------------------------------------
+    def drain(self) -> None:
+        """First SIGTERM/SIGINT: claim nothing more; running frames finish."""
+        self.draining = True
+
+    def abort(self) -> None:
+        """Second signal: kill running frames and give them back to the queue."""
+        now = time.time()
+        for rf in list(self.running.values()):
+            rf.proc.kill_and_wait(grace=min(self.opts.kill_grace_s, 2.0), reason="worker stopping")
+            for lock in rf.locks:
+                lock.release()
+            rf.runfile.unlink(missing_ok=True)
+            try:
+                self.store.requeue_frame(rf.claim.frame_id, rf.claim.attempt, now=now, reason="worker stopped")
+            except StoreError:
+                pass  # the lease expires and another worker reaps it
+        self.running.clear()
+
+    def is_idle(self) -> bool:
+        """``--until-idle``: nothing running here, nothing waiting that this host could
+        ever run, and nothing running anywhere that could release more work."""
+        if self.running or self.pending:
+            return False
+        if not self._nothing_fits and not self.draining and not self._reached_max():
+            return False
+        if self.draining or self._reached_max():
+            return True
+        for layer in self.store.runnable_layers():
+            if not tags_fit(layer.tags, self.opts.tags):
+                continue
+            if layer.gpus > 0:
+                request = GpuRequest(gpus=layer.gpus, vendor=layer.gpu_vendor, models=layer.gpu_models,
+                                     memory_min_bytes=layer.gpu_memory_min_bytes)
+                if select_devices(request, self.devices).could_ever_fit:
+                    return False
+            elif not self.opts.gpu_only and cpu_fits(layer.cores, layer.memory_bytes,
+                                                     CpuPool(self.opts.cores, self.opts.memory_bytes)) is None:
+                return False
+        return self.store.running_count() == 0
+
+    def done(self) -> bool:
+        if self.draining or self._reached_max():
+            return not self.running and not self.pending
+        return False
+
+    def _crash_point(self, name: str) -> None:
+        if self.opts.crash_at == name:
+            os._exit(99)  # chaos tests: die exactly here, like a SIGKILL would
+
+
+def proc_started(proc: launch.FrameProcess, default: float) -> float:
+    return getattr(proc, "_started_at", default)
+
+
+def _write_runfile(path: Path, claim: ClaimedFrame, proc: launch.FrameProcess) -> None:
+    created = None
+    try:
+        import psutil
+
+        created = psutil.Process(proc.pid).create_time()
+    except Exception:
+        pass
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"frame_id": claim.frame_id, "attempt": claim.attempt, "pid": proc.pid,
+                               "pgid": proc.pgid, "create_time": created}))
+    os.replace(tmp, path)
+
+
+def _same_process(info: dict) -> bool:
+    """Is the run file's process still the frame we started (not a recycled pid)?"""
+    pid, pgid = int(info.get("pid") or 0), int(info.get("pgid") or 0)
+    if pgid <= 1 or not launch.process_group_alive(pgid):
+        return False
+    try:
+        import psutil
+
+        proc = psutil.Process(pid)
+        created = info.get("create_time")
+        return created is None or abs(proc.create_time() - float(created)) < 0.01
+    except Exception:
+        # The leader is gone but its group lives on (children of the frame): still ours.
+        return True
+
+
+# -- the supervisor ----------------------------------------------------------------------------
+class Supervisor:
+    """Drives ``Worker.loop()``: sleeps between iterations, wakes on child exit or signal,
+    and turns SIGTERM/SIGINT into drain (first) and abort (second)."""
+
+    def __init__(self, worker: Worker, *, on_iteration: Callable[[Worker], None] | None = None) -> None:
+        self.worker = worker
+        self.signals = 0
+        self.on_iteration = on_iteration
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.signals += 1
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def run(self) -> int:
+        w = self.worker
+        w.register(time.time())
+        w.recover(time.time())
+        handled = 0
+        while True:
+            if self.signals > handled:
+                handled = self.signals
+                if handled == 1:
+                    w.drain()
+                else:
+                    w.abort()
+                    return 130
+            stats = w.loop()
+            if self.on_iteration:
+                self.on_iteration(w)
+            if w.done() or (w.opts.until_idle and w.is_idle()):
+                return 0
+            if stats.claimed or stats.finished:
+                continue  # a slot freed or work started: look again at once
+            self._sleep(w)
+
+    def _sleep(self, w: Worker) -> None:
+        """Wait for a frame to exit, a signal, or the next poll/heartbeat — whichever first."""
+        timeout = w.opts.poll_s
+        now = time.time()
+        timeout = max(0.0, min(timeout, w._next_heartbeat - now))
+        if w.running:
+            timeout = min(timeout, max(0.0, min(rf.next_sample for rf in w.running.values()) - now))
+        fds = [self._wake_r]
+        pidfds = []
+        for rf in w.running.values():
+            if rf.proc.pid and hasattr(os, "pidfd_open"):
+                try:
+                    pidfds.append(os.pidfd_open(rf.proc.pid))
+                except OSError:
+                    timeout = min(timeout, 0.05)
+            elif w.running:
+                timeout = min(timeout, 0.05)
+        try:
+            ready, _, _ = select.select(fds + pidfds, [], [], timeout)
+            if self._wake_r in ready:
+                try:
+                    os.read(self._wake_r, 64)
+                except OSError:
+                    pass
+        finally:
+            for fd in pidfds:
+                os.close(fd)
