@@ -469,7 +469,11 @@ class FrameProcess:
         self._term_sent_at: float | None = None  # monotonic
         self._kill_deadline: float | None = None  # monotonic: SIGKILL due
         self._kill_sent_at: float | None = None
-        self._last_sample: float = -math.inf
+        # The first sample is taken once the frame is 0.1 s old (see _maybe_sample): a tree
+        # walk scans /proc (milliseconds on a busy host), which would dominate frames that
+        # finish in a few milliseconds; their peak RSS comes from the kernel's rusage.
+        self._last_sample: float = self._t0
+        self._sampled = False
         self._peak_rss = 0  # largest sampled sum of the tree's RSS
         self._peak_hwm = 0  # largest per-process high-water mark seen (Linux VmHWM)
         self._last_cpu = 0.0
@@ -670,6 +674,7 @@ class FrameProcess:
         if now - self._last_sample < interval:
             return
         self._last_sample = now
+        self._sampled = True
         rss, cpu, hwm = self._measure()
         self._peak_rss = max(self._peak_rss, rss)
         self._peak_hwm = max(self._peak_hwm, hwm)
@@ -756,7 +761,7 @@ class FrameProcess:
             else:
                 exit_code = os.waitstatus_to_exitcode(status)
         max_rss = max(self._peak_rss, self._peak_hwm) or None
-        cpu = self._last_cpu if self._last_sample > -math.inf else None
+        cpu = self._last_cpu if self._sampled else None
         if rusage is not None:
             # The leader's ru_maxrss starts at the *worker's* peak RSS: exec records the
             # high-water mark of the forked copy of our address space before replacing it.

@@ -158,6 +158,7 @@ class SQLiteStore(Store):
         self.path = Path(path).expanduser()
         self.url = str(self.path)
         self.busy_timeout_s = busy_timeout_s
+        self._layer_cache: dict[int, sqlite3.Row] = {}
         self._check_location(create)
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=busy_timeout_s,
@@ -570,50 +571,57 @@ class SQLiteStore(Store):
                               cores=r[9], memory_bytes=r[10], tags=tuple(json.loads(r[11])), waiting=1)
                 for r in rows]
 
+    def _layer_row(self, layer_id: int) -> sqlite3.Row:
+        """Layer rows never change after submit: cache them for the claim path."""
+        row = self._layer_cache.get(layer_id)
+        if row is None:
+            row = self._read(f"SELECT {_LAYER_COLS}, (SELECT name FROM jobs WHERE id = layers.job_id) AS job_name, "
+                             "(SELECT user FROM jobs WHERE id = layers.job_id) AS user FROM layers WHERE id = ?",
+                             (layer_id,))[0]
+            if len(self._layer_cache) > 4096:
+                self._layer_cache.clear()
+            self._layer_cache[layer_id] = row
+        return row
+
     def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
                     now: float, lease_s: float, log_dir: str | None = None) -> ClaimedFrame | None:
+        layer = self._layer_row(layer_id)
+        log_base = str(Path(log_dir) if log_dir else self.path.parent / "logs")
         try:
             # One statement = one atomic transaction: the subquery picks the layer's first
             # WAITING frame and the UPDATE re-checks it, so two claimers never get the same
-            # frame; a locked host or a paused job claims nothing.
+            # frame; a locked host or a paused job claims nothing. The log path
+            # <log dir>/<job id>/<NNNN>-<layer>.<attempt>.log is set in the same statement
+            # (layer names are validated to [A-Za-z0-9_.-]: they cannot leave the log dir).
             row = self.conn.execute(
                 "UPDATE frames SET state = 'RUNNING', attempts = attempts + 1, host = ?, worker = ?, gpu_uuids = ?, "
                 "lease_expires = ?, started_at = ?, ended_at = NULL, action = NULL, exit_code = NULL, "
                 "exit_signal = NULL, max_rss_bytes = NULL, cpu_seconds = NULL, gpu_util_mean_pct = NULL, "
-                "gpu_util_max_pct = NULL, gpu_memory_peak_bytes = NULL, gpu_seconds = NULL, gpu_busy_seconds = NULL "
+                "gpu_util_max_pct = NULL, gpu_memory_peak_bytes = NULL, gpu_seconds = NULL, gpu_busy_seconds = NULL, "
+                "log_path = ? || '/' || job_id || '/' || printf('%04d-', number) || ? || '.' || (attempts + 1) || '.log' "
                 "WHERE id = (SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING' ORDER BY id LIMIT 1) "
                 "AND state = 'WAITING' "
                 "AND (SELECT paused FROM jobs WHERE id = frames.job_id) = 0 "
                 "AND NOT EXISTS (SELECT 1 FROM hosts WHERE name = ? AND locked = 1) "
-                "RETURNING id, attempts, number, frames",
-                (host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now, layer_id, host)).fetchone()
+                "RETURNING id, attempts, number, frames, log_path",
+                (host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now, log_base, layer["name"],
+                 layer_id, host)).fetchone()
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
         if row is None:
             return None
-        frame_id, attempt = int(row[0]), int(row[1])
-        layer = self._read(f"SELECT {_LAYER_COLS}, (SELECT name FROM jobs WHERE id = layers.job_id) AS job_name, "
-                           "(SELECT user FROM jobs WHERE id = layers.job_id) AS user FROM layers WHERE id = ?",
-                           (layer_id,))[0]
-        log_path = _log_path(log_dir or str(self.path.parent / "logs"), layer["job_id"], layer["name"],
-                             int(row[2]), attempt)
-        try:
-            self.conn.execute("UPDATE frames SET log_path = ? WHERE id = ? AND attempts = ?",
-                              (log_path, frame_id, attempt))
-        except sqlite3.DatabaseError as exc:
-            raise self._translate(exc) from None
         from cuectl.sched.frameset import parse_frameset
 
         command = json.loads(layer["command"])
         return ClaimedFrame(
-            frame_id=frame_id, job_id=layer["job_id"], job=layer["job_name"], user=layer["user"],
+            frame_id=int(row[0]), job_id=layer["job_id"], job=layer["job_name"], user=layer["user"],
             layer_id=layer_id, layer=layer["name"], number=int(row[2]),
-            frames=tuple(parse_frameset(row[3])), attempt=attempt,
+            frames=tuple(parse_frameset(row[3])), attempt=int(row[1]),
             command=command if isinstance(command, str) else tuple(command), layer_range=layer["range"],
             chunk=layer["chunk"], cores=layer["cores"], memory_bytes=layer["memory_bytes"], gpus=layer["gpus"],
             gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
             timeout_s=layer["timeout_s"], env=json.loads(layer["env"]), retries=layer["retries"],
-            log_path=log_path)
+            log_path=row[4])
 
     def heartbeat(self, host: str, frame_ids: Iterable[int], *, now: float, lease_s: float,
                   live: Mapping[str, Any] | None = None, attempts: Mapping[int, int] | None = None
@@ -749,11 +757,6 @@ def _next_state(result: FrameResult, action: str | None, attempt: int, retries: 
         return m.SUCCEEDED, "succeeded"
     outcome = "timeout" if result.timed_out else "failed"
     return (m.WAITING if attempt <= retries else m.DEAD), outcome
-
-
-def _log_path(log_dir: str, job_id: int, layer: str, number: int, attempt: int) -> str:
-    # Layer names are validated to [A-Za-z0-9_.-], so they cannot escape the log dir.
-    return str(Path(log_dir) / str(job_id) / f"{number:04d}-{layer}.{attempt}.log")
 
 
 def _split_sql(script: str) -> list[str]:

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Dispatch rate: 1,000 no-op frames through one `cuectl worker` with 2 CPU slots, next to
+1,000 no-op jobs through task-spooler (`tsp -S 2`) in the same run.
+
+Both sides are timed end to end: cuectl = one `submit` of a 1,000-frame job plus a worker
+draining it (`--until-idle`); task-spooler = 1,000 `tsp true` enqueues (its only way to
+queue work) while its server runs them, then `tsp -w` for the last one. The worker is
+also timed alone (drain only). Goal: at least half of task-spooler's rate.
+
+Usage: python bench/bench_worker.py [--frames N] [--profile]
+  --profile  also run the drain in-process under cProfile and print where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def cuectl() -> list[str]:
+    exe = Path(sys.executable).with_name("cuectl")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
+
+
+def bench_cuectl(tmp: Path, frames: int) -> tuple[float, float]:
+    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), XDG_STATE_HOME=str(tmp / "state"),
+               CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
+    db = str(tmp / "bench.db")
+    t0 = time.perf_counter()
+    subprocess.run([*cuectl(), "--db", db, "submit", "--name", "noop", "--range", f"1-{frames}", "--", "true"],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    t1 = time.perf_counter()
+    subprocess.run([*cuectl(), "--db", db, "worker", "--until-idle", "--cores", "2", "--poll", "0.05", "-q"],
+                   check=True, env=env)
+    t2 = time.perf_counter()
+    return t2 - t0, t2 - t1
+
+
+def _no_gpus(tmp: Path) -> Path:
+    path = tmp / "no-gpus.yaml"
+    path.write_text("host: bench\ndevices: []\n")
+    return path
+
+
+def bench_tsp(tmp: Path, frames: int) -> float | None:
+    tsp = shutil.which("tsp") or shutil.which("ts")
+    if tsp is None:
+        return None
+    env = dict(os.environ, TS_SOCKET=str(tmp / "ts.sock"), TS_MAXFINISHED="100000", TMPDIR=str(tmp))
+    subprocess.run([tsp, "-S", "2"], check=True, env=env, stdout=subprocess.DEVNULL)
+    t0 = time.perf_counter()
+    for _ in range(frames):
+        subprocess.run([tsp, "-n", "true"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([tsp, "-w"], env=env, stdout=subprocess.DEVNULL)
+    elapsed = time.perf_counter() - t0
+    subprocess.run([tsp, "-K"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return elapsed
+
+
+def profile_drain(tmp: Path, frames: int) -> str:
+    os.environ.update(CUECTL_LOCK_DIR=str(tmp / "plocks"), XDG_STATE_HOME=str(tmp / "pstate"),
+                      CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
+    from cuectl.run.service import build_worker
+    from cuectl.run.worker import Supervisor
+    from cuectl.sched.spec import spec_from_flags
+    from cuectl.sched.store import open_store
+
+    store = open_store(str(tmp / "profile.db"))
+    store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}", user="bench"), now=time.time())
+    worker, _ = build_worker(store, db_url=None, name="bench", until_idle=True, max_frames=None, poll=0.05,
+                             sample_interval=10, lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
+    prof = cProfile.Profile()
+    prof.enable()
+    Supervisor(worker).run()
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+    return out.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--frames", type=int, default=1000)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        total, drain = bench_cuectl(tmpdir, args.frames)
+        tsp = bench_tsp(tmpdir, args.frames)
+        print(f"{args.frames} no-op frames, 2 slots")
+        print(f"  cuectl submit + worker     {total:7.2f} s   {args.frames / total:7.1f} frames/s")
+        print(f"  cuectl worker drain only   {drain:7.2f} s   {args.frames / drain:7.1f} frames/s")
+        if tsp is None:
+            print("  task-spooler               not installed (apt-get install task-spooler)")
+        else:
+            print(f"  task-spooler (tsp -S 2)    {tsp:7.2f} s   {args.frames / tsp:7.1f} jobs/s")
+            print(f"  ratio cuectl/tsp (rates)   {tsp / total:7.2f}     (goal >= 0.5)")
+        if args.profile:
+            print(profile_drain(tmpdir, args.frames))
+
+
+if __name__ == "__main__":
+    main()
