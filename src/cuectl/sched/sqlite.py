@@ -151,6 +151,9 @@ _FRAME_SELECT = """
     FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id
 """
 _OPEN_STATES = (m.WAITING, m.DEPEND, m.RUNNING)
+# A stored chunk was validated at submit time; re-reading it must not depend on this
+# process's CUECTL_FRAME_LIMIT (a worker may run with a smaller one than the submitter).
+_STORED_CHUNK_LIMIT = 2**31
 
 
 class SQLiteStore(Store):
@@ -616,7 +619,7 @@ class SQLiteStore(Store):
         return ClaimedFrame(
             frame_id=int(row[0]), job_id=layer["job_id"], job=layer["job_name"], user=layer["user"],
             layer_id=layer_id, layer=layer["name"], number=int(row[2]),
-            frames=tuple(parse_frameset(row[3])), attempt=int(row[1]),
+            frames=tuple(parse_frameset(row[3], limit=_STORED_CHUNK_LIMIT)), attempt=int(row[1]),
             command=command if isinstance(command, str) else tuple(command), layer_range=layer["range"],
             chunk=layer["chunk"], cores=layer["cores"], memory_bytes=layer["memory_bytes"], gpus=layer["gpus"],
             gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),

@@ -1,0 +1,760 @@
+"""Job specs: YAML files and the single-layer flag form, validated into ``JobSpec`` values.
+
+Everything a user can get wrong is refused here, before the store sees anything, with one
+``InvalidInput`` line that names the field (``layers[1].gpus: must be 0 or more``). Both
+forms go through the same per-field validators, so the flag form and the YAML form cannot
+drift apart; only the field labels differ (``--gpus`` instead of ``layers[0].gpus``).
+
+YAML is read with PyYAML's safe loader plus guards against "billion laughs" alias bombs,
+recursive aliases, deep nesting, oversized files and duplicate keys (which PyYAML would
+otherwise silently resolve to the last value). PyYAML is imported lazily: ``cuectl --help``
+must not pay for it. The schema is documented in docs/job-spec.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from cuectl.errors import InvalidInput
+from cuectl.gpu.device import VENDORS, normalize_vendor
+from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
+from cuectl.sched.model import Dependency, JobSpec, LayerSpec
+from cuectl.units import parse_duration, parse_size
+
+MAX_SPEC_BYTES = 10 * 1024 * 1024
+# Alias references followed while sizing the document, and the size of the document with
+# every alias expanded. A real spec sharing a block of defaults across 1000 layers stays far
+# below both; a "billion laughs" document exceeds them after a few microseconds of counting.
+MAX_ALIASES = 10_000
+MAX_EXPANDED_NODES = 1_000_000
+MAX_DEPTH = 64  # YAML nesting; a job spec needs about 5
+MAX_LAYERS = 1000
+MAX_JOB_NAME = 200
+MAX_GPUS = 1024
+MAX_RETRIES = 1000
+MAX_CORES = 100_000
+MAX_PRIORITY = 2**31 - 1
+MAX_BYTES = 2**60  # an exabyte: anything above is a typo, and it still fits an SQL BIGINT
+DEFAULT_FLAG_LAYER = "main"
+
+JOB_KEYS = ("name", "priority", "paused", "env", "layers")
+LAYER_KEYS = (
+    "name", "command", "range", "chunk", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min",
+    "cores", "memory", "retries", "timeout", "env", "tags", "depends",
+)
+DEPEND_KEYS = ("layer", "type")
+DEPEND_TYPES = ("layer", "frame")
+_GPU_OPTIONS = ("gpu_vendor", "gpu_models", "gpu_memory_min")
+# Keys that belong at the other level, with a hint saying where (a common slip).
+_LAYER_ONLY_KEYS = {
+    "user": "the job's user is whoever submits it",
+    **{k: "a layer setting: put it in an entry of layers:" for k in LAYER_KEYS if k not in JOB_KEYS},
+}
+_JOB_ONLY_KEYS = {
+    "user": "the job's user is whoever submits it",
+    **{k: "a job setting: put it at the top level" for k in JOB_KEYS if k not in LAYER_KEYS},
+}
+
+_LAYER_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}", re.ASCII)
+_TAG_RE = _LAYER_NAME_RE
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_FLAG_LABELS = {"name": "--layer", "command": "COMMAND", "gpu_models": "--gpu-model", "tags": "--tag"}
+
+Label = Callable[[str], str]
+
+
+# --------------------------------------------------------------------------------------
+# Small helpers
+
+
+def _kind(value: Any) -> str:
+    """Describe a value's type for a message without echoing a (possibly huge) container."""
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    if isinstance(value, str):
+        return f"a string ({_show(value)})"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return f"a {type(value).__name__} ({_show(str(value))}; quote it to make it a string)"
+
+
+def _show(text: str, width: int = 60) -> str:
+    return repr(text if len(text) <= width else text[:width] + "...")
+
+
+def _item(label: str, index: int) -> str:
+    # Flags repeat (--gpu-model A --gpu-model B): an index would read oddly there.
+    return label if label.startswith("-") or label == "COMMAND" else f"{label}[{index}]"
+
+
+def _check_keys(
+    data: Mapping[Any, Any], known: Sequence[str], label: str, *, elsewhere: Mapping[str, str] | None = None
+) -> None:
+    """Refuse keys not in ``known``, suggesting the closest known one (typos are common).
+    ``elsewhere`` maps keys that belong at another level to a hint saying where."""
+    elsewhere = elsewhere or {}
+    for key in data:
+        if key in known:
+            continue
+        where = f"{label}: " if label else ""
+        if not isinstance(key, str):
+            raise InvalidInput(f"{where}unknown key {key!r} (known keys: {', '.join(known)})")
+        if key in elsewhere:
+            raise InvalidInput(f"{where}unknown key {key!r} ({elsewhere[key]})")
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+        raise InvalidInput(f"{where}unknown key {_show(key)} ({hint})")
+
+
+def _as_list(value: Any, label: str) -> list[Any]:
+    """A YAML list, or one scalar standing for a list of one (``tags: render``)."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, (Mapping, set)):
+        raise InvalidInput(f"{label}: expected a list, got {_kind(value)}")
+    return [value]
+
+
+def _text(value: Any, label: str, *, what: str = "a string") -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(f"{label}: expected {what}, got {_kind(value)}")
+    return value
+
+
+# --------------------------------------------------------------------------------------
+# Field validators (shared by the YAML and the flag form)
+
+
+def _job_name(value: Any, label: str) -> str:
+    name = _text(value, label).strip()
+    if not name:
+        raise InvalidInput(f"{label}: must not be empty")
+    if len(name) > MAX_JOB_NAME:
+        raise InvalidInput(f"{label}: at most {MAX_JOB_NAME} characters (got {len(name)})")
+    if _CONTROL_RE.search(name):
+        raise InvalidInput(f"{label}: must not contain control characters")
+    return name
+
+
+def _layer_name(value: Any, label: str) -> str:
+    name = _text(value, label)
+    if not _LAYER_NAME_RE.fullmatch(name):
+        raise InvalidInput(f"{label}: invalid layer name {_show(name)} (1-100 of A-Z a-z 0-9 _ . -)")
+    return name
+
+
+def _integer(value: Any, label: str, *, minimum: int, maximum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidInput(f"{label}: expected a whole number, got {_kind(value)}")
+    if value < minimum:
+        raise InvalidInput(f"{label}: must be {minimum} or more")
+    if value > maximum:
+        raise InvalidInput(f"{label}: must be at most {maximum}")
+    return value
+
+
+def _boolean(value: Any, label: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput(f"{label}: expected true or false, got {_kind(value)}")
+    return value
+
+
+def _cores(value: Any, label: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInput(f"{label}: expected a number of cores, got {_kind(value)}")
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidInput(f"{label}: must be more than 0")
+    if value > MAX_CORES:
+        raise InvalidInput(f"{label}: must be at most {MAX_CORES}")
+    return float(value)
+
+
+def _size(value: Any, label: str) -> int:
+    # parse_size takes ints as bytes (library use); in a spec a bare number is MiB (DESIGN §5).
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, (str, bool)):
+        raise InvalidInput(f"{label}: expected a size like 8G, got {_kind(value)}")
+    size = parse_size(value, field=label)
+    if size > MAX_BYTES:
+        raise InvalidInput(f"{label}: {value!r} is too large")
+    return size
+
+
+def _timeout(value: Any, label: str) -> float:
+    if not isinstance(value, (str, int, float)):
+        raise InvalidInput(f"{label}: expected a duration like 2h, got {_kind(value)}")
+    seconds = parse_duration(value, field=label)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidInput(f"{label}: must be more than 0 (leave it out for no timeout)")
+    return seconds
+
+
+def _command(value: Any, label: str) -> tuple[str, ...] | str:
+    """An argv list (run as is, never through a shell) or one shell string (``sh -c``)."""
+    if isinstance(value, str):
+        if not value.strip():
+            raise InvalidInput(f"{label}: must not be empty")
+        if "\x00" in value:
+            raise InvalidInput(f"{label}: must not contain NUL characters")
+        return value
+    if not isinstance(value, (list, tuple)):
+        raise InvalidInput(f"{label}: expected a list of arguments or a shell string, got {_kind(value)}")
+    if not value:
+        raise InvalidInput(f"{label}: must not be empty")
+    argv: list[str] = []
+    for index, arg in enumerate(value):
+        where = f"{label}[{index}]"
+        # YAML turns `[sleep, 5]` into a number; that is clearly meant as the text "5".
+        if isinstance(arg, (int, float)) and not isinstance(arg, bool):
+            arg = str(arg)
+        if not isinstance(arg, str):
+            raise InvalidInput(f"{where}: expected a string, got {_kind(arg)}")
+        if "\x00" in arg:
+            raise InvalidInput(f"{where}: must not contain NUL characters")
+        argv.append(arg)
+    if not argv[0].strip():
+        raise InvalidInput(f"{label}[0]: the program name must not be empty")
+    return tuple(argv)
+
+
+def _range(value: Any, label: str) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    text = _text(value, label, what="a frame range like 1-100").strip()
+    if not text:
+        raise InvalidInput(f"{label}: empty frame range (use e.g. 1, 1-100 or 1-100x5)")
+    return text
+
+
+def _vendor(value: Any, label: str) -> str:
+    vendor = normalize_vendor(value) if isinstance(value, str) else None
+    if vendor is None:
+        shown = _show(value) if isinstance(value, str) else _kind(value)
+        raise InvalidInput(f"{label}: unknown vendor {shown} (expected one of {', '.join(VENDORS)})")
+    return vendor
+
+
+def _gpu_models(value: Any, label: str) -> tuple[str, ...]:
+    models: list[str] = []
+    for index, item in enumerate(_as_list(value, label)):
+        where = _item(label, index)
+        model = _text(item, where, what="a GPU model name").strip()
+        if not model or len(model) > 200 or _CONTROL_RE.search(model):
+            raise InvalidInput(f"{where}: invalid GPU model {_show(model)} (1-200 printable characters)")
+        if model not in models:
+            models.append(model)
+    return tuple(models)
+
+
+def _tags(value: Any, label: str) -> tuple[str, ...]:
+    tags: list[str] = []
+    for index, item in enumerate(_as_list(value, label)):
+        where = _item(label, index)
+        tag = _text(item, where, what="a tag")
+        if not _TAG_RE.fullmatch(tag):
+            raise InvalidInput(f"{where}: invalid tag {_show(tag)} (1-100 of A-Z a-z 0-9 _ . -)")
+        if tag not in tags:
+            tags.append(tag)
+    return tuple(tags)
+
+
+def _env_key(key: Any, label: str) -> str:
+    if not isinstance(key, str) or not _ENV_KEY_RE.fullmatch(key):
+        shown = _show(key) if isinstance(key, str) else repr(key)
+        raise InvalidInput(f"{label}: invalid variable name {shown} (letters, digits and _, not starting with a digit)")
+    return key
+
+
+def _env_value(value: Any, label: str) -> str:
+    if isinstance(value, bool):  # YAML spelling, not Python's True/False
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if not isinstance(value, str):
+        raise InvalidInput(f"{label}: expected a string, number or boolean, got {_kind(value)}")
+    if "\x00" in value:
+        raise InvalidInput(f"{label}: must not contain NUL characters")
+    return value
+
+
+def _env_mapping(value: Any, label: str) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        raise InvalidInput(f"{label}: expected a mapping of NAME: value, got {_kind(value)}")
+    env: dict[str, str] = {}
+    for key, item in value.items():
+        name = _env_key(key, label)
+        env[name] = _env_value(item, f"{label}.{name}")
+    return env
+
+
+def _env_items(items: Sequence[str], label: str) -> dict[str, str]:
+    """``--env K=V`` items; a later item for the same name wins, as in a shell."""
+    env: dict[str, str] = {}
+    for item in [items] if isinstance(items, str) else items:
+        text = _text(item, label, what="K=V")
+        if "=" not in text:
+            raise InvalidInput(f"{label}: expected NAME=VALUE, got {_show(text)}")
+        key, value = text.split("=", 1)
+        env[_env_key(key, label)] = _env_value(value, label)
+    return env
+
+
+def _depends(value: Any, label: str) -> list[tuple[Dependency, str]]:
+    """Dependencies with the label of each (for errors found later, once all layers are known)."""
+    deps: list[tuple[Dependency, str]] = []
+    targets: dict[str, str] = {}
+    for index, item in enumerate(_as_list(value, label)):
+        where = _item(label, index)
+        if isinstance(item, Mapping):
+            _check_keys(item, DEPEND_KEYS, where)
+            if "layer" not in item:
+                raise InvalidInput(f"{where}: missing 'layer' (the layer to wait for)")
+            on = _layer_name(item["layer"], f"{where}.layer")
+            kind = item.get("type", "layer")
+            if kind is None:
+                kind = "layer"
+            if not isinstance(kind, str) or kind.lower() not in DEPEND_TYPES:
+                shown = _show(kind) if isinstance(kind, str) else _kind(kind)
+                raise InvalidInput(f"{where}.type: unknown dependency type {shown} (expected layer or frame)")
+            dep = Dependency(on=on, type=kind.lower())  # type: ignore[arg-type]
+        else:
+            dep = Dependency(on=_layer_name(item, where), type="layer")
+        if dep.on in targets:
+            raise InvalidInput(f"{where}: depends on {dep.on!r} twice (also {targets[dep.on]})")
+        targets[dep.on] = where
+        deps.append((dep, where))
+    return deps
+
+
+# --------------------------------------------------------------------------------------
+# Layers and jobs
+
+
+def _build_layer(
+    data: Mapping[str, Any], label: Label, job_env: Mapping[str, str], *, gpus_label: str,
+    parse_env: Callable[[Any, str], dict[str, str]] = _env_mapping,
+) -> tuple[LayerSpec, list[tuple[Dependency, str]]]:
+    """Validate one layer's fields (already checked for unknown keys). ``None`` = not set.
+
+    ``parse_env`` reads the ``env`` field: a YAML mapping, or ``K=V`` items for the flags."""
+
+    def get(key: str) -> Any:
+        return data.get(key)
+
+    for required in ("name", "command"):
+        if get(required) is None:
+            raise InvalidInput(f"{label(required)}: required")
+    name = _layer_name(get("name"), label("name"))
+    fields: dict[str, Any] = {"name": name, "command": _command(get("command"), label("command"))}
+    if get("range") is not None:
+        fields["range"] = _range(get("range"), label("range"))
+    if get("chunk") is not None:
+        fields["chunk"] = _integer(get("chunk"), label("chunk"), minimum=1, maximum=MAX_FRAME)
+    gpus = 0
+    if get("gpus") is not None:
+        gpus = fields["gpus"] = _integer(get("gpus"), label("gpus"), minimum=0, maximum=MAX_GPUS)
+    if gpus == 0:
+        # A device constraint on a CPU frame is almost surely a forgotten `gpus:`; silently
+        # ignoring it would run the work on the CPU pool, which DESIGN §5 rules out.
+        for option in _GPU_OPTIONS:
+            if get(option) not in (None, (), []):
+                raise InvalidInput(f"{label(option)}: only applies to GPU frames; set {gpus_label} to 1 or more")
+    if get("gpu_vendor") is not None:
+        fields["gpu_vendor"] = _vendor(get("gpu_vendor"), label("gpu_vendor"))
+    if get("gpu_models") is not None:
+        fields["gpu_models"] = _gpu_models(get("gpu_models"), label("gpu_models"))
+    if get("gpu_memory_min") is not None:
+        fields["gpu_memory_min_bytes"] = _size(get("gpu_memory_min"), label("gpu_memory_min"))
+    if get("cores") is not None:
+        fields["cores"] = _cores(get("cores"), label("cores"))
+    if get("memory") is not None:
+        fields["memory_bytes"] = _size(get("memory"), label("memory"))
+    if get("retries") is not None:
+        fields["retries"] = _integer(get("retries"), label("retries"), minimum=0, maximum=MAX_RETRIES)
+    if get("timeout") is not None:
+        fields["timeout_s"] = _timeout(get("timeout"), label("timeout"))
+    env = dict(job_env)  # the layer's own variables win over the job's
+    if get("env") is not None:
+        env.update(parse_env(get("env"), label("env")))
+    fields["env"] = tuple(env.items())
+    if get("tags") is not None:
+        fields["tags"] = _tags(get("tags"), label("tags"))
+    deps = _depends(get("depends"), label("depends")) if get("depends") is not None else []
+    fields["depends"] = tuple(dep for dep, _ in deps)
+    return LayerSpec(**fields), deps
+
+
+def _check_dependencies(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[Dependency, str]]]) -> None:
+    names = {layer.name for layer in layers}
+    for layer, layer_deps in zip(layers, deps):
+        for dep, where in layer_deps:
+            if dep.on == layer.name:
+                raise InvalidInput(f"{where}: layer {layer.name!r} cannot depend on itself")
+            if dep.on not in names:
+                close = difflib.get_close_matches(dep.on, sorted(names), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise InvalidInput(f"{where}: unknown layer {dep.on!r}{hint}")
+    # Depth-first search for a cycle; report it as a path so the user can see which edge to cut.
+    graph = {layer.name: [dep.on for dep in layer.depends] for layer in layers}
+    done: set[str] = set()
+    for root in graph:
+        if root in done:
+            continue
+        path = [root]  # the chain being explored; iterators[i] walks path[i]'s dependencies
+        iterators = [iter(graph[root])]
+        while iterators:
+            nxt = next(iterators[-1], None)
+            if nxt is None:
+                done.add(path.pop())
+                iterators.pop()
+            elif nxt in path:
+                cycle = path[path.index(nxt):] + [nxt]
+                raise InvalidInput(f"layers: dependency cycle {' -> '.join(cycle)}")
+            elif nxt not in done:
+                path.append(nxt)
+                iterators.append(iter(graph[nxt]))
+
+
+def _finish(
+    *, name: str, user: str | None, priority: int, paused: bool, layers: Sequence[LayerSpec],
+    deps: Sequence[list[tuple[Dependency, str]]], layer_labels: Sequence[Label], frame_limit: int | None,
+) -> JobSpec:
+    """Cross-layer checks (names, dependencies, frame limit) and the chunk expansion."""
+    seen: dict[str, str] = {}
+    for layer, label in zip(layers, layer_labels):
+        if layer.name in seen:
+            raise InvalidInput(f"{label('name')}: duplicate layer name {layer.name!r} (also {seen[layer.name]})")
+        seen[layer.name] = label("name")
+    _check_dependencies(layers, deps)
+    if frame_limit is None:
+        from cuectl.config import frame_limit as configured_limit
+
+        frame_limit = configured_limit()
+    if user is None:
+        from cuectl.config import current_user
+
+        user = current_user()
+    if not isinstance(user, str) or not user.strip() or _CONTROL_RE.search(user):
+        raise InvalidInput(f"user: invalid user name {user!r}")
+    chunks: list[tuple[tuple[int, ...], ...]] = []
+    total = 0
+    for layer, label in zip(layers, layer_labels):
+        try:
+            # Only what is left of the budget may be expanded, so memory stays bounded by
+            # the limit for the whole job, not per layer.
+            frames = parse_frameset(layer.range, limit=max(frame_limit - total, 0))
+        except InvalidInput:
+            # Refused against what is left: find out whether the range is bad or over the
+            # limit by itself (its own message says which), or only the job's total is over.
+            try:
+                frames = parse_frameset(layer.range, limit=frame_limit)
+            except InvalidInput as own:
+                raise InvalidInput(f"{label('range')}: {own.message}") from None
+            if total + len(frames) > frame_limit:
+                raise InvalidInput(
+                    f"the job has at least {total + len(frames)} frames across its layers; "
+                    f"the limit is {frame_limit} (CUECTL_FRAME_LIMIT)"
+                ) from None
+            # else: only the repeat guard, scaled to the remaining budget, objected; fine.
+        total += len(frames)
+        chunks.append(tuple(chunk_frames(frames, layer.chunk)))
+    return JobSpec(name=name, user=user, layers=tuple(layers), priority=priority, paused=paused, chunks=tuple(chunks))
+
+
+def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | None = None) -> JobSpec:
+    """Validate a parsed YAML/JSON document into a JobSpec (see docs/job-spec.md).
+
+    ``user`` defaults to the submitting user (config), never to anything in the document;
+    ``frame_limit`` to ``CUECTL_FRAME_LIMIT``. Keys set to null count as not set.
+    """
+    if data is None:
+        raise InvalidInput("the job spec is empty (expected a mapping with name: and layers:)")
+    if not isinstance(data, Mapping):
+        raise InvalidInput(f"the job spec must be a mapping with name: and layers:, got {_kind(data)}")
+    # Keys starting with "x-" are ignored (as in docker-compose): a place for anchors such
+    # as `x-defaults: &defaults {...}` that layers then merge with `<<: *defaults`.
+    _check_keys(
+        {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}, JOB_KEYS, "",
+        elsewhere=_LAYER_ONLY_KEYS,
+    )
+    if data.get("name") is None:
+        raise InvalidInput("name: required (the job's name)")
+    name = _job_name(data["name"], "name")
+    priority = 0
+    if data.get("priority") is not None:
+        priority = _integer(data["priority"], "priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+    paused = False if data.get("paused") is None else _boolean(data["paused"], "paused")
+    job_env = {} if data.get("env") is None else _env_mapping(data["env"], "env")
+    raw_layers = data.get("layers")
+    if raw_layers is None:
+        raise InvalidInput("layers: required (a list of at least one layer)")
+    if not isinstance(raw_layers, (list, tuple)):
+        raise InvalidInput(f"layers: expected a list of layers, got {_kind(raw_layers)}")
+    if not raw_layers:
+        raise InvalidInput("layers: needs at least one layer")
+    if len(raw_layers) > MAX_LAYERS:
+        raise InvalidInput(f"layers: at most {MAX_LAYERS} layers (got {len(raw_layers)})")
+    layers: list[LayerSpec] = []
+    deps: list[list[tuple[Dependency, str]]] = []
+    labels: list[Label] = []
+    for index, raw in enumerate(raw_layers):
+        here = f"layers[{index}]"
+        if not isinstance(raw, Mapping):
+            raise InvalidInput(f"{here}: expected a mapping with name: and command:, got {_kind(raw)}")
+        _check_keys(raw, LAYER_KEYS, here, elsewhere=_JOB_ONLY_KEYS)
+        label: Label = lambda key, here=here: f"{here}.{key}"  # noqa: E731
+        layer, layer_deps = _build_layer(raw, label, job_env, gpus_label="gpus")
+        layers.append(layer)
+        deps.append(layer_deps)
+        labels.append(label)
+    return _finish(name=name, user=user, priority=priority, paused=paused, layers=layers, deps=deps,
+                   layer_labels=labels, frame_limit=frame_limit)
+
+
+def spec_from_flags(
+    *,
+    name: str,
+    command: Sequence[str],
+    range: str = "1",  # noqa: A002 - the flag is --range
+    chunk: int = 1,
+    layer: str | None = None,
+    gpus: int = 0,
+    gpu_vendor: str | None = None,
+    gpu_models: Sequence[str] = (),
+    gpu_memory_min: str | None = None,
+    cores: float | None = None,
+    memory: str | None = None,
+    priority: int = 0,
+    retries: int | None = None,
+    timeout: str | None = None,
+    env: Sequence[str] = (),
+    tags: Sequence[str] = (),
+    paused: bool = False,
+    user: str | None = None,
+    frame_limit: int | None = None,
+) -> JobSpec:
+    """The single-layer job of ``cuectl submit --name N ... -- COMMAND ARGS`` (DESIGN §6).
+
+    ``command`` is the argv after ``--`` and is kept as argv: an element with spaces or shell
+    metacharacters is one argument, never shell-interpreted (use ``-- sh -c '...'`` for a
+    pipeline). A plain ``str`` (library callers) is taken as a shell string. The layer is
+    named ``layer`` or ``main``. Errors name the flag: ``--gpus: must be 0 or more``.
+    """
+
+    def label(key: str) -> str:
+        return _FLAG_LABELS.get(key, "--" + key.replace("_", "-"))
+
+    job_name = _job_name(name, "--name")
+    job_priority = _integer(priority, "--priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+    job_paused = _boolean(paused, "--paused")
+    if not isinstance(command, str):
+        if not isinstance(command, (list, tuple)):
+            command = list(command)
+        if not command:
+            raise InvalidInput("COMMAND: no command given (put it after --, e.g. -- python3 render.py #IFRAME#)")
+    raw = {
+        "name": DEFAULT_FLAG_LAYER if layer is None else layer,
+        "command": command,
+        "range": range,
+        "chunk": chunk,
+        "gpus": gpus,
+        "gpu_vendor": gpu_vendor,
+        "gpu_models": _as_flag_list(gpu_models),
+        "gpu_memory_min": gpu_memory_min,
+        "cores": cores,
+        "memory": memory,
+        "retries": retries,
+        "timeout": timeout,
+        "env": env,
+        "tags": _as_flag_list(tags),
+    }
+    built, deps = _build_layer(raw, label, {}, gpus_label="--gpus", parse_env=_env_items)
+    return _finish(name=job_name, user=user, priority=job_priority, paused=job_paused, layers=[built], deps=[deps],
+                   layer_labels=[label], frame_limit=frame_limit)
+
+
+def _as_flag_list(values: Sequence[str] | str) -> list[str]:
+    """A repeated flag's values; a lone str is one value, not a list of characters."""
+    return [values] if isinstance(values, str) else list(values)
+
+
+# --------------------------------------------------------------------------------------
+# YAML
+
+
+def _at(source: str, node: Any) -> str:
+    mark = node.start_mark
+    return f"{source}: line {mark.line + 1}, column {mark.column + 1}"
+
+
+def _guard_nodes(root: Any, source: str) -> None:
+    """Refuse alias bombs, recursive aliases and duplicate keys, before constructing.
+
+    PyYAML shares one node for every use of an anchor, so the composed graph stays small
+    even for a "billion laughs" document; the blow-up happens when something walks the
+    constructed value. Sizing the graph with memoisation costs one visit per distinct node,
+    so the expanded size is known, and refused, without ever expanding.
+    """
+    import yaml
+
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+    aliases = 0
+
+    def size(node: Any) -> int:
+        nonlocal aliases
+        key = id(node)
+        if key in sizes:
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise InvalidInput(
+                    f"{source}: more than {MAX_ALIASES} alias references (*name); refused as a YAML bomb"
+                )
+            return sizes[key]
+        if key in active:
+            raise InvalidInput(f"{_at(source, node)}: recursive alias (a node that contains itself)")
+        active.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            explicit: dict[tuple[str, str], Any] = {}
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    ident = (key_node.tag, key_node.value)
+                    if ident in explicit:
+                        raise InvalidInput(f"{_at(source, key_node)}: duplicate key {_show(key_node.value)}")
+                    explicit[ident] = key_node
+                total += size(key_node) + size(value_node)
+        elif isinstance(node, yaml.SequenceNode):
+            for child in node.value:
+                total += size(child)
+        active.discard(key)
+        sizes[key] = total
+        if total > MAX_EXPANDED_NODES:
+            raise InvalidInput(
+                f"{source}: the document expands to more than {MAX_EXPANDED_NODES} values through aliases; "
+                "refused as a YAML bomb"
+            )
+        return total
+
+    size(root)
+
+
+def _yaml_error(exc: Exception, text: str, source: str) -> InvalidInput:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    if mark is not None:
+        # PyYAML splits its message into a context ("while parsing a block mapping") and
+        # the problem; together they read as one sentence.
+        parts = [getattr(exc, "context", None), getattr(exc, "problem", None)]
+        detail = " ".join(", ".join(str(p) for p in parts if p).split()) or "syntax error"
+        return InvalidInput(f"{source}: invalid YAML at line {mark.line + 1}, column {mark.column + 1}: {detail}")
+    position = getattr(exc, "position", None)  # ReaderError: a character YAML does not allow
+    if isinstance(position, int):
+        line = text.count("\n", 0, position)
+        column = position - (text.rfind("\n", 0, position) + 1)
+        character = getattr(exc, "character", None)
+        what = f"character #x{character:04x}" if isinstance(character, int) else "character"
+        return InvalidInput(
+            f"{source}: invalid YAML at line {line + 1}, column {column + 1}: "
+            f"unacceptable {what} (control characters are not allowed)"
+        )
+    return InvalidInput(f"{source}: invalid YAML: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+
+
+class _TooDeep(Exception):
+    """Raised by the loader's depth guard with the YAML mark where nesting went too deep."""
+
+
+@functools.lru_cache(maxsize=1)
+def _guarded_loader() -> type:
+    """PyYAML's pure-Python SafeLoader with a nesting limit.
+
+    Not CSafeLoader: the C composer recurses on the C stack. The Python one recurses too,
+    and PyYAML's scanner does work proportional to the open nesting for every token, so an
+    unlimited "[[[[..." costs seconds before a RecursionError; a job spec needs a few levels.
+    """
+    import yaml
+
+    class GuardedLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            self.depth += 1
+            try:
+                if self.depth > MAX_DEPTH:
+                    raise _TooDeep(self.peek_event().start_mark)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return GuardedLoader
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    import yaml
+
+    if len(text) > MAX_SPEC_BYTES:
+        raise InvalidInput(f"{source}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
+    loader = None
+    try:
+        loader = _guarded_loader()(text)  # checks for unprintable characters right away
+        root = loader.get_single_node()
+        if root is None:
+            return None
+        _guard_nodes(root, source)
+        return loader.construct_document(root)
+    except yaml.YAMLError as exc:
+        raise _yaml_error(exc, text, source) from None
+    except _TooDeep as exc:
+        mark = exc.args[0]
+        raise InvalidInput(
+            f"{source}: invalid YAML at line {mark.line + 1}, column {mark.column + 1}: "
+            f"nested more than {MAX_DEPTH} levels deep"
+        ) from None
+    except RecursionError:  # the depth guard should make this unreachable; keep it a clean error
+        raise InvalidInput(f"{source}: invalid YAML: nested too deeply") from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def load_spec_text(
+    text: str, *, source: str = "<job spec>", user: str | None = None, frame_limit: int | None = None
+) -> JobSpec:
+    """Parse YAML text (e.g. a spec piped on stdin). Errors start with ``source:``."""
+    data = _load_yaml(text, source)
+    try:
+        return spec_from_mapping(data, user=user, frame_limit=frame_limit)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{source}: {exc.message}", hint=exc.hint) from None
+
+
+def load_spec_file(path: str | Path, *, user: str | None = None, frame_limit: int | None = None) -> JobSpec:
+    """Read and validate a YAML job spec. Every problem is an InvalidInput starting with the
+    path: unreadable file, over 10 MB, not UTF-8, malformed YAML (with line and column),
+    unknown keys, bad values."""
+    source = str(path)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)  # never read more than the cap (e.g. /dev/zero)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read job spec {source!r}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise InvalidInput(f"{source}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
+    return load_spec_text(text, source=source, user=user, frame_limit=frame_limit)
