@@ -341,7 +341,7 @@ def test_existing_store_reopens_with_data(tmp_path: Path):
     job_id = s.submit(job(), now=NOW)
     s.close()
     s = open_store(path)
-    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 1
+    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 2
     s.close()
 
 
@@ -351,3 +351,59 @@ def test_layer_json_round_trip_of_shell_and_argv_commands(store):
     layers = store.get_job(job_id)["layers"]
     assert layers[0]["command"] == "echo 'x y' && true" and layers[1]["command"] == ["echo", "x y"]
     assert json.dumps(layers)  # JSON-serialisable
+
+
+def test_usage_records_and_prune(store):
+    job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-2", "gpus": 1}]), now=NOW)
+    c = claim_next(store)
+    usage = {"gpu_util_mean_pct": 40.0, "gpu_util_max_pct": 90.0, "gpu_memory_peak_bytes": 123, "gpu_seconds": 10.0,
+             "gpu_busy_seconds": 4.0, "gpu_models": ["V100"], "samples": {"GPU-a": [[NOW, 40.0, 123]]}}
+    store.complete_frame(c.frame_id, 1, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 10, usage=usage),
+                         now=NOW + 10)
+    (rec,) = store.usage_records(since=NOW, until=NOW + 11)
+    assert (rec["job"], rec["user"], rec["layer"], rec["outcome"], rec["gpu_models"]) == \
+        ("j", "alice", "r", "succeeded", ["V100"])
+    assert (rec["gpu_seconds"], rec["gpu_busy_seconds"], rec["gpu_memory_peak_bytes"]) == (10.0, 4.0, 123)
+    assert store.usage_records(since=NOW + 11, until=NOW + 20) == []
+    assert store.get_frame(c.frame_id)["samples"] == {"GPU-a": [[NOW, 40.0, 123]]}
+    assert store.prune(before=NOW + 100) == []  # not finished yet
+    c2 = claim_next(store)
+    store.complete_frame(c2.frame_id, 1, ok(), now=NOW + 20)
+    assert store.prune(before=NOW + 15) == []  # finished at +20: too recent
+    assert store.prune(before=NOW + 100) == [job_id]
+    with pytest.raises(NotFound):
+        store.get_job(job_id)
+    assert store.usage_records(since=0, until=NOW + 100) == []
+
+
+def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
+    from cuectl.sched.sqlite import MIGRATIONS, SCHEMA_VERSION
+
+    path = tmp_path / "v1.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for statement in (s for s in MIGRATIONS[0].split(";") if s.strip()):
+        conn.execute(statement)
+    conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
+    conn.execute("INSERT INTO jobs(name, user, created_at) VALUES ('old', 'bob', 1.0)")
+    conn.close()
+    s = open_store(str(path))
+    assert s.schema_version() == SCHEMA_VERSION == 2
+    assert s.get_job("old")["user"] == "bob"
+    assert s.usage_records(since=0, until=2e9) == []
+    s.close()
+
+
+def test_sqlite_online_backup_is_a_consistent_store(tmp_path: Path):
+    s = open_store(str(tmp_path / "live.db"))
+    job_id = s.submit(job(), now=NOW)
+    dest = tmp_path / "backups" / "copy.db"
+    dest.parent.mkdir()
+    s.backup(dest)
+    copy = open_store(str(dest))
+    assert copy.get_job(job_id)["frame_counts"] == {"WAITING": 3}
+    assert copy.integrity_problems() == []
+    assert not list(dest.parent.glob("*.partial"))
+    copy.close()
+    with pytest.raises(StoreError, match="cannot write backup"):
+        s.backup(tmp_path / "missing-dir" / "x.db")
+    s.close()

@@ -3,22 +3,70 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Optional
 
 import typer
 
 from cuectl.cli import term
 
-admin_app = typer.Typer(help="Maintenance: reap lost frames, diagnose the installation.", no_args_is_help=True)
+admin_app = typer.Typer(help="Maintenance: reports, reaping, pruning, backups, diagnosis.", no_args_is_help=True)
+JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
 @admin_app.command("reap")
-def reap(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def reap(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     """Requeue frames whose worker stopped heartbeating (their lease expired)."""
     ids = ctx.obj.store().reap(now=time.time())
     if as_json:
         term.emit_json({"reaped": ids})
     else:
         term.line(f"reaped {len(ids)} frame(s)" + (": " + ", ".join(map(str, ids)) if ids else ""))
+
+
+@admin_app.command("prune")
+def prune(ctx: typer.Context,
+          older_than: str = typer.Option(..., "--older-than", help="Delete finished jobs older than this (e.g. 30d)."),
+          as_json: bool = JSON_OPT) -> None:
+    """Delete finished jobs (frames, attempts, samples and logs) that ended long ago."""
+    from cuectl.admin import prune as do_prune
+    from cuectl.units import parse_duration
+
+    age = parse_duration(older_than, field="--older-than")
+    result = do_prune(ctx.obj.store(), older_than_s=age, now=time.time())
+    if as_json:
+        term.emit_json(result)
+    else:
+        term.line(f"pruned {len(result['jobs'])} finished job(s)")
+
+
+@admin_app.command("backup")
+def backup(ctx: typer.Context, dest: Path = typer.Argument(..., help="File to write (replaced atomically).")) -> None:
+    """Copy the store consistently while workers keep running (SQLite online backup)."""
+    store = ctx.obj.store()
+    if not hasattr(store, "backup"):
+        from cuectl.errors import InvalidInput
+
+        raise InvalidInput("admin backup works on SQLite stores; use pg_dump for PostgreSQL")
+    store.backup(dest)
+    term.line(f"backed up {store.url} to {dest}")
+
+
+@admin_app.command("doctor")
+def doctor(ctx: typer.Context,
+           lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", help="Device lease directory to check."),
+           as_json: bool = JSON_OPT) -> None:
+    """Check the store, GPU backends, the lease directory and hosts; explain what is wrong."""
+    from cuectl import config
+    from cuectl.admin import doctor as run_doctor
+
+    checks = run_doctor(ctx.obj.store, lock_dir=lock_dir or config.lock_dir())
+    if as_json:
+        term.emit_json({"checks": [c.to_json() for c in checks]})
+    else:
+        term.table(["CHECK", "STATUS", "DETAIL"], [[c.name, c.status.upper(), c.detail] for c in checks])
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -221,6 +221,17 @@ def frame_show(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame 
                                         "exit_code", "exit_signal", "started_at", "ended_at", "max_rss_bytes",
                                         "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes",
                                         "gpu_seconds", "log_path")])
+    if data.get("samples"):
+        from cuectl.units import format_bytes
+
+        term.line()
+        term.line("GPU samples of the latest attempt (utilisation over time):")
+        for uuid, points in data["samples"].items():
+            utils = [p[1] for p in points]
+            mems = [p[2] for p in points if p[2] is not None]
+            known = [u for u in utils if u is not None]
+            summary = (f"mean {sum(known) / len(known):.0f}% max {max(known):.0f}%" if known else "no utilisation data")
+            term.line(f"  {uuid}  {term.sparkline(utils)}  {summary}, peak {format_bytes(max(mems) if mems else None)}")
     if data["attempt_history"]:
         term.line()
         term.table(["ATTEMPT", "HOST", "OUTCOME", "EXIT", "SIGNAL"],

@@ -94,3 +94,24 @@ def fields(pairs: Sequence[tuple[str, Any]]) -> None:
     width = max((len(k) for k, _ in pairs), default=0)
     for key, value in pairs:
         line(f"{key.ljust(width)}  {_cell(value)}")
+
+
+_SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float | None], *, top: float = 100.0, width: int = 60) -> str:
+    """Utilisation as a one-line bar chart (``▁▃█``); gaps (unknown values) as spaces.
+    Long series are resampled to ``width`` by taking each bucket's maximum (peaks show)."""
+    vals = list(values)
+    if len(vals) > width:
+        step = len(vals) / width
+        buckets = [vals[int(i * step):int((i + 1) * step) or None] for i in range(width)]
+        vals = [max((v for v in b if v is not None), default=None) for b in buckets]
+    out = []
+    for v in vals:
+        if v is None:
+            out.append(" ")
+        else:
+            level = min(len(_SPARKS) - 1, max(0, int(round(v / top * (len(_SPARKS) - 1)))))
+            out.append(_SPARKS[level])
+    return "".join(out)

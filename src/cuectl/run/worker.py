@@ -64,6 +64,9 @@ class RunningFrame:
     user_action: str | None = None
     lost: bool = False
     next_sample: float = 0.0
+    # Every pid seen in the frame's tree: the final sample, taken after the frame exited,
+    # still attributes per-process values reported for them (a backend lags a little).
+    seen_pids: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -287,6 +290,8 @@ class Worker:
         if rf.lost:
             return  # the store gave this attempt to someone else; our report would be fenced anyway
         usage = rf.usage.summary(info.ended_at)
+        if rf.devices:
+            usage["gpu_models"] = [d.model for d in rf.devices]
         result = FrameResult(exit_code=info.exit_code, exit_signal=info.exit_signal, timed_out=info.timed_out,
                              started_at=info.started_at, ended_at=info.ended_at, max_rss_bytes=info.max_rss_bytes,
                              cpu_seconds=info.cpu_seconds, user_action=rf.user_action, usage=usage)
@@ -342,7 +347,9 @@ class Worker:
         pids: set[int] = set()
         frame_pids = {}
         for rf in frames:
-            frame_pids[rf.claim.frame_id] = rf.proc.pids() if not rf.proc.finished else set()
+            if not rf.proc.finished:
+                rf.seen_pids |= rf.proc.pids()
+            frame_pids[rf.claim.frame_id] = set(rf.seen_pids)
             pids |= frame_pids[rf.claim.frame_id]
         try:
             samples = self.sampler(uuids, sorted(pids))

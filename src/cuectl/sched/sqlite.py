@@ -11,6 +11,7 @@ is where SQLite returns SQLITE_BUSY without waiting).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from cuectl.sched.store import (ClaimedFrame, FrameResult, HostInfo, RunnableLay
                                 Store)
 from cuectl.sched.views import frame_json, host_json, job_json, layer_json
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 APPLICATION_ID = 0x43554543  # "CUEC": marks the file as ours (PRAGMA application_id)
 
 # Forward-only migrations: MIGRATIONS[i] brings a store from version i to i + 1.
@@ -141,6 +142,24 @@ MIGRATIONS: list[str] = [
         UNIQUE (frame_id, attempt)
     );
     CREATE INDEX attempts_ended ON attempts(ended_at);
+    """,
+    # v2: per-attempt GPU accounting columns (reports read these, not JSON) and the
+    # bounded per-device sample series of each attempt.
+    """
+    ALTER TABLE attempts ADD COLUMN gpu_util_mean_pct REAL;
+    ALTER TABLE attempts ADD COLUMN gpu_util_max_pct REAL;
+    ALTER TABLE attempts ADD COLUMN gpu_memory_peak_bytes INTEGER;
+    ALTER TABLE attempts ADD COLUMN gpu_seconds REAL;
+    ALTER TABLE attempts ADD COLUMN gpu_busy_seconds REAL;
+    ALTER TABLE attempts ADD COLUMN gpu_models TEXT;
+    CREATE INDEX attempts_job ON attempts(job_id);
+    CREATE TABLE samples (
+        frame_id INTEGER NOT NULL REFERENCES frames(id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        uuid TEXT NOT NULL,
+        points TEXT NOT NULL,
+        PRIMARY KEY (frame_id, attempt, uuid)
+    ) WITHOUT ROWID;
     """,
 ]
 
@@ -452,6 +471,9 @@ class SQLiteStore(Store):
             raise NotFound(f"no frame {frame_id}", hint="see `cuectl frame list`")
         data = frame_json(rows[0])
         data["log_path"] = rows[0]["log_path"]
+        data["samples"] = {r["uuid"]: json.loads(r["points"]) for r in self._read(
+            "SELECT uuid, points FROM samples WHERE frame_id = ? AND attempt = "
+            "(SELECT MAX(attempt) FROM samples WHERE frame_id = ?)", (frame_id, frame_id))}
         data["attempt_history"] = [dict(r) for r in self._read(
             "SELECT attempt, host, outcome, started_at, ended_at, exit_code, exit_signal, timed_out "
             "FROM attempts WHERE frame_id = ? ORDER BY attempt", (frame_id,))]
@@ -677,17 +699,25 @@ class SQLiteStore(Store):
     @staticmethod
     def _record_attempt(conn: sqlite3.Connection, frame_id: int, attempt: int, row: Mapping[str, Any],
                         outcome: str, result: FrameResult | None, now: float) -> None:
+        usage = dict(result.usage) if result and result.usage else {}
+        samples = usage.pop("samples", None) or {}
         conn.execute(
             "INSERT OR REPLACE INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, "
-            "started_at, ended_at, exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, usage) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "started_at, ended_at, exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, usage, "
+            "gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds, gpu_busy_seconds, gpu_models) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (frame_id, attempt, row["job_id"], row["host"], row["gpu_uuids"] or "[]", outcome, row["waiting_since"],
              (result.started_at if result and result.started_at else row["started_at"]),
              (result.ended_at if result and result.ended_at else now),
              result.exit_code if result else None, result.exit_signal if result else None,
              int(bool(result and result.timed_out)), result.max_rss_bytes if result else None,
-             result.cpu_seconds if result else None, row["cores"],
-             json.dumps(dict(result.usage)) if result and result.usage else None))
+             result.cpu_seconds if result else None, row["cores"], json.dumps(usage) if usage else None,
+             usage.get("gpu_util_mean_pct"), usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"),
+             usage.get("gpu_seconds"), usage.get("gpu_busy_seconds"),
+             json.dumps(usage["gpu_models"]) if usage.get("gpu_models") else None))
+        if samples:
+            conn.executemany("INSERT OR REPLACE INTO samples(frame_id, attempt, uuid, points) VALUES (?, ?, ?, ?)",
+                             [(frame_id, attempt, uuid, json.dumps(points)) for uuid, points in samples.items()])
 
     def requeue_frame(self, frame_id: int, attempt: int, *, now: float, reason: str) -> str | None:
         with self._write() as conn:
@@ -734,6 +764,71 @@ class SQLiteStore(Store):
                 self._finish_job_if_done(conn, row["job_id"], now)
                 reaped.append(int(row["id"]))
         return reaped
+
+    # -- accounting and maintenance ----------------------------------------------------------
+    def usage_records(self, *, since: float, until: float) -> list[dict[str, Any]]:
+        """Every attempt that ended in [since, until), with its job, layer and usage."""
+        rows = self._read(
+            "SELECT a.frame_id, a.attempt, a.job_id, j.name AS job, j.user, l.name AS layer, f.number, a.host, "
+            "a.gpu_uuids, a.gpu_models, a.outcome, a.waiting_since, a.started_at, a.ended_at, a.exit_code, "
+            "a.exit_signal, a.timed_out, a.max_rss_bytes, a.cpu_seconds, a.cores, a.gpu_util_mean_pct, "
+            "a.gpu_util_max_pct, a.gpu_memory_peak_bytes, a.gpu_seconds, a.gpu_busy_seconds "
+            "FROM attempts a JOIN frames f ON f.id = a.frame_id JOIN jobs j ON j.id = a.job_id "
+            "JOIN layers l ON l.id = f.layer_id WHERE a.ended_at >= ? AND a.ended_at < ? ORDER BY a.ended_at",
+            (since, until))
+        out = []
+        for r in rows:
+            rec = dict(r)
+            rec["gpu_uuids"] = json.loads(rec["gpu_uuids"] or "[]")
+            rec["gpu_models"] = json.loads(rec["gpu_models"]) if rec["gpu_models"] else []
+            rec["timed_out"] = bool(rec["timed_out"])
+            out.append(rec)
+        return out
+
+    def prune(self, *, before: float) -> list[int]:
+        """Delete FINISHED jobs that finished before ``before`` (with frames, attempts,
+        samples); return their ids so the caller can remove their log directories."""
+        with self._write() as conn:
+            ids = [r[0] for r in conn.execute(
+                "SELECT id FROM jobs WHERE state = 'FINISHED' AND finished_at < ?", (before,))]
+            for job_id in ids:
+                conn.execute("DELETE FROM frame_deps WHERE frame_id IN (SELECT id FROM frames WHERE job_id = ?) "
+                             "OR on_frame_id IN (SELECT id FROM frames WHERE job_id = ?)", (job_id, job_id))
+                conn.execute("DELETE FROM layer_deps WHERE layer_id IN (SELECT id FROM layers WHERE job_id = ?)",
+                             (job_id,))
+                conn.execute("DELETE FROM attempts WHERE job_id = ?", (job_id,))
+                conn.execute("DELETE FROM samples WHERE frame_id IN (SELECT id FROM frames WHERE job_id = ?)",
+                             (job_id,))
+                conn.execute("DELETE FROM frames WHERE job_id = ?", (job_id,))
+                conn.execute("DELETE FROM layers WHERE job_id = ?", (job_id,))
+                conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+        self._layer_cache.clear()
+        return ids
+
+    def backup(self, dest: str | Path) -> None:
+        """An online, consistent copy (SQLite's backup API), safe while workers run."""
+        dest = Path(dest)
+        tmp = dest.with_name(dest.name + ".partial")
+        try:
+            tmp.unlink(missing_ok=True)
+            fsutil.create_private_file(tmp)
+            target = sqlite3.connect(str(tmp))
+            try:
+                self.conn.backup(target)
+            finally:
+                target.close()
+            os.replace(tmp, dest)
+        except sqlite3.DatabaseError as exc:
+            tmp.unlink(missing_ok=True)
+            raise self._translate(exc) from None
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            raise StoreError(f"cannot write backup {dest}: {exc.strerror or exc}") from None
+
+    def integrity_problems(self) -> list[str]:
+        """``PRAGMA integrity_check``: an empty list when the file is sound."""
+        rows = [r[0] for r in self._read("PRAGMA integrity_check")]
+        return [] if rows == ["ok"] else rows
 
     def running_count(self) -> int:
         return int(self._read("SELECT COUNT(*) FROM frames WHERE state = 'RUNNING'")[0][0])

@@ -1,0 +1,107 @@
+"""Maintenance and diagnosis: prune old jobs (and their logs), back up, doctor.
+
+Library functions return data; ``cuectl admin …`` renders it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cuectl import config, fsutil
+from cuectl.errors import CuectlError
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"name": self.name, "status": self.status, "detail": self.detail}
+
+
+def prune(store, *, older_than_s: float, now: float) -> dict[str, Any]:
+    """Delete FINISHED jobs that ended more than ``older_than_s`` ago, with their logs."""
+    ids = store.prune(before=now - older_than_s)
+    log_root = config.log_root(getattr(store, "path", None))
+    removed_logs = 0
+    for job_id in ids:
+        path = log_root / str(job_id)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed_logs += 1
+    return {"jobs": ids, "log_dirs_removed": removed_logs}
+
+
+def _store_checks(store) -> list[Check]:
+    checks = [Check("store", "ok", f"{store.url} (schema version {store.schema_version()})")]
+    path = getattr(store, "path", None)
+    if path is not None:
+        fstype = fsutil.filesystem_type(Path(path)) or "unknown"
+        checks.append(Check("store filesystem", "ok", f"{fstype} (local)"))
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+        checks.append(Check("store permissions", "warn" if mode & 0o007 else "ok",
+                            f"{mode:o}" + (" — readable by every user; chmod o-rwx" if mode & 0o007 else "")))
+    problems = store.integrity_problems() if hasattr(store, "integrity_problems") else []
+    checks.append(Check("store integrity", "fail" if problems else "ok",
+                        "; ".join(problems[:5]) if problems else "integrity_check ok"))
+    return checks
+
+
+def _lock_dir_checks(lock_dir: Path) -> list[Check]:
+    from cuectl.run.lease import list_leases
+
+    if not lock_dir.exists():
+        return [Check("lock dir", "ok", f"{lock_dir} (not created yet; the first lease creates it)")]
+    checks = []
+    mode = stat.S_IMODE(lock_dir.stat().st_mode)
+    net = fsutil.is_network_fs(lock_dir)
+    if net:
+        checks.append(Check("lock dir", "fail", f"{lock_dir} is on {net}: locks there are not reliable"))
+    elif mode & 0o1777 != 0o1777:
+        checks.append(Check("lock dir", "warn", f"{lock_dir} mode {mode:o}: other users cannot lease devices "
+                                                f"(expected 1777, sticky and shared)"))
+    else:
+        checks.append(Check("lock dir", "ok", f"{lock_dir} mode {mode:o}"))
+    held = list_leases(lock_dir)
+    checks.append(Check("device leases", "ok", f"{len(held)} held" + "".join(
+        f"; {info.describe()}" for info in held[:4])))
+    return checks
+
+
+def _host_checks(store, *, now: float, down_after: float) -> list[Check]:
+    checks = []
+    for host in store.list_hosts(now=now, down_after=down_after):
+        if host["state"] == "DOWN":
+            running = store.running_on_host(host["name"])
+            if running:
+                checks.append(Check(f"host {host['name']}", "warn",
+                                    f"DOWN since {host['last_heartbeat']} with {len(running)} frame(s) still "
+                                    f"claimed; they are requeued when their lease expires (`cuectl admin reap`)"))
+    return checks
+
+
+def doctor(store_opener, *, lock_dir: Path, down_after: float = 60.0) -> list[Check]:
+    """Every check, never raising: a broken store is a failed check, not a crash."""
+    checks: list[Check] = []
+    store = None
+    try:
+        store = store_opener()
+        checks += _store_checks(store)
+    except CuectlError as exc:
+        checks.append(Check("store", "fail", exc.message + (f" (hint: {exc.hint})" if exc.hint else "")))
+    from cuectl.gpu.doctor import check_backends
+
+    for c in check_backends():
+        checks.append(Check(f"gpu backend {c.name}", "ok" if c.ok else "warn", c.line()))
+    checks += _lock_dir_checks(lock_dir)
+    if store is not None:
+        checks += _host_checks(store, now=time.time(), down_after=down_after)
+    return checks
