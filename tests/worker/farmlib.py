@@ -126,7 +126,7 @@ def intervals_overlap(events: list[dict[str, Any]], key) -> list[tuple]:
     runs: dict[Any, list[tuple[float, float]]] = {}
     starts = {e["pid"]: e for e in events if e["event"] == "start"}
     for e in events:
-        if e["event"] == "end" and e["pid"] in starts:
+        if e["event"] in ("end", "killed") and e["pid"] in starts:
             s = starts[e["pid"]]
             for k in key(s):
                 runs.setdefault(k, []).append((s["t"], e["t"]))

@@ -1,12 +1,14 @@
 """A frame command for worker tests: records what it saw, optionally sleeps and fails.
 
 Usage: probe.py LEDGER [--sleep S] [--exit N] [--fail-times N]
-Appends one JSON line at start and one at end to LEDGER (O_APPEND: atomic per line).
+Appends one JSON line at start and one at end (or "killed" on SIGTERM) to LEDGER
+(O_APPEND: atomic per line).
 --fail-times N: exit 1 on the first N attempts (CUE_ATTEMPT), then succeed.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -27,6 +29,14 @@ def record(path, event, **extra):
 def main(argv):
     ledger = argv[0]
     args = dict(zip(argv[1::2], argv[2::2]))
+
+    def on_term(signum, frame):
+        # Killed by cuectl (timeout, user kill, orphan clean-up): say so, so a test can
+        # close this run's interval on its device.
+        record(ledger, "killed", signal=signum)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
     record(ledger, "start")
     time.sleep(float(args.get("--sleep", 0)))
     code = int(args.get("--exit", 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -122,11 +123,12 @@ def test_timeout_kills_the_group(farm):
     assert farm.run_worker(None).returncode == 0
     assert time.monotonic() - t0 < 20
     (frame,) = farm.frames(job)
-    assert frame["state"] == "DEAD" and frame["exit_signal"] is not None
+    assert frame["state"] == "DEAD" and frame["exit_code"] == 128 + signal.SIGTERM  # the probe's TERM handler
     (start,) = farm.starts()
     assert not _alive(start["pid"])
-    history = farm.cuectl("frame", "show", str(frame["id"]), "--json")
-    assert '"timed_out": 1' in history.stdout or '"outcome": "timeout"' in history.stdout
+    assert [e["event"] for e in farm.events()] == ["start", "killed"]
+    history = json.loads(farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)["attempt_history"]
+    assert [(a["outcome"], a["timed_out"]) for a in history] == [("timeout", 1)]
 
 
 def _alive(pid: int) -> bool:

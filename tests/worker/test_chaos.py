@@ -1,0 +1,135 @@
+"""Chaos: workers SIGKILLed at random moments and at named points (while claiming,
+launching, running, completing) and restarted, while a few hundred short GPU frames run on
+three fake hosts. Seeded and bounded (about a minute).
+
+The promise checked, from the frames' own ledger and from the store:
+- every frame SUCCEEDED, and the store recorded exactly one successful attempt per frame;
+- no device ever ran two frames at once (orphans of killed workers included);
+- no frame process and no device lease is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import time
+from pathlib import Path
+
+from farmlib import V100, intervals_overlap
+
+from cuectl.run.lease import list_leases
+
+SEED = int(os.environ.get("CUECTL_CHAOS_SEED", "20261202"))
+FRAMES = 240
+HOSTS = 3
+MAX_KILLS = 24
+CRASH_POINTS = ["after_lock", "after_claim", "after_launch", "before_complete"]
+
+
+def uuids_of(event) -> list[str]:
+    raw = event["env"]["CUE_GPU_UUIDS"]
+    return [u for u in raw.split(",") if u] if raw else []
+
+
+def _succeeded(db) -> int:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        return conn.execute("SELECT COUNT(*) FROM frames WHERE state = 'SUCCEEDED'").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_chaos_kills_lose_nothing_and_never_share_a_device(farm, capsys):
+    rng = random.Random(SEED)
+    hosts = [farm.host(f"chaos{i}", [V100, V100]) for i in range(HOSTS)]
+    job = farm.submit({"name": "chaos", "layers": [{
+        "name": "gpu", "command": farm.probe("--sleep", "0.05"), "range": f"1-{FRAMES}", "gpus": 1,
+        "retries": 50}]})
+    lease = "1"
+    procs = {}
+    kills = {"sigkill": 0, **{p: 0 for p in CRASH_POINTS}}
+
+    def start(host, crash=None):
+        env = {"CUECTL_TEST_CRASH_AT": crash} if crash else {}
+        proc = farm.start_worker(host, env=env, lease=lease)
+        proc.crash = crash
+        return proc
+
+    for h in hosts:
+        procs[h] = start(h)
+    t0 = time.monotonic()
+    deadline = t0 + 150
+    try:
+        while _succeeded(farm.db) < FRAMES:
+            assert time.monotonic() < deadline, f"chaos run did not finish: {_succeeded(farm.db)}/{FRAMES}"
+            time.sleep(rng.uniform(0.1, 0.6))
+            total_kills = sum(kills.values())
+            victim = rng.choice(hosts)
+            if total_kills < MAX_KILLS and procs[victim].poll() is None:
+                os.kill(procs[victim].pid, signal.SIGKILL)  # the worker only: its frames live on
+                procs[victim].wait(10)
+                kills["sigkill"] += 1
+            for h in hosts:
+                code = procs[h].poll()
+                if code is None:
+                    continue
+                if code == 99:  # died at its crash point
+                    kills[procs[h].crash] += 1
+                crash = rng.choice(CRASH_POINTS + [None, None]) if sum(kills.values()) < MAX_KILLS else None
+                procs[h] = start(h, crash)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(30)
+            except Exception:
+                p.kill()
+    wall = time.monotonic() - t0
+
+    events = farm.events()
+    starts = [e for e in events if e["event"] == "start"]
+    ended = {e["pid"] for e in events if e["event"] in ("end", "killed")}
+    # Every run ended (normally or killed by cuectl's clean-up) and none is still alive.
+    time.sleep(0.2)
+    assert not [e["pid"] for e in starts if _alive(e["pid"])], "frame processes left behind"
+    assert {e["pid"] for e in starts} <= ended | {e["pid"] for e in starts if not _alive(e["pid"])}
+    # No two runs overlapped on a device.
+    assert intervals_overlap(events, uuids_of) == []
+    # Every frame succeeded, exactly one successful attempt recorded per frame.
+    conn = sqlite3.connect(farm.db)
+    states = dict(conn.execute("SELECT state, COUNT(*) FROM frames GROUP BY state").fetchall())
+    per_frame = conn.execute("SELECT frame_id, COUNT(*) FROM attempts WHERE outcome = 'succeeded' "
+                             "GROUP BY frame_id").fetchall()
+    conn.close()
+    assert states == {"SUCCEEDED": FRAMES}
+    assert len(per_frame) == FRAMES and {n for _, n in per_frame} == {1}
+    # Every frame that succeeded ran to its end at least once.
+    finished = {int(e["env"]["CUE_IFRAME"]) for e in events if e["event"] == "end"}
+    assert finished == set(range(1, FRAMES + 1))
+    assert list_leases(_lock_dir()) == [], "device leases left behind"
+    figures = {"seed": SEED, "frames": FRAMES, "kills": kills, "runs": len(starts),
+               "re_executions": len(starts) - FRAMES, "wall_s": round(wall, 1)}
+    with capsys.disabled():
+        print(f"\nchaos: {json.dumps(figures)}")
+    assert sum(kills.values()) >= 8, f"the run must actually kill workers: {kills}"
+
+
+def _lock_dir() -> Path:
+    return Path(os.environ["CUECTL_LOCK_DIR"])
