@@ -66,6 +66,15 @@ def frame_limit() -> int:
         return DEFAULT_FRAME_LIMIT
 
 
+def busy_timeout() -> float:
+    """Seconds a SQLite command waits for another process's write lock (default 5)."""
+    raw = env("CUECTL_BUSY_TIMEOUT")
+    try:
+        return max(0.0, float(raw)) if raw else 5.0
+    except ValueError:
+        return 5.0
+
+
 def no_color() -> bool:
     return env("NO_COLOR") is not None
 

@@ -104,7 +104,7 @@ class AppState:
             from cuectl import config
             from cuectl.sched.store import open_store
 
-            self._store = open_store(self.db or config.default_db_url())
+            self._store = open_store(self.db or config.default_db_url(), busy_timeout_s=config.busy_timeout())
         return self._store
 
     def close(self) -> None:

@@ -44,6 +44,7 @@ def worker(
                                 max_frames=max_frames, poll=poll, sample_interval=sample_interval,
                                 lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
                                 cores=cores, backend=backend)
+    w.warn = term.warn
     if not quiet:
         devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices) or "no GPUs"
         fake = " (fake GPUs)" if any(d.backend == "fake" for d in w.devices) else ""

@@ -100,6 +100,9 @@ class Worker:
     _next_reap: float = 0.0
     _nothing_fits: bool = False
     _last_live: dict[str, Any] | None = None
+    # Told about store trouble the loop rides out (busy, unreachable): the CLI prints it.
+    warn: Callable[[str], None] | None = None
+    store_errors: int = 0
 
     # -- start-up ------------------------------------------------------------------------
     @property
@@ -151,11 +154,19 @@ class Worker:
             self._sample(now)
         if now >= self._next_heartbeat:
             self._heartbeat(now)
-        if now >= self._next_reap:
-            self._next_reap = now + max(0.5, self.opts.lease_timeout_s / 2)
-            self.stats.reaped = len(self.store.reap(now=now))
-        if not self.draining and not self._reached_max():
-            self._claim_all(now)
+        try:
+            if now >= self._next_reap:
+                self._next_reap = now + max(0.5, self.opts.lease_timeout_s / 2)
+                self.stats.reaped = len(self.store.reap(now=now))
+            if not self.draining and not self._reached_max():
+                self._claim_all(now)
+        except StoreError as exc:
+            # Busy or unreachable store: running frames go on, their reports wait in
+            # `pending`; claiming resumes on a later iteration.
+            self._nothing_fits = False
+            self.store_errors += 1
+            if self.warn:
+                self.warn(f"store unavailable, retrying: {exc.message}")
         return self.stats
 
     def _reached_max(self) -> bool:
@@ -470,10 +481,33 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
 
+    def _start(self) -> bool:
+        """Register and recover, retrying while the store is busy; False if told to stop."""
+        w, delay = self.worker, 0.1
+        while True:
+            try:
+                w.register(time.time())
+                w.recover(time.time())
+                return True
+            except StoreError as exc:
+                if w.warn:
+                    w.warn(f"store unavailable, retrying: {exc.message}")
+                if self.signals:
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _finished(self) -> bool:
+        w = self.worker
+        try:
+            return w.done() or (w.opts.until_idle and w.is_idle())
+        except StoreError:
+            return False  # cannot tell now; look again next iteration
+
     def run(self) -> int:
         w = self.worker
-        w.register(time.time())
-        w.recover(time.time())
+        if not self._start():
+            return 130
         handled = 0
         while True:
             if self.signals > handled:
@@ -486,7 +520,7 @@ class Supervisor:
             stats = w.loop()
             if self.on_iteration:
                 self.on_iteration(w)
-            if w.done() or (w.opts.until_idle and w.is_idle()):
+            if self._finished():
                 return 0
             if stats.claimed or stats.finished:
                 continue  # a slot freed or work started: look again at once

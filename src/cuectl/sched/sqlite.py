@@ -252,14 +252,25 @@ class SQLiteStore(Store):
             raise self._translate(exc) from None
         try:
             yield self.conn
+        except sqlite3.DatabaseError as exc:
+            self._rollback_quietly()
+            raise self._translate(exc) from None
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            self._rollback_quietly()
             raise
         try:
             self.conn.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
-            self.conn.execute("ROLLBACK")
+            self._rollback_quietly()
             raise self._translate(exc) from None
+
+    def _rollback_quietly(self) -> None:
+        # After SQLITE_FULL / I/O errors SQLite may already have rolled back on its own.
+        if self.conn.in_transaction:
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         try:
@@ -278,6 +289,10 @@ class SQLiteStore(Store):
         if "full" in text:
             return StoreError(f"store {self.path}: disk full ({text}); nothing was changed",
                               hint="free space, then retry")
+        if "disk I/O error" in text:
+            return StoreError(f"store {self.path}: write failed ({text}: disk full, a file size limit, or a "
+                              "failing disk); the transaction was rolled back",
+                              hint="free space or raise the limit, then retry; `cuectl admin doctor` checks the file")
         if "readonly" in text or "unable to open" in text:
             return StoreError(f"store {self.path} cannot be written: {text}", hint="check the file permissions")
         return StoreError(f"store {self.path}: {text}")
