@@ -6,14 +6,14 @@ The package root stays import-light so that ``cuectl --version`` is quick: heavy
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "lease"]
+__all__ = ["__version__", "async_lease", "lease"]
 
 
 def __getattr__(name: str):
     # ``cuectl.lease`` is the public ad-hoc lease API; load it lazily so that importing
     # cuectl for the CLI does not pull in the lease machinery.
-    if name == "lease":
-        from cuectl.run.lease import lease
+    if name in ("lease", "async_lease"):
+        from cuectl.run import lease as leases
 
-        return lease
+        return getattr(leases, name)
     raise AttributeError(name)

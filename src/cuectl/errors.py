@@ -88,4 +88,8 @@ class InvalidDevice(LeaseError, InvalidInput):
 
 
 class LeaseTimeout(LeaseError):
-    """Waited for a lease for longer than the timeout."""
+    """Waited for a lease for longer than the timeout; ``holders`` as in ``DevicesBusy``."""
+
+    def __init__(self, message: str, *, holders: list | None = None, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.holders = holders or []

@@ -1,0 +1,110 @@
+"""``cuectl run`` and ``cuectl gpu leases``: the command layer over ``cuectl.run.lease``.
+
+Registered by ``cuectl.cli.main``::
+
+    app.command("run", context_settings=RUN_CONTEXT_SETTINGS)(run_cmd)
+    gpu_app.command("leases")(leases_cmd)
+
+``RUN_CONTEXT_SETTINGS`` stops option parsing at the first word of the command, so both
+``cuectl run --gpus 2 -- python train.py --lr 3e-4`` and ``cuectl run python train.py``
+pass the command's own options through untouched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from cuectl.cli import term
+
+RUN_CONTEXT_SETTINGS = {"allow_interspersed_args": False}
+
+_LOCK_DIR_OPT = typer.Option(None, "--lock-dir", metavar="DIR",
+                             help="Lease lock directory (default: $CUECTL_LOCK_DIR or /dev/shm/cuectl-locks).")
+
+
+def run_cmd(
+    command: Optional[List[str]] = typer.Argument(None, metavar="COMMAND",
+                                                  help="The command and its arguments (after `--`)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=0,
+                                       help="Devices to lease (default: the --device count, else 1; 0 hides all)."),
+    gpu_vendor: Optional[str] = typer.Option(None, "--gpu-vendor", metavar="VENDOR",
+                                             help="NVIDIA, AMD, Apple or Intel."),
+    gpu_model: Optional[List[str]] = typer.Option(None, "--gpu-model", metavar="MODEL",
+                                                  help="Allowed model (repeatable; any of), e.g. A100 or 'RTX 4090'."),
+    gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min", metavar="SIZE",
+                                                 help="Memory per device, e.g. 24G (a bare number is MiB)."),
+    min_free_memory: Optional[str] = typer.Option(None, "--min-free-memory", metavar="SIZE",
+                                                  help="Free memory per device right now, e.g. 8G."),
+    device: Optional[List[str]] = typer.Option(None, "--device", metavar="ID",
+                                               help="Choose among these devices only: index or UUID (repeatable)."),
+    wait: bool = typer.Option(True, "--wait/--no-wait",
+                              help="Wait for a free device (first come, first served) or fail at once."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION",
+                                          help="Give up waiting after this long (e.g. 90, 15m)."),
+    label: Optional[str] = typer.Option(None, "--label", help="Shown by `cuectl gpu leases` (default: the command)."),
+    lock_dir: Optional[Path] = _LOCK_DIR_OPT,
+) -> None:
+    """Run COMMAND with an exclusive lease on local GPUs, beside queued frames.
+
+    Exits with the command's status (128+N if signal N ended it); 1 if no device is free with --no-wait, naming who holds them.
+    """
+    from cuectl.run.adhoc import run_with_lease
+    from cuectl.run.lease import make_request
+
+    request = make_request(gpus, vendor=gpu_vendor, models=gpu_model or (), min_memory=gpu_memory_min,
+                           min_free_memory=min_free_memory, devices=device or None)
+    code = run_with_lease(command or [], request, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
+                          on_acquired=_say_acquired, on_wait=_say_waiting)
+    raise typer.Exit(code)
+
+
+def _say_acquired(held) -> None:
+    if held.devices:
+        names = ", ".join(f"gpu {d.index} ({d.model}, {d.uuid})" for d in held.devices)
+        term.info(f"cuectl run: leased {names}")
+    else:
+        term.info("cuectl run: no GPU leased; all GPUs are hidden from the command")
+
+
+def _say_waiting(reason) -> None:
+    term.info(f"cuectl run: waiting — {reason.message}")
+
+
+def leases_cmd(
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (stable keys, see docs/leases.md)."),
+    lock_dir: Optional[Path] = _LOCK_DIR_OPT,
+) -> None:
+    """Every device of this host and who holds it: a worker's frame, `cuectl run`, or the Python API — any user."""
+    from cuectl import config
+    from cuectl.gpu import discover
+    from cuectl.run.lease import list_leases
+
+    directory = lock_dir or config.lock_dir()
+    devices = discover().devices
+    leases = list_leases(directory)
+    by_uuid = {info.uuid: info for info in leases}
+    if as_json:
+        term.emit_json({
+            "lock_dir": str(directory),
+            "devices": [{"index": d.index, "uuid": d.uuid, "vendor": d.vendor, "model": d.model,
+                         "lease": by_uuid[d.uuid].to_json() if d.uuid in by_uuid else None} for d in devices],
+            "leases": [info.to_json() for info in leases],
+        })
+        return
+    known = {d.uuid for d in devices}
+    rows = [_row(d.index, d.model, d.uuid, by_uuid.get(d.uuid)) for d in devices]
+    # Locks of devices this discovery does not list (another fake file, a MIG change).
+    rows += [_row(i.index, "?", i.uuid, i) for i in leases if i.uuid not in known]
+    footer = None if devices or leases else f"no GPU found and no lease held in {directory}"
+    term.table(["GPU", "MODEL", "UUID", "HOLDER", "KIND", "PID", "USER", "SINCE"], rows, footer=footer)
+
+
+def _row(index, model, uuid, info) -> list:
+    if info is None:
+        return [index, model, uuid, "(free)", None, None, None, None]
+    from cuectl.units import iso
+
+    return [index, model, uuid, info.holder, info.kind, info.pid, info.user, iso(info.since)]
