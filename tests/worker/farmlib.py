@@ -72,8 +72,9 @@ class Farm:
                      lease: str = "2") -> subprocess.Popen:
         e = self.env(**({"CUECTL_FAKE_GPUS": str(fake)} if fake else {}))
         e.update(env or {})
+        # Frames run in the worker's cwd: the test's tmp dir, so nothing lands in the repo.
         proc = subprocess.Popen(self.worker_args(*extra, lease=lease), env=e, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=self.tmp)
         self.procs.append(proc)
         return proc
 

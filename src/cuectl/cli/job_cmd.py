@@ -101,12 +101,15 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
 
 @job_app.command("show")
 def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or unique name."),
-             as_json: bool = JSON_OPT) -> None:
+             as_json: bool = JSON_OPT,
+             show_secrets: bool = typer.Option(False, "--show-secrets",
+                                               help="Show env values whose names look secret (masked as ***).")
+             ) -> None:
     """Show a job, its layers, and why waiting frames are not running."""
     from cuectl.sched.pending import describe_job
     from cuectl.units import format_bytes, format_duration
 
-    data = describe_job(_store(ctx), job)
+    data = describe_job(_store(ctx), job, show_secrets=show_secrets)
     if as_json:
         term.emit_json(data)
         return

@@ -28,6 +28,11 @@ def worker(
     tag: List[str] = typer.Option([], "--tag", help="Tag this host (layers with tags run only on hosts with all of them)."),
     cores: Optional[float] = typer.Option(None, "--cores", help="CPU slots for CPU frames (default: all cores)."),
     backend: str = typer.Option("auto", "--backend", help="GPU backend: auto, nvml, smi, apple, amd, fake."),
+    allow_user: List[str] = typer.Option([], "--allow-user", help="Run only jobs submitted by this user "
+                                                                  "(repeatable; default: anyone's)."),
+    run_as_submitter: Optional[bool] = typer.Option(None, "--run-as-submitter/--run-as-worker-user",
+                                                    help="Run each frame as the user who submitted it (default: "
+                                                         "yes when the worker runs as root)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print frame starts and ends."),
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
@@ -43,7 +48,8 @@ def worker(
     w, discovery = build_worker(state.store(), db_url=state.db, name=name, until_idle=until_idle,
                                 max_frames=max_frames, poll=poll, sample_interval=sample_interval,
                                 lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
-                                cores=cores, backend=backend)
+                                cores=cores, backend=backend, allowed_users=allow_user,
+                                run_as_submitter=run_as_submitter)
     w.warn = term.warn
     if not quiet:
         devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices) or "no GPUs"

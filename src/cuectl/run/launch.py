@@ -44,6 +44,7 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "ExitInfo",
     "FrameContext",
+    "RunAs",
     "FrameProcess",
     "frame_env",
     "frame_name",
@@ -387,6 +388,35 @@ def _append_log(log_path: Path, line: str) -> None:
 
 
 @dataclass(frozen=True)
+class RunAs:
+    """The account a frame runs as when the worker is root (OpenCue's RQD does the same):
+    the submitting user's uid, primary gid and supplementary groups."""
+
+    user: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str
+
+    @classmethod
+    def lookup(cls, user: str) -> "RunAs":
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            raise InvalidInput(f"user {user!r} does not exist on this host; the frame is not run as root instead",
+                               hint="create the account, or run the worker as an unprivileged user") from None
+        return cls(user, entry.pw_uid, entry.pw_gid, tuple(os.getgrouplist(user, entry.pw_gid)), entry.pw_dir)
+
+    def popen_kwargs(self) -> dict:
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+    def env(self) -> dict[str, str]:
+        return {"USER": self.user, "LOGNAME": self.user, "HOME": self.home}
+
+
+@dataclass(frozen=True)
 class ExitInfo:
     """How a frame attempt ended.
 
@@ -493,6 +523,7 @@ class FrameProcess:
         header: str | None = None,
         grace: float = DEFAULT_GRACE_S,
         sample_interval: float = DEFAULT_SAMPLE_INTERVAL_S,
+        run_as: "RunAs | None" = None,
     ) -> "FrameProcess":
         """Spawn ``argv`` with stdin from /dev/null and stdout+stderr appended to ``log_path``.
 
@@ -527,6 +558,7 @@ class FrameProcess:
                     pass_fds=tuple(pass_fds),
                     close_fds=True,
                     start_new_session=True,
+                    **(run_as.popen_kwargs() if run_as else {}),
                 )
                 spawner_maxrss = _self_maxrss_bytes()
             except (OSError, ValueError) as exc:

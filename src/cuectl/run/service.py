@@ -6,6 +6,7 @@ host-specific is decided here, once, and passed in as ``WorkerOptions``.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Callable, Sequence
@@ -24,7 +25,8 @@ def _store_dir(store, db_url: str | None) -> Path | None:
 
 def build_worker(store, *, db_url: str | None, name: str | None, until_idle: bool, max_frames: int | None,
                  poll: float, sample_interval: float, lease_timeout: float, gpu_only: bool,
-                 lock_dir: Path | None, tags: Sequence[str], cores: float | None, backend: str = "auto"):
+                 lock_dir: Path | None, tags: Sequence[str], cores: float | None, backend: str = "auto",
+                 allowed_users: Sequence[str] = (), run_as_submitter: bool | None = None):
     import psutil
 
     from cuectl.gpu import discover, fake_host_name
@@ -43,7 +45,10 @@ def build_worker(store, *, db_url: str | None, name: str | None, until_idle: boo
         memory_bytes=int(psutil.virtual_memory().total), poll_s=poll, sample_interval_s=sample_interval,
         lease_timeout_s=lease_timeout, gpu_only=gpu_only, tags=tuple(tags), max_frames=max_frames,
         until_idle=until_idle, kill_grace_s=float(config.env("CUECTL_KILL_GRACE", "5") or 5),
-        crash_at=config.test_hook())
+        crash_at=config.test_hook(), allowed_users=tuple(allowed_users),
+        # A root worker runs frames as their submitters unless told otherwise: anyone who
+        # can write the store could otherwise run commands as root on every host.
+        run_as_submitter=(os.geteuid() == 0) if run_as_submitter is None else run_as_submitter)
     worker = Worker(store=store, opts=opts, devices=list(discovery.devices),
                     sampler=lambda uuids, pids: discovery.sample(uuids, pids))
     return worker, discovery

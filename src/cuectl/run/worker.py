@@ -28,7 +28,8 @@ from cuectl import __version__
 from cuectl.errors import StoreError
 from cuectl.gpu.device import Device
 from cuectl.run import launch
-from cuectl.run.lease import DeviceLock, held_uuids, isolation_env, try_lock_all, update_holder
+from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, queued_reservations, try_lock_all,
+                              update_holder)
 from cuectl.run.usage import UsageTracker
 from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, select_devices, tags_fit
 from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, RunnableLayer, Store
@@ -51,6 +52,10 @@ class WorkerOptions:
     until_idle: bool = False
     kill_grace_s: float = 5.0
     crash_at: str | None = None  # test hook: os._exit at a named point (chaos tests)
+    # Security (docs/security.md): run only these users' jobs (empty = anyone's), and run
+    # each frame as its submitting user (a root worker does, as OpenCue's RQD).
+    allowed_users: tuple[str, ...] = ()
+    run_as_submitter: bool = False
 
 
 @dataclass
@@ -186,7 +191,7 @@ class Worker:
             layers = self.store.runnable_layers()
             claimed = False
             for layer in layers:
-                if not tags_fit(layer.tags, self.opts.tags):
+                if not self._accepts(layer):
                     continue
                 if layer.gpus > 0:
                     if live is None:
@@ -202,11 +207,19 @@ class Worker:
             if self._reached_max():
                 return
 
+    def _accepts(self, layer: RunnableLayer) -> bool:
+        """Tags, and the users whose work this worker agreed to run."""
+        if self.opts.allowed_users and layer.user not in self.opts.allowed_users:
+            return False
+        return tags_fit(layer.tags, self.opts.tags)
+
     def _claim_gpu_layer(self, layer: RunnableLayer, live: list[Device], now: float) -> bool:
         request = GpuRequest(gpus=layer.gpus, vendor=layer.gpu_vendor, models=layer.gpu_models,
                              memory_min_bytes=layer.gpu_memory_min_bytes)
         mine = {u for r in self.running.values() for u in r.claim.gpu_uuids}
-        busy = mine | held_uuids(self.opts.lock_dir, live)
+        # Devices that `cuectl run --wait` / lease(wait=True) callers queued for are left
+        # to them: they asked first, and a busy farm would otherwise starve them.
+        busy = mine | held_uuids(self.opts.lock_dir, live) | queued_reservations(self.opts.lock_dir, live)
         result = select_devices(request, live, busy=busy)
         if not result.devices:
             return False
@@ -261,17 +274,21 @@ class Worker:
             log_path=Path(claim.log_path))
         iso_env = isolation_env(list(devices), all_vendors_present=self.vendors())
         try:
+            run_as = launch.RunAs.lookup(claim.user) if self.opts.run_as_submitter else None
+            layer_env = {**(run_as.env() if run_as else {}), **claim.env}
             argv = launch.substitute_tokens(claim.command, ctx)
-            env = launch.frame_env(ctx, layer_env=claim.env, isolation=iso_env)
+            env = launch.frame_env(ctx, layer_env=layer_env, isolation=iso_env)
             proc = launch.FrameProcess.start(
                 argv, env=env, log_path=Path(claim.log_path), pass_fds=[lk.fd for lk in locks],
-                timeout_s=claim.timeout_s, grace=self.opts.kill_grace_s,
+                timeout_s=claim.timeout_s, grace=self.opts.kill_grace_s, run_as=run_as,
                 header=launch.log_header(str(claim.frame_id), claim.attempt, self.opts.name))
-        except Exception as exc:  # bad command/env or unwritable log: fail this attempt
+        except Exception as exc:  # bad command/env, unknown user, unwritable log: fail this attempt
             for lock in locks:
                 lock.release()
+            message = getattr(exc, "message", None) or str(exc)
+            _log_failure(Path(claim.log_path), f"cuectl: frame not started: {message}")
             self._report(claim.frame_id, claim.attempt, FrameResult(
-                exit_code=126, started_at=now, ended_at=time.time(), usage={"error": str(exc)}))
+                exit_code=126, started_at=now, ended_at=time.time(), usage={"error": message}))
             return
         for lock in locks:
             update_holder(lock, pid=proc.pid, holder=f"frame {claim.frame_id}")
@@ -401,7 +418,7 @@ class Worker:
         if self.draining or self._reached_max():
             return True
         for layer in self.store.runnable_layers():
-            if not tags_fit(layer.tags, self.opts.tags):
+            if not self._accepts(layer):
                 continue
             if layer.gpus > 0:
                 request = GpuRequest(gpus=layer.gpus, vendor=layer.gpu_vendor, models=layer.gpu_models,
@@ -421,6 +438,19 @@ class Worker:
     def _crash_point(self, name: str) -> None:
         if self.opts.crash_at == name:
             os._exit(99)  # chaos tests: die exactly here, like a SIGKILL would
+
+
+def _log_failure(path: Path, line: str) -> None:
+    """Best effort: say in the frame's log why it never started."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 def proc_started(proc: launch.FrameProcess, default: float) -> float:

@@ -63,10 +63,16 @@ def usable_hosts(store: Store) -> dict[str, tuple[list[Device], list[str]]]:
     return hosts
 
 
-def describe_job(store: Store, ref: str | int) -> dict[str, Any]:
-    """``job show``: the job with layers and a ``pending_reason``."""
+def describe_job(store: Store, ref: str | int, *, show_secrets: bool = False) -> dict[str, Any]:
+    """``job show``: the job with layers and a ``pending_reason``. Secret-looking env
+    values are masked unless ``show_secrets``."""
+    from cuectl.sched.views import mask_env
+
     job = store.get_job(ref)
     job["pending_reason"] = pending_reason(job, usable_hosts(store))
+    if not show_secrets:
+        for layer in job.get("layers", []):
+            layer["env"] = mask_env(layer.get("env") or {})
     return job
 
 

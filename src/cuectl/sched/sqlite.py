@@ -601,14 +601,15 @@ class SQLiteStore(Store):
     def runnable_layers(self, *, limit: int = 200) -> list[RunnableLayer]:
         rows = self._read(
             "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
-            "l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags "
+            "l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j.user "
             "FROM layers l JOIN jobs j ON j.id = l.job_id "
             "WHERE j.state = 'PENDING' AND j.paused = 0 AND l.depend_count >= 0 "
             "AND EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = l.id AND f.state = 'WAITING') "
             "ORDER BY j.priority DESC, j.created_at, j.id, l.idx LIMIT ?", (limit,))
         return [RunnableLayer(layer_id=r[0], job_id=r[1], job=r[2], layer=r[3], priority=r[4], gpus=r[5],
                               gpu_vendor=r[6], gpu_models=tuple(json.loads(r[7])), gpu_memory_min_bytes=r[8],
-                              cores=r[9], memory_bytes=r[10], tags=tuple(json.loads(r[11])), waiting=1)
+                              cores=r[9], memory_bytes=r[10], tags=tuple(json.loads(r[11])), waiting=1,
+                              user=r[12])
                 for r in rows]
 
     def _layer_row(self, layer_id: int) -> sqlite3.Row:

@@ -38,6 +38,7 @@ class RunnableLayer:
     memory_bytes: int
     tags: tuple[str, ...]
     waiting: int
+    user: str = ""  # the submitting user (workers may restrict whose work they run)
 
 
 @dataclass(frozen=True)

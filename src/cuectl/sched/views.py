@@ -7,9 +7,21 @@ ISO 8601 UTC, sizes bytes, durations seconds, unknown values ``null``.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Mapping
 
 from cuectl.units import iso
+
+
+# Environment variables whose values are masked in output unless asked (--show-secrets):
+# names containing one of these words, the usual spellings of credentials.
+_SECRET_WORDS = re.compile(r"PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION", re.IGNORECASE)
+MASK = "***"
+
+
+def mask_env(env: Mapping[str, Any]) -> dict[str, Any]:
+    """The env with secret-looking values replaced by ``***`` (names stay visible)."""
+    return {k: (MASK if _SECRET_WORDS.search(k) else v) for k, v in env.items()}
 
 
 def _loads(value: Any, default: Any) -> Any:
