@@ -36,6 +36,12 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def write_text(text: str) -> None:
+    """A document a program reads (CSV, Prometheus text, pre-rendered JSON) to stdout, as is."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def line(text: str = "") -> None:
     """Plain text to stdout (ids, messages a script may read)."""
     sys.stdout.write(text + "\n")
@@ -115,3 +121,73 @@ def sparkline(values: Sequence[float | None], *, top: float = 100.0, width: int 
             level = min(len(_SPARKS) - 1, max(0, int(round(v / top * (len(_SPARKS) - 1)))))
             out.append(_SPARKS[level])
     return "".join(out)
+
+
+class WorkerProgress:
+    """What `cuectl worker` shows while it works.
+
+    On a terminal: a live table of running frames (rich) with finished frames printed
+    above it; otherwise one plain line per frame start and end, for logs and journald.
+    """
+
+    def __init__(self, *, live: bool) -> None:
+        self._live = None
+        self._use_live = live
+        self._seen: set[int] = set()
+        self.done = 0
+        self.failed = 0
+
+    def __enter__(self) -> "WorkerProgress":
+        if self._use_live:
+            from rich.console import Console
+            from rich.live import Live
+
+            self._console = Console(stderr=True, no_color=config.no_color(), highlight=False)
+            self._live = Live(console=self._console, refresh_per_second=4, transient=True)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+
+    def _say(self, text: str) -> None:
+        if self._live is not None:
+            self._console.print(text)
+        else:
+            info(text)
+
+    def __call__(self, worker) -> None:
+        import time as _time
+
+        for claim, ended, state in worker.stats.ended:
+            self._seen.discard(claim.frame_id)
+            ok = state == "SUCCEEDED"
+            self.done += ok
+            self.failed += not ok
+            how = f"exit {ended.exit_code}" if ended.exit_signal is None else f"signal {ended.exit_signal}"
+            if ended.timed_out:
+                how = "timed out"
+            self._say(f"end    frame {claim.frame_id} {claim.job}/{claim.number:04d}-{claim.layer} "
+                      f"{state or 'REPORT PENDING'} ({how}, {ended.ended_at - ended.started_at:.1f}s)")
+        for fid, rf in worker.running.items():
+            if fid not in self._seen:
+                self._seen.add(fid)
+                gpus = ",".join(str(d.index) for d in rf.devices) or "-"
+                self._say(f"start  frame {fid} {rf.claim.job}/{rf.claim.number:04d}-{rf.claim.layer} "
+                          f"attempt {rf.claim.attempt} gpus {gpus}")
+        if self._live is not None:
+            from rich.console import Group
+            from rich.table import Table
+            from rich.text import Text
+
+            title = Text(f"{worker.opts.name}: {len(worker.running)} running, {self.done} done, "
+                         f"{self.failed} failed" + (" (draining)" if worker.draining else ""), style="bold")
+            table = Table(box=None, header_style="bold")
+            for col in ("FRAME", "JOB", "ATTEMPT", "GPUS", "ELAPSED"):
+                table.add_column(col)
+            now = _time.time()
+            for fid, rf in sorted(worker.running.items()):
+                table.add_row(f"{fid} {rf.claim.number:04d}-{rf.claim.layer}", rf.claim.job, str(rf.claim.attempt),
+                              ",".join(str(d.index) for d in rf.devices) or "-", f"{now - rf.usage.started_at:.0f}s")
+            self._live.update(Group(title, table))

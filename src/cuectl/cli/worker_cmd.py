@@ -55,7 +55,13 @@ def worker(
         devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices) or "no GPUs"
         fake = " (fake GPUs)" if any(d.backend == "fake" for d in w.devices) else ""
         term.info(f"worker {w.opts.name}: {devs}{fake}; {w.opts.cores:g} CPU slots; store {state.store().url}")
-    code = run_worker(w, discovery, announce=None if quiet else term.info)
+    if quiet:
+        code = run_worker(w)
+    else:
+        import sys
+
+        with term.WorkerProgress(live=sys.stderr.isatty()) as progress:
+            code = run_worker(w, on_iteration=progress)
     raise typer.Exit(code)
 
 

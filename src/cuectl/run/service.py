@@ -54,22 +54,8 @@ def build_worker(store, *, db_url: str | None, name: str | None, until_idle: boo
     return worker, discovery
 
 
-def run_worker(worker: Worker, discovery, *, announce: Callable[[str], None] | None = None) -> int:
-    seen: dict[int, str] = {}
-
-    def report(w: Worker) -> None:
-        if announce is None:
-            return
-        for fid, rf in w.running.items():
-            if fid not in seen:
-                gpus = ",".join(str(d.index) for d in rf.devices) or "-"
-                seen[fid] = rf.claim.layer
-                announce(f"start  frame {fid} {rf.claim.job}/{rf.claim.number:04d}-{rf.claim.layer} "
-                         f"attempt {rf.claim.attempt} gpus {gpus}")
-        for fid in [f for f in seen if f not in w.running]:
-            announce(f"end    frame {fid}")
-            del seen[fid]
-
-    sup = Supervisor(worker, on_iteration=report)
+def run_worker(worker: Worker, *, on_iteration: Callable[[Worker], None] | None = None) -> int:
+    """Run the worker under its supervisor until it is done (or stopped by signals)."""
+    sup = Supervisor(worker, on_iteration=on_iteration)
     sup.install_signals()
     return sup.run()

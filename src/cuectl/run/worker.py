@@ -88,6 +88,8 @@ class LoopStats:
     claimed: int = 0
     finished: int = 0
     reaped: int = 0
+    # (claim, how it ended, the state the store gave it — None while the report waits)
+    ended: list[tuple[ClaimedFrame, "launch.ExitInfo", str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -324,16 +326,18 @@ class Worker:
                              started_at=info.started_at, ended_at=info.ended_at, max_rss_bytes=info.max_rss_bytes,
                              cpu_seconds=info.cpu_seconds, user_action=rf.user_action, usage=usage)
         self._crash_point("before_complete")
-        self._report(rf.claim.frame_id, rf.claim.attempt, result)
+        state = self._report(rf.claim.frame_id, rf.claim.attempt, result)
         self.stats.finished += 1
+        self.stats.ended.append((rf.claim, info, state))
 
-    def _report(self, frame_id: int, attempt: int, result: FrameResult) -> None:
+    def _report(self, frame_id: int, attempt: int, result: FrameResult) -> str | None:
         try:
-            self.store.complete_frame(frame_id, attempt, result, now=time.time())
+            return self.store.complete_frame(frame_id, attempt, result, now=time.time())
         except StoreError:
             # The store is busy or unreachable: keep the result and retry next iteration
             # (the frame's lease is still extended by our heartbeats meanwhile).
             self.pending.append(Pending(frame_id, attempt, result))
+            return None
 
     def _flush_pending(self, now: float) -> None:
         pending, self.pending = self.pending, []
