@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""The accounting report at farm scale.
+
+Builds a store with N finished frames (default 100,000: 20 jobs of 8 users on 16 hosts with
+three GPU models; about 5 % of the frames failed once and were retried, so there are more
+attempts than frames), then prints:
+  1. the median wall time of the whole process `cuectl --db DB admin report --by user
+     --since 30d` (goal: under 1 s), and of `--by job --format prometheus` beside it;
+  2. in-process: the time of `store.usage_records` alone and of `build_report` alone, and
+     a raw sqlite3 fetch of the same attempt rows as the floor under the store's part.
+
+The store is built through the real submit path (frames, layers, jobs) and one
+executemany of attempt rows in one transaction (the columns the worker writes through
+`complete_frame`), so it takes seconds, not the hours a real worker would.
+
+Usage: python bench/bench_report.py [--frames N] [--runs N] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cuectl.report import build_report, gc_paused
+from cuectl.sched.spec import spec_from_flags
+from cuectl.sched.store import open_store
+
+USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
+MODELS = ["NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 4090"]
+JOBS = 20
+GOAL_S = 1.0
+
+
+def cuectl() -> list[str]:
+    exe = Path(sys.executable).with_name("cuectl")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
+
+
+def build_store(path: Path, frames: int, *, seed: int = 5) -> int:
+    """Return the number of attempt rows written."""
+    rng = random.Random(seed)
+    store = open_store(str(path))
+    now = time.time()
+    t0 = now - 20 * 86400  # everything ended in the last 20 days, inside --since 30d
+    per_job = frames // JOBS
+    rows: list[tuple] = []
+    frame_updates: list[tuple] = []
+    for j in range(JOBS):
+        count = per_job + (frames - per_job * JOBS if j == JOBS - 1 else 0)
+        gpus = 0 if j % 5 == 4 else 1 + (j % 2)  # every fifth job is CPU-only; others 1-2 GPUs
+        spec = spec_from_flags(name=f"job{j:02d}", command=["true"], range=f"1-{count}", gpus=gpus,
+                               cores=4, user=USERS[j % len(USERS)], frame_limit=count)
+        job_id = store.submit(spec, now=t0)
+        ids = [r[0] for r in store.conn.execute("SELECT id FROM frames WHERE job_id = ? ORDER BY id", (job_id,))]
+        for frame_id in ids:
+            waiting = t0 + rng.uniform(0, 18 * 86400)
+            attempts = 2 if rng.random() < 0.05 else 1
+            for attempt in range(1, attempts + 1):
+                start = waiting + rng.uniform(0, 600)
+                wall = rng.uniform(30, 900)
+                end = start + wall
+                ok = attempt == attempts
+                host = f"gpu{rng.randrange(16):02d}"
+                uuids = [f"GPU-{host}-{i}" for i in range(gpus)]
+                models = [MODELS[(j + i) % len(MODELS)] for i in range(gpus)]
+                util = rng.uniform(0, 100) if gpus else None
+                gpu_s = wall * gpus if gpus else None
+                busy = gpu_s * util / 100 if gpus else None
+                usage = {"gpu_util_mean_pct": util, "gpu_seconds": gpu_s, "gpu_busy_seconds": busy,
+                         "gpu_models": models} if gpus else None
+                rows.append((frame_id, attempt, job_id, host, json.dumps(uuids), "succeeded" if ok else "failed",
+                             waiting, start, end, 0 if ok else 1, None, 0, 2 << 30, wall * 0.9, 4.0,
+                             json.dumps(usage) if usage else None, util, util, (8 << 30) if gpus else None,
+                             gpu_s, busy, json.dumps(models) if gpus else None))
+                waiting = end
+            frame_updates.append((attempts, end, frame_id))
+    conn = store.conn
+    conn.execute("BEGIN IMMEDIATE")
+    conn.executemany(
+        "INSERT INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, started_at, "
+        "ended_at, exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, usage, gpu_util_mean_pct, "
+        "gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds, gpu_busy_seconds, gpu_models) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    conn.executemany("UPDATE frames SET state = 'SUCCEEDED', attempts = ?, ended_at = ? WHERE id = ?",
+                     frame_updates)
+    conn.execute("UPDATE jobs SET state = 'FINISHED', finished_at = ?", (now,))
+    conn.execute("COMMIT")
+    store.close()
+    return len(rows)
+
+
+def raw_fetch(path: Path, since: float, until: float) -> float:
+    """The floor under usage_records: SQLite itself handing back the window's rows."""
+    conn = sqlite3.connect(path)
+    t0 = time.perf_counter()
+    conn.execute("SELECT * FROM attempts WHERE ended_at >= ? AND ended_at < ?", (since, until)).fetchall()
+    elapsed = time.perf_counter() - t0
+    conn.close()
+    return elapsed
+
+
+def timed(cmd: list[str], runs: int) -> list[float]:
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frames", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", type=Path, help="build the store in this directory and keep it")
+    args = ap.parse_args()
+
+    tmp = tempfile.TemporaryDirectory() if args.keep is None else None
+    root = Path(tmp.name) if tmp else args.keep
+    root.mkdir(parents=True, exist_ok=True)
+    db = root / "report.db"
+    db.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    attempts = build_store(db, args.frames)
+    print(f"store: {args.frames:,} finished frames, {attempts:,} attempts, built in {time.perf_counter() - t0:.1f} s")
+
+    by_user = timed([*cuectl(), "--db", str(db), "admin", "report", "--by", "user", "--since", "30d"], args.runs)
+    med = statistics.median(by_user)
+    verdict = "ok" if med < GOAL_S else "OVER GOAL"
+    print(f"cuectl admin report --by user --since 30d (whole process, median of {args.runs}): "
+          f"{med:.3f} s  [goal < {GOAL_S:g} s: {verdict}]  runs: {', '.join(f'{t:.3f}' for t in by_user)}")
+    prom = timed([*cuectl(), "--db", str(db), "admin", "report", "--by", "job", "--since", "30d",
+                  "--format", "prometheus"], args.runs)
+    print(f"cuectl admin report --by job --format prometheus (median of {args.runs}): {statistics.median(prom):.3f} s")
+    startup = timed([*cuectl(), "admin", "--help"], args.runs)
+    print(f"  for scale: `cuectl admin --help` (start-up, no store): {statistics.median(startup):.3f} s")
+
+    store = open_store(str(db))
+    now = time.time()
+    with gc_paused():  # as the CLI runs it
+        t0 = time.perf_counter()
+        records = store.usage_records(since=now - 30 * 86400, until=now)
+        t_read = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rows = build_report(records, by="user")
+        t_build = time.perf_counter() - t0
+    store.close()
+    print(f"in-process: store.usage_records {t_read * 1000:.0f} ms ({len(records):,} records), "
+          f"build_report --by user {t_build * 1000:.0f} ms ({len(rows)} rows)")
+    print(f"  peer: raw sqlite3 fetch of the same attempt rows as tuples, no joins or dicts: "
+          f"{raw_fetch(db, now - 30 * 86400, now) * 1000:.0f} ms")
+    if tmp:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
