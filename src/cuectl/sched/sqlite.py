@@ -782,21 +782,48 @@ class SQLiteStore(Store):
         return reaped
 
     # -- accounting and maintenance ----------------------------------------------------------
+    _USAGE_COLS = ("frame_id", "attempt", "job_id", "number", "layer_id", "host", "gpu_uuids", "gpu_models",
+                   "outcome", "waiting_since", "started_at", "ended_at", "exit_code", "exit_signal", "timed_out",
+                   "max_rss_bytes", "cpu_seconds", "cores", "gpu_util_mean_pct", "gpu_util_max_pct",
+                   "gpu_memory_peak_bytes", "gpu_seconds", "gpu_busy_seconds")
+
     def usage_records(self, *, since: float, until: float) -> list[dict[str, Any]]:
-        """Every attempt that ended in [since, until), with its job, layer and usage."""
-        rows = self._read(
-            "SELECT a.frame_id, a.attempt, a.job_id, j.name AS job, j.user, l.name AS layer, f.number, a.host, "
-            "a.gpu_uuids, a.gpu_models, a.outcome, a.waiting_since, a.started_at, a.ended_at, a.exit_code, "
-            "a.exit_signal, a.timed_out, a.max_rss_bytes, a.cpu_seconds, a.cores, a.gpu_util_mean_pct, "
-            "a.gpu_util_max_pct, a.gpu_memory_peak_bytes, a.gpu_seconds, a.gpu_busy_seconds "
-            "FROM attempts a JOIN frames f ON f.id = a.frame_id JOIN jobs j ON j.id = a.job_id "
-            "JOIN layers l ON l.id = f.layer_id WHERE a.ended_at >= ? AND a.ended_at < ? ORDER BY a.ended_at",
-            (since, until))
+        """Every attempt that ended in [since, until), with its job, layer and usage, in no
+        particular order.
+
+        Built for 100,000-attempt reports: jobs and layers are read once into maps rather
+        than joined per row, JSON lists are decoded once per distinct value, and a window
+        covering most of the table is read with a table scan (an index range over nearly
+        every row costs a random lookup each).
+        """
+        in_window = self._read("SELECT COUNT(*) FROM attempts WHERE ended_at >= ? AND ended_at < ?",
+                               (since, until))[0][0]
+        if not in_window:
+            return []
+        total = self._read("SELECT COUNT(*) FROM attempts")[0][0]
+        hint = "NOT INDEXED" if in_window * 4 > total else "INDEXED BY attempts_ended"
+        cols = ", ".join(f"a.{c}" if c not in ("number", "layer_id") else f"f.{c}" for c in self._USAGE_COLS)
+        rows = self.conn.execute(
+            f"SELECT {cols} FROM attempts a {hint} JOIN frames f ON f.id = a.frame_id "
+            "WHERE a.ended_at >= ? AND a.ended_at < ?", (since, until)).fetchall()
+        jobs = {r[0]: (r[1], r[2]) for r in self.conn.execute("SELECT id, name, user FROM jobs")}
+        layers = {r[0]: r[1] for r in self.conn.execute("SELECT id, name FROM layers")}
+        decoded: dict[str | None, list] = {None: [], "": [], "[]": []}
+
+        def lst(text: str | None) -> list:
+            value = decoded.get(text)
+            if value is None:
+                value = decoded[text] = json.loads(text)
+            return list(value)
+
+        keys = self._USAGE_COLS
         out = []
-        for r in rows:
-            rec = dict(r)
-            rec["gpu_uuids"] = json.loads(rec["gpu_uuids"] or "[]")
-            rec["gpu_models"] = json.loads(rec["gpu_models"]) if rec["gpu_models"] else []
+        for row in rows:
+            rec = dict(zip(keys, row))
+            rec["job"], rec["user"] = jobs[rec["job_id"]]
+            rec["layer"] = layers[rec.pop("layer_id")]
+            rec["gpu_uuids"] = lst(rec["gpu_uuids"])
+            rec["gpu_models"] = lst(rec["gpu_models"])
             rec["timed_out"] = bool(rec["timed_out"])
             out.append(rec)
         return out
