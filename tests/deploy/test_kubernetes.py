@@ -1,0 +1,481 @@
+"""The kustomize base and overlays, rendered by the real `kubectl kustomize` and checked
+object by object: what a cluster would be given."""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploylib import (BASE, BUILDS, COMPONENTS, K8S, OVERLAYS, all_pod_objects, container, env_of, kustomize,
+                       kustomize_with, objects, one, options_used, pod_labels, pod_spec, resolve_command,
+                       volume_for_mount)
+
+WORKER_UID = 10001
+SECRET = "cuectl-db"
+NAMESPACE = "cuectl"
+
+
+@pytest.fixture(params=sorted(BUILDS), ids=sorted(BUILDS))
+def build(request) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, kustomize(BUILDS[request.param])
+
+
+def worker_ds(docs):
+    return one(docs, "DaemonSet", "cuectl-worker")
+
+
+def worker_parts(docs):
+    ds = worker_ds(docs)
+    spec = pod_spec(ds)
+    return ds, spec, container(spec, "worker")
+
+
+# -- every build ------------------------------------------------------------------------------
+
+def test_renders_the_expected_objects(build):
+    name, docs = build
+    kinds = sorted(d["kind"] for d in docs)
+    for kind, count in {"Namespace": 1, "ServiceAccount": 3, "DaemonSet": 1, "CronJob": 1, "Deployment": 1,
+                        "Service": 1, "PersistentVolumeClaim": 2}.items():
+        assert kinds.count(kind) == count, f"{name}: {kind} x{kinds.count(kind)}"
+    # The database Secret is referenced, never shipped (no password in git).
+    assert not objects(docs, "Secret")
+    if name == "openshift":
+        assert {"SecurityContextConstraints", "Role", "RoleBinding"} <= set(kinds)
+    else:
+        assert not {"SecurityContextConstraints", "Role", "RoleBinding", "ClusterRole"} & set(kinds)
+
+
+def test_everything_lives_in_the_cuectl_namespace(build):
+    _, docs = build
+    assert one(docs, "Namespace")["metadata"]["name"] == NAMESPACE
+    for d in docs:
+        if d["kind"] in ("Namespace", "SecurityContextConstraints"):
+            assert "namespace" not in d["metadata"], f"{d['kind']} is cluster-scoped"
+        else:
+            assert d["metadata"].get("namespace") == NAMESPACE, f"{d['kind']} {d['metadata']['name']}"
+        assert d["metadata"]["labels"].get("app.kubernetes.io/part-of") == "cuectl"
+
+
+def test_namespace_admits_hostpath_volumes(build):
+    _, docs = build
+    labels = one(docs, "Namespace")["metadata"]["labels"]
+    # baseline and restricted Pod Security forbid hostPath; the worker needs two.
+    assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_selectors_match_their_pod_labels(build):
+    _, docs = build
+    for obj in objects(docs, "DaemonSet") + objects(docs, "Deployment"):
+        selector = obj["spec"]["selector"]["matchLabels"]
+        labels = pod_labels(obj)
+        assert selector.items() <= labels.items(), obj["metadata"]["name"]
+    exporter = one(docs, "Deployment", "cuectl-metrics")
+    service = one(docs, "Service", "cuectl-metrics")
+    assert service["spec"]["selector"].items() <= pod_labels(exporter).items()
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= {
+        p["name"] for p in container(pod_spec(exporter), "node-exporter")["ports"]}
+    # No other pod is picked up by the exporter's selector or the worker's.
+    for obj in all_pod_objects(docs):
+        if obj is not exporter:
+            assert not service["spec"]["selector"].items() <= pod_labels(obj).items()
+        if obj["kind"] != "DaemonSet":
+            assert not worker_ds(docs)["spec"]["selector"]["matchLabels"].items() <= pod_labels(obj).items()
+
+
+def test_volume_mounts_and_claims_resolve(build):
+    _, docs = build
+    claims = {d["metadata"]["name"]: d for d in objects(docs, "PersistentVolumeClaim")}
+    for obj in all_pod_objects(docs):
+        spec = pod_spec(obj)
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            for m in c.get("volumeMounts", []):
+                assert m["name"] in volumes, f"{obj['metadata']['name']}/{c['name']}: no volume {m['name']}"
+        for v in volumes.values():
+            if "persistentVolumeClaim" in v:
+                assert v["persistentVolumeClaim"]["claimName"] in claims
+        used = {m["name"] for c in spec.get("initContainers", []) + spec["containers"]
+                for m in c.get("volumeMounts", [])}
+        assert set(volumes) == used, f"{obj['metadata']['name']}: unused volumes {set(volumes) - used}"
+
+
+def test_no_privileged_containers_and_no_api_tokens(build):
+    _, docs = build
+    for obj in all_pod_objects(docs):
+        spec = pod_spec(obj)
+        assert spec["automountServiceAccountToken"] is False
+        sa = spec["serviceAccountName"]
+        assert one(docs, "ServiceAccount", sa)["automountServiceAccountToken"] is False
+        assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            sc = c["securityContext"]
+            assert not sc.get("privileged", False)
+            assert sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+        assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+
+
+# -- the worker DaemonSet ---------------------------------------------------------------------
+
+def test_worker_runs_on_gpu_nodes_only(build):
+    _, docs = build
+    _, spec, _ = worker_parts(docs)
+    assert spec["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+
+
+def test_worker_asks_the_device_plugin_for_the_nodes_gpus(build):
+    name, docs = build
+    _, spec, worker = worker_parts(docs)
+    gpus = worker["resources"]["limits"]["nvidia.com/gpu"]
+    assert isinstance(gpus, int) and gpus >= 1
+    count = spec["nodeSelector"].get("nvidia.com/gpu.count")
+    if count is not None:                     # a pool: the pod takes every GPU of its nodes
+        assert int(count) == gpus
+    assert gpus == {"base": 1, "nvidia": 8, "openshift": 1}[name]
+    # Which devices the pod sees is the device plugin's business, not an env var's.
+    assert "NVIDIA_VISIBLE_DEVICES" not in env_of(worker)
+    assert set(env_of(worker)["NVIDIA_DRIVER_CAPABILITIES"]["value"].split(",")) >= {"compute", "utility"}
+
+
+def test_worker_env_comes_from_the_secret_and_the_downward_api(build):
+    _, docs = build
+    _, _, worker = worker_parts(docs)
+    env = env_of(worker)
+    assert env["CUECTL_DB"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "url"}
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "password", "optional": True}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    for item in env.values():
+        assert "value" in item or "valueFrom" in item
+        assert "postgresql://" not in str(item.get("value", "")), "the store URL belongs in the Secret"
+
+
+def test_worker_args_register_the_node_name(build):
+    _, docs = build
+    _, _, worker = worker_parts(docs)
+    args = worker["args"]
+    assert "command" not in worker, "keep the image's ENTRYPOINT (tini -- cuectl)"
+    assert args[0] == "worker"
+    assert args[args.index("--name") + 1] == "$(NODE_NAME)"
+    # $(NODE_NAME) is only expanded when NODE_NAME is defined in the container's env.
+    assert "NODE_NAME" in env_of(worker)
+    resolved = resolve_command(args)
+    assert resolved is not None and resolved[0] == ["worker"]
+    for opt in options_used(args):
+        assert opt in resolved[1], f"`cuectl worker` has no option {opt}"
+
+
+def test_worker_lock_dir_is_a_node_local_hostpath(build):
+    _, docs = build
+    _, spec, worker = worker_parts(docs)
+    lock_dir = env_of(worker)["CUECTL_LOCK_DIR"]["value"]
+    vol = volume_for_mount(spec, worker, lock_dir)
+    assert vol["hostPath"] == {"path": "/run/cuectl/locks", "type": "DirectoryOrCreate"}
+    assert "--lock-dir" not in worker["args"], "one place sets the lock dir: CUECTL_LOCK_DIR"
+
+
+def test_worker_state_survives_container_restarts(build):
+    _, docs = build
+    _, spec, worker = worker_parts(docs)
+    state = env_of(worker)["XDG_STATE_HOME"]["value"]
+    vol = volume_for_mount(spec, worker, state)
+    assert vol["hostPath"]["type"] == "DirectoryOrCreate"
+    assert vol["hostPath"]["path"] == "/var/lib/cuectl"
+
+
+def test_worker_logs_go_to_a_shared_volume(build):
+    _, docs = build
+    _, spec, worker = worker_parts(docs)
+    logs = env_of(worker)["CUECTL_LOG_DIR"]["value"]
+    vol = volume_for_mount(spec, worker, logs)
+    pvc = one(docs, "PersistentVolumeClaim", vol["persistentVolumeClaim"]["claimName"])
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_worker_gets_time_to_drain(build):
+    _, docs = build
+    ds, spec, _ = worker_parts(docs)
+    assert spec["terminationGracePeriodSeconds"] == 3600
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+
+
+def test_worker_runs_as_the_image_user_and_its_init_prepares_the_host_dirs(build):
+    _, docs = build
+    _, spec, worker = worker_parts(docs)
+    sc = worker["securityContext"]
+    assert sc["runAsUser"] == WORKER_UID and sc["runAsNonRoot"] is True
+    assert spec["securityContext"]["fsGroup"] == WORKER_UID
+    init = container(spec, "prepare-host-dirs", init=True)
+    assert init["image"] == worker["image"]
+    assert init["securityContext"]["runAsUser"] == 0
+    assert sorted(init["securityContext"]["capabilities"]["add"]) == ["CHOWN", "FOWNER"]
+    script = init["args"][0]
+    assert f"uid={WORKER_UID}" in script
+    for path in ("/run/cuectl/locks", "/var/lib/cuectl"):
+        assert path in script
+        assert volume_for_mount(spec, init, path)["hostPath"]["path"] == path
+
+
+def test_worker_has_a_big_dev_shm(build):
+    _, docs = build
+    _, spec, worker = worker_parts(docs)
+    vol = volume_for_mount(spec, worker, "/dev/shm")
+    assert vol["emptyDir"]["medium"] == "Memory"
+
+
+def test_images(build):
+    name, docs = build
+    images = {c["image"] for obj in all_pod_objects(docs) for c in
+              pod_spec(obj).get("initContainers", []) + pod_spec(obj)["containers"]}
+    exporter = {i for i in images if "node-exporter" in i}
+    assert len(exporter) == 1 and not next(iter(exporter)).endswith(":latest")
+    cuectl = images - exporter
+    assert len(cuectl) == 1, cuectl                    # worker, init and report: one image
+    image = next(iter(cuectl))
+    if name == "base":
+        assert image == "cuectl"                       # the overlays name the registry
+    else:
+        repo, _, tag = image.rpartition(":")
+        assert "/" in repo and tag and tag != "latest"
+
+
+# -- the report CronJob and its exporter ------------------------------------------------------
+
+def test_report_cronjob_writes_prometheus_text_every_five_minutes(build):
+    _, docs = build
+    cron = one(docs, "CronJob", "cuectl-report")
+    assert cron["spec"]["schedule"] == "*/5 * * * *"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    spec = pod_spec(cron)
+    report = container(spec, "report")
+    args = report["args"]
+    assert args[:2] == ["admin", "report"]
+    assert args[args.index("--format") + 1] == "prometheus"
+    assert args[args.index("--by") + 1] == "user"
+    output = args[args.index("--output") + 1]
+    assert output.endswith(".prom")
+    env = env_of(report)
+    assert env["CUECTL_DB"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "url"}
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == SECRET
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"     # no GPU for a report
+    assert "nvidia.com/gpu" not in report["resources"].get("limits", {})
+    # The output directory is the exporter's textfile directory, on the same volume.
+    out_vol = volume_for_mount(spec, report, posixpath.dirname(output))
+    exporter = one(docs, "Deployment", "cuectl-metrics")
+    ex_spec = pod_spec(exporter)
+    node_exporter = container(ex_spec, "node-exporter")
+    textdir = [a.split("=", 1)[1] for a in node_exporter["args"] if a.startswith("--collector.textfile.directory=")]
+    assert textdir == [posixpath.dirname(output)]
+    ex_vol = volume_for_mount(ex_spec, node_exporter, textdir[0])
+    claim = out_vol["persistentVolumeClaim"]["claimName"]
+    assert claim == ex_vol["persistentVolumeClaim"]["claimName"]
+    # ReadWriteOnce is fine because the report runs on the exporter's node.
+    if one(docs, "PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteOnce"]:
+        term = spec["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        assert term["labelSelector"]["matchLabels"].items() <= pod_labels(exporter).items()
+        assert exporter["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_report_args_are_options_of_admin_report(build):
+    _, docs = build
+    args = container(pod_spec(one(docs, "CronJob", "cuectl-report")), "report")["args"]
+    resolved = resolve_command(args)
+    if resolved is None:
+        pytest.skip("`cuectl admin report` is not registered in this checkout")
+    assert resolved[0] == ["admin", "report"]
+    for opt in options_used(args):
+        assert opt in resolved[1], f"`cuectl admin report` has no option {opt}"
+
+
+def test_exporter_runs_only_the_textfile_collector(build):
+    _, docs = build
+    args = container(pod_spec(one(docs, "Deployment", "cuectl-metrics")), "node-exporter")["args"]
+    assert "--collector.disable-defaults" in args and "--collector.textfile" in args
+
+
+# -- overlay specifics ------------------------------------------------------------------------
+
+def test_nvidia_overlay_picks_gpu_models_by_gfd_product_label():
+    docs = kustomize(OVERLAYS["nvidia"])
+    _, spec, _ = worker_parts(docs)
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert len(terms) == 1
+    (expr,) = [e for e in terms[0]["matchExpressions"] if e["key"] == "nvidia.com/gpu.product"]
+    assert expr["operator"] == "In" and expr["values"]
+    for product in expr["values"]:
+        assert " " not in product, "GPU Feature Discovery writes spaces as dashes"
+    # The base's selection is kept, not replaced.
+    assert spec["nodeSelector"]["nvidia.com/gpu.present"] == "true"
+
+
+def test_openshift_overlay_grants_its_own_scc_to_the_worker_only():
+    docs = kustomize(OVERLAYS["openshift"])
+    scc = one(docs, "SecurityContextConstraints")
+    name = scc["metadata"]["name"]
+    assert scc["apiVersion"] == "security.openshift.io/v1"
+    assert scc["allowHostDirVolumePlugin"] is True
+    assert scc["allowPrivilegedContainer"] is False
+    assert scc["allowPrivilegeEscalation"] is False
+    assert not (scc["allowHostNetwork"] or scc["allowHostPID"] or scc["allowHostIPC"] or scc["allowHostPorts"])
+    assert scc["users"] == [] and scc["groups"] == []          # granted through RBAC only
+
+    role = one(docs, "Role")
+    assert role["rules"] == [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
+                              "resourceNames": [name], "verbs": ["use"]}]
+    binding = one(docs, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    ds, spec, worker = worker_parts(docs)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"],
+                                    "namespace": NAMESPACE}]
+    others = {pod_spec(o)["serviceAccountName"] for o in all_pod_objects(docs) if o is not ds}
+    assert spec["serviceAccountName"] not in others
+
+
+def test_openshift_scc_admits_the_worker_pod():
+    """What SCC admission would check for the worker pod, for the fields it uses."""
+    docs = kustomize(OVERLAYS["openshift"])
+    scc = one(docs, "SecurityContextConstraints")
+    _, spec, _ = worker_parts(docs)
+    volume_kinds = {k for v in spec["volumes"] for k in v if k != "name"}
+    assert volume_kinds <= set(scc["volumes"]), volume_kinds - set(scc["volumes"])
+    for c in spec["initContainers"] + spec["containers"]:
+        added = set(c["securityContext"]["capabilities"].get("add", []))
+        assert added <= set(scc["allowedCapabilities"])
+        assert not added & set(scc["requiredDropCapabilities"])
+    # Fixed uids and SELinux options need RunAsAny strategies.
+    assert scc["runAsUser"]["type"] == "RunAsAny"
+    assert scc["seLinuxContext"]["type"] == "RunAsAny"
+    assert scc["fsGroup"]["type"] == "RunAsAny"
+    assert "runtime/default" in scc["seccompProfiles"]
+
+
+def test_openshift_overlay_relabels_host_dirs_for_selinux():
+    docs = kustomize(OVERLAYS["openshift"])
+    _, spec, worker = worker_parts(docs)
+    init = container(spec, "prepare-host-dirs", init=True)
+    assert env_of(init)["CUECTL_RELABEL_SELINUX"]["value"] == "1"
+    assert init["securityContext"]["seLinuxOptions"]["type"] == "spc_t"
+    assert "chcon" in init["args"][0] and "container_file_t" in init["args"][0]
+    assert spec["securityContext"]["seLinuxOptions"] == {"level": "s0"}
+    assert "seLinuxOptions" not in worker["securityContext"]      # the worker stays container_t
+    # Elsewhere nothing is relabelled.
+    base_init = container(pod_spec(worker_ds(kustomize(BASE))), "prepare-host-dirs", init=True)
+    assert "CUECTL_RELABEL_SELINUX" not in env_of(base_init)
+
+
+def test_openshift_report_and_exporter_fit_restricted_v2():
+    docs = kustomize(OVERLAYS["openshift"])
+    for obj in (one(docs, "CronJob"), one(docs, "Deployment", "cuectl-metrics")):
+        sc = pod_spec(obj)["securityContext"]
+        assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(sc), obj["metadata"]["name"]
+        assert sc["runAsNonRoot"] is True
+        for c in pod_spec(obj)["containers"]:
+            assert "runAsUser" not in c["securityContext"]
+
+
+# -- components and examples ------------------------------------------------------------------
+
+def test_component_gpus_via_runtime(tmp_path: Path):
+    docs = kustomize_with(tmp_path, resources=[BASE], components=[COMPONENTS / "gpus-via-runtime"])
+    _, _, worker = worker_parts(docs)
+    assert "nvidia.com/gpu" not in worker["resources"].get("limits", {})
+    assert env_of(worker)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert "CUECTL_DB" in env_of(worker)                          # the rest of env is kept
+
+
+def test_component_nvidia_runtime_class(tmp_path: Path):
+    docs = kustomize_with(tmp_path, resources=[OVERLAYS["nvidia"]], components=[COMPONENTS / "nvidia-runtime-class"])
+    _, spec, worker = worker_parts(docs)
+    assert spec["runtimeClassName"] == "nvidia"
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert "runtimeClassName" not in pod_spec(one(docs, "CronJob"))
+
+
+def test_component_node_local_logs(tmp_path: Path):
+    docs = kustomize_with(tmp_path, resources=[BASE], components=[COMPONENTS / "node-local-logs"])
+    assert [p["metadata"]["name"] for p in objects(docs, "PersistentVolumeClaim")] == ["cuectl-metrics"]
+    _, spec, worker = worker_parts(docs)
+    logs = env_of(worker)["CUECTL_LOG_DIR"]["value"]
+    state = env_of(worker)["XDG_STATE_HOME"]["value"]
+    assert logs.startswith(state + "/")                          # on the node's state hostPath
+    assert "logs" not in {v["name"] for v in spec["volumes"]}
+    assert {m["mountPath"] for m in worker["volumeMounts"]} == {"/run/cuectl/locks", state, "/dev/shm"}
+
+
+def test_example_second_pool_is_a_separate_non_overlapping_daemonset():
+    docs = kustomize(K8S / "examples" / "pool-l40s")
+    assert [d["kind"] for d in docs] == ["DaemonSet"]
+    pool = docs[0]
+    main = worker_ds(kustomize(OVERLAYS["nvidia"]))
+    assert pool["metadata"]["name"] != main["metadata"]["name"]
+    assert pool["metadata"]["namespace"] == NAMESPACE
+    sel_pool, sel_main = pool["spec"]["selector"]["matchLabels"], main["spec"]["selector"]["matchLabels"]
+    assert not sel_pool.items() <= pod_labels(main).items()
+    assert not sel_main.items() <= pod_labels(pool).items()
+    spec = pod_spec(pool)
+    gpus = container(spec, "worker")["resources"]["limits"]["nvidia.com/gpu"]
+    assert int(spec["nodeSelector"]["nvidia.com/gpu.count"]) == gpus
+    assert spec["nodeSelector"]["nvidia.com/gpu.count"] != pod_spec(main)["nodeSelector"]["nvidia.com/gpu.count"]
+    args = container(spec, "worker")["args"]
+    resolved = resolve_command(args)
+    assert resolved is not None
+    assert set(options_used(args)) <= resolved[1]
+
+
+def test_example_secret_has_the_keys_the_pods_reference():
+    import yaml
+
+    path = K8S / "examples" / "cuectl-db-secret.example.yaml"
+    (secret,) = list(yaml.safe_load_all(path.read_text()))
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == SECRET
+    assert secret["metadata"]["namespace"] == NAMESPACE
+    assert set(secret["stringData"]) == {"url", "password"}
+    assert secret["stringData"]["url"].startswith("postgresql://")
+    # Not part of anything that `kubectl apply -k` would install.
+    for kustomization in K8S.rglob("kustomization.yaml"):
+        k = yaml.safe_load(kustomization.read_text())
+        listed = [str(x) for key in ("resources", "components", "patches") for x in k.get(key, [])]
+        assert not any(path.name in x for x in listed), kustomization
+
+
+def test_example_dev_postgres_uses_the_same_secret():
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all((K8S / "examples" / "postgres-dev.yaml").read_text()) if d]
+    sts = one(docs, "StatefulSet")
+    pg = pod_spec(sts)["containers"][0]
+    assert env_of(pg)["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "password"}
+    svc = one(docs, "Service")
+    assert svc["spec"]["selector"].items() <= pod_labels(sts).items()
+    assert all(d["metadata"]["namespace"] == NAMESPACE for d in docs)
+
+
+def test_init_script_really_prepares_the_host_dirs(tmp_path: Path):
+    """Run the init container's script (with its paths moved into tmp_path) the way the
+    kubelet leaves a fresh node: both directories root-owned, mode 0755."""
+    import os
+    import shutil
+    import stat
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("the script chowns: needs root")
+    sh = shutil.which("sh")
+    assert sh
+    init = container(pod_spec(worker_ds(kustomize(BASE))), "prepare-host-dirs", init=True)
+    locks, state = tmp_path / "run-locks", tmp_path / "var-lib-cuectl"
+    script = init["args"][0].replace("/run/cuectl/locks", str(locks)).replace("/var/lib/cuectl", str(state))
+    for d in (locks, state):
+        d.mkdir(mode=0o755)
+        os.chmod(d, 0o755)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    for _ in range(2):                                   # idempotent: a restart runs it again
+        proc = subprocess.run([sh, "-c", script], env=env, capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        assert stat.S_IMODE(locks.stat().st_mode) == 0o1777
+        assert state.stat().st_uid == WORKER_UID and state.stat().st_gid == WORKER_UID
