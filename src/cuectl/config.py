@@ -42,12 +42,18 @@ def log_root(db_path: Path | None) -> Path:
 def lock_dir() -> Path:
     """Host-local directory of device lease locks, shared by every user of the machine.
 
-    ``/dev/shm`` is a tmpfs on Linux: always local, never NFS, and cleared at boot, which is
-    right for locks that describe running processes. Elsewhere fall back to the temp dir.
+    ``/run/cuectl/locks`` when it exists (deploy/systemd/cuectl-tmpfiles.conf provisions
+    it): it is local, cleared at boot, and — unlike ``/dev/shm`` — out of reach of
+    systemd-logind's RemoveIPC, which deletes a user's files in /dev/shm when their last
+    session ends, lock files of still-running work included. Otherwise ``/dev/shm`` (a
+    tmpfs: always local, never NFS, cleared at boot), else the temp dir.
     """
     explicit = env("CUECTL_LOCK_DIR")
     if explicit:
         return Path(explicit)
+    provisioned = Path("/run/cuectl/locks")
+    if provisioned.is_dir() and os.access(provisioned, os.W_OK):
+        return provisioned
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm / "cuectl-locks"
@@ -73,6 +79,16 @@ def busy_timeout() -> float:
         return max(0.0, float(raw)) if raw else 5.0
     except ValueError:
         return 5.0
+
+
+def auto_migrate() -> bool:
+    """Whether opening a PostgreSQL store brings an old schema up to date by itself.
+
+    ``CUECTL_AUTO_MIGRATE=0`` (or false/no/off) turns it off for shared databases whose
+    upgrades an admin schedules: an old schema is then an error until someone runs
+    ``cuectl admin migrate``. SQLite stores always migrate when opened.
+    """
+    return (env("CUECTL_AUTO_MIGRATE") or "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def no_color() -> bool:

@@ -426,3 +426,13 @@ def test_peak_rss_does_not_inherit_the_workers_size(tmp_path: Path) -> None:
     out = subprocess.run([PY, "-c", worker], capture_output=True, text=True, timeout=30, check=True).stdout
     rss = int(out.strip())
     assert 0 < rss < 50 * MIB
+
+
+def test_worker_store_credentials_do_not_reach_frames(tmp_path):
+    ctx = FrameContext(job="j", job_id="1", layer="l", layer_id="2", frame_id="3", frame_number=1, frames=(1,),
+                       layer_range="1", chunk=1, attempt=1, cores=1, memory_bytes=0, gpu_memory_bytes=None,
+                       log_path=tmp_path / "f.log")
+    env = frame_env(ctx, layer_env={}, isolation={},
+                    base={"PGPASSWORD": "farm-secret", "PGPASSFILE": "/root/.pgpass", "HOME": "/home/w"})
+    assert "PGPASSWORD" not in env and "PGPASSFILE" not in env and env["HOME"] == "/home/w"
+    assert frame_env(ctx, layer_env={"PGPASSWORD": "mine"}, isolation={}, base={})["PGPASSWORD"] == "mine"

@@ -189,7 +189,9 @@ def frame_env(
 
     1. ``base`` — the worker's environment (``config.inherited_environ()`` by default) with
        every inherited ``CUE_*`` variable removed, so a worker started from inside another
-       frame does not leak that frame's identity or devices;
+       frame does not leak that frame's identity or devices, and without the worker's own
+       store credentials (``PGPASSWORD``, ``PGPASSFILE``): a job must not be able to read
+       the farm database's password (a layer may still set them explicitly);
     2. ``layer_env`` — the layer's ``env``;
     3. the ``CUE_*`` frame variables below;
     4. ``isolation`` — the device variables from the lease (``CUDA_VISIBLE_DEVICES``,
@@ -213,11 +215,15 @@ def frame_env(
     ========================  ===============================================================
     """
     inherited = config.inherited_environ() if base is None else base
-    env = {k: v for k, v in inherited.items() if not k.startswith("CUE_")}
+    env = {k: v for k, v in inherited.items() if not k.startswith("CUE_") and k not in _WORKER_SECRETS}
     env.update(_checked_env(layer_env, "layer env"))
     env.update(_cue_vars(ctx))
     env.update(_checked_env(isolation, "isolation env"))
     return env
+
+
+# The worker's credentials for the store: never handed to the frames it runs.
+_WORKER_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE"})
 
 
 def _cue_vars(ctx: FrameContext) -> dict[str, str]:
