@@ -1,5 +1,6 @@
-"""The store contract: every backend must pass these (SQLite here; PostgreSQL joins via
-the ``store`` fixture's params). Real files in tmp dirs, no mocks."""
+"""The store contract: every backend must pass these — SQLite (real files in tmp dirs) and
+PostgreSQL (a real server started by the suite, see conftest.py), through the ``store_url``
+fixture. No mocks. Tests named test_sqlite_* are about SQLite alone."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM
        "memory_total_bytes": 16160 * 1024**2}
 
 
-@pytest.fixture(params=["sqlite"])
-def store(request, tmp_path: Path):
-    s = open_store(str(tmp_path / "s" / "cuectl.db"))
+@pytest.fixture
+def store(store_url: str):
+    s = open_store(store_url)
     yield s
     s.close()
 
@@ -259,6 +260,8 @@ _CLAIMER = """
 import json, sys
 from cuectl.sched.store import open_store
 s = open_store(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()  # start together: process start-up must not decide who claims
 got = []
 while True:
     layers = s.runnable_layers()
@@ -271,14 +274,19 @@ print(json.dumps(got))
 """
 
 
-def test_concurrent_claimers_never_share_a_frame(tmp_path: Path):
-    path = str(tmp_path / "c.db")
+def test_concurrent_claimers_never_share_a_frame(store_url: str):
+    path = store_url
     s = open_store(path)
     s.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-400"}]), now=NOW)
     s.close()
-    procs = [subprocess.Popen([sys.executable, "-c", _CLAIMER, path, f"h{i}"], stdout=subprocess.PIPE, text=True)
-             for i in range(4)]
-    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    procs = [subprocess.Popen([sys.executable, "-c", _CLAIMER, path, f"h{i}"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for i in range(4)]
+    assert all(p.stdout.readline().strip() == "ready" for p in procs)
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.close()
+    results = [json.loads(p.stdout.read()) for p in procs]
+    assert all(p.wait(120) == 0 for p in procs)
     claimed = [f for r in results for f in r]
     assert len(claimed) == 400 and len(set(claimed)) == 400
     assert sum(1 for r in results if r) >= 2, "claims are spread over the contenders"
@@ -335,8 +343,8 @@ def test_foreign_and_corrupt_files_are_refused(tmp_path: Path):
     assert garbage.stat().st_size == 4096
 
 
-def test_existing_store_reopens_with_data(tmp_path: Path):
-    path = str(tmp_path / "r.db")
+def test_existing_store_reopens_with_data(store_url: str):
+    path = store_url
     s = open_store(path)
     job_id = s.submit(job(), now=NOW)
     s.close()

@@ -9,6 +9,8 @@ from typing import Optional
 import typer
 
 from cuectl.cli import term
+from cuectl.cli.migrate_cmd import migrate_cmd
+from cuectl.cli.report_cmd import report_cmd
 
 admin_app = typer.Typer(help="Maintenance: reports, reaping, pruning, backups, diagnosis.", no_args_is_help=True)
 JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
@@ -67,6 +69,14 @@ def doctor(ctx: typer.Context,
         term.table(["CHECK", "STATUS", "DETAIL"], [[c.name, c.status.upper(), c.detail] for c in checks])
     if any(c.status == "fail" for c in checks):
         raise typer.Exit(1)
+
+
+admin_app.command("report", help="Accounting per job, layer, user, host, GPU model or day: GPU-hours "
+                                  "allocated/busy/wasted, efficiency, failures, queue waits.")(report_cmd)
+
+
+admin_app.command("migrate", help="Apply schema changes to the store now (workers do it themselves unless "
+                                   "CUECTL_AUTO_MIGRATE=0).")(migrate_cmd)
 
 
 def register(app: typer.Typer) -> None:

@@ -561,13 +561,19 @@ class Supervisor:
             self._sleep(w)
 
     def _sleep(self, w: Worker) -> None:
-        """Wait for a frame to exit, a signal, or the next poll/heartbeat — whichever first."""
+        """Wait for a frame to exit, a signal, queued work (the store's NOTIFY, where it has
+        one), or the next poll/heartbeat — whichever first."""
         timeout = w.opts.poll_s
         now = time.time()
         timeout = max(0.0, min(timeout, w._next_heartbeat - now))
         if w.running:
             timeout = min(timeout, max(0.0, min(rf.next_sample for rf in w.running.values()) - now))
         fds = [self._wake_r]
+        # PostgreSQL: the LISTEN connection turns readable on NOTIFY, so new work is
+        # dispatched at once instead of at the next poll (None: the store cannot tell).
+        store_fd = w.store.notify_fileno()
+        if store_fd is not None:
+            fds.append(store_fd)
         pidfds = []
         for rf in w.running.values():
             if rf.proc.pid and hasattr(os, "pidfd_open"):
@@ -579,6 +585,8 @@ class Supervisor:
                 timeout = min(timeout, 0.05)
         try:
             ready, _, _ = select.select(fds + pidfds, [], [], timeout)
+            if store_fd is not None and store_fd in ready:
+                w.store.drain_notifications()
             if self._wake_r in ready:
                 try:
                     os.read(self._wake_r, 64)

@@ -205,18 +205,48 @@ class Store(abc.ABC):
     def has_unfinished_work(self) -> bool:
         """True while any frame is WAITING, DEPEND or RUNNING."""
 
+    # -- optional: schema upgrades and wake-ups (no-op defaults) --------------------------
+    def migrate(self) -> tuple[int, int]:
+        """Bring the schema up to date; return (version before, version after). Stores that
+        always migrate when opened (SQLite) have nothing left to do: (v, v)."""
+        version = self.schema_version()
+        return version, version
 
-def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0) -> Store:
-    """Open the store named by a path, ``sqlite:///path`` or ``postgresql://…``."""
+    def notify_fileno(self) -> int | None:
+        """A file descriptor that becomes readable when work may have been queued
+        (PostgreSQL LISTEN/NOTIFY), for the worker to select() on beside its other fds;
+        None (the default) when the store cannot tell, and the worker polls. Never raises."""
+        return None
+
+    def drain_notifications(self) -> bool:
+        """Consume what made ``notify_fileno`` readable, without blocking; True if there was
+        something. Never raises."""
+        return False
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until work may have been queued; True if woken.
+        The default returns False at once: the caller sleeps (polls) as before."""
+        return False
+
+
+def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
+               migrate: bool | None = None) -> Store:
+    """Open the store named by a path, ``sqlite:///path`` or ``postgresql://…``.
+
+    ``migrate`` (PostgreSQL only; SQLite always migrates when opened): None follows
+    ``CUECTL_AUTO_MIGRATE``, True migrates, False opens an old schema untouched (for
+    ``cuectl admin migrate``, which then calls ``Store.migrate()``)."""
     from cuectl.errors import InvalidInput
 
     if url.startswith(("postgresql://", "postgres://")):
         try:
-            from cuectl.sched.postgres import PostgresStore
-        except ImportError as exc:  # pragma: no cover - until the PostgreSQL issue lands
-            raise InvalidInput("PostgreSQL stores need the postgres extra",
+            import psycopg  # noqa: F401  (only to tell a missing extra from other import errors)
+        except ImportError as exc:
+            raise InvalidInput("PostgreSQL stores need the postgres extra (psycopg 3)",
                                hint="pip install 'cuectl[postgres]'") from exc
-        return PostgresStore(url)
+        from cuectl.sched.postgres import PostgresStore
+
+        return PostgresStore(url, create=create, busy_timeout_s=busy_timeout_s, migrate=migrate)
     if url.startswith("sqlite:///"):
         # SQLAlchemy convention: sqlite:///relative/path, sqlite:////absolute/path.
         path = url[len("sqlite:///"):]

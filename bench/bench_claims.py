@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""Claims on PostgreSQL next to SQLite, in the same run on the same machine.
+
+Prints:
+  1. claims/s with 1, 4 and 16 concurrent claimer processes on each backend (each claimer
+     reads the runnable layers, then claims until the layer runs dry, as a worker does),
+     with the fewest/most claims one process got and the slowest single claim;
+  2. how long one 100,000-frame submit takes on each backend;
+  3. dispatch latency of an idle `cuectl worker`: submit -> frame process started, on
+     PostgreSQL with `--poll 30` (woken by NOTIFY) next to SQLite with `--poll 1` (polling).
+
+PostgreSQL: a throwaway server started from the installed binaries (tests/pgserver.py,
+as an unprivileged user when run as root), or --pg-url for an existing database (a
+schema of its own per measurement is created in it).
+
+Usage: python bench/bench_claims.py [--frames N] [--submit-frames N] [--wakeups N] [--pg-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+from urllib.parse import quote
+
+REPO = Path(__file__).resolve().parent.parent
+CLAIMERS = (1, 4, 16)
+
+
+# -- stores ------------------------------------------------------------------------------------------
+class Backends:
+    """Hands out fresh, empty store URLs for each backend."""
+
+    def __init__(self, tmp: Path, pg_url: str | None) -> None:
+        self.tmp = tmp
+        self.pg_url = pg_url
+        self.server = None
+        if pg_url is None:
+            sys.path.insert(0, str(REPO / "tests"))
+            import pgserver
+
+            self.server = pgserver.shared_server()
+
+    def sqlite(self) -> str:
+        return str(self.tmp / f"{uuid.uuid4().hex[:8]}.db")
+
+    def postgres(self) -> str:
+        if self.server is not None:
+            return self.server.url(self.server.create_database())
+        import psycopg
+
+        schema = f"bench_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(self.pg_url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {schema}")
+        sep = "&" if "?" in self.pg_url else "?"
+        return f"{self.pg_url}{sep}options={quote(f'-csearch_path={schema}')}"
+
+
+def user() -> str:
+    from cuectl import config
+
+    return config.current_user()  # a root worker runs frames as their submitting user
+
+
+def submit_noop(url: str, frames: int, command: list[str] | None = None, name: str = "bench") -> float:
+    from cuectl.sched.spec import spec_from_flags
+    from cuectl.sched.store import open_store
+
+    store = open_store(url)
+    spec = spec_from_flags(name=name, command=command or ["true"], range=f"1-{frames}", user=user(),
+                           frame_limit=max(frames, 1))
+    t0 = time.perf_counter()
+    store.submit(spec, now=time.time())
+    elapsed = time.perf_counter() - t0
+    store.close()
+    return elapsed
+
+
+# -- 1. concurrent claimers ----------------------------------------------------------------------------
+def _claimer(url: str, name: str, barrier, results) -> None:
+    from cuectl.errors import StoreBusy
+    from cuectl.sched.store import open_store
+
+    store = open_store(url)
+    got, slowest, busy = 0, 0.0, 0
+    barrier.wait()
+    while True:
+        layers = store.runnable_layers()
+        if not layers:
+            break
+        for layer in layers:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    claim = store.claim_frame(layer.layer_id, host=name, worker=name, gpu_uuids=[], now=time.time(),
+                                              lease_s=3600)
+                except StoreBusy:
+                    busy += 1
+                    continue
+                slowest = max(slowest, time.perf_counter() - t0)
+                if claim is None:
+                    break
+                got += 1
+    results.put((got, slowest, busy, time.perf_counter()))
+    store.close()
+
+
+def claim_rate(url: str, frames: int, claimers: int) -> dict[str, float]:
+    submit_noop(url, frames)
+    ctx = mp.get_context("spawn")  # each claimer opens its own connection, as a worker would
+    barrier = ctx.Barrier(claimers + 1)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_claimer, args=(url, f"c{i}", barrier, results)) for i in range(claimers)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    out = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    wall = max(end for *_, end in out) - t0
+    total = sum(r[0] for r in out)
+    assert total == frames, f"claimed {total} of {frames} frames"
+    return {"rate": total / wall, "min": min(r[0] for r in out), "max": max(r[0] for r in out),
+            "slowest_ms": 1000 * max(r[1] for r in out), "busy": sum(r[2] for r in out)}
+
+
+# -- 3. idle worker dispatch latency ---------------------------------------------------------------------
+def cuectl() -> list[str]:
+    exe = Path(sys.executable).with_name("cuectl")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
+
+
+def dispatch_latency(url: str, poll: str, wakeups: int, tmp: Path) -> list[float]:
+    """Start an idle worker, then submit one frame at a time; seconds from the submit's
+    commit to the frame's first instruction."""
+    from cuectl.sched.store import open_store
+
+    stamps = tmp / f"stamps-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), XDG_STATE_HOME=str(tmp / "state"))
+    fake = tmp / "no-gpus.yaml"
+    fake.write_text("devices: []\n")
+    env["CUECTL_FAKE_GPUS"] = str(fake)
+    worker = subprocess.Popen([*cuectl(), "--db", url, "worker", "--name", "bench-idle", "--poll", poll, "--cores",
+                               "1", "--quiet"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    store = open_store(url)
+    try:
+        wait(lambda: store.list_hosts(now=time.time(), down_after=60), "worker registered")
+        latencies = []
+        for i in range(wakeups):
+            time.sleep(0.3 + (i % 4) * 0.17)  # idle, at varied points of its poll interval
+            t0 = time.time()
+            submit_noop(url, 1, ["sh", "-c", f"date +%s.%N >> {stamps}"], name=f"w{i}")
+            wait(lambda: stamps.exists() and len(stamps.read_text().split()) > i, "frame start", 60)
+            latencies.append(float(stamps.read_text().split()[i]) - t0)
+            wait(lambda: not store.has_unfinished_work(), "frame done", 60)
+        return latencies
+    finally:
+        store.close()
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(30)
+
+
+def wait(predicate: Callable[[], object], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+# -- main ------------------------------------------------------------------------------------------------
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, default=8000, help="frames claimed per measurement")
+    parser.add_argument("--submit-frames", type=int, default=100_000)
+    parser.add_argument("--wakeups", type=int, default=10, help="frames submitted to the idle worker")
+    parser.add_argument("--pg-url", help="an existing PostgreSQL database instead of a throwaway server")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="cuectl-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        backends = Backends(tmp, args.pg_url)
+        print(f"{os.cpu_count()} CPUs; {args.frames} frames per claim run")
+        print(f"{'claimers':>8}  {'SQLite claims/s':>16}  {'PostgreSQL claims/s':>20}   per-process min-max, "
+              "slowest claim (SQLite | PostgreSQL)")
+        for n in CLAIMERS:
+            lite = claim_rate(backends.sqlite(), args.frames, n)
+            post = claim_rate(backends.postgres(), args.frames, n)
+            busy = f" ({lite['busy']:.0f} busy errors)" if lite["busy"] else ""
+            print(f"{n:>8}  {lite['rate']:>16,.0f}  {post['rate']:>20,.0f}   "
+                  f"{lite['min']:.0f}-{lite['max']:.0f}, {lite['slowest_ms']:.1f} ms{busy} | "
+                  f"{post['min']:.0f}-{post['max']:.0f}, {post['slowest_ms']:.1f} ms")
+
+        lite_s = submit_noop(backends.sqlite(), args.submit_frames)
+        post_s = submit_noop(backends.postgres(), args.submit_frames)
+        print(f"\nsubmit of {args.submit_frames:,} frames: SQLite {lite_s:.2f} s, PostgreSQL {post_s:.2f} s")
+
+        pg_lat = dispatch_latency(backends.postgres(), "30", args.wakeups, tmp)
+        lite_lat = dispatch_latency(backends.sqlite(), "1", args.wakeups, tmp)
+        print(f"\nidle worker, submit -> frame started ({args.wakeups} frames):")
+        for label, lat in (("PostgreSQL, --poll 30, NOTIFY", pg_lat), ("SQLite, --poll 1, polling", lite_lat)):
+            print(f"  {label:<30} median {1000 * statistics.median(lat):6.1f} ms, max {1000 * max(lat):6.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""A farm on PostgreSQL: real `cuectl worker` processes with different host names and fake
+GPUs against one real server (started by the suite, tests/pgserver.py): frames run exactly
+once, spread over hosts, never two on a device; NOTIFY wakes an idle worker at once; a
+server restart in the middle of a frame loses nothing."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from farmlib import A100, V100, intervals_overlap
+
+psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pgserver  # noqa: E402
+
+
+@pytest.fixture
+def pg_farm(farm):
+    try:
+        server = pgserver.shared_server()
+    except pgserver.PgUnavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    name = server.create_database()
+    farm.db = server.url(name)  # every `cuectl --db` of the farm now names the database
+    farm.server = server
+    yield farm
+    farm.cleanup()  # workers first: they hold connections
+    server.drop_database(name)
+
+
+def uuids_of(event) -> list[str]:
+    raw = event["env"]["CUE_GPU_UUIDS"]
+    return [u for u in raw.split(",") if u] if raw else []
+
+
+def rows(url: str, query: str, params=()) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+def test_workers_on_several_hosts_share_one_database(pg_farm):
+    farm = pg_farm
+    hosts = [farm.host(f"pg{i}", [V100, A100]) for i in range(4)]
+    job = farm.submit({"name": "farm", "layers": [
+        {"name": "r", "command": farm.probe("--sleep", "0.4"), "gpus": 1, "range": "1-32"}]})
+    procs = [farm.start_worker(h, "--until-idle", "--name", f"node-{i}") for i, h in enumerate(hosts)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    frames = farm.frames(job)
+    assert len(frames) == 32 and {f["state"] for f in frames} == {"SUCCEEDED"}
+    assert {f["attempts"] for f in frames} == {1}
+    starts = farm.starts()
+    assert sorted(int(e["env"]["CUE_FRAME_ID"]) for e in starts) == sorted(f["id"] for f in frames), \
+        "every frame ran exactly once"
+    assert len({f["host"] for f in frames}) >= 3, "work is spread over the hosts"
+    assert intervals_overlap(farm.events(), uuids_of) == []
+    assert rows(farm.db, "SELECT COUNT(*), COUNT(DISTINCT frame_id) FROM attempts WHERE outcome = 'succeeded'") \
+        == [(32, 32)]
+    names = {h["name"] for h in json.loads(farm.cuectl("host", "list", "--json").stdout)["hosts"]}
+    assert {f"node-{i}" for i in range(4)} <= names
+
+
+def test_notify_wakes_an_idle_worker_at_once(pg_farm):
+    from cuectl import config
+    from cuectl.sched.spec import spec_from_mapping
+    from cuectl.sched.store import open_store
+
+    farm = pg_farm
+    worker = farm.start_worker(farm.host("idle", []), "--name", "idle-1", "--poll", "30", lease="60")
+    store = open_store(farm.db)
+    farm.wait_for(lambda: store.list_hosts(now=time.time(), down_after=60), what="worker registered")
+    time.sleep(1.0)  # well into its 30 s sleep
+    latencies = []
+    for i in range(2):
+        spec = spec_from_mapping({"name": f"n{i}", "layers": [{"name": "a", "command": farm.probe()}]},
+                                 user=config.current_user())  # a root worker runs frames as their user
+        store.submit(spec, now=time.time())
+        t0 = time.time()
+        start = farm.wait_for(lambda: [e for e in farm.starts() if e["env"]["CUE_JOB"] == f"n{i}"], timeout=20,
+                              what="frame start")[0]
+        latencies.append(start["t"] - t0)
+        farm.wait_for(lambda: not store.has_unfinished_work(), what="frame done")
+        time.sleep(0.5)  # idle again
+    store.close()
+    worker.send_signal(signal.SIGTERM)
+    worker.communicate(timeout=30)
+    # Polling would take up to 30 s; a NOTIFY takes the frame's process start-up time.
+    assert max(latencies) < 1.0, latencies
+
+
+def test_a_running_frame_survives_a_server_restart(pg_farm):
+    farm = pg_farm
+    job = farm.submit({"name": "restart", "layers": [
+        {"name": "a", "command": farm.probe("--sleep", "2"), "range": "1-2"}]})
+    worker = farm.start_worker(None, "--until-idle", "--name", "steady", "--cores", "1", lease="30")
+    farm.wait_for(lambda: farm.starts(), what="first frame running")
+    farm.server.restart()  # every connection of the worker is cut mid-frame
+    out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    frames = farm.frames(job)
+    assert [(f["state"], f["attempts"]) for f in frames] == [("SUCCEEDED", 1), ("SUCCEEDED", 1)]
+    assert rows(farm.db, "SELECT outcome, COUNT(*) FROM attempts GROUP BY outcome") == [("succeeded", 2)]
+    assert len(farm.starts()) == 2
