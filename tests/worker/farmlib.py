@@ -138,3 +138,16 @@ def intervals_overlap(events: list[dict[str, Any]], key) -> list[tuple]:
             if b0 < a1:
                 bad.append((k, (a0, a1), (b0, b1)))
     return bad
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not count)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False

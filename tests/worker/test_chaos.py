@@ -18,7 +18,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from farmlib import V100, intervals_overlap
+from farmlib import V100, alive, intervals_overlap
 
 from cuectl.run.lease import list_leases
 
@@ -40,18 +40,6 @@ def _succeeded(db) -> int:
         return conn.execute("SELECT COUNT(*) FROM frames WHERE state = 'SUCCEEDED'").fetchone()[0]
     finally:
         conn.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_chaos_kills_lose_nothing_and_never_share_a_device(farm, capsys):
@@ -108,8 +96,8 @@ def test_chaos_kills_lose_nothing_and_never_share_a_device(farm, capsys):
     ended = {e["pid"] for e in events if e["event"] in ("end", "killed")}
     # Every run ended (normally or killed by cuectl's clean-up) and none is still alive.
     time.sleep(0.2)
-    assert not [e["pid"] for e in starts if _alive(e["pid"])], "frame processes left behind"
-    assert {e["pid"] for e in starts} <= ended | {e["pid"] for e in starts if not _alive(e["pid"])}
+    assert not [e["pid"] for e in starts if alive(e["pid"])], "frame processes left behind"
+    assert {e["pid"] for e in starts} <= ended | {e["pid"] for e in starts if not alive(e["pid"])}
     # No two runs overlapped on a device.
     assert intervals_overlap(events, uuids_of) == []
     # Every frame succeeded, exactly one successful attempt recorded per frame.

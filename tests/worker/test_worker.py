@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from farmlib import A100, MI100, RTX4090, V100, intervals_overlap
+from farmlib import A100, MI100, RTX4090, V100, alive, intervals_overlap
 
 
 def uuids_of(event) -> list[str]:
@@ -125,22 +125,10 @@ def test_timeout_kills_the_group(farm):
     (frame,) = farm.frames(job)
     assert frame["state"] == "DEAD" and frame["exit_code"] == 128 + signal.SIGTERM  # the probe's TERM handler
     (start,) = farm.starts()
-    assert not _alive(start["pid"])
+    assert not alive(start["pid"])
     assert [e["event"] for e in farm.events()] == ["start", "killed"]
     history = json.loads(farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)["attempt_history"]
     assert [(a["outcome"], a["timed_out"]) for a in history] == [("timeout", 1)]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_kill_retry_eat_running_frames(farm):
@@ -162,7 +150,7 @@ def test_kill_retry_eat_running_frames(farm):
     farm.wait_for(lambda: farm.job(job)["state"] == "FINISHED", timeout=20, what="job killed")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
-    assert not any(_alive(e["pid"]) for e in farm.starts())
+    assert not any(alive(e["pid"]) for e in farm.starts())
 
 
 def test_dependencies_layer_and_frame_by_frame(farm):
@@ -210,7 +198,7 @@ def test_second_signal_kills_and_requeues(farm):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 130
     assert sorted(f["state"] for f in farm.frames(job)) == ["WAITING", "WAITING"]
-    assert not any(_alive(e["pid"]) for e in farm.starts())
+    assert not any(alive(e["pid"]) for e in farm.starts())
 
 
 def test_sigkilled_worker_orphan_keeps_device_then_restart_requeues(farm):
@@ -221,13 +209,13 @@ def test_sigkilled_worker_orphan_keeps_device_then_restart_requeues(farm):
     os.kill(proc.pid, signal.SIGKILL)  # the worker only: its frame lives on in its own group
     proc.wait(10)
     orphan = farm.starts()[0]["pid"]
-    assert _alive(orphan)
+    assert alive(orphan)
     leases = farm.cuectl("gpu", "leases", "--json", fake=fake).stdout
     assert str(orphan) in leases, "the orphan still holds the device lease"
     # Another host-less worker on the same host name restarts: kills the orphan, requeues.
     res = farm.run_worker(fake, timeout=90)
     assert res.returncode == 0, res.stderr
-    assert not _alive(orphan)
+    assert not alive(orphan)
     frames = farm.frames(job)
     assert {f["state"] for f in frames} == {"SUCCEEDED"}
     assert sum(f["attempts"] for f in frames) == 3  # the orphaned attempt counted
