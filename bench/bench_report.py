@@ -6,8 +6,10 @@ three GPU models; about 5 % of the frames failed once and were retried, so there
 attempts than frames), then prints:
   1. the median wall time of the whole process `cuectl --db DB admin report --by user
      --since 30d` (goal: under 1 s), and of `--by job --format prometheus` beside it;
-  2. in-process: the time of `store.usage_records` alone and of `build_report` alone, and
-     a raw sqlite3 fetch of the same attempt rows as the floor under the store's part.
+  2. in-process: the time of `store.usage_summary` (the SQL sums and the waits) and of
+     turning them into rows;
+  3. peer: the `sqlite3` shell (when installed) running the same sums query alone, as a
+     whole process too: the floor the store's SQL engine sets, with nothing of cuectl.
 
 The store is built through the real submit path (frames, layers, jobs) and one
 executemany of attempt rows in one transaction (the columns the worker writes through
@@ -21,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sqlite3
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cuectl.report import build_report, gc_paused
+from cuectl.report import build_rows, report_row
+from cuectl.sched import usage_sql
 from cuectl.sched.spec import spec_from_flags
 from cuectl.sched.store import open_store
 
@@ -97,14 +100,14 @@ def build_store(path: Path, frames: int, *, seed: int = 5) -> int:
     return len(rows)
 
 
-def raw_fetch(path: Path, since: float, until: float) -> float:
-    """The floor under usage_records: SQLite itself handing back the window's rows."""
-    conn = sqlite3.connect(path)
-    t0 = time.perf_counter()
-    conn.execute("SELECT * FROM attempts WHERE ended_at >= ? AND ended_at < ?", (since, until)).fetchall()
-    elapsed = time.perf_counter() - t0
-    conn.close()
-    return elapsed
+def sqlite_shell_peer(path: Path, since: float, until: float, runs: int) -> float | None:
+    """Median seconds of `sqlite3 DB <sums query>` (the grouped sums for --by user), or None."""
+    shell = shutil.which("sqlite3")
+    if shell is None:
+        return None
+    base, nkeys = usage_sql._base("user", usage_sql.SQLITE, "NOT INDEXED")
+    query = usage_sql._sums_sql(base, nkeys).replace(":since", repr(since)).replace(":until", repr(until))
+    return statistics.median(timed([shell, str(path), query], runs))
 
 
 def timed(cmd: list[str], runs: int) -> list[float]:
@@ -145,18 +148,21 @@ def main() -> None:
 
     store = open_store(str(db))
     now = time.time()
-    with gc_paused():  # as the CLI runs it
-        t0 = time.perf_counter()
-        records = store.usage_records(since=now - 30 * 86400, until=now)
-        t_read = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        rows = build_report(records, by="user")
-        t_build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    groups, total = store.usage_summary(since=now - 30 * 86400, until=now, by="user")
+    t_sums = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    rows = build_rows(groups, by="user")
+    report_row(total, "total")
+    t_rows = time.perf_counter() - t0
     store.close()
-    print(f"in-process: store.usage_records {t_read * 1000:.0f} ms ({len(records):,} records), "
-          f"build_report --by user {t_build * 1000:.0f} ms ({len(rows)} rows)")
-    print(f"  peer: raw sqlite3 fetch of the same attempt rows as tuples, no joins or dicts: "
-          f"{raw_fetch(db, now - 30 * 86400, now) * 1000:.0f} ms")
+    print(f"in-process: store.usage_summary --by user {t_sums * 1000:.0f} ms ({total.attempts:,} attempts), "
+          f"rows {t_rows * 1000:.1f} ms ({len(rows)} rows)")
+    peer = sqlite_shell_peer(db, now - 30 * 86400, now, args.runs)
+    if peer is None:
+        print("  peer: skipped, no sqlite3 shell installed (apt install sqlite3)")
+    else:
+        print(f"  peer: sqlite3 shell running the --by user sums query alone (whole process, median): {peer:.3f} s")
     if tmp:
         tmp.cleanup()
 

@@ -1,16 +1,17 @@
-"""Accounting: per-group figures from the store's per-attempt usage records (``cuectl admin
+"""Accounting: per-group figures of the attempts that ended in a window (``cuectl admin
 report``, DESIGN §6 and §9; every figure is explained in docs/accounting.md).
 
-The input is ``Store.usage_records(since=…, until=…)``: one dict per frame *attempt* that
-ended in the window. Everything here is a pure function of those dicts, so the SQLite and
-PostgreSQL stores give the same report and the tests can feed known numbers.
+The store adds the attempts up (``Store.usage_summary``, one SQL text for SQLite and
+PostgreSQL in ``cuectl.sched.usage_sql``, where the summing rules are); this module turns
+each group's sums into a report row — names, labels, derived figures, percentiles, order —
+and renders the rows.
 
 Rules worth knowing before changing anything:
 
 - ``frames`` counts distinct frames with an attempt in the window; ``succeeded`` and
   ``retries`` count attempts; ``dead`` counts frames whose *last* attempt in the window is a
-  failure (see ``FAILED_OUTCOMES``) — a frame still waiting for its retry when the window
-  closes counts as dead in that window, because the records cannot see the future.
+  failure (``FAILED_OUTCOMES``) — a frame still waiting for its retry when the window
+  closes counts as dead in that window, because the window cannot see the future.
 - GPU-seconds allocated is the worker's ``gpu_seconds`` (wall × devices). An attempt the
   worker never reported (reaped as ``lost``, requeued by a stopping worker) has none; it
   still held its devices, so it is charged wall × devices with nothing busy — wasted.
@@ -21,32 +22,21 @@ Rules worth knowing before changing anything:
 from __future__ import annotations
 
 import csv
-import gc
 import io
 import json
 import math
 import os
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from cuectl.errors import InvalidInput, StoreError
+from cuectl.sched.usage_sql import GROUPINGS, UsageGroup
 from cuectl.units import iso, parse_time
 
-GROUPINGS = ("job", "layer", "user", "host", "gpu-model", "day")
 FORMATS = ("table", "csv", "json", "prometheus")
-
-# Outcomes after which a frame can be DEAD (``_next_state``/``reap`` in the store). A
-# user's ``eat``/``retry`` and a worker's requeue (``worker stopped``, ``drain``,
-# ``orphaned``…) are not failures of the frame.
-FAILED_OUTCOMES = frozenset({"failed", "timeout", "killed", "lost"})
-SUCCEEDED = "succeeded"
-CPU_GROUP = "cpu"          # --by gpu-model: attempts that used no GPU
-UNKNOWN_MODEL = "unknown"  # --by gpu-model: held GPUs but no model was recorded (lost attempts)
 
 # The DESIGN §9 report-row keys, in order; ``to_json`` adds the extras after them.
 ROW_KEYS = ("group", "frames", "succeeded", "dead", "retries", "wall_seconds", "gpu_seconds_allocated",
@@ -111,50 +101,19 @@ class ReportRow:
         }
 
 
-# Grouping is done on a raw key taken from each record by a C-level itemgetter where
-# possible; the group's display name, labels and sort key are made once per group. The
-# report must stay well under a second for 100,000 attempts, and per-record Python work
-# (f-strings, dict lookups in bytecode) was most of its cost.
-def _day_number(rec: Mapping[str, Any]) -> int:
-    return int(rec["ended_at"] // 86400)  # days since the epoch = UTC days, whatever the host's zone
-
-
-RAW_KEYS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "job": itemgetter("job_id", "job"),
-    "layer": itemgetter("job", "layer"),
-    "user": itemgetter("user"),
-    "host": itemgetter("host"),
-    "day": _day_number,
-}
-
-
-def _describe(by: str, raw: Any) -> tuple[str, dict[str, str], tuple]:
-    """A group's name, extra labels (Prometheus/JSON) and sort key, from its raw key."""
+def describe(by: str, key: tuple) -> tuple[str, dict[str, str], tuple]:
+    """A group's name, extra labels (Prometheus/JSON) and sort key, from its store key."""
     if by == "job":
-        job_id, name = raw
-        return f"{job_id} {name}", {"job_id": str(job_id), "job_name": str(name)}, (job_id, str(name))
+        job_id, name = key
+        return f"{job_id} {name}", {"job_id": str(job_id), "job_name": str(name)}, (int(job_id), str(name))
     if by == "layer":
-        job, layer = raw
+        job, layer = key
         return f"{job}/{layer}", {"job_name": str(job), "layer": str(layer)}, (0, f"{job}/{layer}")
     if by == "day":
-        day = time.strftime("%Y-%m-%d", time.gmtime(raw * 86400))
+        day = time.strftime("%Y-%m-%d", time.gmtime(int(key[0]) * 86400))  # UTC, whatever the host's zone
         return day, {}, (0, day)
-    name = "-" if raw is None else str(raw)
+    name = "-" if key[0] is None else str(key[0])
     return name, {}, (0, name)
-
-
-def _gpu_model_shares(rec: Mapping[str, Any]) -> list[tuple[str, float]]:
-    """(model, share of the attempt's GPU figures): each device is an equal part of the
-    allocation, so 2 × A100 + 1 × V100 gives A100 2/3 and V100 1/3."""
-    models = rec.get("gpu_models") or ()
-    if not models:
-        return [(UNKNOWN_MODEL if rec.get("gpu_uuids") else CPU_GROUP, 1.0)]
-    if len(models) == 1:
-        return [(str(models[0]), 1.0)]
-    counts: dict[str, int] = {}
-    for model in models:
-        counts[str(model)] = counts.get(str(model), 0) + 1
-    return [(model, n / len(models)) for model, n in counts.items()]
 
 
 def check_by(by: str) -> str:
@@ -178,157 +137,36 @@ def percentile(sorted_values: Sequence[float], pct: float) -> float | None:
     return sorted_values[rank - 1]
 
 
-# The record fields the figures need, fetched by one C-level call per record.
-_FIELDS = itemgetter("frame_id", "attempt", "outcome", "started_at", "ended_at", "cores", "gpu_seconds",
-                     "gpu_uuids", "gpu_busy_seconds", "gpu_util_mean_pct", "gpu_memory_peak_bytes", "waiting_since")
-_Values = tuple  # what _FIELDS returns, in that order
-
-
-@dataclass
-class _Bucket:
-    labels: dict[str, str]
-    sort_key: tuple
-    values: list[_Values] = field(default_factory=list)
-    shares: list[float] | None = None  # --by gpu-model only: the group's share of each record
-
-
-def build_report(records: Iterable[Mapping[str, Any]], *, by: str) -> list[ReportRow]:
-    """Group usage records (dicts with every ``usage_records`` key) and compute each
-    group's figures; rows sorted by GPU-seconds allocated (largest first), then by group
-    (job id for ``--by job``)."""
-    return build(records, by=by, with_total=False)[0]
-
-
-def build(records: Iterable[Mapping[str, Any]], *, by: str,
-          with_total: bool = True) -> tuple[list[ReportRow], ReportRow | None]:
-    """``build_report`` plus, optionally, the ``total`` row over all records: distinct
-    frames and percentiles over the whole window, which summing the rows cannot give."""
-    check_by(by)
-    records = records if isinstance(records, list) else list(records)
-    values = list(map(_FIELDS, records))
-    buckets = _group_by_model(records, values) if by == "gpu-model" else _group(records, values, by)
-    dead_ids = dead_attempts(values)
-    rows = [(_figures(name, b.values, b.shares, dead_ids, b.labels), b.sort_key) for name, b in buckets.items()]
-    rows.sort(key=lambda rs: (-rs[0].gpu_seconds_allocated, rs[1]))
-    total = _figures("total", values, None, dead_ids, {}) if with_total else None
-    return [row for row, _ in rows], total
-
-
-def _group(records: list[Mapping[str, Any]], values: list[_Values], by: str) -> dict[str, _Bucket]:
-    by_raw: dict[Any, list[_Values]] = {}
-    for raw, vals in zip(map(RAW_KEYS[by], records), values):
-        bucket = by_raw.get(raw)
-        if bucket is None:
-            by_raw[raw] = [vals]
-        else:
-            bucket.append(vals)
-    buckets: dict[str, _Bucket] = {}
-    for raw, vals in by_raw.items():
-        name, labels, sort_key = _describe(by, raw)
-        if name in buckets:  # two raw keys, one name (a None host and a host called "-")
-            buckets[name].values.extend(vals)
-        else:
-            buckets[name] = _Bucket(labels, sort_key, vals)
-    return buckets
-
-
-def _group_by_model(records: list[Mapping[str, Any]], values: list[_Values]) -> dict[str, _Bucket]:
-    buckets: dict[str, _Bucket] = {}
-    for rec, vals in zip(records, values):
-        for name, share in _gpu_model_shares(rec):
-            bucket = buckets.get(name)
-            if bucket is None:
-                bucket = buckets[name] = _Bucket({}, (0, name), shares=[])
-            bucket.values.append(vals)
-            bucket.shares.append(share)  # type: ignore[union-attr]
-    return buckets
-
-
-def build_total(records: Iterable[Mapping[str, Any]]) -> ReportRow:
-    """All records as one group, ``total``."""
-    values = list(map(_FIELDS, records))
-    return _figures("total", values, None, dead_attempts(values), {})
-
-
-def dead_attempts(values: Iterable[_Values]) -> dict[int, int]:
-    """frame id -> attempt, for each frame whose last attempt in the window failed
-    (``FAILED_OUTCOMES``). Nothing follows the last attempt, so in particular no success
-    does: the frame is DEAD, or still waiting for a retry when the window ends."""
-    last: dict[int, _Values] = {}
-    for vals in values:
-        seen = last.get(vals[0])
-        if seen is None or vals[1] > seen[1]:
-            last[vals[0]] = vals
-    return {vals[0]: vals[1] for vals in last.values() if vals[2] in FAILED_OUTCOMES}
-
-
-def _figures(group: str, values: Sequence[_Values], shares: Sequence[float] | None,
-             dead_ids: dict[int, int], labels: dict[str, str]) -> ReportRow:
-    """One group's row. A hot loop: locals only."""
-    frame_ids: set[int] = set()
-    succeeded = retries = dead = 0
-    wall_sum = core_sum = alloc_sum = busy_sum = util_sum = util_weight = 0.0
-    peak: int | None = None
-    waits: list[float] = []
-    share = 1.0
-    for i, (frame_id, attempt, outcome, started, ended, cores, allocated, uuids, busy, util, mem,
-            waiting) in enumerate(values):
-        if shares is not None:
-            share = shares[i]
-        frame_ids.add(frame_id)
-        if outcome == SUCCEEDED:
-            succeeded += 1
-        if attempt > 1:
-            retries += 1
-        if dead_ids and dead_ids.get(frame_id) == attempt:
-            dead += 1
-        wall = ended - started if started is not None and ended is not None and ended > started else 0.0
-        wall_sum += wall
-        if cores:
-            core_sum += cores * wall
-        if allocated is None:
-            # Never reported (lost, requeued): the devices were held all the same.
-            allocated = wall * len(uuids) if uuids else 0.0
-        alloc_sum += allocated * share
-        if busy:
-            busy_sum += busy * share
-        if util is not None and allocated > 0:
-            util_sum += util * allocated * share
-            util_weight += allocated * share
-        if mem is not None and (peak is None or mem > peak):
-            peak = int(mem)
-        if waiting is not None and started is not None:
-            waits.append(started - waiting if started > waiting else 0.0)
-    waits.sort()
+def report_row(group: UsageGroup, name: str, labels: dict[str, str] | None = None) -> ReportRow:
+    """A group's sums as a report row: the weighted mean utilisation and the wait percentiles."""
     return ReportRow(
-        group=group, labels=labels, frames=len(frame_ids), succeeded=succeeded, dead=dead, retries=retries,
-        attempts=len(values), wall_seconds=wall_sum, gpu_seconds_allocated=alloc_sum, gpu_seconds_busy=busy_sum,
-        gpu_util_mean_pct=(util_sum / util_weight) if util_weight > 0 else None, gpu_memory_peak_bytes=peak,
-        core_seconds=core_sum, wait_p50_s=percentile(waits, 50), wait_p95_s=percentile(waits, 95))
+        group=name, labels=dict(labels or {}), frames=group.frames, succeeded=group.succeeded, dead=group.dead,
+        retries=group.retries, attempts=group.attempts, wall_seconds=group.wall_seconds,
+        gpu_seconds_allocated=group.gpu_seconds_allocated, gpu_seconds_busy=group.gpu_seconds_busy,
+        gpu_util_mean_pct=(group.util_weighted / group.util_weight) if group.util_weight > 0 else None,
+        gpu_memory_peak_bytes=group.gpu_memory_peak_bytes, core_seconds=group.core_seconds,
+        wait_p50_s=percentile(group.waits, 50), wait_p95_s=percentile(group.waits, 95))
+
+
+def build_rows(groups: Sequence[UsageGroup], *, by: str) -> list[ReportRow]:
+    """Rows sorted by GPU-seconds allocated (largest first), then by group (job id for
+    ``--by job``)."""
+    described = []
+    for group in groups:
+        name, labels, sort_key = describe(by, group.key)
+        described.append((report_row(group, name, labels), sort_key))
+    described.sort(key=lambda rs: (-rs[0].gpu_seconds_allocated, rs[1]))
+    return [row for row, _ in described]
 
 
 # -- reading the store ---------------------------------------------------------------------
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Reading and grouping 100,000 records allocates ~10^6 objects and no cycles; the
-    cyclic garbage collector would scan them ~900 times and find nothing (measured: a
-    sixth of the report's time at 100,000 attempts). Pause it, as batch tools do."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def run_report(store: Any, *, by: str, since: float, until: float,
                with_total: bool = True) -> tuple[list[ReportRow], ReportRow | None]:
-    """Read the window's records from any store (``usage_records``, never SQL) and build."""
+    """The window's rows (and the ``total`` row over all of it: distinct frames and
+    percentiles over the whole window, which adding the rows up cannot give) from any store."""
     check_by(by)
-    with gc_paused():
-        records = store.usage_records(since=since, until=until)
-        return build(records, by=by, with_total=with_total)
+    groups, total = store.usage_summary(since=since, until=until, by=by, with_total=with_total)
+    return build_rows(groups, by=by), (report_row(total, "total") if total is not None else None)
 
 
 def parse_window(since: str, until: str | None, *, now: float) -> tuple[float, float]:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from cuectl.sched.store import open_store
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pgserver  # noqa: E402
@@ -41,3 +43,11 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "s" / "cuectl.db")
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(store_url: str):
+    """A new store of each backend, closed after the test."""
+    s = open_store(store_url)
+    yield s
+    s.close()

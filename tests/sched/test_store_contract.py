@@ -24,13 +24,6 @@ GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM
        "memory_total_bytes": 16160 * 1024**2}
 
 
-@pytest.fixture
-def store(store_url: str):
-    s = open_store(store_url)
-    yield s
-    s.close()
-
-
 def job(name="j", layers=None, priority=0, paused=False):
     layers = layers or [{"name": "render", "command": ["true"], "range": "1-3"}]
     return spec_from_mapping({"name": name, "priority": priority, "paused": paused, "layers": layers}, user="alice")
@@ -361,18 +354,18 @@ def test_layer_json_round_trip_of_shell_and_argv_commands(store):
     assert json.dumps(layers)  # JSON-serialisable
 
 
-def test_usage_records_and_prune(store):
+def test_usage_summary_and_prune(store):
     job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-2", "gpus": 1}]), now=NOW)
     c = claim_next(store)
     usage = {"gpu_util_mean_pct": 40.0, "gpu_util_max_pct": 90.0, "gpu_memory_peak_bytes": 123, "gpu_seconds": 10.0,
              "gpu_busy_seconds": 4.0, "gpu_models": ["V100"], "samples": {"GPU-a": [[NOW, 40.0, 123]]}}
     store.complete_frame(c.frame_id, 1, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 10, usage=usage),
                          now=NOW + 10)
-    (rec,) = store.usage_records(since=NOW, until=NOW + 11)
-    assert (rec["job"], rec["user"], rec["layer"], rec["outcome"], rec["gpu_models"]) == \
-        ("j", "alice", "r", "succeeded", ["V100"])
-    assert (rec["gpu_seconds"], rec["gpu_busy_seconds"], rec["gpu_memory_peak_bytes"]) == (10.0, 4.0, 123)
-    assert store.usage_records(since=NOW + 11, until=NOW + 20) == []
+    (group,), total = store.usage_summary(since=NOW, until=NOW + 11, by="gpu-model")
+    assert (group.key, group.frames, group.succeeded, total.frames) == (("V100",), 1, 1, 1)
+    assert (group.gpu_seconds_allocated, group.gpu_seconds_busy, group.gpu_memory_peak_bytes) == (10.0, 4.0, 123)
+    assert (group.wall_seconds, group.util_weighted / group.util_weight) == (10.0, 40.0)
+    assert store.usage_summary(since=NOW + 11, until=NOW + 20, by="user")[0] == []
     assert store.get_frame(c.frame_id)["samples"] == {"GPU-a": [[NOW, 40.0, 123]]}
     assert store.prune(before=NOW + 100) == []  # not finished yet
     c2 = claim_next(store)
@@ -381,7 +374,7 @@ def test_usage_records_and_prune(store):
     assert store.prune(before=NOW + 100) == [job_id]
     with pytest.raises(NotFound):
         store.get_job(job_id)
-    assert store.usage_records(since=0, until=NOW + 100) == []
+    assert store.usage_summary(since=0, until=NOW + 100, by="job")[0] == []
 
 
 def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
@@ -397,7 +390,7 @@ def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
     s = open_store(str(path))
     assert s.schema_version() == SCHEMA_VERSION == 2
     assert s.get_job("old")["user"] == "bob"
-    assert s.usage_records(since=0, until=2e9) == []
+    assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()
 
 

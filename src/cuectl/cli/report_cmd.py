@@ -91,12 +91,12 @@ def _table(rows, total, *, by: str, start: float, end: float) -> None:
 
     window = f"{iso(start)} to {iso(end)}"
     if not rows:
-        term.info(f"no frame attempts ended between {window}")
+        term.info(f"no frame attempts ended from {window}")
         return
     cells = [_cells(r, gpu=r.gpu_seconds_allocated > 0) for r in rows]
     if total is not None and len(rows) > 1:
         cells.append(_cells(total, gpu=total.gpu_seconds_allocated > 0))
         cells[-1][0] = "TOTAL"
-    term.table(TABLE_COLUMNS, cells, title=f"Accounting by {by}, attempts that ended {window}",
+    term.table(TABLE_COLUMNS, cells, title=f"Accounting by {by}, attempts that ended from {window}",
                footer=f"window {window} (UTC); GPU-H in device-hours; WASTED = allocated - busy; "
                       "figures explained in docs/accounting.md")

@@ -45,18 +45,20 @@ from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 
 from cuectl import config
 from cuectl.errors import (Conflict, InvalidInput, NotFound, SchemaTooNew, StoreBusy,
                            StoreError)
 from cuectl.sched import model as m
+from cuectl.sched import usage_sql
 from cuectl.sched.frameset import compact_range
 # Pure helpers shared with SQLite, so the two backends cannot drift in what an attempt
 # outcome means or how a stored chunk is re-read.
 from cuectl.sched.sqlite import _STORED_CHUNK_LIMIT, _next_state
 from cuectl.sched.store import (ClaimedFrame, FrameResult, HostInfo, RunnableLayer,
                                 Store)
+from cuectl.sched.usage_sql import UsageGroup
 from cuectl.sched.views import frame_json, host_json, job_json, layer_json
 
 T = TypeVar("T")
@@ -1105,21 +1107,23 @@ class PostgresStore(Store):
         return self._call(reap_expired)
 
     # -- accounting and maintenance ----------------------------------------------------------------
-    def usage_records(self, *, since: float, until: float) -> list[dict[str, Any]]:
-        """Every attempt that ended in [since, until), with its job, layer and usage."""
-        rows = self._read(
-            'SELECT a.frame_id, a.attempt, a.job_id, j.name AS job, j."user", l.name AS layer, f.number, a.host, '
-            "a.gpu_uuids, a.gpu_models, a.outcome, a.waiting_since, a.started_at, a.ended_at, a.exit_code, "
-            "a.exit_signal, a.timed_out, a.max_rss_bytes, a.cpu_seconds, a.cores, a.gpu_util_mean_pct, "
-            "a.gpu_util_max_pct, a.gpu_memory_peak_bytes, a.gpu_seconds, a.gpu_busy_seconds "
-            "FROM attempts a JOIN frames f ON f.id = a.frame_id JOIN jobs j ON j.id = a.job_id "
-            "JOIN layers l ON l.id = f.layer_id WHERE a.ended_at >= %s AND a.ended_at < %s ORDER BY a.ended_at",
-            (since, until))
-        for rec in rows:
-            rec["gpu_uuids"] = json.loads(rec["gpu_uuids"] or "[]")
-            rec["gpu_models"] = json.loads(rec["gpu_models"]) if rec["gpu_models"] else []
-            rec["timed_out"] = bool(rec["timed_out"])
-        return rows
+    def usage_summary(self, *, since: float, until: float, by: str | None,
+                      with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
+        """Accounting sums per group over the attempts that ended in [since, until) (see
+        ``usage_sql``), read in one REPEATABLE READ transaction: one snapshot for all its
+        queries, so a frame finishing meanwhile cannot make the groups and waits disagree."""
+
+        def summarise(conn: psycopg.Connection) -> tuple[list[UsageGroup], UsageGroup | None]:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            cur = conn.cursor(row_factory=tuple_row)  # plain tuples: up to 10^5 rows of waits
+
+            def fetch(sql: str, params: Mapping[str, Any]) -> list[tuple]:
+                return cur.execute(sql, params).fetchall()
+
+            return usage_sql.summarise(fetch, usage_sql.POSTGRES, since=since, until=until, by=by,
+                                       with_total=with_total)
+
+        return self._call(summarise)
 
     def prune(self, *, before: float) -> list[int]:
         """Delete FINISHED jobs that finished before ``before`` (with frames, attempts,

@@ -22,9 +22,11 @@ from cuectl import fsutil
 from cuectl.errors import (Conflict, InvalidInput, NotFound, SchemaTooNew, StoreBusy,
                            StoreError)
 from cuectl.sched import model as m
+from cuectl.sched import usage_sql
 from cuectl.sched.frameset import compact_range
 from cuectl.sched.store import (ClaimedFrame, FrameResult, HostInfo, RunnableLayer,
                                 Store)
+from cuectl.sched.usage_sql import UsageGroup
 from cuectl.sched.views import frame_json, host_json, job_json, layer_json
 
 SCHEMA_VERSION = 2
@@ -277,6 +279,11 @@ class SQLiteStore(Store):
             return self.conn.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
+
+    def _fetch_tuples(self, sql: str, params: Mapping[str, Any]) -> list[tuple]:
+        cur = self.conn.cursor()
+        cur.row_factory = None  # plain tuples: the accounting queries return 10^5 rows
+        return cur.execute(sql, params).fetchall()
 
     def _translate(self, exc: sqlite3.DatabaseError) -> StoreError:
         text = str(exc)
@@ -782,51 +789,29 @@ class SQLiteStore(Store):
         return reaped
 
     # -- accounting and maintenance ----------------------------------------------------------
-    _USAGE_COLS = ("frame_id", "attempt", "job_id", "number", "layer_id", "host", "gpu_uuids", "gpu_models",
-                   "outcome", "waiting_since", "started_at", "ended_at", "exit_code", "exit_signal", "timed_out",
-                   "max_rss_bytes", "cpu_seconds", "cores", "gpu_util_mean_pct", "gpu_util_max_pct",
-                   "gpu_memory_peak_bytes", "gpu_seconds", "gpu_busy_seconds")
-
-    def usage_records(self, *, since: float, until: float) -> list[dict[str, Any]]:
-        """Every attempt that ended in [since, until), with its job, layer and usage, in no
-        particular order.
-
-        Built for 100,000-attempt reports: jobs and layers are read once into maps rather
-        than joined per row, JSON lists are decoded once per distinct value, and a window
-        covering most of the table is read with a table scan (an index range over nearly
-        every row costs a random lookup each).
-        """
-        in_window = self._read("SELECT COUNT(*) FROM attempts WHERE ended_at >= ? AND ended_at < ?",
-                               (since, until))[0][0]
-        if not in_window:
-            return []
-        total = self._read("SELECT COUNT(*) FROM attempts")[0][0]
-        hint = "NOT INDEXED" if in_window * 4 > total else "INDEXED BY attempts_ended"
-        cols = ", ".join(f"a.{c}" if c not in ("number", "layer_id") else f"f.{c}" for c in self._USAGE_COLS)
-        rows = self.conn.execute(
-            f"SELECT {cols} FROM attempts a {hint} JOIN frames f ON f.id = a.frame_id "
-            "WHERE a.ended_at >= ? AND a.ended_at < ?", (since, until)).fetchall()
-        jobs = {r[0]: (r[1], r[2]) for r in self.conn.execute("SELECT id, name, user FROM jobs")}
-        layers = {r[0]: r[1] for r in self.conn.execute("SELECT id, name FROM layers")}
-        decoded: dict[str | None, list] = {None: [], "": [], "[]": []}
-
-        def lst(text: str | None) -> list:
-            value = decoded.get(text)
-            if value is None:
-                value = decoded[text] = json.loads(text)
-            return list(value)
-
-        keys = self._USAGE_COLS
-        out = []
-        for row in rows:
-            rec = dict(zip(keys, row))
-            rec["job"], rec["user"] = jobs[rec["job_id"]]
-            rec["layer"] = layers[rec.pop("layer_id")]
-            rec["gpu_uuids"] = lst(rec["gpu_uuids"])
-            rec["gpu_models"] = lst(rec["gpu_models"])
-            rec["timed_out"] = bool(rec["timed_out"])
-            out.append(rec)
-        return out
+    def usage_summary(self, *, since: float, until: float, by: str | None,
+                      with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
+        """Accounting sums per group over the attempts that ended in [since, until) (see
+        ``usage_sql``), read from one snapshot so a worker finishing a frame meanwhile
+        cannot make the groups and their waits disagree."""
+        usage_sql.check_grouping(by)
+        try:
+            self.conn.execute("BEGIN")  # deferred: a WAL read snapshot, no write lock
+            try:
+                in_window = self.conn.execute("SELECT COUNT(*) FROM attempts WHERE ended_at >= ? AND ended_at < ?",
+                                              (since, until)).fetchone()[0]
+                if not in_window:
+                    return [], (UsageGroup(()) if with_total else None)
+                # A window holding most of the table is cheaper as a table scan than as an
+                # index range, which costs a random lookup per row.
+                total = self.conn.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
+                hint = "NOT INDEXED" if in_window * 4 > total else ""
+                return usage_sql.summarise(self._fetch_tuples, usage_sql.SQLITE, since=since, until=until, by=by,
+                                           hint=hint, with_total=with_total)
+            finally:
+                self.conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc) from None
 
     def prune(self, *, before: float) -> list[int]:
         """Delete FINISHED jobs that finished before ``before`` (with frames, attempts,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from cuectl.sched.model import JobSpec
+from cuectl.sched.usage_sql import UsageGroup
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def has_unfinished_work(self) -> bool:
         """True while any frame is WAITING, DEPEND or RUNNING."""
+
+    # -- accounting ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def usage_summary(self, *, since: float, until: float, by: str | None,
+                      with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
+        """``cuectl admin report``'s sums (``usage_sql``): one group per value of ``by``
+        (``usage_sql.GROUPINGS``; None for one group) over the attempts that ended in
+        [since, until), in no order, and the whole window as one more group when
+        ``with_total``; all read from one snapshot."""
 
     # -- optional: schema upgrades and wake-ups (no-op defaults) --------------------------
     def migrate(self) -> tuple[int, int]:

@@ -1,0 +1,206 @@
+"""The accounting report's per-group sums, computed by the database (``cuectl admin report``).
+
+One SQL text serves both stores: the few places where SQLite and PostgreSQL differ (named
+placeholders, JSON array functions, whole days) are a ``Dialect``. The database does the
+per-attempt work — 100,000 attempts must report in well under a second, and handing each
+one to Python as a record cost more than the whole budget — and returns one row per group
+plus each group's queue waits. What the figures mean is in ``cuectl.report`` and
+docs/accounting.md; this module only has to add them up the way it says:
+
+- wall = ended - started (0 when either is missing or the clock went backwards);
+- GPU-seconds allocated = the worker's ``gpu_seconds``, or wall × devices for an attempt the
+  worker never reported (lost, requeued): its devices were held all the same;
+- a frame is dead in the window when its last attempt in the window failed;
+- ``--by gpu-model`` gives an attempt on several models an even share of its GPU figures per
+  device, and counts the attempt whole in each of its models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+# Outcomes after which a frame can be DEAD (``_next_state``/``reap`` in the stores). A user's
+# ``eat``/``retry`` and a worker's requeue (``worker stopped``, ``drain``, ``orphaned``…) are
+# not failures of the frame.
+FAILED_OUTCOMES = frozenset({"failed", "timeout", "killed", "lost"})
+SUCCEEDED = "succeeded"
+CPU_GROUP = "cpu"          # --by gpu-model: attempts that used no GPU
+UNKNOWN_MODEL = "unknown"  # --by gpu-model: held GPUs but no model was recorded (lost attempts)
+GROUPINGS = ("job", "layer", "user", "host", "gpu-model", "day")
+FRAME_PARTITIONS = frozenset({"job", "layer", "user"})  # groupings that put all of a frame's attempts in one group
+
+Fetch = Callable[[str, Mapping[str, Any]], Sequence[Sequence[Any]]]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    param: Callable[[str], str]     # a named placeholder
+    json_len: Callable[[str], str]  # length of a JSON array held as text
+    each: Callable[[str], str]      # a FROM item: one row per element of a JSON text array, column e.value
+    day: Callable[[str], str]       # whole UTC days since the epoch of an epoch-seconds value
+
+
+SQLITE = Dialect(
+    param=lambda name: f":{name}",
+    json_len=lambda expr: f"json_array_length({expr})",
+    each=lambda expr: f"json_each({expr}) AS e",
+    day=lambda expr: f"CAST({expr} / 86400 AS INTEGER)",  # truncation is floor for times after 1970
+)
+POSTGRES = Dialect(
+    param=lambda name: f"%({name})s",
+    json_len=lambda expr: f"json_array_length(({expr})::json)",
+    each=lambda expr: f"json_array_elements_text(({expr})::json) AS e(value)",
+    day=lambda expr: f"FLOOR({expr} / 86400)::bigint",
+)
+
+
+@dataclass
+class UsageGroup:
+    """The sums of one group. ``key`` is the grouping's key columns: (job id, job name),
+    (job name, layer name), (user,), (host,), (model,), (UTC day number,), or () for the
+    whole window."""
+
+    key: tuple
+    frames: int = 0
+    attempts: int = 0
+    succeeded: int = 0
+    retries: int = 0
+    dead: int = 0
+    wall_seconds: float = 0.0
+    core_seconds: float = 0.0
+    gpu_seconds_allocated: float = 0.0
+    gpu_seconds_busy: float = 0.0
+    util_weighted: float = 0.0  # Σ mean utilisation × allocated, over attempts with both
+    util_weight: float = 0.0    # Σ allocated over the same attempts
+    gpu_memory_peak_bytes: int | None = None
+    waits: list[float] = field(default_factory=list)  # queue waits of its attempts, sorted
+
+
+_KEYS: dict[str | None, tuple[str, ...]] = {
+    "job": ("a.job_id", "j.name"),
+    "layer": ("j.name", "l.name"),
+    "user": ('j."user"',),
+    "host": ("COALESCE(a.host, '-')",),
+    "gpu-model": ("m.model",),  # see _source
+    "day": ("{day}",),
+    None: (),
+}
+
+
+def check_grouping(by: str | None) -> None:
+    """A programming error, not user input: the CLI checks ``--by`` with its own message."""
+    if by not in _KEYS:
+        raise ValueError(f"unknown grouping {by!r}")
+
+
+def _source(by: str | None, d: Dialect, hint: str) -> str:
+    """The FROM clause: ``a`` (attempts) and whatever the grouping's key needs."""
+    if by in ("job", "user"):
+        return f"attempts a {hint} JOIN jobs j ON j.id = a.job_id"
+    if by == "layer":
+        return (f"attempts a {hint} JOIN jobs j ON j.id = a.job_id JOIN frames f ON f.id = a.frame_id "
+                "JOIN layers l ON l.id = f.layer_id")
+    if by == "gpu-model":
+        # One row per (attempt, distinct model) with the model's share of the devices, and one
+        # row for each attempt without models: "unknown" if it held devices, "cpu" if not.
+        window = _window(d, "a2")
+        share = f"CAST(COUNT(*) AS DOUBLE PRECISION) / {d.json_len('a2.gpu_models')}"
+        models = (f"SELECT a2.id AS aid, e.value AS model, {share} AS share "
+                  f"FROM attempts a2 {hint}, {d.each('a2.gpu_models')} WHERE {window} AND a2.gpu_models IS NOT NULL "
+                  "GROUP BY a2.id, e.value "
+                  f"UNION ALL SELECT a2.id, CASE WHEN {d.json_len('a2.gpu_uuids')} > 0 THEN '{UNKNOWN_MODEL}' "
+                  f"ELSE '{CPU_GROUP}' END, 1.0 FROM attempts a2 {hint} WHERE {window} AND a2.gpu_models IS NULL")
+        return f"({models}) m JOIN attempts a ON a.id = m.aid"
+    return f"attempts a {hint}"
+
+
+def _window(d: Dialect, alias: str) -> str:
+    return f"{alias}.ended_at >= {d.param('since')} AND {alias}.ended_at < {d.param('until')}"
+
+
+def _base(by: str | None, d: Dialect, hint: str) -> tuple[str, int]:
+    """The per-attempt rows (one per attempt and model for ``gpu-model``) with the values the
+    sums need, and the number of key columns in front."""
+    keys = [k.format(day=d.day("a.ended_at")) for k in _KEYS[by]]
+    share = "m.share" if by == "gpu-model" else "1.0"
+    wall = ("CASE WHEN a.started_at IS NOT NULL AND a.ended_at IS NOT NULL AND a.ended_at > a.started_at "
+            "THEN a.ended_at - a.started_at ELSE 0.0 END")
+    failed = ", ".join(f"'{o}'" for o in sorted(FAILED_OUTCOMES))
+    # Dead = failed and no later attempt of the frame in the window. Only failed attempts
+    # (a few percent) look further, through the (frame_id, attempt) unique index.
+    dead = (f"CASE WHEN a.outcome IN ({failed}) AND NOT EXISTS (SELECT 1 FROM attempts b WHERE b.frame_id = a.frame_id "
+            f"AND b.attempt > a.attempt AND {_window(d, 'b')}) THEN 1 ELSE 0 END")
+    cols = [f"{k} AS k{i}" for i, k in enumerate(keys)] + [
+        f"{share} AS share", "a.frame_id AS frame_id", "a.attempt AS attempt", "a.outcome AS outcome",
+        f"{wall} AS wall", "COALESCE(a.cores, 0) AS cores",
+        f"COALESCE(a.gpu_seconds, ({wall}) * {d.json_len('a.gpu_uuids')}) AS alloc",
+        "COALESCE(a.gpu_busy_seconds, 0) AS busy", "a.gpu_util_mean_pct AS util",
+        "a.gpu_memory_peak_bytes AS mem", f"{dead} AS dead",
+        "CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WHEN a.started_at > a.waiting_since "
+        "THEN a.started_at - a.waiting_since ELSE 0.0 END AS wait"]
+    return f"SELECT {', '.join(cols)} FROM {_source(by, d, hint)} WHERE {_window(d, 'a')}", len(keys)
+
+
+def _sums_sql(base: str, nkeys: int) -> str:
+    keys = [f"k{i}" for i in range(nkeys)]
+    group = f" GROUP BY {', '.join(keys)}" if keys else ""
+    return (f"SELECT {''.join(k + ', ' for k in keys)}COUNT(DISTINCT frame_id), COUNT(*), "
+            f"SUM(CASE WHEN outcome = '{SUCCEEDED}' THEN 1 ELSE 0 END), SUM(CASE WHEN attempt > 1 THEN 1 ELSE 0 END), "
+            "SUM(dead), SUM(wall), SUM(cores * wall), SUM(alloc * share), SUM(busy * share), "
+            "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN util * alloc * share ELSE 0 END), "
+            "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN alloc * share ELSE 0 END), MAX(mem) "
+            f"FROM ({base}) t{group}")
+
+
+def summarise(fetch: Fetch, dialect: Dialect, *, since: float, until: float, by: str | None,
+              hint: str = "", with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
+    """The window's groups (in no particular order) and, if asked, the whole window as one
+    group. ``fetch(sql, params)`` runs a query and returns its rows as sequences; ``hint``
+    goes after each scan of ``attempts`` (SQLite's ``NOT INDEXED``)."""
+    check_grouping(by)
+    params = {"since": since, "until": until}
+    base, nkeys = _base(by, dialect, hint)
+    groups: dict[tuple, UsageGroup] = {}
+    for row in fetch(_sums_sql(base, nkeys), params):
+        key = tuple(row[:nkeys])
+        (frames, attempts, succeeded, retries, dead, wall, cores, alloc, busy, util_w, util_n, mem) = row[nkeys:]
+        groups[key] = UsageGroup(key, int(frames), int(attempts), int(succeeded), int(retries), int(dead),
+                                 float(wall or 0), float(cores or 0), float(alloc or 0), float(busy or 0),
+                                 float(util_w or 0), float(util_n or 0), None if mem is None else int(mem))
+    if groups:
+        keys = "".join(f"k{i}, " for i in range(nkeys))
+        for row in fetch(f"SELECT {keys}wait FROM ({base}) t WHERE wait IS NOT NULL", params):
+            groups[tuple(row[:nkeys])].waits.append(float(row[nkeys]))
+        for group in groups.values():
+            group.waits.sort()
+    rows = list(groups.values())
+    if not with_total:
+        return rows, None
+    if by is None:
+        return [], rows[0] if rows else UsageGroup(())
+    if by == "gpu-model":  # an attempt sits in several groups: add the window up afresh
+        return rows, summarise(fetch, dialect, since=since, until=until, by=None, hint=hint)[1]
+    return rows, _total(rows, by, fetch, dialect, hint, params)
+
+
+def _total(rows: list[UsageGroup], by: str, fetch: Fetch, dialect: Dialect, hint: str,
+           params: Mapping[str, Any]) -> UsageGroup:
+    """Every other grouping puts each attempt in exactly one group, so the window's sums are
+    the groups' sums. Distinct frames add up only where a frame cannot be in two groups;
+    elsewhere (a frame retried on another host is in two host groups) they are counted."""
+    total = UsageGroup(())
+    for row in rows:
+        for name in ("attempts", "succeeded", "retries", "dead", "wall_seconds", "core_seconds",
+                     "gpu_seconds_allocated", "gpu_seconds_busy", "util_weighted", "util_weight"):
+            setattr(total, name, getattr(total, name) + getattr(row, name))
+        if row.gpu_memory_peak_bytes is not None:
+            total.gpu_memory_peak_bytes = max(total.gpu_memory_peak_bytes or 0, row.gpu_memory_peak_bytes)
+        total.waits.extend(row.waits)
+    total.waits.sort()
+    if by in FRAME_PARTITIONS:
+        total.frames = sum(row.frames for row in rows)
+    elif rows:
+        total.frames = int(fetch(f"SELECT COUNT(DISTINCT a.frame_id) FROM attempts a {hint} "
+                                 f"WHERE {_window(dialect, 'a')}", params)[0][0])
+    return total
