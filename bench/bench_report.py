@@ -9,13 +9,14 @@ attempts than frames), then prints:
   2. in-process: the time of `store.usage_summary` (the SQL sums and the waits) and of
      turning them into rows;
   3. peer: the `sqlite3` shell (when installed) running the same sums query alone, as a
-     whole process too: the floor the store's SQL engine sets, with nothing of cuectl.
+     whole process too: the floor the store's SQL engine sets, with nothing of cuectl;
+  4. with --postgres, 1 and 2 again for the same farm in PostgreSQL.
 
 The store is built through the real submit path (frames, layers, jobs) and one
 executemany of attempt rows in one transaction (the columns the worker writes through
 `complete_frame`), so it takes seconds, not the hours a real worker would.
 
-Usage: python bench/bench_report.py [--frames N] [--runs N] [--keep DIR]
+Usage: python bench/bench_report.py [--frames N] [--runs N] [--keep DIR] [--postgres]
 """
 
 from __future__ import annotations
@@ -47,10 +48,16 @@ def cuectl() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
 
 
-def build_store(path: Path, frames: int, *, seed: int = 5) -> int:
-    """Return the number of attempt rows written."""
+ATTEMPT_COLUMNS = ("frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, started_at, ended_at, "
+                   "exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, usage, gpu_util_mean_pct, "
+                   "gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds, gpu_busy_seconds, gpu_models")
+
+
+def build_store(url: str, frames: int, *, seed: int = 5) -> int:
+    """Submit the jobs, write their attempts, mark everything finished; return the number
+    of attempt rows written. Works on either backend (``url`` a path or postgresql://)."""
     rng = random.Random(seed)
-    store = open_store(str(path))
+    store = open_store(url)
     now = time.time()
     t0 = now - 20 * 86400  # everything ended in the last 20 days, inside --since 30d
     per_job = frames // JOBS
@@ -62,7 +69,7 @@ def build_store(path: Path, frames: int, *, seed: int = 5) -> int:
         spec = spec_from_flags(name=f"job{j:02d}", command=["true"], range=f"1-{count}", gpus=gpus,
                                cores=4, user=USERS[j % len(USERS)], frame_limit=count)
         job_id = store.submit(spec, now=t0)
-        ids = [r[0] for r in store.conn.execute("SELECT id FROM frames WHERE job_id = ? ORDER BY id", (job_id,))]
+        ids = sorted(f["id"] for f in store.list_frames(job=job_id, limit=count)[0])
         for frame_id in ids:
             waiting = t0 + rng.uniform(0, 18 * 86400)
             attempts = 2 if rng.random() < 0.05 else 1
@@ -85,17 +92,25 @@ def build_store(path: Path, frames: int, *, seed: int = 5) -> int:
                              gpu_s, busy, json.dumps(models) if gpus else None))
                 waiting = end
             frame_updates.append((attempts, end, frame_id))
-    conn = store.conn
-    conn.execute("BEGIN IMMEDIATE")
-    conn.executemany(
-        "INSERT INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, started_at, "
-        "ended_at, exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, usage, gpu_util_mean_pct, "
-        "gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds, gpu_busy_seconds, gpu_models) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    conn.executemany("UPDATE frames SET state = 'SUCCEEDED', attempts = ?, ended_at = ? WHERE id = ?",
-                     frame_updates)
-    conn.execute("UPDATE jobs SET state = 'FINISHED', finished_at = ?", (now,))
-    conn.execute("COMMIT")
+    insert = f"INSERT INTO attempts({ATTEMPT_COLUMNS}) VALUES ({', '.join(['?'] * 22)})"
+    update = "UPDATE frames SET state = 'SUCCEEDED', attempts = ?, ended_at = ? WHERE id = ?"
+    finish = "UPDATE jobs SET state = 'FINISHED', finished_at = ?"
+    if url.startswith("postgres"):
+        def write(conn) -> None:
+            with conn.cursor() as cur:
+                cur.executemany(insert.replace("?", "%s"), rows)
+                cur.executemany(update.replace("?", "%s"), frame_updates)
+                cur.execute(finish.replace("?", "%s"), (now,))
+            conn.execute("ANALYZE")  # what autovacuum would do after a bulk load
+
+        store._call(write)
+    else:
+        conn = store.conn
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(insert, rows)
+        conn.executemany(update, frame_updates)
+        conn.execute(finish, (now,))
+        conn.execute("COMMIT")
     store.close()
     return len(rows)
 
@@ -119,34 +134,18 @@ def timed(cmd: list[str], runs: int) -> list[float]:
     return times
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--frames", type=int, default=100_000)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--keep", type=Path, help="build the store in this directory and keep it")
-    args = ap.parse_args()
-
-    tmp = tempfile.TemporaryDirectory() if args.keep is None else None
-    root = Path(tmp.name) if tmp else args.keep
-    root.mkdir(parents=True, exist_ok=True)
-    db = root / "report.db"
-    db.unlink(missing_ok=True)
-    t0 = time.perf_counter()
-    attempts = build_store(db, args.frames)
-    print(f"store: {args.frames:,} finished frames, {attempts:,} attempts, built in {time.perf_counter() - t0:.1f} s")
-
-    by_user = timed([*cuectl(), "--db", str(db), "admin", "report", "--by", "user", "--since", "30d"], args.runs)
+def measure(url: str, runs: int) -> float:
+    """Print the whole-process and in-process figures for the store at ``url``; return the
+    median whole-process seconds of ``--by user``."""
+    by_user = timed([*cuectl(), "--db", url, "admin", "report", "--by", "user", "--since", "30d"], runs)
     med = statistics.median(by_user)
     verdict = "ok" if med < GOAL_S else "OVER GOAL"
-    print(f"cuectl admin report --by user --since 30d (whole process, median of {args.runs}): "
+    print(f"cuectl admin report --by user --since 30d (whole process, median of {runs}): "
           f"{med:.3f} s  [goal < {GOAL_S:g} s: {verdict}]  runs: {', '.join(f'{t:.3f}' for t in by_user)}")
-    prom = timed([*cuectl(), "--db", str(db), "admin", "report", "--by", "job", "--since", "30d",
-                  "--format", "prometheus"], args.runs)
-    print(f"cuectl admin report --by job --format prometheus (median of {args.runs}): {statistics.median(prom):.3f} s")
-    startup = timed([*cuectl(), "admin", "--help"], args.runs)
-    print(f"  for scale: `cuectl admin --help` (start-up, no store): {statistics.median(startup):.3f} s")
-
-    store = open_store(str(db))
+    prom = timed([*cuectl(), "--db", url, "admin", "report", "--by", "job", "--since", "30d",
+                  "--format", "prometheus"], runs)
+    print(f"cuectl admin report --by job --format prometheus (median of {runs}): {statistics.median(prom):.3f} s")
+    store = open_store(url)
     now = time.time()
     t0 = time.perf_counter()
     groups, total = store.usage_summary(since=now - 30 * 86400, until=now, by="user")
@@ -155,9 +154,39 @@ def main() -> None:
     rows = build_rows(groups, by="user")
     report_row(total, "total")
     t_rows = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model_groups, _ = store.usage_summary(since=now - 30 * 86400, until=now, by="gpu-model")
+    t_models = time.perf_counter() - t0
     store.close()
     print(f"in-process: store.usage_summary --by user {t_sums * 1000:.0f} ms ({total.attempts:,} attempts), "
-          f"rows {t_rows * 1000:.1f} ms ({len(rows)} rows)")
+          f"rows {t_rows * 1000:.1f} ms ({len(rows)} rows); --by gpu-model {t_models * 1000:.0f} ms "
+          f"({len(model_groups)} rows)")
+    return med
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frames", type=int, default=100_000)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--keep", type=Path, help="build the SQLite store in this directory and keep it")
+    ap.add_argument("--postgres", action="store_true",
+                    help="also build the farm in PostgreSQL (a throwaway server from the installed binaries, "
+                         "as the tests start one) and measure the report there")
+    args = ap.parse_args()
+
+    tmp = tempfile.TemporaryDirectory() if args.keep is None else None
+    root = Path(tmp.name) if tmp else args.keep
+    root.mkdir(parents=True, exist_ok=True)
+    db = root / "report.db"
+    db.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    attempts = build_store(str(db), args.frames)
+    print(f"SQLite store: {args.frames:,} finished frames, {attempts:,} attempts, "
+          f"built in {time.perf_counter() - t0:.1f} s")
+    measure(str(db), args.runs)
+    startup = timed([*cuectl(), "admin", "--help"], args.runs)
+    print(f"  for scale: `cuectl admin --help` (start-up, no store): {statistics.median(startup):.3f} s")
+    now = time.time()
     peer = sqlite_shell_peer(db, now - 30 * 86400, now, args.runs)
     if peer is None:
         print("  peer: skipped, no sqlite3 shell installed (apt install sqlite3)")
@@ -165,6 +194,16 @@ def main() -> None:
         print(f"  peer: sqlite3 shell running the --by user sums query alone (whole process, median): {peer:.3f} s")
     if tmp:
         tmp.cleanup()
+    if args.postgres:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+        import pgserver
+
+        server = pgserver.shared_server()
+        url = server.url(server.create_database())
+        t0 = time.perf_counter()
+        build_store(url, args.frames)
+        print(f"PostgreSQL store (same farm), built in {time.perf_counter() - t0:.1f} s")
+        measure(url, args.runs)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ _KEYS: dict[str | None, tuple[str, ...]] = {
     "layer": ("j.name", "l.name"),
     "user": ('j."user"',),
     "host": ("COALESCE(a.host, '-')",),
-    "gpu-model": ("m.model",),  # see _source
+    "gpu-model": ("m.model",),  # see _base
     "day": ("{day}",),
     None: (),
 }
@@ -102,16 +102,16 @@ def _source(by: str | None, d: Dialect, hint: str) -> str:
         return (f"attempts a {hint} JOIN jobs j ON j.id = a.job_id JOIN frames f ON f.id = a.frame_id "
                 "JOIN layers l ON l.id = f.layer_id")
     if by == "gpu-model":
-        # One row per (attempt, distinct model) with the model's share of the devices, and one
-        # row for each attempt without models: "unknown" if it held devices, "cpu" if not.
+        # Each distinct list of models (a farm has a handful) split into (model, share of the
+        # devices) once, then joined to the attempts that have that list. Attempts without
+        # models are the second half of _base's UNION.
         window = _window(d, "a2")
-        share = f"CAST(COUNT(*) AS DOUBLE PRECISION) / {d.json_len('a2.gpu_models')}"
-        models = (f"SELECT a2.id AS aid, e.value AS model, {share} AS share "
-                  f"FROM attempts a2 {hint}, {d.each('a2.gpu_models')} WHERE {window} AND a2.gpu_models IS NOT NULL "
-                  "GROUP BY a2.id, e.value "
-                  f"UNION ALL SELECT a2.id, CASE WHEN {d.json_len('a2.gpu_uuids')} > 0 THEN '{UNKNOWN_MODEL}' "
-                  f"ELSE '{CPU_GROUP}' END, 1.0 FROM attempts a2 {hint} WHERE {window} AND a2.gpu_models IS NULL")
-        return f"({models}) m JOIN attempts a ON a.id = m.aid"
+        lists = (f"SELECT DISTINCT a2.gpu_models FROM attempts a2 {hint} WHERE {window} "
+                 "AND a2.gpu_models IS NOT NULL")
+        share = f"CAST(COUNT(*) AS DOUBLE PRECISION) / {d.json_len('x.gpu_models')}"
+        shares = (f"SELECT x.gpu_models AS models, e.value AS model, {share} AS share "
+                  f"FROM ({lists}) x, {d.each('x.gpu_models')} GROUP BY x.gpu_models, e.value")
+        return f"attempts a {hint} JOIN ({shares}) m ON m.models = a.gpu_models"
     return f"attempts a {hint}"
 
 
@@ -122,8 +122,16 @@ def _window(d: Dialect, alias: str) -> str:
 def _base(by: str | None, d: Dialect, hint: str) -> tuple[str, int]:
     """The per-attempt rows (one per attempt and model for ``gpu-model``) with the values the
     sums need, and the number of key columns in front."""
+    if by == "gpu-model":
+        # Attempts without models: "unknown" if they held devices (lost before reporting), "cpu" if not.
+        no_models = f"CASE WHEN {d.json_len('a.gpu_uuids')} > 0 THEN '{UNKNOWN_MODEL}' ELSE '{CPU_GROUP}' END"
+        return (f"{_select(['m.model'], 'm.share', _source(by, d, hint), d)} UNION ALL "
+                f"{_select([no_models], '1.0', f'attempts a {hint}', d)} AND a.gpu_models IS NULL"), 1
     keys = [k.format(day=d.day("a.ended_at")) for k in _KEYS[by]]
-    share = "m.share" if by == "gpu-model" else "1.0"
+    return _select(keys, "1.0", _source(by, d, hint), d), len(keys)
+
+
+def _select(keys: list[str], share: str, source: str, d: Dialect) -> str:
     wall = ("CASE WHEN a.started_at IS NOT NULL AND a.ended_at IS NOT NULL AND a.ended_at > a.started_at "
             "THEN a.ended_at - a.started_at ELSE 0.0 END")
     failed = ", ".join(f"'{o}'" for o in sorted(FAILED_OUTCOMES))
@@ -139,7 +147,7 @@ def _base(by: str | None, d: Dialect, hint: str) -> tuple[str, int]:
         "a.gpu_memory_peak_bytes AS mem", f"{dead} AS dead",
         "CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WHEN a.started_at > a.waiting_since "
         "THEN a.started_at - a.waiting_since ELSE 0.0 END AS wait"]
-    return f"SELECT {', '.join(cols)} FROM {_source(by, d, hint)} WHERE {_window(d, 'a')}", len(keys)
+    return f"SELECT {', '.join(cols)} FROM {source} WHERE {_window(d, 'a')}"
 
 
 def _sums_sql(base: str, nkeys: int) -> str:
