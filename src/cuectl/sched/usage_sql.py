@@ -119,19 +119,26 @@ def _window(d: Dialect, alias: str) -> str:
     return f"{alias}.ended_at >= {d.param('since')} AND {alias}.ended_at < {d.param('until')}"
 
 
-def _base(by: str | None, d: Dialect, hint: str) -> tuple[str, int]:
+def _base(by: str | None, d: Dialect, hint: str, *, waits_only: bool = False) -> tuple[str, int]:
     """The per-attempt rows (one per attempt and model for ``gpu-model``) with the values the
-    sums need, and the number of key columns in front."""
+    sums need (or only the queue wait), and the number of key columns in front."""
     if by == "gpu-model":
         # Attempts without models: "unknown" if they held devices (lost before reporting), "cpu" if not.
         no_models = f"CASE WHEN {d.json_len('a.gpu_uuids')} > 0 THEN '{UNKNOWN_MODEL}' ELSE '{CPU_GROUP}' END"
-        return (f"{_select(['m.model'], 'm.share', _source(by, d, hint), d)} UNION ALL "
-                f"{_select([no_models], '1.0', f'attempts a {hint}', d)} AND a.gpu_models IS NULL"), 1
+        return (f"{_select(['m.model'], 'm.share', _source(by, d, hint), d, waits_only)} UNION ALL "
+                f"{_select([no_models], '1.0', f'attempts a {hint}', d, waits_only)} AND a.gpu_models IS NULL"), 1
     keys = [k.format(day=d.day("a.ended_at")) for k in _KEYS[by]]
-    return _select(keys, "1.0", _source(by, d, hint), d), len(keys)
+    return _select(keys, "1.0", _source(by, d, hint), d, waits_only), len(keys)
 
 
-def _select(keys: list[str], share: str, source: str, d: Dialect) -> str:
+def _select(keys: list[str], share: str, source: str, d: Dialect, waits_only: bool) -> str:
+    # Only the columns a query reads: a UNION ALL subquery is not flattened, and its
+    # every column (the dead subplan too) would be computed for each row.
+    wait = ("CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WHEN a.started_at > a.waiting_since "
+            "THEN a.started_at - a.waiting_since ELSE 0.0 END AS wait")
+    keyed = [f"{k} AS k{i}" for i, k in enumerate(keys)]
+    if waits_only:
+        return f"SELECT {', '.join(keyed + [wait])} FROM {source} WHERE {_window(d, 'a')}"
     wall = ("CASE WHEN a.started_at IS NOT NULL AND a.ended_at IS NOT NULL AND a.ended_at > a.started_at "
             "THEN a.ended_at - a.started_at ELSE 0.0 END")
     failed = ", ".join(f"'{o}'" for o in sorted(FAILED_OUTCOMES))
@@ -139,14 +146,12 @@ def _select(keys: list[str], share: str, source: str, d: Dialect) -> str:
     # (a few percent) look further, through the (frame_id, attempt) unique index.
     dead = (f"CASE WHEN a.outcome IN ({failed}) AND NOT EXISTS (SELECT 1 FROM attempts b WHERE b.frame_id = a.frame_id "
             f"AND b.attempt > a.attempt AND {_window(d, 'b')}) THEN 1 ELSE 0 END")
-    cols = [f"{k} AS k{i}" for i, k in enumerate(keys)] + [
+    cols = keyed + [
         f"{share} AS share", "a.frame_id AS frame_id", "a.attempt AS attempt", "a.outcome AS outcome",
         f"{wall} AS wall", "COALESCE(a.cores, 0) AS cores",
         f"COALESCE(a.gpu_seconds, ({wall}) * {d.json_len('a.gpu_uuids')}) AS alloc",
         "COALESCE(a.gpu_busy_seconds, 0) AS busy", "a.gpu_util_mean_pct AS util",
-        "a.gpu_memory_peak_bytes AS mem", f"{dead} AS dead",
-        "CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WHEN a.started_at > a.waiting_since "
-        "THEN a.started_at - a.waiting_since ELSE 0.0 END AS wait"]
+        "a.gpu_memory_peak_bytes AS mem", f"{dead} AS dead"]
     return f"SELECT {', '.join(cols)} FROM {source} WHERE {_window(d, 'a')}"
 
 
@@ -178,7 +183,8 @@ def summarise(fetch: Fetch, dialect: Dialect, *, since: float, until: float, by:
                                  float(util_w or 0), float(util_n or 0), None if mem is None else int(mem))
     if groups:
         keys = "".join(f"k{i}, " for i in range(nkeys))
-        for row in fetch(f"SELECT {keys}wait FROM ({base}) t WHERE wait IS NOT NULL", params):
+        waits, _ = _base(by, dialect, hint, waits_only=True)
+        for row in fetch(f"SELECT {keys}wait FROM ({waits}) t WHERE wait IS NOT NULL", params):
             groups[tuple(row[:nkeys])].waits.append(float(row[nkeys]))
         for group in groups.values():
             group.waits.sort()
