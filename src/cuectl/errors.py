@@ -41,6 +41,11 @@ class StoreError(CuectlError):
     """The store cannot be used: unreachable, locked too long, corrupt, full, too new."""
 
 
+class StoreUnreachable(StoreError):
+    """The store's server did not answer (refused, timed out, name not resolved): it may
+    come back, so a long-running worker waits for it instead of exiting."""
+
+
 class StoreBusy(StoreError):
     """Another process held the store's write lock for longer than the busy timeout."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -110,3 +111,33 @@ def test_a_running_frame_survives_a_server_restart(pg_farm):
     assert [(f["state"], f["attempts"]) for f in frames] == [("SUCCEEDED", 1), ("SUCCEEDED", 1)]
     assert rows(farm.db, "SELECT outcome, COUNT(*) FROM attempts GROUP BY outcome") == [("succeeded", 2)]
     assert len(farm.starts()) == 2
+
+
+def test_a_worker_started_before_the_server_waits_for_it(pg_farm):
+    """A host that boots before the database: the worker waits (one warning per try) and
+    works once the server is up, instead of exiting and leaning on a restart policy."""
+    farm = pg_farm
+    job = farm.submit({"name": "late-db", "layers": [{"name": "a", "command": farm.probe(), "range": "1"}]})
+    farm.server.stop_server()
+    try:
+        worker = farm.start_worker(None, "--max-frames", "1", "--name", "early")
+        time.sleep(2.5)
+        assert worker.poll() is None, worker.communicate()
+    finally:
+        farm.server.start_server()
+    out, err = worker.communicate(timeout=120)
+    assert worker.returncode == 0, err
+    assert "cannot connect to PostgreSQL" in err and "trying again in 1 s" in err
+    assert [f["state"] for f in farm.frames(job)] == ["SUCCEEDED"]
+
+
+def test_a_batch_worker_does_not_wait_for_an_unreachable_server(farm):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # a port nothing listens on (bound, never listening)
+    farm.db = f"postgresql://postgres@127.0.0.1:{closed.getsockname()[1]}/none"
+    try:
+        res = farm.run_worker(None, timeout=60)
+    finally:
+        closed.close()
+    assert res.returncode == 1
+    assert res.stderr.startswith("error: cannot connect to PostgreSQL") and "Traceback" not in res.stderr

@@ -36,7 +36,7 @@ def worker(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print frame starts and ends."),
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
-    from cuectl.run.service import build_worker, run_worker
+    from cuectl.run.service import build_worker, run_worker, wait_for_store
 
     if poll <= 0 or sample_interval <= 0 or lease_timeout <= 0:
         raise InvalidInput("--poll, --sample-interval and --lease-timeout must be greater than 0")
@@ -45,7 +45,10 @@ def worker(
     if cores is not None and cores <= 0:
         raise InvalidInput("--cores must be greater than 0")
     state = ctx.obj
-    w, discovery = build_worker(state.store(), db_url=state.db, name=name, until_idle=until_idle,
+    # A service waits for an unreachable store server; a batch run (--until-idle: tests,
+    # CI, cron) fails at once with the error instead of hanging.
+    store = state.store() if until_idle else wait_for_store(state.store, warn=term.warn)
+    w, discovery = build_worker(store, db_url=state.db, name=name, until_idle=until_idle,
                                 max_frames=max_frames, poll=poll, sample_interval=sample_interval,
                                 lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
                                 cores=cores, backend=backend, allowed_users=allow_user,
@@ -54,7 +57,7 @@ def worker(
     if not quiet:
         devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices) or "no GPUs"
         fake = " (fake GPUs)" if any(d.backend == "fake" for d in w.devices) else ""
-        term.info(f"worker {w.opts.name}: {devs}{fake}; {w.opts.cores:g} CPU slots; store {state.store().url}")
+        term.info(f"worker {w.opts.name}: {devs}{fake}; {w.opts.cores:g} CPU slots; store {store.url}")
     if quiet:
         code = run_worker(w)
     else:

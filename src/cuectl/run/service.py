@@ -8,14 +8,36 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from cuectl import config
-from cuectl.errors import InvalidInput
+from cuectl.errors import InvalidInput, StoreUnreachable
 from cuectl.run.worker import Supervisor, Worker, WorkerOptions
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
+
+
+T = TypeVar("T")
+
+
+def wait_for_store(open_store: Callable[[], T], *, warn: Callable[[str], None], first_delay: float = 1.0,
+                   max_delay: float = 30.0, sleep: Callable[[float], None] = time.sleep) -> T:
+    """Open the store, waiting for as long as its server is unreachable (backing off from
+    ``first_delay`` to ``max_delay`` seconds, one warning per try): a worker host that
+    boots before the database server — a power cut, a cluster where both start together
+    — should start working when the server does, not depend on its service manager's
+    restart policy. Every other error (bad credentials, no such database, a schema too
+    new) is raised at once: waiting would not fix it."""
+    delay = first_delay
+    while True:
+        try:
+            return open_store()
+        except StoreUnreachable as exc:
+            warn(f"{exc}; trying again in {delay:g} s")
+            sleep(delay)
+            delay = min(delay * 2, max_delay)
 
 
 def _store_dir(store, db_url: str | None) -> Path | None:

@@ -49,7 +49,7 @@ from psycopg.rows import dict_row, tuple_row
 
 from cuectl import config
 from cuectl.errors import (Conflict, InvalidInput, NotFound, SchemaTooNew, StoreBusy,
-                           StoreError)
+                           StoreError, StoreUnreachable)
 from cuectl.sched import model as m
 from cuectl.sched import usage_sql
 from cuectl.sched.frameset import compact_range
@@ -334,8 +334,8 @@ class PostgresStore(Store):
             return StoreError(f"cannot log in to {self.url}: {text}",
                               hint="set PGPASSWORD or add the password to ~/.pgpass (mode 0600); "
                                    "avoid putting it in --db, where other users can see it")
-        return StoreError(f"cannot connect to PostgreSQL at {self.url}: {text}",
-                          hint="is the server running and reachable (host, port, sslmode, firewall)?")
+        return StoreUnreachable(f"cannot connect to PostgreSQL at {self.url}: {text}",
+                                hint="is the server running and reachable (host, port, sslmode, firewall)?")
 
     def _kind(self, exc: psycopg.Error, conn: psycopg.Connection | None) -> str:
         """``lost`` (reconnect and retry), ``race`` (retry the transaction) or ``fatal``."""
@@ -404,9 +404,9 @@ class PostgresStore(Store):
                     deadline = now + self.reconnect_s
                 if now >= deadline:
                     self._drop_connection()
-                    raise StoreError(f"store {self.url} unreachable for {self.reconnect_s:g} s: "
-                                     f"{self._scrub(_one_line(exc))}",
-                                     hint="is the server running and reachable?") from None
+                    raise StoreUnreachable(f"store {self.url} unreachable for {self.reconnect_s:g} s: "
+                                           f"{self._scrub(_one_line(exc))}",
+                                           hint="is the server running and reachable?") from None
                 if kind == "lost":
                     self._drop_connection()
                 time.sleep(min(delay, max(0.0, deadline - now)))
