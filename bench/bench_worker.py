@@ -69,13 +69,17 @@ def bench_tsp(tmp: Path, frames: int) -> float | None:
 def profile_drain(tmp: Path, frames: int) -> str:
     os.environ.update(CUECTL_LOCK_DIR=str(tmp / "plocks"), XDG_STATE_HOME=str(tmp / "pstate"),
                       CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
+    from cuectl import config
     from cuectl.run.service import build_worker
     from cuectl.run.worker import Supervisor
     from cuectl.sched.spec import spec_from_flags
     from cuectl.sched.store import open_store
 
     store = open_store(str(tmp / "profile.db"))
-    store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}", user="bench"), now=time.time())
+    store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}",
+                                 # The worker's own user: a root worker runs frames as their
+                                 # submitter, and an unknown one would fail every frame.
+                                 user=config.current_user()), now=time.time())
     worker, _ = build_worker(store, db_url=None, name="bench", until_idle=True, max_frames=None, poll=0.05,
                              sample_interval=10, lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
     prof = cProfile.Profile()

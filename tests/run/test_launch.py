@@ -24,6 +24,8 @@ from cuectl.run.launch import (
     kill_process_group,
     log_header,
     process_group_alive,
+    _process_table_psutil,
+    process_table,
     substitute_tokens,
 )
 
@@ -436,3 +438,41 @@ def test_worker_store_credentials_do_not_reach_frames(tmp_path):
                     base={"PGPASSWORD": "farm-secret", "PGPASSFILE": "/root/.pgpass", "HOME": "/home/w"})
     assert "PGPASSWORD" not in env and "PGPASSFILE" not in env and env["HOME"] == "/home/w"
     assert frame_env(ctx, layer_env={"PGPASSWORD": "mine"}, isolation={}, base={})["PGPASSWORD"] == "mine"
+
+
+# -- process table snapshots ------------------------------------------------------------------
+def test_process_table_knows_parents_groups_and_zombies(tmp_path: Path) -> None:
+    # A command name with ") (" in it must not shift the fields that follow it in /proc.
+    odd = tmp_path / "x) (y z"
+    odd.symlink_to("/bin/sleep")
+    sleeper = subprocess.Popen([str(odd), "30"], start_new_session=True)
+    dead = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 5
+        while psutil.Process(dead.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for table in (process_table(), _process_table_psutil()):
+            assert table[os.getpid()] == (os.getppid(), os.getpgid(0), False)
+            assert table[sleeper.pid] == (os.getpid(), sleeper.pid, False)
+            assert table[dead.pid][:2] == (os.getpid(), os.getpgid(0)) and table[dead.pid][2]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        dead.wait()
+
+
+def test_pids_from_a_shared_snapshot_include_children_that_left_the_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "escaped.pid"
+    code = ("import os, subprocess, sys, time\n"
+            "p = subprocess.Popen(['sleep', '30'], start_new_session=True)\n"
+            "open(sys.argv[1], 'w').write(f'{p.pid}\\n')\n"
+            "time.sleep(30)\n")
+    proc = FrameProcess.start([PY, "-c", code, str(pidfile)], env=dict(os.environ), log_path=tmp_path / "f.log")
+    try:
+        escaped = int(wait_for_file(pidfile))
+        table = process_table()
+        assert escaped in proc.pids(table) and proc.pid in proc.pids(table)
+        assert proc.pids(table) == proc.pids() == {proc.pid, escaped}
+    finally:
+        proc.kill_and_wait(grace=0.2)
+    assert gone(escaped) and proc.pids() == set()

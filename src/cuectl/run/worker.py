@@ -378,9 +378,10 @@ class Worker:
         uuids = sorted({u for rf in frames for u in rf.claim.gpu_uuids})
         pids: set[int] = set()
         frame_pids = {}
+        table = launch.process_table() if any(not rf.proc.finished for rf in frames) else {}
         for rf in frames:
             if not rf.proc.finished:
-                rf.seen_pids |= rf.proc.pids()
+                rf.seen_pids |= rf.proc.pids(table)
             frame_pids[rf.claim.frame_id] = set(rf.seen_pids)
             pids |= frame_pids[rf.claim.frame_id]
         try:
