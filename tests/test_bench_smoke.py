@@ -1,0 +1,35 @@
+"""The bench scripts still run against the current code (tiny sizes: figures are not
+checked here — speed is measured by running them, never asserted in tests)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def run(script: str, *args: str) -> str:
+    res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return res.stdout
+
+
+def test_bench_report_runs():
+    out = run("bench_report.py", "--frames", "400", "--runs", "1")
+    assert "400 finished frames" in out and "cuectl admin report --by user" in out
+    assert "store.usage_summary --by user" in out
+
+
+@pytest.mark.parametrize("script, args, expect", [
+    ("bench_sampling.py", ("--seconds", "1.5", "--interval", "0.2"), "CPU per device sample"),
+    ("bench_submit.py", ("--frames", "2000", "--runs", "1"), "store.submit"),
+    ("bench_lease.py", ("--iterations", "50", "--runs", "2"), "cuectl run -- true"),
+    ("bench_gpu_sample.py", (), "nvml (double), 8 devices"),
+    ("bench_worker.py", ("--frames", "30"), "cuectl worker drain only"),  # task-spooler optional
+])
+def test_bench_scripts_run(script, args, expect):
+    assert expect in run(script, *args)
