@@ -442,17 +442,18 @@ def _pid_alive(pid: Any) -> bool:
     return True
 
 
-def _read_live_record(path: Path, *, tries: int = 5) -> dict[str, Any]:
-    """The record of a held lock. Re-read briefly while it is missing, torn or names a dead
-    pid: a new holder may be between taking the lock and writing its record."""
-    record: dict[str, Any] | None = None
-    for attempt in range(tries):
+def _read_live_record(path: Path, *, within: float = 0.01) -> dict[str, Any]:
+    """The record of a held lock. Re-read for up to ``within`` seconds while it is missing,
+    torn or names a dead pid: a new holder may be between taking the lock and writing its
+    record (which takes longer than one would think on a loaded machine)."""
+    deadline = time.monotonic() + within
+    while True:
         record = _read_record(path)
         if record is not None and _pid_alive(record.get("pid")):
             return record
-        if attempt + 1 < tries:
-            time.sleep(0.002)
-    return record or {}
+        if time.monotonic() >= deadline:
+            return record or {}
+        time.sleep(0.002)
 
 
 def _info(path: Path, record: Mapping[str, Any], device: Device | None) -> LeaseInfo:
@@ -1035,7 +1036,10 @@ class _Acquirer:
             if select_devices(self.gpu_request, unknown_free, busy=busy).devices is not None:
                 return InsufficientFreeMemory(f"not enough free memory on the matching devices now: {reason}",
                                               hint="wait for it (--wait / wait=True), or lower the request")
-        holders = [_info(lock_path(self.lock_dir, d.uuid), _read_live_record(lock_path(self.lock_dir, d.uuid), tries=2), d)
+        # An error path: waiting a little for a brand-new holder's record costs nothing and
+        # names the holder (a loaded CI machine needed more than the 2 ms this once allowed).
+        holders = [_info(lock_path(self.lock_dir, d.uuid), _read_live_record(lock_path(self.lock_dir, d.uuid),
+                                                                             within=0.25), d)
                    for d in failed]
         parts = [h.describe() for h in holders]
         if waiters:
