@@ -125,7 +125,7 @@ def _base(by: str | None, d: Dialect, hint: str, *, waits_only: bool = False) ->
     if by == "gpu-model":
         # Attempts without models: "unknown" if they held devices (lost before reporting), "cpu" if not.
         no_models = f"CASE WHEN {d.json_len('a.gpu_uuids')} > 0 THEN '{UNKNOWN_MODEL}' ELSE '{CPU_GROUP}' END"
-        return (f"{_select(['m.model'], 'm.share', _source(by, d, hint), d, waits_only)} UNION ALL "
+        return (f"{_select(list(_KEYS[by]), 'm.share', _source(by, d, hint), d, waits_only)} UNION ALL "
                 f"{_select([no_models], '1.0', f'attempts a {hint}', d, waits_only)} AND a.gpu_models IS NULL"), 1
     keys = [k.format(day=d.day("a.ended_at")) for k in _KEYS[by]]
     return _select(keys, "1.0", _source(by, d, hint), d, waits_only), len(keys)
