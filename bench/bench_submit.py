@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 from cuectl.sched.spec import spec_from_flags
-from cuectl.sched.sqlite import MIGRATIONS
+from cuectl.sched.dialect import SQLITE
 from cuectl.sched.store import open_store
+from cuectl.sched.store.schema import statements
 
 
 def cuectl() -> list[str]:
@@ -38,7 +39,7 @@ def raw_executemany(path: Path, n: int) -> float:
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
-    for statement in (s for s in MIGRATIONS[0].split(";") if s.strip()):
+    for statement in statements(0, SQLITE):
         conn.execute(statement)
     now = time.time()
     rows = [(i + 1, 1, 1, i + 1, str(i + 1), "WAITING", now) for i in range(n)]

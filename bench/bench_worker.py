@@ -80,7 +80,7 @@ def profile_drain(tmp: Path, frames: int) -> str:
                                  # The worker's own user: a root worker runs frames as their
                                  # submitter, and an unknown one would fail every frame.
                                  user=config.current_user()), now=time.time())
-    worker, _ = build_worker(store, db_url=None, name="bench", until_idle=True, max_frames=None, poll=0.05,
+    worker, _ = build_worker(store, name="bench", until_idle=True, max_frames=None, poll=0.05,
                              sample_interval=10, lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
     prof = cProfile.Profile()
     prof.enable()

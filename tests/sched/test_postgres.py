@@ -17,8 +17,9 @@ psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) 
 
 import pgserver  # noqa: E402
 from cuectl.errors import InvalidInput, SchemaTooNew, StoreError  # noqa: E402
-from cuectl.sched import postgres as pg  # noqa: E402
-from cuectl.sched import sqlite as sq  # noqa: E402
+from cuectl.sched.dialect import POSTGRES  # noqa: E402
+from cuectl.sched.store import postgres as pg  # noqa: E402
+from cuectl.sched.store import schema  # noqa: E402
 from cuectl.sched.spec import spec_from_mapping  # noqa: E402
 from cuectl.sched.store import FrameResult, open_store  # noqa: E402
 
@@ -132,58 +133,14 @@ def test_invalid_url_is_invalid_input():
 
 
 # -- schema and migrations -------------------------------------------------------------------------
-def _pg_columns(url: str, schema: str) -> dict[str, set[tuple[str, str, bool]]]:
-    rows = sql(url, "SELECT table_name, column_name, data_type, is_nullable FROM information_schema.columns "
-                    "WHERE table_schema = %s", (schema,))
-    family = {"bigint": "int", "double precision": "real", "text": "text"}
-    out: dict[str, set] = {}
-    for table, column, dtype, nullable in rows:
-        out.setdefault(table, set()).add((column, family[dtype], nullable == "NO"))
-    return out
-
-
-def _sqlite_columns(path: Path) -> dict[str, set[tuple[str, str, bool]]]:
-    conn = sqlite3.connect(path)
-    family = {"INTEGER": "int", "REAL": "real", "TEXT": "text"}
-    out: dict[str, set] = {}
-    for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'sqlite_sequence'"):
-        for _, column, dtype, notnull, _, pk in conn.execute(f"PRAGMA table_info({table})"):
-            # SQLite does not imply NOT NULL for primary keys; PostgreSQL does.
-            out.setdefault(table, set()).add((column, family[dtype], bool(notnull or pk)))
-    conn.close()
-    return out
-
-
-def test_schema_matches_sqlite_at_every_version(pg_url, tmp_path):
-    assert len(pg.MIGRATIONS) == len(sq.MIGRATIONS) and pg.SCHEMA_VERSION == sq.SCHEMA_VERSION
-    for version in range(1, pg.SCHEMA_VERSION + 1):
-        lite = tmp_path / f"v{version}.db"
-        conn = sqlite3.connect(lite, isolation_level=None)
-        for script in sq.MIGRATIONS[:version]:
-            for statement in sq._split_sql(script):
-                conn.execute(statement)
-        conn.close()
-        schema = f"v{version}"
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(f"CREATE SCHEMA {schema}")
-            conn.execute(f"SET search_path = {schema}")
-            for script in pg.MIGRATIONS[:version]:
-                for statement in pg._split_sql(script):
-                    conn.execute(statement)
-        lite_cols, pg_cols = _sqlite_columns(lite), _pg_columns(pg_url, schema)
-        assert lite_cols.keys() == pg_cols.keys(), version
-        for table in lite_cols:
-            assert lite_cols[table] == pg_cols[table], (version, table)
-
-
 def test_old_schema_migrates_forward_with_its_data(pg_url):
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        for statement in pg._split_sql(pg.MIGRATIONS[0]):
+        for statement in schema.statements(0, POSTGRES):
             conn.execute(statement)
         conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         conn.execute("INSERT INTO jobs(name, \"user\", created_at) VALUES ('old', 'bob', 1.0)")
     s = open_store(pg_url)
-    assert s.schema_version() == pg.SCHEMA_VERSION == 2
+    assert s.schema_version() == schema.SCHEMA_VERSION == 2
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()
@@ -308,7 +265,7 @@ def test_methods_reconnect_after_a_server_restart(pg_server, pg_url):
 
 
 def test_unreachable_server_gives_up_after_the_window(pg_server, pg_url):
-    s = pg.PostgresStore(pg_url, reconnect_s=1.0)
+    s = pg.PostgresStore(pg_url, log_dir=Path("/logs"), reconnect_s=1.0)
     s.submit(job(), now=NOW)
     pg_server.stop_server()
     try:
@@ -326,12 +283,12 @@ def test_unreachable_server_gives_up_after_the_window(pg_server, pg_url):
 def test_submit_is_not_repeated_when_commit_outcome_is_unknown(pg_url):
     """A connection cut just before COMMIT: submit says the outcome is unknown at once
     instead of retrying (which could store the job twice)."""
-    s = pg.PostgresStore(pg_url)
+    s = pg.PostgresStore(pg_url, log_dir=Path("/logs"))
     notify = s._notify
 
-    def cut_before_commit(conn):
-        notify(conn)  # submit's last statement
-        sql(pg_url, "SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+    def cut_before_commit(tx):
+        notify(tx)  # submit's last statement
+        sql(pg_url, "SELECT pg_terminate_backend(%s)", (tx.conn.info.backend_pid,))
 
     s._notify = cut_before_commit
     t0 = time.monotonic()
@@ -445,17 +402,3 @@ def test_large_submit_keeps_dispatch_order_and_dependencies(pg_url):
     assert rows[-1][1:] == (19999, "DEPEND", 2)  # the last chunk holds 19999-20000
     assert sql(pg_url, "SELECT COUNT(*) FROM frame_deps")[0][0] == 20000
     s.close()
-
-
-def test_log_paths_are_spelled_as_sqlite_spells_them(pg_url, tmp_path):
-    """printf('%04d') in SQLite, a CASE of lpads here: negative and wide numbers too."""
-    paths = {}
-    for url in (str(tmp_path / "s.db"), pg_url):
-        s = open_store(url)
-        s.submit(job(layers=[{"name": "ly", "command": ["true"], "range": "-5,3,12345,-1234"}]), now=NOW)
-        layer = s.runnable_layers()[0].layer_id
-        paths[url] = [s.claim_frame(layer, host="h", worker="w", gpu_uuids=[], now=NOW, lease_s=60,
-                                    log_dir="/logs").log_path for _ in range(4)]
-        s.close()
-    assert paths[pg_url] == paths[str(tmp_path / "s.db")] == \
-        ["/logs/1/-005-ly.1.log", "/logs/1/0003-ly.1.log", "/logs/1/12345-ly.1.log", "/logs/1/-1234-ly.1.log"]

@@ -346,6 +346,23 @@ def test_existing_store_reopens_with_data(store_url: str):
     s.close()
 
 
+def test_log_paths_are_named_after_the_frame_and_attempt(store, tmp_path: Path):
+    """<log dir>/<job id>/<frame name>.<attempt>.log, frame names as OpenCue pads them:
+    negative and wide numbers too; the store's own log dir when the worker names none."""
+    job_id = store.submit(job(layers=[{"name": "ly", "command": ["true"], "range": "-5,3,12345,-1234"}]), now=NOW)
+    layer = store.runnable_layers()[0].layer_id
+    paths = [store.claim_frame(layer, host="h", worker="w", gpu_uuids=[], now=NOW, lease_s=60,
+                               log_dir=tmp_path / "logs").log_path for _ in range(3)]
+    assert paths == [f"{tmp_path}/logs/{job_id}/{name}-ly.1.log" for name in ("-005", "0003", "12345")]
+    last = store.claim_frame(layer, host="h", worker="w", gpu_uuids=[], now=NOW, lease_s=60)
+    assert last.log_path == f"{store.log_dir}/{job_id}/-1234-ly.1.log"
+    assert store.get_frame(last.frame_id)["log_path"] == last.log_path
+    store.frame_action([last.frame_id], "retry", now=NOW)
+    store.complete_frame(last.frame_id, 1, ok(1), now=NOW + 1)
+    again = store.claim_frame(layer, host="h", worker="w", gpu_uuids=[], now=NOW + 2, lease_s=60)
+    assert again.log_path == f"{store.log_dir}/{job_id}/-1234-ly.2.log"
+
+
 def test_layer_json_round_trip_of_shell_and_argv_commands(store):
     job_id = store.submit(job(layers=[{"name": "a", "command": "echo 'x y' && true", "range": "1"},
                                       {"name": "b", "command": ["echo", "x y"], "range": "1"}]), now=NOW)
@@ -378,11 +395,12 @@ def test_usage_summary_and_prune(store):
 
 
 def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
-    from cuectl.sched.sqlite import MIGRATIONS, SCHEMA_VERSION
+    from cuectl.sched.dialect import SQLITE
+    from cuectl.sched.store.schema import SCHEMA_VERSION, statements
 
     path = tmp_path / "v1.db"
     conn = sqlite3.connect(path, isolation_level=None)
-    for statement in (s for s in MIGRATIONS[0].split(";") if s.strip()):
+    for statement in statements(0, SQLITE):
         conn.execute(statement)
     conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
     conn.execute("INSERT INTO jobs(name, user, created_at) VALUES ('old', 'bob', 1.0)")

@@ -46,10 +46,6 @@ def prune(ctx: typer.Context,
 def backup(ctx: typer.Context, dest: Path = typer.Argument(..., help="File to write (replaced atomically).")) -> None:
     """Copy the store consistently while workers keep running (SQLite online backup)."""
     store = ctx.obj.store()
-    if not hasattr(store, "backup"):
-        from cuectl.errors import InvalidInput
-
-        raise InvalidInput("admin backup works on SQLite stores; use pg_dump for PostgreSQL")
     store.backup(dest)
     term.line(f"backed up {store.url} to {dest}")
 

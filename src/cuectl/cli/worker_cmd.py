@@ -48,7 +48,7 @@ def worker(
     # A service waits for an unreachable store server; a batch run (--until-idle: tests,
     # CI, cron) fails at once with the error instead of hanging.
     store = state.store() if until_idle else wait_for_store(state.store, warn=term.warn)
-    w, discovery = build_worker(store, db_url=state.db, name=name, until_idle=until_idle,
+    w, discovery = build_worker(store, name=name, until_idle=until_idle,
                                 max_frames=max_frames, poll=poll, sample_interval=sample_interval,
                                 lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
                                 cores=cores, backend=backend, allowed_users=allow_user,

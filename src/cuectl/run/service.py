@@ -15,6 +15,7 @@ from typing import Callable, Sequence, TypeVar
 from cuectl import config
 from cuectl.errors import InvalidInput, StoreUnreachable
 from cuectl.run.worker import Supervisor, Worker, WorkerOptions
+from cuectl.sched.store import Store
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
 
@@ -40,12 +41,7 @@ def wait_for_store(open_store: Callable[[], T], *, warn: Callable[[str], None], 
             delay = min(delay * 2, max_delay)
 
 
-def _store_dir(store, db_url: str | None) -> Path | None:
-    path = getattr(store, "path", None)
-    return Path(path) if path is not None else None
-
-
-def build_worker(store, *, db_url: str | None, name: str | None, until_idle: bool, max_frames: int | None,
+def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames: int | None,
                  poll: float, sample_interval: float, lease_timeout: float, gpu_only: bool,
                  lock_dir: Path | None, tags: Sequence[str], cores: float | None, backend: str = "auto",
                  allowed_users: Sequence[str] = (), run_as_submitter: bool | None = None):
@@ -60,10 +56,9 @@ def build_worker(store, *, db_url: str | None, name: str | None, until_idle: boo
         raise InvalidInput(f"invalid host name {host!r} (letters, digits, '.', '_' and '-')")
     locks = Path(lock_dir) if lock_dir else config.lock_dir()
     prepare_lock_dir(locks)
-    log_dir = config.log_root(_store_dir(store, db_url))
     opts = WorkerOptions(
         name=host, lock_dir=locks, state_dir=config.state_home() / "cuectl" / "worker" / host,
-        log_dir=str(log_dir), cores=float(cores or psutil.cpu_count() or 1),
+        log_dir=str(store.log_dir), cores=float(cores or psutil.cpu_count() or 1),
         memory_bytes=int(psutil.virtual_memory().total), poll_s=poll, sample_interval_s=sample_interval,
         lease_timeout_s=lease_timeout, gpu_only=gpu_only, tags=tuple(tags), max_frames=max_frames,
         until_idle=until_idle, kill_grace_s=float(config.env("CUECTL_KILL_GRACE", "5") or 5),

@@ -1,7 +1,7 @@
 """The accounting report's per-group sums, computed by the database (``cuectl admin report``).
 
 One SQL text serves both stores: the few places where SQLite and PostgreSQL differ (named
-placeholders, JSON array functions, whole days) are a ``Dialect``. The database does the
+placeholders, JSON array functions, whole days) are a ``cuectl.sched.dialect.Dialect``. The database does the
 per-attempt work — 100,000 attempts must report in well under a second, and handing each
 one to Python as a record cost more than the whole budget — and returns one row per group
 plus each group's queue waits. What the figures mean is in ``cuectl.report`` and
@@ -20,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-# Outcomes after which a frame can be DEAD (``_next_state``/``reap`` in the stores). A user's
+from cuectl.sched.dialect import POSTGRES, SQLITE, Dialect  # noqa: F401  (re-exported for the stores)
+
+# Outcomes after which a frame can be DEAD (``store.lifecycle``). A user's
 # ``eat``/``retry`` and a worker's requeue (``worker stopped``, ``drain``, ``orphaned``…) are
 # not failures of the frame.
 FAILED_OUTCOMES = frozenset({"failed", "timeout", "killed", "lost"})
@@ -31,28 +33,6 @@ GROUPINGS = ("job", "layer", "user", "host", "gpu-model", "day")
 FRAME_PARTITIONS = frozenset({"job", "layer", "user"})  # groupings that put all of a frame's attempts in one group
 
 Fetch = Callable[[str, Mapping[str, Any]], Sequence[Sequence[Any]]]
-
-
-@dataclass(frozen=True)
-class Dialect:
-    param: Callable[[str], str]     # a named placeholder
-    json_len: Callable[[str], str]  # length of a JSON array held as text
-    each: Callable[[str], str]      # a FROM item: one row per element of a JSON text array, column e.value
-    day: Callable[[str], str]       # whole UTC days since the epoch of an epoch-seconds value
-
-
-SQLITE = Dialect(
-    param=lambda name: f":{name}",
-    json_len=lambda expr: f"json_array_length({expr})",
-    each=lambda expr: f"json_each({expr}) AS e",
-    day=lambda expr: f"CAST({expr} / 86400 AS INTEGER)",  # truncation is floor for times after 1970
-)
-POSTGRES = Dialect(
-    param=lambda name: f"%({name})s",
-    json_len=lambda expr: f"json_array_length(({expr})::json)",
-    each=lambda expr: f"json_array_elements_text(({expr})::json) AS e(value)",
-    day=lambda expr: f"FLOOR({expr} / 86400)::bigint",
-)
 
 
 @dataclass

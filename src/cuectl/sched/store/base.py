@@ -1,8 +1,8 @@
 """The store interface: every state change of jobs, frames and hosts goes through it.
 
-Two implementations satisfy it — SQLite (``cuectl.sched.sqlite``, the default) and
-PostgreSQL (for farms) — and one contract test suite runs against each. Nothing outside
-the implementations writes SQL. Methods return plain, JSON-ready values in the shapes of
+Two implementations satisfy it — SQLite (``store.sqlite``, the default) and PostgreSQL
+(``store.postgres``, for farms), both built on the shared SQL of ``store.sql`` — and one
+contract test suite runs against each. Nothing outside the store package writes SQL. Methods return plain, JSON-ready values in the shapes of
 DESIGN §9 (``job_json``/``frame_json``/``host_json``) so the CLI only renders.
 
 Every method that changes state is one transaction. Worker-facing methods are built so
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from cuectl.sched.model import JobSpec
@@ -97,9 +98,12 @@ class HostInfo:
 
 
 class Store(abc.ABC):
-    """The small interface every backend implements (see the contract tests)."""
+    """The whole interface every backend implements (see the contract tests): callers never
+    need to know which backend they hold."""
 
-    url: str
+    url: str                 # for messages: a path, or a server URL with its password masked
+    log_dir: Path            # where the frame logs of this store go (``open_store`` resolves it)
+    local_path: Path | None  # the store's file when it is one on this machine (SQLite), else None
 
     # -- lifecycle ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -169,9 +173,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
-                    now: float, lease_s: float, log_dir: str | None = None) -> ClaimedFrame | None:
+                    now: float, lease_s: float, log_dir: Path | str | None = None) -> ClaimedFrame | None:
         """Atomically move the layer's next WAITING frame to RUNNING; None if none left.
-        The attempt's log goes under ``log_dir`` (default: ``logs/`` beside the store)."""
+        The attempt's log goes under ``log_dir`` (default: the store's ``log_dir``)."""
 
     @abc.abstractmethod
     def heartbeat(self, host: str, frame_ids: Iterable[int], *, now: float, lease_s: float,
@@ -215,7 +219,23 @@ class Store(abc.ABC):
         [since, until), in no order, and the whole window as one more group when
         ``with_total``; all read from one snapshot."""
 
-    # -- optional: schema upgrades and wake-ups (no-op defaults) --------------------------
+    # -- maintenance -------------------------------------------------------------------
+    @abc.abstractmethod
+    def prune(self, *, before: float) -> list[int]:
+        """Delete FINISHED jobs that finished before ``before`` (with frames, attempts,
+        samples); return their ids so the caller can remove their log directories."""
+
+    @abc.abstractmethod
+    def backup(self, dest: Path) -> None:
+        """A consistent copy of the store written to ``dest`` while workers run; stores that
+        cannot (a server) raise ``InvalidInput`` naming the tool to use instead."""
+
+    @abc.abstractmethod
+    def integrity_problems(self) -> list[str] | None:
+        """What the database's own consistency check found ([] when sound), or None when
+        this backend cannot check from a client."""
+
+    # -- schema upgrades and wake-ups (no-op defaults) -----------------------------------
     def migrate(self) -> tuple[int, int]:
         """Bring the schema up to date; return (version before, version after). Stores that
         always migrate when opened (SQLite) have nothing left to do: (v, v)."""
@@ -237,34 +257,3 @@ class Store(abc.ABC):
         """Block up to ``timeout`` seconds until work may have been queued; True if woken.
         The default returns False at once: the caller sleeps (polls) as before."""
         return False
-
-
-def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
-               migrate: bool | None = None) -> Store:
-    """Open the store named by a path, ``sqlite:///path`` or ``postgresql://…``.
-
-    ``migrate`` (PostgreSQL only; SQLite always migrates when opened): None follows
-    ``CUECTL_AUTO_MIGRATE``, True migrates, False opens an old schema untouched (for
-    ``cuectl admin migrate``, which then calls ``Store.migrate()``)."""
-    from cuectl.errors import InvalidInput
-
-    if url.startswith(("postgresql://", "postgres://")):
-        try:
-            import psycopg  # noqa: F401  (only to tell a missing extra from other import errors)
-        except ImportError as exc:
-            raise InvalidInput("PostgreSQL stores need the postgres extra (psycopg 3)",
-                               hint="pip install 'cuectl[postgres]'") from exc
-        from cuectl.sched.postgres import PostgresStore
-
-        return PostgresStore(url, create=create, busy_timeout_s=busy_timeout_s, migrate=migrate)
-    if url.startswith("sqlite:///"):
-        # SQLAlchemy convention: sqlite:///relative/path, sqlite:////absolute/path.
-        path = url[len("sqlite:///"):]
-    elif "://" in url:
-        raise InvalidInput(f"unsupported store URL {url!r}",
-                           hint="use a file path, sqlite:///path or postgresql://…")
-    else:
-        path = url
-    from cuectl.sched.sqlite import SQLiteStore
-
-    return SQLiteStore(path, create=create, busy_timeout_s=busy_timeout_s)

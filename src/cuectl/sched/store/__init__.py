@@ -1,0 +1,55 @@
+"""The store: the ``Store`` interface, its records, and ``open_store``.
+
+Layout: ``base`` (the interface and records), ``lifecycle`` (the frame state machine and
+row shapes, pure functions), ``schema`` (one schema, rendered per database), ``sql`` (every
+query both databases share), ``sqlite`` and ``postgres`` (connections, errors, the claim
+statement and what only one database can do). ``open_store`` is the edge where
+configuration (environment variables) is read; no store method reads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cuectl.sched.store.base import ClaimedFrame, FrameResult, HostInfo, RunnableLayer, Store
+
+__all__ = ["ClaimedFrame", "FrameResult", "HostInfo", "RunnableLayer", "Store", "open_store"]
+
+
+def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
+               migrate: bool | None = None, log_dir: Path | str | None = None) -> Store:
+    """Open the store named by a path, ``sqlite:///path`` or ``postgresql://…``.
+
+    ``migrate`` (PostgreSQL only; SQLite always migrates when opened): None follows
+    ``CUECTL_AUTO_MIGRATE`` (default on; off makes an old schema an error), True migrates,
+    False opens an old schema untouched (for ``cuectl admin migrate``, which then calls
+    ``Store.migrate()``). ``log_dir``: where frame logs go; None follows ``CUECTL_LOG_DIR``,
+    else ``logs/`` beside a SQLite store or under the state directory."""
+    from cuectl import config
+    from cuectl.errors import InvalidInput
+
+    if url.startswith(("postgresql://", "postgres://")):
+        try:
+            import psycopg  # noqa: F401  (only to tell a missing extra from other import errors)
+        except ImportError as exc:
+            raise InvalidInput("PostgreSQL stores need the postgres extra (psycopg 3)",
+                               hint="pip install 'cuectl[postgres]'") from exc
+        from cuectl.sched.store.postgres import PostgresStore
+
+        auto = config.auto_migrate() if migrate is None else migrate
+        return PostgresStore(url, create=create, busy_timeout_s=busy_timeout_s, migrate=auto,
+                             refuse_old=migrate is None and not auto,
+                             log_dir=Path(log_dir) if log_dir else config.log_root(None))
+    if url.startswith("sqlite:///"):
+        # SQLAlchemy convention: sqlite:///relative/path, sqlite:////absolute/path.
+        path = url[len("sqlite:///"):]
+    elif "://" in url:
+        raise InvalidInput(f"unsupported store URL {url!r}",
+                           hint="use a file path, sqlite:///path or postgresql://…")
+    else:
+        path = url
+    from cuectl.sched.store.sqlite import SQLiteStore
+
+    file = Path(path).expanduser()
+    return SQLiteStore(file, create=create, busy_timeout_s=busy_timeout_s,
+                       log_dir=Path(log_dir) if log_dir else config.log_root(file))

@@ -1,0 +1,157 @@
+"""The frame lifecycle, as pure functions shared by every store backend.
+
+These are the core rules of the product (DESIGN §4–5): which state a frame enters when an
+attempt ends or its worker is presumed dead, what a submitted job's rows look like, and
+what a worker is handed when it claims a frame. The stores only read and write rows; they
+decide nothing of this themselves, so the backends cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from cuectl.sched import model as m
+from cuectl.sched.dialect import Dialect
+from cuectl.sched.frameset import compact_range, parse_frameset
+from cuectl.sched.store.base import ClaimedFrame, FrameResult
+
+# A stored chunk was validated at submit time; re-reading it must not depend on this
+# process's CUECTL_FRAME_LIMIT (a worker may run with a smaller one than the submitter).
+STORED_CHUNK_LIMIT = 2**31
+# User actions on a frame (``cuectl frame retry|kill|eat``); on a RUNNING frame they are
+# flagged for its worker and the final state is decided when the attempt ends.
+ACTIONS = ("retry", "kill", "eat")
+
+
+def next_state(result: FrameResult, action: str | None, attempt: int, retries: int) -> tuple[str, str]:
+    """The frame's state after an attempt ends, and the attempt's outcome label."""
+    if action == "eat":
+        return m.EATEN, "eaten"
+    if action == "kill":
+        return m.DEAD, "killed"
+    if action == "retry":
+        return m.WAITING, "retried"
+    if result.exit_code == 0 and not result.timed_out:
+        return m.SUCCEEDED, "succeeded"
+    outcome = "timeout" if result.timed_out else "failed"
+    return (m.WAITING if attempt <= retries else m.DEAD), outcome
+
+
+def reaped_state(action: str | None, attempt: int, retries: int) -> str:
+    """The state of a RUNNING frame whose worker went silent (its lease expired): the
+    attempt counts, and a pending user action still applies."""
+    if action == "eat":
+        return m.EATEN
+    if action == "kill":
+        return m.DEAD
+    if action == "retry" or attempt <= retries:
+        return m.WAITING
+    return m.DEAD
+
+
+def retried_state(frame_waits_on: int, layer_waits_on: int) -> str:
+    """Where a finished frame goes when a user retries it: back behind its dependencies."""
+    return m.DEPEND if (frame_waits_on or layer_waits_on) else m.WAITING
+
+
+# -- submitting ------------------------------------------------------------------------------
+FRAME_COLUMNS = ("id", "job_id", "layer_id", "number", "frames", "state", "depend_count", "waiting_since")
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    """Every row a submitted job adds besides its job and layer rows, in insert order."""
+
+    frames: list[tuple[Any, ...]]            # FRAME_COLUMNS
+    frame_deps: list[tuple[int, int]]        # (frame_id, on_frame_id)
+    layer_deps: list[tuple[int, int]]        # (layer_id, on_layer_id)
+
+
+def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], frame_ids: Sequence[int],
+                now: float) -> SubmitPlan:
+    """The frame rows of ``spec`` with their final state and dependency count, and the
+    dependency rows, given the ids the store reserved for the frames (``frame_ids``, one
+    per chunk, ascending: dispatch order by id is the spec's order). Computing everything
+    here lets a store write each row once."""
+    by_number: dict[str, dict[int, int]] = {}  # layer -> frame number -> frame id
+    chunk_ids: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
+    ids = iter(frame_ids)
+    for layer, chunks in zip(spec.layers, spec.chunks):
+        numbers: dict[int, int] = {}
+        rows = []
+        for chunk in chunks:
+            frame_id = next(ids)
+            rows.append((frame_id, chunk))
+            for n in chunk:
+                numbers.setdefault(n, frame_id)
+        by_number[layer.name] = numbers
+        chunk_ids[layer.name] = rows
+    frame_pairs: set[tuple[int, int]] = set()
+    layer_pairs: set[tuple[int, int]] = set()
+    for layer in spec.layers:
+        for dep in layer.depends:
+            if dep.type == "layer":
+                layer_pairs.add((layer_ids[layer.name], layer_ids[dep.on]))
+                continue
+            # Frame-by-frame: each of our frames waits for the frames of `dep.on` holding the
+            # same frame numbers (several, when the chunkings differ).
+            upstream = by_number[dep.on]
+            frame_pairs |= {(mine, upstream[n]) for n, mine in by_number[layer.name].items() if n in upstream}
+    waits_on: dict[int, int] = {}
+    for mine, _ in frame_pairs:
+        waits_on[mine] = waits_on.get(mine, 0) + 1
+    frames: list[tuple[Any, ...]] = []
+    for layer in spec.layers:
+        layer_blocked = any(d.type == "layer" for d in layer.depends)
+        for frame_id, chunk in chunk_ids[layer.name]:
+            count = waits_on.get(frame_id, 0)
+            state = m.DEPEND if (count or layer_blocked) else m.WAITING
+            frames.append((frame_id, job_id, layer_ids[layer.name], chunk[0],
+                           compact_range(chunk) if len(chunk) > 1 else str(chunk[0]), state, count, now))
+    return SubmitPlan(frames, sorted(frame_pairs), sorted(layer_pairs))
+
+
+def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
+    """The values of ``LAYER_INSERT_COLUMNS`` for one layer of a submitted job."""
+    command = layer.command if isinstance(layer.command, str) else list(layer.command)
+    return (job_id, idx, layer.name, json.dumps(command), layer.range, layer.chunk, layer.gpus,
+            layer.gpu_vendor, json.dumps(list(layer.gpu_models)), layer.gpu_memory_min_bytes,
+            layer.cores, layer.memory_bytes, layer.retries, layer.timeout_s,
+            json.dumps(dict(layer.env)), json.dumps(list(layer.tags)),
+            json.dumps([{"layer": d.on, "type": d.type} for d in layer.depends]),
+            sum(1 for d in layer.depends if d.type == "layer"))
+
+
+LAYER_COLUMNS = ("id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
+                 "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends")
+LAYER_INSERT_COLUMNS = LAYER_COLUMNS.replace("id, ", "", 1) + ", depend_count"
+
+
+# -- claiming ---------------------------------------------------------------------------------
+def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, number: int, frames: str,
+                  gpu_uuids: Sequence[str], log_path: str) -> ClaimedFrame:
+    """What a worker is handed for one claimed attempt: the claimed frame row's values and
+    its layer row (with ``job_name`` and ``user`` of its job)."""
+    command = json.loads(layer["command"])
+    return ClaimedFrame(
+        frame_id=int(frame_id), job_id=layer["job_id"], job=layer["job_name"], user=layer["user"],
+        layer_id=layer["id"], layer=layer["name"], number=int(number),
+        frames=tuple(parse_frameset(frames, limit=STORED_CHUNK_LIMIT)), attempt=int(attempt),
+        command=command if isinstance(command, str) else tuple(command), layer_range=layer["range"],
+        chunk=layer["chunk"], cores=layer["cores"], memory_bytes=layer["memory_bytes"], gpus=layer["gpus"],
+        gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
+        timeout_s=layer["timeout_s"], env=json.loads(layer["env"]), retries=layer["retries"],
+        log_path=log_path)
+
+
+def log_path_sql(dialect: Dialect, alias: str = "") -> str:
+    """Where an attempt's log goes, as the SQL expression a claim statement stores:
+    ``<log dir>/<job id>/<NNNN>-<layer>.<attempt>.log``, from two ``?`` parameters (the log
+    dir, the layer name) and the claimed row's columns (``alias``: its table alias). This is
+    the one definition of the log location (the log dir is resolved once, by ``open_store``).
+    Layer names are validated to [A-Za-z0-9_.-], so a path cannot leave the log dir."""
+    col = f"{alias}." if alias else ""
+    return (f"CAST(? AS TEXT) || '/' || {col}job_id || '/' || {dialect.pad4(col + 'number')} || '-' || "
+            f"CAST(? AS TEXT) || '.' || ({col}attempts + 1) || '.log'")

@@ -1,0 +1,153 @@
+"""The store's schema, one script per version, rendered for each database.
+
+Forward-only: ``MIGRATIONS[i]`` brings a store from version i to i + 1, and a store at
+version N has the same tables and columns on SQLite and PostgreSQL because both are
+rendered from the same text (``Dialect.types``: INTEGER becomes BIGINT and REAL DOUBLE
+PRECISION on PostgreSQL; ``{ID}`` is an auto-increment / identity primary key;
+``{WITHOUT_ROWID}`` is a SQLite storage hint). Never edit a released version: add one.
+"""
+
+from __future__ import annotations
+
+from cuectl.sched.dialect import Dialect
+
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    CREATE TABLE jobs (
+        id {ID},
+        name TEXT NOT NULL,
+        "user" TEXT NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL DEFAULT 'PENDING',
+        paused INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        finished_at REAL
+    );
+    CREATE INDEX jobs_name ON jobs(name);
+    CREATE TABLE layers (
+        id {ID},
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        idx INTEGER NOT NULL,
+        name TEXT NOT NULL,
+        command TEXT NOT NULL,
+        range TEXT NOT NULL,
+        chunk INTEGER NOT NULL,
+        gpus INTEGER NOT NULL,
+        gpu_vendor TEXT,
+        gpu_models TEXT NOT NULL,
+        gpu_memory_min_bytes INTEGER NOT NULL,
+        cores REAL NOT NULL,
+        memory_bytes INTEGER NOT NULL,
+        retries INTEGER NOT NULL,
+        timeout_s REAL,
+        env TEXT NOT NULL,
+        tags TEXT NOT NULL,
+        depends TEXT NOT NULL,
+        depend_count INTEGER NOT NULL DEFAULT 0,
+        UNIQUE (job_id, name)
+    );
+    CREATE TABLE layer_deps (
+        layer_id INTEGER NOT NULL,
+        on_layer_id INTEGER NOT NULL,
+        PRIMARY KEY (on_layer_id, layer_id)
+    ){WITHOUT_ROWID};
+    CREATE TABLE frames (
+        id {ID},
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        layer_id INTEGER NOT NULL REFERENCES layers(id) ON DELETE CASCADE,
+        number INTEGER NOT NULL,
+        frames TEXT NOT NULL,
+        state TEXT NOT NULL,
+        depend_count INTEGER NOT NULL DEFAULT 0,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        host TEXT,
+        worker TEXT,
+        gpu_uuids TEXT,
+        lease_expires REAL,
+        action TEXT,
+        exit_code INTEGER,
+        exit_signal INTEGER,
+        started_at REAL,
+        ended_at REAL,
+        waiting_since REAL,
+        max_rss_bytes INTEGER,
+        cpu_seconds REAL,
+        gpu_util_mean_pct REAL,
+        gpu_util_max_pct REAL,
+        gpu_memory_peak_bytes INTEGER,
+        gpu_seconds REAL,
+        gpu_busy_seconds REAL,
+        log_path TEXT
+    );
+    CREATE INDEX frames_layer_state ON frames(layer_id, state, id);
+    CREATE INDEX frames_job_state ON frames(job_id, state, id);
+    CREATE INDEX frames_running ON frames(state, lease_expires) WHERE state = 'RUNNING';
+    CREATE TABLE frame_deps (
+        on_frame_id INTEGER NOT NULL,
+        frame_id INTEGER NOT NULL,
+        PRIMARY KEY (on_frame_id, frame_id)
+    ){WITHOUT_ROWID};
+    CREATE TABLE hosts (
+        name TEXT PRIMARY KEY,
+        cores REAL NOT NULL,
+        memory_bytes INTEGER NOT NULL,
+        gpus TEXT NOT NULL,
+        tags TEXT NOT NULL DEFAULT '[]',
+        locked INTEGER NOT NULL DEFAULT 0,
+        registered_at REAL NOT NULL,
+        last_heartbeat REAL NOT NULL,
+        worker_pid INTEGER,
+        version TEXT,
+        live TEXT
+    );
+    CREATE TABLE attempts (
+        id {ID},
+        frame_id INTEGER NOT NULL REFERENCES frames(id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        job_id INTEGER NOT NULL,
+        host TEXT,
+        gpu_uuids TEXT NOT NULL DEFAULT '[]',
+        outcome TEXT NOT NULL,
+        waiting_since REAL,
+        started_at REAL,
+        ended_at REAL,
+        exit_code INTEGER,
+        exit_signal INTEGER,
+        timed_out INTEGER NOT NULL DEFAULT 0,
+        max_rss_bytes INTEGER,
+        cpu_seconds REAL,
+        cores REAL,
+        usage TEXT,
+        UNIQUE (frame_id, attempt)
+    );
+    CREATE INDEX attempts_ended ON attempts(ended_at);
+    """,
+    # v2: per-attempt GPU accounting columns (reports read these, not JSON) and the
+    # bounded per-device sample series of each attempt.
+    """
+    ALTER TABLE attempts ADD COLUMN gpu_util_mean_pct REAL;
+    ALTER TABLE attempts ADD COLUMN gpu_util_max_pct REAL;
+    ALTER TABLE attempts ADD COLUMN gpu_memory_peak_bytes INTEGER;
+    ALTER TABLE attempts ADD COLUMN gpu_seconds REAL;
+    ALTER TABLE attempts ADD COLUMN gpu_busy_seconds REAL;
+    ALTER TABLE attempts ADD COLUMN gpu_models TEXT;
+    CREATE INDEX attempts_job ON attempts(job_id);
+    CREATE TABLE samples (
+        frame_id INTEGER NOT NULL REFERENCES frames(id) ON DELETE CASCADE,
+        attempt INTEGER NOT NULL,
+        uuid TEXT NOT NULL,
+        points TEXT NOT NULL,
+        PRIMARY KEY (frame_id, attempt, uuid)
+    ){WITHOUT_ROWID};
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+# Every table of ours: a database holding some of them but no ``meta`` is not a cuectl store.
+TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples")
+
+
+def statements(version: int, dialect: Dialect) -> list[str]:
+    """The statements that bring a store from ``version`` to ``version + 1``."""
+    script = dialect.types(MIGRATIONS[version])
+    return [s.strip() for s in script.split(";") if s.strip()]

@@ -1,0 +1,568 @@
+"""Every query SQLite and PostgreSQL share: one ``SQLStore`` holding the store's logic.
+
+Queries are written once with ``?`` placeholders in SQL both databases accept; the
+backend's ``Dialect`` renders them. A backend supplies a few hooks:
+
+- ``_write(fn)``: run ``fn(tx)`` in one write transaction (SQLite: ``BEGIN IMMEDIATE``, the
+  one write lock; PostgreSQL: a transaction retried on a lost connection);
+- ``_read(sql, params)``: one read outside a write transaction;
+- ``_reserve_frame_ids(tx, n)``: ids for a submit's frames, known before they are written;
+- ``_lock_jobs(tx, jobs, frames)``: serialise with other writers that can finish these jobs
+  or release their dependencies (a no-op where one write lock already does that);
+- ``_notify(tx)``: wake idle workers when work became runnable (a no-op where they poll);
+- ``_bulk_insert(tx, table, columns, rows)``: many rows at once (PostgreSQL: COPY);
+- ``claim_frame``: the hot path, one statement per database.
+
+What a state change means (next state, reaped state, submit rows) is decided in
+``lifecycle``; this module only reads and writes rows.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+
+from cuectl.errors import Conflict, InvalidInput, NotFound
+from cuectl.sched import model as m
+from cuectl.sched.dialect import Dialect
+from cuectl.sched.store import lifecycle
+from cuectl.sched.store.base import FrameResult, HostInfo, RunnableLayer, Store
+from cuectl.sched.views import frame_json, host_json, job_json, layer_json
+
+T = TypeVar("T")
+Row = Any  # sqlite3.Row or a psycopg dict row: both are read by column name only
+
+_FRAME_SELECT = """
+    SELECT f.*, j.name AS job_name, l.name AS layer_name
+    FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id
+"""
+# Ids per IN (...) list: well under SQLite's 32,766 host parameters (and PostgreSQL's 65,535).
+_IN_BATCH = 500
+# The columns an attempt's record copies from its frame and layer (``_record_attempt``).
+_ATTEMPT_SOURCE = ("f.state, f.attempts, f.action, f.job_id, f.layer_id, f.host, f.gpu_uuids, f.waiting_since, "
+                   "f.started_at, l.retries, l.cores")
+_ATTEMPT_COLUMNS = ("frame_id", "attempt", "job_id", "host", "gpu_uuids", "outcome", "waiting_since", "started_at",
+                    "ended_at", "exit_code", "exit_signal", "timed_out", "max_rss_bytes", "cpu_seconds", "cores",
+                    "usage", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes", "gpu_seconds",
+                    "gpu_busy_seconds", "gpu_models")
+_RECORD_ATTEMPT = (
+    f"INSERT INTO attempts({', '.join(_ATTEMPT_COLUMNS)}) VALUES ({', '.join('?' * len(_ATTEMPT_COLUMNS))}) "
+    "ON CONFLICT (frame_id, attempt) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in _ATTEMPT_COLUMNS[2:]))
+
+
+def marks(n: int) -> str:
+    """``?, ?, …`` for an IN list of ``n`` values."""
+    return ", ".join("?" * n)
+
+
+def batches(ids: Sequence[int]) -> Iterator[list[int]]:
+    for start in range(0, len(ids), _IN_BATCH):
+        yield list(ids[start:start + _IN_BATCH])
+
+
+class Tx:
+    """One open transaction; runs shared (``?``-style) queries in the store's dialect."""
+
+    __slots__ = ("conn", "_render")
+
+    def __init__(self, conn: Any, dialect: Dialect) -> None:
+        self.conn = conn
+        self._render = dialect.positional
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """Execute; the number of rows changed."""
+        return int(self.conn.execute(self._render(sql), params).rowcount)
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Row:
+        """The first row, or None."""
+        return self.conn.execute(self._render(sql), params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return list(self.conn.execute(self._render(sql), params).fetchall())
+
+    def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self.conn.cursor().executemany(self._render(sql), rows)
+
+
+class SQLStore(Store):
+    """The store's logic over the shared SQL; subclasses connect and supply the hooks."""
+
+    dialect: Dialect
+
+    def __init__(self, *, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        # Layer rows never change after submit: the claim path reads each once.
+        self._layer_cache: dict[int, Row] = {}
+
+    # -- hooks -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _write(self, fn: Callable[[Tx], T], *, idempotent: bool = True) -> T:
+        """Run ``fn`` in one write transaction. ``idempotent=False``: the backend must not
+        repeat it when the outcome of its commit is unknown."""
+
+    @abc.abstractmethod
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]: ...
+
+    @abc.abstractmethod
+    def _reserve_frame_ids(self, tx: Tx, count: int) -> list[int]:
+        """``count`` unused frame ids, ascending."""
+
+    def _lock_jobs(self, tx: Tx, *, jobs: Iterable[int] = (), frames: Iterable[int] = ()) -> None:
+        """Lock the given jobs and the jobs of the given frames until commit (see the hooks)."""
+
+    def _notify(self, tx: Tx) -> None:
+        """Wake idle workers once this transaction commits."""
+
+    def _bulk_insert(self, tx: Tx, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            tx.many(f"INSERT INTO {table}({', '.join(columns)}) VALUES ({marks(len(columns))})", rows)
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def submit(self, spec: m.JobSpec, *, now: float) -> int:
+        def insert(tx: Tx) -> int:
+            job_id = int(tx.one('INSERT INTO jobs(name, "user", priority, paused, created_at) VALUES (?, ?, ?, ?, ?) '
+                                "RETURNING id", (spec.name, spec.user, spec.priority, int(spec.paused), now))["id"])
+            layer_ids = {layer.name: int(tx.one(
+                f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(18)}) RETURNING id",
+                lifecycle.layer_row(job_id, idx, layer))["id"]) for idx, layer in enumerate(spec.layers)}
+            frame_ids = self._reserve_frame_ids(tx, sum(len(chunks) for chunks in spec.chunks))
+            plan = lifecycle.plan_submit(spec, job_id, layer_ids, frame_ids, now)
+            self._bulk_insert(tx, "frames", lifecycle.FRAME_COLUMNS, plan.frames)
+            self._bulk_insert(tx, "frame_deps", ("frame_id", "on_frame_id"), plan.frame_deps)
+            self._bulk_insert(tx, "layer_deps", ("layer_id", "on_layer_id"), plan.layer_deps)
+            if not spec.paused:
+                self._notify(tx)
+            return job_id
+
+        # Not idempotent: a connection lost during COMMIT must not submit the job twice.
+        return self._write(insert, idempotent=False)
+
+    def _job_row(self, ref: str | int) -> Row:
+        text = str(ref).strip()
+        if text.isdigit():
+            rows = self._read("SELECT * FROM jobs WHERE id = ?", (int(text),))
+            if rows:
+                return rows[0]
+        rows = self._read("SELECT * FROM jobs WHERE name = ? ORDER BY id", (text,))
+        if not rows:
+            raise NotFound(f"no job {text!r}", hint="see `cuectl job list`")
+        if len(rows) > 1:
+            ids = ", ".join(str(r["id"]) for r in rows[:10])
+            raise Conflict(f"job name {text!r} is not unique (ids {ids})", hint="use the job id")
+        return rows[0]
+
+    def _frame_counts(self, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
+        counts: dict[int, dict[str, int]] = {j: {} for j in job_ids}
+        for batch in batches(job_ids):
+            for row in self._read(f"SELECT job_id, state, COUNT(*) AS n FROM frames WHERE job_id IN ({marks(len(batch))}) "
+                                  "GROUP BY job_id, state", batch):
+                counts[row["job_id"]][row["state"]] = int(row["n"])
+        return counts
+
+    def list_jobs(self, *, include_finished: bool = True) -> list[dict[str, Any]]:
+        where = "" if include_finished else "WHERE state != 'FINISHED'"
+        rows = self._read(f"SELECT * FROM jobs {where} ORDER BY id")
+        counts = self._frame_counts([r["id"] for r in rows])
+        return [job_json(r, counts[r["id"]]) for r in rows]
+
+    def get_job(self, ref: str | int) -> dict[str, Any]:
+        row = self._job_row(ref)
+        data = job_json(row, self._frame_counts([row["id"]])[row["id"]])
+        data["layers"] = [layer_json(r) for r in self._read(
+            f"SELECT {lifecycle.LAYER_COLUMNS}, depend_count FROM layers WHERE job_id = ? ORDER BY idx", (row["id"],))]
+        # DEPEND frames of this job that wait on a DEAD frame (they need a retry).
+        data["dead_dependencies"] = int(self._read(
+            "SELECT COUNT(DISTINCT d.frame_id) AS n FROM frame_deps d JOIN frames f ON f.id = d.on_frame_id "
+            "WHERE f.state = 'DEAD' AND d.frame_id IN (SELECT id FROM frames WHERE job_id = ? AND state = 'DEPEND')",
+            (row["id"],))[0]["n"])
+        return data
+
+    def set_job_paused(self, ref: str | int, paused: bool) -> dict[str, Any]:
+        job_id = self._job_row(ref)["id"]
+
+        def update(tx: Tx) -> None:
+            tx.run("UPDATE jobs SET paused = ? WHERE id = ?", (int(paused), job_id))
+            if not paused:
+                self._notify(tx)
+
+        self._write(update)
+        return self.get_job(job_id)
+
+    def set_job_priority(self, ref: str | int, priority: int) -> dict[str, Any]:
+        job_id = self._job_row(ref)["id"]
+        self._write(lambda tx: tx.run("UPDATE jobs SET priority = ? WHERE id = ?", (priority, job_id)))
+        return self.get_job(job_id)
+
+    def kill_job(self, ref: str | int, *, now: float) -> dict[str, Any]:
+        """Eat every unfinished frame; running ones are killed by their worker first."""
+        job_id = self._job_row(ref)["id"]
+
+        def kill(tx: Tx) -> None:
+            self._lock_jobs(tx, jobs=[job_id])
+            tx.run("UPDATE frames SET action = 'eat' WHERE job_id = ? AND state = 'RUNNING'", (job_id,))
+            tx.run("UPDATE frames SET state = 'EATEN', ended_at = ? WHERE job_id = ? "
+                   "AND state IN ('WAITING', 'DEPEND', 'DEAD')", (now, job_id))
+            self._finish_job_if_done(tx, job_id, now)
+
+        self._write(kill)
+        return self.get_job(job_id)
+
+    def retry_job(self, ref: str | int, *, now: float) -> dict[str, Any]:
+        """Requeue the job's DEAD and EATEN frames (OpenCue: retry dead frames)."""
+        job_id = self._job_row(ref)["id"]
+        ids = [r["id"] for r in self._read("SELECT id FROM frames WHERE job_id = ? AND state IN ('DEAD', 'EATEN')",
+                                           (job_id,))]
+        if ids:
+            self.frame_action(ids, "retry", now=now)
+        return self.get_job(job_id)
+
+    @staticmethod
+    def _finish_job_if_done(tx: Tx, job_id: int, now: float) -> None:
+        if tx.one("SELECT 1 FROM frames WHERE job_id = ? AND state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1",
+                  (job_id,)):
+            tx.run("UPDATE jobs SET state = 'PENDING', finished_at = NULL WHERE id = ? AND state != 'PENDING'",
+                   (job_id,))
+        else:
+            tx.run("UPDATE jobs SET state = 'FINISHED', finished_at = ? WHERE id = ? AND state != 'FINISHED'",
+                   (now, job_id))
+
+    # -- frames --------------------------------------------------------------------------------
+    def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
+                    state: str | None = None, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
+        where: list[str] = []
+        params: list[Any] = []
+        if job is not None:
+            where.append("f.job_id = ?")
+            params.append(self._job_row(job)["id"])
+        if layer is not None:
+            where.append("l.name = ?")
+            params.append(layer)
+        if state is not None:
+            where.append("f.state = ?")
+            params.append(state)
+        clause = ("WHERE " + " AND ".join(where)) if where else ""
+        total = self._read(f"SELECT COUNT(*) AS n FROM frames f JOIN layers l ON l.id = f.layer_id {clause}",
+                           params)[0]["n"]
+        rows = self._read(f"{_FRAME_SELECT} {clause} ORDER BY f.id LIMIT ?", [*params, limit])
+        return [frame_json(r) for r in rows], int(total)
+
+    def get_frame(self, frame_id: int) -> dict[str, Any]:
+        rows = self._read(f"{_FRAME_SELECT} WHERE f.id = ?", (frame_id,))
+        if not rows:
+            raise NotFound(f"no frame {frame_id}", hint="see `cuectl frame list`")
+        data = frame_json(rows[0])
+        data["log_path"] = rows[0]["log_path"]
+        data["samples"] = {r["uuid"]: json.loads(r["points"]) for r in self._read(
+            "SELECT uuid, points FROM samples WHERE frame_id = ? AND attempt = "
+            "(SELECT MAX(attempt) FROM samples WHERE frame_id = ?)", (frame_id, frame_id))}
+        data["attempt_history"] = [dict(r) for r in self._read(
+            "SELECT attempt, host, outcome, started_at, ended_at, exit_code, exit_signal, timed_out "
+            "FROM attempts WHERE frame_id = ? ORDER BY attempt", (frame_id,))]
+        return data
+
+    def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float) -> list[dict[str, Any]]:
+        if action not in lifecycle.ACTIONS:
+            raise InvalidInput(f"unknown frame action {action!r}")
+        ids = list(dict.fromkeys(int(i) for i in frame_ids))
+        found = {r["id"] for batch in batches(ids)
+                 for r in self._read(f"SELECT id FROM frames WHERE id IN ({marks(len(batch))})", batch)}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise NotFound(f"no frame {missing[0]}", hint="see `cuectl frame list`")
+
+        def apply(tx: Tx) -> None:
+            self._lock_jobs(tx, frames=ids)
+            if sum(self._apply_action(tx, frame_id, action, now) for frame_id in ids):
+                self._notify(tx)
+
+        self._write(apply)
+        return [self.get_frame(i) for i in ids]
+
+    def _apply_action(self, tx: Tx, frame_id: int, action: str, now: float) -> int:
+        """Apply one action; return how many frames became WAITING (to wake workers)."""
+        row = tx.one(f"SELECT f.state, f.job_id, f.layer_id, f.depend_count FROM frames f WHERE f.id = ?"
+                     f"{self.dialect.lock_rows}", (frame_id,))
+        state = row["state"]
+        woke = 0
+        if state == m.RUNNING:
+            # The worker owning it sees the flag on its next heartbeat, kills the process
+            # group and reports; the final state is decided in complete_frame.
+            tx.run("UPDATE frames SET action = ? WHERE id = ?", (action, frame_id))
+            return 0
+        if action == "retry":
+            if state in (m.WAITING, m.DEPEND):
+                return 0
+            layer_waits = tx.one("SELECT depend_count FROM layers WHERE id = ?", (row["layer_id"],))["depend_count"]
+            new = lifecycle.retried_state(row["depend_count"], layer_waits)
+            tx.run("UPDATE frames SET state = ?, waiting_since = ?, ended_at = NULL, action = NULL WHERE id = ?",
+                   (new, now, frame_id))
+            woke = int(new == m.WAITING)
+        elif action == "kill":
+            if state in (m.WAITING, m.DEPEND):
+                tx.run("UPDATE frames SET state = 'DEAD', ended_at = ? WHERE id = ?", (now, frame_id))
+        elif state != m.EATEN:  # eat
+            tx.run("UPDATE frames SET state = 'EATEN', ended_at = ? WHERE id = ?", (now, frame_id))
+            woke = self._release_dependents(tx, frame_id, row["layer_id"], now)
+        self._finish_job_if_done(tx, row["job_id"], now)
+        return woke
+
+    @staticmethod
+    def _release_dependents(tx: Tx, frame_id: int, layer_id: int, now: float) -> int:
+        """Satisfy what waited on this frame (and on its layer, if the layer is now done);
+        return how many frames became WAITING. The caller holds the job's lock.
+
+        Dependency rows are deleted as they are satisfied, so a frame that is retried and
+        succeeds again never releases anything twice.
+        """
+        woke = 0
+        released = [r["frame_id"] for r in tx.all("DELETE FROM frame_deps WHERE on_frame_id = ? RETURNING frame_id",
+                                                  (frame_id,))]
+        for batch in batches(released):
+            tx.run(f"UPDATE frames SET depend_count = depend_count - 1 WHERE id IN ({marks(len(batch))})", batch)
+            woke += tx.run(f"UPDATE frames SET state = 'WAITING', waiting_since = ? WHERE id IN ({marks(len(batch))}) "
+                           "AND state = 'DEPEND' AND depend_count = 0 "
+                           "AND (SELECT depend_count FROM layers WHERE id = frames.layer_id) = 0", (now, *batch))
+        if tx.one("SELECT 1 FROM frames WHERE layer_id = ? AND state IN ('WAITING', 'DEPEND', 'RUNNING', 'DEAD') "
+                  "LIMIT 1", (layer_id,)):
+            return woke
+        for r in tx.all("DELETE FROM layer_deps WHERE on_layer_id = ? RETURNING layer_id", (layer_id,)):
+            dep_layer = r["layer_id"]
+            tx.run("UPDATE layers SET depend_count = depend_count - 1 WHERE id = ?", (dep_layer,))
+            woke += tx.run("UPDATE frames SET state = 'WAITING', waiting_since = ? WHERE layer_id = ? "
+                           "AND state = 'DEPEND' AND depend_count = 0 AND (SELECT depend_count FROM layers "
+                           "WHERE id = ?) = 0", (now, dep_layer, dep_layer))
+        return woke
+
+    # -- hosts ---------------------------------------------------------------------------------
+    def register_host(self, host: HostInfo, *, now: float) -> None:
+        self._write(lambda tx: tx.run(
+            "INSERT INTO hosts(name, cores, memory_bytes, gpus, tags, registered_at, last_heartbeat, worker_pid, "
+            "version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+            "cores = excluded.cores, memory_bytes = excluded.memory_bytes, gpus = excluded.gpus, "
+            "tags = excluded.tags, registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat, "
+            "worker_pid = excluded.worker_pid, version = excluded.version",
+            (host.name, host.cores, host.memory_bytes, json.dumps(list(host.gpus)), json.dumps(list(host.tags)),
+             now, now, host.worker_pid, host.version)))
+
+    def list_hosts(self, *, now: float, down_after: float) -> list[dict[str, Any]]:
+        return [host_json(r, now=now, down_after=down_after) for r in self._read("SELECT * FROM hosts ORDER BY name")]
+
+    def get_host(self, name: str, *, now: float, down_after: float) -> dict[str, Any]:
+        rows = self._read("SELECT * FROM hosts WHERE name = ?", (name,))
+        if not rows:
+            raise NotFound(f"no host {name!r}", hint="see `cuectl host list`")
+        data = host_json(rows[0], now=now, down_after=down_after)
+        data["running_frames"] = [r["id"] for r in self._read(
+            "SELECT id FROM frames WHERE host = ? AND state = 'RUNNING' ORDER BY id", (name,))]
+        return data
+
+    def set_host_locked(self, name: str, locked: bool) -> dict[str, Any]:
+        def update(tx: Tx) -> None:
+            if tx.run("UPDATE hosts SET locked = ? WHERE name = ?", (int(locked), name)) == 0:
+                raise NotFound(f"no host {name!r}", hint="see `cuectl host list`")
+            if not locked:
+                self._notify(tx)  # its idle worker may claim again
+
+        self._write(update)
+        return self.get_host(name, now=time.time(), down_after=float("inf"))
+
+    def host_inventories(self) -> dict[str, tuple[list[Mapping[str, Any]], bool, list[str]]]:
+        return {r["name"]: (json.loads(r["gpus"]), bool(r["locked"]), json.loads(r["tags"]))
+                for r in self._read("SELECT name, gpus, locked, tags FROM hosts")}
+
+    # -- worker --------------------------------------------------------------------------------
+    def runnable_layers(self, *, limit: int = 200) -> list[RunnableLayer]:
+        rows = self._read(
+            "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
+            'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user" '
+            "FROM layers l JOIN jobs j ON j.id = l.job_id "
+            "WHERE j.state = 'PENDING' AND j.paused = 0 AND l.depend_count >= 0 "
+            "AND EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = l.id AND f.state = 'WAITING') "
+            "ORDER BY j.priority DESC, j.created_at, j.id, l.idx LIMIT ?", (limit,))
+        return [RunnableLayer(layer_id=r["id"], job_id=r["job_id"], job=r["job_name"], layer=r["name"],
+                              priority=r["priority"], gpus=r["gpus"], gpu_vendor=r["gpu_vendor"],
+                              gpu_models=tuple(json.loads(r["gpu_models"])),
+                              gpu_memory_min_bytes=r["gpu_memory_min_bytes"], cores=r["cores"],
+                              memory_bytes=r["memory_bytes"], tags=tuple(json.loads(r["tags"])), waiting=1,
+                              user=r["user"])
+                for r in rows]
+
+    def _layer_row(self, layer_id: int) -> Row:
+        """The layer (with its job's name and user) for the claim path, read once."""
+        row = self._layer_cache.get(layer_id)
+        if row is None:
+            rows = self._read(f"SELECT {lifecycle.LAYER_COLUMNS}, (SELECT name FROM jobs WHERE id = layers.job_id) "
+                              'AS job_name, (SELECT "user" FROM jobs WHERE id = layers.job_id) AS "user" '
+                              "FROM layers WHERE id = ?", (layer_id,))
+            if not rows:
+                raise NotFound(f"no layer {layer_id}")
+            row = rows[0]
+            if len(self._layer_cache) > 4096:
+                self._layer_cache.clear()
+            self._layer_cache[layer_id] = row
+        return row
+
+    def heartbeat(self, host: str, frame_ids: Iterable[int], *, now: float, lease_s: float,
+                  live: Mapping[str, Any] | None = None, attempts: Mapping[int, int] | None = None
+                  ) -> dict[int, str | None]:
+        ids = [int(i) for i in frame_ids]
+
+        def beat(tx: Tx) -> list[Row]:
+            tx.run("UPDATE hosts SET last_heartbeat = ?, live = COALESCE(CAST(? AS TEXT), live) WHERE name = ?",
+                   (now, json.dumps(live) if live is not None else None, host))
+            rows: list[Row] = []
+            for batch in batches(ids):
+                tx.run(f"UPDATE frames SET lease_expires = ? WHERE id IN ({marks(len(batch))}) AND host = ? "
+                       "AND state = 'RUNNING'", (now + lease_s, *batch, host))
+                rows += tx.all(f"SELECT id, state, host, action, attempts FROM frames WHERE id IN ({marks(len(batch))})",
+                               batch)
+            return rows
+
+        result: dict[int, str | None] = {i: "lost" for i in ids}
+        for r in self._write(beat):
+            current = attempts is None or attempts.get(r["id"]) == r["attempts"]
+            ours = r["state"] == m.RUNNING and r["host"] == host and current
+            result[r["id"]] = r["action"] if ours else "lost"
+        return result
+
+    def _running_frame(self, tx: Tx, frame_id: int, attempt: int) -> Row | None:
+        """The frame with what its attempt record needs, locked (its job first: the lock order
+        of every writer); None unless it is RUNNING ``attempt`` (fencing)."""
+        self._lock_jobs(tx, frames=[frame_id])
+        row = tx.one(f"SELECT {_ATTEMPT_SOURCE} FROM frames f JOIN layers l ON l.id = f.layer_id WHERE f.id = ?"
+                     f"{self.dialect.lock_rows}", (frame_id,))
+        if row is None or row["state"] != m.RUNNING or row["attempts"] != attempt:
+            return None
+        return row
+
+    def complete_frame(self, frame_id: int, attempt: int, result: FrameResult, *, now: float) -> str | None:
+        def complete(tx: Tx) -> str | None:
+            row = self._running_frame(tx, frame_id, attempt)
+            if row is None:
+                return None  # a stale report from an older attempt changes nothing
+            new_state, outcome = lifecycle.next_state(result, row["action"], attempt, row["retries"])
+            usage = dict(result.usage)
+            tx.run(
+                "UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, exit_code = ?, exit_signal = ?, "
+                "started_at = COALESCE(?, started_at), ended_at = ?, max_rss_bytes = ?, cpu_seconds = ?, "
+                "gpu_util_mean_pct = ?, gpu_util_max_pct = ?, gpu_memory_peak_bytes = ?, gpu_seconds = ?, "
+                "gpu_busy_seconds = ?, waiting_since = CASE WHEN ? THEN ? ELSE waiting_since END WHERE id = ?",
+                (new_state, result.exit_code, result.exit_signal, result.started_at, result.ended_at or now,
+                 result.max_rss_bytes, result.cpu_seconds, usage.get("gpu_util_mean_pct"),
+                 usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"), usage.get("gpu_seconds"),
+                 usage.get("gpu_busy_seconds"), new_state == m.WAITING, now, frame_id))
+            self._record_attempt(tx, frame_id, attempt, row, outcome, result, now)
+            woke = int(new_state == m.WAITING)
+            if new_state in m.RELEASING_STATES:
+                woke += self._release_dependents(tx, frame_id, row["layer_id"], now)
+            self._finish_job_if_done(tx, row["job_id"], now)
+            if woke:
+                self._notify(tx)
+            return new_state
+
+        # Safe to repeat after a lost COMMIT: the repeat is fenced and returns None.
+        return self._write(complete)
+
+    @staticmethod
+    def _record_attempt(tx: Tx, frame_id: int, attempt: int, row: Row, outcome: str, result: FrameResult | None,
+                        now: float) -> None:
+        usage = dict(result.usage) if result and result.usage else {}
+        samples = usage.pop("samples", None) or {}
+        tx.run(_RECORD_ATTEMPT, (
+            frame_id, attempt, row["job_id"], row["host"], row["gpu_uuids"] or "[]", outcome, row["waiting_since"],
+            (result.started_at if result and result.started_at else row["started_at"]),
+            (result.ended_at if result and result.ended_at else now),
+            result.exit_code if result else None, result.exit_signal if result else None,
+            int(bool(result and result.timed_out)), result.max_rss_bytes if result else None,
+            result.cpu_seconds if result else None, row["cores"], json.dumps(usage) if usage else None,
+            usage.get("gpu_util_mean_pct"), usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"),
+            usage.get("gpu_seconds"), usage.get("gpu_busy_seconds"),
+            json.dumps(usage["gpu_models"]) if usage.get("gpu_models") else None))
+        if samples:
+            tx.many("INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (frame_id, attempt, uuid) DO UPDATE SET points = excluded.points",
+                    [(frame_id, attempt, uuid, json.dumps(points)) for uuid, points in samples.items()])
+
+    def requeue_frame(self, frame_id: int, attempt: int, *, now: float, reason: str) -> str | None:
+        def requeue(tx: Tx) -> str | None:
+            row = self._running_frame(tx, frame_id, attempt)
+            if row is None:
+                return None
+            tx.run("UPDATE frames SET state = 'WAITING', action = NULL, lease_expires = NULL, waiting_since = ?, "
+                   "ended_at = ? WHERE id = ?", (now, now, frame_id))
+            self._record_attempt(tx, frame_id, attempt, row, reason, None, now)
+            self._notify(tx)
+            return m.WAITING
+
+        return self._write(requeue)
+
+    def running_on_host(self, host: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._read(
+            "SELECT id, attempts, worker, gpu_uuids, lease_expires FROM frames WHERE host = ? AND state = 'RUNNING'",
+            (host,))]
+
+    def reap(self, *, now: float) -> list[int]:
+        # Read first: an idle farm must not take a write transaction on every poll.
+        if not self._read("SELECT 1 FROM frames WHERE state = 'RUNNING' AND lease_expires < ? LIMIT 1", (now,)):
+            return []
+
+        def reap_expired(tx: Tx) -> list[int]:
+            expired = [r["id"] for r in tx.all("SELECT id FROM frames WHERE state = 'RUNNING' AND lease_expires < ?",
+                                               (now,))]
+            self._lock_jobs(tx, frames=expired)
+            reaped, woke = [], 0
+            for batch in batches(expired):
+                # Re-read under the locks: a heartbeat or a completion may have come in
+                # meanwhile, and another host may be reaping the same frames.
+                rows = tx.all(f"SELECT f.id, {_ATTEMPT_SOURCE} FROM frames f JOIN layers l ON l.id = f.layer_id "
+                              f"WHERE f.id IN ({marks(len(batch))}) AND f.state = 'RUNNING' AND f.lease_expires < ? "
+                              f"ORDER BY f.id{self.dialect.lock_rows}", (*batch, now))
+                for row in rows:
+                    new = lifecycle.reaped_state(row["action"], row["attempts"], row["retries"])
+                    tx.run("UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, ended_at = ?, "
+                           "waiting_since = ? WHERE id = ?", (new, now, now, row["id"]))
+                    self._record_attempt(tx, row["id"], row["attempts"], row, "lost", None, now)
+                    woke += int(new == m.WAITING)
+                    if new == m.EATEN:
+                        woke += self._release_dependents(tx, row["id"], row["layer_id"], now)
+                    self._finish_job_if_done(tx, row["job_id"], now)
+                    reaped.append(int(row["id"]))
+            if woke:
+                self._notify(tx)
+            return reaped
+
+        return self._write(reap_expired)
+
+    def running_count(self) -> int:
+        return int(self._read("SELECT COUNT(*) AS n FROM frames WHERE state = 'RUNNING'")[0]["n"])
+
+    def has_unfinished_work(self) -> bool:
+        return bool(self._read("SELECT 1 FROM frames WHERE state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1"))
+
+    # -- maintenance ---------------------------------------------------------------------------
+    def prune(self, *, before: float) -> list[int]:
+        def delete(tx: Tx) -> list[int]:
+            ids = [int(r["id"]) for r in tx.all("SELECT id FROM jobs WHERE state = 'FINISHED' AND finished_at < ? "
+                                                "ORDER BY id", (before,))]
+            self._lock_jobs(tx, jobs=ids)
+            for batch in batches(ids):
+                jobs = f"({marks(len(batch))})"
+                frames = f"(SELECT id FROM frames WHERE job_id IN {jobs})"
+                for statement, times in (
+                        (f"DELETE FROM frame_deps WHERE frame_id IN {frames} OR on_frame_id IN {frames}", 2),
+                        (f"DELETE FROM layer_deps WHERE layer_id IN (SELECT id FROM layers WHERE job_id IN {jobs})", 1),
+                        (f"DELETE FROM attempts WHERE job_id IN {jobs}", 1),
+                        (f"DELETE FROM samples WHERE frame_id IN {frames}", 1),
+                        (f"DELETE FROM frames WHERE job_id IN {jobs}", 1),
+                        (f"DELETE FROM layers WHERE job_id IN {jobs}", 1),
+                        (f"DELETE FROM jobs WHERE id IN {jobs}", 1)):
+                    tx.run(statement, batch * times)
+            return ids
+
+        ids = self._write(delete)
+        self._layer_cache.clear()
+        return ids
