@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import typer
 from typer.core import TyperGroup
 
-try:  # typer >= 0.2x vendors click; older releases depend on the click package
+if TYPE_CHECKING:
+    # Type-check against the typer that pyproject.toml resolves to (it vendors click);
+    # the runtime fallback below is for older typer releases that depend on click.
     from typer._click import exceptions as _click_exc
-except ImportError:  # pragma: no cover - depends on the installed typer
-    from click import exceptions as _click_exc
+
+    from cuectl.sched.store import Store
+else:
+    try:  # typer >= 0.2x vendors click; older releases depend on the click package
+        from typer._click import exceptions as _click_exc
+    except ImportError:  # pragma: no cover - depends on the installed typer
+        from click import exceptions as _click_exc
 
 from cuectl import __version__
 from cuectl.errors import CuectlError
@@ -29,8 +36,11 @@ class CuectlGroup(TyperGroup):
     ``_guarded`` so error handling is identical in tests and for users."""
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True, **extra: Any) -> Any:
+             complete_var: str | None = None, standalone_mode: bool = True,
+             windows_expand_args: bool = True, **extra: Any) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
+        if not windows_expand_args:  # passed on only when set: not every click knows it
+            extra["windows_expand_args"] = False
         code = _guarded(lambda: super(CuectlGroup, self).main(
             args=argv, prog_name=prog_name or "cuectl", complete_var=complete_var,
             standalone_mode=False, **extra), debug=_debug_requested(argv))
@@ -51,7 +61,7 @@ def _debug_requested(argv: Sequence[str]) -> bool:
     return False
 
 
-def _guarded(call, *, debug: bool) -> int:
+def _guarded(call: Callable[[], Any], *, debug: bool) -> int:
     from cuectl.cli import term
 
     try:
@@ -98,7 +108,7 @@ class AppState:
     debug: bool = False
     _store: Any = field(default=None, repr=False)
 
-    def store(self):
+    def store(self) -> Store:
         """Open the store once per invocation (lazily: `gpu list` needs none)."""
         if self._store is None:
             from cuectl import config

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Iterable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from cuectl import config
 
-_console = None
-_err_console = None
+if TYPE_CHECKING:  # annotations only: rich is imported lazily, where it is used
+    from rich.console import Console
+    from rich.live import Live
+
+    from cuectl.run.worker import Worker
+
+_console: Console | None = None
+_err_console: Console | None = None
 
 
-def console():
+def console() -> Console:
     global _console
     if _console is None:
         from rich.console import Console
@@ -131,7 +138,8 @@ class WorkerProgress:
     """
 
     def __init__(self, *, live: bool) -> None:
-        self._live = None
+        self._live: Live | None = None
+        self._console: Console | None = None
         self._use_live = live
         self._seen: set[int] = set()
         self.done = 0
@@ -147,17 +155,18 @@ class WorkerProgress:
             self._live.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._live is not None:
-            self._live.__exit__(*exc)
+            self._live.__exit__(exc_type, exc, tb)
 
     def _say(self, text: str) -> None:
-        if self._live is not None:
+        if self._live is not None and self._console is not None:
             self._console.print(text)
         else:
             info(text)
 
-    def __call__(self, worker) -> None:
+    def __call__(self, worker: Worker) -> None:
         import time as _time
 
         for claim, ended, state in worker.stats.ended:

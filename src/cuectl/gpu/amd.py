@@ -242,7 +242,7 @@ def read_sysfs(root: Path = DEFAULT_SYSFS_ROOT) -> list[Device]:
     if not root.is_dir():
         return []
     cards = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _CARD_RE.match(p.name)))
-    devices = []
+    devices: list[Device] = []
     for _, card in cards:
         dev = card / "device"
         uevent = _uevent(dev)

@@ -86,7 +86,7 @@ def parse_system_profiler(text: str, memsize: int | None, *, host: str = "localh
     entries = data.get("SPDisplaysDataType") if isinstance(data, dict) else None
     if not isinstance(entries, list):
         raise BackendOutputError(f"{TOOL}: no SPDisplaysDataType list in its output")
-    devices = []
+    devices: list[Device] = []
     for entry in entries:
         if not isinstance(entry, dict):
             continue
