@@ -64,10 +64,10 @@ def bench_in_process(iterations: int) -> None:
     samples = []
     for _ in range(iterations):
         t0 = time.perf_counter()
-        with cuectl.lease(gpus=2, min_memory="16G"):
+        with cuectl.lease(gpus=2, gpu_memory_min="16G"):
             pass
         samples.append(time.perf_counter() - t0)
-    print(f"cuectl.lease(gpus=2, min_memory='16G') (samples free memory), next {iterations}: {percentiles(samples)}")
+    print(f"cuectl.lease(gpus=2, gpu_memory_min='16G') (samples free memory), next {iterations}: {percentiles(samples)}")
 
 
 def time_process(argv: list[str], runs: int) -> list[float]:

@@ -57,7 +57,7 @@ def test_model_patterns_never_crash(pattern: str, model: str) -> None:
 def test_selection_with_odd_patterns_and_models(patterns: list[str], model: str, gpus: int) -> None:
     devices = [Device(index=i, uuid=f"GPU-{i}", vendor="NVIDIA", model=model, backend="fake",
                       memory_total_bytes=16 << 30) for i in range(2)]
-    result = select_devices(GpuRequest(gpus=gpus, models=tuple(patterns)), devices)
+    result = select_devices(GpuRequest(gpus=gpus, gpu_models=tuple(patterns)), devices)
     assert result.devices is None or len(result.devices) == gpus
 
 

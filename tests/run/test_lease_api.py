@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
 import json
+import os
 import signal
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 import cuectl
 from cuectl.errors import (DevicesBusy, InsufficientFreeMemory, InvalidDevice, InvalidInput, LeaseError,
                            LeaseTimeout, NoMatchingDevice)
-from cuectl.run.lease import async_lease, list_leases
+from cuectl.run.lease import Lease, async_lease, list_leases, lock_path, prepare_lock_dir
 from cuectl.units import GIB
 
 
 def test_acquire_when_free_gives_devices_and_isolation_env(gpus4):
-    with cuectl.lease(gpus=1, min_memory="16G", label="svc") as held:
+    with cuectl.lease(gpus=1, gpu_memory_min="16G", label="svc") as held:
         [device] = held.devices
         assert device.index == 0 and device.uuid == gpus4.uuids[0]
         env = held.env
@@ -105,10 +109,10 @@ def test_explicit_device_by_uuid_and_index(gpus4):
 
 
 @pytest.mark.parametrize("request_kwargs, words", [
-    ({"vendor": "AMD"}, "vendor AMD"),
+    ({"gpu_vendor": "AMD"}, "vendor AMD"),
     ({"gpus": 5}, "5 GPU devices"),
-    ({"models": ["A100"]}, "A100"),
-    ({"min_memory": "32G"}, "memory"),
+    ({"gpu_models": ["A100"]}, "A100"),
+    ({"gpu_memory_min": "32G"}, "memory"),
     ({"devices": [0, 1], "gpus": 3}, "devices named"),
 ])
 def test_no_device_could_ever_match(gpus4, request_kwargs, words):
@@ -117,12 +121,12 @@ def test_no_device_could_ever_match(gpus4, request_kwargs, words):
 
 
 def test_bad_arguments_are_invalid_input(gpus4):
-    with pytest.raises(InvalidInput, match="vendor"):
-        cuectl.lease(vendor="Matrox")
+    with pytest.raises(InvalidInput, match="gpu_vendor"):
+        cuectl.lease(gpu_vendor="Matrox")
     with pytest.raises(InvalidInput, match="gpus"):
         cuectl.lease(gpus=-1)
-    with pytest.raises(InvalidInput, match="min_memory"):
-        cuectl.lease(min_memory="lots")
+    with pytest.raises(InvalidInput, match="gpu_memory_min"):
+        cuectl.lease(gpu_memory_min="lots")
     with pytest.raises(InvalidInput, match="timeout"):
         cuectl.lease(timeout=5)  # a timeout without wait=True is a mistake, not a no-op
 
@@ -140,18 +144,18 @@ def test_free_memory_threshold_refusal_from_fake_state(gpus4):
     for index in range(4):
         gpus4.set_used(index, 12 * GIB)  # ~3.8 GiB free on each 16 GB card
     with pytest.raises(InsufficientFreeMemory, match="free memory"):
-        cuectl.lease(min_free_memory="8G")
+        cuectl.lease(gpu_memory_free_min="8G")
     with pytest.raises(InsufficientFreeMemory):
-        cuectl.lease(min_memory="16G")  # DESIGN §5: too little free memory is not eligible now
+        cuectl.lease(gpu_memory_min="16G")  # DESIGN §5: too little free memory is not eligible now
     gpus4.set_used(2, 1 * GIB)
-    with cuectl.lease(min_free_memory="8G") as held:
+    with cuectl.lease(gpu_memory_free_min="8G") as held:
         assert held.devices[0].index == 2
 
 
 def test_waiting_for_free_memory(gpus4, spawn):
     for index in range(4):
         gpus4.set_used(index, 15 * GIB)
-    waiter = spawn(min_free_memory="8G", wait=True, timeout=30)
+    waiter = spawn(gpu_memory_free_min="8G", wait=True, timeout=30)
     assert "free memory" in waiter.event("waiting")["message"]
     gpus4.set_used(1, 0)
     assert waiter.event("acquired")["uuids"] == [gpus4.uuids[1]]
@@ -279,3 +283,58 @@ def test_async_lease_can_be_awaited_and_refuses_when_busy(gpus4, spawn):
         held.release()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("old", "new", "value"), [
+    ("vendor", "gpu_vendor", "nvidia"),
+    ("models", "gpu_models", ["V100"]),
+    ("min_memory", "gpu_memory_min", "16G"),
+    ("min_free_memory", "gpu_memory_free_min", "8G"),
+])
+def test_the_old_keywords_still_work_with_a_deprecation_warning(gpus4, old, new, value):
+    with pytest.warns(DeprecationWarning, match=f"the {old}= keyword is deprecated; use {new}=") as warned:
+        held = cuectl.lease(**{old: value})
+    assert [w.filename for w in warned] == [__file__]  # the caller's line, not ours
+    with held:
+        assert held.devices[0].index == 0
+    with pytest.warns(DeprecationWarning, match=f"use {new}="):
+        async_lease(**{old: value})
+
+
+def test_an_old_keyword_is_named_in_errors_and_cannot_be_mixed_with_its_new_name(gpus4):
+    with pytest.warns(DeprecationWarning), pytest.raises(InvalidInput, match=r"^min_memory: invalid size 'lots'"):
+        cuectl.lease(min_memory="lots")
+    with pytest.warns(DeprecationWarning), pytest.raises(InvalidInput, match="give only gpu_vendor"):
+        cuectl.lease(vendor="AMD", gpu_vendor="NVIDIA")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'gpu_model'"):
+        cuectl.lease(gpu_model="V100")
+
+
+def _hold_without_record(lock_dir: Path, uuid: str) -> int:
+    """Lock a device as a `gpu leases` probe does, or a holder that has only just locked:
+    no record in the lock file."""
+    prepare_lock_dir(lock_dir)
+    fd = os.open(lock_path(lock_dir, uuid), os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+async def _await_lease(**kwargs) -> Lease:
+    return await async_lease(**kwargs)
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_no_wait_looks_again_once_when_the_holder_has_no_record(gpus4, lock_dir, api):
+    # One wait loop serves both APIs: the async one used to say "busy" at once here.
+    cuectl.lease(devices=[0]).release()  # discover now: the timing below is the acquisition's alone
+    fd = _hold_without_record(lock_dir, gpus4.uuids[0])
+    # Let go while the refused first attempt looks for the holder's record (up to 0.25 s),
+    # so only the second look can find the device free.
+    letting_go = threading.Timer(0.05, os.close, [fd])
+    letting_go.start()
+    try:
+        held = cuectl.lease(devices=[0]) if api == "sync" else asyncio.run(_await_lease(devices=[0]))
+    finally:
+        letting_go.join()
+    with held:
+        assert held.uuids == (gpus4.uuids[0],)

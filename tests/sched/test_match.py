@@ -23,7 +23,6 @@ from cuectl.sched.match import (
     select_devices,
     tags_fit,
 )
-from cuectl.sched.model import LayerSpec
 from cuectl.units import GIB, MIB
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -148,32 +147,6 @@ def test_square_brackets_without_wildcards_are_words() -> None:
     assert model_matches("[A]100", "Weird [A]100 card")
 
 
-# --------------------------------------------------------------------------- GpuRequest
-
-
-def test_request_from_layer() -> None:
-    layer = LayerSpec(
-        name="render",
-        command="true",
-        gpus=2,
-        gpu_vendor="NVIDIA",
-        gpu_models=("A100", "H100"),
-        gpu_memory_min_bytes=24 * GIB,
-        cores=4,
-        memory_bytes=8 * GIB,
-    )
-    req = GpuRequest.from_layer(layer)
-    assert req == GpuRequest(gpus=2, vendor="NVIDIA", models=("A100", "H100"), memory_min_bytes=24 * GIB)
-    assert req.min_free_bytes == 0
-
-
-def test_request_defaults_and_models_coerced_to_tuple() -> None:
-    assert GpuRequest() == GpuRequest(gpus=0, vendor=None, models=(), memory_min_bytes=0, min_free_bytes=0)
-    req = GpuRequest(gpus=1, models=["A100"])  # type: ignore[arg-type]
-    assert req.models == ("A100",)
-    hash(req)  # stays hashable
-
-
 # --------------------------------------------------------------------------- device_fits
 
 
@@ -182,53 +155,53 @@ def test_device_fits_any_request() -> None:
 
 
 def test_vendor_mismatch_reason() -> None:
-    reason = device_fits(GpuRequest(gpus=1, vendor="NVIDIA"), dev(0, vendor="AMD", model="Radeon RX 7900 XTX"))
+    reason = device_fits(GpuRequest(gpus=1, gpu_vendor="NVIDIA"), dev(0, vendor="AMD", model="Radeon RX 7900 XTX"))
     assert reason == "vendor AMD != NVIDIA"
 
 
 @pytest.mark.parametrize("req_vendor", ["NVIDIA", "nvidia", "Nvidia", " NVIDIA "])
 @pytest.mark.parametrize("dev_vendor", ["NVIDIA", "nvidia", "NVIDIA Corporation"])
 def test_vendor_case_insensitive(req_vendor: str, dev_vendor: str) -> None:
-    assert device_fits(GpuRequest(gpus=1, vendor=req_vendor), dev(0, vendor=dev_vendor)) is None
+    assert device_fits(GpuRequest(gpus=1, gpu_vendor=req_vendor), dev(0, vendor=dev_vendor)) is None
 
 
 def test_model_mismatch_reason() -> None:
-    reason = device_fits(GpuRequest(gpus=1, models=("V100",)), dev(0, model=A100, total=80 * GIB))
+    reason = device_fits(GpuRequest(gpus=1, gpu_models=("V100",)), dev(0, model=A100, total=80 * GIB))
     assert reason == f"model '{A100}' not in ['V100']"
 
 
 def test_any_of_models() -> None:
-    req = GpuRequest(gpus=1, models=("H100", "A100"))
+    req = GpuRequest(gpus=1, gpu_models=("H100", "A100"))
     assert device_fits(req, dev(0, model=A100, total=80 * GIB)) is None
     assert device_fits(req, dev(0, model=V100)) is not None
 
 
 def test_rtx4090_24564mib_satisfies_24g() -> None:
     card = dev(0, model=RTX4090, total=24564 * MIB)
-    assert device_fits(GpuRequest(gpus=1, memory_min_bytes=24 * GIB), card) is None
-    assert device_fits(GpuRequest(gpus=1, memory_min_bytes=25 * GIB), card) is not None
+    assert device_fits(GpuRequest(gpus=1, gpu_memory_min_bytes=24 * GIB), card) is None
+    assert device_fits(GpuRequest(gpus=1, gpu_memory_min_bytes=25 * GIB), card) is not None
 
 
 def test_v100_16160mib_satisfies_16g_not_17g() -> None:
     card = dev(0)
-    assert device_fits(GpuRequest(gpus=1, memory_min_bytes=16 * GIB), card) is None
-    reason = device_fits(GpuRequest(gpus=1, memory_min_bytes=17 * GIB), card)
+    assert device_fits(GpuRequest(gpus=1, gpu_memory_min_bytes=16 * GIB), card) is None
+    reason = device_fits(GpuRequest(gpus=1, gpu_memory_min_bytes=17 * GIB), card)
     assert reason == "memory 15.8 GiB < 17.0 GiB"
 
 
 def test_memory_reason_format() -> None:
-    reason = device_fits(GpuRequest(gpus=1, memory_min_bytes=24 * GIB), dev(0, total=16 * GIB))
+    reason = device_fits(GpuRequest(gpus=1, gpu_memory_min_bytes=24 * GIB), dev(0, total=16 * GIB))
     assert reason == "memory 16.0 GiB < 24.0 GiB"
 
 
 def test_unknown_total_memory_fails_a_memory_request_only() -> None:
     card = dev(0, total=None)
     assert device_fits(GpuRequest(gpus=1), card) is None
-    assert device_fits(GpuRequest(gpus=1, memory_min_bytes=1 * GIB), card) == "memory unknown < 1.0 GiB"
+    assert device_fits(GpuRequest(gpus=1, gpu_memory_min_bytes=1 * GIB), card) == "memory unknown < 1.0 GiB"
 
 
 def test_free_memory_below_request_is_not_now() -> None:
-    req = GpuRequest(gpus=1, memory_min_bytes=8 * GIB)
+    req = GpuRequest(gpus=1, gpu_memory_min_bytes=8 * GIB)
     card = dev(0, model=RTX4090, total=24564 * MIB, free=2 * GIB)
     assert device_fits_statically(req, card) is None  # could run it one day …
     assert device_fits_now(req, card) == "free memory 2.0 GiB < 8.0 GiB"  # … but not now
@@ -236,12 +209,12 @@ def test_free_memory_below_request_is_not_now() -> None:
 
 
 def test_unknown_free_memory_never_rules_a_device_out() -> None:
-    req = GpuRequest(gpus=1, memory_min_bytes=8 * GIB, min_free_bytes=8 * GIB)
+    req = GpuRequest(gpus=1, gpu_memory_min_bytes=8 * GIB, gpu_memory_free_min_bytes=8 * GIB)
     assert device_fits(req, dev(0, free=None)) is None
 
 
-def test_min_free_bytes_checked_against_free_memory() -> None:
-    req = GpuRequest(gpus=1, min_free_bytes=8 * GIB)
+def test_free_min_checked_against_free_memory() -> None:
+    req = GpuRequest(gpus=1, gpu_memory_free_min_bytes=8 * GIB)
     assert device_fits(req, dev(0, free=10 * GIB)) is None
     assert device_fits(req, dev(0, free=6 * GIB)) == "free memory 6.0 GiB < 8.0 GiB"
     # min_free is literal: 7.9 GiB free is not 8 GiB free.
@@ -249,34 +222,35 @@ def test_min_free_bytes_checked_against_free_memory() -> None:
 
 
 def test_threshold_is_max_of_memory_min_and_min_free() -> None:
-    req = GpuRequest(gpus=1, memory_min_bytes=4 * GIB, min_free_bytes=12 * GIB)
+    req = GpuRequest(gpus=1, gpu_memory_min_bytes=4 * GIB, gpu_memory_free_min_bytes=12 * GIB)
     assert device_fits(req, dev(0, free=10 * GIB)) == "free memory 10.0 GiB < 12.0 GiB"
-    req = GpuRequest(gpus=1, memory_min_bytes=12 * GIB, min_free_bytes=4 * GIB)
+    req = GpuRequest(gpus=1, gpu_memory_min_bytes=12 * GIB, gpu_memory_free_min_bytes=4 * GIB)
     assert device_fits(req, dev(0, free=10 * GIB)) == "free memory 10.0 GiB < 12.0 GiB"
 
 
 def test_idle_24gb_card_with_a_few_mib_reserved_takes_a_24g_frame() -> None:
     # An idle 4090 reports e.g. 24564 MiB total, ~24561 MiB free: still a "24 GB" card now.
     card = dev(0, model=RTX4090, total=24564 * MIB, free=24561 * MIB)
-    assert device_fits(GpuRequest(gpus=1, memory_min_bytes=24 * GIB), card) is None
+    assert device_fits(GpuRequest(gpus=1, gpu_memory_min_bytes=24 * GIB), card) is None
     # A desktop session holding a GiB of it makes it ineligible now.
     held = dev(0, model=RTX4090, total=24564 * MIB, free=23 * GIB)
-    assert device_fits_now(GpuRequest(gpus=1, memory_min_bytes=24 * GIB), held) is not None
+    assert device_fits_now(GpuRequest(gpus=1, gpu_memory_min_bytes=24 * GIB), held) is not None
 
 
 def test_min_free_larger_than_the_card_never_fits() -> None:
-    req = GpuRequest(gpus=1, min_free_bytes=32 * GIB)
+    req = GpuRequest(gpus=1, gpu_memory_free_min_bytes=32 * GIB)
     assert device_fits_statically(req, dev(0, model=RTX4090, total=24564 * MIB)) == "memory 24.0 GiB < 32.0 GiB"
 
 
 def test_static_reason_wins_over_free_memory() -> None:
-    req = GpuRequest(gpus=1, vendor="AMD", memory_min_bytes=8 * GIB)
+    req = GpuRequest(gpus=1, gpu_vendor="AMD", gpu_memory_min_bytes=8 * GIB)
     assert device_fits(req, dev(0, free=1 * GIB)) == "vendor NVIDIA != AMD"
 
 
 def test_apple_unified_memory_counts_its_total() -> None:
     mac = Device(0, "apple-0", "Apple", "Apple M3 Max", "apple", memory_total_bytes=64 * GIB, unified_memory=True)
-    assert device_fits(GpuRequest(gpus=1, vendor="Apple", models=("M3 Max",), memory_min_bytes=32 * GIB), mac) is None
+    req = GpuRequest(gpus=1, gpu_vendor="Apple", gpu_models=("M3 Max",), gpu_memory_min_bytes=32 * GIB)
+    assert device_fits(req, mac) is None
 
 
 # --------------------------------------------------------------------------- select_devices
@@ -284,7 +258,7 @@ def test_apple_unified_memory_counts_its_total() -> None:
 
 def test_zero_gpus_needs_nothing() -> None:
     assert select_devices(GpuRequest(gpus=0), []) == MatchResult(devices=(), reason=None, could_ever_fit=True)
-    assert select_devices(GpuRequest(gpus=0, vendor="AMD"), [dev(0)]).devices == ()
+    assert select_devices(GpuRequest(gpus=0, gpu_vendor="AMD"), [dev(0)]).devices == ()
 
 
 def test_no_gpu_host() -> None:
@@ -296,14 +270,14 @@ def test_no_gpu_host() -> None:
 def test_busy_desktop_gpu_skipped_idle_one_chosen() -> None:
     desktop = dev(0, model=RTX4090, total=24564 * MIB, free=1 * GIB)
     idle = dev(1, model=RTX4090, total=24564 * MIB, free=24 * GIB)
-    result = select_devices(GpuRequest(gpus=1, memory_min_bytes=8 * GIB), [desktop, idle])
+    result = select_devices(GpuRequest(gpus=1, gpu_memory_min_bytes=8 * GIB), [desktop, idle])
     assert uuids(result) == [idle.uuid]
     assert result.reason is None and result.could_ever_fit
 
 
 def test_only_desktop_gpu_held_is_not_now() -> None:
     desktop = dev(0, model=RTX4090, total=24564 * MIB, free=1 * GIB)
-    result = select_devices(GpuRequest(gpus=1, memory_min_bytes=8 * GIB), [desktop])
+    result = select_devices(GpuRequest(gpus=1, gpu_memory_min_bytes=8 * GIB), [desktop])
     assert result.devices is None and result.could_ever_fit
     assert result.reason is not None and "gpu 0 free memory 1.0 GiB < 8.0 GiB" in result.reason
 
@@ -312,11 +286,11 @@ def test_prefers_smallest_that_fits() -> None:
     big = dev(0, model=A100, total=80 * GIB)
     mid = dev(1, model=RTX4090, total=24564 * MIB)
     small = dev(2, total=16160 * MIB)
-    result = select_devices(GpuRequest(gpus=1, memory_min_bytes=16 * GIB), [big, mid, small])
+    result = select_devices(GpuRequest(gpus=1, gpu_memory_min_bytes=16 * GIB), [big, mid, small])
     assert uuids(result) == [small.uuid]
-    result = select_devices(GpuRequest(gpus=2, memory_min_bytes=16 * GIB), [big, mid, small])
+    result = select_devices(GpuRequest(gpus=2, gpu_memory_min_bytes=16 * GIB), [big, mid, small])
     assert uuids(result) == [small.uuid, mid.uuid]
-    result = select_devices(GpuRequest(gpus=1, memory_min_bytes=20 * GIB), [big, mid, small])
+    result = select_devices(GpuRequest(gpus=1, gpu_memory_min_bytes=20 * GIB), [big, mid, small])
     assert uuids(result) == [mid.uuid]
 
 
@@ -327,7 +301,7 @@ def test_ties_broken_by_index_and_unknown_memory_last() -> None:
 
 def test_two_needed_only_one_matching_never_fits() -> None:
     devices = [dev(0, model=A100, total=80 * GIB), dev(1)]
-    result = select_devices(GpuRequest(gpus=2, models=("A100",)), devices)
+    result = select_devices(GpuRequest(gpus=2, gpu_models=("A100",)), devices)
     assert result.devices is None
     assert result.could_ever_fit is False
     assert result.reason == "needs 2 devices matching model 'A100'; host has 1 matching"
@@ -335,7 +309,8 @@ def test_two_needed_only_one_matching_never_fits() -> None:
 
 def test_two_matching_one_busy_fits_later() -> None:
     devices = [dev(0), dev(1)]
-    result = select_devices(GpuRequest(gpus=2, vendor="NVIDIA", memory_min_bytes=16 * GIB), devices, busy={"GPU-0000"})
+    req = GpuRequest(gpus=2, gpu_vendor="NVIDIA", gpu_memory_min_bytes=16 * GIB)
+    result = select_devices(req, devices, busy={"GPU-0000"})
     assert result.devices is None
     assert result.could_ever_fit is True
     assert result.reason == "needs 2 NVIDIA devices with >= 16 GiB; host has 2 matching, 1 available (gpu 0 busy)"
@@ -349,21 +324,21 @@ def test_busy_device_skipped_for_next() -> None:
 def test_summed_memory_never_counts() -> None:
     two_12g = [dev(0, model="Tesla K80", total=12 * GIB), dev(1, model="Tesla K80", total=12 * GIB)]
     for gpus in (1, 2):
-        result = select_devices(GpuRequest(gpus=gpus, memory_min_bytes=24 * GIB), two_12g)
+        result = select_devices(GpuRequest(gpus=gpus, gpu_memory_min_bytes=24 * GIB), two_12g)
         assert result.devices is None and not result.could_ever_fit
         assert "memory >= 24 GiB" in (result.reason or "")
 
 
 def test_vendor_reason_lists_the_host() -> None:
-    result = select_devices(GpuRequest(gpus=1, vendor="AMD"), [dev(i) for i in range(4)])
+    result = select_devices(GpuRequest(gpus=1, gpu_vendor="AMD"), [dev(i) for i in range(4)])
     assert not result.could_ever_fit
     assert result.reason == "no device matches vendor AMD (host has NVIDIA Tesla V100-SXM2-16GB ×4)"
 
 
 def test_mixed_vendor_host_picks_the_requested_vendor() -> None:
     devices = [dev(0, vendor="AMD", model="AMD Instinct MI300X", total=192 * GIB), dev(1, vendor="NVIDIA")]
-    assert uuids(select_devices(GpuRequest(gpus=1, vendor="amd"), devices)) == ["GPU-0000"]
-    assert uuids(select_devices(GpuRequest(gpus=1, vendor="NVIDIA"), devices)) == ["GPU-0001"]
+    assert uuids(select_devices(GpuRequest(gpus=1, gpu_vendor="amd"), devices)) == ["GPU-0000"]
+    assert uuids(select_devices(GpuRequest(gpus=1, gpu_vendor="NVIDIA"), devices)) == ["GPU-0001"]
 
 
 def test_mig_parents_skipped() -> None:
@@ -372,12 +347,12 @@ def test_mig_parents_skipped() -> None:
     mig2 = dev(2, model="NVIDIA A100-SXM4-80GB MIG 3g.40gb", total=40 * GIB, uuid="MIG-2", parent="GPU-card")
     inventory = [parent, mig1, mig2]
     # 80G only exists as the parent, which is not leasable while its instances are listed.
-    result = select_devices(GpuRequest(gpus=1, memory_min_bytes=80 * GIB), inventory)
+    result = select_devices(GpuRequest(gpus=1, gpu_memory_min_bytes=80 * GIB), inventory)
     assert result.devices is None and not result.could_ever_fit
-    assert uuids(select_devices(GpuRequest(gpus=2, models=("A100",)), inventory)) == ["MIG-1", "MIG-2"]
+    assert uuids(select_devices(GpuRequest(gpus=2, gpu_models=("A100",)), inventory)) == ["MIG-1", "MIG-2"]
     assert not select_devices(GpuRequest(gpus=3), inventory).could_ever_fit
     # A card without instances listed is leasable as a whole.
-    assert uuids(select_devices(GpuRequest(gpus=1, memory_min_bytes=80 * GIB), [parent])) == ["GPU-card"]
+    assert uuids(select_devices(GpuRequest(gpus=1, gpu_memory_min_bytes=80 * GIB), [parent])) == ["GPU-card"]
 
 
 def test_mig_instance_of_a_busy_card_is_busy() -> None:
@@ -393,14 +368,14 @@ def test_duplicate_uuid_is_one_device() -> None:
 
 def test_not_now_reason_lists_every_blocker_briefly() -> None:
     devices = [dev(i, free=1 * GIB) for i in range(8)]
-    result = select_devices(GpuRequest(gpus=1, memory_min_bytes=8 * GIB), devices)
+    result = select_devices(GpuRequest(gpus=1, gpu_memory_min_bytes=8 * GIB), devices)
     assert result.could_ever_fit and result.reason is not None
     assert "host has 8 matching, 0 available" in result.reason
     assert "+4 more" in result.reason
 
 
 def test_model_reason_on_host() -> None:
-    result = select_devices(GpuRequest(gpus=1, vendor="NVIDIA", models=("A100",)), [dev(0), dev(1)])
+    result = select_devices(GpuRequest(gpus=1, gpu_vendor="NVIDIA", gpu_models=("A100",)), [dev(0), dev(1)])
     assert result.reason == "no device matches vendor NVIDIA, model 'A100' (host has NVIDIA Tesla V100-SXM2-16GB ×2)"
 
 
@@ -430,15 +405,15 @@ def test_explain_no_hosts() -> None:
 
 def test_explain_fits_somewhere() -> None:
     hosts = {"render-01": V100_HOST, "render-02": [dev(0, model=A100, total=80 * GIB)]}
-    assert explain_hosts(GpuRequest(gpus=1, models=("A100",)), hosts) is None
-    assert explain_hosts(GpuRequest(gpus=0, vendor="AMD"), {"cpu-01": []}) is None
+    assert explain_hosts(GpuRequest(gpus=1, gpu_models=("A100",)), hosts) is None
+    assert explain_hosts(GpuRequest(gpus=0, gpu_vendor="AMD"), {"cpu-01": []}) is None
     # Busy/free memory never enters the farm explanation: it is static.
     full = {"render-01": [dev(0, free=0)]}
-    assert explain_hosts(GpuRequest(gpus=1, memory_min_bytes=8 * GIB), full) is None
+    assert explain_hosts(GpuRequest(gpus=1, gpu_memory_min_bytes=8 * GIB), full) is None
 
 
 def test_explain_vendor() -> None:
-    reason = explain_hosts(GpuRequest(gpus=1, vendor="AMD"), {"render-01": V100_HOST})
+    reason = explain_hosts(GpuRequest(gpus=1, gpu_vendor="AMD"), {"render-01": V100_HOST})
     assert reason == "no registered host has 1 device matching vendor AMD (hosts have: NVIDIA Tesla V100-SXM2-16GB ×4 on render-01)"
 
 
@@ -449,12 +424,13 @@ def test_explain_count() -> None:
 
 def test_explain_count_after_a_constraint() -> None:
     hosts = {"render-01": V100_HOST, "render-02": [dev(0, model=A100, total=80 * GIB), dev(1, model=A100, total=80 * GIB)]}
-    reason = explain_hosts(GpuRequest(gpus=3, models=("A100",)), hosts)
+    reason = explain_hosts(GpuRequest(gpus=3, gpu_models=("A100",)), hosts)
     assert reason == "no registered host has 3 devices matching model 'A100' (most: 2 on render-02)"
 
 
 def test_explain_memory() -> None:
-    reason = explain_hosts(GpuRequest(gpus=1, vendor="NVIDIA", memory_min_bytes=24 * GIB), {"render-01": V100_HOST})
+    req = GpuRequest(gpus=1, gpu_vendor="NVIDIA", gpu_memory_min_bytes=24 * GIB)
+    reason = explain_hosts(req, {"render-01": V100_HOST})
     assert reason is not None
     assert reason.startswith("no registered host has 1 device matching vendor NVIDIA, memory >= 24 GiB (hosts have: ")
     assert "15.8 GiB" in reason and "on render-01" in reason
@@ -462,7 +438,7 @@ def test_explain_memory() -> None:
 
 def test_explain_summed_memory_does_not_count() -> None:
     hosts = {"k80": [dev(0, total=12 * GIB), dev(1, total=12 * GIB)]}
-    assert explain_hosts(GpuRequest(gpus=1, memory_min_bytes=24 * GIB), hosts) is not None
+    assert explain_hosts(GpuRequest(gpus=1, gpu_memory_min_bytes=24 * GIB), hosts) is not None
 
 
 def test_explain_only_cpu_hosts() -> None:
@@ -472,14 +448,14 @@ def test_explain_only_cpu_hosts() -> None:
 
 def test_explain_is_one_line_for_a_big_farm() -> None:
     hosts = {f"render-{i:02d}": V100_HOST for i in range(40)}
-    reason = explain_hosts(GpuRequest(gpus=1, vendor="AMD"), hosts)
+    reason = explain_hosts(GpuRequest(gpus=1, gpu_vendor="AMD"), hosts)
     assert reason is not None and "\n" not in reason
     assert "+36 more hosts" in reason
 
 
 def test_explain_mixed_farm_names_each_inventory() -> None:
     hosts = {"b": [dev(0, model=A100, total=80 * GIB)], "a": V100_HOST}
-    reason = explain_hosts(GpuRequest(gpus=1, vendor="Apple"), hosts)
+    reason = explain_hosts(GpuRequest(gpus=1, gpu_vendor="Apple"), hosts)
     assert reason == (
         "no registered host has 1 device matching vendor Apple "
         "(hosts have: NVIDIA Tesla V100-SXM2-16GB ×4 on a; NVIDIA A100-SXM4-80GB on b)"
@@ -542,10 +518,10 @@ def inventories(draw: st.DrawFn) -> list[Device]:
 requests = st.builds(
     GpuRequest,
     gpus=st.integers(min_value=0, max_value=5),
-    vendor=st.sampled_from([None, "NVIDIA", "AMD", "Apple", "nvidia"]),
-    models=st.lists(st.sampled_from(["A100", "V100", "RTX 4090", "*4090", "M3 Max", "A10"]), max_size=2).map(tuple),
-    memory_min_bytes=st.sampled_from([0, 8 * GIB, 16 * GIB, 24 * GIB, 48 * GIB]),
-    min_free_bytes=st.sampled_from([0, 0, 4 * GIB, 20 * GIB]),
+    gpu_vendor=st.sampled_from([None, "NVIDIA", "AMD", "Apple", "nvidia"]),
+    gpu_models=st.lists(st.sampled_from(["A100", "V100", "RTX 4090", "*4090", "M3 Max", "A10"]), max_size=2).map(tuple),
+    gpu_memory_min_bytes=st.sampled_from([0, 8 * GIB, 16 * GIB, 24 * GIB, 48 * GIB]),
+    gpu_memory_free_min_bytes=st.sampled_from([0, 0, 4 * GIB, 20 * GIB]),
 )
 
 

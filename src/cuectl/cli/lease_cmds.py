@@ -13,11 +13,15 @@ pass the command's own options through untouched.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from cuectl.cli import term
+
+if TYPE_CHECKING:  # the lease machinery is imported only by the commands that use it
+    from cuectl.errors import LeaseError
+    from cuectl.run.lease import Lease, LeaseInfo
 
 RUN_CONTEXT_SETTINGS = {"allow_interspersed_args": False}
 
@@ -28,7 +32,8 @@ _LOCK_DIR_OPT = typer.Option(None, "--lock-dir", metavar="DIR",
 def run_cmd(
     command: Optional[List[str]] = typer.Argument(None, metavar="COMMAND",
                                                   help="The command and its arguments (after `--`)."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", min=0,
+    # No typer range checks here: the limits and their messages are those of `cuectl submit`.
+    gpus: Optional[int] = typer.Option(None, "--gpus",
                                        help="Devices to lease (default: the --device count, else 1; 0 hides all)."),
     gpu_vendor: Optional[str] = typer.Option(None, "--gpu-vendor", metavar="VENDOR",
                                              help="NVIDIA, AMD, Apple or Intel."),
@@ -36,8 +41,9 @@ def run_cmd(
                                                   help="Allowed model (repeatable; any of), e.g. A100 or 'RTX 4090'."),
     gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min", metavar="SIZE",
                                                  help="Memory per device, e.g. 24G (a bare number is MiB)."),
-    min_free_memory: Optional[str] = typer.Option(None, "--min-free-memory", metavar="SIZE",
-                                                  help="Free memory per device right now, e.g. 8G."),
+    gpu_memory_free_min: Optional[str] = typer.Option(None, "--gpu-memory-free-min", "--min-free-memory",
+                                                      metavar="SIZE",
+                                                      help="Free memory per device right now, e.g. 8G."),
     device: Optional[List[str]] = typer.Option(None, "--device", metavar="ID",
                                                help="Choose among these devices only: index or UUID (repeatable)."),
     wait: bool = typer.Option(True, "--wait/--no-wait",
@@ -53,15 +59,16 @@ def run_cmd(
     """
     from cuectl.run.adhoc import run_with_lease
     from cuectl.run.lease import make_request
+    from cuectl.sched.fields import flag_label
 
-    request = make_request(gpus, vendor=gpu_vendor, models=gpu_model or (), min_memory=gpu_memory_min,
-                           min_free_memory=min_free_memory, devices=device or None)
+    request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_model or (), gpu_memory_min=gpu_memory_min,
+                           gpu_memory_free_min=gpu_memory_free_min, devices=device or None, field_label=flag_label)
     code = run_with_lease(command or [], request, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
                           on_acquired=_say_acquired, on_wait=_say_waiting)
     raise typer.Exit(code)
 
 
-def _say_acquired(held) -> None:
+def _say_acquired(held: Lease) -> None:
     if held.devices:
         names = ", ".join(f"gpu {d.index} ({d.model}, {d.uuid})" for d in held.devices)
         term.info(f"cuectl run: leased {names}")
@@ -69,7 +76,7 @@ def _say_acquired(held) -> None:
         term.info("cuectl run: no GPU leased; all GPUs are hidden from the command")
 
 
-def _say_waiting(reason) -> None:
+def _say_waiting(reason: LeaseError) -> None:
     term.info(f"cuectl run: waiting — {reason.message}")
 
 
@@ -102,7 +109,7 @@ def leases_cmd(
     term.table(["GPU", "MODEL", "UUID", "HOLDER", "KIND", "PID", "USER", "SINCE"], rows, footer=footer)
 
 
-def _row(index, model, uuid, info) -> list:
+def _row(index: int | None, model: str, uuid: str, info: LeaseInfo | None) -> list[object]:
     if info is None:
         return [index, model, uuid, "(free)", None, None, None, None]
     from cuectl.units import iso

@@ -216,8 +216,7 @@ class Worker:
         return tags_fit(layer.tags, self.opts.tags)
 
     def _claim_gpu_layer(self, layer: RunnableLayer, live: list[Device], now: float) -> bool:
-        request = GpuRequest(gpus=layer.gpus, vendor=layer.gpu_vendor, models=layer.gpu_models,
-                             memory_min_bytes=layer.gpu_memory_min_bytes)
+        request = GpuRequest.from_record(layer)
         mine = {u for r in self.running.values() for u in r.claim.gpu_uuids}
         # Devices that `cuectl run --wait` / lease(wait=True) callers queued for are left
         # to them: they asked first, and a busy farm would otherwise starve them.
@@ -426,8 +425,7 @@ class Worker:
             if not self._accepts(layer):
                 continue
             if layer.gpus > 0:
-                request = GpuRequest(gpus=layer.gpus, vendor=layer.gpu_vendor, models=layer.gpu_models,
-                                     memory_min_bytes=layer.gpu_memory_min_bytes)
+                request = GpuRequest.from_record(layer)
                 if select_devices(request, self.devices).could_ever_fit:
                     return False
             elif not self.opts.gpu_only and cpu_fits(layer.cores, layer.memory_bytes,

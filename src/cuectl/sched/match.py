@@ -14,10 +14,11 @@ Rules, and the choices made where DESIGN is silent:
   keeps the two apart (``could_ever_fit``) so callers can fail fast on impossible
   requests and wait on merely busy ones.
 - **Free memory.** Where the backend reports free memory, the device needs
-  ``memory_min_bytes`` free with the same nearest-GiB allowance §5 gives total memory (an
-  idle "24 GB" card reports a few MiB less than 24 GiB free — it must still take a 24G
-  frame, while a card a desktop session holds a GiB of must not), and ``min_free_bytes``
-  free exactly (an explicit ad-hoc "I need this much free" is taken literally).
+  ``gpu_memory_min_bytes`` free with the same nearest-GiB allowance §5 gives total memory
+  (an idle "24 GB" card reports a few MiB less than 24 GiB free — it must still take a 24G
+  frame, while a card a desktop session holds a GiB of must not), and
+  ``gpu_memory_free_min_bytes`` free exactly (an explicit ad-hoc "I need this much free" is
+  taken literally).
 - **MIG.** When a card's MIG instances are listed as devices of their own, the card
   itself is not leasable (it would overlap its instances): any device whose uuid is
   another device's ``mig_parent_uuid`` is skipped. An instance whose parent uuid is
@@ -38,8 +39,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from cuectl.gpu.device import Device, normalize_vendor
-from cuectl.sched.model import LayerSpec
+from cuectl.sched.gpu_request import GpuRequest
 from cuectl.units import GIB, format_bytes, memory_satisfies
+
+__all__ = [
+    "CpuPool", "GpuRequest", "MatchResult", "cpu_fits", "device_fits", "device_fits_now", "device_fits_statically",
+    "explain_hosts", "model_matches", "select_devices", "tags_fit",
+]
 
 # Words of a model name: split at runs of whitespace, '-' and '_' (DESIGN §5).
 _WORD_SPLIT = re.compile(r"[\s_\-]+")
@@ -47,31 +53,6 @@ _WORD_SPLIT = re.compile(r"[\s_\-]+")
 _LIST_LIMIT = 4
 # Cores are floats (0.5, 1.5…); sums of them pick up rounding noise.
 _CORE_EPSILON = 1e-9
-
-
-@dataclass(frozen=True)
-class GpuRequest:
-    """What a frame or lease asks of each device. Validation happens upstream (spec/CLI)."""
-
-    gpus: int = 0
-    vendor: str | None = None  # normalised vendor, or None = any
-    models: tuple[str, ...] = ()  # any of; empty = any
-    memory_min_bytes: int = 0  # per device
-    min_free_bytes: int = 0  # per device, ad-hoc leases' "min_free_memory"; 0 = no check
-
-    def __post_init__(self) -> None:
-        # A list passed by a caller would make the frozen dataclass unhashable.
-        if not isinstance(self.models, tuple):
-            object.__setattr__(self, "models", tuple(self.models))
-
-    @classmethod
-    def from_layer(cls, layer: LayerSpec) -> "GpuRequest":
-        return cls(
-            gpus=layer.gpus,
-            vendor=layer.gpu_vendor,
-            models=tuple(layer.gpu_models),
-            memory_min_bytes=layer.gpu_memory_min_bytes,
-        )
 
 
 @dataclass(frozen=True)
@@ -135,19 +116,19 @@ def _vendor_key(vendor: str | None) -> str:
 
 
 def _vendor_ok(request: GpuRequest, device: Device) -> bool:
-    return request.vendor is None or _vendor_key(request.vendor) == _vendor_key(device.vendor)
+    return request.gpu_vendor is None or _vendor_key(request.gpu_vendor) == _vendor_key(device.vendor)
 
 
 def _model_ok(request: GpuRequest, device: Device) -> bool:
-    return not request.models or any(model_matches(p, device.model) for p in request.models)
+    return not request.gpu_models or any(model_matches(p, device.model) for p in request.gpu_models)
 
 
 def _memory_ok(request: GpuRequest, device: Device) -> bool:
     total = device.memory_total_bytes
-    if not memory_satisfies(total, request.memory_min_bytes):
+    if not memory_satisfies(total, request.gpu_memory_min_bytes):
         return False
     # Free memory can never exceed the total: a card smaller than min_free never fits.
-    if request.min_free_bytes > 0 and total is not None and total < request.min_free_bytes:
+    if request.gpu_memory_free_min_bytes > 0 and total is not None and total < request.gpu_memory_free_min_bytes:
         return False
     return True
 
@@ -169,11 +150,11 @@ def device_fits_statically(request: GpuRequest, device: Device) -> str | None:
     ``memory 16.0 GiB < 24.0 GiB``.
     """
     if not _vendor_ok(request, device):
-        return f"vendor {device.vendor} != {request.vendor}"
+        return f"vendor {device.vendor} != {request.gpu_vendor}"
     if not _model_ok(request, device):
-        return f"model {device.model!r} not in {list(request.models)!r}"
+        return f"model {device.model!r} not in {list(request.gpu_models)!r}"
     if not _memory_ok(request, device):
-        need = max(request.memory_min_bytes, request.min_free_bytes)
+        need = max(request.gpu_memory_min_bytes, request.gpu_memory_free_min_bytes)
         return f"memory {_size(device.memory_total_bytes)} < {format_bytes(need)}"
     return None
 
@@ -182,14 +163,14 @@ def device_fits_now(request: GpuRequest, device: Device) -> str | None:
     """None unless the device's known free memory rules it out right now.
 
     Unknown free memory (backend cannot tell) never rules a device out. See the module
-    docstring for why ``memory_min_bytes`` gets the nearest-GiB allowance and
-    ``min_free_bytes`` does not.
+    docstring for why ``gpu_memory_min_bytes`` gets the nearest-GiB allowance and
+    ``gpu_memory_free_min_bytes`` does not.
     """
     free = device.memory_free_bytes
     if free is None:
         return None
-    need = max(request.memory_min_bytes, request.min_free_bytes)
-    if not memory_satisfies(free, request.memory_min_bytes) or free < request.min_free_bytes:
+    need = max(request.gpu_memory_min_bytes, request.gpu_memory_free_min_bytes)
+    if not memory_satisfies(free, request.gpu_memory_min_bytes) or free < request.gpu_memory_free_min_bytes:
         return f"free memory {format_bytes(free)} < {format_bytes(need)}"
     return None
 
@@ -238,11 +219,11 @@ _Check = Callable[[Device], bool]
 def _constraints(request: GpuRequest) -> list[tuple[str, str, _Check]]:
     """(kind, label, check) of each static constraint the request sets, in reason order."""
     out: list[tuple[str, str, _Check]] = []
-    if request.vendor is not None:
-        out.append(("vendor", f"vendor {request.vendor}", lambda d: _vendor_ok(request, d)))
-    if request.models:
-        out.append(("model", f"model {_models_label(request.models)}", lambda d: _model_ok(request, d)))
-    if request.memory_min_bytes > 0 or request.min_free_bytes > 0:
+    if request.gpu_vendor is not None:
+        out.append(("vendor", f"vendor {request.gpu_vendor}", lambda d: _vendor_ok(request, d)))
+    if request.gpu_models:
+        out.append(("model", f"model {_models_label(request.gpu_models)}", lambda d: _model_ok(request, d)))
+    if request.gpu_memory_min_bytes > 0 or request.gpu_memory_free_min_bytes > 0:
         out.append(("memory", _memory_label(request), lambda d: _memory_ok(request, d)))
     return out
 
@@ -253,10 +234,10 @@ def _models_label(models: Sequence[str]) -> str:
 
 def _memory_label(request: GpuRequest) -> str:
     parts = []
-    if request.memory_min_bytes > 0:
-        parts.append(f"memory >= {_request_size(request.memory_min_bytes)}")
-    if request.min_free_bytes > 0:
-        parts.append(f">= {_request_size(request.min_free_bytes)} free")
+    if request.gpu_memory_min_bytes > 0:
+        parts.append(f"memory >= {_request_size(request.gpu_memory_min_bytes)}")
+    if request.gpu_memory_free_min_bytes > 0:
+        parts.append(f">= {_request_size(request.gpu_memory_free_min_bytes)} free")
     return ", ".join(parts)
 
 
@@ -266,15 +247,15 @@ def _plural(n: int, word: str) -> str:
 
 def _describe_request(request: GpuRequest) -> str:
     """``2 NVIDIA devices matching 'A100' with >= 24 GiB`` — the whole request, one phrase."""
-    text = f"{request.gpus} {request.vendor + ' ' if request.vendor else ''}"
+    text = f"{request.gpus} {request.gpu_vendor + ' ' if request.gpu_vendor else ''}"
     text += "device" if request.gpus == 1 else "devices"
-    if request.models:
-        text += f" matching {_models_label(request.models)}"
+    if request.gpu_models:
+        text += f" matching {_models_label(request.gpu_models)}"
     sizes = []
-    if request.memory_min_bytes > 0:
-        sizes.append(f">= {_request_size(request.memory_min_bytes)}")
-    if request.min_free_bytes > 0:
-        sizes.append(f">= {_request_size(request.min_free_bytes)} free")
+    if request.gpu_memory_min_bytes > 0:
+        sizes.append(f">= {_request_size(request.gpu_memory_min_bytes)}")
+    if request.gpu_memory_free_min_bytes > 0:
+        sizes.append(f">= {_request_size(request.gpu_memory_free_min_bytes)} free")
     if sizes:
         text += " with " + " and ".join(sizes)
     return text

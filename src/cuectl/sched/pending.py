@@ -15,11 +15,6 @@ from cuectl.sched.match import GpuRequest, explain_hosts, tags_fit
 from cuectl.sched.store import Store
 
 
-def _request(layer: Mapping[str, Any]) -> GpuRequest:
-    return GpuRequest(gpus=layer["gpus"], vendor=layer["gpu_vendor"], models=tuple(layer["gpu_models"]),
-                      memory_min_bytes=layer["gpu_memory_min_bytes"])
-
-
 def layer_blocker(layer: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[Device], Sequence[str]]]) -> str | None:
     """Why no registered, unlocked host could ever run this layer's frames (or None)."""
     if not hosts:
@@ -29,7 +24,7 @@ def layer_blocker(layer: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[D
         return f"no unlocked host has the tags {', '.join(layer['tags'])}"
     if layer["gpus"] <= 0:
         return None
-    return explain_hosts(_request(layer), tagged)
+    return explain_hosts(GpuRequest.from_record(layer), tagged)
 
 
 def pending_reason(job: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[Device], Sequence[str]]]) -> str | None:

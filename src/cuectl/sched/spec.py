@@ -21,10 +21,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from cuectl.errors import InvalidInput
-from cuectl.gpu.device import VENDORS, normalize_vendor
+from cuectl.sched.fields import (CONTROL_RE, Label, as_list, describe, expect_str, flag_label, item_label, quote,
+                                 size_bytes, whole_number)
 from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
+from cuectl.sched.gpu_request import GpuRequest
 from cuectl.sched.model import Dependency, JobSpec, LayerSpec
-from cuectl.units import parse_duration, parse_size
+from cuectl.units import parse_duration
 
 MAX_SPEC_BYTES = 10 * 1024 * 1024
 # Alias references followed while sizing the document, and the size of the document with
@@ -35,11 +37,9 @@ MAX_EXPANDED_NODES = 1_000_000
 MAX_DEPTH = 64  # YAML nesting; a job spec needs about 5
 MAX_LAYERS = 1000
 MAX_JOB_NAME = 200
-MAX_GPUS = 1024
 MAX_RETRIES = 1000
 MAX_CORES = 100_000
 MAX_PRIORITY = 2**31 - 1
-MAX_BYTES = 2**60  # an exabyte: anything above is a typo, and it still fits an SQL BIGINT
 DEFAULT_FLAG_LAYER = "main"
 
 JOB_KEYS = ("name", "priority", "paused", "env", "layers")
@@ -49,7 +49,6 @@ LAYER_KEYS = (
 )
 DEPEND_KEYS = ("layer", "type")
 DEPEND_TYPES = ("layer", "frame")
-_GPU_OPTIONS = ("gpu_vendor", "gpu_models", "gpu_memory_min")
 # Keys that belong at the other level, with a hint saying where (a common slip).
 _LAYER_ONLY_KEYS = {
     "user": "the job's user is whoever submits it",
@@ -63,40 +62,10 @@ _JOB_ONLY_KEYS = {
 _LAYER_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}", re.ASCII)
 _TAG_RE = _LAYER_NAME_RE
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_FLAG_LABELS = {"name": "--layer", "command": "COMMAND", "gpu_models": "--gpu-model", "tags": "--tag"}
-
-Label = Callable[[str], str]
 
 
 # --------------------------------------------------------------------------------------
 # Small helpers
-
-
-def _kind(value: Any) -> str:
-    """Describe a value's type for a message without echoing a (possibly huge) container."""
-    if value is None:
-        return "nothing (null)"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value!r})"
-    if isinstance(value, str):
-        return f"a string ({_show(value)})"
-    if isinstance(value, Mapping):
-        return "a mapping"
-    if isinstance(value, (list, tuple)):
-        return "a list"
-    return f"a {type(value).__name__} ({_show(str(value))}; quote it to make it a string)"
-
-
-def _show(text: str, width: int = 60) -> str:
-    return repr(text if len(text) <= width else text[:width] + "...")
-
-
-def _item(label: str, index: int) -> str:
-    # Flags repeat (--gpu-model A --gpu-model B): an index would read oddly there.
-    return label if label.startswith("-") or label == "COMMAND" else f"{label}[{index}]"
 
 
 def _check_keys(
@@ -115,22 +84,7 @@ def _check_keys(
             raise InvalidInput(f"{where}unknown key {key!r} ({elsewhere[key]})")
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
-        raise InvalidInput(f"{where}unknown key {_show(key)} ({hint})")
-
-
-def _as_list(value: Any, label: str) -> list[Any]:
-    """A YAML list, or one scalar standing for a list of one (``tags: render``)."""
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, (Mapping, set)):
-        raise InvalidInput(f"{label}: expected a list, got {_kind(value)}")
-    return [value]
-
-
-def _text(value: Any, label: str, *, what: str = "a string") -> str:
-    if not isinstance(value, str):
-        raise InvalidInput(f"{label}: expected {what}, got {_kind(value)}")
-    return value
+        raise InvalidInput(f"{where}unknown key {quote(key)} ({hint})")
 
 
 # --------------------------------------------------------------------------------------
@@ -138,42 +92,32 @@ def _text(value: Any, label: str, *, what: str = "a string") -> str:
 
 
 def _job_name(value: Any, label: str) -> str:
-    name = _text(value, label).strip()
+    name = expect_str(value, label).strip()
     if not name:
         raise InvalidInput(f"{label}: must not be empty")
     if len(name) > MAX_JOB_NAME:
         raise InvalidInput(f"{label}: at most {MAX_JOB_NAME} characters (got {len(name)})")
-    if _CONTROL_RE.search(name):
+    if CONTROL_RE.search(name):
         raise InvalidInput(f"{label}: must not contain control characters")
     return name
 
 
 def _layer_name(value: Any, label: str) -> str:
-    name = _text(value, label)
+    name = expect_str(value, label)
     if not _LAYER_NAME_RE.fullmatch(name):
-        raise InvalidInput(f"{label}: invalid layer name {_show(name)} (1-100 of A-Z a-z 0-9 _ . -)")
+        raise InvalidInput(f"{label}: invalid layer name {quote(name)} (1-100 of A-Z a-z 0-9 _ . -)")
     return name
-
-
-def _integer(value: Any, label: str, *, minimum: int, maximum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidInput(f"{label}: expected a whole number, got {_kind(value)}")
-    if value < minimum:
-        raise InvalidInput(f"{label}: must be {minimum} or more")
-    if value > maximum:
-        raise InvalidInput(f"{label}: must be at most {maximum}")
-    return value
 
 
 def _boolean(value: Any, label: str) -> bool:
     if not isinstance(value, bool):
-        raise InvalidInput(f"{label}: expected true or false, got {_kind(value)}")
+        raise InvalidInput(f"{label}: expected true or false, got {describe(value)}")
     return value
 
 
 def _cores(value: Any, label: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInput(f"{label}: expected a number of cores, got {_kind(value)}")
+        raise InvalidInput(f"{label}: expected a number of cores, got {describe(value)}")
     if not math.isfinite(value) or value <= 0:
         raise InvalidInput(f"{label}: must be more than 0")
     if value > MAX_CORES:
@@ -181,21 +125,17 @@ def _cores(value: Any, label: str) -> float:
     return float(value)
 
 
-def _size(value: Any, label: str) -> int:
-    # parse_size takes ints as bytes (library use); in a spec a bare number is MiB (DESIGN §5).
+def _mib_if_number(value: Any) -> Any:
+    """YAML reads ``memory: 512`` as a number, which in a spec means MiB (DESIGN §5), not
+    bytes as an int does for library callers: pass it on as the text the user wrote."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = str(value)
-    if not isinstance(value, (str, bool)):
-        raise InvalidInput(f"{label}: expected a size like 8G, got {_kind(value)}")
-    size = parse_size(value, field=label)
-    if size > MAX_BYTES:
-        raise InvalidInput(f"{label}: {value!r} is too large")
-    return size
+        return str(value)
+    return value
 
 
 def _timeout(value: Any, label: str) -> float:
     if not isinstance(value, (str, int, float)):
-        raise InvalidInput(f"{label}: expected a duration like 2h, got {_kind(value)}")
+        raise InvalidInput(f"{label}: expected a duration like 2h, got {describe(value)}")
     seconds = parse_duration(value, field=label)
     if not math.isfinite(seconds) or seconds <= 0:
         raise InvalidInput(f"{label}: must be more than 0 (leave it out for no timeout)")
@@ -211,7 +151,7 @@ def _command(value: Any, label: str) -> tuple[str, ...] | str:
             raise InvalidInput(f"{label}: must not contain NUL characters")
         return value
     if not isinstance(value, (list, tuple)):
-        raise InvalidInput(f"{label}: expected a list of arguments or a shell string, got {_kind(value)}")
+        raise InvalidInput(f"{label}: expected a list of arguments or a shell string, got {describe(value)}")
     if not value:
         raise InvalidInput(f"{label}: must not be empty")
     argv: list[str] = []
@@ -221,7 +161,7 @@ def _command(value: Any, label: str) -> tuple[str, ...] | str:
         if isinstance(arg, (int, float)) and not isinstance(arg, bool):
             arg = str(arg)
         if not isinstance(arg, str):
-            raise InvalidInput(f"{where}: expected a string, got {_kind(arg)}")
+            raise InvalidInput(f"{where}: expected a string, got {describe(arg)}")
         if "\x00" in arg:
             raise InvalidInput(f"{where}: must not contain NUL characters")
         argv.append(arg)
@@ -233,39 +173,19 @@ def _command(value: Any, label: str) -> tuple[str, ...] | str:
 def _range(value: Any, label: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
-    text = _text(value, label, what="a frame range like 1-100").strip()
+    text = expect_str(value, label, what="a frame range like 1-100").strip()
     if not text:
         raise InvalidInput(f"{label}: empty frame range (use e.g. 1, 1-100 or 1-100x5)")
     return text
 
 
-def _vendor(value: Any, label: str) -> str:
-    vendor = normalize_vendor(value) if isinstance(value, str) else None
-    if vendor is None:
-        shown = _show(value) if isinstance(value, str) else _kind(value)
-        raise InvalidInput(f"{label}: unknown vendor {shown} (expected one of {', '.join(VENDORS)})")
-    return vendor
-
-
-def _gpu_models(value: Any, label: str) -> tuple[str, ...]:
-    models: list[str] = []
-    for index, item in enumerate(_as_list(value, label)):
-        where = _item(label, index)
-        model = _text(item, where, what="a GPU model name").strip()
-        if not model or len(model) > 200 or _CONTROL_RE.search(model):
-            raise InvalidInput(f"{where}: invalid GPU model {_show(model)} (1-200 printable characters)")
-        if model not in models:
-            models.append(model)
-    return tuple(models)
-
-
 def _tags(value: Any, label: str) -> tuple[str, ...]:
     tags: list[str] = []
-    for index, item in enumerate(_as_list(value, label)):
-        where = _item(label, index)
-        tag = _text(item, where, what="a tag")
+    for index, item in enumerate(as_list(value, label)):
+        where = item_label(label, index)
+        tag = expect_str(item, where, what="a tag")
         if not _TAG_RE.fullmatch(tag):
-            raise InvalidInput(f"{where}: invalid tag {_show(tag)} (1-100 of A-Z a-z 0-9 _ . -)")
+            raise InvalidInput(f"{where}: invalid tag {quote(tag)} (1-100 of A-Z a-z 0-9 _ . -)")
         if tag not in tags:
             tags.append(tag)
     return tuple(tags)
@@ -273,7 +193,7 @@ def _tags(value: Any, label: str) -> tuple[str, ...]:
 
 def _env_key(key: Any, label: str) -> str:
     if not isinstance(key, str) or not _ENV_KEY_RE.fullmatch(key):
-        shown = _show(key) if isinstance(key, str) else repr(key)
+        shown = quote(key) if isinstance(key, str) else repr(key)
         raise InvalidInput(f"{label}: invalid variable name {shown} (letters, digits and _, not starting with a digit)")
     return key
 
@@ -284,7 +204,7 @@ def _env_value(value: Any, label: str) -> str:
     if isinstance(value, (int, float)):
         return str(value)
     if not isinstance(value, str):
-        raise InvalidInput(f"{label}: expected a string, number or boolean, got {_kind(value)}")
+        raise InvalidInput(f"{label}: expected a string, number or boolean, got {describe(value)}")
     if "\x00" in value:
         raise InvalidInput(f"{label}: must not contain NUL characters")
     return value
@@ -292,7 +212,7 @@ def _env_value(value: Any, label: str) -> str:
 
 def _env_mapping(value: Any, label: str) -> dict[str, str]:
     if not isinstance(value, Mapping):
-        raise InvalidInput(f"{label}: expected a mapping of NAME: value, got {_kind(value)}")
+        raise InvalidInput(f"{label}: expected a mapping of NAME: value, got {describe(value)}")
     env: dict[str, str] = {}
     for key, item in value.items():
         name = _env_key(key, label)
@@ -304,9 +224,9 @@ def _env_items(items: Sequence[str], label: str) -> dict[str, str]:
     """``--env K=V`` items; a later item for the same name wins, as in a shell."""
     env: dict[str, str] = {}
     for item in [items] if isinstance(items, str) else items:
-        text = _text(item, label, what="K=V")
+        text = expect_str(item, label, what="K=V")
         if "=" not in text:
-            raise InvalidInput(f"{label}: expected NAME=VALUE, got {_show(text)}")
+            raise InvalidInput(f"{label}: expected NAME=VALUE, got {quote(text)}")
         key, value = text.split("=", 1)
         env[_env_key(key, label)] = _env_value(value, label)
     return env
@@ -316,8 +236,8 @@ def _depends(value: Any, label: str) -> list[tuple[Dependency, str]]:
     """Dependencies with the label of each (for errors found later, once all layers are known)."""
     deps: list[tuple[Dependency, str]] = []
     targets: dict[str, str] = {}
-    for index, item in enumerate(_as_list(value, label)):
-        where = _item(label, index)
+    for index, item in enumerate(as_list(value, label)):
+        where = item_label(label, index)
         if isinstance(item, Mapping):
             _check_keys(item, DEPEND_KEYS, where)
             if "layer" not in item:
@@ -327,7 +247,7 @@ def _depends(value: Any, label: str) -> list[tuple[Dependency, str]]:
             if kind is None:
                 kind = "layer"
             if not isinstance(kind, str) or kind.lower() not in DEPEND_TYPES:
-                shown = _show(kind) if isinstance(kind, str) else _kind(kind)
+                shown = quote(kind) if isinstance(kind, str) else describe(kind)
                 raise InvalidInput(f"{where}.type: unknown dependency type {shown} (expected layer or frame)")
             dep = Dependency(on=on, type=kind.lower())  # type: ignore[arg-type]
         else:
@@ -344,7 +264,7 @@ def _depends(value: Any, label: str) -> list[tuple[Dependency, str]]:
 
 
 def _build_layer(
-    data: Mapping[str, Any], label: Label, job_env: Mapping[str, str], *, gpus_label: str,
+    data: Mapping[str, Any], label: Label, job_env: Mapping[str, str], *,
     parse_env: Callable[[Any, str], dict[str, str]] = _env_mapping,
 ) -> tuple[LayerSpec, list[tuple[Dependency, str]]]:
     """Validate one layer's fields (already checked for unknown keys). ``None`` = not set.
@@ -362,28 +282,18 @@ def _build_layer(
     if get("range") is not None:
         fields["range"] = _range(get("range"), label("range"))
     if get("chunk") is not None:
-        fields["chunk"] = _integer(get("chunk"), label("chunk"), minimum=1, maximum=MAX_FRAME)
-    gpus = 0
-    if get("gpus") is not None:
-        gpus = fields["gpus"] = _integer(get("gpus"), label("gpus"), minimum=0, maximum=MAX_GPUS)
-    if gpus == 0:
-        # A device constraint on a CPU frame is almost surely a forgotten `gpus:`; silently
-        # ignoring it would run the work on the CPU pool, which DESIGN §5 rules out.
-        for option in _GPU_OPTIONS:
-            if get(option) not in (None, (), []):
-                raise InvalidInput(f"{label(option)}: only applies to GPU frames; set {gpus_label} to 1 or more")
-    if get("gpu_vendor") is not None:
-        fields["gpu_vendor"] = _vendor(get("gpu_vendor"), label("gpu_vendor"))
-    if get("gpu_models") is not None:
-        fields["gpu_models"] = _gpu_models(get("gpu_models"), label("gpu_models"))
-    if get("gpu_memory_min") is not None:
-        fields["gpu_memory_min_bytes"] = _size(get("gpu_memory_min"), label("gpu_memory_min"))
+        fields["chunk"] = whole_number(get("chunk"), label("chunk"), minimum=1, maximum=MAX_FRAME)
+    gpu = GpuRequest.parse(gpus=0 if get("gpus") is None else get("gpus"), gpu_vendor=get("gpu_vendor"),
+                           gpu_models=get("gpu_models"), gpu_memory_min=_mib_if_number(get("gpu_memory_min")),
+                           label=label)
+    fields.update(gpus=gpu.gpus, gpu_vendor=gpu.gpu_vendor, gpu_models=gpu.gpu_models,
+                  gpu_memory_min_bytes=gpu.gpu_memory_min_bytes)
     if get("cores") is not None:
         fields["cores"] = _cores(get("cores"), label("cores"))
     if get("memory") is not None:
-        fields["memory_bytes"] = _size(get("memory"), label("memory"))
+        fields["memory_bytes"] = size_bytes(_mib_if_number(get("memory")), label("memory"))
     if get("retries") is not None:
-        fields["retries"] = _integer(get("retries"), label("retries"), minimum=0, maximum=MAX_RETRIES)
+        fields["retries"] = whole_number(get("retries"), label("retries"), minimum=0, maximum=MAX_RETRIES)
     if get("timeout") is not None:
         fields["timeout_s"] = _timeout(get("timeout"), label("timeout"))
     env = dict(job_env)  # the layer's own variables win over the job's
@@ -447,7 +357,7 @@ def _finish(
         from cuectl.config import current_user
 
         user = current_user()
-    if not isinstance(user, str) or not user.strip() or _CONTROL_RE.search(user):
+    if not isinstance(user, str) or not user.strip() or CONTROL_RE.search(user):
         raise InvalidInput(f"user: invalid user name {user!r}")
     chunks: list[tuple[tuple[int, ...], ...]] = []
     total = 0
@@ -474,6 +384,11 @@ def _finish(
     return JobSpec(name=name, user=user, layers=tuple(layers), priority=priority, paused=paused, chunks=tuple(chunks))
 
 
+def _field_of(layer: str) -> Label:
+    """Labels of one YAML layer's fields: ``layers[1].gpus``."""
+    return lambda key: f"{layer}.{key}"
+
+
 def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | None = None) -> JobSpec:
     """Validate a parsed YAML/JSON document into a JobSpec (see docs/job-spec.md).
 
@@ -483,7 +398,7 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
     if data is None:
         raise InvalidInput("the job spec is empty (expected a mapping with name: and layers:)")
     if not isinstance(data, Mapping):
-        raise InvalidInput(f"the job spec must be a mapping with name: and layers:, got {_kind(data)}")
+        raise InvalidInput(f"the job spec must be a mapping with name: and layers:, got {describe(data)}")
     # Keys starting with "x-" are ignored (as in docker-compose): a place for anchors such
     # as `x-defaults: &defaults {...}` that layers then merge with `<<: *defaults`.
     _check_keys(
@@ -495,14 +410,14 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
     name = _job_name(data["name"], "name")
     priority = 0
     if data.get("priority") is not None:
-        priority = _integer(data["priority"], "priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+        priority = whole_number(data["priority"], "priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
     paused = False if data.get("paused") is None else _boolean(data["paused"], "paused")
     job_env = {} if data.get("env") is None else _env_mapping(data["env"], "env")
     raw_layers = data.get("layers")
     if raw_layers is None:
         raise InvalidInput("layers: required (a list of at least one layer)")
     if not isinstance(raw_layers, (list, tuple)):
-        raise InvalidInput(f"layers: expected a list of layers, got {_kind(raw_layers)}")
+        raise InvalidInput(f"layers: expected a list of layers, got {describe(raw_layers)}")
     if not raw_layers:
         raise InvalidInput("layers: needs at least one layer")
     if len(raw_layers) > MAX_LAYERS:
@@ -513,10 +428,10 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
     for index, raw in enumerate(raw_layers):
         here = f"layers[{index}]"
         if not isinstance(raw, Mapping):
-            raise InvalidInput(f"{here}: expected a mapping with name: and command:, got {_kind(raw)}")
+            raise InvalidInput(f"{here}: expected a mapping with name: and command:, got {describe(raw)}")
         _check_keys(raw, LAYER_KEYS, here, elsewhere=_JOB_ONLY_KEYS)
-        label: Label = lambda key, here=here: f"{here}.{key}"  # noqa: E731
-        layer, layer_deps = _build_layer(raw, label, job_env, gpus_label="gpus")
+        label = _field_of(here)
+        layer, layer_deps = _build_layer(raw, label, job_env)
         layers.append(layer)
         deps.append(layer_deps)
         labels.append(label)
@@ -554,11 +469,8 @@ def spec_from_flags(
     named ``layer`` or ``main``. Errors name the flag: ``--gpus: must be 0 or more``.
     """
 
-    def label(key: str) -> str:
-        return _FLAG_LABELS.get(key, "--" + key.replace("_", "-"))
-
     job_name = _job_name(name, "--name")
-    job_priority = _integer(priority, "--priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+    job_priority = whole_number(priority, "--priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
     job_paused = _boolean(paused, "--paused")
     if not isinstance(command, str):
         if not isinstance(command, (list, tuple)):
@@ -581,9 +493,9 @@ def spec_from_flags(
         "env": env,
         "tags": _as_flag_list(tags),
     }
-    built, deps = _build_layer(raw, label, {}, gpus_label="--gpus", parse_env=_env_items)
+    built, deps = _build_layer(raw, flag_label, {}, parse_env=_env_items)
     return _finish(name=job_name, user=user, priority=job_priority, paused=job_paused, layers=[built], deps=[deps],
-                   layer_labels=[label], frame_limit=frame_limit)
+                   layer_labels=[flag_label], frame_limit=frame_limit)
 
 
 def _as_flag_list(values: Sequence[str] | str) -> list[str]:
@@ -634,7 +546,7 @@ def _guard_nodes(root: Any, source: str) -> None:
                 if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
                     ident = (key_node.tag, key_node.value)
                     if ident in explicit:
-                        raise InvalidInput(f"{_at(source, key_node)}: duplicate key {_show(key_node.value)}")
+                        raise InvalidInput(f"{_at(source, key_node)}: duplicate key {quote(key_node.value)}")
                     explicit[ident] = key_node
                 total += size(key_node) + size(value_node)
         elif isinstance(node, yaml.SequenceNode):

@@ -1,0 +1,489 @@
+"""Acquiring leases: ``cuectl.lease()``, ``async_lease`` and ``acquire`` (``cuectl run``).
+
+One acquisition is a static check (could any device here ever fit?), then attempts —
+choose with the same matcher as frames (``cuectl.sched.match``), lock, and on a lost race
+choose again — until one succeeds or the caller gives up. The sync and async APIs share
+one wait loop (``_attempts``); they differ only in how they sleep and where free memory is
+sampled (in a thread, for asyncio: it may run nvidia-smi).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import time
+import warnings
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple, Sequence, Union
+
+from cuectl import config
+from cuectl.errors import (DevicesBusy, InsufficientFreeMemory, InvalidInput, LeaseError, LeaseTimeout,
+                           NoMatchingDevice)
+from cuectl.gpu import Discovery, discover
+from cuectl.gpu.device import Device
+from cuectl.run.lease.isolation import isolation_env
+from cuectl.run.lease.locks import (KIND_API, DeviceLock, lease_info, lock_all, lock_path, prepare_lock_dir,
+                                    read_live_record, update_holder)
+from cuectl.run.lease.queue import WaitQueue, predicted_free
+from cuectl.run.lease.request import LeaseRequest, make_request, resolve_devices
+from cuectl.sched.match import select_devices
+from cuectl.units import parse_duration
+
+#: How often a waiter looks again; jittered so that waiters do not move in lock-step.
+POLL_S = 0.05
+MAX_POLL_S = 1.0
+#: Free memory is re-read at most this often while waiting (nvidia-smi is not free).
+SAMPLE_EVERY_S = 0.5
+#: Without waiting, a holder with no record is looked at once more after this long: it
+#: may be a `gpu leases` probe or a racer about to let go.
+RECHECK_S = 0.002
+
+
+# ============================================================================ discovery cache
+
+
+_discoveries: dict[tuple[str, str | None, int], Discovery] = {}
+_discovery_lock = threading.Lock()
+
+
+def _discovery(backend: str, fake_file: str | None) -> Discovery:
+    """Discover once per process (NVML init, nvidia-smi: tens to hundreds of ms), then reuse.
+
+    A fake file is keyed by its mtime so that a test rewriting it sees the new devices.
+    """
+    try:
+        mtime = os.stat(fake_file).st_mtime_ns if fake_file else 0
+    except OSError:
+        mtime = -1
+    key = (backend, fake_file, mtime)
+    with _discovery_lock:
+        found = _discoveries.get(key)
+        if found is None:
+            found = discover(backend, fake_file=fake_file)
+            _discoveries[key] = found
+        return found
+
+
+def forget_discovery() -> None:
+    """Drop the cached discovery (after hot-plugging, or a MIG reconfiguration)."""
+    with _discovery_lock:
+        _discoveries.clear()
+
+
+# ============================================================================ the lease
+
+
+class Lease:
+    """An exclusive lease on ``devices``; a context manager (sync and async).
+
+    ``env`` holds the isolation variables for a child process (``{**os.environ,
+    **lease.env}``), or to apply with ``os.environ.update`` before CUDA is initialised.
+    ``release()`` is idempotent; the kernel releases everything if the process dies.
+    """
+
+    def __init__(self, locks: Sequence[DeviceLock], devices: Sequence[Device], env: Mapping[str, str],
+                 lock_dir: Path, label: str) -> None:
+        self._locks = list(locks)
+        self.devices: tuple[Device, ...] = tuple(devices)
+        self._env = dict(env)
+        self.lock_dir = lock_dir
+        self.label = label
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(self._env)
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(d.uuid for d in self.devices)
+
+    @property
+    def released(self) -> bool:
+        return not any(lock.held for lock in self._locks)
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        """The lock fds, for ``Popen(pass_fds=lease.fds)``: the child then keeps the devices
+        leased for as long as it runs, even if this process dies."""
+        return tuple(lock.share() for lock in self._locks)
+
+    def set_holder_pid(self, pid: int) -> None:
+        """Name ``pid`` (a child given ``fds``) as the holder in `gpu leases`: it is the
+        process using the devices, and the one that keeps them leased if we die."""
+        for lock in self._locks:
+            if lock.held:
+                update_holder(lock, pid=pid)
+
+    def release(self) -> None:
+        for lock in self._locks:
+            lock.release()
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        if getattr(self, "_locks", None) and not self.released:
+            warnings.warn(f"unreleased {self!r}: release it or use `with`", ResourceWarning, stacklevel=2)
+            self.release()
+
+    def __repr__(self) -> str:
+        gpus = ",".join(str(d.index) for d in self.devices) or "none"
+        return f"<Lease gpus={gpus} label={self.label!r}{' released' if self.released else ''}>"
+
+
+def _default_label() -> str:
+    argv0 = sys.argv[0] if sys.argv else ""
+    return "python" if argv0 in ("", "-c", "-m") else os.path.basename(argv0)
+
+
+
+# ============================================================================ one acquisition
+
+
+class _Acquirer:
+    """One acquisition: a static check up front, then attempts until success or give-up."""
+
+    def __init__(self, request: LeaseRequest, *, lock_dir: Path, backend: str, fake_file: str | None,
+                 label: str, kind: str) -> None:
+        self.request = request
+        self.gpu_request = request.gpu
+        self.lock_dir = lock_dir
+        self.label = label
+        self.kind = kind
+        self.discovery = _discovery(backend, fake_file)
+        inventory = [replace(d, memory_free_bytes=None) for d in self.discovery.devices]
+        self.vendors = {d.vendor for d in inventory}
+        self.candidates: tuple[Device, ...] = (resolve_devices(request.devices, inventory)
+                                               if request.devices is not None else tuple(inventory))
+        self.candidate_uuids = {d.uuid for d in self.candidates}
+        gpu = self.gpu_request
+        self.needs_sample = gpu.gpus > 0 and (gpu.gpu_memory_min_bytes > 0 or gpu.gpu_memory_free_min_bytes > 0)
+        self.queue = WaitQueue(lock_dir)
+        self._free: dict[str, int | None] | None = None
+        self._sampled_at = -1e9
+        self.waiters_ahead = 0
+        self._check_static()
+
+    def _check_static(self) -> None:
+        if self.gpu_request.gpus == 0:
+            return
+        result = select_devices(self.gpu_request, self.candidates)
+        if not result.could_ever_fit:
+            where = "the devices named" if self.request.devices is not None else "this host"
+            hint = None
+            if not self.discovery.devices:
+                tried = "; ".join(f"{b.name}: {b.error}" for b in self.discovery.backends if not b.ok)
+                hint = f"no GPU found ({tried})" if tried else "no GPU found"
+            raise NoMatchingDevice(f"no device on {where} can ever satisfy the request: {result.reason}", hint=hint)
+
+    # -- free memory -----------------------------------------------------------------
+
+    def sample_due(self) -> bool:
+        return self.needs_sample and time.monotonic() - self._sampled_at >= SAMPLE_EVERY_S
+
+    def read_free(self) -> dict[str, int | None]:
+        """Live free memory of the candidates (may be slow: run it off the event loop)."""
+        samples = self.discovery.sample([d.uuid for d in self.candidates])
+        return {u: s.memory_free_bytes for u, s in samples.items()}
+
+    def set_free(self, free: dict[str, int | None]) -> None:
+        self._free, self._sampled_at = free, time.monotonic()
+
+    def _devices_now(self) -> list[Device]:
+        if self._free is None:
+            return list(self.candidates)
+        return [replace(d, memory_free_bytes=self._free.get(d.uuid)) for d in self.candidates]
+
+    # -- one attempt -----------------------------------------------------------------
+
+    def attempt(self) -> Lease:
+        """Take the devices now or raise ``DevicesBusy`` / ``InsufficientFreeMemory``."""
+        if self.gpu_request.gpus == 0:
+            return self._lease([])
+        devices = self._devices_now()
+        busy, waiters = self._queued_before_us()
+        failed: list[Device] = []
+        result = None
+        # Choose among the devices not known busy, lock them, and on a lost race mark the
+        # loser busy and choose again: the lock attempt is the only authority. Never
+        # probe first — a probe's brief lock would make a concurrent acquirer fail.
+        for _ in range(len(devices) + 1):
+            result = select_devices(self.gpu_request, devices, busy=busy)
+            if result.devices is None:
+                break
+            locks, lost = lock_all(self.lock_dir, result.devices, holder=self.label, kind=self.kind,
+                                    label=self.label)
+            if locks is not None:
+                return self._lease(locks)
+            assert lost is not None
+            busy.add(lost.uuid)
+            failed.append(lost)
+        raise self._refusal(devices, busy, failed, waiters, result.reason if result else None)
+
+    def _queued_before_us(self) -> tuple[set[str], int]:
+        """Devices we must leave alone for older waiters, and how many of them there are.
+
+        At the head of the queue (the usual case: nobody waits) that is nothing — we try
+        every candidate, whatever the records say. Behind others, we may try only the
+        devices that look free and that the older waiters would not take first.
+        """
+        inventory = self.discovery.devices
+        _, left, waiters = self.queue.claims(lambda: predicted_free(self.lock_dir, inventory))
+        self.waiters_ahead = waiters
+        if waiters == 0:
+            return set(), 0
+        return {d.uuid for d in inventory} - set(left), waiters
+
+    def _lease(self, locks: list[DeviceLock]) -> Lease:
+        by_uuid = {d.uuid: d for d in self.candidates}
+        devices = [by_uuid[lock.uuid] for lock in locks]
+        env = isolation_env(devices, all_vendors_present=self.vendors)
+        totals = [d.memory_total_bytes for d in devices if d.memory_total_bytes]
+        # Same meaning as for frames: per-device memory granted, bytes (the smallest card's).
+        env["CUE_GPU_MEMORY"] = str(min(totals) if totals and len(totals) == len(devices) else 0)
+        return Lease(locks, devices, env, self.lock_dir, self.label)
+
+    def _refusal(self, devices: list[Device], busy: set[str], failed: list[Device], waiters: int,
+                 reason: str | None) -> LeaseError:
+        if self._free is not None:
+            unknown_free = [replace(d, memory_free_bytes=None) for d in devices]
+            if select_devices(self.gpu_request, unknown_free, busy=busy).devices is not None:
+                return InsufficientFreeMemory(f"not enough free memory on the matching devices now: {reason}",
+                                              hint="wait for it (--wait / wait=True), or lower the request")
+        # An error path: waiting a little for a brand-new holder's record costs nothing and
+        # names the holder (a loaded CI machine needed more than the 2 ms this once allowed).
+        paths = [(lock_path(self.lock_dir, d.uuid), d) for d in failed]
+        holders = [lease_info(path, read_live_record(path, within=0.25), d) for path, d in paths]
+        parts = [h.describe() for h in holders]
+        if waiters:
+            parts.append(f"{waiters} earlier waiter{'s' if waiters != 1 else ''} queued for "
+                         f"{'them' if len(busy) > 1 else 'it'}")
+        need = f"{self.gpu_request.gpus} device{'s' if self.gpu_request.gpus != 1 else ''}"
+        message = f"cannot lease {need} now: " + ("; ".join(parts) if parts else (reason or "all busy"))
+        return DevicesBusy(message, holders=[h.to_json() for h in holders],
+                           hint="to queue for it instead, use --wait (Python: wait=True)")
+
+    # -- waiting ---------------------------------------------------------------------
+
+    def queue_up(self) -> None:
+        self.queue.join(self.candidate_uuids, self.gpu_request.gpus, self.label)
+
+    def close(self) -> None:
+        self.queue.leave()
+
+
+# ============================================================================ the wait loop
+
+
+class _SampleFree:
+    """A wait-loop step: read the candidates' free memory now (``_Acquirer.read_free``)."""
+
+
+_SAMPLE_FREE = _SampleFree()
+#: What the wait loop asks of its driver between attempts: sleep this many seconds, or
+#: sample free memory (slow: the async driver runs it in a thread, off the event loop).
+_Step = Union[float, _SampleFree]
+_OnWait = Callable[[LeaseError], None]
+
+
+def _attempts(acq: _Acquirer, *, wait: bool, timeout_s: float | None,
+              on_wait: _OnWait | None) -> Generator[_Step, None, Lease]:
+    """The one wait loop of the sync and async APIs: attempts until a lease (returned) or a
+    give-up (raised), yielding to its driver what to do in between."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    rechecked = False
+    while True:
+        if acq.sample_due():
+            yield _SAMPLE_FREE
+        try:
+            return acq.attempt()
+        except (DevicesBusy, InsufficientFreeMemory) as exc:
+            refusal: LeaseError = exc
+        if not wait:
+            if rechecked or not _holder_unknown(refusal):
+                raise refusal
+            rechecked = True
+            yield RECHECK_S
+            continue
+        if deadline is not None and time.monotonic() >= deadline:
+            raise _timeout_error(refusal, timeout_s or 0.0)
+        if acq.queue.own is None:
+            acq.queue_up()
+            if on_wait is not None:
+                on_wait(refusal)
+        yield _poll_delay(acq, deadline)
+
+
+def _holder_unknown(refusal: LeaseError) -> bool:
+    return isinstance(refusal, DevicesBusy) and any(h["pid"] is None for h in refusal.holders)
+
+
+def _poll_delay(acq: _Acquirer, deadline: float | None) -> float:
+    # Far back in the queue nothing can change for us soon: look less often (up to 1 s),
+    # which keeps 100 waiters from eating the CPU the holders need. Jitter avoids lock-step.
+    rounds_behind = acq.waiters_ahead / max(1, len(acq.candidates))
+    delay = min(MAX_POLL_S, POLL_S * max(1.0, rounds_behind)) * random.uniform(0.6, 1.4)
+    if deadline is not None:
+        delay = max(0.0, min(delay, deadline - time.monotonic()))
+    return delay
+
+
+def _timeout_error(last: LeaseError, timeout: float) -> LeaseTimeout:
+    return LeaseTimeout(f"no lease after waiting {timeout:g} s; last: {last.message}",
+                        holders=list(getattr(last, "holders", [])))
+
+
+def _drive(acq: _Acquirer, steps: Generator[_Step, None, Lease]) -> Lease:
+    """Run the wait loop in this thread."""
+    while True:
+        try:
+            step = next(steps)
+        except StopIteration as done:
+            lease: Lease = done.value
+            return lease
+        if isinstance(step, _SampleFree):
+            acq.set_free(acq.read_free())
+        else:
+            time.sleep(step)
+
+
+async def _drive_async(acq: _Acquirer, steps: Generator[_Step, None, Lease]) -> Lease:
+    """Run the wait loop on the event loop; an attempt itself is file operations only
+    (microseconds), sampling may run nvidia-smi and goes to a thread."""
+    import asyncio  # here, not at the top: asyncio costs ~40 ms to import
+
+    while True:
+        try:
+            step = next(steps)
+        except StopIteration as done:
+            lease: Lease = done.value
+            return lease
+        if isinstance(step, _SampleFree):
+            acq.set_free(await asyncio.to_thread(acq.read_free))
+        else:
+            await asyncio.sleep(step)
+
+
+# ============================================================================ the API
+
+
+class _Options(NamedTuple):
+    """How to acquire, as opposed to what (``LeaseRequest``); see ``lease``. A NamedTuple:
+    immutable, and built on every lease at a fraction of a frozen dataclass's cost."""
+
+    wait: bool = False
+    timeout: float | str | None = None
+    label: str | None = None
+    lock_dir: str | Path | None = None
+    backend: str = "auto"
+    fake_file: str | Path | None = None
+    kind: str = KIND_API
+    on_wait: _OnWait | None = None
+
+
+def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | None]:
+    """Check the options and do the static check; may discover GPUs (slow the first time)."""
+    timeout_s = None if opts.timeout is None else parse_duration(opts.timeout, field="timeout")
+    if timeout_s is not None and not opts.wait:
+        raise InvalidInput("timeout: only meaningful when waiting (wait=True / --wait)")
+    directory = prepare_lock_dir(Path(opts.lock_dir) if opts.lock_dir is not None else config.lock_dir())
+    fake = str(opts.fake_file) if opts.fake_file is not None else config.fake_gpus_file()
+    text = (opts.label or "").strip()[:200] or _default_label()
+    acquirer = _Acquirer(request, lock_dir=directory, backend=opts.backend, fake_file=fake, label=text,
+                         kind=opts.kind)
+    return acquirer, timeout_s
+
+
+def _acquire(request: LeaseRequest, opts: _Options) -> Lease:
+    acq, timeout_s = _setup(request, opts)
+    try:
+        return _drive(acq, _attempts(acq, wait=opts.wait, timeout_s=timeout_s, on_wait=opts.on_wait))
+    finally:
+        acq.close()
+
+
+def acquire(request: LeaseRequest, *, wait: bool = False, timeout: float | str | None = None,
+            label: str | None = None, lock_dir: str | Path | None = None, backend: str = "auto",
+            fake_file: str | Path | None = None, kind: str = KIND_API, on_wait: _OnWait | None = None) -> Lease:
+    """Acquire ``request`` (blocking while ``wait``); see ``lease`` for the arguments."""
+    return _acquire(request, _Options(wait=wait, timeout=timeout, label=label, lock_dir=lock_dir, backend=backend,
+                                      fake_file=fake_file, kind=kind, on_wait=on_wait))
+
+
+def lease(gpus: int | None = None, *, gpu_vendor: str | None = None, gpu_models: str | Iterable[str] = (),
+          gpu_memory_min: str | int | None = None, gpu_memory_free_min: str | int | None = None,
+          devices: Iterable[str | int] | None = None, wait: bool = False, timeout: float | str | None = None,
+          label: str | None = None, lock_dir: str | Path | None = None, backend: str = "auto",
+          fake_file: str | Path | None = None, on_wait: _OnWait | None = None, **deprecated: Any) -> Lease:
+    """Lease ``gpus`` matching local devices exclusively; use as a context manager.
+
+    ``gpu_vendor`` (NVIDIA, AMD, Apple, Intel), ``gpu_models`` (any of; DESIGN §5
+    matching), ``gpu_memory_min`` (per device, total), ``gpu_memory_free_min`` (per
+    device, free now), ``devices`` (explicit indices/UUIDs to choose from) — named and
+    validated as the ``cuectl run`` flags. ``wait``: block until free, FIFO among this
+    host's waiters; ``timeout`` (seconds or ``"10m"``) bounds the wait. ``label`` is what
+    `cuectl gpu leases` shows. ``on_wait`` is called once, with the reason, when the call
+    starts waiting. The old keywords ``vendor``, ``models``, ``min_memory`` and
+    ``min_free_memory`` still work, with a ``DeprecationWarning``.
+
+    Raises ``InvalidInput`` for bad arguments; ``NoMatchingDevice`` (no device here could
+    ever match), ``DevicesBusy`` (with ``.holders``), ``InsufficientFreeMemory``,
+    ``InvalidDevice``, ``LeaseTimeout`` — all ``LeaseError``.
+    """
+    request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_models, gpu_memory_min=gpu_memory_min,
+                           gpu_memory_free_min=gpu_memory_free_min, devices=devices, deprecated=deprecated)
+    return _acquire(request, _Options(wait=wait, timeout=timeout, label=label, lock_dir=lock_dir, backend=backend,
+                                      fake_file=fake_file, on_wait=on_wait))
+
+
+class async_lease:
+    """``lease`` for asyncio, with the same arguments: ``async with async_lease(gpus=1,
+    wait=True) as l:`` or ``l = await async_lease(...)``. Waiting sleeps on the event loop;
+    discovery and free-memory sampling (which may run nvidia-smi) run in a worker thread.
+    Cancelling the waiting task leaves the queue and takes nothing."""
+
+    def __init__(self, gpus: int | None = None, *, gpu_vendor: str | None = None,
+                 gpu_models: str | Iterable[str] = (), gpu_memory_min: str | int | None = None,
+                 gpu_memory_free_min: str | int | None = None, devices: Iterable[str | int] | None = None,
+                 wait: bool = False, timeout: float | str | None = None, label: str | None = None,
+                 lock_dir: str | Path | None = None, backend: str = "auto", fake_file: str | Path | None = None,
+                 on_wait: _OnWait | None = None, **deprecated: Any) -> None:
+        self._request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_models,
+                                     gpu_memory_min=gpu_memory_min, gpu_memory_free_min=gpu_memory_free_min,
+                                     devices=devices, deprecated=deprecated)
+        self._opts = _Options(wait=wait, timeout=timeout, label=label, lock_dir=lock_dir, backend=backend,
+                              fake_file=fake_file, on_wait=on_wait)
+        self._lease: Lease | None = None
+
+    async def _acquire(self) -> Lease:
+        import asyncio
+
+        acq, timeout_s = await asyncio.to_thread(_setup, self._request, self._opts)
+        try:
+            steps = _attempts(acq, wait=self._opts.wait, timeout_s=timeout_s, on_wait=self._opts.on_wait)
+            return await _drive_async(acq, steps)
+        finally:
+            acq.close()
+
+    def __await__(self) -> Generator[Any, None, Lease]:
+        return self._acquire().__await__()
+
+    async def __aenter__(self) -> Lease:
+        self._lease = await self._acquire()
+        return self._lease
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._lease is not None:
+            self._lease.release()

@@ -1,0 +1,480 @@
+"""Kernel locks on device lock files, and the records in them (who holds what).
+
+One lock file per device UUID in a host-local lock directory. Holding an exclusive
+``flock`` on it *is* holding the device: the kernel drops the lock when the last file
+descriptor of the holder's open file goes away — normal exit, exception, ``kill -9`` — so
+there are no stale locks to clean up.
+
+After taking the lock the holder writes a small JSON record into the file itself (uuid,
+index, pid, holder, kind, label, user, host, since) for ``cuectl gpu leases``. The record is
+informational only; the lock is the truth, and a record is read only for a file whose lock
+is held.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from cuectl import config, fsutil
+from cuectl.errors import Conflict, LeaseError
+from cuectl.gpu.device import Device
+from cuectl.units import iso
+
+# The lock directory is shared by every user of the machine, because a GPU is: a worker
+# running as a service account, a researcher's `cuectl run` and a training service under a
+# third account must all see each other's locks. World-writable so anyone can create the
+# lock file of a device nobody has used yet; sticky (like /tmp) so nobody can delete or
+# rename another user's files — deleting a held lock file would let the next comer lock a
+# *new* file of the same name and share the device with the holder.
+SHARED_DIR_MODE = 0o1777
+# Any user must be able to open a lock file to lock the same device; the flock, not the
+# mode, gives exclusivity. The record inside is not secret (pid, label, user).
+LOCK_FILE_MODE = 0o666
+LOCK_SUFFIX = ".lock"
+#: The waiters' tickets (see ``queue``) live in this subdirectory of the lock directory.
+QUEUE_DIRNAME = "queue"
+#: Kinds of holders shown by `gpu leases`.
+KIND_WORKER, KIND_RUN, KIND_API = "worker", "run", "api"
+_RECORD_LIMIT = 16 * 1024
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+#: Never follow a symlink planted in the shared directory; never leak an fd into a child.
+OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+
+# ============================================================================ lock dir
+
+_prepared: set[str] = set()
+
+
+def prepare_lock_dir(lock_dir: Path, *, mounts_file: Path = Path("/proc/mounts")) -> Path:
+    """Create the shared lock directory (mode 01777) or check an existing one; return it.
+
+    Refuses a directory on a network filesystem: ``flock`` there is either local to one
+    client or emulated, so two hosts could both "hold" a device file (and each host's
+    devices are its own anyway). Checked once per process and directory.
+    """
+    lock_dir = Path(lock_dir)
+    key = str(lock_dir)
+    if key in _prepared:
+        return lock_dir
+    fstype = fsutil.is_network_fs(lock_dir, mounts_file)
+    if fstype:
+        raise LeaseError(f"lock directory {lock_dir} is on a network filesystem ({fstype}); device locks must be "
+                         f"host-local", hint="set CUECTL_LOCK_DIR or --lock-dir to a local directory, e.g. "
+                                             "/dev/shm/cuectl-locks")
+    _make_shared_dir(lock_dir)
+    _make_shared_dir(lock_dir / QUEUE_DIRNAME)
+    _prepared.add(key)
+    return lock_dir
+
+
+def _make_shared_dir(path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(path, SHARED_DIR_MODE)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(path, SHARED_DIR_MODE)  # mkdir's mode went through the umask
+        st = os.stat(path)
+    except OSError as exc:
+        raise LeaseError(f"cannot create lock directory {path}: {exc.strerror or exc}",
+                         hint="set CUECTL_LOCK_DIR or --lock-dir to a writable local directory") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise LeaseError(f"lock directory {path} is not a directory")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise LeaseError(f"lock directory {path} is writable by everyone but not sticky: any user could delete a "
+                         f"held lock file and break exclusivity", hint=f"chmod 1777 {path}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise LeaseError(f"lock directory {path} is not writable by this user",
+                         hint=f"its owner can `chmod 1777 {path}`; or set CUECTL_LOCK_DIR / --lock-dir")
+
+
+def lock_path(lock_dir: Path, uuid: str) -> Path:
+    """The lock file of device ``uuid``: the uuid itself when it is a safe file name.
+
+    Anything else (``MIG-GPU-…/1/0`` from old drivers, odd fake uuids) becomes a sanitised
+    prefix plus a hash of the whole uuid, so two uuids never share a file.
+    """
+    if _SAFE_NAME.fullmatch(uuid):
+        name = uuid
+    else:
+        import hashlib  # rare path: keep it out of every lease's import time
+
+        digest = hashlib.sha256(uuid.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        name = (re.sub(r"[^A-Za-z0-9._-]", "_", uuid)[:64].lstrip("._-") or "device") + "-" + digest
+    return Path(lock_dir) / (name + LOCK_SUFFIX)
+
+
+# ============================================================================ one device lock
+
+
+class DeviceLock:
+    """One held device. ``release()`` is idempotent; the kernel releases it anyway at exit."""
+
+    def __init__(self, *, uuid: str, index: int, fd: int, path: Path, since: float, record: dict[str, Any],
+                 writable: bool = True) -> None:
+        self.uuid = uuid
+        self.index = index
+        self.path = path
+        self.since = since
+        self.record = record
+        self.writable = writable
+        #: The fd went (or may have gone) to a child: the child holds the device too.
+        self.shared = False
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    @property
+    def fd(self) -> int:
+        """The lock's fd, e.g. for ``Popen(pass_fds=[lock.fd])``; the same as ``share()``.
+
+        Handing out the raw fd counts as sharing it: from then on ``release()`` only closes
+        our copy and never unlocks a child that may hold it.
+        """
+        return self.share()
+
+    def share(self) -> int:
+        """The fd to pass to a child process (``Popen(pass_fds=...)``).
+
+        The child then holds the same lock: the device stays leased until the child *and*
+        this process have closed it — so a frame keeps its device when the worker dies.
+        """
+        if self._fd < 0:
+            raise LeaseError(f"lease of {self.uuid} was already released")
+        self.shared = True
+        return self._fd
+
+    def release(self) -> None:
+        """Give up the device (idempotent).
+
+        Not shared: clear the record and unlock at once — also for copies of the fd that
+        plain ``fork()`` children (multiprocessing workers) inherited without being meant to.
+        Shared with a child: only close our fd; ``LOCK_UN`` would unlock the child too, and
+        the kernel frees the device when the child's copy closes. The record then stays,
+        naming the child; a stale record in a free lock file is harmless because records are
+        read only for held locks.
+        """
+        fd, self._fd = self._fd, -1
+        if fd < 0:
+            return
+        try:
+            if not self.shared:
+                if self.writable:
+                    os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else "released"
+        return f"DeviceLock(gpu {self.index}, {self.uuid}, {state})"
+
+
+def _open_lock_file(path: Path) -> tuple[int, bool]:
+    """Open (creating) a lock file; returns (fd, writable)."""
+    for _ in range(5):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, LOCK_FILE_MODE)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise _lock_file_error(path, exc) from None
+        else:
+            os.fchmod(fd, LOCK_FILE_MODE)  # whatever the umask, other users must be able to open it
+            return fd, True
+        try:
+            return os.open(path, os.O_RDWR | OPEN_FLAGS), True
+        except FileNotFoundError:
+            continue  # removed between the two opens: create it again
+        except PermissionError:
+            pass
+        except OSError as exc:
+            raise _lock_file_error(path, exc) from None
+        try:
+            # Another user's file we may not write (made by a umask-less tool): flock works
+            # on a read-only fd, only the record cannot be written.
+            return os.open(path, os.O_RDONLY | OPEN_FLAGS), False
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise _lock_file_error(path, exc) from None
+    raise LeaseError(f"lock file {path} keeps disappearing; is something cleaning the lock directory?")
+
+
+def _lock_file_error(path: Path, exc: OSError) -> LeaseError:
+    if exc.errno == errno.ELOOP:
+        return LeaseError(f"lock file {path} is a symbolic link; refusing to follow it",
+                          hint="remove it; lock files are plain files created by cuectl")
+    return LeaseError(f"cannot open lock file {path}: {exc.strerror or exc}",
+                      hint="its owner can `chmod 666` it; lock files must be openable by every user")
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """True if ``fd`` is still the file at ``path`` (not unlinked or replaced meanwhile)."""
+    try:
+        mine = os.fstat(fd)
+        there = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(mine.st_mode) and (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _identity() -> tuple[str, str]:
+    global _IDENTITY
+    if _IDENTITY is None:
+        _IDENTITY = (config.current_user(), config.hostname())
+    return _IDENTITY
+
+
+_IDENTITY: tuple[str, str] | None = None
+
+
+def try_lock(lock_dir: Path, device: Device, *, holder: str, pid: int | None = None, kind: str = KIND_WORKER,
+             label: str | None = None) -> DeviceLock | None:
+    """Lock one device without waiting; None if someone else holds it.
+
+    ``holder`` is what `gpu leases` shows (a frame id or a label); ``pid`` the holding
+    process (default: this one). The fd is close-on-exec: pass ``lock.share()`` to the
+    child that should keep the device leased.
+    """
+    path = lock_path(lock_dir, device.uuid)
+    while True:
+        fd, writable = _open_lock_file(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            break
+        # Locked a file that someone unlinked meanwhile: it guards nothing. Try again.
+        os.close(fd)
+    user, host = _identity()
+    since = time.time()
+    record = {"uuid": device.uuid, "index": device.index, "pid": os.getpid() if pid is None else pid,
+              "holder": holder, "kind": kind, "label": label, "user": user, "host": host, "since": since}
+    lock = DeviceLock(uuid=device.uuid, index=device.index, fd=fd, path=path, since=since, record=record,
+                      writable=writable)
+    _write_record(lock)
+    return lock
+
+
+def lock_all(lock_dir: Path, devices: Sequence[Device], *, holder: str, pid: int | None = None,
+             kind: str = KIND_WORKER, label: str | None = None) -> tuple[list[DeviceLock] | None, Device | None]:
+    """``try_lock_all``, also naming the device that was busy (for the caller's message)."""
+    locks: list[DeviceLock] = []
+    for device in devices:
+        lock = try_lock(lock_dir, device, holder=holder, pid=pid, kind=kind, label=label)
+        if lock is None:
+            for taken in locks:
+                taken.release()
+            return None, device
+        locks.append(lock)
+    return locks, None
+
+
+def try_lock_all(lock_dir: Path, devices: Sequence[Device], *, holder: str, pid: int | None = None,
+                 kind: str = KIND_WORKER, label: str | None = None) -> list[DeviceLock] | None:
+    """Lock every device or none (all-or-nothing, without waiting)."""
+    locks, _ = lock_all(lock_dir, devices, holder=holder, pid=pid, kind=kind, label=label)
+    return locks
+
+
+def update_holder(lock: DeviceLock, *, pid: int, holder: str | None = None) -> None:
+    """Rewrite the record, e.g. with the frame process's pid once the worker launched it."""
+    lock.record["pid"] = pid
+    if holder is not None:
+        lock.record["holder"] = holder
+    _write_record(lock)
+
+
+def _write_record(lock: DeviceLock) -> None:
+    fd = lock._fd
+    if not lock.writable or fd < 0:
+        return
+    data = json.dumps(lock.record, separators=(",", ":")).encode()
+    try:
+        # Write then trim (not trim then write): a reader never sees an empty file for a
+        # lock whose record is being replaced, at worst a torn one, which it re-reads.
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except OSError:
+        pass  # the record is informational; a full /dev/shm must not fail the lease
+
+
+# ============================================================================ who holds what
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """One held device as `gpu leases` shows it (DESIGN §9 lease shape, plus extras)."""
+
+    uuid: str
+    index: int | None
+    pid: int | None
+    holder: str | None
+    since: float | None
+    kind: str | None = None
+    label: str | None = None
+    user: str | None = None
+    host: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "index": self.index, "pid": self.pid, "holder": self.holder,
+                "since": iso(self.since), "kind": self.kind, "label": self.label, "user": self.user,
+                "host": self.host}
+
+    def describe(self) -> str:
+        """``gpu 0 held by pid 4242 (train-a, alice, since 2026-…Z)``."""
+        who = ", ".join(str(x) for x in (self.holder, self.user) if x)
+        since = f", since {iso(self.since)}" if self.since else ""
+        pid = f"pid {self.pid}" if self.pid is not None else "an unknown process"
+        return f"gpu {'?' if self.index is None else self.index} held by {pid}" + (f" ({who}{since})" if who else "")
+
+
+def _probe_held(path: Path) -> bool:
+    """Is the lock at ``path`` held? A shared non-blocking lock attempt, released at once.
+
+    The attempt is the only answer that is right for every holder (any user, any pid
+    namespace). It holds a shared lock for a few microseconds, during which a concurrent
+    non-blocking acquirer of that *free* device would see it busy; the acquisition path
+    therefore never probes, only this reporting path does.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # unreadable (another user's 0600 file): we could not lock it either
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def read_record(path: Path) -> dict[str, Any] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, _RECORD_LIMIT, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def read_live_record(path: Path, *, within: float = 0.01) -> dict[str, Any]:
+    """The record of a held lock. Re-read for up to ``within`` seconds while it is missing,
+    torn or names a dead pid: a new holder may be between taking the lock and writing its
+    record (which takes longer than one would think on a loaded machine)."""
+    deadline = time.monotonic() + within
+    while True:
+        record = read_record(path)
+        if record is not None and pid_alive(record.get("pid")):
+            return record
+        if time.monotonic() >= deadline:
+            return record or {}
+        time.sleep(0.002)
+
+
+def lease_info(path: Path, record: Mapping[str, Any], device: Device | None) -> LeaseInfo:
+    def text(key: str) -> str | None:
+        value = record.get(key)
+        return str(value) if value is not None else None
+
+    pid = record.get("pid")
+    since = record.get("since")
+    index = device.index if device is not None else record.get("index")
+    uuid = device.uuid if device is not None else (text("uuid") or path.name[: -len(LOCK_SUFFIX)])
+    return LeaseInfo(uuid=uuid, index=index if isinstance(index, int) else None,
+                     pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                     holder=text("holder"), since=float(since) if isinstance(since, (int, float)) else None,
+                     kind=text("kind"), label=text("label"), user=text("user"), host=text("host"))
+
+
+def list_leases(lock_dir: Path, devices: Sequence[Device] | None = None) -> list[LeaseInfo]:
+    """Held locks only, with their holders; of ``devices``, or of every lock file in the dir."""
+    lock_dir = Path(lock_dir)
+    if devices is not None:
+        targets: list[tuple[Path, Device | None]] = [(lock_path(lock_dir, d.uuid), d) for d in devices]
+    elif lock_dir.is_dir():
+        targets = [(p, None) for p in sorted(lock_dir.glob("*" + LOCK_SUFFIX))]
+    else:
+        targets = []
+    out = [lease_info(path, read_live_record(path), device) for path, device in targets if _probe_held(path)]
+    return sorted(out, key=lambda i: (i.index is None, i.index if i.index is not None else 0, i.uuid))
+
+
+def held_uuids(lock_dir: Path, devices: Sequence[Device]) -> set[str]:
+    """UUIDs of ``devices`` whose lock someone holds right now (a hint: it may change at once)."""
+    return {d.uuid for d in devices if _probe_held(lock_path(Path(lock_dir), d.uuid))}
+
+
+def break_stale(lock_dir: Path, uuid: str) -> bool:
+    """Clear the leftover record of a device whose holder is gone; True if there was one.
+
+    The lock file itself is never deleted: a process that has opened it but not yet locked
+    it would lock the orphan while the next comer locks a new file — two holders. Raises
+    ``Conflict`` if the lock is held: a held lock is never broken (its holder, or a child
+    that inherited it, is alive; the kernel frees it when they exit).
+    """
+    path = lock_path(Path(lock_dir), uuid)
+    try:
+        fd, writable = _open_lock_file(path) if path.exists() else (-1, False)
+    except LeaseError:
+        raise
+    if fd < 0:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = lease_info(path, read_live_record(path), None)
+            raise Conflict(f"device {uuid} is not stale: {info.describe()}",
+                           hint=f"stop that process; `fuser -v {path}` lists every process holding it") from None
+        had_record = os.fstat(fd).st_size > 0
+        if writable:
+            os.ftruncate(fd, 0)
+        return had_record
+    finally:
+        os.close(fd)

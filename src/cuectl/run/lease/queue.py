@@ -1,0 +1,170 @@
+"""The fair wait queue: first come, first served among the waiters of this host.
+
+Each waiter holds a ``flock``'d ticket file in ``<lock_dir>/queue`` named by its arrival
+time and listing the devices it could use; a caller (waiting or not) never takes a device
+that an older live waiter would take first (``WaitQueue.claims``). A crashed waiter's
+ticket loses its lock and is ignored. The worker takes locks directly and does not queue
+(``queued_reservations`` tells it what waiters are about to take, to let them go first).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from cuectl.gpu.device import Device
+from cuectl.run.lease.locks import OPEN_FLAGS, QUEUE_DIRNAME, lock_path, pid_alive, read_record
+
+TICKET_SUFFIX = ".ticket"
+
+@dataclass(frozen=True)
+class _Ticket:
+    candidates: frozenset[str]
+    gpus: int
+
+
+class WaitQueue:
+    """This host's waiters: ``<lock_dir>/queue/<arrival ns>-<pid>-<rand>.ticket``.
+
+    A ticket lists the devices its waiter could use and is ``flock``'d by its waiter for as
+    long as it waits, so a crashed waiter's ticket is recognisably dead. Names sort by
+    arrival, which is the queue order.
+    """
+
+    def __init__(self, lock_dir: Path) -> None:
+        self.dir = lock_dir / QUEUE_DIRNAME
+        self.own: str | None = None
+        self._fd = -1
+        self._tickets: dict[str, _Ticket | None] = {}
+        self._dead: set[str] = set()
+
+    def join(self, candidates: Iterable[str], gpus: int, label: str) -> None:
+        if self.own is not None:
+            return
+        name = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(3).hex()}{TICKET_SUFFIX}"
+        # Locked and written under a hidden name, then renamed: no one ever sees an
+        # unlocked (seemingly dead) or empty ticket.
+        tmp = self.dir / f".{name}.tmp"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask: other users' waiters must read and probe it
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, json.dumps({"candidates": sorted(candidates), "gpus": gpus, "pid": os.getpid(),
+                                     "label": label, "since": time.time()}).encode())
+            os.rename(tmp, self.dir / name)
+        except BaseException:
+            os.close(fd)
+            _unlink(tmp)
+            raise
+        self.own, self._fd = name, fd
+
+    def leave(self) -> None:
+        if self.own is None:
+            return
+        _unlink(self.dir / self.own)
+        os.close(self._fd)
+        self.own, self._fd = None, -1
+
+    def claims(self, free: Callable[[], Sequence[str]]) -> tuple[set[str], list[str], int]:
+        """What the live waiters older than us would take of the devices that look free
+        (``free()``: uuids in preference order, read only if there are older waiters), what
+        is left for us, and how many such waiters there are (0: we head the queue).
+
+        Oldest first, each waiter takes its ``gpus`` devices from what is left; one that
+        cannot be satisfied yet takes everything it could use, so that younger waiters do
+        not keep nibbling at a big request's devices (no starvation). Stops once nothing
+        is left: with 100 waiters for 4 devices each waiter looks at about 4 tickets.
+        """
+        try:
+            names = sorted(n for n in os.listdir(self.dir) if n.endswith(TICKET_SUFFIX) and not n.startswith("."))
+        except FileNotFoundError:
+            names = []
+        pool: list[str] | None = None
+        taken: set[str] = set()
+        waiters = 0
+        for name in names:
+            if self.own is not None and name >= self.own:
+                break
+            ticket = self._ticket(name)
+            if ticket is None or not self._alive(name):
+                continue
+            waiters += 1
+            if pool is None:
+                pool = list(free())
+            usable = [u for u in pool if u in ticket.candidates]
+            grab = usable[: ticket.gpus] if len(usable) >= ticket.gpus else usable
+            taken.update(grab)
+            pool = [u for u in pool if u not in grab]
+            if not pool:
+                break
+        return taken, pool or [], waiters
+
+    def _ticket(self, name: str) -> _Ticket | None:
+        if name in self._dead:
+            return None
+        if name not in self._tickets:
+            try:
+                data = json.loads((self.dir / name).read_bytes())
+                self._tickets[name] = _Ticket(frozenset(map(str, data["candidates"])), int(data["gpus"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                self._tickets[name] = None
+        return self._tickets[name]
+
+    def _alive(self, name: str) -> bool:
+        path = self.dir / name
+        try:
+            fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
+        except OSError:
+            self._dead.add(name)
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        # Its waiter died without cleaning up. Remove it if we may (same user; the sticky
+        # bit stops us otherwise) — ignored from now on either way.
+        self._dead.add(name)
+        _unlink(path)
+        return False
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _preference(device: Device) -> tuple[bool, int, int, str]:
+    # The order select_devices prefers (smallest card first), so that predictions of what
+    # an older waiter takes match what it will take.
+    total = device.memory_total_bytes
+    return (total is None, total or 0, device.index, device.uuid)
+
+
+def predicted_free(lock_dir: Path, devices: Sequence[Device]) -> list[str]:
+    """UUIDs of ``devices`` that look free, in preference order — from the records, never
+    by probing the locks (a probe would make a concurrent acquirer fail). A record is
+    cleared on release, and one naming a dead pid is a crashed holder's. Only a guess for
+    queue order; the lock attempt decides."""
+    out = []
+    for d in sorted(devices, key=_preference):
+        record = read_record(lock_path(lock_dir, d.uuid))
+        if not record or not pid_alive(record.get("pid")):
+            out.append(d.uuid)
+    return out
+
+
+def queued_reservations(lock_dir: Path, devices: Sequence[Device]) -> set[str]:
+    """UUIDs of ``devices`` that queued `cuectl run --wait` / ``lease(wait=True)`` callers
+    are about to take — for a worker that wants to let waiting ad-hoc work go first."""
+    lock_dir = Path(lock_dir)
+    taken, _, _ = WaitQueue(lock_dir).claims(lambda: predicted_free(lock_dir, devices))
+    return taken
