@@ -140,7 +140,7 @@ def test_old_schema_migrates_forward_with_its_data(pg_url):
         conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         conn.execute("INSERT INTO jobs(name, \"user\", created_at) VALUES ('old', 'bob', 1.0)")
     s = open_store(pg_url)
-    assert s.schema_version() == schema.SCHEMA_VERSION == 2
+    assert s.schema_version() == schema.SCHEMA_VERSION == 3
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()
@@ -185,11 +185,11 @@ def test_auto_migrate_off_needs_admin_migrate(pg_url, monkeypatch):
     assert sql(pg_url, "SELECT to_regclass('meta') IS NULL") == [(True,)]  # nothing was created
     code, out, err_text = run_cli("--db", pg_url, "admin", "migrate")
     assert code == 0, err_text
-    assert "0 -> 2" in out
+    assert "0 -> 3" in out
     code, out, _ = run_cli("--db", pg_url, "admin", "migrate", "--json")
-    assert json.loads(out) == {"store": pg_url, "from_version": 2, "to_version": 2, "migrated": False}
+    assert json.loads(out) == {"store": pg_url, "from_version": 3, "to_version": 3, "migrated": False}
     s = open_store(pg_url)
-    assert s.schema_version() == 2
+    assert s.schema_version() == 3
     s.close()
 
 
@@ -223,7 +223,7 @@ def test_workers_starting_together_migrate_once(pg_url):
     for t in threads:
         t.join(60)
     assert errors == []
-    assert sql(pg_url, "SELECT value FROM meta WHERE key = 'schema_version'") == [("2",)]
+    assert sql(pg_url, "SELECT value FROM meta WHERE key = 'schema_version'") == [("3",)]
 
 
 def pg_host(name):

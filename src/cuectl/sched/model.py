@@ -51,6 +51,7 @@ class LayerSpec:
     env: tuple[tuple[str, str], ...] = ()
     tags: tuple[str, ...] = ()
     depends: tuple[Dependency, ...] = ()
+    log_limit_bytes: int | None = None  # cap on each attempt's log; None = the worker's
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ def layer_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "tags": _loads(row["tags"], []),
         "depends": _loads(row["depends"], []),
         "env": _loads(row["env"], {}),
+        "log_limit_bytes": row["log_limit_bytes"],
     }
 
 

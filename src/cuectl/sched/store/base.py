@@ -68,6 +68,7 @@ class ClaimedFrame:
     env: Mapping[str, str]
     retries: int
     log_path: str
+    log_limit_bytes: int | None = None  # the layer's cap on the attempt's log (None: the worker's)
 
 
 @dataclass(frozen=True)

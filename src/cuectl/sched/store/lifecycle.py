@@ -120,12 +120,12 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
             layer.gpu_vendor, json.dumps(list(layer.gpu_models)), layer.gpu_memory_min_bytes,
             layer.cores, layer.memory_bytes, layer.retries, layer.timeout_s,
             json.dumps(dict(layer.env)), json.dumps(list(layer.tags)),
-            json.dumps([{"layer": d.on, "type": d.type} for d in layer.depends]),
+            json.dumps([{"layer": d.on, "type": d.type} for d in layer.depends]), layer.log_limit_bytes,
             sum(1 for d in layer.depends if d.type == "layer"))
 
 
 LAYER_COLUMNS = ("id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
-                 "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends")
+                 "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes")
 LAYER_INSERT_COLUMNS = LAYER_COLUMNS.replace("id, ", "", 1) + ", depend_count"
 
 
@@ -143,7 +143,7 @@ def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, numb
         chunk=layer["chunk"], cores=layer["cores"], memory_bytes=layer["memory_bytes"], gpus=layer["gpus"],
         gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
         timeout_s=layer["timeout_s"], env=json.loads(layer["env"]), retries=layer["retries"],
-        log_path=log_path)
+        log_path=log_path, log_limit_bytes=layer["log_limit_bytes"])
 
 
 def log_path_sql(dialect: Dialect, alias: str = "") -> str:

@@ -46,13 +46,12 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 
-from cuectl.errors import InvalidInput, NotFound, SchemaTooNew, StoreBusy, StoreError, StoreUnreachable
-from cuectl.sched import usage_sql
+from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError, StoreUnreachable
 from cuectl.sched.dialect import POSTGRES
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import ClaimedFrame
 from cuectl.sched.store.sql import Row, SQLStore, Tx, marks
-from cuectl.sched.usage_sql import UsageGroup
+from cuectl.sched.usage_sql import Fetch
 
 T = TypeVar("T")
 Conn = psycopg.Connection[dict[str, Any]]  # every connection of ours makes dict rows
@@ -308,8 +307,7 @@ class PostgresStore(SQLStore):
     def _check_schema(self, *, create: bool, migrate: bool, refuse_old: bool) -> None:
         version = self._call(self._peek_version, tx=False)
         if version > schema.SCHEMA_VERSION:
-            raise SchemaTooNew(f"store {self.url} has schema version {version}, this cuectl knows up to "
-                               f"{schema.SCHEMA_VERSION}", hint="upgrade cuectl; the store was left untouched")
+            raise self._too_new(version)
         if version == 0 and not create:
             raise NotFound(f"no cuectl store in {self.url}", hint="submit a job first, or run `cuectl admin migrate`")
         if version == schema.SCHEMA_VERSION:
@@ -353,16 +351,7 @@ class PostgresStore(SQLStore):
             # Migrations may wait for a concurrent migrator longer than a normal lock wait.
             conn.execute("SET LOCAL lock_timeout = '120s'")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
-            current = self._peek_version(conn)  # re-read under the lock: someone may have migrated
-            if current > schema.SCHEMA_VERSION:
-                raise SchemaTooNew(f"store {self.url} has schema version {current}, this cuectl knows up to "
-                                   f"{schema.SCHEMA_VERSION}", hint="upgrade cuectl; the store was left untouched")
-            for version in range(current, schema.SCHEMA_VERSION):
-                for statement in schema.statements(version, POSTGRES):
-                    conn.execute(statement)
-            conn.execute("INSERT INTO meta(key, value) VALUES ('schema_version', %s) "
-                         "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", (str(schema.SCHEMA_VERSION),))
-            return current
+            return self._migrate_from(Tx(conn, POSTGRES), self._peek_version(conn))
 
         before = self._call(apply)
         return before, schema.SCHEMA_VERSION
@@ -438,29 +427,18 @@ class PostgresStore(SQLStore):
                                        frames=row["frames"], gpu_uuids=gpu_uuids, log_path=row["log_path"])
 
     # -- accounting and maintenance ----------------------------------------------------------------
-    def usage_summary(self, *, since: float, until: float, by: str | None,
-                      with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
-        """Accounting sums per group over the attempts that ended in [since, until) (see
-        ``usage_sql``), read in one REPEATABLE READ transaction: one snapshot for all its
-        queries, so a frame finishing meanwhile cannot make the groups and waits disagree."""
-
-        def summarise(conn: Conn) -> tuple[list[UsageGroup], UsageGroup | None]:
+    def _snapshot(self, fn: Callable[[Fetch], T]) -> T:
+        def in_snapshot(conn: Conn) -> T:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            # The sums look expensive to the planner (JSON functions, a subplan per failed
-            # attempt), so PostgreSQL would JIT-compile them, which costs more than it saves
-            # here: the --by user sums query took 630 ms with JIT and 160 ms without, for
-            # 100,000 attempts. (A larger work_mem, against the sorts' spill, made no
-            # measurable difference.)
+            # The accounting sums look expensive to the planner (JSON functions, a subplan per
+            # failed attempt), so PostgreSQL would JIT-compile them, which costs more than it
+            # saves here: the --by user sums query took 630 ms with JIT and 160 ms without,
+            # for 100,000 attempts.
             conn.execute("SET LOCAL jit = off")
             cur = conn.cursor(row_factory=tuple_row)  # plain tuples: up to 10^5 rows of waits
+            return fn(lambda sql, params: cur.execute(sql, params).fetchall())
 
-            def fetch(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-                return cur.execute(sql, params).fetchall()
-
-            return usage_sql.summarise(fetch, POSTGRES, since=since, until=until, by=by,
-                                       with_total=with_total)
-
-        return self._call(summarise)
+        return self._call(in_snapshot)
 
     def backup(self, dest: Path) -> None:
         raise InvalidInput("admin backup works on SQLite stores; back up PostgreSQL with pg_dump",

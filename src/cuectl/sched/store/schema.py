@@ -141,6 +141,14 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (frame_id, attempt, uuid)
     ){WITHOUT_ROWID};
     """,
+    # v3: who submitted a job, as proven by the database server (PostgreSQL's session_user;
+    # NULL on SQLite), the submitter's receipt file (SQLite: its owner is the proof), and a
+    # per-layer cap on each attempt's log.
+    """
+    ALTER TABLE jobs ADD COLUMN submitted_by TEXT{SUBMITTER};
+    ALTER TABLE jobs ADD COLUMN receipt TEXT;
+    ALTER TABLE layers ADD COLUMN log_limit_bytes INTEGER;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 # Every table of ours: a database holding some of them but no ``meta`` is not a cuectl store.

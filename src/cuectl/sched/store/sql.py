@@ -25,11 +25,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from cuectl.errors import Conflict, InvalidInput, NotFound
+from cuectl.errors import Conflict, InvalidInput, NotFound, SchemaTooNew
 from cuectl.sched import model as m
+from cuectl.sched import usage_sql
 from cuectl.sched.dialect import Dialect
-from cuectl.sched.store import lifecycle
+from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import FrameResult, HostInfo, RunnableLayer, Store
+from cuectl.sched.usage_sql import Fetch, UsageGroup
 from cuectl.sched.views import frame_json, host_json, job_json, layer_json
 
 T = TypeVar("T")
@@ -121,13 +123,38 @@ class SQLStore(Store):
         if rows:
             tx.many(f"INSERT INTO {table}({', '.join(columns)}) VALUES ({marks(len(columns))})", rows)
 
+    @abc.abstractmethod
+    def _snapshot(self, fn: Callable[[Fetch], T]) -> T:
+        """Run ``fn(fetch)`` on one read snapshot; ``fetch(sql, named params)`` returns tuples."""
+
+    def _scan_hint(self, fetch: Fetch, in_window: int) -> str:
+        """What goes after each scan of ``attempts`` in the accounting queries."""
+        return ""
+
+    # -- schema --------------------------------------------------------------------------------
+    def _too_new(self, version: int) -> SchemaTooNew:
+        return SchemaTooNew(f"store {self.url} has schema version {version}, this cuectl knows up to "
+                            f"{schema.SCHEMA_VERSION}", hint="upgrade cuectl; the store was left untouched")
+
+    def _migrate_from(self, tx: Tx, current: int) -> int:
+        """Apply the missing versions; the caller holds the migration lock and read
+        ``current`` under it (another process may have migrated meanwhile)."""
+        if current > schema.SCHEMA_VERSION:
+            raise self._too_new(current)
+        for version in range(current, schema.SCHEMA_VERSION):
+            for statement in schema.statements(version, self.dialect):
+                tx.run(statement)
+        tx.run("INSERT INTO meta(key, value) VALUES ('schema_version', ?) "
+               "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(schema.SCHEMA_VERSION),))
+        return current
+
     # -- jobs ----------------------------------------------------------------------------------
     def submit(self, spec: m.JobSpec, *, now: float) -> int:
         def insert(tx: Tx) -> int:
             job_id = int(tx.one('INSERT INTO jobs(name, "user", priority, paused, created_at) VALUES (?, ?, ?, ?, ?) '
                                 "RETURNING id", (spec.name, spec.user, spec.priority, int(spec.paused), now))["id"])
             layer_ids = {layer.name: int(tx.one(
-                f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(18)}) RETURNING id",
+                f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(19)}) RETURNING id",
                 lifecycle.layer_row(job_id, idx, layer))["id"]) for idx, layer in enumerate(spec.layers)}
             frame_ids = self._reserve_frame_ids(tx, sum(len(chunks) for chunks in spec.chunks))
             plan = lifecycle.plan_submit(spec, job_id, layer_ids, frame_ids, now)
@@ -155,23 +182,23 @@ class SQLStore(Store):
             raise Conflict(f"job name {text!r} is not unique (ids {ids})", hint="use the job id")
         return rows[0]
 
-    def _frame_counts(self, job_ids: Sequence[int]) -> dict[int, dict[str, int]]:
-        counts: dict[int, dict[str, int]] = {j: {} for j in job_ids}
-        for batch in batches(job_ids):
-            for row in self._read(f"SELECT job_id, state, COUNT(*) AS n FROM frames WHERE job_id IN ({marks(len(batch))}) "
-                                  "GROUP BY job_id, state", batch):
-                counts[row["job_id"]][row["state"]] = int(row["n"])
+    def _frame_counts(self, where: str, params: Sequence[Any] = ()) -> dict[int, dict[str, int]]:
+        """Frames per state of the jobs ``where`` (a condition on jobs j) selects."""
+        counts: dict[int, dict[str, int]] = {}
+        for row in self._read(f"SELECT f.job_id, f.state, COUNT(*) AS n FROM frames f JOIN jobs j ON j.id = f.job_id "
+                              f"WHERE {where} GROUP BY f.job_id, f.state", params):
+            counts.setdefault(row["job_id"], {})[row["state"]] = int(row["n"])
         return counts
 
     def list_jobs(self, *, include_finished: bool = True) -> list[dict[str, Any]]:
-        where = "" if include_finished else "WHERE state != 'FINISHED'"
-        rows = self._read(f"SELECT * FROM jobs {where} ORDER BY id")
-        counts = self._frame_counts([r["id"] for r in rows])
-        return [job_json(r, counts[r["id"]]) for r in rows]
+        where = "1 = 1" if include_finished else "j.state != 'FINISHED'"
+        rows = self._read(f"SELECT * FROM jobs j WHERE {where} ORDER BY id")
+        counts = self._frame_counts(where)
+        return [job_json(r, counts.get(r["id"], {})) for r in rows]
 
     def get_job(self, ref: str | int) -> dict[str, Any]:
         row = self._job_row(ref)
-        data = job_json(row, self._frame_counts([row["id"]])[row["id"]])
+        data = job_json(row, self._frame_counts("j.id = ?", (row["id"],)).get(row["id"], {}))
         data["layers"] = [layer_json(r) for r in self._read(
             f"SELECT {lifecycle.LAYER_COLUMNS}, depend_count FROM layers WHERE job_id = ? ORDER BY idx", (row["id"],))]
         # DEPEND frames of this job that wait on a DEAD frame (they need a retry).
@@ -414,13 +441,11 @@ class SQLStore(Store):
         def beat(tx: Tx) -> list[Row]:
             tx.run("UPDATE hosts SET last_heartbeat = ?, live = COALESCE(CAST(? AS TEXT), live) WHERE name = ?",
                    (now, json.dumps(live) if live is not None else None, host))
-            rows: list[Row] = []
-            for batch in batches(ids):
-                tx.run(f"UPDATE frames SET lease_expires = ? WHERE id IN ({marks(len(batch))}) AND host = ? "
-                       "AND state = 'RUNNING'", (now + lease_s, *batch, host))
-                rows += tx.all(f"SELECT id, state, host, action, attempts FROM frames WHERE id IN ({marks(len(batch))})",
-                               batch)
-            return rows
+            if not ids:  # a host runs at most a few hundred frames: one IN list holds them
+                return []
+            tx.run(f"UPDATE frames SET lease_expires = ? WHERE id IN ({marks(len(ids))}) AND host = ? "
+                   "AND state = 'RUNNING'", (now + lease_s, *ids, host))
+            return tx.all(f"SELECT id, state, host, action, attempts FROM frames WHERE id IN ({marks(len(ids))})", ids)
 
         result: dict[int, str | None] = {i: "lost" for i in ids}
         for r in self._write(beat):
@@ -543,7 +568,26 @@ class SQLStore(Store):
     def has_unfinished_work(self) -> bool:
         return bool(self._read("SELECT 1 FROM frames WHERE state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1"))
 
-    # -- maintenance ---------------------------------------------------------------------------
+    # -- accounting and maintenance ------------------------------------------------------------
+    def usage_summary(self, *, since: float, until: float, by: str | None,
+                      with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
+        """Accounting sums per group over the attempts that ended in [since, until) (see
+        ``usage_sql``), read from one snapshot so a worker finishing a frame meanwhile
+        cannot make the groups and their waits disagree."""
+        usage_sql.check_grouping(by)
+        window = {"since": since, "until": until}
+        param = self.dialect.param
+
+        def summarise(fetch: Fetch) -> tuple[list[UsageGroup], UsageGroup | None]:
+            in_window = int(fetch(f"SELECT COUNT(*) FROM attempts WHERE ended_at >= {param('since')} "
+                                  f"AND ended_at < {param('until')}", window)[0][0])
+            if not in_window:
+                return [], (UsageGroup(()) if with_total else None)
+            return usage_sql.summarise(fetch, self.dialect, since=since, until=until, by=by,
+                                       hint=self._scan_hint(fetch, in_window), with_total=with_total)
+
+        return self._snapshot(summarise)
+
     def prune(self, *, before: float) -> list[int]:
         def delete(tx: Tx) -> list[int]:
             ids = [int(r["id"]) for r in tx.all("SELECT id FROM jobs WHERE state = 'FINISHED' AND finished_at < ? "

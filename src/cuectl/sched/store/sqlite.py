@@ -18,13 +18,12 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cuectl import fsutil
-from cuectl.errors import InvalidInput, NotFound, SchemaTooNew, StoreBusy, StoreError
-from cuectl.sched import usage_sql
+from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError
 from cuectl.sched.dialect import SQLITE
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import ClaimedFrame
 from cuectl.sched.store.sql import Row, SQLStore, Tx
-from cuectl.sched.usage_sql import UsageGroup
+from cuectl.sched.usage_sql import Fetch
 
 T = TypeVar("T")
 APPLICATION_ID = 0x43554543  # "CUEC": marks the file as ours (PRAGMA application_id)
@@ -92,19 +91,13 @@ class SQLiteStore(SQLStore):
         conn.execute("PRAGMA foreign_keys = ON")
         version = self.schema_version() if "meta" in tables else 0
         if version > schema.SCHEMA_VERSION:
-            raise SchemaTooNew(f"store {self.path} has schema version {version}, this cuectl knows up to "
-                               f"{schema.SCHEMA_VERSION}", hint="upgrade cuectl; the store was left untouched")
+            raise self._too_new(version)
         if version < schema.SCHEMA_VERSION:
             self._write(self._migrate)
 
     def _migrate(self, tx: Tx) -> None:
         # Re-read under the write lock: another process may have migrated meanwhile.
-        current = self.schema_version() if tx.one("SELECT 1 FROM sqlite_master WHERE name = 'meta'") else 0
-        for version in range(current, schema.SCHEMA_VERSION):
-            for statement in schema.statements(version, SQLITE):
-                tx.run(statement)
-        tx.run("INSERT INTO meta(key, value) VALUES ('schema_version', ?) "
-               "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(schema.SCHEMA_VERSION),))
+        self._migrate_from(tx, self.schema_version() if tx.one("SELECT 1 FROM sqlite_master WHERE name = 'meta'") else 0)
         tx.run(f"PRAGMA application_id = {APPLICATION_ID}")
 
     def schema_version(self) -> int:
@@ -193,13 +186,7 @@ class SQLiteStore(SQLStore):
                                        gpu_uuids=gpu_uuids, log_path=row[4])
 
     # -- accounting and maintenance ------------------------------------------------------------
-    def usage_summary(self, *, since: float, until: float, by: str | None,
-                      with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
-        """Accounting sums per group over the attempts that ended in [since, until) (see
-        ``usage_sql``), read from one snapshot so a worker finishing a frame meanwhile
-        cannot make the groups and their waits disagree."""
-        usage_sql.check_grouping(by)
-
+    def _snapshot(self, fn: Callable[[Fetch], T]) -> T:
         def fetch(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
             cur = self.conn.cursor()
             cur.row_factory = None  # plain tuples: the accounting queries return 10^5 rows
@@ -208,20 +195,17 @@ class SQLiteStore(SQLStore):
         try:
             self.conn.execute("BEGIN")  # deferred: a WAL read snapshot, no write lock
             try:
-                in_window = self.conn.execute("SELECT COUNT(*) FROM attempts WHERE ended_at >= ? AND ended_at < ?",
-                                              (since, until)).fetchone()[0]
-                if not in_window:
-                    return [], (UsageGroup(()) if with_total else None)
-                # A window holding most of the table is cheaper as a table scan than as an
-                # index range, which costs a random lookup per row.
-                total = self.conn.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
-                hint = "NOT INDEXED" if in_window * 4 > total else ""
-                return usage_sql.summarise(fetch, SQLITE, since=since, until=until, by=by, hint=hint,
-                                           with_total=with_total)
+                return fn(fetch)
             finally:
                 self.conn.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
+
+    def _scan_hint(self, fetch: Fetch, in_window: int) -> str:
+        # A window holding most of the table is cheaper as a table scan than as an index
+        # range, which costs a random lookup per row.
+        total = fetch("SELECT COUNT(*) FROM attempts", {})[0][0]
+        return "NOT INDEXED" if in_window * 4 > total else ""
 
     def backup(self, dest: Path) -> None:
         """An online, consistent copy (SQLite's backup API), safe while workers run."""
