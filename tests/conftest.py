@@ -27,6 +27,21 @@ def _isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NO_COLOR", "1")
 
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # osusers.py, pgserver.py
+
+
+@pytest.fixture(scope="session")
+def os_users():
+    """Real throwaway OS users (tests/osusers.py); root only: skip where not root."""
+    import osusers
+
+    if not osusers.ROOT:
+        pytest.skip("creating real users and running as them needs root (CI runs as root)")
+    users = osusers.Users()
+    yield users
+    users.cleanup()
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "store" / "cuectl.db"
