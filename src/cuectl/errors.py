@@ -37,6 +37,17 @@ class Conflict(CuectlError):
     """The object is in a state that does not allow the operation."""
 
 
+class Unproven(CuectlError):
+    """Nothing proves who submitted a job (sched/identity.py): a root worker will not run it
+    as the user its row names."""
+
+
+class NotOwner(CuectlError):
+    """A job or frame is changed by someone who is neither its owner nor an admin."""
+
+    exit_code = 2
+
+
 class StoreError(CuectlError):
     """The store cannot be used: unreachable, locked too long, corrupt, full, too new."""
 

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Sequence
 
 from cuectl.gpu.device import Device
 from cuectl.sched import model as m
+from cuectl.sched import identity
 from cuectl.sched.match import GpuRequest, explain_hosts, tags_fit
 from cuectl.sched.store import Store
 
@@ -27,14 +28,17 @@ def layer_blocker(layer: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[D
     return explain_hosts(GpuRequest.from_record(layer), tagged)
 
 
-def pending_reason(job: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[Device], Sequence[str]]]) -> str | None:
+def pending_reason(job: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[Device], Sequence[str]]],
+                   unproven: str | None = None) -> str | None:
+    """Why the job's waiting frames are not running; ``unproven``: why nothing proves that
+    its user submitted it (``identity.proof_problem``)."""
     counts = job["frame_counts"]
     waiting, depend = counts.get(m.WAITING, 0), counts.get(m.DEPEND, 0)
     if not waiting and not depend:
         return None
     if job["paused"]:
         return "job is paused (`cuectl job resume`)"
-    reasons = []
+    reasons = [f"root workers will not run it as {job['user']}: {unproven}"] if unproven else []
     for layer in job.get("layers", []):
         blocker = layer_blocker(layer, hosts)
         if blocker:
@@ -64,7 +68,7 @@ def describe_job(store: Store, ref: str | int, *, show_secrets: bool = False) ->
     from cuectl.sched.views import mask_env
 
     job = store.get_job(ref)
-    job["pending_reason"] = pending_reason(job, usable_hosts(store))
+    job["pending_reason"] = pending_reason(job, usable_hosts(store), _unproven(store, job))
     if not show_secrets:
         for layer in job.get("layers", []):
             layer["env"] = mask_env(layer.get("env") or {})
@@ -78,6 +82,11 @@ def describe_jobs(store: Store, *, include_finished: bool = True) -> list[dict[s
     for job in store.list_jobs(include_finished=include_finished):
         if job["frame_counts"].get(m.WAITING) or job["frame_counts"].get(m.DEPEND):
             full = store.get_job(job["id"])
-            job["pending_reason"] = pending_reason(full, hosts)
+            job["pending_reason"] = pending_reason(full, hosts, _unproven(store, full))
         jobs.append(job)
     return jobs
+
+
+def _unproven(store: Store, job: Mapping[str, Any]) -> str | None:
+    return identity.proof_problem(user=job["user"], job_id=job["id"], submitted_by=job.get("submitted_by"),
+                                  receipt=job.get("receipt"), spool=store.receipt_dir)

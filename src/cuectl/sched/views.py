@@ -35,6 +35,7 @@ def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[st
         "id": row["id"],
         "name": row["name"],
         "user": row["user"],
+        "submitted_by": row["submitted_by"],
         "priority": row["priority"],
         "state": row["state"],
         "paused": bool(row["paused"]),

@@ -41,6 +41,10 @@ class RunnableLayer:
     tags: tuple[str, ...]
     waiting: int
     user: str = ""  # the submitting user (workers may restrict whose work they run)
+    # What proves ``user`` submitted it (sched/identity.py): the server-recorded role, or
+    # the name of the submitter's receipt file.
+    submitted_by: str | None = None
+    receipt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,8 @@ class ClaimedFrame:
     retries: int
     log_path: str
     log_limit_bytes: int | None = None  # the layer's cap on the attempt's log (None: the worker's)
+    submitted_by: str | None = None  # proof of ``user`` (see RunnableLayer)
+    receipt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +111,7 @@ class Store(abc.ABC):
     url: str                 # for messages: a path, or a server URL with its password masked
     log_dir: Path            # where the frame logs of this store go (``open_store`` resolves it)
     local_path: Path | None  # the store's file when it is one on this machine (SQLite), else None
+    receipt_dir: Path | None  # where submitters' receipts live (SQLite), else None (sched/identity.py)
 
     # -- lifecycle ---------------------------------------------------------------------
     @abc.abstractmethod

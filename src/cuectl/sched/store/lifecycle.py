@@ -143,7 +143,8 @@ def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, numb
         chunk=layer["chunk"], cores=layer["cores"], memory_bytes=layer["memory_bytes"], gpus=layer["gpus"],
         gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
         timeout_s=layer["timeout_s"], env=json.loads(layer["env"]), retries=layer["retries"],
-        log_path=log_path, log_limit_bytes=layer["log_limit_bytes"])
+        log_path=log_path, log_limit_bytes=layer["log_limit_bytes"], submitted_by=layer["submitted_by"],
+        receipt=layer["receipt"])
 
 
 def log_path_sql(dialect: Dialect, alias: str = "") -> str:

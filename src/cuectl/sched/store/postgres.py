@@ -127,6 +127,7 @@ class PostgresStore(SQLStore):
         ``refuse_old`` (automatic migration turned off)."""
         super().__init__(log_dir=log_dir)
         self.local_path = None
+        self.receipt_dir = None  # the server records who submitted (jobs.submitted_by)
         self._dsn = url
         self._secrets = _url_secrets(url)
         self.url = redact_url(url)

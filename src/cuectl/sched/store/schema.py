@@ -150,6 +150,25 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE layers ADD COLUMN log_limit_bytes INTEGER;
     """,
 )
+# Statements one database alone runs after a version's shared script (not split on ';').
+_ONLY: dict[tuple[int, str], tuple[str, ...]] = {
+    (2, "postgresql"): (
+        # Rows from before v3 got the migrating role as their default: they have no proof.
+        "UPDATE jobs SET submitted_by = NULL",
+        # The server, not the client, says who inserted a job, and nobody changes it after.
+        """CREATE FUNCTION cuectl_submitter() RETURNS trigger LANGUAGE plpgsql AS $body$
+        BEGIN
+            IF TG_OP = 'INSERT' THEN
+                NEW.submitted_by := session_user;
+            ELSIF NEW.submitted_by IS DISTINCT FROM OLD.submitted_by THEN
+                RAISE EXCEPTION 'jobs.submitted_by is recorded by the server and cannot be changed'
+                    USING ERRCODE = '42501';
+            END IF;
+            RETURN NEW;
+        END $body$""",
+        "CREATE TRIGGER jobs_submitter BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION cuectl_submitter()",
+    ),
+}
 SCHEMA_VERSION = len(MIGRATIONS)
 # Every table of ours: a database holding some of them but no ``meta`` is not a cuectl store.
 TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples")
@@ -158,4 +177,4 @@ TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts
 def statements(version: int, dialect: Dialect) -> list[str]:
     """The statements that bring a store from ``version`` to ``version + 1``."""
     script = dialect.types(MIGRATIONS[version])
-    return [s.strip() for s in script.split(";") if s.strip()]
+    return [s.strip() for s in script.split(";") if s.strip()] + list(_ONLY.get((version, dialect.name), ()))

@@ -119,6 +119,10 @@ class SQLStore(Store):
     def _notify(self, tx: Tx) -> None:
         """Wake idle workers once this transaction commits."""
 
+    def _record_submitter(self, tx: Tx, job_id: int, spec: m.JobSpec) -> None:
+        """Leave the proof of who submitted the job (sched/identity.py); a server that
+        records the role itself needs nothing more."""
+
     def _bulk_insert(self, tx: Tx, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if rows:
             tx.many(f"INSERT INTO {table}({', '.join(columns)}) VALUES ({marks(len(columns))})", rows)
@@ -156,6 +160,7 @@ class SQLStore(Store):
             layer_ids = {layer.name: int(tx.one(
                 f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(19)}) RETURNING id",
                 lifecycle.layer_row(job_id, idx, layer))["id"]) for idx, layer in enumerate(spec.layers)}
+            self._record_submitter(tx, job_id, spec)
             frame_ids = self._reserve_frame_ids(tx, sum(len(chunks) for chunks in spec.chunks))
             plan = lifecycle.plan_submit(spec, job_id, layer_ids, frame_ids, now)
             self._bulk_insert(tx, "frames", lifecycle.FRAME_COLUMNS, plan.frames)
@@ -199,6 +204,7 @@ class SQLStore(Store):
     def get_job(self, ref: str | int) -> dict[str, Any]:
         row = self._job_row(ref)
         data = job_json(row, self._frame_counts("j.id = ?", (row["id"],)).get(row["id"], {}))
+        data["receipt"] = row["receipt"]
         data["layers"] = [layer_json(r) for r in self._read(
             f"SELECT {lifecycle.LAYER_COLUMNS}, depend_count FROM layers WHERE job_id = ? ORDER BY idx", (row["id"],))]
         # DEPEND frames of this job that wait on a DEAD frame (they need a retry).
@@ -405,7 +411,7 @@ class SQLStore(Store):
     def runnable_layers(self, *, limit: int = 200) -> list[RunnableLayer]:
         rows = self._read(
             "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
-            'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user" '
+            'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user", j.submitted_by, j.receipt '
             "FROM layers l JOIN jobs j ON j.id = l.job_id "
             "WHERE j.state = 'PENDING' AND j.paused = 0 AND l.depend_count >= 0 "
             "AND EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = l.id AND f.state = 'WAITING') "
@@ -415,16 +421,16 @@ class SQLStore(Store):
                               gpu_models=tuple(json.loads(r["gpu_models"])),
                               gpu_memory_min_bytes=r["gpu_memory_min_bytes"], cores=r["cores"],
                               memory_bytes=r["memory_bytes"], tags=tuple(json.loads(r["tags"])), waiting=1,
-                              user=r["user"])
+                              user=r["user"], submitted_by=r["submitted_by"], receipt=r["receipt"])
                 for r in rows]
 
     def _layer_row(self, layer_id: int) -> Row:
         """The layer (with its job's name and user) for the claim path, read once."""
         row = self._layer_cache.get(layer_id)
         if row is None:
-            rows = self._read(f"SELECT {lifecycle.LAYER_COLUMNS}, (SELECT name FROM jobs WHERE id = layers.job_id) "
-                              'AS job_name, (SELECT "user" FROM jobs WHERE id = layers.job_id) AS "user" '
-                              "FROM layers WHERE id = ?", (layer_id,))
+            columns = ", ".join(f"l.{c.strip()}" for c in lifecycle.LAYER_COLUMNS.split(","))
+            rows = self._read(f'SELECT {columns}, j.name AS job_name, j."user" AS "user", j.submitted_by, j.receipt '
+                              "FROM layers l JOIN jobs j ON j.id = l.job_id WHERE l.id = ?", (layer_id,))
             if not rows:
                 raise NotFound(f"no layer {layer_id}")
             row = rows[0]

@@ -19,6 +19,8 @@ from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cuectl import fsutil
 from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError
+from cuectl.sched import identity
+from cuectl.sched import model as m
 from cuectl.sched.dialect import SQLITE
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import ClaimedFrame
@@ -53,6 +55,7 @@ class SQLiteStore(SQLStore):
         super().__init__(log_dir=log_dir or self.path.parent / "logs")
         self.url = str(self.path)
         self.local_path = self.path
+        self.receipt_dir = self.path.parent / identity.SPOOL
         self.busy_timeout_s = busy_timeout_s
         self._check_location(create)
         try:
@@ -150,6 +153,21 @@ class SQLiteStore(SQLStore):
                      "COALESCE((SELECT MAX(id) FROM frames), 0)) + 1 AS first")
         first = int(row["first"])
         return list(range(first, first + count))
+
+    def _record_submitter(self, tx: Tx, job_id: int, spec: m.JobSpec) -> None:
+        # Any writer of the file could set the user label: the receipt's owner, set by the
+        # kernel, is the proof (sched/identity.py). We hold the write lock; should the
+        # transaction fail, the receipt names a job id that is never committed.
+        digests = {layer.name: identity.layer_digest(
+            job_id=job_id, user=spec.user, layer=layer.name, command=layer.command, env=dict(layer.env),
+            frame_range=layer.range, chunk=layer.chunk) for layer in spec.layers}
+        try:
+            spool = identity.ensure_spool(self.path.parent)
+            name = identity.write_receipt(spool, job_id=job_id, user=spec.user, digests=digests)
+        except OSError as exc:
+            raise StoreError(f"cannot write the submit receipt in {self.path.parent / identity.SPOOL}: "
+                             f"{exc.strerror or exc}", hint="check that you may write the store's directory") from None
+        tx.run("UPDATE jobs SET receipt = ? WHERE id = ?", (name, job_id))
 
     def _translate(self, exc: sqlite3.DatabaseError) -> StoreError:
         text = str(exc)

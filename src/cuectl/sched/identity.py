@@ -1,0 +1,135 @@
+"""Who submitted a job, proven by the kernel or the database server, never by a label.
+
+A job row's ``user`` is a label any client that can write the store could set. A root
+worker switches to that user only on proof (docs/security.md has the threat model):
+
+- **PostgreSQL**: ``jobs.submitted_by`` is set by the server to the role that inserted the
+  row (a trigger overrides any value the client sends; another forbids changing it). A job
+  is proven to be U's when that role is named U.
+- **SQLite**: at submit the client writes a *receipt* into the store's spool directory
+  (``receipts/`` beside the store, sticky, like /tmp): a file the kernel marks as owned by
+  the submitting uid, holding a digest of each layer's command, environment and frames.
+  The job row names the receipt. A job is proven to be U's when its receipt is a regular
+  file with one link, owned by U's uid, read without following links, and its digests
+  match the layer the worker is about to run — so neither relabelling a job nor editing
+  another user's command in the shared file gets anything run as someone else.
+
+Without proof, a root worker does not run the job, and its pending reason says why.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import pwd
+import secrets
+import stat
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from cuectl.errors import Unproven
+
+SPOOL = "receipts"
+_MAX_RECEIPT_BYTES = 1 << 20
+
+
+def layer_digest(*, job_id: int, user: str, layer: str, command: Sequence[str] | str, env: Mapping[str, str],
+                 frame_range: str, chunk: int) -> str:
+    """What a receipt vouches for, per layer: everything that decides what runs as the user."""
+    body = {"job": int(job_id), "user": user, "layer": layer,
+            "command": command if isinstance(command, str) else list(command),
+            "env": dict(sorted(env.items())), "range": frame_range, "chunk": int(chunk)}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def ensure_spool(store_dir: Path) -> Path:
+    """The spool directory beside a SQLite store: the store directory's permissions plus the
+    sticky bit, so members who may submit can add receipts but not remove others'."""
+    spool = store_dir / SPOOL
+    try:
+        os.mkdir(spool)
+    except FileExistsError:
+        return spool
+    mode = stat.S_IMODE(os.stat(store_dir).st_mode)
+    os.chmod(spool, (mode & 0o2777) | stat.S_ISVTX)
+    return spool
+
+
+def write_receipt(spool: Path, *, job_id: int, user: str, digests: Mapping[str, str]) -> str:
+    """Create the receipt (owned by this process's uid, by the kernel); return its name. The
+    name is unguessable, so nobody can take it before the submitter does."""
+    name = f"{job_id}-{secrets.token_hex(8)}.json"
+    fd = os.open(spool / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+    try:
+        os.write(fd, json.dumps({"job": job_id, "user": user, "layers": dict(digests)}).encode())
+    finally:
+        os.close(fd)
+    return name
+
+
+def _uid_of(user: str) -> int:
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise Unproven(f"user {user!r} does not exist on this host") from None
+
+
+def read_receipt(spool: Path | None, name: str | None, *, user: str, job_id: int) -> dict[str, Any]:
+    """The receipt's content if it proves that ``user`` submitted job ``job_id``."""
+    if spool is None or not name:
+        raise Unproven("the job has no receipt (submitted by an older cuectl, or written into the store directly)")
+    if "/" in name or name in (".", ".."):
+        raise Unproven(f"the job's receipt name {name!r} is not a file in the spool")
+    try:
+        fd = os.open(spool / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        reason = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be read ({exc.strerror})"
+        raise Unproven(f"the job's receipt {name} {reason}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise Unproven(f"the job's receipt {name} is not a plain file with one link")
+        expected = _uid_of(user)
+        if info.st_uid != expected:
+            raise Unproven(f"the job's receipt {name} belongs to uid {info.st_uid}, not to {user} (uid {expected})")
+        data = json.loads(os.read(fd, _MAX_RECEIPT_BYTES))
+    except ValueError:
+        raise Unproven(f"the job's receipt {name} is not a cuectl receipt") from None
+    finally:
+        os.close(fd)
+    if not isinstance(data, dict) or data.get("job") != job_id or data.get("user") != user:
+        raise Unproven(f"the job's receipt {name} was written for another job or user")
+    return data
+
+
+def proof_problem(*, user: str, job_id: int, submitted_by: str | None, receipt: str | None,
+                  spool: Path | None) -> str | None:
+    """Why the store cannot prove that ``user`` submitted the job (None: it can)."""
+    if submitted_by is not None:  # a database server recorded the role
+        if submitted_by == user:
+            return None
+        return f"it was submitted by the database role {submitted_by!r}, not {user!r}"
+    try:
+        read_receipt(spool, receipt, user=user, job_id=job_id)
+    except Unproven as exc:
+        return exc.message
+    return None
+
+
+def check_layer(*, user: str, job_id: int, layer: str, command: Sequence[str] | str, env: Mapping[str, str],
+                frame_range: str, chunk: int, submitted_by: str | None, receipt: str | None,
+                spool: Path | None) -> None:
+    """Raise ``Unproven`` unless the layer about to run as ``user`` is what ``user`` submitted."""
+    if submitted_by is not None:
+        problem = proof_problem(user=user, job_id=job_id, submitted_by=submitted_by, receipt=None, spool=None)
+        if problem:
+            raise Unproven(problem)
+        return
+    data = read_receipt(spool, receipt, user=user, job_id=job_id)
+    want = layer_digest(job_id=job_id, user=user, layer=layer, command=command, env=env, frame_range=frame_range,
+                        chunk=chunk)
+    if (data.get("layers") or {}).get(layer) != want:
+        raise Unproven(f"layer {layer!r} is not what {user} submitted (its command, environment or frames were "
+                       "changed in the store after submission)")
