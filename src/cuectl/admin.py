@@ -47,8 +47,10 @@ def _store_checks(store: Store) -> list[Check]:
         fstype = fsutil.filesystem_type(Path(path)) or "unknown"
         checks.append(Check("store filesystem", "ok", f"{fstype} (local)"))
         mode = stat.S_IMODE(os.stat(path).st_mode)
-        checks.append(Check("store permissions", "warn" if mode & 0o007 else "ok",
-                            f"{mode:o}" + (" — readable by every user; chmod o-rwx" if mode & 0o007 else "")))
+        perm_problems = fsutil.store_permission_problems(Path(path))
+        shared = " (group store: setgid directory)" if fsutil.in_group_dir(Path(path)) else ""
+        checks.append(Check("store permissions", "warn" if perm_problems else "ok",
+                            "; ".join(perm_problems) if perm_problems else f"{mode:o}{shared}"))
     problems = store.integrity_problems()
     if problems is None:
         checks.append(Check("store integrity", "ok", "skipped: the database server checks its own files "
@@ -60,6 +62,13 @@ def _store_checks(store: Store) -> list[Check]:
 
 
 def _lock_dir_checks(lock_dir: Path) -> list[Check]:
+    try:
+        return _lock_dir_checks_unguarded(lock_dir)
+    except OSError as exc:  # e.g. a directory this user cannot look into: a finding, not a crash
+        return [Check("lock dir", "warn", f"{lock_dir}: {exc.strerror or exc}")]
+
+
+def _lock_dir_checks_unguarded(lock_dir: Path) -> list[Check]:
     from cuectl.run.lease import list_leases
 
     if not lock_dir.exists():

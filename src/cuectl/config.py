@@ -6,9 +6,12 @@ every knob discoverable in one place (documented in docs/environment.md).
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
+
+from cuectl.errors import InvalidInput
 
 DEFAULT_FRAME_LIMIT = 100_000
 
@@ -64,21 +67,61 @@ def fake_gpus_file() -> str | None:
     return env("CUECTL_FAKE_GPUS")
 
 
-def frame_limit() -> int:
-    raw = env("CUECTL_FRAME_LIMIT")
+def _bad(name: str, raw: str, expected: str) -> InvalidInput:
+    shown = raw if len(raw) <= 40 else raw[:40] + "..."
+    return InvalidInput(f"{name}={shown!r} is not valid: expected {expected}",
+                        hint=f"fix or unset {name} (docs/environment.md)")
+
+
+def _env_number(name: str, default: float, *, minimum: float, maximum: float, integer: bool = False) -> float:
+    """A numeric variable; a bad value is an error naming it, never silently the default."""
+    raw = env(name)
+    if raw is None:
+        return default
+    kind, fmt = ("a whole number", ",.0f") if integer else ("a number", "g")
     try:
-        return int(raw) if raw else DEFAULT_FRAME_LIMIT
+        value = float(int(raw.strip())) if integer else float(raw.strip())
     except ValueError:
-        return DEFAULT_FRAME_LIMIT
+        raise _bad(name, raw, f"{kind} from {minimum:g} to {maximum:{fmt}}") from None
+    if not math.isfinite(value) or not minimum <= value <= maximum:
+        raise _bad(name, raw, f"{kind} from {minimum:g} to {maximum:{fmt}}")
+    return value
+
+
+def frame_limit() -> int:
+    """Most frames one job may have (``CUECTL_FRAME_LIMIT``, default 100,000)."""
+    return int(_env_number("CUECTL_FRAME_LIMIT", DEFAULT_FRAME_LIMIT, minimum=1, maximum=100_000_000, integer=True))
 
 
 def busy_timeout() -> float:
     """Seconds a SQLite command waits for another process's write lock (default 5)."""
-    raw = env("CUECTL_BUSY_TIMEOUT")
+    return _env_number("CUECTL_BUSY_TIMEOUT", 5.0, minimum=0, maximum=86_400)
+
+
+def kill_grace() -> float:
+    """Seconds between TERM and KILL when the worker stops a frame (``CUECTL_KILL_GRACE``, 5)."""
+    return _env_number("CUECTL_KILL_GRACE", 5.0, minimum=0, maximum=86_400)
+
+
+DEFAULT_LOG_LIMIT = 1 << 30
+MIN_LOG_LIMIT = 4096
+
+
+def log_limit() -> int:
+    """Bytes each frame attempt's log may keep (``CUECTL_LOG_LIMIT``, a size such as 512M;
+    default 1 GiB); ``cuectl worker --log-limit`` and a layer's ``log_limit`` override it."""
+    raw = env("CUECTL_LOG_LIMIT")
+    if raw is None:
+        return DEFAULT_LOG_LIMIT
+    from cuectl.units import parse_size
+
     try:
-        return max(0.0, float(raw)) if raw else 5.0
-    except ValueError:
-        return 5.0
+        value = parse_size(raw.strip(), field="CUECTL_LOG_LIMIT")
+    except InvalidInput:
+        raise _bad("CUECTL_LOG_LIMIT", raw, "a size such as 512M or 1G (at least 4K)") from None
+    if not MIN_LOG_LIMIT <= value <= 2**60:
+        raise _bad("CUECTL_LOG_LIMIT", raw, "a size such as 512M or 1G (at least 4K)")
+    return value
 
 
 def auto_migrate() -> bool:
@@ -88,7 +131,13 @@ def auto_migrate() -> bool:
     upgrades an admin schedules: an old schema is then an error until someone runs
     ``cuectl admin migrate``. SQLite stores always migrate when opened.
     """
-    return (env("CUECTL_AUTO_MIGRATE") or "1").strip().lower() not in ("0", "false", "no", "off")
+    raw = env("CUECTL_AUTO_MIGRATE")
+    if raw is None:
+        return True
+    word = raw.strip().lower()
+    if word not in ("0", "false", "no", "off", "1", "true", "yes", "on"):
+        raise _bad("CUECTL_AUTO_MIGRATE", raw, "1/true/yes/on or 0/false/no/off")
+    return word in ("1", "true", "yes", "on")
 
 
 def no_color() -> bool:
@@ -122,3 +171,36 @@ def inherited_environ() -> dict[str, str]:
 def test_hook() -> str | None:
     """Name of a worker crash point used by the chaos tests (never set by users)."""
     return env("CUECTL_TEST_CRASH_AT")
+
+
+def take_pg_password() -> str | None:
+    """``PGPASSWORD``, taken out of this process's environment for good.
+
+    Deleting it from ``os.environ`` is not enough: ``/proc/PID/environ`` shows the
+    environment the process was started with, and a frame running as the worker's user
+    could read the password there (``tr '\\0' '\\n' </proc/$PPID/environ``). So the
+    original string is overwritten in place before it is unset; the caller keeps the value
+    in memory only (libpq gets it as a connection parameter)."""
+    value = os.environ.get("PGPASSWORD")
+    if value is None:
+        return None
+    _wipe_initial_environ(b"PGPASSWORD=")
+    del os.environ["PGPASSWORD"]
+    return value
+
+
+def _wipe_initial_environ(prefix: bytes) -> None:
+    """Zero the value of every ``prefix…`` entry of the C environment (Linux/glibc, musl)."""
+    import ctypes
+
+    try:
+        environ = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+    except (OSError, ValueError):  # no C environ to reach (not a POSIX libc): nothing shown either
+        return
+    i = 0
+    while environ[i]:
+        address = environ[i]
+        entry = ctypes.string_at(address)
+        if entry.startswith(prefix):
+            ctypes.memset(address + len(prefix), 0, len(entry) - len(prefix))
+        i += 1

@@ -45,8 +45,6 @@ class Unproven(CuectlError):
 class NotOwner(CuectlError):
     """A job or frame is changed by someone who is neither its owner nor an admin."""
 
-    exit_code = 2
-
 
 class StoreError(CuectlError):
     """The store cannot be used: unreachable, locked too long, corrupt, full, too new."""
@@ -55,6 +53,15 @@ class StoreError(CuectlError):
 class StoreUnreachable(StoreError):
     """The store's server did not answer (refused, timed out, name not resolved): it may
     come back, so a long-running worker waits for it instead of exiting."""
+
+
+class StoreStalled(StoreUnreachable):
+    """A store call was abandoned because it did not return (a server that stopped
+    answering) while the worker had to act on a signal."""
+
+
+class StoreGone(StoreError):
+    """The store's file was deleted or replaced while a process had it open."""
 
 
 class StoreBusy(StoreError):

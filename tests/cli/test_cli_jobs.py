@@ -34,7 +34,20 @@ def store_digest(db: Path) -> str:
     return h.hexdigest()
 
 
-def test_empty_store_lists(cli):
+def test_reading_commands_never_create_a_store(cli, db_path):
+    """A mistyped --db/CUECTL_DB is an error naming the path, not an empty queue forever."""
+    for args in (["job", "list"], ["frame", "list"], ["host", "list"], ["job", "show", "1"],
+                 ["admin", "report"], ["admin", "reap"]):
+        res = cli(*args)
+        assert res.exit_code == 1, (args, res)
+        assert res.stderr.startswith(f"error: no store at {db_path}"), (args, res)
+    assert not db_path.exists() and not db_path.parent.exists()
+
+
+def test_empty_store_lists(cli, db_path):
+    from cuectl.sched.store import open_store
+
+    open_store(str(db_path)).close()
     assert cli("job", "list", "--json").json() == {"jobs": []}
     assert cli("frame", "list", "--json").json() == {"frames": [], "total": 0, "truncated": False}
     assert cli("host", "list", "--json").json() == {"hosts": []}
@@ -169,6 +182,9 @@ def test_hostile_names_are_stored_verbatim(cli):
 def test_executable_error_mapping_and_version(tmp_path):
     exe = Path(sys.executable).with_name("cuectl")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
+    from cuectl.sched.store import open_store
+
+    open_store(str(tmp_path / "x.db")).close()
     res = subprocess.run([*cmd, "--db", str(tmp_path / "x.db"), "job", "show", "nope"], capture_output=True, text=True)
     assert res.returncode == 1 and res.stderr.startswith("error: no job 'nope'")
     res = subprocess.run([*cmd, "--version"], capture_output=True, text=True)

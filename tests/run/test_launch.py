@@ -105,8 +105,10 @@ def test_hostile_names_never_reach_a_shell_unquoted(tmp_path: Path) -> None:
     work = tmp_path / "work"
     work.mkdir()
     ctx = make_ctx(tmp_path, job=HOSTILE, layer="l;$(touch Z)")
+    # A shell string refers to the frame variables (CUE_JOB…): run it with the frame's env.
+    env = frame_env(ctx, layer_env={}, isolation={})
     for command in ("printf '%s|' #JOB# #LAYER#", ["printf", "%s|", "#JOB#", "#LAYER#"]):
-        info, log, _ = run(substitute_tokens(command, ctx), tmp_path, cwd=work)
+        info, log, _ = run(substitute_tokens(command, ctx), tmp_path, cwd=work, env=env)
         assert info.exit_code == 0
         assert f"{HOSTILE}|l;$(touch Z)|" in log
     assert sorted(os.listdir(work)) == []

@@ -4,11 +4,13 @@ passwords, schema versions and migrations, connection loss, LISTEN/NOTIFY, row l
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -88,7 +90,8 @@ def test_password_from_pgpassword_and_pgpass(pg_server, tmp_path, monkeypatch):
         s = open_store(url)
         job_id = s.submit(job(), now=NOW)
         s.close()
-        monkeypatch.delenv("PGPASSWORD")
+        assert "PGPASSWORD" not in os.environ  # taken: children of this process never see it
+        monkeypatch.delenv("PGPASSWORD", raising=False)
         pgpass = tmp_path / "pgpass"
         pgpass.write_text(f"127.0.0.1:{pg_server.port}:{db}:{pgserver.PASSWORD_ROLE}:{pgserver.PASSWORD}\n")
         pgpass.chmod(0o600)
@@ -402,3 +405,98 @@ def test_large_submit_keeps_dispatch_order_and_dependencies(pg_url):
     assert rows[-1][1:] == (19999, "DEPEND", 2)  # the last chunk holds 19999-20000
     assert sql(pg_url, "SELECT COUNT(*) FROM frame_deps")[0][0] == 20000
     s.close()
+
+
+# -- who submitted, and who may change a job ------------------------------------------------------
+def _role_url(pg_url: str, role: str) -> str:
+    return pg_url.replace("postgres@", f"{role}@", 1)
+
+
+@pytest.fixture
+def roles(pg_url):
+    """Per-user roles set up with `cuectl admin pg-roles`, cluster-wide: unique names."""
+    from cuectl.sched.store import roles_sql
+
+    open_store(pg_url).close()  # the schema, owned by the superuser (the migrating role)
+    suffix = uuid.uuid4().hex[:6]
+    names = {who: f"{who}_{suffix}" for who in ("alice", "bob", "worker", "boss")}
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(roles_sql())  # no parameters: the script's own % signs stay as they are
+    for who, role in names.items():
+        sql(pg_url, f"CREATE ROLE {role} LOGIN")
+        group = {"worker": "cuectl_worker", "boss": "cuectl_admin"}.get(who, "cuectl_user")
+        sql(pg_url, f"GRANT {group} TO {role}")
+    yield names
+    for role in names.values():
+        sql(pg_url, f"REASSIGN OWNED BY {role} TO postgres; DROP OWNED BY {role}")
+        sql(pg_url, f"DROP ROLE {role}")
+
+
+def test_the_server_records_who_submitted_and_nobody_changes_it(pg_url, roles):
+    alice, bob = roles["alice"], roles["bob"]
+    a = open_store(_role_url(pg_url, alice))
+    job_id = a.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"]}]},
+                                        user=alice), now=NOW)
+    assert a.get_job(job_id)["submitted_by"] == alice
+    a.close()
+    with pytest.raises(psycopg.errors.InsufficientPrivilege, match="recorded by the server"):
+        sql(_role_url(pg_url, alice), "UPDATE jobs SET submitted_by = %s WHERE id = %s", (bob, job_id))
+    # A client cannot claim to be someone else: the trigger overrides the value it sends.
+    sql(_role_url(pg_url, bob), "INSERT INTO jobs(name, \"user\", created_at, submitted_by) "
+                                "VALUES ('forged', %s, 1, %s)", (alice, alice))
+    assert sql(pg_url, "SELECT submitted_by FROM jobs WHERE name = 'forged'") == [(bob,)]
+
+
+def test_only_the_owner_or_an_admin_changes_a_job(pg_url, roles):
+    alice, bob = roles["alice"], roles["bob"]
+    a = open_store(_role_url(pg_url, alice))
+    job_id = a.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"],
+                                                                  "range": "1-2"}]}, user=alice), now=NOW)
+    b = open_store(_role_url(pg_url, bob))
+    from cuectl.errors import NotOwner
+
+    for change in (lambda: b.kill_job(job_id, now=NOW), lambda: b.kill_job(job_id, now=NOW, force=True),
+                   lambda: b.set_job_priority(job_id, 90), lambda: b.set_job_paused(job_id, True),
+                   lambda: b.frame_action([b.list_frames(job=job_id)[0][0]["id"]], "eat", now=NOW)):
+        with pytest.raises(NotOwner, match=f"belongs to {alice}"):
+            change()
+    # Past the client's check, the server's row-level security still changes nothing.
+    bob_url = _role_url(pg_url, bob)
+    sql(bob_url, "UPDATE frames SET state = 'EATEN' WHERE job_id = %s", (job_id,))
+    sql(bob_url, "UPDATE layers SET command = '[\"sh\"]' WHERE job_id = %s", (job_id,))
+    sql(bob_url, "DELETE FROM jobs WHERE id = %s", (job_id,))
+    job = a.get_job(job_id)
+    assert job["frame_counts"] == {"WAITING": 2} and job["layers"][0]["command"] == ["true"]
+    # The owner, a worker and an admin may.
+    assert a.set_job_priority(job_id, 5)["priority"] == 5
+    w = open_store(_role_url(pg_url, roles["worker"]))
+    claimed = claim_next(w)
+    assert w.complete_frame(claimed.frame_id, 1, FrameResult(exit_code=0), now=NOW) == "SUCCEEDED"
+    boss = open_store(_role_url(pg_url, roles["boss"]))
+    assert boss.kill_job(job_id, now=NOW)["state"] == "FINISHED"
+    for s in (a, b, w, boss):
+        s.close()
+
+
+def test_a_host_whose_clock_is_two_minutes_slow_keeps_its_frames(pg_url, monkeypatch):
+    """Leases and heartbeats are on the server's clock (Store.clock), not each host's."""
+    import types
+
+    true_time = time.time
+    reaper = open_store(pg_url)
+    reaper.submit(job(), now=reaper.clock())
+    monkeypatch.setattr(pg, "time", types.SimpleNamespace(time=lambda: true_time() - 120,
+                                                         monotonic=time.monotonic, sleep=time.sleep))
+    slow = open_store(pg_url)
+    from cuectl.sched.store import HostInfo
+
+    slow.register_host(HostInfo(name="slow", cores=2, memory_bytes=1 << 30, gpus=[]), now=slow.clock())
+    claimed = claim_next(slow, host="slow", now=slow.clock())
+    assert abs(slow.clock() - true_time()) < 5  # its own clock says two minutes ago
+    slow.heartbeat("slow", [claimed.frame_id], now=slow.clock(), lease_s=60)
+    monkeypatch.undo()
+    assert reaper.reap(now=reaper.clock()) == []
+    (host,) = reaper.list_hosts(now=reaper.clock(), down_after=60)
+    assert host["state"] == "UP"
+    slow.close()
+    reaper.close()

@@ -426,3 +426,32 @@ def test_sqlite_online_backup_is_a_consistent_store(tmp_path: Path):
     with pytest.raises(StoreError, match="cannot write backup"):
         s.backup(tmp_path / "missing-dir" / "x.db")
     s.close()
+
+
+def test_sqlite_store_deleted_or_replaced_in_use_is_an_error(tmp_path: Path):
+    from cuectl.errors import StoreGone
+
+    path = tmp_path / "s.db"
+    s = open_store(str(path))
+    job_id = s.submit(job(), now=NOW)
+    path.unlink()
+    with pytest.raises(StoreGone, match="was deleted while in use"):
+        s.runnable_layers()
+    with pytest.raises(StoreGone):
+        s.kill_job(job_id, now=NOW)
+    s.close()
+    other = open_store(str(path))  # a new store now lives at the path
+    s2 = open_store(str(tmp_path / "t.db"))
+    os.replace(tmp_path / "t.db", path)
+    with pytest.raises(StoreGone, match="replaced by another file"):
+        other.list_jobs()
+    other.close()
+    s2.close()
+
+
+def test_sqlite_empty_file_is_not_reinitialised(tmp_path: Path):
+    path = tmp_path / "truncated.db"
+    path.write_bytes(b"")
+    with pytest.raises(StoreError, match="is empty"):
+        open_store(str(path))
+    assert path.stat().st_size == 0

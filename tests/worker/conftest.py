@@ -17,3 +17,21 @@ def farm(tmp_path: Path):
     f = Farm(tmp_path)
     yield f
     f.cleanup()
+
+
+@pytest.fixture
+def shared_farm(os_users):
+    """A farm whose store lives in a setgid directory shared by the throwaway users' group
+    (as a studio's group store would), so real users can submit to it. Root only."""
+    import os
+    import shutil
+    import tempfile
+
+
+    path = Path(tempfile.mkdtemp(prefix="cuectl-shared-", dir="/tmp"))
+    os.chown(path, 0, os_users.group_gid)
+    os.chmod(path, 0o2770)
+    f = Farm(path)
+    yield f
+    f.cleanup()
+    shutil.rmtree(path, ignore_errors=True)

@@ -31,6 +31,7 @@ class Farm:
         self.db = tmp / "farm.db"
         self.ledger = tmp / "ledger.jsonl"
         self.procs: list[subprocess.Popen] = []
+        self.worker_flags: list[str] = []  # given to every worker this farm starts
 
     def env(self, **extra: str) -> dict[str, str]:
         env = dict(os.environ)
@@ -66,7 +67,7 @@ class Farm:
 
     def worker_args(self, *extra: str, lease: str = "2", poll: str = "0.05") -> list[str]:
         return [*cuectl_cmd(), "--db", str(self.db), "worker", "--poll", poll, "--lease-timeout", lease,
-                "--sample-interval", "0.2", *extra]
+                "--sample-interval", "0.2", *self.worker_flags, *extra]
 
     def start_worker(self, fake: Path | None, *extra: str, env: dict[str, str] | None = None,
                      lease: str = "2") -> subprocess.Popen:

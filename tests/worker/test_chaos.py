@@ -119,5 +119,91 @@ def test_chaos_kills_lose_nothing_and_never_share_a_device(farm, capsys):
     assert sum(kills.values()) >= 8, f"the run must actually kill workers: {kills}"
 
 
+def _holds_state_lock(pid: int, name: str) -> bool:
+    """Whether worker ``pid`` holds the state directory lock of host ``name`` (its record)."""
+    path = Path(os.environ["XDG_STATE_HOME"]) / "cuectl" / "worker" / name / "worker.lock"
+    try:
+        return json.loads(path.read_text()).get("pid") == pid
+    except (OSError, ValueError):
+        return False
+
+
 def _lock_dir() -> Path:
     return Path(os.environ["CUECTL_LOCK_DIR"])
+
+
+# Two workers (different names) on each host sharing its devices through leases, a
+# same-name duplicate started now and then (it must be refused), and frames that leave an
+# escaped child holding their device lease (``setsid sleep &``, which must die with the
+# frame — or, when the worker was killed, at the restarted worker's recovery).
+ESCAPING_FRAME = 'setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! >> "$ESCAPEES"; exec "$@"'
+
+
+def test_chaos_two_workers_per_host_and_escaping_children(farm, capsys):
+    rng = random.Random(SEED + 1)
+    frames = 100
+    fakes = [farm.host(f"duo{i}", [V100, V100]) for i in range(2)]
+    escapees = farm.tmp / "escapees"
+    job = farm.submit({"name": "duo", "layers": [{
+        "name": "gpu", "command": ["/bin/sh", "-c", ESCAPING_FRAME, "sh", *farm.probe("--sleep", "0.05")],
+        "range": f"1-{frames}", "gpus": 1, "retries": 50, "env": {"ESCAPEES": str(escapees)}}]})
+    names = {(fake, f"duo{i}-{side}"): fake for i, fake in enumerate(fakes) for side in "ab"}
+    procs = {key: farm.start_worker(fake, "--name", key[1], lease="1") for key, fake in names.items()}
+    kills, refused = 0, 0
+    t0 = time.monotonic()
+    deadline = t0 + 150
+    try:
+        while _succeeded(farm.db) < frames:
+            assert time.monotonic() < deadline, f"chaos run did not finish: {_succeeded(farm.db)}/{frames}"
+            time.sleep(rng.uniform(0.1, 0.5))
+            key = rng.choice(list(procs))
+            if procs[key].poll() is None:
+                if kills < 10 and rng.random() < 0.6:
+                    os.kill(procs[key].pid, signal.SIGKILL)
+                    procs[key].wait(10)
+                    kills += 1
+                elif refused < 4 and _holds_state_lock(procs[key].pid, key[1]):
+                    # Only once it is known to run (a worker just restarted may still be
+                    # starting up, and then the duplicate would rightly win); nobody is
+                    # killed until the duplicate has answered. It must be refused with one
+                    # line naming the running worker.
+                    dup = farm.start_worker(names[key], "--until-idle", "--name", key[1], lease="1")
+                    _, err = dup.communicate(timeout=60)
+                    assert dup.returncode == 1 and f"(pid {procs[key].pid}," in err \
+                        and "is already running as host" in err, err
+                    refused += 1
+            for k, proc in procs.items():
+                if proc.poll() is not None:
+                    procs[k] = farm.start_worker(names[k], "--name", k[1], lease="1")
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs.values():
+            try:
+                p.wait(30)
+            except Exception:
+                p.kill()
+    wall = time.monotonic() - t0
+
+    events = farm.events()
+    starts = [e for e in events if e["event"] == "start"]
+    time.sleep(0.2)
+    assert not [e["pid"] for e in starts if alive(e["pid"])], "frame processes left behind"
+    left = [int(p) for p in escapees.read_text().split() if alive(int(p))]
+    assert left == [], "escaped children outlived their frames"
+    assert intervals_overlap(events, uuids_of) == []
+    conn = sqlite3.connect(farm.db)
+    states = dict(conn.execute("SELECT state, COUNT(*) FROM frames GROUP BY state").fetchall())
+    per_frame = conn.execute("SELECT frame_id, COUNT(*) FROM attempts WHERE outcome = 'succeeded' "
+                             "GROUP BY frame_id").fetchall()
+    conn.close()
+    assert states == {"SUCCEEDED": frames}
+    assert len(per_frame) == frames and {n for _, n in per_frame} == {1}
+    assert list_leases(_lock_dir()) == [], "device leases left behind"
+    figures = {"seed": SEED + 1, "frames": frames, "workers": len(procs), "sigkills": kills,
+               "duplicates_refused": refused, "escapees": len(escapees.read_text().split()),
+               "runs": len(starts), "re_executions": len(starts) - frames, "wall_s": round(wall, 1)}
+    with capsys.disabled():
+        print(f"\nchaos (two workers per host, escaping children): {json.dumps(figures)}")
+    assert kills >= 4, f"the run must actually kill workers: {kills}"

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from farmlib import A100, V100, intervals_overlap
+from farmlib import A100, V100, cuectl_cmd, intervals_overlap
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
 
@@ -31,6 +32,9 @@ def pg_farm(farm):
         pytest.skip(f"PostgreSQL tests skipped: {exc}")
     name = server.create_database()
     farm.db = server.url(name)  # every `cuectl --db` of the farm now names the database
+    # Jobs here are submitted through the superuser role, which proves nothing about the OS
+    # user they are labelled with (test_identity covers that): root workers run them as root.
+    farm.worker_flags = ["--run-as-worker-user"]
     farm.server = server
     yield farm
     farm.cleanup()  # workers first: they hold connections
@@ -141,3 +145,86 @@ def test_a_batch_worker_does_not_wait_for_an_unreachable_server(farm):
         closed.close()
     assert res.returncode == 1
     assert res.stderr.startswith("error: cannot connect to PostgreSQL") and "Traceback" not in res.stderr
+
+
+def test_frames_cannot_read_the_store_password_from_the_worker(farm):
+    """The password came in PGPASSWORD: not in the frame's environment, nor in the worker's
+    original environment that /proc/$PPID/environ shows to a frame of the same user."""
+    try:
+        server = pgserver.shared_server()
+    except pgserver.PgUnavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    name = server.create_database(owner=pgserver.PASSWORD_ROLE)
+    try:
+        farm.db = server.url(name, user=pgserver.PASSWORD_ROLE)
+        env = {"PGPASSWORD": pgserver.PASSWORD}
+        spy = ("import os; own = os.environ.get('PGPASSWORD'); "
+               "parent = open(f'/proc/{os.getppid()}/environ', 'rb').read(); "
+               f"print('own', own, 'parent', {pgserver.PASSWORD.encode()!r} in parent, b'PGPASSWORD' in parent)")
+        spec = farm.tmp / "spy.json"
+        spec.write_text(json.dumps({"name": "spy", "layers": [{"name": "s", "command": [sys.executable, "-c", spy]}]}))
+        res = subprocess.run([*cuectl_cmd(), "--db", farm.db, "submit", str(spec)], env=farm.env(**env),
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        job = int(res.stdout)
+        # A root worker would run nothing here (no proof the shared role is root's): run frames as itself.
+        done = farm.run_worker(None, "--run-as-worker-user", env=env)
+        assert done.returncode == 0, done.stderr
+        def cli(*args: str) -> dict:
+            out = subprocess.run([*cuectl_cmd(), "--db", farm.db, *args, "--json"], env=farm.env(**env),
+                                 capture_output=True, text=True, timeout=60)
+            assert out.returncode == 0, out.stderr
+            return json.loads(out.stdout)
+
+        (frame,) = cli("frame", "list", "--job", str(job))["frames"]
+        log = Path(cli("frame", "show", str(frame["id"]))["log_path"]).read_text()
+        assert frame["state"] == "SUCCEEDED", log
+        assert "own None parent False" in log, log
+    finally:
+        farm.cleanup()
+        server.drop_database(name)
+
+
+def test_worker_obeys_sigterm_within_2s_while_the_server_stalls(pg_farm):
+    """A server that keeps the connection open but never answers (a black-holing proxy)
+    must not keep a worker from acting on SIGTERM."""
+    import tcpproxy
+
+    farm = pg_farm
+    proxy = tcpproxy.StallingProxy(farm.server.port)
+    try:
+        farm.cuectl("admin", "migrate")
+        farm.db = proxy.url(farm.db.rsplit("/", 1)[1])
+        host = farm.host("stall", [V100])
+        proc = farm.start_worker(host, "--name", "stall", env={"CUECTL_FAKE_GPUS": str(host)})
+        farm.wait_for(lambda: "stall" in farm.cuectl("host", "list").stdout, what="worker registered")
+        proxy.stall()
+        time.sleep(1.5)  # the idle worker is now waiting on the silent server
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        took = time.monotonic() - t0
+        assert took < 2.0, (took, err)
+        assert "did not answer" in err, err
+    finally:
+        proxy.close()
+
+
+def test_a_frame_that_ends_while_the_server_is_down_keeps_its_real_end_time(pg_farm):
+    farm = pg_farm
+    host = farm.host("down", [V100])
+    job = farm.submit({"name": "j", "layers": [{"name": "r", "command": farm.probe("--sleep", "1.5"),
+                                                 "gpus": 1}]})
+    proc = farm.start_worker(host, "--name", "down", "--until-idle", lease="60")  # outlives the outage
+    farm.wait_for(lambda: farm.starts(), what="frame started")
+    farm.server.stop_server()
+    try:
+        time.sleep(5)  # the frame ends after 1.5 s, with nobody to tell
+    finally:
+        farm.server.start_server()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    (frame,) = farm.frames(job)
+    assert frame["state"] == "SUCCEEDED"
+    attempt = rows(farm.db, "SELECT ended_at - started_at FROM attempts WHERE frame_id = %s", (frame["id"],))
+    assert len(attempt) == 1 and 1.4 < attempt[0][0] < 3.0, attempt  # not the reconnect time

@@ -117,3 +117,20 @@ def test_newer_schema_is_refused_and_left_untouched(farm):
     assert res.returncode == 1
     assert "schema version 999" in res.stderr and "upgrade cuectl" in res.stderr
     assert farm.db.read_bytes() == before
+
+
+def test_worker_stops_when_its_store_file_is_deleted(farm):
+    """It used to go on writing into the unlinked file while `job list` made a new one."""
+    host = farm.host("gone", [])
+    farm.submit({"name": "j", "layers": [{"name": "w", "command": ["sleep", "30"]}]})
+    proc = farm.start_worker(host)
+    farm.wait_for(lambda: farm.cuectl("frame", "list", "--state", "RUNNING", "--json").stdout.count('"id"'),
+                  what="frame running")
+    farm.db.unlink()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    assert f"error: store {farm.db} was deleted while in use" in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert not farm.db.exists()
+    res = farm.cuectl("job", "list", check=False)
+    assert res.returncode == 1 and f"no store at {farm.db}" in res.stderr and not farm.db.exists()

@@ -43,10 +43,15 @@ def prune(ctx: typer.Context,
 
 
 @admin_app.command("backup")
-def backup(ctx: typer.Context, dest: Path = typer.Argument(..., help="File to write (replaced atomically).")) -> None:
-    """Copy the store consistently while workers keep running (SQLite online backup)."""
+def backup(ctx: typer.Context, dest: Path = typer.Argument(..., help="New file to write."),
+           force: bool = typer.Option(False, "--force", help="Replace DEST if it is an existing regular file "
+                                                             "(atomically).")) -> None:
+    """Copy the store consistently while workers keep running (SQLite online backup).
+
+    Refuses (exit 2, nothing written) a DEST that is not a regular file (/dev/null, a
+    directory, a link), the live store and its -wal/-shm, and an existing file without --force."""
     store = ctx.obj.store()
-    store.backup(dest)
+    store.backup(dest, force=force)
     term.line(f"backed up {store.url} to {dest}")
 
 
@@ -65,6 +70,15 @@ def doctor(ctx: typer.Context,
         term.table(["CHECK", "STATUS", "DETAIL"], [[c.name, c.status.upper(), c.detail] for c in checks])
     if any(c.status == "fail" for c in checks):
         raise typer.Exit(1)
+
+
+@admin_app.command("pg-roles")
+def pg_roles() -> None:
+    """Print the SQL that sets up per-user roles and row-level security on a PostgreSQL store
+    (run it as the tables' owner: cuectl admin pg-roles | psql URL; docs/postgres.md)."""
+    from cuectl.sched.store import roles_sql
+
+    term.write_text(roles_sql())
 
 
 admin_app.command("report", help="Accounting per job, layer, user, host, GPU model or day: GPU-hours "

@@ -15,6 +15,7 @@ job_app = typer.Typer(help="Inspect and control jobs.", no_args_is_help=True)
 frame_app = typer.Typer(help="Inspect and control frames.", no_args_is_help=True)
 
 JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable keys, see docs/json.md).")
+FORCE_OPT = typer.Option(False, "--force", help="Change another user's job (SQLite stores only; see docs/security.md).")
 
 
 def _store(ctx: typer.Context):
@@ -34,7 +35,7 @@ def submit(
     gpu_vendor: Optional[str] = typer.Option(None, "--gpu-vendor", help="NVIDIA, AMD, Apple or Intel."),
     gpu_model: List[str] = typer.Option([], "--gpu-model", help="Allowed model (repeatable): A100, 'RTX 4090', '*V100*'."),
     gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min", help="Memory per device, e.g. 24G."),
-    cores: Optional[float] = typer.Option(None, "--cores", help="CPU cores reserved per frame."),
+    cores: Optional[float] = typer.Option(None, "--cores", help="CPU cores reserved per frame (at least 0.1)."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Host RAM reserved per frame, e.g. 8G."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first."),
     retries: Optional[int] = typer.Option(None, "--retries", help="Retries after a failure (default 3)."),
@@ -42,6 +43,8 @@ def submit(
     env: List[str] = typer.Option([], "--env", help="K=V for the frame environment (repeatable)."),
     tag: List[str] = typer.Option([], "--tag", help="Only hosts with this tag (repeatable)."),
     paused: bool = typer.Option(False, "--paused", help="Submit paused."),
+    log_limit: Optional[str] = typer.Option(None, "--log-limit", help="Bytes each attempt's log may keep, head "
+                                                                      "and tail (e.g. 100M; default: the worker's)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Submit a job: a YAML spec with several layers, or one layer from flags."""
@@ -54,6 +57,8 @@ def submit(
             raise InvalidInput("give one job spec file, or --name with a command after --",
                                hint="cuectl submit job.yaml | cuectl submit --name N --range 1-10 -- CMD ARGS")
         job_spec = specs.load_spec_file(args[0], user=config.current_user(), frame_limit=config.frame_limit())
+        if log_limit is not None:  # for every layer that does not set its own
+            job_spec = specs.with_log_limit(job_spec, log_limit, "--log-limit")
     else:
         if not args:
             raise InvalidInput("--name needs a command after --", hint="cuectl submit --name N -- CMD ARGS")
@@ -61,8 +66,8 @@ def submit(
             name=name, command=args, range=range_, chunk=chunk, layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
             gpu_models=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
             retries=retries, timeout=timeout, env=env, tags=tag, paused=paused, user=config.current_user(),
-            frame_limit=config.frame_limit())
-    store = _store(ctx)
+            frame_limit=config.frame_limit(), log_limit=log_limit)
+    store = ctx.obj.store(create=True)
     job_id = store.submit(job_spec, now=time.time())
     if as_json:
         from cuectl.sched.pending import describe_job
@@ -142,38 +147,41 @@ def _job_change(ctx: typer.Context, as_json: bool, data: dict, message: str) -> 
 
 
 @job_app.command("pause")
-def job_pause(ctx: typer.Context, job: str, as_json: bool = JSON_OPT) -> None:
+def job_pause(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
     """Stop dispatching the job's frames (running frames finish)."""
-    data = _store(ctx).set_job_paused(job, True)
+    data = _store(ctx).set_job_paused(job, True, force=force)
     _job_change(ctx, as_json, data, f"paused job {data['id']} {data['name']}")
 
 
 @job_app.command("resume")
-def job_resume(ctx: typer.Context, job: str, as_json: bool = JSON_OPT) -> None:
+def job_resume(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
     """Dispatch the job's frames again."""
-    data = _store(ctx).set_job_paused(job, False)
+    data = _store(ctx).set_job_paused(job, False, force=force)
     _job_change(ctx, as_json, data, f"resumed job {data['id']} {data['name']}")
 
 
 @job_app.command("kill")
-def job_kill(ctx: typer.Context, job: str, as_json: bool = JSON_OPT) -> None:
+def job_kill(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
     """Kill running frames and eat every unfinished frame."""
-    data = _store(ctx).kill_job(job, now=time.time())
+    data = _store(ctx).kill_job(job, now=time.time(), force=force)
     _job_change(ctx, as_json, data, f"killed job {data['id']} {data['name']}")
 
 
 @job_app.command("retry")
-def job_retry(ctx: typer.Context, job: str, as_json: bool = JSON_OPT) -> None:
+def job_retry(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
     """Requeue the job's DEAD and EATEN frames."""
-    data = _store(ctx).retry_job(job, now=time.time())
+    data = _store(ctx).retry_job(job, now=time.time(), force=force)
     _job_change(ctx, as_json, data, f"retrying dead frames of job {data['id']} {data['name']}")
 
 
 @job_app.command("priority")
 def job_priority(ctx: typer.Context, job: str, priority: int = typer.Argument(..., help="New priority."),
-                 as_json: bool = JSON_OPT) -> None:
+                 as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
     """Change a job's priority (higher runs first)."""
-    data = _store(ctx).set_job_priority(job, priority)
+    from cuectl.sched.fields import priority as check_priority
+
+    priority = check_priority(priority, "PRIORITY")
+    data = _store(ctx).set_job_priority(job, priority, force=force)
     _job_change(ctx, as_json, data, f"job {data['id']} {data['name']} priority {priority}")
 
 
@@ -252,8 +260,8 @@ def frame_log(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame i
     stream_log(store, frame, follow=follow)
 
 
-def _frame_action(ctx: typer.Context, frames: List[int], action: str, as_json: bool) -> None:
-    result = _store(ctx).frame_action(frames, action, now=time.time())
+def _frame_action(ctx: typer.Context, frames: List[int], action: str, as_json: bool, force: bool) -> None:
+    result = _store(ctx).frame_action(frames, action, now=time.time(), force=force)
     if as_json:
         term.emit_json({"frames": result})
         return
@@ -264,23 +272,23 @@ def _frame_action(ctx: typer.Context, frames: List[int], action: str, as_json: b
 
 @frame_app.command("retry")
 def frame_retry(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
-                as_json: bool = JSON_OPT) -> None:
+                as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
     """Requeue frames (a running frame is killed first)."""
-    _frame_action(ctx, frames, "retry", as_json)
+    _frame_action(ctx, frames, "retry", as_json, force)
 
 
 @frame_app.command("kill")
 def frame_kill(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
-               as_json: bool = JSON_OPT) -> None:
+               as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
     """Stop frames and mark them DEAD (retry them later)."""
-    _frame_action(ctx, frames, "kill", as_json)
+    _frame_action(ctx, frames, "kill", as_json, force)
 
 
 @frame_app.command("eat")
 def frame_eat(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
-              as_json: bool = JSON_OPT) -> None:
+              as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
     """Mark frames done without running them (dependents are released)."""
-    _frame_action(ctx, frames, "eat", as_json)
+    _frame_action(ctx, frames, "eat", as_json, force)
 
 
 def register(app: typer.Typer) -> None:

@@ -64,7 +64,7 @@ def run_cmd(
     request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_model or (), gpu_memory_min=gpu_memory_min,
                            gpu_memory_free_min=gpu_memory_free_min, devices=device or None, field_label=flag_label)
     code = run_with_lease(command or [], request, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
-                          on_acquired=_say_acquired, on_wait=_say_waiting)
+                          on_acquired=_say_acquired, on_wait=_say_waiting, reap_leftovers=True)
     raise typer.Exit(code)
 
 

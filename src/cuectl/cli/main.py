@@ -108,13 +108,16 @@ class AppState:
     debug: bool = False
     _store: Any = field(default=None, repr=False)
 
-    def store(self) -> Store:
-        """Open the store once per invocation (lazily: `gpu list` needs none)."""
+    def store(self, *, create: bool = False) -> Store:
+        """Open the store once per invocation (lazily: `gpu list` needs none). Only commands
+        that add work (``submit``, ``worker``) create a missing one: a mistyped --db or
+        CUECTL_DB must be an error naming the path, not an empty queue forever."""
         if self._store is None:
             from cuectl import config
             from cuectl.sched.store import open_store
 
-            self._store = open_store(self.db or config.default_db_url(), busy_timeout_s=config.busy_timeout())
+            self._store = open_store(self.db or config.default_db_url(), busy_timeout_s=config.busy_timeout(),
+                                     create=create)
         return self._store
 
     def close(self) -> None:

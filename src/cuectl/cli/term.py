@@ -18,6 +18,7 @@ from cuectl import config
 if TYPE_CHECKING:  # annotations only: rich is imported lazily, where it is used
     from rich.console import Console
     from rich.live import Live
+    from rich.text import Text
 
     from cuectl.run.worker import Worker
 
@@ -73,6 +74,15 @@ def warn(message: str) -> None:
     sys.stderr.flush()
 
 
+def plain(text: str) -> "Text":
+    """``text`` as rich shows it literally: names, commands and anything else from users
+    are never read as markup (``shot[bold]010`` stays as typed; ``oops[/]`` cannot crash
+    the output). Every string that reaches rich from data goes through here."""
+    from rich.text import Text
+
+    return Text(text)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
@@ -86,11 +96,11 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str |
     if is_terminal():
         from rich.table import Table
 
-        t = Table(title=title, header_style="bold", box=None, pad_edge=False)
+        t = Table(title=plain(title) if title else None, header_style="bold", box=None, pad_edge=False)
         for col in columns:
             t.add_column(col, overflow="fold")
         for row in rows:
-            t.add_row(*row)
+            t.add_row(*(plain(cell) for cell in row))
         console().print(t)
     else:
         out = sys.stdout
@@ -162,7 +172,7 @@ class WorkerProgress:
 
     def _say(self, text: str) -> None:
         if self._live is not None and self._console is not None:
-            self._console.print(text)
+            self._console.print(plain(text))
         else:
             info(text)
 
@@ -197,6 +207,7 @@ class WorkerProgress:
                 table.add_column(col)
             now = _time.time()
             for fid, rf in sorted(worker.running.items()):
-                table.add_row(f"{fid} {rf.claim.number:04d}-{rf.claim.layer}", rf.claim.job, str(rf.claim.attempt),
-                              ",".join(str(d.index) for d in rf.devices) or "-", f"{now - rf.usage.started_at:.0f}s")
+                table.add_row(*(plain(cell) for cell in (
+                    f"{fid} {rf.claim.number:04d}-{rf.claim.layer}", rf.claim.job, str(rf.claim.attempt),
+                    ",".join(str(d.index) for d in rf.devices) or "-", f"{now - rf.usage.started_at:.0f}s")))
             self._live.update(Group(title, table))

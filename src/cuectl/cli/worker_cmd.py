@@ -33,6 +33,10 @@ def worker(
     run_as_submitter: Optional[bool] = typer.Option(None, "--run-as-submitter/--run-as-worker-user",
                                                     help="Run each frame as the user who submitted it (default: "
                                                          "yes when the worker runs as root)."),
+    log_limit: Optional[str] = typer.Option(None, "--log-limit", help="Bytes each frame attempt's log may keep "
+                                                                      "(head and tail; e.g. 512M; default "
+                                                                      "$CUECTL_LOG_LIMIT or 1G; a layer's "
+                                                                      "log_limit wins)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print frame starts and ends."),
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
@@ -44,15 +48,21 @@ def worker(
         raise InvalidInput("--max-frames must be 1 or more")
     if cores is not None and cores <= 0:
         raise InvalidInput("--cores must be greater than 0")
+    limit = None
+    if log_limit is not None:
+        from cuectl.sched.fields import log_limit_bytes
+
+        limit = log_limit_bytes(log_limit, "--log-limit")
     state = ctx.obj
     # A service waits for an unreachable store server; a batch run (--until-idle: tests,
     # CI, cron) fails at once with the error instead of hanging.
-    store = state.store() if until_idle else wait_for_store(state.store, warn=term.warn)
+    store = (state.store(create=True) if until_idle
+             else wait_for_store(lambda: state.store(create=True), warn=term.warn))
     w, discovery = build_worker(store, name=name, until_idle=until_idle,
                                 max_frames=max_frames, poll=poll, sample_interval=sample_interval,
                                 lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
                                 cores=cores, backend=backend, allowed_users=allow_user,
-                                run_as_submitter=run_as_submitter)
+                                run_as_submitter=run_as_submitter, log_limit=limit)
     w.warn = term.warn
     if not quiet:
         devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices) or "no GPUs"

@@ -29,15 +29,19 @@ from typing import Callable, Mapping, Sequence
 
 from cuectl import config
 from cuectl.errors import CuectlError, InvalidInput, LeaseError
+from cuectl.run import launch
 from cuectl.run.lease import KIND_RUN, Lease, LeaseRequest, acquire
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Exit statuses of a shell that could not start the command.
 EXIT_NOT_FOUND = 127
 EXIT_CANNOT_EXECUTE = 126
+#: Seconds leftovers of the command get between SIGTERM and SIGKILL (``reap_leftovers``).
+LEFTOVER_GRACE_S = 5.0
 # Variables describing a lease or a frame: never inherited from the caller (a `cuectl run`
-# inside a frame must describe its own lease, not the frame's).
-_LEASE_VARS = ("CUE_GPUS", "CUE_GPU_CORES", "CUE_GPU_UUIDS", "CUE_GPU_MEMORY")
+# inside a frame must describe its own lease — a subset of the frame's devices, see
+# cuectl.run.lease.nested — not the frame's).
+_LEASE_VARS = ("CUE_GPUS", "CUE_GPU_CORES", "CUE_GPU_UUIDS", "CUE_GPU_MEMORY", "CUE_LEASE_LEVEL")
 
 
 class CommandNotFound(CuectlError):
@@ -141,18 +145,33 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], fds: Sequence[int], inte
 
 
 def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = None,
-               base_env: Mapping[str, str] | None = None) -> int:
-    """Run ``argv`` under ``held`` (the child inherits its locks); return the exit status."""
+               base_env: Mapping[str, str] | None = None, reap_leftovers: bool = False) -> int:
+    """Run ``argv`` under ``held`` (the child inherits its locks); return the exit status.
+
+    ``reap_leftovers`` (``cuectl run`` itself; it makes this process a child subreaper):
+    once the command exited, processes it left behind that still hold the lease — in its
+    process group, or escaped with ``setsid``/a double fork but keeping the lock fds — are
+    TERMed, KILLed after a grace period and reaped, so the devices are free when we return.
+    """
     mode = is_interactive() if interactive is None else interactive
     forwarder = _Forwarder(mode)
     forwarder.install()
     try:
         if forwarder.early:  # asked to stop while acquiring: do not start the command at all
             return 128 + forwarder.early[0]
-        proc = _spawn(argv, child_env(held.env, base_env), held.fds, mode)
+        if reap_leftovers:
+            launch.become_subreaper()
+        fds = held.fds
+        proc = _spawn(argv, child_env(held.env, base_env), fds, mode)
         forwarder.attach(proc)
         held.set_holder_pid(proc.pid)
-        return exit_status(proc.wait())
+        status = exit_status(proc.wait())
+        if reap_leftovers:
+            group = None if mode else proc.pid
+            ids = launch.file_ids(fds)
+            launch.kill_leftovers(lambda pid, pgid, sid: pgid == group or launch.holds_file(pid, ids),
+                                  grace=LEFTOVER_GRACE_S)
+        return status
     finally:
         forwarder.restore()
 
@@ -162,12 +181,13 @@ def run_with_lease(argv: Sequence[str], request: LeaseRequest, *, wait: bool = T
                    lock_dir: str | Path | None = None, backend: str = "auto", fake_file: str | Path | None = None,
                    on_acquired: Callable[[Lease], None] | None = None,
                    on_wait: Callable[[LeaseError], None] | None = None,
-                   interactive: bool | None = None) -> int:
+                   interactive: bool | None = None, reap_leftovers: bool = False) -> int:
     """Acquire ``request``, run ``argv`` with the isolation env, release; the exit status.
 
     ``timeout`` bounds the wait for the lease, not the command. Lease errors raise
     (``DevicesBusy`` with ``wait=False``, ``LeaseTimeout``, ...); a command that cannot be
     started raises ``CommandNotFound`` (127) / ``CommandNotExecutable`` (126).
+    ``reap_leftovers``: see ``run_leased`` (``cuectl run`` sets it).
     """
     if not argv:
         raise InvalidInput("no command given", hint="usage: cuectl run [OPTIONS] -- COMMAND [ARGS...]")
@@ -176,4 +196,4 @@ def run_with_lease(argv: Sequence[str], request: LeaseRequest, *, wait: bool = T
     with held:
         if on_acquired is not None:
             on_acquired(held)
-        return run_leased(argv, held, interactive=interactive)
+        return run_leased(argv, held, interactive=interactive, reap_leftovers=reap_leftovers)

@@ -12,9 +12,14 @@ This is what the worker uses to turn a claimed frame into a running process (DES
 
 POSIX only (Linux and macOS); Windows is not supported by the worker.
 
-Limits, on purpose (no cgroups here): a descendant that calls ``setsid()`` or moves itself
-to another process group *and* leaves the frame's process tree (double fork) escapes
-supervision; everything that stays in the group or in the tree is signalled.
+Escapees (no cgroups here): a descendant that calls ``setsid()`` or moves itself to another
+process group *and* leaves the frame's process tree (double fork) is re-parented to the
+worker, which is a child subreaper on Linux (:func:`become_subreaper`). When the frame's
+leader has exited, such processes are found among the worker's children — by the frame's
+session or group, ``CUE_FRAME_ID`` in their environment, or a lease file of the frame held
+open — and put down with the group, then reaped. Limit: one that also wiped its
+environment and closed the lease fds is not recognised (it no longer holds the device);
+without a subreaper (macOS) escapees are not found at all.
 """
 
 from __future__ import annotations
@@ -23,15 +28,15 @@ import errno
 import math
 import os
 import re
-import shlex
 import signal
+import stat
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from cuectl import config
 from cuectl.errors import InvalidInput
@@ -141,11 +146,18 @@ def substitute_tokens(command: Sequence[str] | str, ctx: FrameContext) -> list[s
 
     * argv list: each element has its tokens replaced; no shell is involved, so values need
       no quoting and a hostile job name is just bytes in one argument.
-    * shell string: every value is inserted ``shlex.quote``-d, then the text runs as
-      ``["/bin/sh", "-c", text]``. A token therefore always expands to exactly one shell word
-      and a name like ``a'b;$(touch X)`` can never run code. Consequence: write tokens
-      *unquoted* in shell strings (``echo #JOB#``); inside double quotes the quoting
-      characters would appear literally.
+    * shell string: the text runs as ``["/bin/sh", "-c", text]``. A value made only of
+      characters no shell treats specially (``[A-Za-z0-9_@%+=:,./-]``: frame numbers, frame
+      specs, layer names, most job names) is put in as is. Any other value — only ``#JOB#``
+      (and ``#LAYER#`` from a tampered store) can be one — never enters the text: the token
+      becomes a reference to the frame variable holding it (``CUE_JOB``, ``CUE_LAYER``,
+      set by :func:`frame_env`), quoted to suit where it stands: ``"${CUE_JOB}"`` outside
+      quotes, ``${CUE_JOB}`` inside double quotes, ``'"${CUE_JOB}"'`` inside single quotes.
+      Each expands to exactly the value, as one word, and the shell never parses a
+      variable's value as code — so whatever the name contains, and even where the quoting
+      of the user's string is misjudged (here-documents, ``eval``), it can never run code;
+      it can at worst read as the reference text. The command must run with the frame's
+      environment (the worker always does).
 
     Tokens: ``#IFRAME#`` frame number; ``#FRAME#`` and ``#ZFRAME#`` the number zero-padded to
     4 (``-1`` -> ``-001``); ``#FRAME_START#``/``#FRAME_END#`` first/last frame of the chunk;
@@ -157,25 +169,138 @@ def substitute_tokens(command: Sequence[str] | str, ctx: FrameContext) -> list[s
         text = command
         if not text.strip():
             raise InvalidInput("command: empty shell command")
-        return ["/bin/sh", "-c", _replace(text, ctx, shlex.quote)]
+        return ["/bin/sh", "-c", _replace_shell(text, ctx)]
     argv = list(command)
     if not argv:
         raise InvalidInput("command: empty argv")
     if not all(isinstance(arg, str) for arg in argv):
         raise InvalidInput("command: every argv element must be a string")
-    return [_replace(arg, ctx, _identity) for arg in argv]
+    return [_replace(arg, ctx) for arg in argv]
 
 
-def _identity(value: str) -> str:
-    return value
-
-
-def _replace(text: str, ctx: FrameContext, quote: Callable[[str], str]) -> str:
+def _replace(text: str, ctx: FrameContext) -> str:
     needed = set(_TOKEN_RE.findall(text))
     if not needed:
         return text
     values = _token_values(ctx, needed)
-    return _TOKEN_RE.sub(lambda m: quote(values[m.group(1)]), text)
+    return _TOKEN_RE.sub(lambda m: values[m.group(1)], text)
+
+
+# Tokens whose value may need more than plain characters, and the frame variable carrying it.
+_TOKEN_VARS = {"JOB": "CUE_JOB", "LAYER": "CUE_LAYER"}
+_PLAIN_RE = re.compile(r"[A-Za-z0-9_@%+=:,./-]*", re.ASCII)
+_UNQUOTED, _SINGLE, _DOUBLE = "unquoted", "single", "double"
+_WORD_BREAKS = " \t\n;&|()<>"
+
+
+def _replace_shell(text: str, ctx: FrameContext) -> str:
+    matches = list(_TOKEN_RE.finditer(text))
+    if not matches:
+        return text
+    values = _token_values(ctx, {m.group(1) for m in matches})
+    contexts = _quoting_at(text, {m.start() for m in matches})
+    out, last = [], 0
+    for m in matches:
+        token, value = m.group(1), values[m.group(1)]
+        out.append(text[last:m.start()])
+        if _PLAIN_RE.fullmatch(value):
+            out.append(value)
+        else:
+            var = _TOKEN_VARS.get(token)
+            if var is None:  # numbers and frame specs are always plain
+                raise InvalidInput(f"command: token #{token}# has an unexpected value {value!r}")
+            quoting = contexts.get(m.start(), _UNQUOTED)
+            out.append({_UNQUOTED: f'"${{{var}}}"', _DOUBLE: f"${{{var}}}",
+                        _SINGLE: f"'\"${{{var}}}\"'"}[quoting])
+        last = m.end()
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _quoting_at(text: str, positions: set[int]) -> dict[int, str]:
+    """The POSIX shell quoting in force at each of ``positions`` of ``text``.
+
+    A small lexer: backslash escapes, '…', "…", ``$( … )``, backticks and ``${ … }``
+    (each nesting its own quoting), and ``#`` comments. Here-documents and ``case``
+    patterns are not understood; a misjudgement there only changes how a token reads,
+    never what runs (see :func:`substitute_tokens`).
+    """
+    found: dict[int, str] = {}
+    # Stack of open constructs: "'" single, '"' double, "(" command substitution (with
+    # its paren depth), "`" backticks, "{" parameter expansion (quoted like its parent).
+    stack: list[list] = []
+    i, n = 0, len(text)
+
+    def quoting() -> str:
+        for kind, _ in reversed(stack):
+            if kind == "'":
+                return _SINGLE
+            if kind == '"':
+                return _DOUBLE
+            if kind in "(`":
+                return _UNQUOTED
+        return _UNQUOTED
+
+    while i < n:
+        if i in positions:
+            found[i] = quoting()
+            i += 1
+            continue
+        c = text[i]
+        top = stack[-1][0] if stack else None
+        if top == "'":
+            if c == "'":
+                stack.pop()
+            i += 1
+            continue
+        in_double = quoting() == _DOUBLE
+        if c == "\\":
+            i += 2
+            continue
+        if c == "$" and text.startswith("$(", i):
+            stack.append(["(", 0])
+            i += 2
+            continue
+        if c == "$" and text.startswith("${", i):
+            stack.append(["{", 0])
+            i += 2
+            continue
+        if c == "`":
+            if top == "`":
+                stack.pop()
+            else:
+                stack.append(["`", 0])
+            i += 1
+            continue
+        if top == "{" and c == "}":
+            stack.pop()
+            i += 1
+            continue
+        if in_double:
+            if c == '"':
+                while stack and stack[-1][0] != '"':  # an unclosed ${ inside "…" ends with it
+                    stack.pop()
+                if stack:
+                    stack.pop()
+            i += 1
+            continue
+        if c == "'":
+            stack.append(["'", 0])
+        elif c == '"':
+            stack.append(['"', 0])
+        elif top == "(" and c == "(":
+            stack[-1][1] += 1
+        elif top == "(" and c == ")":
+            if stack[-1][1]:
+                stack[-1][1] -= 1
+            else:
+                stack.pop()
+        elif c == "#" and (i == 0 or text[i - 1] in _WORD_BREAKS):
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        i += 1
+    return found
 
 
 def frame_env(
@@ -388,6 +513,267 @@ def _wait_group_gone(pgid: int, timeout: float) -> bool:
 
 
 # --------------------------------------------------------------------------------------
+# Escaped descendants (Linux: this process as a child subreaper)
+# --------------------------------------------------------------------------------------
+
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper = False
+_reap_zombies = False
+#: Leaders of this process's unfinished frames, by pid: never taken for strays.
+_LEADERS: dict[int, "FrameProcess"] = {}
+
+
+def become_subreaper(*, reap_zombies: bool = False) -> bool:
+    """Make this process a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``).
+
+    A descendant that leaves a frame's process group and tree (``setsid cmd &``, a double
+    fork) is then re-parented to us instead of to init, so :class:`FrameProcess` finds it
+    when the frame ends, kills it and reaps it. ``reap_zombies``: also reap any zombie
+    child that is not a frame leader — only for a process whose children outside its own
+    session are frames or what they left behind (the worker; never a test runner or an
+    application that has children of its own). False where unsupported (then such
+    escapees are not found)."""
+    global _subreaper, _reap_zombies
+    if reap_zombies:
+        _reap_zombies = True
+    if _subreaper:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                      ctypes.c_ulong(0)) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    _subreaper = True
+    return True
+
+
+def _own_children(*, all_threads: bool = False) -> set[int]:
+    """Direct children of this process (``/proc/PID/task/TID/children``).
+
+    By default only the main thread's: the kernel re-parents orphans to a subreaper's
+    main thread while it lives, and the worker starts its frames from it — one small read
+    per frame end instead of a directory scan (this runs on the per-frame path)."""
+    pid = os.getpid()
+    tids = [str(pid)]
+    if all_threads:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return set()
+    kids: set[int] = set()
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                kids.update(int(x) for x in fh.read().split())
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+def _stat_fields(pid: int) -> tuple[bool, int, int] | None:
+    """(zombie, pgid, session id) of ``pid``; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2:].split(b" ", 5)
+    try:
+        return fields[0] == b"Z", int(fields[2]), int(fields[3])
+    except (IndexError, ValueError):
+        return None
+
+
+def _env_value(pid: int, name: str) -> str | None:
+    """``name`` from ``pid``'s initial environment (None: unset or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for item in data.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode("utf-8", "replace")
+    return None
+
+
+def file_ids(fds: Sequence[int]) -> frozenset[tuple[int, int]]:
+    """(device, inode) of the files behind ``fds`` — to recognise their holders later."""
+    ids = set()
+    for fd in fds:
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            continue
+        ids.add((st.st_dev, st.st_ino))
+    return frozenset(ids)
+
+
+def holds_file(pid: int, ids: frozenset[tuple[int, int]]) -> bool:
+    """Whether ``pid`` has one of the files ``ids`` open (``/proc/PID/fd``)."""
+    if not ids:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in ids:
+            return True
+    return False
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _signal_pids(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def leftover_children(owns: Callable[[int, int, int], bool]) -> set[int]:
+    """Live processes re-parented to us (a subreaper) that ``owns(pid, pgid, sid)`` claims,
+    with all their live descendants. Zombie children that ``owns`` claims (or any that is
+    not a frame leader, after ``become_subreaper(reap_zombies=True)``) are reaped on the
+    way: something a frame left behind that died by itself."""
+    kids = _own_children() - set(_LEADERS)
+    if not kids:
+        return set()
+    roots = []
+    for pid in kids:
+        fields = _stat_fields(pid)
+        if fields is None:
+            continue
+        zombie, pgid, sid = fields
+        if zombie:
+            # Something left behind that died by itself: ours to reap if it is recognisably
+            # this caller's (group, session) or, in the worker, whatever it is.
+            if _reap_zombies or owns(pid, pgid, sid):
+                _reap(pid)
+        elif owns(pid, pgid, sid):
+            roots.append(pid)
+    if not roots:
+        return set()
+    table = process_table()
+    found = set(roots)
+    for pid in roots:
+        found |= _descendants(pid, table)
+    return found
+
+
+def processes_with_env(match: Mapping[str, str]) -> set[int]:
+    """Live pids (not ours) whose initial environment has every ``name=value`` of ``match``
+    — a full scan of ``/proc``: for a restarted worker looking for what an orphaned frame
+    left behind outside its process group (start-up only, tens of ms)."""
+    if not match or not Path("/proc").is_dir():
+        return set()
+    needles = [f"{k}={v}".encode() for k, v in match.items()]
+    found = set()
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                items = set(fh.read().split(b"\0"))
+        except OSError:
+            continue
+        if all(n in items for n in needles):
+            found.add(int(entry.name))
+    return found
+
+
+def kill_by_env(match: Mapping[str, str], *, grace: float = DEFAULT_GRACE_S) -> int:
+    """Put down an orphaned frame: TERM the processes :func:`processes_with_env` finds and
+    the process groups of those among them that lead a session (the frame's leader started
+    one: its group also holds members that replaced their environment), KILL what is left
+    after ``grace`` s (looked up again, so a recycled pid is never hit), wait up to 2 s
+    more for it to go; returns how many processes were found."""
+    found = processes_with_env(match)
+    if not found:
+        return 0
+    groups = set()
+    for pid in found:
+        fields = _stat_fields(pid)
+        if fields is not None and fields[2] == pid and pid > 1 and pid != os.getpgrp():
+            groups.add(pid)
+
+    def signal_all(pids: set[int], sig: int) -> None:
+        for group in groups:
+            _signal_group(group, sig)
+        _signal_pids(pids, sig)
+
+    signal_all(found, signal.SIGTERM)
+    deadline = time.monotonic() + max(0.0, grace)
+    killed = False
+    delay = _WAIT_MIN_SLEEP_S
+    while True:
+        groups = {g for g in groups if process_group_alive(g)}
+        left = processes_with_env(match)
+        if not left and not groups:
+            return len(found)
+        now = time.monotonic()
+        if now >= deadline:
+            if killed:
+                if now - deadline > 2.0:
+                    return len(found)  # stuck in the kernel: give up, as kill_process_group
+            else:
+                signal_all(left, signal.SIGKILL)
+                killed = True
+        time.sleep(delay)
+        delay = min(delay * 2, _WAIT_MAX_SLEEP_S)
+
+
+def kill_leftovers(owns: Callable[[int, int, int], bool], *, grace: float) -> int:
+    """TERM what :func:`leftover_children` finds, KILL what is left after ``grace`` s, reap
+    them; returns how many there were. For ``cuectl run`` once its command exited."""
+    found = leftover_children(owns)
+    if not found:
+        return 0
+    _signal_pids(found, signal.SIGTERM)
+    deadline = time.monotonic() + max(0.0, grace)
+    delay = _WAIT_MIN_SLEEP_S
+    killed = False
+    while True:
+        left = leftover_children(owns)
+        if not left:
+            break
+        now = time.monotonic()
+        if now >= deadline:
+            if killed and now - deadline > _STRAGGLER_GIVE_UP_S:
+                break
+            if not killed:
+                _signal_pids(left, signal.SIGKILL)
+                killed = True
+        else:
+            _signal_pids(left - found, signal.SIGTERM)  # newly re-parented ones
+            found |= left
+        time.sleep(delay)
+        delay = min(delay * 2, _WAIT_MAX_SLEEP_S)
+    for pid in found & _own_children():
+        _reap(pid)  # they are dead (or given up on): no zombie of theirs stays behind
+    return len(found)
+
+
+# --------------------------------------------------------------------------------------
 # Logs
 # --------------------------------------------------------------------------------------
 
@@ -398,12 +784,175 @@ def log_header(frame_id: str, attempt: int, host: str, at: float | None = None) 
     return f"=== cuectl frame {frame_id} attempt {attempt} on {host} at {when} ==="
 
 
-def _open_log(log_path: Path) -> int:
-    """Open (append, create 0o640) the frame log and return the fd (close-on-exec)."""
+class UnsafeLogPath(OSError):
+    """The frame log cannot be opened without following a link or touching someone else's
+    file (docs/security.md, "Frame logs"). Nothing was created or written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EPERM, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+
+
+def open_frame_log(log_path: Path, *, log_root: str | Path | None = None, owner: "RunAs | None" = None) -> int:
+    """Open (append; create ``0640``) an attempt's log ``<log root>/<job id>/<file>`` and
+    return the fd (close-on-exec), without ever following a link planted by someone else.
+
+    A root worker opens logs in directories other users can write to (the job directory
+    belongs to the job's user), so every step is relative to a directory handle:
+
+    * the log root (``log_root``; default ``log_path.parent.parent``) is the worker's own
+      configuration and is opened normally — unless it is a symbolic link owned by
+      somebody other than root or the worker's user, which is refused;
+    * the job directory is created (``0750``) and opened with ``O_NOFOLLOW`` from the
+      root's handle, and must be owned by the worker's user or the frame's user;
+    * the file is created or opened with ``O_NOFOLLOW`` from the job directory's handle
+      (``O_NONBLOCK``, so a planted FIFO cannot hang the worker) and must be a regular
+      file with one link, owned by the worker's user or the frame's user.
+
+    When ``owner`` (the account the frame runs as) differs from the worker's user and the
+    worker is root, what is created here is handed to that user (``fchown`` on the handle),
+    so a frame never writes into a root-owned file. Raises :class:`UnsafeLogPath` for
+    anything refused and ``OSError`` for other failures (disk full, permissions).
+    """
     log_path = Path(log_path)
-    log_path.parent.mkdir(mode=LOG_DIR_MODE, parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    return os.open(log_path, flags, LOG_FILE_MODE)
+    root = Path(log_root) if log_root is not None else log_path.parent.parent
+    job_dir, name = log_path.parent.name, log_path.name
+    if log_path.parent.parent != root or job_dir in ("", ".", "..") or name in ("", ".", ".."):
+        raise UnsafeLogPath(f"log path {log_path} is not a file of a job directory under {root}")
+    return _open_log_fds(log_path, root, owner, rw=False)[0]
+
+
+def _open_log_fds(log_path: Path, root: Path, owner: "RunAs | None", *, rw: bool,
+                  create: bool = True) -> tuple[int, int | None]:
+    """(append fd, and with ``rw`` a second, non-append read-write fd of the same file).
+
+    The second descriptor is what the worker keeps to cap the log: ``pwrite`` on an
+    ``O_APPEND`` descriptor appends on Linux whatever the offset, and the append one's file
+    description is shared with the frame, so its flags must not change.
+
+    ``create=False`` (notes on a running frame): nothing is created, and the file is
+    accepted when it belongs to the worker's user or to the owner of its job directory —
+    a note then lands only in a file that user could write anyway."""
+    euid = os.geteuid()
+    chown_to = None
+    root_fd = _open_log_root(root, euid)
+    try:
+        if create and owner is not None and euid == 0 and owner.uid != euid:
+            setgid = bool(os.fstat(root_fd).st_mode & stat.S_ISGID)
+            chown_to = (owner.uid, -1 if setgid else owner.gid)  # a setgid root's group is inherited
+        dir_owners = ({euid} | ({owner.uid} if owner is not None else set())) if create else None
+        dir_fd = _open_job_dir(root_fd, log_path.parent.name, log_path.parent, dir_owners, chown_to)
+    finally:
+        os.close(root_fd)
+    try:
+        file_owners = {euid, os.fstat(dir_fd).st_uid}
+        fd = _open_log_file(dir_fd, log_path.name, log_path, file_owners, chown_to, create=create)
+        if not rw:
+            return fd, None
+        try:
+            rw_fd = os.open(log_path.name, os.O_RDWR | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+            a, b = os.fstat(fd), os.fstat(rw_fd)
+            if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+                os.close(rw_fd)
+                raise UnsafeLogPath(f"log file {log_path} was replaced while it was opened; refusing it")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, rw_fd
+    finally:
+        os.close(dir_fd)
+
+
+def _open_log_root(root: Path, euid: int) -> int:
+    try:
+        return os.open(root, _DIR_FLAGS | _NOFOLLOW)
+    except FileNotFoundError:
+        root.mkdir(mode=LOG_DIR_MODE, parents=True, exist_ok=True)
+        return os.open(root, _DIR_FLAGS | _NOFOLLOW)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+    # A symbolic link: an admin's (logs on a bigger disk) is followed, anyone else's is not.
+    try:
+        link_owner = os.lstat(root).st_uid
+    except OSError:
+        link_owner = -1
+    if link_owner not in (0, euid):
+        raise UnsafeLogPath(f"log directory {root} is a symbolic link owned by uid {link_owner}; refusing to follow it")
+    return os.open(root, _DIR_FLAGS)
+
+
+def _open_job_dir(root_fd: int, name: str, shown: Path, allowed: set[int] | None,
+                  chown_to: tuple[int, int] | None) -> int:
+    created = False
+    if allowed is not None:  # creating: a note never creates the directory
+        try:
+            os.mkdir(name, LOG_DIR_MODE, dir_fd=root_fd)
+            created = True
+        except FileExistsError:
+            pass
+    try:
+        fd = os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=root_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeLogPath(f"log directory {shown} is a symbolic link or not a directory; refusing it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if allowed is not None and st.st_uid not in allowed:
+            raise UnsafeLogPath(f"log directory {shown} belongs to uid {st.st_uid}, not to the frame's user; "
+                                "refusing it")
+        if created and chown_to is not None:
+            os.fchown(fd, *chown_to)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_log_file(dir_fd: int, name: str, shown: Path, allowed: set[int],
+                   chown_to: tuple[int, int] | None, *, create: bool = True) -> int:
+    flags = os.O_WRONLY | os.O_APPEND | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+    created = create
+    try:
+        if not create:
+            fd = os.open(name, flags, dir_fd=dir_fd)
+        else:
+            try:
+                fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, LOG_FILE_MODE, dir_fd=dir_fd)
+            except FileExistsError:
+                created = False
+                fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise UnsafeLogPath(f"log file {shown} is a symbolic link, a FIFO or a directory; refusing it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in allowed:
+            raise UnsafeLogPath(f"log file {shown} is not a regular file of the frame's user with one link; "
+                                "refusing it")
+        if created and chown_to is not None:
+            os.fchown(fd, *chown_to)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_log(log_path: Path) -> int:
+    """An existing frame log, for a note on a running frame (never creates, never follows links)."""
+    log_path = Path(log_path)
+    return _open_log_fds(log_path, log_path.parent.parent, None, rw=False, create=False)[0]
 
 
 def _write_line(fd: int, line: str) -> None:
@@ -420,8 +969,138 @@ def _append_log(log_path: Path, line: str) -> None:
         return  # a note is not worth failing the frame over
     try:
         _write_line(fd, line)
+    except OSError:
+        pass  # disk full: the note is lost, the frame's fate is decided elsewhere
     finally:
         os.close(fd)
+
+
+def append_log_note(log_path: Path, line: str, *, log_root: str | Path | None = None,
+                    owner: "RunAs | None" = None) -> None:
+    """Best effort, never raises: say in a frame's log why it never started (the worker's
+    ``_log_failure``). Opened exactly like the frame's own log, so a planted link is not
+    followed here either."""
+    try:
+        fd = open_frame_log(log_path, log_root=log_root, owner=owner)
+    except OSError:
+        return
+    try:
+        _write_line(fd, line)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+DEFAULT_LOG_LIMIT = config.DEFAULT_LOG_LIMIT  # 1 GiB per attempt (docs/reliability.md, "Frame logs")
+MIN_LOG_LIMIT = config.MIN_LOG_LIMIT
+# A running frame's log is cut back to the limit only once it is this share of the limit
+# over it, so the next cut is due only after the frame wrote another quarter of the limit:
+# each byte written past the limit is copied about twice, not once per poll.
+_RUNNING_SLACK_SHARE = 4
+_COPY_CHUNK = 1 << 20
+_SPACE_CHECK_S = 1.0
+# On a full filesystem, the log of a frame that keeps writing is cut to this before cuectl
+# notes why the frame is stopped: room for the note, and for the store beside it.
+_FULL_DISK_LOG = 64 * 1024
+
+
+def _free_space_floor(st: os.statvfs_result) -> int:
+    """Bytes below which the log's filesystem counts as full: 1% of it, at most 64 MiB."""
+    return min(64 << 20, st.f_blocks * st.f_frsize // 100)
+
+
+class _LogCap:
+    """Keeps one attempt's log within ``limit`` bytes: the first half, a marker line, and
+    the most recent output (docs/reliability.md, "Frame logs").
+
+    Checked by :meth:`FrameProcess.poll` with one ``fstat`` per poll (no pipe: the frame
+    writes straight into the file). While the frame runs the file is cut back to the limit
+    once it is a quarter over it; when the attempt ends, to the limit. The frame's
+    descriptor is ``O_APPEND``, so after a cut its next write lands at the new end. Output
+    written in the instant between the last size check and the ``ftruncate`` of a cut is
+    lost; nothing else is.
+    """
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fd = fd
+        self.limit = max(MIN_LOG_LIMIT, int(limit))
+        self.head = self.limit // 2
+        self.marker = (f"\n=== cuectl: this attempt's log reached its limit of {self.limit} bytes: "
+                       "output was cut here; the most recent output follows ===\n").encode()
+        self.cut = False
+        self.dropped = 0
+        self.last_size = 0
+        self.next_space_check = time.monotonic() + _SPACE_CHECK_S
+
+    def check(self, now: float) -> str | None:
+        """Cut the log back if it is over the limit; a reason to stop the frame when the
+        filesystem is full and this log is still growing, else None."""
+        size = os.fstat(self.fd).st_size
+        if size > self.limit + self.limit // _RUNNING_SLACK_SHARE:
+            size = self.shrink(self.limit)
+        if now < self.next_space_check:
+            return None
+        self.next_space_check = now + _SPACE_CHECK_S
+        grew, self.last_size = size > self.last_size, size
+        if not grew:
+            return None
+        st = os.fstatvfs(self.fd)
+        if st.f_bavail * st.f_frsize >= _free_space_floor(st):
+            return None
+        self.shrink(min(self.limit, _FULL_DISK_LOG))
+        return "the log's filesystem is full"
+
+    def shrink(self, limit: int) -> int:
+        """Cut the file to at most ``limit`` bytes (head, marker, the most recent output); the size."""
+        size = os.fstat(self.fd).st_size
+        if size <= limit:
+            return size
+        head = min(self.head, limit // 2)
+        if self.cut and head < self.head:  # a smaller limit than before (disk full): new marker
+            self.cut = False
+        keep_from = head + len(self.marker)
+        tail = max(0, limit - keep_from)
+        if not self.cut:
+            os.pwrite(self.fd, self.marker, head)
+            self.cut = True
+        self.head = head
+        read = size
+        self._move(size - tail, keep_from, tail)
+        write = keep_from + tail
+        for _ in range(4):  # the frame may have written more meanwhile: keep that too
+            now_size = os.fstat(self.fd).st_size
+            if now_size <= read:
+                break
+            self._move(read, write, now_size - read)
+            write += now_size - read
+            read = now_size
+        os.ftruncate(self.fd, write)
+        self.dropped += read - write
+        return write
+
+    def _move(self, src: int, dst: int, length: int) -> None:
+        # Forward copy to a lower offset: safe even where the two ranges overlap.
+        done = 0
+        while done < length:
+            chunk = os.pread(self.fd, min(_COPY_CHUNK, length - done), src + done)
+            if not chunk:
+                break
+            os.pwrite(self.fd, chunk, dst + done)
+            done += len(chunk)
+
+    def finish(self) -> None:
+        """The frame is gone: cut to the limit with as much tail as fits, note what was cut."""
+        try:
+            self.shrink(self.limit)
+            if self.dropped:
+                note = (f"=== cuectl: {self.dropped} bytes of output were cut from the middle of this log "
+                        f"(limit {self.limit} bytes) ===\n").encode()
+                os.pwrite(self.fd, note, os.fstat(self.fd).st_size)
+        except OSError:
+            pass  # disk full or gone: the log is what it is
+        finally:
+            os.close(self.fd)
 
 
 # --------------------------------------------------------------------------------------
@@ -523,6 +1202,7 @@ class FrameProcess:
         started_at: float,
         spawner_maxrss: int = 0,
         immediate: ExitInfo | None = None,
+        log_cap: _LogCap | None = None,
     ) -> None:
         self._popen = popen
         self.pid = popen.pid if popen is not None else 0
@@ -553,6 +1233,22 @@ class FrameProcess:
         self._peak_rss = 0  # largest sampled sum of the tree's RSS
         self._peak_hwm = 0  # largest per-process high-water mark seen (Linux VmHWM)
         self._last_cpu = 0.0
+        self._log_cap = log_cap  # owns a read-write fd of the log while the frame runs
+        # Escapees (see track_strays): the frame's CUE_FRAME_ID, its lease files, and the
+        # strays already sent SIGTERM.
+        self._marker: str | None = None
+        self._lock_ids: frozenset[tuple[int, int]] = frozenset()
+        self._termed_strays: set[int] = set()
+        if popen is not None and immediate is None:
+            _LEADERS[self.pid] = self
+
+    def track_strays(self, *, marker: str | None, lock_fds: Sequence[int] = ()) -> None:
+        """How to recognise this frame's processes once they left its session and tree
+        (re-parented to this subreaper): ``CUE_FRAME_ID=marker`` in their environment, or
+        one of the lease files behind ``lock_fds`` open. Members of the frame's session or
+        process group are recognised anyway."""
+        self._marker = marker
+        self._lock_ids = file_ids(lock_fds)
 
     # -- start -------------------------------------------------------------------------
 
@@ -570,6 +1266,8 @@ class FrameProcess:
         grace: float = DEFAULT_GRACE_S,
         sample_interval: float = DEFAULT_SAMPLE_INTERVAL_S,
         run_as: "RunAs | None" = None,
+        log_root: str | Path | None = None,
+        log_limit: int | None = DEFAULT_LOG_LIMIT,
     ) -> "FrameProcess":
         """Spawn ``argv`` with stdin from /dev/null and stdout+stderr appended to ``log_path``.
 
@@ -584,11 +1282,17 @@ class FrameProcess:
         (anything else: permission denied, not an executable, fork failure), as a shell
         would report it. Failing to open the log itself raises ``OSError``: there would be
         nowhere to say why.
+
+        The log is opened by :func:`open_frame_log` (``log_root``: the worker's log
+        directory; links are never followed) and handed to ``run_as``. ``log_limit``: bytes
+        this attempt's log may keep (head and tail, see ``_LogCap``); None: no cap.
         """
         argv = list(argv)
         if not argv:
             raise InvalidInput("command: empty argv")
-        fd = _open_log(log_path)
+        root = Path(log_root) if log_root is not None else Path(log_path).parent.parent
+        fd, rw_fd = _open_log_fds(Path(log_path), root, run_as, rw=log_limit is not None)
+        log_cap = _LogCap(rw_fd, log_limit) if rw_fd is not None and log_limit is not None else None
         try:
             if header is not None:
                 _write_line(fd, header)
@@ -612,13 +1316,22 @@ class FrameProcess:
                 _write_line(fd, f"cuectl: cannot run {argv[0]!r}: {_describe(exc)}")
                 ended = time.time()
                 info = ExitInfo(code, None, False, False, started_at, ended, None, None)
+                if log_cap is not None:
+                    log_cap.finish()
                 return cls(popen=None, log_path=log_path, timeout_s=None, grace=grace,
                            sample_interval=sample_interval, started_at=started_at, immediate=info)
+        except BaseException:
+            if log_cap is not None:
+                os.close(log_cap.fd)
+            raise
         finally:
-            os.close(fd)  # the child has its own copy; the worker must not keep one per frame
-        return cls(popen=popen, log_path=log_path, timeout_s=timeout_s, grace=grace,
+            os.close(fd)  # the child has its own copy (the worker keeps only the cap's)
+        proc = cls(popen=popen, log_path=log_path, timeout_s=timeout_s, grace=grace,
                    sample_interval=sample_interval, started_at=started_at,
-                   spawner_maxrss=spawner_maxrss)
+                   spawner_maxrss=spawner_maxrss, log_cap=log_cap)
+        if _subreaper:
+            proc.track_strays(marker=env.get("CUE_FRAME_ID"), lock_fds=pass_fds)
+        return proc
 
     # -- public state machine ----------------------------------------------------------
 
@@ -633,6 +1346,7 @@ class FrameProcess:
                 return self._result
             now = time.monotonic()
             if self._reaped is None:
+                self._check_log(now)
                 self._maybe_sample(now)
                 self._try_reap()
             if self._reaped is None:
@@ -644,6 +1358,7 @@ class FrameProcess:
             if self._group_remains(now):
                 return None
             self._result = self._build_result()
+            self._close_log()
             return self._result
 
     def wait(self, timeout: float | None = None) -> ExitInfo | None:
@@ -738,6 +1453,31 @@ class FrameProcess:
             return set()
         return {self.pid} | _descendants(self.pid, table)
 
+    def _check_log(self, now: float) -> None:
+        """Keep the log under its cap; stop a frame that keeps writing into a full disk."""
+        if self._log_cap is None:
+            return
+        try:
+            full = self._log_cap.check(now)
+        except OSError:
+            return  # the file vanished or cannot be read back: nothing to cut
+        if full and not self._killed:
+            self._begin_kill(self._grace, "disk full",
+                             note=f"{full}: stopping the frame before it fills the disk further")
+
+    def _close_log(self) -> None:
+        if self._log_cap is not None:
+            cap, self._log_cap = self._log_cap, None
+            cap.finish()
+
+    def __del__(self) -> None:
+        cap = getattr(self, "_log_cap", None)
+        if cap is not None:
+            try:
+                os.close(cap.fd)
+            except OSError:
+                pass
+
     def _maybe_sample(self, now: float) -> None:
         # Sample densely while the frame is young (a quarter of its age, at least 0.1 s), so
         # short frames get measured too, settling at ``sample_interval`` (~1 s) for long ones.
@@ -760,10 +1500,14 @@ class FrameProcess:
             # the frame is over but its status is lost.
             self._reaped = (None, None, time.time())
             self._popen.returncode = -1
+            if _LEADERS.get(self.pid) is self:
+                del _LEADERS[self.pid]
             return
         if pid == 0:
             return
         self._reaped = (status, rusage, time.time())
+        if _LEADERS.get(self.pid) is self:
+            del _LEADERS[self.pid]
         # Tell Popen the child is reaped, so it never waits on a pid that may be reused.
         self._popen.returncode = os.waitstatus_to_exitcode(status)
 
@@ -801,9 +1545,16 @@ class FrameProcess:
         The descendants are found *before* the group is signalled: once the leader dies its
         children are re-parented to init at once (reaped or not), and one that had left the
         group would no longer look like ours.
+
+        After the leader exited, processes the frame left that were re-parented to us (we
+        are a subreaper: see :meth:`_strays`) are signalled as well.
         """
         if self._reaped is not None:
+            strays = self._strays()
             _signal_group(self.pgid, sig)
+            _signal_pids(strays, sig)
+            if sig == signal.SIGTERM:
+                self._termed_strays |= strays
             return
         table = process_table()
         escaped = {pid for pid in self._tree_pids(table) - {self.pid} if table[pid][1] != self.pgid}
@@ -814,13 +1565,35 @@ class FrameProcess:
             except (ProcessLookupError, PermissionError):
                 continue
 
+    def _strays(self) -> set[int]:
+        """Live processes of this frame re-parented to us (a subreaper) once their parent
+        died — ``setsid cmd &``, double forks — with their descendants. Recognised by the
+        frame's session or group, ``CUE_FRAME_ID`` in their environment, or a lease file
+        of the frame open (:meth:`track_strays`). Empty unless we are a subreaper."""
+        if not _subreaper or self._popen is None:
+            return set()
+        return leftover_children(self._owns)
+
+    def _owns(self, pid: int, pgid: int, sid: int) -> bool:
+        if sid == self.pgid or pgid == self.pgid:
+            return True
+        if self._marker is not None and _env_value(pid, "CUE_FRAME_ID") == self._marker:
+            return True
+        return holds_file(pid, self._lock_ids)
+
     def _group_remains(self, now: float) -> bool:
-        """After the leader exited: True while leftovers of its group are being put down."""
-        if not process_group_alive(self.pgid):
+        """After the leader exited: True while leftovers of its group, or processes of the
+        frame that escaped it (:meth:`_strays`), are being put down."""
+        strays = self._strays()
+        if not strays and not process_group_alive(self.pgid):
             return False
         if self._term_sent_at is None:
             _append_log(self.log_path, "=== cuectl: frame exited, terminating processes it left running ===")
             self._terminate(self._grace)
+        elif strays - self._termed_strays:
+            new = strays - self._termed_strays  # re-parented since the TERM went out
+            _signal_pids(new, signal.SIGKILL if self._kill_sent_at is not None else signal.SIGTERM)
+            self._termed_strays |= new
         self._escalate(now)
         if self._kill_sent_at is not None and now - self._kill_sent_at > _STRAGGLER_GIVE_UP_S:
             _append_log(self.log_path, "=== cuectl: processes survived SIGKILL; giving up on them ===")

@@ -23,6 +23,9 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
 T = TypeVar("T")
 
 
+WORKER_RECONNECT_S = 1.0
+
+
 def wait_for_store(open_store: Callable[[], T], *, warn: Callable[[str], None], first_delay: float = 1.0,
                    max_delay: float = 30.0, sleep: Callable[[float], None] = time.sleep) -> T:
     """Open the store, waiting for as long as its server is unreachable (backing off from
@@ -44,7 +47,8 @@ def wait_for_store(open_store: Callable[[], T], *, warn: Callable[[str], None], 
 def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames: int | None,
                  poll: float, sample_interval: float, lease_timeout: float, gpu_only: bool,
                  lock_dir: Path | None, tags: Sequence[str], cores: float | None, backend: str = "auto",
-                 allowed_users: Sequence[str] = (), run_as_submitter: bool | None = None):
+                 allowed_users: Sequence[str] = (), run_as_submitter: bool | None = None,
+                 log_limit: int | None = None):
     import psutil
 
     from cuectl.gpu import discover, fake_host_name
@@ -61,13 +65,20 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
         log_dir=str(store.log_dir), cores=float(cores or psutil.cpu_count() or 1),
         memory_bytes=int(psutil.virtual_memory().total), poll_s=poll, sample_interval_s=sample_interval,
         lease_timeout_s=lease_timeout, gpu_only=gpu_only, tags=tuple(tags), max_frames=max_frames,
-        until_idle=until_idle, kill_grace_s=float(config.env("CUECTL_KILL_GRACE", "5") or 5),
+        until_idle=until_idle, kill_grace_s=config.kill_grace(),
+        log_limit_bytes=config.log_limit() if log_limit is None else log_limit,
         crash_at=config.test_hook(), allowed_users=tuple(allowed_users),
         # A root worker runs frames as their submitters unless told otherwise: anyone who
         # can write the store could otherwise run commands as root on every host.
         run_as_submitter=(os.geteuid() == 0) if run_as_submitter is None else run_as_submitter)
     worker = Worker(store=store, opts=opts, devices=list(discovery.devices),
                     sampler=lambda uuids, pids: discovery.sample(uuids, pids))
+    # A call that waits long for a lost server stalls the whole loop: frames that end meanwhile
+    # are reaped (and timed) late, and signals wait. The loop retries every iteration anyway.
+    store.reconnect_s = min(store.reconnect_s, WORKER_RECONNECT_S)
+    # One worker per host name on this machine: a second one is refused here, before it
+    # registers the host or touches the first one's run files (WorkerAlreadyRunning).
+    worker.prepare()
     return worker, discovery
 
 

@@ -15,6 +15,7 @@ their lease expires (``reap``); the store's attempt fencing discards late report
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import select
@@ -25,14 +26,16 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from cuectl import __version__
-from cuectl.errors import StoreError
+from cuectl.errors import Conflict, StoreError, StoreGone, StoreStalled
 from cuectl.gpu.device import Device
 from cuectl.run import launch
 from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, queued_reservations, try_lock_all,
                               update_holder)
 from cuectl.run.usage import UsageTracker
+from cuectl.sched import identity
 from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, select_devices, tags_fit
 from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, RunnableLayer, Store
+from cuectl.units import iso
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class WorkerOptions:
     # each frame as its submitting user (a root worker does, as OpenCue's RQD).
     allowed_users: tuple[str, ...] = ()
     run_as_submitter: bool = False
+    log_limit_bytes: int = launch.DEFAULT_LOG_LIMIT  # per attempt, unless the layer sets its own
 
 
 @dataclass
@@ -110,6 +114,13 @@ class Worker:
     # Told about store trouble the loop rides out (busy, unreachable): the CLI prints it.
     warn: Callable[[str], None] | None = None
     store_errors: int = 0
+    # The state directory's worker lock (see ``prepare``): held for the worker's life.
+    _state_lock_fd: int = -1
+    # Jobs whose submitter this root worker could not prove: job id -> why (never run);
+    # and the proofs it checked, keyed by everything they depend on (a row changed since
+    # is checked afresh), so the dispatch path reads each receipt once, not per frame.
+    unproven: dict[int, str] = field(default_factory=dict)
+    _proven: set[tuple[Any, ...]] = field(default_factory=set)
 
     # -- start-up ------------------------------------------------------------------------
     @property
@@ -125,14 +136,29 @@ class Worker:
             gpus=[d.to_json() for d in self.devices], tags=self.opts.tags, worker_pid=os.getpid(),
             version=__version__), now=now)
 
+    def prepare(self) -> None:
+        """Become this host name's one worker: take the state directory's worker lock (or
+        raise ``WorkerAlreadyRunning``) and, on Linux, become a child subreaper so that
+        processes a frame leaves behind are re-parented to us and can be put down.
+        Idempotent; ``recover`` calls it, the CLI calls it before registering the host."""
+        if self._state_lock_fd < 0:
+            self._state_lock_fd = hold_state_dir(self.opts.state_dir, self.opts.name)
+            launch.become_subreaper(reap_zombies=True)
+
     def recover(self, now: float) -> list[int]:
         """Deal with frames a previous worker of this host left RUNNING.
 
+        Only a worker that holds the state directory's lock recovers, so every run file
+        found there belongs to a worker that is provably dead (the kernel dropped its lock).
         Orphans that still run are killed (their group, and with it the inherited device
         lease) before their frames are requeued, so no frame runs twice at the same time.
+        Frames the store lists as RUNNING here without a run file are requeued only when
+        the worker that claimed them is gone (its pid is not alive): a live process with that
+        pid might be another worker of the same name (a misconfiguration), whose frames the
+        store reaps anyway once nobody heartbeats them.
         """
+        self.prepare()
         runfiles = {}
-        self.opts.state_dir.mkdir(parents=True, exist_ok=True)
         for path in self.opts.state_dir.glob("*.json"):
             try:
                 info = json.loads(path.read_text())
@@ -141,9 +167,16 @@ class Worker:
                 path.unlink(missing_ok=True)
         requeued = []
         for path, info in runfiles.values():
-            if _same_process(info):
+            if info.get("pgid") and _same_process(info):  # a run file of an older cuectl
                 launch.kill_process_group(int(info["pgid"]), grace=self.opts.kill_grace_s)
+            # The orphan's processes — its group and whatever left it (setsid, double
+            # forks: re-parented to init when we died) — by the frame environment.
+            if info.get("log_path"):
+                launch.kill_by_env({"CUE_FRAME_ID": str(info["frame_id"]), "CUE_ATTEMPT": str(info["attempt"]),
+                                    "CUE_LOG_PATH": str(info["log_path"])}, grace=self.opts.kill_grace_s)
         for frame in self.store.running_on_host(self.opts.name):
+            if frame["id"] not in runfiles and _claimer_may_live(frame.get("worker")):
+                continue
             if self.store.requeue_frame(frame["id"], frame["attempts"], now=now, reason="orphaned"):
                 requeued.append(frame["id"])
         for path, _ in runfiles.values():
@@ -154,7 +187,9 @@ class Worker:
     def loop(self, now: float | None = None) -> LoopStats:
         """One iteration: report ended frames, heartbeat, reap, claim. Never blocks long."""
         self.stats = LoopStats()
-        now = time.time() if now is None else now
+        # The store's clock (the database server's on PostgreSQL): leases and heartbeats are
+        # measured on it, and every deadline of this loop with them.
+        now = self.store.clock() if now is None else now
         self._flush_pending(now)
         self._collect_finished()
         if self.running and now >= min((r.next_sample for r in self.running.values()), default=now):
@@ -167,6 +202,8 @@ class Worker:
                 self.stats.reaped = len(self.store.reap(now=now))
             if not self.draining and not self._reached_max():
                 self._claim_all(now)
+        except StoreGone:
+            raise  # nothing more can be recorded: the supervisor stops the worker
         except StoreError as exc:
             # Busy or unreachable store: running frames go on, their reports wait in
             # `pending`; claiming resumes on a later iteration.
@@ -210,10 +247,41 @@ class Worker:
                 return
 
     def _accepts(self, layer: RunnableLayer) -> bool:
-        """Tags, and the users whose work this worker agreed to run."""
+        """Tags, the users whose work this worker agreed to run, and (a root worker) proof
+        that the job's user really submitted it: a label alone never makes anyone root."""
         if self.opts.allowed_users and layer.user not in self.opts.allowed_users:
             return False
+        if self.opts.run_as_submitter and self._unproven(layer):
+            return False
         return tags_fit(layer.tags, self.opts.tags)
+
+    def _check_layer(self, claim: ClaimedFrame) -> None:
+        """Raise ``Unproven`` unless this layer is what its user submitted (read once per
+        distinct layer content: the digest is recomputed for every frame)."""
+        digest = identity.layer_digest(job_id=claim.job_id, user=claim.user, layer=claim.layer, command=claim.command,
+                                       env=claim.env, frame_range=claim.layer_range, chunk=claim.chunk)
+        key = (claim.job_id, claim.user, claim.submitted_by, claim.receipt, claim.layer, digest)
+        if key in self._proven:
+            return
+        identity.check_layer(user=claim.user, job_id=claim.job_id, layer=claim.layer, command=claim.command,
+                             env=claim.env, frame_range=claim.layer_range, chunk=claim.chunk,
+                             submitted_by=claim.submitted_by, receipt=claim.receipt, spool=self.store.receipt_dir)
+        self._proven.add(key)
+
+    def _unproven(self, layer: RunnableLayer) -> str | None:
+        key = (layer.job_id, layer.user, layer.submitted_by, layer.receipt)
+        if key in self._proven:
+            return None
+        if layer.job_id not in self.unproven:
+            problem = identity.proof_problem(user=layer.user, job_id=layer.job_id, submitted_by=layer.submitted_by,
+                                             receipt=layer.receipt, spool=self.store.receipt_dir)
+            if problem is None:
+                self._proven.add(key)  # the layer's digest is checked again at launch
+                return None
+            self.unproven[layer.job_id] = problem
+            if self.warn:
+                self.warn(f"not running job {layer.job_id} ({layer.job}) as {layer.user}: {problem}")
+        return self.unproven[layer.job_id]
 
     def _claim_gpu_layer(self, layer: RunnableLayer, live: list[Device], now: float) -> bool:
         request = GpuRequest.from_record(layer)
@@ -274,18 +342,26 @@ class Worker:
             gpu_memory_bytes=min((d.memory_total_bytes or 0 for d in devices), default=None) if devices else None,
             log_path=Path(claim.log_path))
         iso_env = isolation_env(list(devices), all_vendors_present=self.vendors())
+        runfile = self.opts.state_dir / f"{claim.frame_id}.json"
         try:
+            if self.opts.run_as_submitter:
+                self._check_layer(claim)
             run_as = launch.RunAs.lookup(claim.user) if self.opts.run_as_submitter else None
             layer_env = {**(run_as.env() if run_as else {}), **claim.env}
             argv = launch.substitute_tokens(claim.command, ctx)
             env = launch.frame_env(ctx, layer_env=layer_env, isolation=iso_env)
+            # Before the frame exists: a worker killed at any point after this leaves a run
+            # file naming every process the frame will start (by its environment).
+            _write_runfile(runfile, claim)
             proc = launch.FrameProcess.start(
                 argv, env=env, log_path=Path(claim.log_path), pass_fds=[lk.fd for lk in locks],
                 timeout_s=claim.timeout_s, grace=self.opts.kill_grace_s, run_as=run_as,
-                header=launch.log_header(str(claim.frame_id), claim.attempt, self.opts.name))
+                header=launch.log_header(str(claim.frame_id), claim.attempt, self.opts.name),
+                log_root=self.opts.log_dir, log_limit=claim.log_limit_bytes or self.opts.log_limit_bytes)
         except Exception as exc:  # bad command/env, unknown user, unwritable log: fail this attempt
             for lock in locks:
                 lock.release()
+            runfile.unlink(missing_ok=True)
             message = getattr(exc, "message", None) or str(exc)
             _log_failure(Path(claim.log_path), f"cuectl: frame not started: {message}")
             self._report(claim.frame_id, claim.attempt, FrameResult(
@@ -293,8 +369,6 @@ class Worker:
             return
         for lock in locks:
             update_holder(lock, pid=proc.pid, holder=f"frame {claim.frame_id}")
-        runfile = self.opts.state_dir / f"{claim.frame_id}.json"
-        _write_runfile(runfile, claim, proc)
         tracker = UsageTracker([d.uuid for d in devices], proc_started(proc, now))
         rf = RunningFrame(claim=claim, proc=proc, locks=locks, devices=devices, usage=tracker, runfile=runfile,
                           next_sample=now)  # sample at once: short frames get data too
@@ -331,7 +405,7 @@ class Worker:
 
     def _report(self, frame_id: int, attempt: int, result: FrameResult) -> str | None:
         try:
-            return self.store.complete_frame(frame_id, attempt, result, now=time.time())
+            return self.store.complete_frame(frame_id, attempt, result, now=self.store.clock())
         except StoreError:
             # The store is busy or unreachable: keep the result and retry next iteration
             # (the frame's lease is still extended by our heartbeats meanwhile).
@@ -400,7 +474,7 @@ class Worker:
 
     def abort(self) -> None:
         """Second signal: kill running frames and give them back to the queue."""
-        now = time.time()
+        now = self.store.clock()
         for rf in list(self.running.values()):
             rf.proc.kill_and_wait(grace=min(self.opts.kill_grace_s, 2.0), reason="worker stopping")
             for lock in rf.locks:
@@ -444,34 +518,90 @@ class Worker:
 
 
 def _log_failure(path: Path, line: str) -> None:
-    """Best effort: say in the frame's log why it never started."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    """Best effort: say in the frame's log why it never started (never following a link)."""
+    launch.append_log_note(path, line)
 
 
 def proc_started(proc: launch.FrameProcess, default: float) -> float:
     return getattr(proc, "_started_at", default)
 
 
-def _write_runfile(path: Path, claim: ClaimedFrame, proc: launch.FrameProcess) -> None:
-    created = None
-    try:
-        import psutil
-
-        created = psutil.Process(proc.pid).create_time()
-    except Exception:
-        pass
+def _write_runfile(path: Path, claim: ClaimedFrame) -> None:
+    """Record an attempt about to start. Written *before* the frame process exists, so no
+    pid is known: a restarted worker finds the frame's processes by the environment every
+    one of them inherits (``CUE_FRAME_ID``, ``CUE_ATTEMPT`` and ``CUE_LOG_PATH``, unique to
+    this store's attempt) and kills the process groups they lead (``launch.kill_by_env``)."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"frame_id": claim.frame_id, "attempt": claim.attempt, "pid": proc.pid,
-                               "pgid": proc.pgid, "create_time": created}))
+    tmp.write_text(json.dumps({"frame_id": claim.frame_id, "attempt": claim.attempt,
+                               "log_path": str(Path(claim.log_path)), "worker_pid": os.getpid()}))
     os.replace(tmp, path)
+
+
+#: In the state directory: the lock a worker holds for its whole life (and its record).
+WORKER_LOCK = "worker.lock"
+
+
+class WorkerAlreadyRunning(Conflict):
+    """Another worker holds this host name's state directory on this machine."""
+
+
+def hold_state_dir(state_dir: Path, name: str) -> int:
+    """Take the state directory's worker lock without waiting and return its fd.
+
+    One worker per host name and state directory (as slurmd or HTCondor's startd: one
+    daemon per host). The ``flock`` is dropped by the kernel when the worker dies, however
+    it dies, so holding it proves that every earlier owner of the run files is gone. The fd
+    is close-on-exec and never passed to a frame: an orphaned frame must not keep it.
+    Raises ``WorkerAlreadyRunning``, naming the live worker, when another one holds it.
+    """
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / WORKER_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except (OSError, ValueError):
+            record = {}
+        os.close(fd)
+        pid = record.get("pid") if isinstance(record, dict) else None
+        since = record.get("since") if isinstance(record, dict) else None
+        who = f"pid {pid}" if isinstance(pid, int) else "an unknown pid"
+        when = f", running since {iso(since)}" if isinstance(since, (int, float)) else ""
+        raise WorkerAlreadyRunning(
+            f"another cuectl worker ({who}{when}) is already running as host {name!r} on this machine "
+            f"(state dir {state_dir})",
+            hint="stop it first, or give this worker another --name: workers with different names share "
+                 "this host's GPUs through device leases") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    data = json.dumps({"pid": os.getpid(), "name": name, "since": time.time()}).encode()
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except OSError:
+        pass  # the record only names us in the refusal above; the lock is what counts
+    return fd
+
+
+def _claimer_may_live(worker: Any) -> bool:
+    """Could the worker that claimed a frame (``"name:pid"`` in the store) still be alive on
+    this machine? Its pid is ours (we just started: not us) or not alive: it is gone."""
+    try:
+        pid = int(str(worker).rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return False
+    if pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _same_process(info: dict) -> bool:
@@ -503,24 +633,42 @@ class Supervisor:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
 
-    def _on_signal(self, signum, frame) -> None:
+    # After a signal, a store call that has waited this long for its server is abandoned
+    # (and the store not asked again for STALL_S), so the worker acts within 2 s.
+    HUNG_CALL_S = 1.0
+    STALL_S = 5.0
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
         self.signals += 1
         try:
             os.write(self._wake_w, b"x")
         except OSError:
             pass
+        # The loop acts on it at its next iteration: unless a store call hangs (a server
+        # that stopped answering), which the alarm then abandons, so that a worker obeys
+        # SIGTERM within 2 s whatever the store does. It keeps watching until the end.
+        signal.setitimer(signal.ITIMER_REAL, 0.25, 0.25)
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        store = self.worker.store
+        since = store.calling_since
+        if since is not None and time.monotonic() - since > self.HUNG_CALL_S:
+            store.stall(self.STALL_S)
+            raise StoreStalled(f"store {store.url} did not answer for {self.HUNG_CALL_S:g} s; abandoned the call "
+                               "to act on a signal")
 
     def install_signals(self) -> None:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGALRM, self._on_alarm)
 
     def _start(self) -> bool:
         """Register and recover, retrying while the store is busy; False if told to stop."""
         w, delay = self.worker, 0.1
         while True:
             try:
-                w.register(time.time())
-                w.recover(time.time())
+                w.register(w.store.clock())
+                w.recover(w.store.clock())
                 return True
             except StoreError as exc:
                 if w.warn:
@@ -538,6 +686,12 @@ class Supervisor:
             return False  # cannot tell now; look again next iteration
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # the hung-call watch ends with the loop
+
+    def _run(self) -> int:
         w = self.worker
         if not self._start():
             return 130
@@ -550,7 +704,11 @@ class Supervisor:
                 else:
                     w.abort()
                     return 130
-            stats = w.loop()
+            try:
+                stats = w.loop()
+            except StoreGone:
+                w.abort()  # its frames' results could never be recorded: stop them now
+                raise
             if self.on_iteration:
                 self.on_iteration(w)
             if self._finished():
@@ -563,7 +721,7 @@ class Supervisor:
         """Wait for a frame to exit, a signal, queued work (the store's NOTIFY, where it has
         one), or the next poll/heartbeat — whichever first."""
         timeout = w.opts.poll_s
-        now = time.time()
+        now = w.store.clock()
         timeout = max(0.0, min(timeout, w._next_heartbeat - now))
         if w.running:
             timeout = min(timeout, max(0.0, min(rf.next_sample for rf in w.running.values()) - now))

@@ -100,3 +100,48 @@ def size_bytes(value: Any, label: str) -> int:
     if result > MAX_BYTES:
         raise InvalidInput(f"{label}: {value!r} is too large")
     return result
+
+
+MIN_LOG_LIMIT = 4096  # the cut marker alone is ~150 bytes; below a few KiB a log says nothing
+
+
+def log_limit_bytes(value: Any, label: str) -> int:
+    """An attempt's log cap (``log_limit``, ``--log-limit``, DESIGN §5 sizes): at least 4 KiB."""
+    result = size_bytes(value, label)
+    if result < MIN_LOG_LIMIT:
+        raise InvalidInput(f"{label}: must be at least 4K (got {result} bytes)")
+    return result
+
+
+MAX_PRIORITY = 2**31 - 1  # a 32-bit signed int, as OpenCue's priority column
+
+
+def priority(value: Any, label: str) -> int:
+    """A job priority, the same range wherever one is given (submit, spec, ``job priority``)."""
+    return whole_number(value, label, minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+
+
+#: Unicode categories of characters that do not print: controls (Cc), format characters
+#: such as the bidi overrides U+202E/U+2066 and zero-width joiners (Cf), private use (Co),
+#: surrogates (Cs), line/paragraph separators (Zl, Zp), unassigned (Cn) and spaces other
+#: than U+0020 (Zs). Python's ``str.isprintable`` is False for exactly these.
+def invisible_character(text: str) -> str | None:
+    """The first character of ``text`` that would not print as itself, described, else None."""
+    if text.isprintable():
+        return None
+    import unicodedata
+
+    for ch in text:
+        if not ch.isprintable():
+            name = unicodedata.name(ch, "")
+            return f"U+{ord(ch):04X}" + (f" {name}" if name else "") + f" ({unicodedata.category(ch)})"
+    return None
+
+
+def printable_name(value: str, label: str) -> str:
+    """Refuse names with characters that do not print as themselves (a name that reads as
+    something else in a listing: ``x\u202egnp.exe`` shows as ``xexe.png``)."""
+    bad = invisible_character(value)
+    if bad is not None:
+        raise InvalidInput(f"{label}: must contain only visible characters and plain spaces (found {bad})")
+    return value

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from cuectl.errors import InvalidInput
-from cuectl.sched.fields import (CONTROL_RE, Label, as_list, describe, expect_str, flag_label, item_label, quote,
+from cuectl.sched.fields import (CONTROL_RE, Label, as_list, describe, expect_str, flag_label,
+                                 item_label, log_limit_bytes, printable_name, priority as check_priority, quote,
                                  size_bytes, whole_number)
 from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
 from cuectl.sched.gpu_request import GpuRequest
@@ -39,13 +40,15 @@ MAX_LAYERS = 1000
 MAX_JOB_NAME = 200
 MAX_RETRIES = 1000
 MAX_CORES = 100_000
-MAX_PRIORITY = 2**31 - 1
+# The smallest share of a core a layer may reserve: at most 10 frames per core. Below that a
+# reservation means nothing (a 2-core host ran 40 frames at once with --cores 0.001).
+MIN_CORES = 0.1
 DEFAULT_FLAG_LAYER = "main"
 
 JOB_KEYS = ("name", "priority", "paused", "env", "layers")
 LAYER_KEYS = (
     "name", "command", "range", "chunk", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min",
-    "cores", "memory", "retries", "timeout", "env", "tags", "depends",
+    "cores", "memory", "retries", "timeout", "env", "tags", "depends", "log_limit",
 )
 DEPEND_KEYS = ("layer", "type")
 DEPEND_TYPES = ("layer", "frame")
@@ -99,7 +102,7 @@ def _job_name(value: Any, label: str) -> str:
         raise InvalidInput(f"{label}: at most {MAX_JOB_NAME} characters (got {len(name)})")
     if CONTROL_RE.search(name):
         raise InvalidInput(f"{label}: must not contain control characters")
-    return name
+    return printable_name(name, label)
 
 
 def _layer_name(value: Any, label: str) -> str:
@@ -120,6 +123,8 @@ def _cores(value: Any, label: str) -> float:
         raise InvalidInput(f"{label}: expected a number of cores, got {describe(value)}")
     if not math.isfinite(value) or value <= 0:
         raise InvalidInput(f"{label}: must be more than 0")
+    if value < MIN_CORES:
+        raise InvalidInput(f"{label}: must be at least {MIN_CORES:g} (a tenth of a core)")
     if value > MAX_CORES:
         raise InvalidInput(f"{label}: must be at most {MAX_CORES}")
     return float(value)
@@ -302,6 +307,8 @@ def _build_layer(
     fields["env"] = tuple(env.items())
     if get("tags") is not None:
         fields["tags"] = _tags(get("tags"), label("tags"))
+    if get("log_limit") is not None:
+        fields["log_limit_bytes"] = log_limit_bytes(_mib_if_number(get("log_limit")), label("log_limit"))
     deps = _depends(get("depends"), label("depends")) if get("depends") is not None else []
     fields["depends"] = tuple(dep for dep, _ in deps)
     return LayerSpec(**fields), deps
@@ -410,7 +417,7 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
     name = _job_name(data["name"], "name")
     priority = 0
     if data.get("priority") is not None:
-        priority = whole_number(data["priority"], "priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+        priority = check_priority(data["priority"], "priority")
     paused = False if data.get("paused") is None else _boolean(data["paused"], "paused")
     job_env = {} if data.get("env") is None else _env_mapping(data["env"], "env")
     raw_layers = data.get("layers")
@@ -460,6 +467,7 @@ def spec_from_flags(
     paused: bool = False,
     user: str | None = None,
     frame_limit: int | None = None,
+    log_limit: str | int | None = None,
 ) -> JobSpec:
     """The single-layer job of ``cuectl submit --name N ... -- COMMAND ARGS`` (DESIGN §6).
 
@@ -470,7 +478,7 @@ def spec_from_flags(
     """
 
     job_name = _job_name(name, "--name")
-    job_priority = whole_number(priority, "--priority", minimum=-MAX_PRIORITY, maximum=MAX_PRIORITY)
+    job_priority = check_priority(priority, "--priority")
     job_paused = _boolean(paused, "--paused")
     if not isinstance(command, str):
         if not isinstance(command, (list, tuple)):
@@ -492,6 +500,7 @@ def spec_from_flags(
         "timeout": timeout,
         "env": env,
         "tags": _as_flag_list(tags),
+        "log_limit": log_limit,
     }
     built, deps = _build_layer(raw, flag_label, {}, parse_env=_env_items)
     return _finish(name=job_name, user=user, priority=job_priority, paused=job_paused, layers=[built], deps=[deps],
@@ -670,3 +679,13 @@ def load_spec_file(path: str | Path, *, user: str | None = None, frame_limit: in
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
     return load_spec_text(text, source=source, user=user, frame_limit=frame_limit)
+
+
+def with_log_limit(spec: JobSpec, value: str | int, label: str) -> JobSpec:
+    """``spec`` with ``value`` as the log cap of every layer that does not set its own."""
+    import dataclasses
+
+    limit = log_limit_bytes(value, label)
+    layers = tuple(layer if layer.log_limit_bytes is not None else dataclasses.replace(layer, log_limit_bytes=limit)
+                   for layer in spec.layers)
+    return dataclasses.replace(spec, layers=layers)

@@ -25,8 +25,9 @@ from cuectl.errors import (DevicesBusy, InsufficientFreeMemory, InvalidInput, Le
 from cuectl.gpu import Discovery, discover
 from cuectl.gpu.device import Device
 from cuectl.run.lease.isolation import isolation_env
-from cuectl.run.lease.locks import (KIND_API, DeviceLock, lease_info, lock_all, lock_path, prepare_lock_dir,
-                                    read_live_record, update_holder)
+from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all, lock_path, prepare_lock_dir,
+                                    update_holder)
+from cuectl.run.lease.nested import LEVEL_VAR, NESTED_DIRNAME, Allocation
 from cuectl.run.lease.queue import WaitQueue, predicted_free
 from cuectl.run.lease.request import LeaseRequest, make_request, resolve_devices
 from cuectl.sched.match import select_devices
@@ -156,17 +157,20 @@ class _Acquirer:
     """One acquisition: a static check up front, then attempts until success or give-up."""
 
     def __init__(self, request: LeaseRequest, *, lock_dir: Path, backend: str, fake_file: str | None,
-                 label: str, kind: str) -> None:
+                 label: str, kind: str, allocation: Allocation | None = None) -> None:
         self.request = request
         self.gpu_request = request.gpu
         self.lock_dir = lock_dir
         self.label = label
         self.kind = kind
+        self.allocation = allocation
         self.discovery = _discovery(backend, fake_file)
         inventory = [replace(d, memory_free_bytes=None) for d in self.discovery.devices]
         self.vendors = {d.vendor for d in inventory}
         self.candidates: tuple[Device, ...] = (resolve_devices(request.devices, inventory)
                                                if request.devices is not None else tuple(inventory))
+        if allocation is not None:
+            self.candidates = allocation.restrict(self.candidates, inventory, named=request.devices is not None)
         self.candidate_uuids = {d.uuid for d in self.candidates}
         gpu = self.gpu_request
         self.needs_sample = gpu.gpus > 0 and (gpu.gpu_memory_min_bytes > 0 or gpu.gpu_memory_free_min_bytes > 0)
@@ -180,6 +184,8 @@ class _Acquirer:
         if self.gpu_request.gpus == 0:
             return
         result = select_devices(self.gpu_request, self.candidates)
+        if not result.could_ever_fit and self.allocation is not None:
+            raise self.allocation.refusal(self.gpu_request.gpus, self.candidates, result.reason)
         if not result.could_ever_fit:
             where = "the devices named" if self.request.devices is not None else "this host"
             hint = None
@@ -253,6 +259,9 @@ class _Acquirer:
         totals = [d.memory_total_bytes for d in devices if d.memory_total_bytes]
         # Same meaning as for frames: per-device memory granted, bytes (the smallest card's).
         env["CUE_GPU_MEMORY"] = str(min(totals) if totals and len(totals) == len(devices) else 0)
+        if self.allocation is not None:
+            # A lease inside this one takes its sub-locks one level deeper (no deadlock on ours).
+            env[LEVEL_VAR] = str(self.allocation.level + 1)
         return Lease(locks, devices, env, self.lock_dir, self.label)
 
     def _refusal(self, devices: list[Device], busy: set[str], failed: list[Device], waiters: int,
@@ -265,7 +274,7 @@ class _Acquirer:
         # An error path: waiting a little for a brand-new holder's record costs nothing and
         # names the holder (a loaded CI machine needed more than the 2 ms this once allowed).
         paths = [(lock_path(self.lock_dir, d.uuid), d) for d in failed]
-        holders = [lease_info(path, read_live_record(path, within=0.25), d) for path, d in paths]
+        holders = [holder_info(path, d, within=0.25) for path, d in paths]
         parts = [h.describe() for h in holders]
         if waiters:
             parts.append(f"{waiters} earlier waiter{'s' if waiters != 1 else ''} queued for "
@@ -401,8 +410,15 @@ def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | No
     directory = prepare_lock_dir(Path(opts.lock_dir) if opts.lock_dir is not None else config.lock_dir())
     fake = str(opts.fake_file) if opts.fake_file is not None else config.fake_gpus_file()
     text = (opts.label or "").strip()[:200] or _default_label()
+    allocation = Allocation.enclosing()
+    if allocation is not None:
+        # Inside a frame: its devices are leased already (by the frame: taking their locks
+        # again would wait for ourselves). Sub-leases among the frame's processes use
+        # sub-locks of those devices, one directory per nesting level.
+        allocation.check_held(directory)
+        directory = prepare_lock_dir(directory / NESTED_DIRNAME / str(allocation.level + 1))
     acquirer = _Acquirer(request, lock_dir=directory, backend=opts.backend, fake_file=fake, label=text,
-                         kind=opts.kind)
+                         kind=opts.kind, allocation=allocation)
     return acquirer, timeout_s
 
 

@@ -432,6 +432,53 @@ def lease_info(path: Path, record: Mapping[str, Any], device: Device | None) -> 
                      kind=text("kind"), label=text("label"), user=text("user"), host=text("host"))
 
 
+def open_by(path: Path) -> list[int]:
+    """Live pids that have the file at ``path`` open (Linux ``/proc/*/fd``; others' processes
+    only as root). Slow on a busy machine (every fd of every process): an error path only."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return []
+    target = (st.st_dev, st.st_ino)
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                fst = os.stat(f"/proc/{entry}/fd/{fd}")
+            except OSError:
+                continue
+            if (fst.st_dev, fst.st_ino) == target:
+                found.append(int(entry))
+                break
+    return sorted(found)
+
+
+def holder_info(path: Path, device: Device | None, *, within: float = 0.01) -> LeaseInfo:
+    """Who holds the (held) lock at ``path``: its record — and, when the pid recorded there
+    is gone while the lock is still held (a child inherited the fd and outlived the holder
+    that wrote the record), the live process that has the file open instead, or no pid at
+    all ("unknown") when none can be seen. Never a dead pid."""
+    record = dict(read_live_record(path, within=within))
+    recorded = record.get("pid")
+    if not pid_alive(recorded):
+        live = [pid for pid in open_by(path) if pid != os.getpid()]
+        record["pid"] = live[0] if live else None
+        note = (f"inherited from pid {recorded}, which exited" if isinstance(recorded, int) and live
+                else "holder unknown, alive")
+        record["holder"] = f"{record['holder']} ({note})" if record.get("holder") else note
+    return lease_info(path, record, device)
+
+
 def list_leases(lock_dir: Path, devices: Sequence[Device] | None = None) -> list[LeaseInfo]:
     """Held locks only, with their holders; of ``devices``, or of every lock file in the dir."""
     lock_dir = Path(lock_dir)
@@ -441,7 +488,7 @@ def list_leases(lock_dir: Path, devices: Sequence[Device] | None = None) -> list
         targets = [(p, None) for p in sorted(lock_dir.glob("*" + LOCK_SUFFIX))]
     else:
         targets = []
-    out = [lease_info(path, read_live_record(path), device) for path, device in targets if _probe_held(path)]
+    out = [holder_info(path, device) for path, device in targets if _probe_held(path)]
     return sorted(out, key=lambda i: (i.index is None, i.index if i.index is not None else 0, i.uuid))
 
 
@@ -469,7 +516,7 @@ def break_stale(lock_dir: Path, uuid: str) -> bool:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            info = lease_info(path, read_live_record(path), None)
+            info = holder_info(path, None)
             raise Conflict(f"device {uuid} is not stale: {info.describe()}",
                            hint=f"stop that process; `fuser -v {path}` lists every process holding it") from None
         had_record = os.fstat(fd).st_size > 0

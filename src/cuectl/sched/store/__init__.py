@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cuectl.sched.store.base import ClaimedFrame, FrameResult, HostInfo, RunnableLayer, Store
+from cuectl.sched.store.base import Actor, ClaimedFrame, FrameResult, HostInfo, RunnableLayer, Store
 
-__all__ = ["ClaimedFrame", "FrameResult", "HostInfo", "RunnableLayer", "Store", "open_store"]
+__all__ = ["Actor", "ClaimedFrame", "FrameResult", "HostInfo", "RunnableLayer", "Store", "open_store", "roles_sql"]
 
 
 def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
@@ -38,7 +38,7 @@ def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
 
         auto = config.auto_migrate() if migrate is None else migrate
         return PostgresStore(url, create=create, busy_timeout_s=busy_timeout_s, migrate=auto,
-                             refuse_old=migrate is None and not auto,
+                             refuse_old=migrate is None and not auto, password=config.take_pg_password(),
                              log_dir=Path(log_dir) if log_dir else config.log_root(None))
     if url.startswith("sqlite:///"):
         # SQLAlchemy convention: sqlite:///relative/path, sqlite:////absolute/path.
@@ -53,3 +53,8 @@ def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
     file = Path(path).expanduser()
     return SQLiteStore(file, create=create, busy_timeout_s=busy_timeout_s,
                        log_dir=Path(log_dir) if log_dir else config.log_root(file))
+
+
+def roles_sql() -> str:
+    """The SQL of per-user roles and row-level security for a PostgreSQL store (roles.sql)."""
+    return (Path(__file__).parent / "roles.sql").read_text()

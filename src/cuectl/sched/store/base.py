@@ -15,6 +15,7 @@ return None.
 from __future__ import annotations
 
 import abc
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -94,6 +95,16 @@ class FrameResult:
 
 
 @dataclass(frozen=True)
+class Actor:
+    """The caller, for ownership checks: a SQLite store's OS user (admin: root or the
+    store file's owner); a PostgreSQL session role (admin: superuser, a member of
+    cuectl_admin, or the owner of the tables)."""
+
+    name: str
+    admin: bool
+
+
+@dataclass(frozen=True)
 class HostInfo:
     name: str
     cores: float
@@ -112,6 +123,11 @@ class Store(abc.ABC):
     log_dir: Path            # where the frame logs of this store go (``open_store`` resolves it)
     local_path: Path | None  # the store's file when it is one on this machine (SQLite), else None
     receipt_dir: Path | None  # where submitters' receipts live (SQLite), else None (sched/identity.py)
+    # How long a call waits for a lost database server before it raises StoreUnreachable
+    # (a worker keeps it short, to stay responsive), and since when (time.monotonic) the
+    # call under way has been waiting for the server (None: no call).
+    reconnect_s: float = 0.0
+    calling_since: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -133,16 +149,20 @@ class Store(abc.ABC):
         """The job by id or unique name, with layers and ``pending_reason``. NotFound/Conflict."""
 
     @abc.abstractmethod
-    def set_job_paused(self, ref: str | int, paused: bool) -> dict[str, Any]: ...
+    def set_job_paused(self, ref: str | int, paused: bool, *, force: bool = False) -> dict[str, Any]:
+        """Pause or resume. This and every other method that changes a job or its frames for
+        a user (not a worker) raises ``NotOwner`` unless the caller owns the job or is an
+        admin (``actor``); ``force`` overrides that where the store cannot enforce it anyway
+        (SQLite: anyone who can write the file can change it)."""
 
     @abc.abstractmethod
-    def set_job_priority(self, ref: str | int, priority: int) -> dict[str, Any]: ...
+    def set_job_priority(self, ref: str | int, priority: int, *, force: bool = False) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def kill_job(self, ref: str | int, *, now: float) -> dict[str, Any]: ...
+    def kill_job(self, ref: str | int, *, now: float, force: bool = False) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def retry_job(self, ref: str | int, *, now: float) -> dict[str, Any]: ...
+    def retry_job(self, ref: str | int, *, now: float, force: bool = False) -> dict[str, Any]: ...
 
     # -- frames --------------------------------------------------------------------------
     @abc.abstractmethod
@@ -154,7 +174,8 @@ class Store(abc.ABC):
     def get_frame(self, frame_id: int) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float) -> list[dict[str, Any]]:
+    def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float,
+                     force: bool = False) -> list[dict[str, Any]]:
         """``retry``, ``kill`` or ``eat`` frames; running ones are flagged for their worker."""
 
     # -- hosts ---------------------------------------------------------------------------
@@ -231,17 +252,33 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def prune(self, *, before: float) -> list[int]:
         """Delete FINISHED jobs that finished before ``before`` (with frames, attempts,
-        samples); return their ids so the caller can remove their log directories."""
+        samples) — every user's for an admin, else the caller's own; return their ids so the
+        caller can remove their log directories."""
 
     @abc.abstractmethod
-    def backup(self, dest: Path) -> None:
+    def actor(self) -> Actor:
+        """Who this connection acts as, as the store sees it, and whether that is an admin."""
+
+    @abc.abstractmethod
+    def backup(self, dest: Path, *, force: bool = False) -> None:
         """A consistent copy of the store written to ``dest`` while workers run; stores that
-        cannot (a server) raise ``InvalidInput`` naming the tool to use instead."""
+        cannot (a server) raise ``InvalidInput`` naming the tool to use instead. ``dest``
+        must not be the store itself (or its -wal/-shm) nor anything but a regular file,
+        and an existing file is replaced only with ``force``."""
 
     @abc.abstractmethod
     def integrity_problems(self) -> list[str] | None:
         """What the database's own consistency check found ([] when sound), or None when
         this backend cannot check from a client."""
+
+    def stall(self, seconds: float) -> None:
+        """A call hung and was abandoned: for ``seconds``, fail calls at once (StoreStalled)
+        rather than wait on the server again. No-op for stores without a server."""
+
+    def clock(self) -> float:
+        """Now, on the clock every ``now=`` given to this store should come from: the local
+        clock for a local store, the database server's for a shared one."""
+        return time.time()
 
     # -- schema upgrades and wake-ups (no-op defaults) -----------------------------------
     def migrate(self) -> tuple[int, int]:

@@ -46,10 +46,10 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 
-from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError, StoreUnreachable
+from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError, StoreStalled, StoreUnreachable
 from cuectl.sched.dialect import POSTGRES
 from cuectl.sched.store import lifecycle, schema
-from cuectl.sched.store.base import ClaimedFrame
+from cuectl.sched.store.base import Actor, ClaimedFrame
 from cuectl.sched.store.sql import Row, SQLStore, Tx, marks
 from cuectl.sched.usage_sql import Fetch
 
@@ -57,6 +57,7 @@ T = TypeVar("T")
 Conn = psycopg.Connection[dict[str, Any]]  # every connection of ours makes dict rows
 
 NOTIFY_CHANNEL = "cuectl_work"
+STATEMENT_TIMEOUT_S = 60  # the server cancels any statement of ours that runs longer
 # pg_advisory_xact_lock key held while migrating ("CUEC" + 1).
 _MIGRATE_LOCK = 0x4355454301
 _CLAIM_SQL = POSTGRES.positional(f"""
@@ -118,22 +119,31 @@ def _one_line(text: object) -> str:
 # -- the store -----------------------------------------------------------------------------------
 class PostgresStore(SQLStore):
     dialect = POSTGRES
+    _force_overrides = False  # the server enforces ownership (row-level security): --force cannot pass it
 
     def __init__(self, url: str, *, log_dir: Path, create: bool = True, busy_timeout_s: float = 5.0,
-                 migrate: bool = True, refuse_old: bool = False, reconnect_s: float = 30.0) -> None:
+                 migrate: bool = True, refuse_old: bool = False, reconnect_s: float = 30.0,
+                 password: str | None = None) -> None:
         """Connect (failing fast: a CLI command should not hang on a down server) and bring
         the schema up to date when ``migrate``; otherwise an old schema is opened as is (for
         ``cuectl admin migrate``, which calls ``migrate()`` itself), or refused when
-        ``refuse_old`` (automatic migration turned off)."""
+        ``refuse_old`` (automatic migration turned off). ``password``: PGPASSWORD as
+        ``open_store`` took it out of the environment (frames must not find it there)."""
         super().__init__(log_dir=log_dir)
         self.local_path = None
         self.receipt_dir = None  # the server records who submitted (jobs.submitted_by)
+        self._copy_allowed: bool | None = None  # COPY works unless row-level security applies to us
+        self._clock_offset = 0.0  # the server's clock minus ours, measured at each connect
+        self._stalled_until = 0.0  # see stall()
         self._dsn = url
         self._secrets = _url_secrets(url)
         self.url = redact_url(url)
         self.busy_timeout_s = busy_timeout_s
         self.reconnect_s = reconnect_s
         self._conn_kwargs = self._connection_defaults()
+        if password is not None and "password" not in conninfo_to_dict(url):
+            self._conn_kwargs["password"] = password
+            self._secrets = sorted({*self._secrets, password}, key=len, reverse=True)
         self._conn: Conn | None = None
         self._listen: Conn | None = None
         self._listen_retry_at = 0.0
@@ -150,20 +160,30 @@ class PostgresStore(SQLStore):
     # -- connections ---------------------------------------------------------------------------
     def _connection_defaults(self) -> dict[str, Any]:
         """libpq parameters we set unless the URL does: a name in pg_stat_activity, a
-        connect timeout, and keepalives so a silently dead network is noticed in ~1 min."""
+        connect timeout, keepalives so a silently dead network is noticed in ~1 min, and a
+        TCP user timeout so data sent into a server that stopped answering fails in 30 s
+        instead of after the kernel's ~15 minutes of retransmissions."""
         try:
             given = conninfo_to_dict(self._dsn)
         except psycopg.Error as exc:
             raise InvalidInput(f"invalid PostgreSQL URL {self.url}: {self._scrub(_one_line(exc))}",
                                hint="postgresql://user@host:port/dbname?sslmode=require") from None
         defaults = {"application_name": "cuectl", "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
-                    "keepalives_interval": 10, "keepalives_count": 3}
+                    "keepalives_interval": 10, "keepalives_count": 3, "tcp_user_timeout": 30_000}
         return {k: v for k, v in defaults.items() if k not in given}
 
     def _connect(self, **extra: Any) -> Conn:
         conn = psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row, **{**self._conn_kwargs, **extra})
-        # Row-lock waits give up like SQLite's busy timeout does (-> StoreBusy).
-        conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{int(self.busy_timeout_s * 1000)}ms",))
+        # Row-lock waits give up like SQLite's busy timeout does (-> StoreBusy), and no
+        # statement of ours runs for a minute: one that does is stuck, not working.
+        # The same round trip reads the server's clock: leases and heartbeats are on it.
+        sent = time.time()
+        row = conn.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false), "
+                           "EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now",
+                           (f"{int(self.busy_timeout_s * 1000)}ms", f"{STATEMENT_TIMEOUT_S * 1000}ms")).fetchone()
+        if row is not None:
+            self._clock_offset = float(row["now"]) - (sent + time.time()) / 2
+
         return conn
 
     def _scrub(self, text: str) -> str:
@@ -223,6 +243,21 @@ class PostgresStore(SQLStore):
         """Run ``fn`` (in one transaction when ``tx``), reconnecting with back-off after a
         lost connection for up to ``reconnect_s``. ``idempotent=False``: a connection lost
         during COMMIT is reported instead of retried (the outcome is unknown)."""
+        if time.monotonic() < self._stalled_until:
+            raise StoreStalled(f"store {self.url} stopped answering; not asked again for a few seconds")
+        self.calling_since = time.monotonic()  # a worker's signal handling may abandon a hung call
+        try:
+            return self._call_retrying(fn, tx=tx, idempotent=idempotent)
+        except StoreStalled:
+            self._drop_connection()  # abandoned half-way through the protocol: unusable
+            raise
+        finally:
+            self.calling_since = None
+
+    def stall(self, seconds: float) -> None:
+        self._stalled_until = time.monotonic() + seconds
+
+    def _call_retrying(self, fn: Callable[[Conn], T], *, tx: bool, idempotent: bool) -> T:
         deadline: float | None = None
         delay = 0.1
         while True:
@@ -287,6 +322,22 @@ class PostgresStore(SQLStore):
         """Wake idle workers when this transaction commits (PostgreSQL folds duplicates)."""
         tx.conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
 
+    def clock(self) -> float:
+        """The server's clock: every host's heartbeats, leases and reaping are then measured
+        on one clock, so a worker whose own clock is off neither looks DOWN nor loses its
+        frames to another host's reaper."""
+        return time.time() + self._clock_offset
+
+    def actor(self) -> Actor:
+        # The server's word: the session role; admin when it is a superuser, the owner of the
+        # tables, or a member of cuectl_admin (docs/postgres.md creates that role).
+        row = self._read(
+            "SELECT session_user AS name, (SELECT rolsuper FROM pg_roles WHERE rolname = session_user) "
+            "OR pg_has_role(session_user, (SELECT relowner FROM pg_class WHERE oid = 'jobs'::regclass), 'MEMBER') "
+            "OR COALESCE((SELECT pg_has_role(session_user, oid, 'MEMBER') FROM pg_roles "
+            "WHERE rolname = 'cuectl_admin'), false) AS admin")[0]
+        return Actor(row["name"], bool(row["admin"]))
+
     def _reserve_frame_ids(self, tx: Tx, count: int) -> list[int]:
         # The sequence is looked up once (in the subquery), not once per row: 5x faster.
         # Sorted, so dispatch order by id is the spec's order.
@@ -295,10 +346,20 @@ class PostgresStore(SQLStore):
             "generate_series(1, %s)", (count,)).fetchall())
 
     def _bulk_insert(self, tx: Tx, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-        if rows:  # COPY: a 100,000-frame submit in one stream instead of 100,000 statements
-            with tx.conn.cursor().copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
+        if not rows:
+            return
+        if self._copy_allowed is None:
+            self._copy_allowed = bool(tx.conn.execute(
+                "SELECT NOT c.relrowsecurity OR r.rolsuper OR r.rolbypassrls "
+                "OR pg_has_role(current_user, c.relowner, 'USAGE') AS ok FROM pg_class c, pg_roles r "
+                "WHERE c.oid = 'frames'::regclass AND r.rolname = current_user").fetchone()["ok"])
+        if not self._copy_allowed:  # PostgreSQL refuses COPY FROM under row-level security
+            super()._bulk_insert(tx, table, columns, rows)
+            return
+        # COPY: a 100,000-frame submit in one stream instead of 100,000 statements.
+        with tx.conn.cursor().copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
 
     def close(self) -> None:
         self._drop_connection()
@@ -349,8 +410,10 @@ class PostgresStore(SQLStore):
         """Apply missing migrations in one transaction; (version before, version after)."""
 
         def apply(conn: Conn) -> int:
-            # Migrations may wait for a concurrent migrator longer than a normal lock wait.
+            # Migrations may wait for a concurrent migrator longer than a normal lock wait,
+            # and rewriting a large table may take longer than a normal statement.
             conn.execute("SET LOCAL lock_timeout = '120s'")
+            conn.execute("SET LOCAL statement_timeout = 0")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATE_LOCK,))
             return self._migrate_from(Tx(conn, POSTGRES), self._peek_version(conn))
 
@@ -441,7 +504,7 @@ class PostgresStore(SQLStore):
 
         return self._call(in_snapshot)
 
-    def backup(self, dest: Path) -> None:
+    def backup(self, dest: Path, *, force: bool = False) -> None:
         raise InvalidInput("admin backup works on SQLite stores; back up PostgreSQL with pg_dump",
                            hint="pg_dump --format=custom --file=cuectl.dump DBNAME")
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from cuectl.errors import Conflict, InvalidInput, NotFound, SchemaTooNew
+from cuectl.errors import Conflict, InvalidInput, NotFound, NotOwner, SchemaTooNew
 from cuectl.sched import model as m
 from cuectl.sched import usage_sql
 from cuectl.sched.dialect import Dialect
@@ -214,8 +214,31 @@ class SQLStore(Store):
             (row["id"],))[0]["n"])
         return data
 
-    def set_job_paused(self, ref: str | int, paused: bool) -> dict[str, Any]:
-        job_id = self._job_row(ref)["id"]
+    # -- ownership -----------------------------------------------------------------------------
+    _force_overrides = True  # whether ``force`` may pass a non-owner (where the store cannot stop them)
+
+    def _check_owner(self, jobs: Sequence[Row], force: bool) -> None:
+        """``NotOwner`` unless the caller owns every job (the proven submitter where the
+        server records one, else the job's user) or is an admin."""
+        actor = self.actor()
+        if actor.admin:
+            return
+        for job in jobs:
+            owner = job["submitted_by"] or job["user"]
+            if owner == actor.name or (force and self._force_overrides):
+                continue
+            hint = ("add --force to do it anyway (the store file's permissions are the real boundary)"
+                    if self._force_overrides else "ask its owner, or an admin (a member of cuectl_admin)")
+            raise NotOwner(f"job {job['id']} ({job['name']}) belongs to {owner}, not {actor.name}: only its owner "
+                           "or an admin may change it", hint=hint)
+
+    def _owned_job(self, ref: str | int, force: bool) -> int:
+        row = self._job_row(ref)
+        self._check_owner([row], force)
+        return int(row["id"])
+
+    def set_job_paused(self, ref: str | int, paused: bool, *, force: bool = False) -> dict[str, Any]:
+        job_id = self._owned_job(ref, force)
 
         def update(tx: Tx) -> None:
             tx.run("UPDATE jobs SET paused = ? WHERE id = ?", (int(paused), job_id))
@@ -225,14 +248,14 @@ class SQLStore(Store):
         self._write(update)
         return self.get_job(job_id)
 
-    def set_job_priority(self, ref: str | int, priority: int) -> dict[str, Any]:
-        job_id = self._job_row(ref)["id"]
+    def set_job_priority(self, ref: str | int, priority: int, *, force: bool = False) -> dict[str, Any]:
+        job_id = self._owned_job(ref, force)
         self._write(lambda tx: tx.run("UPDATE jobs SET priority = ? WHERE id = ?", (priority, job_id)))
         return self.get_job(job_id)
 
-    def kill_job(self, ref: str | int, *, now: float) -> dict[str, Any]:
+    def kill_job(self, ref: str | int, *, now: float, force: bool = False) -> dict[str, Any]:
         """Eat every unfinished frame; running ones are killed by their worker first."""
-        job_id = self._job_row(ref)["id"]
+        job_id = self._owned_job(ref, force)
 
         def kill(tx: Tx) -> None:
             self._lock_jobs(tx, jobs=[job_id])
@@ -244,13 +267,13 @@ class SQLStore(Store):
         self._write(kill)
         return self.get_job(job_id)
 
-    def retry_job(self, ref: str | int, *, now: float) -> dict[str, Any]:
+    def retry_job(self, ref: str | int, *, now: float, force: bool = False) -> dict[str, Any]:
         """Requeue the job's DEAD and EATEN frames (OpenCue: retry dead frames)."""
-        job_id = self._job_row(ref)["id"]
+        job_id = self._owned_job(ref, force)
         ids = [r["id"] for r in self._read("SELECT id FROM frames WHERE job_id = ? AND state IN ('DEAD', 'EATEN')",
                                            (job_id,))]
         if ids:
-            self.frame_action(ids, "retry", now=now)
+            self.frame_action(ids, "retry", now=now, force=force)
         return self.get_job(job_id)
 
     @staticmethod
@@ -297,7 +320,8 @@ class SQLStore(Store):
             "FROM attempts WHERE frame_id = ? ORDER BY attempt", (frame_id,))]
         return data
 
-    def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float) -> list[dict[str, Any]]:
+    def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float,
+                     force: bool = False) -> list[dict[str, Any]]:
         if action not in lifecycle.ACTIONS:
             raise InvalidInput(f"unknown frame action {action!r}")
         ids = list(dict.fromkeys(int(i) for i in frame_ids))
@@ -306,6 +330,9 @@ class SQLStore(Store):
         missing = [i for i in ids if i not in found]
         if missing:
             raise NotFound(f"no frame {missing[0]}", hint="see `cuectl frame list`")
+        self._check_owner([job for batch in batches(ids) for job in self._read(
+            f"SELECT * FROM jobs WHERE id IN (SELECT job_id FROM frames WHERE id IN ({marks(len(batch))}))", batch)],
+            force)
 
         def apply(tx: Tx) -> None:
             self._lock_jobs(tx, frames=ids)
@@ -595,9 +622,12 @@ class SQLStore(Store):
         return self._snapshot(summarise)
 
     def prune(self, *, before: float) -> list[int]:
+        actor = self.actor()
+        mine = "" if actor.admin else 'AND COALESCE(submitted_by, "user") = ? '
+
         def delete(tx: Tx) -> list[int]:
-            ids = [int(r["id"]) for r in tx.all("SELECT id FROM jobs WHERE state = 'FINISHED' AND finished_at < ? "
-                                                "ORDER BY id", (before,))]
+            ids = [int(r["id"]) for r in tx.all(f"SELECT id FROM jobs WHERE state = 'FINISHED' AND finished_at < ? "
+                                                f"{mine}ORDER BY id", (before,) if actor.admin else (before, actor.name))]
             self._lock_jobs(tx, jobs=ids)
             for batch in batches(ids):
                 jobs = f"({marks(len(batch))})"

@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import sqlite3
+import stat
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cuectl import fsutil
-from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError
+from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError, StoreGone
 from cuectl.sched import identity
 from cuectl.sched import model as m
 from cuectl.sched.dialect import SQLITE
 from cuectl.sched.store import lifecycle, schema
-from cuectl.sched.store.base import ClaimedFrame
+from cuectl.sched.store.base import Actor, ClaimedFrame
 from cuectl.sched.store.sql import Row, SQLStore, Tx
 from cuectl.sched.usage_sql import Fetch
 
@@ -58,6 +60,7 @@ class SQLiteStore(SQLStore):
         self.receipt_dir = self.path.parent / identity.SPOOL
         self.busy_timeout_s = busy_timeout_s
         self._check_location(create)
+        self._identity = self._file_identity()  # the file we open; see _check_same_file
         try:
             self.conn = sqlite3.connect(str(self.path), timeout=busy_timeout_s,
                                         isolation_level=None, check_same_thread=False)
@@ -67,8 +70,30 @@ class SQLiteStore(SQLStore):
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
 
+    def _file_identity(self) -> tuple[int, int] | None:
+        try:
+            info = os.stat(self.path)
+        except OSError:
+            return None
+        return info.st_dev, info.st_ino
+
+    def _check_same_file(self) -> None:
+        """A store deleted or replaced under us (the connection would go on writing to the
+        unlinked file, unseen by anyone): stop with one clear error instead."""
+        now = self._file_identity()
+        if now != self._identity:
+            what = "deleted" if now is None else "replaced by another file"
+            raise StoreGone(f"store {self.path} was {what} while in use; nothing more is written to it",
+                            hint="restore it (or point --db at the right store) and start again")
+
     # -- opening -------------------------------------------------------------------------------
     def _check_location(self, create: bool) -> None:
+        try:
+            self._check_location_unguarded(create)
+        except PermissionError:
+            raise self._permission_denied() from None
+
+    def _check_location_unguarded(self, create: bool) -> None:
         if self.path.is_dir():
             raise InvalidInput(f"store path {self.path} is a directory")
         net = fsutil.is_network_fs(self.path.parent)
@@ -80,6 +105,22 @@ class SQLiteStore(SQLStore):
                 raise NotFound(f"no store at {self.path}", hint="submit a job first, or pass --db")
             fsutil.ensure_private_dir(self.path.parent)
             fsutil.create_private_file(self.path)
+        elif not os.access(self.path, os.R_OK | os.W_OK):
+            # Every command writes (WAL readers too): say so now, not as "readonly database".
+            raise self._permission_denied()
+        elif self.path.stat().st_size == 0:
+            # SQLite would take an empty file for a new database and fill it: a store
+            # truncated by accident must not come back silently empty.
+            raise StoreError(f"{self.path} is empty (0 bytes): not a cuectl store; it was left untouched",
+                             hint="restore it from `cuectl admin backup`, or delete it to start a new store")
+
+    def _permission_denied(self) -> StoreError:
+        """``permission denied: PATH (group G can write it)`` for a user outside the store's
+        group: who may use it, and how to get access (docs/security.md)."""
+        who, group = fsutil.who_can_write(self.path)
+        hint = (f"ask an admin to add you to group {group} (then log in again), or use a store of your own: "
+                "--db ~/my-queue.db" if group else "use a store of your own: --db ~/my-queue.db")
+        return StoreError(f"permission denied: {self.path} ({who})", hint=hint)
 
     def _configure_and_migrate(self) -> None:
         conn = self.conn
@@ -113,6 +154,7 @@ class SQLiteStore(SQLStore):
     # -- hooks of the shared SQL ---------------------------------------------------------------
     def _write(self, fn: Callable[[Tx], T], *, idempotent: bool = True) -> T:
         """One write transaction, taken with the write lock up front (BEGIN IMMEDIATE)."""
+        self._check_same_file()
         try:
             self.conn.execute("BEGIN IMMEDIATE")
         except sqlite3.DatabaseError as exc:
@@ -141,6 +183,7 @@ class SQLiteStore(SQLStore):
                 pass
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        self._check_same_file()
         try:
             return self.conn.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as exc:
@@ -153,6 +196,20 @@ class SQLiteStore(SQLStore):
                      "COALESCE((SELECT MAX(id) FROM frames), 0)) + 1 AS first")
         first = int(row["first"])
         return list(range(first, first + count))
+
+    def actor(self) -> Actor:
+        # The OS account behind this process (never CUECTL_USER: a label); an admin is root
+        # or whoever owns the store file.
+        uid = os.getuid()
+        try:
+            name = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            name = str(uid)
+        try:
+            owner = os.stat(self.path).st_uid
+        except OSError:
+            owner = -1
+        return Actor(name, uid == 0 or uid == owner)
 
     def _record_submitter(self, tx: Tx, job_id: int, spec: m.JobSpec) -> None:
         # Any writer of the file could set the user label: the receipt's owner, set by the
@@ -225,28 +282,83 @@ class SQLiteStore(SQLStore):
         total = fetch("SELECT COUNT(*) FROM attempts", {})[0][0]
         return "NOT INDEXED" if in_window * 4 > total else ""
 
-    def backup(self, dest: Path) -> None:
-        """An online, consistent copy (SQLite's backup API), safe while workers run."""
+    def backup(self, dest: Path, *, force: bool = False) -> None:
+        """An online, consistent copy (SQLite's backup API), safe while workers run.
+
+        Refused before anything is written (``InvalidInput``): a ``dest`` that exists and is
+        not a regular file (a device such as /dev/null, a directory, a symbolic link), the
+        live store or its ``-wal``/``-shm``/``-journal`` under any name, and an existing
+        file unless ``force``. The copy goes to a new temporary file beside ``dest``
+        (``O_EXCL``: nothing else is touched), then is linked into place — atomically
+        refusing a file that appeared meanwhile — or, with ``force``, renamed over it.
+        """
         dest = Path(dest)
-        tmp = dest.with_name(dest.name + ".partial")
+        self._check_backup_target(dest, force)
+        tmp: Path | None = None
         try:
-            tmp.unlink(missing_ok=True)
-            fsutil.create_private_file(tmp)
+            tmp = fsutil.create_unique_file(dest.parent, f".{dest.name}.", ".partial")
             target = sqlite3.connect(str(tmp))
             try:
                 self.conn.backup(target)
             finally:
                 target.close()
-            os.replace(tmp, dest)
+            if force:
+                os.replace(tmp, dest)
+            else:
+                try:
+                    os.link(tmp, dest)
+                except FileExistsError:
+                    raise InvalidInput(f"backup target {dest} already exists; nothing was written",
+                                       hint="pass --force to replace it") from None
+                tmp.unlink()
+            tmp = None
         except sqlite3.DatabaseError as exc:
-            tmp.unlink(missing_ok=True)
             raise self._translate(exc) from None
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise StoreError(f"cannot write backup {dest}: {exc.strerror or exc}") from None
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+
+    def _check_backup_target(self, dest: Path, force: bool) -> None:
+        try:
+            st = os.lstat(dest)
+        except FileNotFoundError:
+            st = None
+        except OSError as exc:
+            raise InvalidInput(f"backup target {dest}: {exc.strerror or exc}") from None
+        live = [self.path] + [self.path.with_name(self.path.name + s) for s in ("-wal", "-shm", "-journal")]
+        real = os.path.realpath(dest)
+        for path in live:
+            same = real == os.path.realpath(path)
+            if not same and st is not None:
+                try:
+                    other = os.stat(path)
+                    same = (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino)
+                except OSError:
+                    pass
+            if same:
+                raise InvalidInput(f"backup target {dest} is the live store or one of its files ({path}); nothing was written",
+                                   hint="back up to a new file, e.g. cuectl-backup.db")
+        if st is None:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidInput(f"backup target {dest} exists and is not a regular file ({_file_kind(st.st_mode)}); "
+                               "nothing was written", hint="give the path of a new file")
+        if not force:
+            raise InvalidInput(f"backup target {dest} already exists; nothing was written",
+                               hint="pass --force to replace it")
 
     def integrity_problems(self) -> list[str]:
         """``PRAGMA integrity_check``: an empty list when the file is sound."""
         rows = [r[0] for r in self._read("PRAGMA integrity_check")]
         return [] if rows == ["ok"] else rows
 
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"

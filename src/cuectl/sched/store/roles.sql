@@ -1,0 +1,110 @@
+-- cuectl on PostgreSQL with one role per user: roles and row-level security.
+--
+-- Run once per database, as the owner of the cuectl tables (the role that ran
+-- `cuectl admin migrate`), after the schema exists:  cuectl admin pg-roles | psql "$URL"
+-- Then give each person a LOGIN role named like their account on the worker hosts
+-- (a root worker runs a job as the OS user named by the role that submitted it) and
+-- GRANT cuectl_user to it; GRANT cuectl_worker to the workers' role and cuectl_admin to
+-- admins. The table owner bypasses these policies: use it for migrations only.
+--
+-- What holds afterwards (docs/security.md): anyone may read the queue; a user changes
+-- only jobs and frames submitted by their own role; workers and admins change any;
+-- nobody but the server sets jobs.submitted_by (a trigger of the schema itself).
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cuectl_user') THEN CREATE ROLE cuectl_user NOLOGIN; END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cuectl_worker') THEN CREATE ROLE cuectl_worker NOLOGIN; END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cuectl_admin') THEN CREATE ROLE cuectl_admin NOLOGIN; END IF;
+END $roles$;
+
+GRANT SELECT, INSERT, UPDATE, DELETE ON jobs, layers, layer_deps, frames, frame_deps, hosts, attempts, samples
+    TO cuectl_user, cuectl_worker, cuectl_admin;
+GRANT SELECT ON meta TO cuectl_user, cuectl_worker, cuectl_admin;
+DO $grant$
+BEGIN
+    EXECUTE format('GRANT USAGE ON ALL SEQUENCES IN SCHEMA %I TO cuectl_user, cuectl_worker, cuectl_admin',
+                   current_schema());
+END $grant$;
+
+-- Workers and admins may change anything. The ownership checks run as the owner (SECURITY
+-- DEFINER, with this search_path fixed) so that they see every job whatever its policies.
+CREATE OR REPLACE FUNCTION cuectl_privileged() RETURNS boolean LANGUAGE sql STABLE SET search_path FROM CURRENT AS $f$
+    SELECT pg_has_role(session_user, 'cuectl_worker', 'MEMBER') OR pg_has_role(session_user, 'cuectl_admin', 'MEMBER')
+$f$;
+CREATE OR REPLACE FUNCTION cuectl_owns(job bigint) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+    SELECT EXISTS (SELECT 1 FROM jobs WHERE id = job AND submitted_by = session_user)
+$f$;
+CREATE OR REPLACE FUNCTION cuectl_owns_frame(frame bigint) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+    SELECT EXISTS (SELECT 1 FROM frames f JOIN jobs j ON j.id = f.job_id
+                   WHERE f.id = frame AND j.submitted_by = session_user)
+$f$;
+CREATE OR REPLACE FUNCTION cuectl_owns_layer(layer bigint) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+    SELECT EXISTS (SELECT 1 FROM layers l JOIN jobs j ON j.id = l.job_id
+                   WHERE l.id = layer AND j.submitted_by = session_user)
+$f$;
+
+ALTER TABLE jobs ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON jobs;
+DROP POLICY IF EXISTS cuectl_submit ON jobs;
+DROP POLICY IF EXISTS cuectl_change ON jobs;
+DROP POLICY IF EXISTS cuectl_remove ON jobs;
+CREATE POLICY cuectl_read ON jobs FOR SELECT USING (true);
+CREATE POLICY cuectl_submit ON jobs FOR INSERT WITH CHECK (true);
+CREATE POLICY cuectl_change ON jobs FOR UPDATE USING (submitted_by = session_user OR cuectl_privileged());
+CREATE POLICY cuectl_remove ON jobs FOR DELETE USING (submitted_by = session_user OR cuectl_privileged());
+
+ALTER TABLE layers ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON layers;
+DROP POLICY IF EXISTS cuectl_submit ON layers;
+DROP POLICY IF EXISTS cuectl_change ON layers;
+DROP POLICY IF EXISTS cuectl_remove ON layers;
+CREATE POLICY cuectl_read ON layers FOR SELECT USING (true);
+CREATE POLICY cuectl_submit ON layers FOR INSERT WITH CHECK (cuectl_owns(job_id));
+-- A layer's command never changes after submit; workers update its dependency count.
+CREATE POLICY cuectl_change ON layers FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id));
+CREATE POLICY cuectl_remove ON layers FOR DELETE USING (cuectl_privileged() OR cuectl_owns(job_id));
+
+ALTER TABLE frames ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON frames;
+DROP POLICY IF EXISTS cuectl_submit ON frames;
+DROP POLICY IF EXISTS cuectl_change ON frames;
+DROP POLICY IF EXISTS cuectl_remove ON frames;
+CREATE POLICY cuectl_read ON frames FOR SELECT USING (true);
+CREATE POLICY cuectl_submit ON frames FOR INSERT WITH CHECK (cuectl_owns(job_id));
+CREATE POLICY cuectl_change ON frames FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id));
+CREATE POLICY cuectl_remove ON frames FOR DELETE USING (cuectl_privileged() OR cuectl_owns(job_id));
+
+ALTER TABLE frame_deps ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON frame_deps;
+DROP POLICY IF EXISTS cuectl_write ON frame_deps;
+CREATE POLICY cuectl_read ON frame_deps FOR SELECT USING (true);
+CREATE POLICY cuectl_write ON frame_deps FOR ALL USING (cuectl_privileged() OR cuectl_owns_frame(frame_id))
+    WITH CHECK (cuectl_privileged() OR cuectl_owns_frame(frame_id));
+
+ALTER TABLE layer_deps ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON layer_deps;
+DROP POLICY IF EXISTS cuectl_write ON layer_deps;
+CREATE POLICY cuectl_read ON layer_deps FOR SELECT USING (true);
+CREATE POLICY cuectl_write ON layer_deps FOR ALL USING (cuectl_privileged() OR cuectl_owns_layer(layer_id))
+    WITH CHECK (cuectl_privileged() OR cuectl_owns_layer(layer_id));
+
+-- What only workers and admins write: attempts, samples, hosts.
+ALTER TABLE attempts ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON attempts;
+DROP POLICY IF EXISTS cuectl_write ON attempts;
+CREATE POLICY cuectl_read ON attempts FOR SELECT USING (true);
+CREATE POLICY cuectl_write ON attempts FOR ALL USING (cuectl_privileged() OR cuectl_owns(job_id))
+    WITH CHECK (cuectl_privileged());
+
+ALTER TABLE samples ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON samples;
+DROP POLICY IF EXISTS cuectl_write ON samples;
+CREATE POLICY cuectl_read ON samples FOR SELECT USING (true);
+CREATE POLICY cuectl_write ON samples FOR ALL USING (cuectl_privileged() OR cuectl_owns_frame(frame_id))
+    WITH CHECK (cuectl_privileged());
+
+ALTER TABLE hosts ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON hosts;
+DROP POLICY IF EXISTS cuectl_write ON hosts;
+CREATE POLICY cuectl_read ON hosts FOR SELECT USING (true);
+CREATE POLICY cuectl_write ON hosts FOR ALL USING (cuectl_privileged()) WITH CHECK (cuectl_privileged());
