@@ -21,6 +21,8 @@ def _isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Never touch the user's store, /dev/shm locks or real GPUs from a test."""
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
     monkeypatch.setenv("CUECTL_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("CUECTL_CREATE_LOCK_DIR", "1")  # a lock dir per test, outside the default places
+    monkeypatch.setenv("CUECTL_LOCK_REGISTRY", str(tmp_path / "lock-registry"))
     monkeypatch.delenv("CUECTL_DB", raising=False)
     monkeypatch.delenv("CUECTL_FAKE_GPUS", raising=False)
     monkeypatch.delenv("CUECTL_LOG_DIR", raising=False)

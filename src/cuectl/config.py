@@ -54,13 +54,37 @@ def lock_dir() -> Path:
     explicit = env("CUECTL_LOCK_DIR")
     if explicit:
         return Path(explicit)
-    provisioned = Path("/run/cuectl/locks")
+    provisioned, shm, tmp = default_lock_dirs()
     if provisioned.is_dir() and os.access(provisioned, os.W_OK):
         return provisioned
+    if shm.parent.is_dir() and os.access(shm.parent, os.W_OK):
+        return shm
+    return tmp
+
+
+# What --help says of the default (keep in step with lock_dir and docs/environment.md).
+LOCK_DIR_DEFAULT = "$CUECTL_LOCK_DIR, else /run/cuectl/locks if it exists, else /dev/shm/cuectl-locks"
+
+
+def default_lock_dirs() -> tuple[Path, Path, Path]:
+    """The documented lock directories, in order of preference: the only ones cuectl
+    creates by itself (a mistyped CUECTL_LOCK_DIR must not quietly mean separate locks)."""
+    return Path("/run/cuectl/locks"), Path("/dev/shm/cuectl-locks"), Path(tempfile.gettempdir()) / "cuectl-locks"
+
+
+def create_lock_dir() -> bool:
+    """``CUECTL_CREATE_LOCK_DIR=1``: create a lock directory outside the documented places."""
+    return _flag("CUECTL_CREATE_LOCK_DIR")
+
+
+def lock_dir_registry() -> Path:
+    """Where each lock directory used on this machine is noted, so that two in use at once
+    can be told apart (a host-local tmpfs, like the locks; ``CUECTL_LOCK_REGISTRY``)."""
+    explicit = env("CUECTL_LOCK_REGISTRY")
+    if explicit:
+        return Path(explicit)
     shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm / "cuectl-locks"
-    return Path(tempfile.gettempdir()) / "cuectl-locks"
+    return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / "cuectl-lockdirs"
 
 
 def fake_gpus_file() -> str | None:
@@ -204,3 +228,12 @@ def _wipe_initial_environ(prefix: bytes) -> None:
         if entry.startswith(prefix):
             ctypes.memset(address + len(prefix), 0, len(entry) - len(prefix))
         i += 1
+
+
+def _flag(name: str) -> bool:
+    value = (env(name) or "0").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise InvalidInput(f"{name}={value!r}: expected 1 or 0")

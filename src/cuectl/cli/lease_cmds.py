@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, List, Optional
 import typer
 
 from cuectl.cli import term
+from cuectl.config import LOCK_DIR_DEFAULT
 
 if TYPE_CHECKING:  # the lease machinery is imported only by the commands that use it
     from cuectl.errors import LeaseError
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # the lease machinery is imported only by the commands that u
 RUN_CONTEXT_SETTINGS = {"allow_interspersed_args": False}
 
 _LOCK_DIR_OPT = typer.Option(None, "--lock-dir", metavar="DIR",
-                             help="Lease lock directory (default: $CUECTL_LOCK_DIR or /dev/shm/cuectl-locks).")
+                             help=f"Lease lock directory (default: {LOCK_DIR_DEFAULT}).")
 
 
 def run_cmd(

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from cuectl.cli import term
+from cuectl.config import LOCK_DIR_DEFAULT
 from cuectl.errors import InvalidInput
 
 
@@ -24,7 +25,7 @@ def worker(
                                                                       "claimed before they are requeued."),
     gpu_only: bool = typer.Option(False, "--gpu-only", help="Run only frames that ask for GPUs."),
     lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", help="Host-local device lease directory "
-                                                                     "(default: $CUECTL_LOCK_DIR or /dev/shm/cuectl-locks)."),
+                                                                     f"(default: {LOCK_DIR_DEFAULT})."),
     tag: List[str] = typer.Option([], "--tag", help="Tag this host (layers with tags run only on hosts with all of them)."),
     cores: Optional[float] = typer.Option(None, "--cores", help="CPU slots for CPU frames (default: all cores)."),
     backend: str = typer.Option("auto", "--backend", help="GPU backend: auto, nvml, smi, apple, amd, fake."),
@@ -64,6 +65,11 @@ def worker(
                                 cores=cores, backend=backend, allowed_users=allow_user,
                                 run_as_submitter=run_as_submitter, log_limit=limit)
     w.warn = term.warn
+    from cuectl.run.lease import other_lock_dirs_in_use
+
+    for other in other_lock_dirs_in_use(w.opts.lock_dir):
+        term.warn(f"lock directory {other} is also in use on this machine: its leases and this worker's "
+                  f"({w.opts.lock_dir}) do not see each other, so a GPU could be used twice; use one")
     if not quiet:
         devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices) or "no GPUs"
         fake = " (fake GPUs)" if any(d.backend == "fake" for d in w.devices) else ""

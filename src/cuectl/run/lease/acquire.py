@@ -416,7 +416,7 @@ def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | No
         # again would wait for ourselves). Sub-leases among the frame's processes use
         # sub-locks of those devices, one directory per nesting level.
         allocation.check_held(directory)
-        directory = prepare_lock_dir(directory / NESTED_DIRNAME / str(allocation.level + 1))
+        directory = prepare_lock_dir(directory / NESTED_DIRNAME / str(allocation.level + 1), create=True)
     acquirer = _Acquirer(request, lock_dir=directory, backend=opts.backend, fake_file=fake, label=text,
                          kind=opts.kind, allocation=allocation)
     return acquirer, timeout_s

@@ -54,17 +54,27 @@ OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 _prepared: set[str] = set()
 
 
-def prepare_lock_dir(lock_dir: Path, *, mounts_file: Path = Path("/proc/mounts")) -> Path:
+def prepare_lock_dir(lock_dir: Path, *, create: bool | None = None,
+                     mounts_file: Path = Path("/proc/mounts")) -> Path:
     """Create the shared lock directory (mode 01777) or check an existing one; return it.
 
     Refuses a directory on a network filesystem: ``flock`` there is either local to one
     client or emulated, so two hosts could both "hold" a device file (and each host's
-    devices are its own anyway). Checked once per process and directory.
+    devices are its own anyway). A missing directory is created only where the docs say
+    lock directories live (``config.default_lock_dirs``), or when ``create`` (None:
+    ``CUECTL_CREATE_LOCK_DIR``): a root worker must not make a mistyped path anywhere, and
+    a second lock directory means separate locks. Checked once per process and directory.
     """
     lock_dir = Path(lock_dir)
     key = str(lock_dir)
     if key in _prepared:
         return lock_dir
+    if not lock_dir.exists() and not (config.create_lock_dir() if create is None else create) \
+            and lock_dir not in config.default_lock_dirs():
+        raise LeaseError(f"lock directory {lock_dir} does not exist, and cuectl creates only its default ones "
+                         f"({', '.join(str(d) for d in config.default_lock_dirs())})",
+                         hint=f"check CUECTL_LOCK_DIR / --lock-dir for a typo; to use it, create it first "
+                              f"(install -d -m 1777 {lock_dir}) or set CUECTL_CREATE_LOCK_DIR=1")
     fstype = fsutil.is_network_fs(lock_dir, mounts_file)
     if fstype:
         raise LeaseError(f"lock directory {lock_dir} is on a network filesystem ({fstype}); device locks must be "
@@ -72,8 +82,53 @@ def prepare_lock_dir(lock_dir: Path, *, mounts_file: Path = Path("/proc/mounts")
                                              "/dev/shm/cuectl-locks")
     _make_shared_dir(lock_dir)
     _make_shared_dir(lock_dir / QUEUE_DIRNAME)
+    _note_in_registry(lock_dir)
     _prepared.add(key)
     return lock_dir
+
+
+def _registry_entry(lock_dir: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(str(lock_dir.resolve()).encode()).hexdigest()[:20]
+
+
+def _note_in_registry(lock_dir: Path) -> None:
+    """Best effort: note this lock directory in the host's registry (a sticky directory)."""
+    registry = config.lock_dir_registry()
+    try:
+        _make_shared_dir(registry)
+        entry = registry / _registry_entry(lock_dir)
+        if not entry.exists():
+            fd = os.open(entry, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            try:
+                os.write(fd, str(lock_dir.resolve()).encode())
+            finally:
+                os.close(fd)
+    except (OSError, LeaseError):
+        pass  # the warning below is a courtesy; locking works without it
+
+
+def other_lock_dirs_in_use(lock_dir: Path) -> list[Path]:
+    """Other lock directories of this machine that hold a lease right now: processes using
+    them do not see this directory's leases, so two of them can use one GPU at once."""
+    registry = config.lock_dir_registry()
+    mine = _registry_entry(Path(lock_dir))
+    found = []
+    try:
+        entries = sorted(registry.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
+        if entry.name == mine:
+            continue
+        try:
+            other = Path(entry.read_text().strip())
+        except OSError:
+            continue
+        if other.is_dir() and any(_probe_held(p) for p in other.glob(f"*{LOCK_SUFFIX}")):
+            found.append(other)
+    return found
 
 
 def _make_shared_dir(path: Path) -> None:
