@@ -31,6 +31,7 @@ from cuectl.gpu.device import Device
 from cuectl.run import launch
 from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, queued_reservations, try_lock_all,
                               update_holder)
+from cuectl.run.lease.locks import pid_alive
 from cuectl.run.usage import UsageTracker
 from cuectl.sched import identity
 from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, select_devices, tags_fit
@@ -593,15 +594,7 @@ def _claimer_may_live(worker: Any) -> bool:
         pid = int(str(worker).rsplit(":", 1)[1])
     except (IndexError, ValueError):
         return False
-    if pid <= 0 or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def _same_process(info: dict) -> bool:
