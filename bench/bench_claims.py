@@ -146,7 +146,7 @@ def dispatch_latency(url: str, poll: str, wakeups: int, tmp: Path) -> list[float
     from cuectl.sched.store import open_store
 
     stamps = tmp / f"stamps-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), XDG_STATE_HOME=str(tmp / "state"))
+    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "state"))
     fake = tmp / "no-gpus.yaml"
     fake.write_text("devices: []\n")
     env["CUECTL_FAKE_GPUS"] = str(fake)

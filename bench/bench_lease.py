@@ -118,6 +118,7 @@ def main() -> None:
             fake.write_text(FAKE)
             os.environ["CUECTL_FAKE_GPUS"] = str(fake)
         os.environ["CUECTL_LOCK_DIR"] = args.lock_dir or str(Path(tmp) / "locks")
+        os.environ["CUECTL_CREATE_LOCK_DIR"] = "1"  # a throwaway lock dir of its own
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, lock dir {os.environ['CUECTL_LOCK_DIR']}, "
               f"GPUs from {os.environ['CUECTL_FAKE_GPUS']}")
         bench_in_process(args.iterations)

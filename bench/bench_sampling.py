@@ -79,7 +79,7 @@ def run(root: Path, name: str, interval: float, seconds: float, spec: Path) -> d
     """Submit the job to a fresh store, drain it with one worker; the worker's CPU seconds,
     the samples stored and the rows written."""
     db = root / f"{name}.db"
-    env = {**os.environ, "CUECTL_FAKE_GPUS": str(spec)}
+    env = {**os.environ, "CUECTL_FAKE_GPUS": str(spec), "CUECTL_CREATE_LOCK_DIR": "1"}  # its own lock dir
     job = subprocess.run([*cuectl(), "--db", str(db), "submit", "--name", name, "--range", f"1-{DEVICES}",
                           "--gpus", "1", "--", "sleep", f"{seconds:g}"], env=env, check=True,
                          capture_output=True, text=True)

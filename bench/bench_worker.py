@@ -32,7 +32,7 @@ def cuectl() -> list[str]:
 
 
 def bench_cuectl(tmp: Path, frames: int) -> tuple[float, float]:
-    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), XDG_STATE_HOME=str(tmp / "state"),
+    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "state"),
                CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
     db = str(tmp / "bench.db")
     t0 = time.perf_counter()
@@ -67,7 +67,7 @@ def bench_tsp(tmp: Path, frames: int) -> float | None:
 
 
 def profile_drain(tmp: Path, frames: int) -> str:
-    os.environ.update(CUECTL_LOCK_DIR=str(tmp / "plocks"), XDG_STATE_HOME=str(tmp / "pstate"),
+    os.environ.update(CUECTL_LOCK_DIR=str(tmp / "plocks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "pstate"),
                       CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
     from cuectl import config
     from cuectl.run.service import build_worker

@@ -3,6 +3,7 @@ checked here — speed is measured by running them, never asserted in tests)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,11 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 
 def run(script: str, *args: str) -> str:
-    res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300)
+    # As a person runs them: not with the suite's per-test lock directory settings.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUECTL_LOCK_DIR", "CUECTL_CREATE_LOCK_DIR", "CUECTL_LOCK_REGISTRY")}
+    res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300,
+                         env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout
 
