@@ -10,8 +10,9 @@ Prints:
      (user + system, from wait4) between the two runs over the difference in samples
      taken (the stored series hold one point per sample below their 120-point cap);
   2. the store rows each run wrote, counted by triggers the bench adds to its store, by
-     cause; and from them the rows a frame costs per hour at the defaults
-     (--sample-interval 10 s, --lease-timeout 60 s: a heartbeat every 15 s).
+     cause (heartbeats, live values written each sampling tick, completions); and from
+     them the rows a frame costs per hour at the defaults (--sample-interval 10 s,
+     --lease-timeout 60 s: a heartbeat every 15 s).
 
 Usage: python bench/bench_sampling.py [--interval S] [--seconds S] [--keep DIR]
 """
@@ -55,14 +56,22 @@ def fake_gpus(root: Path) -> Path:
 
 # Row writes by cause. A heartbeat rewrites each running frame's lease (RUNNING stays
 # RUNNING) and the host's live device values; claims and completions change a frame's state.
+# Every sampling tick after a frame's first writes its latest values (frames_live) and
+# upserts its series so far (samples_insert the first time, then samples_update; the
+# completion's series is one more samples_update).
+_STAYS_RUNNING = "OLD.state = 'RUNNING' AND NEW.state = 'RUNNING'"
+_LIVE = "NEW.gpu_sampled_at IS NOT OLD.gpu_sampled_at"
 TRIGGERS = {
-    "frames_heartbeat": "AFTER UPDATE ON frames WHEN OLD.state = 'RUNNING' AND NEW.state = 'RUNNING'",
-    "frames_state": "AFTER UPDATE ON frames WHEN NOT (OLD.state = 'RUNNING' AND NEW.state = 'RUNNING')",
+    "frames_heartbeat": f"AFTER UPDATE ON frames WHEN {_STAYS_RUNNING} AND NOT ({_LIVE})",
+    "frames_live": f"AFTER UPDATE ON frames WHEN {_STAYS_RUNNING} AND {_LIVE}",
+    "frames_state": f"AFTER UPDATE ON frames WHEN NOT ({_STAYS_RUNNING})",
     "hosts_update": "AFTER UPDATE ON hosts",
     "hosts_insert": "AFTER INSERT ON hosts",
     "attempts_insert": "AFTER INSERT ON attempts",
     "samples_insert": "AFTER INSERT ON samples",
+    "samples_update": "AFTER UPDATE ON samples",
 }
+DEFAULT_INTERVAL_S = 10.0
 
 
 def add_counters(db: Path) -> None:
@@ -139,16 +148,28 @@ def main() -> None:
     w = sampled["writes"]
     heartbeats = w.get("hosts_update", 0)
     lease_rows = w.get("frames_heartbeat", 0)
-    per_frame = (w.get("frames_state", 0) + w.get("attempts_insert", 0) + w.get("samples_insert", 0)) / DEVICES
+    # Once per frame: claim and completion (frames_state), attempt, and the completion's
+    # series row per device (one device per frame here).
+    per_frame = (w.get("frames_state", 0) + w.get("attempts_insert", 0) + DEVICES) / DEVICES
     per_beat = lease_rows / heartbeats if heartbeats else 0.0
     beats_per_hour = 3600 / DEFAULT_HEARTBEAT_S
     hourly = beats_per_hour * (per_beat / DEVICES + 1 / DEVICES)  # its lease row + its share of the host row
-    print(f"  per frame: {per_frame:.1f} rows once (claim, completion, attempt, one sample series per device, "
-          f"~{sampled['row_bytes']:.0f} bytes, at most {MAX_POINTS} points); sampling itself writes nothing "
-          f"until the frame ends (same rows with and without it)")
+    live_rows = w.get("frames_live", 0)
+    live_series = w.get("samples_insert", 0) + w.get("samples_update", 0) - DEVICES  # less the completions
+    ticks = live_rows / DEVICES  # live writes per frame (one transaction per tick for all frames)
+    per_tick = (live_rows + live_series) / live_rows if live_rows else 0.0  # rows per frame per tick
+    live_hourly = 3600 / DEFAULT_INTERVAL_S * per_tick
+    base_live = base["writes"].get("frames_live", 0)
+    print(f"  per frame: {per_frame:.1f} rows once (claim, completion, attempt, one sample series per device "
+          f"written at the end, ~{sampled['row_bytes']:.0f} bytes, at most {MAX_POINTS} points)")
+    print(f"  live values: {ticks:.1f} writes per frame sampled every {args.interval:g} s, each "
+          f"{per_tick:.1f} rows (the frame row + its one-device series); the peer, whose frames never "
+          f"reach a second sample, wrote {base_live}. At the defaults (one tick every "
+          f"{DEFAULT_INTERVAL_S:g} s, one transaction for all frames of the worker) a frame-hour adds "
+          f"{live_hourly:.0f} rows")
     print(f"  per heartbeat: 1 host row + {per_beat:.1f} lease rows for {DEVICES} running frames; at the defaults "
-          f"(one every {DEFAULT_HEARTBEAT_S:g} s) a frame-hour writes {per_frame + hourly:.0f} rows "
-          f"({hourly:.0f} of them heartbeats)")
+          f"(one every {DEFAULT_HEARTBEAT_S:g} s) a frame-hour writes {per_frame + hourly + live_hourly:.0f} rows "
+          f"({hourly:.0f} of them heartbeats, {live_hourly:.0f} live values)")
     if tmp:
         tmp.cleanup()
 

@@ -17,7 +17,7 @@ import pytest
 from cuectl.errors import Conflict, InvalidInput, NotFound, SchemaTooNew, StoreError
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
-from cuectl.sched.store import FrameResult, HostInfo, open_store
+from cuectl.sched.store import FrameResult, HostInfo, LiveUsage, open_store
 
 NOW = 1_700_000_000.0
 GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB", "backend": "fake",
@@ -232,6 +232,55 @@ def test_requeue_frame_is_fenced(store):
     assert store.requeue_frame(c.frame_id, 2, now=NOW, reason="drain") is None
     assert store.requeue_frame(c.frame_id, 1, now=NOW, reason="drain") == "WAITING"
     assert store.get_frame(c.frame_id)["attempts"] == 1
+
+
+def test_live_usage_of_running_frames_is_fenced_and_cleared_at_the_end(store):
+    store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-3", "retries": 2}]), now=NOW)
+    a, b = claim_next(store), claim_next(store)
+    untouched = claim_next(store, host="h2")
+    fresh = store.get_frame(a.frame_id)
+    assert (fresh["gpu_util_pct"], fresh["gpu_memory_used_bytes"], fresh["gpu_sampled_at"]) == (None, None, None)
+    series = {"GPU-a": [[NOW, 10.0, 100], [NOW + 10, 75.0, 2048]], "GPU-b": [[NOW, None, None]]}
+    live = [LiveUsage(frame_id=a.frame_id, attempt=1, sampled_at=NOW + 10, util_pct=37.5, memory_used_bytes=2048,
+                      samples=series),
+            LiveUsage(frame_id=b.frame_id, attempt=2, sampled_at=NOW + 10, util_pct=1.0, memory_used_bytes=1,
+                      samples={"GPU-c": [[NOW, 1.0, 1]]}),  # not b's attempt: fenced off
+            LiveUsage(frame_id=untouched.frame_id, attempt=1, sampled_at=NOW + 10, util_pct=1.0,
+                      memory_used_bytes=1, samples={"GPU-d": [[NOW, 1.0, 1]]})]  # another host's frame
+    assert store.record_live_usage("h1", live, now=NOW + 10) == [a.frame_id]
+    assert store.record_live_usage("h1", [], now=NOW + 10) == []
+    shown = store.get_frame(a.frame_id)
+    assert (shown["gpu_util_pct"], shown["gpu_memory_used_bytes"], shown["gpu_sampled_at"]) == \
+        (37.5, 2048, "2023-11-14T22:13:30.000Z")
+    assert shown["samples"] == series
+    listed = {f["id"]: f for f in store.list_frames()[0]}
+    assert listed[a.frame_id]["gpu_util_pct"] == 37.5 and listed[a.frame_id]["gpu_sampled_at"].endswith("Z")
+    for other in (b.frame_id, untouched.frame_id):
+        assert listed[other]["gpu_util_pct"] is None and store.get_frame(other)["samples"] == {}
+    # A later tick replaces the row (one per device, never a row per sample).
+    longer = {"GPU-a": [*series["GPU-a"], [NOW + 20, 50.0, 4096]]}
+    store.record_live_usage("h1", [LiveUsage(a.frame_id, 1, NOW + 20, 50.0, 4096, longer)], now=NOW + 20)
+    shown = store.get_frame(a.frame_id)
+    assert shown["gpu_util_pct"] == 50.0 and shown["samples"] == {**series, **longer}
+    # The end of the attempt clears the live values; the completion's series replaces the live one.
+    final = {"GPU-a": [[NOW, 10.0, 100], [NOW + 30, 0.0, 0]]}
+    store.complete_frame(a.frame_id, 1, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 30,
+                                                    usage={"samples": final}), now=NOW + 30)
+    done = store.get_frame(a.frame_id)
+    assert done["state"] == "SUCCEEDED" and done["gpu_util_pct"] is None and done["gpu_sampled_at"] is None
+    assert done["samples"]["GPU-a"] == final["GPU-a"]
+    assert store.record_live_usage("h1", [LiveUsage(a.frame_id, 1, NOW + 31, 9.0, 9)], now=NOW + 31) == []
+    assert store.get_frame(a.frame_id)["gpu_util_pct"] is None
+    # Requeued and reaped attempts are cleared too, and keep the series written so far.
+    store.record_live_usage("h1", [LiveUsage(b.frame_id, 1, NOW + 10, 5.0, 5, {"GPU-b": [[NOW, 5.0, 5]]})],
+                            now=NOW + 10)
+    assert store.requeue_frame(b.frame_id, 1, now=NOW + 11, reason="drain") == "WAITING"
+    requeued = store.get_frame(b.frame_id)
+    assert requeued["gpu_util_pct"] is None and requeued["samples"] == {"GPU-b": [[NOW, 5.0, 5]]}
+    store.record_live_usage("h2", [LiveUsage(untouched.frame_id, 1, NOW + 10, 7.0, 7)], now=NOW + 10)
+    assert store.get_frame(untouched.frame_id)["gpu_util_pct"] == 7.0
+    assert store.reap(now=NOW + 120) == [untouched.frame_id]
+    assert store.get_frame(untouched.frame_id)["gpu_util_pct"] is None
 
 
 def test_hosts_register_list_lock(store):

@@ -87,3 +87,77 @@ def test_tracker_integrates_busy_time_per_device():
     assert s["gpu_seconds"] == 40.0
     assert s["gpu_busy_seconds"] == 30.0  # 50% of 20 s + 100% of 20 s
     assert s["gpu_util_mean_pct"] == 75.0
+
+
+# A frame that reports 75% and 2 GiB of its own, then runs until the test lets it go
+# (or 60 s): long enough to be watched, and to outlive a worker killed with SIGKILL.
+LONG_FRAME = r"""
+import json, os, sys, time
+state_dir, release = sys.argv[1], sys.argv[2]
+idx = os.environ["CUDA_VISIBLE_DEVICES"]
+path = os.path.join(state_dir, idx + ".json")
+with open(path + ".tmp", "w") as fh:
+    json.dump({"utilization_pct": 75, "memory_used_bytes": 5 * 2**30,
+               "processes": [{"pid": os.getpid(), "memory_used_bytes": 2 * 2**30, "utilization_pct": 75}]}, fh)
+os.replace(path + ".tmp", path)
+deadline = time.time() + 60
+while time.time() < deadline and not os.path.exists(release):
+    time.sleep(0.05)
+"""
+
+
+def _frame_pid(state_dir):
+    return json.loads((state_dir / "0.json").read_text())["processes"][0]["pid"]
+
+
+def test_running_frames_show_live_usage_and_a_killed_worker_leaves_its_samples(farm):
+    import os
+    import signal
+
+    from farmlib import alive
+
+    fake = farm.host("gpu", [V100], state=True)
+    state_dir = farm.tmp / "gpu-state"
+    release = farm.tmp / "release"
+    job = farm.submit({"name": "live", "layers": [{
+        "name": "train", "command": [sys.executable, "-c", LONG_FRAME, str(state_dir), str(release)], "gpus": 1,
+        "retries": 0}]})
+    worker = farm.start_worker(fake)  # samples every 0.2 s (farmlib), lease 2 s
+
+    def live_frame():
+        frames = farm.frames(job)
+        return frames[0] if frames[0]["state"] == "RUNNING" and frames[0]["gpu_util_pct"] == 75 else None
+
+    frame = farm.wait_for(live_frame, what="the running frame's live GPU values")
+    assert frame["gpu_memory_used_bytes"] == 2 * GIB, "only the frame's own process is billed"
+    assert frame["gpu_sampled_at"].endswith("Z") and frame["ended_at"] is None
+    shown = json.loads(farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)
+    assert shown["gpu_util_pct"] == 75 and shown["state"] == "RUNNING"
+    (points,) = shown["samples"].values()
+    assert len(points) >= 2 and points[-1][1] == 75
+    assert "75% 2.0 GiB" in farm.cuectl("frame", "list", "--job", str(job)).stdout
+    assert "so far" in farm.cuectl("frame", "show", str(frame["id"])).stdout
+
+    # The series keeps growing while the frame runs; then the worker dies without a word.
+    farm.wait_for(lambda: len(next(iter(json.loads(farm.cuectl(
+        "frame", "show", str(frame["id"]), "--json").stdout)["samples"].values()))) > len(points) + 2,
+        what="more samples")
+    frame_pid = _frame_pid(state_dir)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait(10)
+    try:
+        before = json.loads(farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)
+        (kept,) = before["samples"].values()
+        assert len(kept) > len(points) + 2 and max(p[1] for p in kept) == 75
+        assert before["state"] == "RUNNING"  # until its lease expires
+        # Once its lease expires the attempt is reaped as lost (no retries left: DEAD); the
+        # samples taken so far stay in the store.
+        farm.wait_for(lambda: json.loads(farm.cuectl("admin", "reap", "--json").stdout)["reaped"], what="the reap")
+        after = json.loads(farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)
+        assert after["state"] == "DEAD" and after["gpu_util_pct"] is None and after["gpu_sampled_at"] is None
+        assert [a["outcome"] for a in after["attempt_history"]] == ["lost"]
+        assert after["samples"] == before["samples"]
+    finally:
+        release.touch()
+        if alive(frame_pid):
+            os.kill(frame_pid, signal.SIGKILL)

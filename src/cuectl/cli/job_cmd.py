@@ -187,7 +187,11 @@ def job_priority(ctx: typer.Context, job: str, priority: int = typer.Argument(..
 
 # -- frame -------------------------------------------------------------------------------
 def _gpu_cell(frame: dict) -> str:
-    util, peak = frame.get("gpu_util_mean_pct"), frame.get("gpu_memory_peak_bytes")
+    # A RUNNING frame shows its latest sample (now); a finished one its mean and peak.
+    if frame.get("gpu_sampled_at") is not None:
+        util, peak = frame.get("gpu_util_pct"), frame.get("gpu_memory_used_bytes")
+    else:
+        util, peak = frame.get("gpu_util_mean_pct"), frame.get("gpu_memory_peak_bytes")
     if util is None and peak is None:
         return "-"
     from cuectl.units import format_bytes
@@ -231,12 +235,14 @@ def frame_show(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame 
     term.fields([(k, data[k]) for k in ("id", "job", "layer", "name", "state", "attempts", "host", "gpu_uuids",
                                         "exit_code", "exit_signal", "started_at", "ended_at", "max_rss_bytes",
                                         "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes",
-                                        "gpu_seconds", "log_path")])
+                                        "gpu_seconds", "gpu_util_pct", "gpu_memory_used_bytes", "gpu_sampled_at",
+                                        "log_path")])
     if data.get("samples"):
         from cuectl.units import format_bytes
 
         term.line()
-        term.line("GPU samples of the latest attempt (utilisation over time):")
+        so_far = " so far" if data["state"] == "RUNNING" else ""
+        term.line(f"GPU samples of the latest attempt{so_far} (utilisation over time):")
         for uuid, points in data["samples"].items():
             utils = [p[1] for p in points]
             mems = [p[2] for p in points if p[2] is not None]

@@ -78,6 +78,8 @@ class UsageTracker:
         self._util_max: float | None = None
         self._mem_peak: int | None = None
         self.samples_taken = 0
+        self.last_at: float | None = None  # when the latest sample was added
+        self._now: dict[str, tuple[float | None, int | None]] = {}  # uuid -> latest (util, mem)
 
     def add(self, samples: Mapping[str, DeviceSample], pids: Collection[int], now: float) -> None:
         for uuid in self.uuids:
@@ -91,7 +93,20 @@ class UsageTracker:
             if mem is not None:
                 self._mem_peak = mem if self._mem_peak is None else max(self._mem_peak, mem)
             self.series[uuid].add(Point(now, util, mem))
+            self._now[uuid] = (util, mem)
         self.samples_taken += 1
+        self.last_at = now
+
+    def current(self) -> tuple[float | None, int | None]:
+        """The latest sample: mean utilisation over the frame's devices that reported one,
+        and the most memory used on any one of them (as ``gpu_memory_peak_bytes``)."""
+        utils = [u for u, _ in self._now.values() if u is not None]
+        mems = [m for _, m in self._now.values() if m is not None]
+        return (round(sum(utils) / len(utils), 2) if utils else None), (max(mems) if mems else None)
+
+    def series_json(self) -> dict[str, list[list[Any]]]:
+        """The bounded series so far, per device, as stored (``[[t, util, mem], ...]``)."""
+        return {u: [[p.t, p.util, p.mem] for p in s.points] for u, s in self.series.items()}
 
     def _integrate(self, uuid: str, util: float | None, now: float) -> None:
         # Utilisation is held from one sample to the next (a step function): the interval
@@ -118,5 +133,5 @@ class UsageTracker:
             "gpu_memory_peak_bytes": self._mem_peak,
             "gpu_seconds": round(wall * len(self.uuids), 3),
             "gpu_busy_seconds": round(self._busy, 3),
-            "samples": {u: [[p.t, p.util, p.mem] for p in s.points] for u, s in self.series.items()},
+            "samples": self.series_json(),
         }

@@ -35,7 +35,7 @@ from cuectl.run.lease.locks import pid_alive
 from cuectl.run.usage import UsageTracker
 from cuectl.sched import identity
 from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, select_devices, tags_fit
-from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, RunnableLayer, Store
+from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, LiveUsage, RunnableLayer, Store
 from cuectl.units import iso
 
 
@@ -112,6 +112,9 @@ class Worker:
     _next_reap: float = 0.0
     _nothing_fits: bool = False
     _last_live: dict[str, Any] | None = None
+    # The store failed the last call (live write, heartbeat, claim): no live-usage write, an
+    # optional extra, until a call gets through.
+    _live_paused: bool = False
     # Told about store trouble the loop rides out (busy, unreachable): the CLI prints it.
     warn: Callable[[str], None] | None = None
     store_errors: int = 0
@@ -203,12 +206,14 @@ class Worker:
                 self.stats.reaped = len(self.store.reap(now=now))
             if not self.draining and not self._reached_max():
                 self._claim_all(now)
+            self._live_paused = False
         except StoreGone:
             raise  # nothing more can be recorded: the supervisor stops the worker
         except StoreError as exc:
             # Busy or unreachable store: running frames go on, their reports wait in
             # `pending`; claiming resumes on a later iteration.
             self._nothing_fits = False
+            self._live_paused = True
             self.store_errors += 1
             if self.warn:
                 self.warn(f"store unavailable, retrying: {exc.message}")
@@ -428,7 +433,9 @@ class Worker:
             actions = self.store.heartbeat(self.opts.name, ids, now=now, lease_s=self.opts.lease_timeout_s,
                                            live=self._last_live, attempts=attempts)
         except StoreError:
+            self._live_paused = True
             return  # try again next time; frames keep running
+        self._live_paused = False
         for frame_id, action in actions.items():
             rf = self.running.get(frame_id)
             if rf is None or action is None or rf.user_action or rf.lost:
@@ -444,7 +451,31 @@ class Worker:
         due = [rf for rf in self.running.values() if now >= rf.next_sample]
         for rf in due:
             rf.next_sample = now + self.opts.sample_interval_s
-        self._sample_frames([rf for rf in due if rf.devices], now)
+        sampled = [rf for rf in due if rf.devices]
+        self._sample_frames(sampled, now)
+        self._publish_live(sampled, now)
+
+    def _publish_live(self, frames: Sequence[RunningFrame], now: float) -> None:
+        """Write the latest values and the series so far of the frames just sampled: one
+        transaction per sampling tick for all of them (docs/accounting.md, live values).
+        The sample taken at a frame's start is not written: a frame shorter than one
+        interval costs no store write beyond its completion, which stores the series."""
+        live = []
+        for rf in frames:
+            if rf.lost or rf.proc.finished or rf.usage.last_at != now or rf.usage.samples_taken < 2:
+                continue
+            util, mem = rf.usage.current()
+            live.append(LiveUsage(frame_id=rf.claim.frame_id, attempt=rf.claim.attempt, sampled_at=now,
+                                  util_pct=util, memory_used_bytes=mem, samples=rf.usage.series_json()))
+        if not live or self._live_paused:
+            return
+        try:
+            self.store.record_live_usage(self.opts.name, live, now=now)
+        except StoreError:
+            # Best effort: a later tick writes the series again, the completion in full. Not
+            # before another store call gets through, though: each call to a lost server
+            # waits for it, and the loop must keep noticing frames that end.
+            self._live_paused = True
 
     def _sample_frames(self, frames: Sequence[RunningFrame], now: float) -> None:
         if not frames or self.sampler is None:

@@ -74,6 +74,7 @@ def frame_name(number: int, layer: str) -> str:
 
 
 def frame_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    running = row["state"] == "RUNNING"
     return {
         "id": row["id"],
         "job_id": row["job_id"],
@@ -96,6 +97,11 @@ def frame_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_seconds": row["gpu_seconds"],
         "max_rss_bytes": row["max_rss_bytes"],
         "pending_action": row["action"],
+        # A RUNNING frame's latest sample (the worker writes it every --sample-interval):
+        # mean utilisation over its devices, the most memory on any one, and when.
+        "gpu_util_pct": row["gpu_util_pct"] if running else None,
+        "gpu_memory_used_bytes": row["gpu_memory_used_bytes"] if running else None,
+        "gpu_sampled_at": iso(row["gpu_sampled_at"]) if running else None,
     }
 
 

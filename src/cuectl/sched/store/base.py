@@ -95,6 +95,20 @@ class FrameResult:
 
 
 @dataclass(frozen=True)
+class LiveUsage:
+    """A RUNNING attempt's GPU usage so far, as the worker publishes it every sampling
+    interval (``Store.record_live_usage``): the latest values and the series up to now."""
+
+    frame_id: int
+    attempt: int
+    sampled_at: float                  # when the latest sample was taken (the store's clock)
+    util_pct: float | None             # mean utilisation over the frame's devices, now
+    memory_used_bytes: int | None      # the most memory used on any one of its devices, now
+    # uuid -> the bounded series so far (``[[t, util, mem], ...]``, as the final report stores)
+    samples: Mapping[str, Sequence[Sequence[Any]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Actor:
     """The caller, for ownership checks: a SQLite store's OS user (admin: root or the
     store file's owner); a PostgreSQL session role (admin: superuser, a member of
@@ -213,6 +227,14 @@ class Store(abc.ABC):
         """Extend the host's and its frames' leases; return each frame's pending user action
         (``kill``/``retry``/``eat``, or ``lost`` when the frame is no longer ours — another
         host, or another attempt than ``attempts`` says)."""
+
+    @abc.abstractmethod
+    def record_live_usage(self, host: str, usage: Sequence[LiveUsage], *, now: float) -> list[int]:
+        """In one transaction, store each RUNNING attempt's latest GPU values (the frame's
+        ``gpu_util_pct``/``gpu_memory_used_bytes``/``gpu_sampled_at``) and upsert its sample
+        series so far (one row per device, replaced each time: bounded, not a row per
+        sample). Fenced like completions: frames not RUNNING ``attempt`` on ``host`` are
+        skipped. Returns the frame ids written."""
 
     @abc.abstractmethod
     def complete_frame(self, frame_id: int, attempt: int, result: FrameResult, *, now: float) -> str | None:

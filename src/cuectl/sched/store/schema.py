@@ -143,11 +143,15 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # v3: who submitted a job, as proven by the database server (PostgreSQL's session_user;
     # NULL on SQLite), the submitter's receipt file (SQLite: its owner is the proof), and a
-    # per-layer cap on each attempt's log.
+    # per-layer cap on each attempt's log; a RUNNING frame's latest GPU sample (the worker
+    # writes it every sampling interval; NULL when not running or not sampled yet).
     """
     ALTER TABLE jobs ADD COLUMN submitted_by TEXT{SUBMITTER};
     ALTER TABLE jobs ADD COLUMN receipt TEXT;
     ALTER TABLE layers ADD COLUMN log_limit_bytes INTEGER;
+    ALTER TABLE frames ADD COLUMN gpu_util_pct REAL;
+    ALTER TABLE frames ADD COLUMN gpu_memory_used_bytes INTEGER;
+    ALTER TABLE frames ADD COLUMN gpu_sampled_at REAL;
     """,
 )
 # Statements one database alone runs after a version's shared script (not split on ';').

@@ -30,7 +30,7 @@ from cuectl.sched import model as m
 from cuectl.sched import usage_sql
 from cuectl.sched.dialect import Dialect
 from cuectl.sched.store import lifecycle, schema
-from cuectl.sched.store.base import FrameResult, HostInfo, RunnableLayer, Store
+from cuectl.sched.store.base import FrameResult, HostInfo, LiveUsage, RunnableLayer, Store
 from cuectl.sched.usage_sql import Fetch, UsageGroup
 from cuectl.sched.views import frame_json, host_json, job_json, layer_json
 
@@ -50,6 +50,10 @@ _ATTEMPT_COLUMNS = ("frame_id", "attempt", "job_id", "host", "gpu_uuids", "outco
                     "ended_at", "exit_code", "exit_signal", "timed_out", "max_rss_bytes", "cpu_seconds", "cores",
                     "usage", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes", "gpu_seconds",
                     "gpu_busy_seconds", "gpu_models")
+# A RUNNING attempt's latest GPU values (``record_live_usage``), cleared when it ends.
+_CLEAR_LIVE = "gpu_util_pct = NULL, gpu_memory_used_bytes = NULL, gpu_sampled_at = NULL"
+_UPSERT_SAMPLES = ("INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (?, ?, ?, ?) "
+                   "ON CONFLICT (frame_id, attempt, uuid) DO UPDATE SET points = excluded.points")
 _RECORD_ATTEMPT = (
     f"INSERT INTO attempts({', '.join(_ATTEMPT_COLUMNS)}) VALUES ({', '.join('?' * len(_ATTEMPT_COLUMNS))}) "
     "ON CONFLICT (frame_id, attempt) DO UPDATE SET "
@@ -487,6 +491,29 @@ class SQLStore(Store):
             result[r["id"]] = r["action"] if ours else "lost"
         return result
 
+    def record_live_usage(self, host: str, usage: Sequence[LiveUsage], *, now: float) -> list[int]:
+        if not usage:
+            return []
+
+        def record(tx: Tx) -> list[int]:
+            # No job lock: this changes no state, only columns and rows that RUNNING
+            # attempt alone writes; the fence (state, attempt, host) is in the UPDATE itself.
+            # Rows in id order, as the reaper locks them: two writers never wait on each other
+            # in a cycle.
+            written, series = [], []
+            for u in sorted(usage, key=lambda u: u.frame_id):
+                if tx.run("UPDATE frames SET gpu_util_pct = ?, gpu_memory_used_bytes = ?, gpu_sampled_at = ? "
+                          "WHERE id = ? AND attempts = ? AND host = ? AND state = 'RUNNING'",
+                          (u.util_pct, u.memory_used_bytes, u.sampled_at, u.frame_id, u.attempt, host)):
+                    written.append(u.frame_id)
+                    series += [(u.frame_id, u.attempt, uuid, json.dumps([list(p) for p in points]))
+                               for uuid, points in u.samples.items()]
+            if series:
+                tx.many(_UPSERT_SAMPLES, series)
+            return written
+
+        return self._write(record)
+
     def _running_frame(self, tx: Tx, frame_id: int, attempt: int) -> Row | None:
         """The frame with what its attempt record needs, locked (its job first: the lock order
         of every writer); None unless it is RUNNING ``attempt`` (fencing)."""
@@ -505,7 +532,8 @@ class SQLStore(Store):
             new_state, outcome = lifecycle.next_state(result, row["action"], attempt, row["retries"])
             usage = dict(result.usage)
             tx.run(
-                "UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, exit_code = ?, exit_signal = ?, "
+                f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, exit_code = ?, "
+                "exit_signal = ?, "
                 "started_at = COALESCE(?, started_at), ended_at = ?, max_rss_bytes = ?, cpu_seconds = ?, "
                 "gpu_util_mean_pct = ?, gpu_util_max_pct = ?, gpu_memory_peak_bytes = ?, gpu_seconds = ?, "
                 "gpu_busy_seconds = ?, waiting_since = CASE WHEN ? THEN ? ELSE waiting_since END WHERE id = ?",
@@ -541,17 +569,15 @@ class SQLStore(Store):
             usage.get("gpu_seconds"), usage.get("gpu_busy_seconds"),
             json.dumps(usage["gpu_models"]) if usage.get("gpu_models") else None))
         if samples:
-            tx.many("INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT (frame_id, attempt, uuid) DO UPDATE SET points = excluded.points",
-                    [(frame_id, attempt, uuid, json.dumps(points)) for uuid, points in samples.items()])
+            tx.many(_UPSERT_SAMPLES, [(frame_id, attempt, uuid, json.dumps(points)) for uuid, points in samples.items()])
 
     def requeue_frame(self, frame_id: int, attempt: int, *, now: float, reason: str) -> str | None:
         def requeue(tx: Tx) -> str | None:
             row = self._running_frame(tx, frame_id, attempt)
             if row is None:
                 return None
-            tx.run("UPDATE frames SET state = 'WAITING', action = NULL, lease_expires = NULL, waiting_since = ?, "
-                   "ended_at = ? WHERE id = ?", (now, now, frame_id))
+            tx.run(f"UPDATE frames SET state = 'WAITING', action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
+                   "waiting_since = ?, ended_at = ? WHERE id = ?", (now, now, frame_id))
             self._record_attempt(tx, frame_id, attempt, row, reason, None, now)
             self._notify(tx)
             return m.WAITING
@@ -581,8 +607,8 @@ class SQLStore(Store):
                               f"ORDER BY f.id{self.dialect.lock_rows}", (*batch, now))
                 for row in rows:
                     new = lifecycle.reaped_state(row["action"], row["attempts"], row["retries"])
-                    tx.run("UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, ended_at = ?, "
-                           "waiting_since = ? WHERE id = ?", (new, now, now, row["id"]))
+                    tx.run(f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
+                           "ended_at = ?, waiting_since = ? WHERE id = ?", (new, now, now, row["id"]))
                     self._record_attempt(tx, row["id"], row["attempts"], row, "lost", None, now)
                     woke += int(new == m.WAITING)
                     if new == m.EATEN:
