@@ -504,3 +504,23 @@ def test_sqlite_empty_file_is_not_reinitialised(tmp_path: Path):
     with pytest.raises(StoreError, match="is empty"):
         open_store(str(path))
     assert path.stat().st_size == 0
+
+
+def test_api_tokens_are_stored_hashed_revocable_and_listed(store):
+    token, secret = store.create_token("alice", role="user", label="laptop", now=NOW)
+    assert secret.startswith("cuectl_") and len(secret) > 40
+    assert (token.user, token.role, token.label, token.revoked_at) == ("alice", "user", "laptop", None)
+    assert store.authenticate(secret, now=NOW + 1).user == "alice"
+    assert store.authenticate(secret + "x", now=NOW + 1) is None
+    listed = store.list_tokens()
+    assert [t.id for t in listed] == [token.id] and listed[0].last_used_at == NOW + 1
+    assert secret not in json.dumps([t.to_json() for t in listed])
+    other, _ = store.create_token("bob", role="viewer", label=None, now=NOW)
+    assert store.revoke_token(token.id, now=NOW + 2).revoked_at == NOW + 2
+    assert store.authenticate(secret, now=NOW + 3) is None
+    assert store.revoke_token(token.id, now=NOW + 9).revoked_at == NOW + 2  # revoking again changes nothing
+    with pytest.raises(NotFound):
+        store.revoke_token(other.id + 100, now=NOW)
+    with pytest.raises(InvalidInput, match="--role"):
+        store.create_token("carol", role="root", label=None, now=NOW)
+    assert [t.user for t in store.list_tokens()] == ["alice", "bob"]

@@ -135,3 +135,20 @@ def test_only_the_owner_or_an_admin_changes_a_job_unless_forced(shared_farm, os_
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["jobs"] == [his]
     assert json.loads(shared_farm.cuectl("admin", "prune", "--older-than", "0s", "--json").stdout)["jobs"] == [job]
+
+
+def test_only_an_admin_manages_api_tokens(shared_farm, os_users):
+    (bob,) = os_users("bob")
+    shared_farm.cuectl("admin", "migrate")  # root makes the store: bob is a member, not its owner
+    submit_as(bob, shared_farm, {"name": "any", "layers": [{"name": "w", "command": ["true"]}]})
+    base = [*cuectl_cmd(), "--db", str(shared_farm.db)]
+    res = bob.run([*base, "admin", "token", "create", bob.name], env=shared_farm.env())
+    assert res.returncode == 1 and "only an admin may manage API tokens" in res.stderr, res.stderr
+    created = json.loads(shared_farm.cuectl("admin", "token", "create", bob.name, "--role", "viewer",
+                                            "--json").stdout)
+    assert created["secret"].startswith("cuectl_") and created["role"] == "viewer"
+    listed = shared_farm.cuectl("admin", "token", "list").stdout
+    assert bob.name in listed and created["secret"] not in listed
+    assert bob.run([*base, "admin", "token", "revoke", str(created["id"])], env=shared_farm.env()).returncode == 1
+    shared_farm.cuectl("admin", "token", "revoke", str(created["id"]))
+    assert json.loads(shared_farm.cuectl("admin", "token", "list", "--json").stdout)["tokens"][0]["revoked_at"]

@@ -81,6 +81,48 @@ def pg_roles() -> None:
     term.write_text(roles_sql())
 
 
+token_app = typer.Typer(help="API tokens for `cuectl serve` (admins only): create, list, revoke.",
+                        no_args_is_help=True)
+admin_app.add_typer(token_app, name="token")
+
+
+@token_app.command("create")
+def token_create(ctx: typer.Context, user: str = typer.Argument(..., help="Whose token: what it submits is theirs."),
+                 role: str = typer.Option("user", "--role", help="admin, user (changes only its own jobs) or viewer."),
+                 label: Optional[str] = typer.Option(None, "--label", help="A note for `token list`."),
+                 as_json: bool = JSON_OPT) -> None:
+    """Create a token; its secret is printed once and never stored (only its SHA-256)."""
+    token, secret = ctx.obj.store().create_token(user, role=role, label=label, now=time.time())
+    if as_json:
+        term.emit_json({**token.to_json(), "secret": secret})
+    else:
+        term.line(secret)
+        term.info(f"token {token.id} for {token.user} ({token.role}): keep it secret, it is not shown again")
+
+
+@token_app.command("list")
+def token_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """Every token (never its secret), revoked ones too."""
+    tokens = [t.to_json() for t in ctx.obj.store().list_tokens()]
+    if as_json:
+        term.emit_json({"tokens": tokens})
+        return
+    term.table(["ID", "USER", "ROLE", "LABEL", "CREATED", "BY", "REVOKED", "LAST USED"],
+               [[t["id"], t["user"], t["role"], t["label"] or "-", t["created_at"], t["created_by"],
+                 t["revoked_at"] or "-", t["last_used_at"] or "-"] for t in tokens])
+
+
+@token_app.command("revoke")
+def token_revoke(ctx: typer.Context, token_id: int = typer.Argument(..., metavar="ID"),
+                 as_json: bool = JSON_OPT) -> None:
+    """Revoke a token at once (it stays listed, marked revoked)."""
+    token = ctx.obj.store().revoke_token(token_id, now=time.time())
+    if as_json:
+        term.emit_json(token.to_json())
+    else:
+        term.line(f"revoked token {token.id} of {token.user}")
+
+
 admin_app.command("report", help="Accounting per job, layer, user, host, GPU model or day: GPU-hours "
                                   "allocated/busy/wasted, efficiency, failures, queue waits.")(report_cmd)
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cuectl.sched.store.base import Actor, ClaimedFrame, FrameResult, HostInfo, LiveUsage, RunnableLayer, Store
+from cuectl.sched.store.base import (Actor, ClaimedFrame, FrameResult, HostInfo, LiveUsage, RunnableLayer, Store,
+                                     Token)
 
-__all__ = ["Actor", "ClaimedFrame", "FrameResult", "HostInfo", "LiveUsage", "RunnableLayer", "Store", "open_store",
-           "roles_sql"]
+__all__ = ["Actor", "ClaimedFrame", "FrameResult", "HostInfo", "LiveUsage", "RunnableLayer", "Store", "Token",
+           "open_store", "roles_sql"]
 
 
 def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,

@@ -95,6 +95,30 @@ class FrameResult:
 
 
 @dataclass(frozen=True)
+class Token:
+    """An API token as the store keeps it (never the secret itself)."""
+
+    id: int
+    user: str
+    role: str                 # admin | user | viewer
+    label: str | None
+    created_at: float
+    created_by: str
+    revoked_at: float | None = None
+    last_used_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        from cuectl.units import iso
+
+        return {"id": self.id, "user": self.user, "role": self.role, "label": self.label,
+                "created_at": iso(self.created_at), "created_by": self.created_by,
+                "revoked_at": iso(self.revoked_at), "last_used_at": iso(self.last_used_at)}
+
+
+TOKEN_ROLES = ("admin", "user", "viewer")
+
+
+@dataclass(frozen=True)
 class LiveUsage:
     """A RUNNING attempt's GPU usage so far, as the worker publishes it every sampling
     interval (``Store.record_live_usage``): the latest values and the series up to now."""
@@ -269,6 +293,24 @@ class Store(abc.ABC):
         (``usage_sql.GROUPINGS``; None for one group) over the attempts that ended in
         [since, until), in no order, and the whole window as one more group when
         ``with_total``; all read from one snapshot."""
+
+    # -- API tokens (``cuectl admin token``; the REST API authenticates with them) ----------
+    @abc.abstractmethod
+    def create_token(self, user: str, *, role: str, label: str | None, now: float) -> tuple[Token, str]:
+        """A new token for ``user`` (admins only); returns it with its secret, which the
+        store does not keep (only its SHA-256) and nobody can see again."""
+
+    @abc.abstractmethod
+    def list_tokens(self) -> list[Token]:
+        """Every token, revoked ones too (admins only)."""
+
+    @abc.abstractmethod
+    def revoke_token(self, token_id: int, *, now: float) -> Token:
+        """Revoke a token (admins only); NotFound if there is none with that id."""
+
+    @abc.abstractmethod
+    def authenticate(self, secret: str, *, now: float) -> Token | None:
+        """The live (not revoked) token with this secret, its use recorded; else None."""
 
     # -- maintenance -------------------------------------------------------------------
     @abc.abstractmethod

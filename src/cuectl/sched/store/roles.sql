@@ -19,6 +19,8 @@ END $roles$;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON jobs, layers, layer_deps, frames, frame_deps, hosts, attempts, samples
     TO cuectl_user, cuectl_worker, cuectl_admin;
+-- API tokens: admins manage them; `cuectl serve` should run as an admin role.
+GRANT SELECT, INSERT, UPDATE ON tokens TO cuectl_admin;
 GRANT SELECT ON meta TO cuectl_user, cuectl_worker, cuectl_admin;
 DO $grant$
 BEGIN

@@ -144,7 +144,8 @@ MIGRATIONS: tuple[str, ...] = (
     # v3: who submitted a job, as proven by the database server (PostgreSQL's session_user;
     # NULL on SQLite), the submitter's receipt file (SQLite: its owner is the proof), and a
     # per-layer cap on each attempt's log; a RUNNING frame's latest GPU sample (the worker
-    # writes it every sampling interval; NULL when not running or not sampled yet).
+    # writes it every sampling interval; NULL when not running or not sampled yet); API
+    # tokens (stored as SHA-256 hashes: the secret is shown once, at creation).
     """
     ALTER TABLE jobs ADD COLUMN submitted_by TEXT{SUBMITTER};
     ALTER TABLE jobs ADD COLUMN receipt TEXT;
@@ -152,6 +153,17 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE frames ADD COLUMN gpu_util_pct REAL;
     ALTER TABLE frames ADD COLUMN gpu_memory_used_bytes INTEGER;
     ALTER TABLE frames ADD COLUMN gpu_sampled_at REAL;
+    CREATE TABLE tokens (
+        id {ID},
+        "user" TEXT NOT NULL,
+        role TEXT NOT NULL,
+        hash TEXT NOT NULL UNIQUE,
+        label TEXT,
+        created_at REAL NOT NULL,
+        created_by TEXT NOT NULL,
+        revoked_at REAL,
+        last_used_at REAL
+    );
     """,
 )
 # Statements one database alone runs after a version's shared script (not split on ';').
@@ -175,7 +187,7 @@ _ONLY: dict[tuple[int, str], tuple[str, ...]] = {
 }
 SCHEMA_VERSION = len(MIGRATIONS)
 # Every table of ours: a database holding some of them but no ``meta`` is not a cuectl store.
-TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples")
+TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples", "tokens")
 
 
 def statements(version: int, dialect: Dialect) -> list[str]:

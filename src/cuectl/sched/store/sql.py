@@ -20,7 +20,9 @@ What a state change means (next state, reaped state, submit rows) is decided in
 from __future__ import annotations
 
 import abc
+import hashlib
 import json
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
@@ -30,7 +32,8 @@ from cuectl.sched import model as m
 from cuectl.sched import usage_sql
 from cuectl.sched.dialect import Dialect
 from cuectl.sched.store import lifecycle, schema
-from cuectl.sched.store.base import FrameResult, HostInfo, LiveUsage, RunnableLayer, Store
+from cuectl.sched.store.base import (TOKEN_ROLES, Actor, FrameResult, HostInfo, LiveUsage, RunnableLayer, Store,
+                                     Token)
 from cuectl.sched.usage_sql import Fetch, UsageGroup
 from cuectl.sched.views import frame_json, host_json, job_json, layer_json
 
@@ -627,6 +630,43 @@ class SQLStore(Store):
     def has_unfinished_work(self) -> bool:
         return bool(self._read("SELECT 1 FROM frames WHERE state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1"))
 
+    # -- API tokens ----------------------------------------------------------------------------
+    def _admin_only(self, what: str) -> Actor:
+        actor = self.actor()
+        if not actor.admin:
+            raise NotOwner(f"{what}: only an admin may manage API tokens, not {actor.name}",
+                           hint="ask an admin (root or the store's owner; PostgreSQL: a member of cuectl_admin)")
+        return actor
+
+    def create_token(self, user: str, *, role: str, label: str | None, now: float) -> tuple[Token, str]:
+        if role not in TOKEN_ROLES:
+            raise InvalidInput(f"--role: {role!r} is not one of {', '.join(TOKEN_ROLES)}")
+        if not user or not user.strip() or len(user) > 200 or not user.isprintable():
+            raise InvalidInput(f"USER: {user!r} is not a user name")
+        actor = self._admin_only("token create")
+        secret = "cuectl_" + secrets.token_urlsafe(32)
+        row = self._write(lambda tx: tx.one(
+            'INSERT INTO tokens("user", role, hash, label, created_at, created_by) VALUES (?, ?, ?, ?, ?, ?) '
+            "RETURNING *", (user, role, _token_hash(secret), label, now, actor.name)))
+        return _token(row), secret
+
+    def list_tokens(self) -> list[Token]:
+        self._admin_only("token list")
+        return [_token(r) for r in self._read("SELECT * FROM tokens ORDER BY id")]
+
+    def revoke_token(self, token_id: int, *, now: float) -> Token:
+        self._admin_only("token revoke")
+        row = self._write(lambda tx: tx.one("UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ? "
+                                            "RETURNING *", (now, token_id)))
+        if row is None:
+            raise NotFound(f"no token {token_id}", hint="see `cuectl admin token list`")
+        return _token(row)
+
+    def authenticate(self, secret: str, *, now: float) -> Token | None:
+        row = self._write(lambda tx: tx.one("UPDATE tokens SET last_used_at = ? WHERE hash = ? AND revoked_at IS NULL "
+                                            "RETURNING *", (now, _token_hash(secret))))
+        return None if row is None else _token(row)
+
     # -- accounting and maintenance ------------------------------------------------------------
     def usage_summary(self, *, since: float, until: float, by: str | None,
                       with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
@@ -672,3 +712,14 @@ class SQLStore(Store):
         ids = self._write(delete)
         self._layer_cache.clear()
         return ids
+
+
+def _token_hash(secret: str) -> str:
+    # Tokens are 256 random bits: a fast hash is enough (nothing to brute-force).
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _token(row: Row) -> Token:
+    return Token(id=int(row["id"]), user=row["user"], role=row["role"], label=row["label"],
+                 created_at=row["created_at"], created_by=row["created_by"], revoked_at=row["revoked_at"],
+                 last_used_at=row["last_used_at"])
