@@ -524,3 +524,10 @@ def test_api_tokens_are_stored_hashed_revocable_and_listed(store):
     with pytest.raises(InvalidInput, match="--role"):
         store.create_token("carol", role="root", label=None, now=NOW)
     assert [t.user for t in store.list_tokens()] == ["alice", "bob"]
+
+
+def test_priority_has_one_range_for_every_caller(store):
+    job_id = store.submit(job(), now=NOW)
+    with pytest.raises(InvalidInput, match="priority"):
+        store.set_job_priority(job_id, 99_999_999_999)
+    assert store.set_job_priority(job_id, 2**31 - 1)["priority"] == 2**31 - 1

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from cuectl.errors import Conflict, InvalidInput, NotFound, NotOwner, SchemaTooNew
+from cuectl.sched import fields
 from cuectl.sched import model as m
 from cuectl.sched import usage_sql
 from cuectl.sched.dialect import Dialect
@@ -256,6 +257,7 @@ class SQLStore(Store):
         return self.get_job(job_id)
 
     def set_job_priority(self, ref: str | int, priority: int, *, force: bool = False) -> dict[str, Any]:
+        priority = fields.priority(priority, "priority")  # one range for every caller, not just the CLI
         job_id = self._owned_job(ref, force)
         self._write(lambda tx: tx.run("UPDATE jobs SET priority = ? WHERE id = ?", (priority, job_id)))
         return self.get_job(job_id)
