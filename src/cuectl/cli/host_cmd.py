@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import typer
 
 from cuectl.cli import term
+from cuectl.sched import model as m
 
 host_app = typer.Typer(help="Inspect and lock worker hosts.", no_args_is_help=True)
 JSON_OPT = typer.Option(False, "--json", help="Print JSON (stable keys, see docs/json.md).")
-# A host is DOWN when its worker has not heartbeated for this long (the default frame
-# lease timeout): by then its frames are presumed lost too.
-DOWN_AFTER_S = 60.0
 
 
 def _gpu_summary(gpus: list) -> str:
@@ -29,7 +25,8 @@ def host_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     """List registered hosts with UP/DOWN state and devices."""
     from cuectl.units import format_bytes
 
-    hosts = ctx.obj.store().list_hosts(now=time.time(), down_after=DOWN_AFTER_S)
+    store = ctx.obj.store()
+    hosts = store.list_hosts(now=store.clock(), down_after=m.HOST_DOWN_AFTER_S)
     if as_json:
         term.emit_json({"hosts": hosts})
         return
@@ -43,7 +40,8 @@ def host_show(ctx: typer.Context, host: str = typer.Argument(..., help="Host nam
     """Show a host, its devices (with live values from the last heartbeat) and running frames."""
     from cuectl.units import format_bytes
 
-    data = ctx.obj.store().get_host(host, now=time.time(), down_after=DOWN_AFTER_S)
+    store = ctx.obj.store()
+    data = store.get_host(host, now=store.clock(), down_after=m.HOST_DOWN_AFTER_S)
     if as_json:
         term.emit_json(data)
         return

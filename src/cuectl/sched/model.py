@@ -20,6 +20,10 @@ DONE_STATES = (SUCCEEDED, DEAD, EATEN)
 # States that satisfy a dependency (OpenCue: an eaten frame counts as done for dependents).
 RELEASING_STATES = (SUCCEEDED, EATEN)
 
+# A host is DOWN when its worker has not heartbeated for this long (the default frame lease
+# timeout): by then its frames are presumed lost too.
+HOST_DOWN_AFTER_S = 60.0
+
 JOB_PENDING = "PENDING"
 JOB_FINISHED = "FINISHED"
 
