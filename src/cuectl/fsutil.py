@@ -75,9 +75,15 @@ def create_private_file(path: Path) -> None:
     directory exactly ``0660`` (group-writable whatever the umask: a group store that other
     members cannot write is useless). SQLite gives ``-wal``/``-shm`` the database's mode."""
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o660)
+        _create_exclusive(path)
     except FileExistsError:
         return
+
+
+def _create_exclusive(path: Path) -> None:
+    """Create ``path`` (never replacing or following anything) with the modes above;
+    FileExistsError if anything is there."""
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o660)
     try:
         if in_group_dir(path):
             os.fchmod(fd, 0o660)
@@ -93,14 +99,9 @@ def create_unique_file(directory: Path, prefix: str, suffix: str) -> Path:
     for _ in range(100):
         path = Path(directory) / f"{prefix}{secrets.token_hex(6)}{suffix}"
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o660)
+            _create_exclusive(path)
         except FileExistsError:
             continue
-        try:
-            if in_group_dir(path):
-                os.fchmod(fd, 0o660)
-        finally:
-            os.close(fd)
         return path
     raise FileExistsError(f"cannot create a temporary file in {directory}")
 
