@@ -143,7 +143,7 @@ def test_old_schema_migrates_forward_with_its_data(pg_url):
         conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         conn.execute("INSERT INTO jobs(name, \"user\", created_at) VALUES ('old', 'bob', 1.0)")
     s = open_store(pg_url)
-    assert s.schema_version() == schema.SCHEMA_VERSION == 3
+    assert s.schema_version() == schema.SCHEMA_VERSION == 4
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()
@@ -188,11 +188,11 @@ def test_auto_migrate_off_needs_admin_migrate(pg_url, monkeypatch):
     assert sql(pg_url, "SELECT to_regclass('meta') IS NULL") == [(True,)]  # nothing was created
     code, out, err_text = run_cli("--db", pg_url, "admin", "migrate")
     assert code == 0, err_text
-    assert "0 -> 3" in out
+    assert "0 -> 4" in out
     code, out, _ = run_cli("--db", pg_url, "admin", "migrate", "--json")
-    assert json.loads(out) == {"store": pg_url, "from_version": 3, "to_version": 3, "migrated": False}
+    assert json.loads(out) == {"store": pg_url, "from_version": 4, "to_version": 4, "migrated": False}
     s = open_store(pg_url)
-    assert s.schema_version() == 3
+    assert s.schema_version() == 4
     s.close()
 
 
@@ -226,7 +226,7 @@ def test_workers_starting_together_migrate_once(pg_url):
     for t in threads:
         t.join(60)
     assert errors == []
-    assert sql(pg_url, "SELECT value FROM meta WHERE key = 'schema_version'") == [("3",)]
+    assert sql(pg_url, "SELECT value FROM meta WHERE key = 'schema_version'") == [(str(schema.SCHEMA_VERSION),)]
 
 
 def pg_host(name):
@@ -500,3 +500,50 @@ def test_a_host_whose_clock_is_two_minutes_slow_keeps_its_frames(pg_url, monkeyp
     assert host["state"] == "UP"
     slow.close()
     reaper.close()
+
+
+def test_acting_as_a_role_the_login_may_not_use_is_refused(pg_url):
+    from cuectl.errors import NotOwner
+    from cuectl.sched.store import Actor
+
+    s = open_store(pg_url)
+    try:
+        with pytest.raises(NotOwner, match="no database role"):
+            with s.acting_as(Actor("no_such_role_here", False)):
+                s.list_jobs()
+        assert s.actor().name != "no_such_role_here" and s.list_jobs() == []
+    finally:
+        s.close()
+
+
+def test_an_api_login_acts_as_a_granted_user_under_row_level_security(pg_url, roles):
+    """cuectl serve on PostgreSQL: a non-superuser login granted alice's role switches to it
+    per change; the trigger records alice, and row-level security judges alice, not the login."""
+    from cuectl.errors import NotOwner
+    from cuectl.sched.store import Actor
+
+    alice, bob, boss = roles["alice"], roles["bob"], roles["boss"]
+    sql(pg_url, f"GRANT {alice} TO {boss}")  # the API's login role (an admin, for the tokens table)
+    b = open_store(_role_url(pg_url, bob))
+    bobs = b.submit(spec_from_mapping({"name": "b", "layers": [{"name": "l", "command": ["true"]}]}, user=bob),
+                    now=NOW)
+    b.close()
+    api = open_store(_role_url(pg_url, boss))
+    try:
+        with api.acting_as(Actor(alice, False)):
+            assert api.actor() == Actor(alice, False)
+            mine = api.submit(spec_from_mapping({"name": "a", "layers": [{"name": "l", "command": ["true"]}]},
+                                                user=alice), now=NOW)
+            with pytest.raises(NotOwner, match=f"belongs to {bob}"):
+                api.kill_job(bobs, now=NOW)
+            # Past the client's check, the server judges alice: bob's job does not change.
+            sql_as = api._conn
+            sql_as.execute("UPDATE jobs SET priority = 7 WHERE id = %s", (bobs,))
+            assert api.set_job_priority(mine, 5)["priority"] == 5
+        assert api.get_job(mine)["submitted_by"] == alice and api.get_job(bobs)["priority"] == 0
+        assert api.actor() == Actor(boss, True)
+        with pytest.raises(NotOwner, match="may not act as"):  # bob's role was never granted to it
+            with api.acting_as(Actor(bob, False)):
+                pass
+    finally:
+        api.close()

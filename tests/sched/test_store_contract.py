@@ -391,7 +391,7 @@ def test_existing_store_reopens_with_data(store_url: str):
     job_id = s.submit(job(), now=NOW)
     s.close()
     s = open_store(path)
-    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 3
+    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 4
     s.close()
 
 
@@ -455,7 +455,7 @@ def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
     conn.execute("INSERT INTO jobs(name, user, created_at) VALUES ('old', 'bob', 1.0)")
     conn.close()
     s = open_store(str(path))
-    assert s.schema_version() == SCHEMA_VERSION == 3
+    assert s.schema_version() == SCHEMA_VERSION == 4
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()
@@ -531,3 +531,87 @@ def test_priority_has_one_range_for_every_caller(store):
     with pytest.raises(InvalidInput, match="priority"):
         store.set_job_priority(job_id, 99_999_999_999)
     assert store.set_job_priority(job_id, 2**31 - 1)["priority"] == 2**31 - 1
+
+
+def test_authenticate_records_use_at_most_once_a_minute(store):
+    token, secret = store.create_token("alice", role="user", label=None, now=NOW)
+    assert store.authenticate(secret, now=NOW + 1).last_used_at == NOW + 1
+    assert store.authenticate(secret, now=NOW + 30).last_used_at == NOW + 1  # a read, no write
+    assert store.authenticate(secret, now=NOW + 61).last_used_at == NOW + 61
+    store.revoke_token(token.id, now=NOW + 62)
+    assert store.authenticate(secret, now=NOW + 200) is None
+
+
+def test_list_jobs_filters_pages_and_counts(store):
+    ids = [store.submit(job(f"shot-{i}"), now=NOW) for i in range(5)]
+    bob = store.submit(spec_from_mapping({"name": "shot-b", "layers": [{"name": "a", "command": ["true"]}]},
+                                         user="bob"), now=NOW)
+    store.kill_job(ids[0], now=NOW, force=True)
+    store.frame_action([f["id"] for f in store.list_frames(job=ids[0])[0]], "eat", now=NOW, force=True)
+    assert [j["id"] for j in store.list_jobs(user="bob")] == [bob]
+    assert store.count_jobs(user="alice") == 5 and store.count_jobs() == 6
+    assert [j["id"] for j in store.list_jobs(state="FINISHED")] == [ids[0]]
+    assert store.count_jobs(include_finished=False) == 5
+    assert [j["name"] for j in store.list_jobs(name="shot-3")] == ["shot-3"]
+    page = store.list_jobs(limit=2, offset=2)
+    assert [j["id"] for j in page] == ids[2:4] and page[0]["frame_counts"] == {"WAITING": 3}
+    assert store.list_jobs(limit=5, offset=100) == []
+
+
+def test_list_frames_pages_after_an_id(store):
+    job_id = store.submit(job(layers=[{"name": "a", "command": ["true"], "range": "1-7"}]), now=NOW)
+    first, total = store.list_frames(job=job_id, limit=3)
+    second, total2 = store.list_frames(job=job_id, limit=3, after=first[-1]["id"])
+    rest, _ = store.list_frames(job=job_id, limit=3, after=second[-1]["id"])
+    assert total == total2 == 7
+    assert [f["number"] for f in first + second + rest] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_frame_attempts_list_each_attempt_with_its_outcome(store):
+    job_id = store.submit(job(layers=[{"name": "a", "command": ["true"], "range": "1", "retries": 1}]), now=NOW)
+    claimed = claim_next(store)
+    assert store.complete_frame(claimed.frame_id, claimed.attempt, ok(3), now=NOW + 1) == m.WAITING
+    claimed = claim_next(store)
+    store.complete_frame(claimed.frame_id, claimed.attempt, ok(0), now=NOW + 2)
+    history = store.frame_attempts([claimed.frame_id, 12345])
+    assert list(history) == [claimed.frame_id]
+    assert [(a["attempt"], a["outcome"], a["exit_code"]) for a in history[claimed.frame_id]] == \
+        [(1, "failed", 3), (2, "succeeded", 0)]
+    assert store.list_frames(job=job_id)[0][0]["attempts"] == 2
+
+
+def _pg_roles(store, *names):
+    import psycopg
+
+    with psycopg.connect(store._dsn, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') "
+                         f"THEN CREATE ROLE {name} NOLOGIN; END IF; END $$")
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}")
+            conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {name}")
+
+
+def test_acting_as_a_user_is_who_the_store_checks_and_records(store):
+    from cuectl.errors import NotOwner
+    from cuectl.sched.store import Actor
+
+    if store.local_path is None:
+        _pg_roles(store, "api_alice", "api_bob")
+    own = store.actor()
+    with store.acting_as(Actor("api_alice", False)):
+        assert store.actor().name == "api_alice"
+        job_id = store.submit(spec_from_mapping({"name": "mine", "layers": [{"name": "a", "command": ["true"]}]},
+                                                user="api_alice"), now=NOW)
+    data = store.get_job(job_id)
+    if store.local_path is None:  # the server recorded the role the API acted as
+        assert data["submitted_by"] == "api_alice"
+    else:
+        assert data["submitted_by"] is None and data["receipt"]
+    with store.acting_as(Actor("api_bob", False)):
+        with pytest.raises(NotOwner, match="api_alice"):
+            store.set_job_paused(job_id, True)
+    assert store.get_job(job_id)["paused"] is False
+    with store.acting_as(Actor("api_alice", False)):
+        assert store.set_job_paused(job_id, True)["paused"] is True
+    assert store.actor() == own  # back to the connection's own user
+

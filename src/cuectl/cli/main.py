@@ -159,11 +159,12 @@ def root(
 
 
 def _register() -> None:
-    from cuectl.cli import admin_cmd, gpu_cmd, host_cmd, job_cmd, lease_cmds, top_cmd, worker_cmd
+    from cuectl.cli import admin_cmd, gpu_cmd, host_cmd, job_cmd, lease_cmds, serve_cmd, top_cmd, worker_cmd
 
     job_cmd.register(app)
     host_cmd.register(app)
     top_cmd.register(app)
+    serve_cmd.register(app)
     worker_cmd.register(app)
     admin_cmd.register(app)
     gpu_cmd.app.command("leases", help="Who holds which local device (worker frames, `cuectl run`, the Python API).")(

@@ -57,12 +57,23 @@ def ensure_spool(store_dir: Path) -> Path:
     return spool
 
 
-def write_receipt(spool: Path, *, job_id: int, user: str, digests: Mapping[str, str]) -> str:
+def write_receipt(spool: Path, *, job_id: int, user: str, digests: Mapping[str, str],
+                  owner: str | None = None) -> str:
     """Create the receipt (owned by this process's uid, by the kernel); return its name. The
-    name is unguessable, so nobody can take it before the submitter does."""
+    name is unguessable, so nobody can take it before the submitter does.
+
+    ``owner``: a root API server submitting for a token's user gives the receipt to that
+    user's uid (root may; nobody else can), so it proves exactly what the user's own
+    submit would. Not root, or no such user here: the receipt stays the server's, and a
+    root worker refuses the job as not proven (docs/api.md)."""
     name = f"{job_id}-{secrets.token_hex(8)}.json"
     fd = os.open(spool / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
     try:
+        if owner is not None and os.geteuid() == 0:
+            try:
+                os.fchown(fd, pwd.getpwnam(owner).pw_uid, -1)
+            except KeyError:
+                pass
         os.write(fd, json.dumps({"job": job_id, "user": user, "layers": dict(digests)}).encode())
     finally:
         os.close(fd)

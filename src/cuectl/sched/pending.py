@@ -68,7 +68,7 @@ def describe_job(store: Store, ref: str | int, *, show_secrets: bool = False) ->
     from cuectl.sched.views import mask_env
 
     job = store.get_job(ref)
-    job["pending_reason"] = pending_reason(job, usable_hosts(store), _unproven(store, job))
+    job["pending_reason"] = pending_reason(job, usable_hosts(store), unproven(store, job))
     if not show_secrets:
         for layer in job.get("layers", []):
             layer["env"] = mask_env(layer.get("env") or {})
@@ -82,11 +82,11 @@ def describe_jobs(store: Store, *, include_finished: bool = True) -> list[dict[s
     for job in store.list_jobs(include_finished=include_finished):
         if job["frame_counts"].get(m.WAITING) or job["frame_counts"].get(m.DEPEND):
             full = store.get_job(job["id"])
-            job["pending_reason"] = pending_reason(full, hosts, _unproven(store, full))
+            job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
         jobs.append(job)
     return jobs
 
 
-def _unproven(store: Store, job: Mapping[str, Any]) -> str | None:
+def unproven(store: Store, job: Mapping[str, Any]) -> str | None:
     return identity.proof_problem(user=job["user"], job_id=job["id"], submitted_by=job.get("submitted_by"),
                                   receipt=job.get("receipt"), spool=store.receipt_dir)

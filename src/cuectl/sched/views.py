@@ -105,6 +105,25 @@ def frame_json(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def attempt_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One finished attempt of a frame with its GPU usage (the API's per-attempt view)."""
+    return {
+        "attempt": row["attempt"],
+        "host": row["host"],
+        "outcome": row["outcome"],
+        "started_at": iso(row["started_at"]),
+        "ended_at": iso(row["ended_at"]),
+        "exit_code": row["exit_code"],
+        "exit_signal": row["exit_signal"],
+        "timed_out": bool(row["timed_out"]),
+        "gpu_uuids": _loads(row["gpu_uuids"], []),
+        "gpu_util_mean_pct": row["gpu_util_mean_pct"],
+        "gpu_util_max_pct": row["gpu_util_max_pct"],
+        "gpu_memory_peak_bytes": row["gpu_memory_peak_bytes"],
+        "gpu_seconds": row["gpu_seconds"],
+    }
+
+
 def host_json(row: Mapping[str, Any], *, now: float, down_after: float) -> dict[str, Any]:
     up = (now - row["last_heartbeat"]) <= down_after
     return {

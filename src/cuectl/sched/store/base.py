@@ -15,10 +15,11 @@ return None.
 from __future__ import annotations
 
 import abc
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from cuectl.sched.model import JobSpec
 from cuectl.sched.usage_sql import UsageGroup
@@ -117,6 +118,28 @@ class Token:
 
 TOKEN_ROLES = ("admin", "user", "viewer")
 
+# Upper bounds (seconds) of the lease-duration histogram: a second to a day.
+LEASE_BUCKETS_S = (1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 12 * 3600.0, 86400.0)
+
+
+@dataclass(frozen=True)
+class FarmFigures:
+    """The store's side of /metrics, read in one snapshot (``Store.farm_figures``).
+
+    Device leases as the store sees them: every attempt that held GPUs is one acquisition
+    (``lease_acquisitions``: finished attempts plus RUNNING frames holding devices), and each
+    finished one adds its duration to the histogram (``lease_bucket_counts``: cumulative,
+    one per ``LEASE_BUCKETS_S`` bound)."""
+
+    frames_by_state: Mapping[str, int]
+    active_jobs: int
+    # (job id, job name, layer name, WAITING frames) for layers with frames waiting
+    queue_depth: Sequence[tuple[int, str, str, int]]
+    lease_acquisitions: int
+    lease_count: int
+    lease_seconds_sum: float
+    lease_bucket_counts: Sequence[int]
+
 
 @dataclass(frozen=True)
 class LiveUsage:
@@ -166,6 +189,8 @@ class Store(abc.ABC):
     # call under way has been waiting for the server (None: no call).
     reconnect_s: float = 0.0
     calling_since: float | None = None
+    # Whom the calls are made for when not this process's own user (``acting_as``).
+    acting: Actor | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
     @abc.abstractmethod
@@ -180,7 +205,15 @@ class Store(abc.ABC):
         """Insert the job, its layers and frames in one transaction; return the job id."""
 
     @abc.abstractmethod
-    def list_jobs(self, *, include_finished: bool = True) -> list[dict[str, Any]]: ...
+    def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
+                  name: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+        """Jobs (oldest first) with their frame counts, filtered by exact ``user``, ``state``
+        and ``name``; ``limit``/``offset``: one page."""
+
+    @abc.abstractmethod
+    def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
+                   name: str | None = None) -> int:
+        """How many jobs ``list_jobs`` would list with these filters and no page."""
 
     @abc.abstractmethod
     def get_job(self, ref: str | int) -> dict[str, Any]:
@@ -205,8 +238,14 @@ class Store(abc.ABC):
     # -- frames --------------------------------------------------------------------------
     @abc.abstractmethod
     def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
-                    state: str | None = None, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
-        """Frames in dispatch order, at most ``limit``; also the total that matched."""
+                    state: str | None = None, limit: int = 1000,
+                    after: int | None = None) -> tuple[list[dict[str, Any]], int]:
+        """Frames in dispatch order, at most ``limit`` (only ids above ``after``: the next
+        page); also the total that matched (ignoring ``after``)."""
+
+    @abc.abstractmethod
+    def frame_attempts(self, frame_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+        """Each frame's finished attempts, oldest first, with their outcome and GPU usage."""
 
     @abc.abstractmethod
     def get_frame(self, frame_id: int) -> dict[str, Any]: ...
@@ -312,6 +351,10 @@ class Store(abc.ABC):
     def authenticate(self, secret: str, *, now: float) -> Token | None:
         """The live (not revoked) token with this secret, its use recorded; else None."""
 
+    @abc.abstractmethod
+    def farm_figures(self) -> FarmFigures:
+        """Counts for monitoring: frames per state, queue depth per layer, device leases."""
+
     # -- maintenance -------------------------------------------------------------------
     @abc.abstractmethod
     def prune(self, *, before: float) -> list[int]:
@@ -322,6 +365,28 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def actor(self) -> Actor:
         """Who this connection acts as, as the store sees it, and whether that is an admin."""
+
+    @contextlib.contextmanager
+    def acting_as(self, actor: Actor) -> Iterator[None]:
+        """Make the calls inside on behalf of ``actor``: the user an API server proved by a
+        token (cuectl/serve). Ownership checks and the submitter's proof are ``actor``'s:
+        on SQLite a root server gives the receipt to the user's uid and ``actor.admin`` is
+        taken as given; on PostgreSQL the session switches role (``SET ROLE``), so the server
+        itself records and enforces who acts, and the login role needs to be granted it."""
+        previous = self.acting
+        self._begin_acting(actor)
+        self.acting = actor
+        try:
+            yield
+        finally:
+            self.acting = previous
+            self._end_acting(previous)
+
+    def _begin_acting(self, actor: Actor) -> None:
+        """Backend hook: switch to ``actor`` (raise ``NotOwner`` when this store cannot)."""
+
+    def _end_acting(self, previous: Actor | None) -> None:
+        """Backend hook: switch back to ``previous`` (None: the connection's own user)."""
 
     @abc.abstractmethod
     def backup(self, dest: Path, *, force: bool = False) -> None:

@@ -46,7 +46,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 
-from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError, StoreStalled, StoreUnreachable
+from cuectl.errors import InvalidInput, NotFound, NotOwner, StoreBusy, StoreError, StoreStalled, StoreUnreachable
 from cuectl.sched.dialect import POSTGRES
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import Actor, ClaimedFrame
@@ -183,8 +183,37 @@ class PostgresStore(SQLStore):
                            (f"{int(self.busy_timeout_s * 1000)}ms", f"{STATEMENT_TIMEOUT_S * 1000}ms")).fetchone()
         if row is not None:
             self._clock_offset = float(row["now"]) - (sent + time.time()) / 2
-
+        if self.acting is not None:  # a reconnect while acting for an API user stays that user
+            self._set_role(conn, self.acting.name)
         return conn
+
+    def _set_role(self, conn: Conn, role: str | None) -> None:
+        try:
+            conn.execute("SELECT set_config('role', %s, false)", (role or "none",))
+        except psycopg.errors.InsufficientPrivilege:
+            raise NotOwner(f"the database role {self._login_role(conn)!r} may not act as {role!r}",
+                           hint=f'as an admin: GRANT "{role}" TO the API server\'s role (docs/api.md)') from None
+        except psycopg.errors.InvalidParameterValue:
+            raise NotOwner(f"there is no database role {role!r} to act as",
+                           hint="create a role named like the user (docs/postgres.md)") from None
+
+    @staticmethod
+    def _login_role(conn: Conn) -> str:
+        row = conn.execute("SELECT session_user AS name").fetchone()
+        return str(row["name"]) if row else "?"
+
+    def _begin_acting(self, actor: Actor) -> None:
+        # SET ROLE: current_user becomes the token's user, so the trigger records them as the
+        # submitter and row-level security judges them, not the server's login role.
+        if self._conn is not None and not (self._conn.closed or self._conn.broken):
+            self._set_role(self._conn, actor.name)
+
+    def _end_acting(self, previous: Actor | None) -> None:
+        if self._conn is not None and not (self._conn.closed or self._conn.broken):
+            try:
+                self._set_role(self._conn, previous.name if previous else None)
+            except (psycopg.Error, NotOwner):
+                self._drop_connection()  # never leave a connection acting as someone else
 
     def _scrub(self, text: str) -> str:
         for secret in self._secrets:
@@ -329,12 +358,12 @@ class PostgresStore(SQLStore):
         return time.time() + self._clock_offset
 
     def actor(self) -> Actor:
-        # The server's word: the session role; admin when it is a superuser, the owner of the
+        # The server's word: the current role (the login role, or the API user it acts as); admin when it is a superuser, the owner of the
         # tables, or a member of cuectl_admin (docs/postgres.md creates that role).
         row = self._read(
-            "SELECT session_user AS name, (SELECT rolsuper FROM pg_roles WHERE rolname = session_user) "
-            "OR pg_has_role(session_user, (SELECT relowner FROM pg_class WHERE oid = 'jobs'::regclass), 'MEMBER') "
-            "OR COALESCE((SELECT pg_has_role(session_user, oid, 'MEMBER') FROM pg_roles "
+            "SELECT current_user AS name, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) "
+            "OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = 'jobs'::regclass), 'MEMBER') "
+            "OR COALESCE((SELECT pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles "
             "WHERE rolname = 'cuectl_admin'), false) AS admin")[0]
         return Actor(row["name"], bool(row["admin"]))
 

@@ -19,7 +19,8 @@ END $roles$;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON jobs, layers, layer_deps, frames, frame_deps, hosts, attempts, samples
     TO cuectl_user, cuectl_worker, cuectl_admin;
--- API tokens: admins manage them; `cuectl serve` should run as an admin role.
+-- API tokens: admins manage them. `cuectl serve` reads them: grant its login role
+-- cuectl_admin (or at least SELECT, UPDATE here) and each API user's role (docs/api.md).
 GRANT SELECT, INSERT, UPDATE ON tokens TO cuectl_admin;
 GRANT SELECT ON meta TO cuectl_user, cuectl_worker, cuectl_admin;
 DO $grant$
@@ -28,21 +29,29 @@ BEGIN
                    current_schema());
 END $grant$;
 
+-- Who acts is current_user: the login role, or the role an API server switched to with
+-- SET ROLE for a token's user (allowed only to members of that role: docs/api.md).
 -- Workers and admins may change anything. The ownership checks run as the owner (SECURITY
--- DEFINER, with this search_path fixed) so that they see every job whatever its policies.
+-- DEFINER, with this search_path fixed) so that they see every job whatever its policies;
+-- inside them current_user is the owner, so the policies pass the caller in.
+-- (Versions before schema 4 had one-argument checks on session_user: dropped with the
+-- policies that used them, which are all created again below.)
+DROP FUNCTION IF EXISTS cuectl_owns(bigint) CASCADE;
+DROP FUNCTION IF EXISTS cuectl_owns_frame(bigint) CASCADE;
+DROP FUNCTION IF EXISTS cuectl_owns_layer(bigint) CASCADE;
 CREATE OR REPLACE FUNCTION cuectl_privileged() RETURNS boolean LANGUAGE sql STABLE SET search_path FROM CURRENT AS $f$
-    SELECT pg_has_role(session_user, 'cuectl_worker', 'MEMBER') OR pg_has_role(session_user, 'cuectl_admin', 'MEMBER')
+    SELECT pg_has_role(current_user, 'cuectl_worker', 'MEMBER') OR pg_has_role(current_user, 'cuectl_admin', 'MEMBER')
 $f$;
-CREATE OR REPLACE FUNCTION cuectl_owns(job bigint) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
-    SELECT EXISTS (SELECT 1 FROM jobs WHERE id = job AND submitted_by = session_user)
+CREATE OR REPLACE FUNCTION cuectl_owns(job bigint, who name) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+    SELECT EXISTS (SELECT 1 FROM jobs WHERE id = job AND submitted_by = who)
 $f$;
-CREATE OR REPLACE FUNCTION cuectl_owns_frame(frame bigint) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+CREATE OR REPLACE FUNCTION cuectl_owns_frame(frame bigint, who name) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
     SELECT EXISTS (SELECT 1 FROM frames f JOIN jobs j ON j.id = f.job_id
-                   WHERE f.id = frame AND j.submitted_by = session_user)
+                   WHERE f.id = frame AND j.submitted_by = who)
 $f$;
-CREATE OR REPLACE FUNCTION cuectl_owns_layer(layer bigint) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+CREATE OR REPLACE FUNCTION cuectl_owns_layer(layer bigint, who name) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
     SELECT EXISTS (SELECT 1 FROM layers l JOIN jobs j ON j.id = l.job_id
-                   WHERE l.id = layer AND j.submitted_by = session_user)
+                   WHERE l.id = layer AND j.submitted_by = who)
 $f$;
 
 ALTER TABLE jobs ENABLE ROW LEVEL SECURITY;
@@ -52,8 +61,8 @@ DROP POLICY IF EXISTS cuectl_change ON jobs;
 DROP POLICY IF EXISTS cuectl_remove ON jobs;
 CREATE POLICY cuectl_read ON jobs FOR SELECT USING (true);
 CREATE POLICY cuectl_submit ON jobs FOR INSERT WITH CHECK (true);
-CREATE POLICY cuectl_change ON jobs FOR UPDATE USING (submitted_by = session_user OR cuectl_privileged());
-CREATE POLICY cuectl_remove ON jobs FOR DELETE USING (submitted_by = session_user OR cuectl_privileged());
+CREATE POLICY cuectl_change ON jobs FOR UPDATE USING (submitted_by = current_user OR cuectl_privileged());
+CREATE POLICY cuectl_remove ON jobs FOR DELETE USING (submitted_by = current_user OR cuectl_privileged());
 
 ALTER TABLE layers ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON layers;
@@ -61,10 +70,10 @@ DROP POLICY IF EXISTS cuectl_submit ON layers;
 DROP POLICY IF EXISTS cuectl_change ON layers;
 DROP POLICY IF EXISTS cuectl_remove ON layers;
 CREATE POLICY cuectl_read ON layers FOR SELECT USING (true);
-CREATE POLICY cuectl_submit ON layers FOR INSERT WITH CHECK (cuectl_owns(job_id));
+CREATE POLICY cuectl_submit ON layers FOR INSERT WITH CHECK (cuectl_owns(job_id, current_user));
 -- A layer's command never changes after submit; workers update its dependency count.
-CREATE POLICY cuectl_change ON layers FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id));
-CREATE POLICY cuectl_remove ON layers FOR DELETE USING (cuectl_privileged() OR cuectl_owns(job_id));
+CREATE POLICY cuectl_change ON layers FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+CREATE POLICY cuectl_remove ON layers FOR DELETE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user));
 
 ALTER TABLE frames ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON frames;
@@ -72,37 +81,37 @@ DROP POLICY IF EXISTS cuectl_submit ON frames;
 DROP POLICY IF EXISTS cuectl_change ON frames;
 DROP POLICY IF EXISTS cuectl_remove ON frames;
 CREATE POLICY cuectl_read ON frames FOR SELECT USING (true);
-CREATE POLICY cuectl_submit ON frames FOR INSERT WITH CHECK (cuectl_owns(job_id));
-CREATE POLICY cuectl_change ON frames FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id));
-CREATE POLICY cuectl_remove ON frames FOR DELETE USING (cuectl_privileged() OR cuectl_owns(job_id));
+CREATE POLICY cuectl_submit ON frames FOR INSERT WITH CHECK (cuectl_owns(job_id, current_user));
+CREATE POLICY cuectl_change ON frames FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+CREATE POLICY cuectl_remove ON frames FOR DELETE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user));
 
 ALTER TABLE frame_deps ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON frame_deps;
 DROP POLICY IF EXISTS cuectl_write ON frame_deps;
 CREATE POLICY cuectl_read ON frame_deps FOR SELECT USING (true);
-CREATE POLICY cuectl_write ON frame_deps FOR ALL USING (cuectl_privileged() OR cuectl_owns_frame(frame_id))
-    WITH CHECK (cuectl_privileged() OR cuectl_owns_frame(frame_id));
+CREATE POLICY cuectl_write ON frame_deps FOR ALL USING (cuectl_privileged() OR cuectl_owns_frame(frame_id, current_user))
+    WITH CHECK (cuectl_privileged() OR cuectl_owns_frame(frame_id, current_user));
 
 ALTER TABLE layer_deps ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON layer_deps;
 DROP POLICY IF EXISTS cuectl_write ON layer_deps;
 CREATE POLICY cuectl_read ON layer_deps FOR SELECT USING (true);
-CREATE POLICY cuectl_write ON layer_deps FOR ALL USING (cuectl_privileged() OR cuectl_owns_layer(layer_id))
-    WITH CHECK (cuectl_privileged() OR cuectl_owns_layer(layer_id));
+CREATE POLICY cuectl_write ON layer_deps FOR ALL USING (cuectl_privileged() OR cuectl_owns_layer(layer_id, current_user))
+    WITH CHECK (cuectl_privileged() OR cuectl_owns_layer(layer_id, current_user));
 
 -- What only workers and admins write: attempts, samples, hosts.
 ALTER TABLE attempts ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON attempts;
 DROP POLICY IF EXISTS cuectl_write ON attempts;
 CREATE POLICY cuectl_read ON attempts FOR SELECT USING (true);
-CREATE POLICY cuectl_write ON attempts FOR ALL USING (cuectl_privileged() OR cuectl_owns(job_id))
+CREATE POLICY cuectl_write ON attempts FOR ALL USING (cuectl_privileged() OR cuectl_owns(job_id, current_user))
     WITH CHECK (cuectl_privileged());
 
 ALTER TABLE samples ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON samples;
 DROP POLICY IF EXISTS cuectl_write ON samples;
 CREATE POLICY cuectl_read ON samples FOR SELECT USING (true);
-CREATE POLICY cuectl_write ON samples FOR ALL USING (cuectl_privileged() OR cuectl_owns_frame(frame_id))
+CREATE POLICY cuectl_write ON samples FOR ALL USING (cuectl_privileged() OR cuectl_owns_frame(frame_id, current_user))
     WITH CHECK (cuectl_privileged());
 
 ALTER TABLE hosts ENABLE ROW LEVEL SECURITY;

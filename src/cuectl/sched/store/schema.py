@@ -141,7 +141,7 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (frame_id, attempt, uuid)
     ){WITHOUT_ROWID};
     """,
-    # v3: who submitted a job, as proven by the database server (PostgreSQL's session_user;
+    # v3: who submitted a job, as proven by the database server (PostgreSQL's current role;
     # NULL on SQLite), the submitter's receipt file (SQLite: its owner is the proof), and a
     # per-layer cap on each attempt's log; a RUNNING frame's latest GPU sample (the worker
     # writes it every sampling interval; NULL when not running or not sampled yet); API
@@ -165,6 +165,9 @@ MIGRATIONS: tuple[str, ...] = (
         last_used_at REAL
     );
     """,
+    # v4: PostgreSQL records the *current* role as the submitter (below), so an API server
+    # acting for a token's user with SET ROLE submits as that user. Nothing else changes.
+    "",
 )
 # Statements one database alone runs after a version's shared script (not split on ';').
 _ONLY: dict[tuple[int, str], tuple[str, ...]] = {
@@ -183,6 +186,20 @@ _ONLY: dict[tuple[int, str], tuple[str, ...]] = {
             RETURN NEW;
         END $body$""",
         "CREATE TRIGGER jobs_submitter BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION cuectl_submitter()",
+    ),
+    (3, "postgresql"): (
+        # current_user, not session_user: it differs only after SET ROLE, which the server
+        # allows only to members of the role, who may act as it anyway.
+        """CREATE OR REPLACE FUNCTION cuectl_submitter() RETURNS trigger LANGUAGE plpgsql AS $body$
+        BEGIN
+            IF TG_OP = 'INSERT' THEN
+                NEW.submitted_by := current_user;
+            ELSIF NEW.submitted_by IS DISTINCT FROM OLD.submitted_by THEN
+                RAISE EXCEPTION 'jobs.submitted_by is recorded by the server and cannot be changed'
+                    USING ERRCODE = '42501';
+            END IF;
+            RETURN NEW;
+        END $body$""",
     ),
 }
 SCHEMA_VERSION = len(MIGRATIONS)

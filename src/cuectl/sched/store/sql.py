@@ -33,10 +33,10 @@ from cuectl.sched import model as m
 from cuectl.sched import usage_sql
 from cuectl.sched.dialect import Dialect
 from cuectl.sched.store import lifecycle, schema
-from cuectl.sched.store.base import (TOKEN_ROLES, Actor, FrameResult, HostInfo, LiveUsage, RunnableLayer, Store,
-                                     Token)
+from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFigures, FrameResult, HostInfo,
+                                     LiveUsage, RunnableLayer, Store, Token)
 from cuectl.sched.usage_sql import Fetch, UsageGroup
-from cuectl.sched.views import frame_json, host_json, job_json, layer_json
+from cuectl.sched.views import attempt_json, frame_json, host_json, job_json, layer_json
 
 T = TypeVar("T")
 Row = Any  # sqlite3.Row or a psycopg dict row: both are read by column name only
@@ -203,11 +203,32 @@ class SQLStore(Store):
             counts.setdefault(row["job_id"], {})[row["state"]] = int(row["n"])
         return counts
 
-    def list_jobs(self, *, include_finished: bool = True) -> list[dict[str, Any]]:
-        where = "1 = 1" if include_finished else "j.state != 'FINISHED'"
-        rows = self._read(f"SELECT * FROM jobs j WHERE {where} ORDER BY id")
-        counts = self._frame_counts(where)
+    def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
+                  name: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+        where, params = self._job_filter(include_finished, user, state, name)
+        page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
+        rows = self._read(f"SELECT * FROM jobs j WHERE {where} ORDER BY id{page}", params)
+        if limit is not None:  # count the page's frames only
+            if not rows:
+                return []
+            where, params = f"j.id IN ({marks(len(rows))})", [r["id"] for r in rows]
+        counts = self._frame_counts(where, params)
         return [job_json(r, counts.get(r["id"], {})) for r in rows]
+
+    def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
+                   name: str | None = None) -> int:
+        where, params = self._job_filter(include_finished, user, state, name)
+        return int(self._read(f"SELECT COUNT(*) AS n FROM jobs j WHERE {where}", params)[0]["n"])
+
+    @staticmethod
+    def _job_filter(include_finished: bool, user: str | None, state: str | None,
+                    name: str | None) -> tuple[str, list[Any]]:
+        where, params = ["1 = 1" if include_finished else "j.state != 'FINISHED'"], []
+        for column, value in (('j."user"', user), ("j.state", state), ("j.name", name)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        return " AND ".join(where), params
 
     def get_job(self, ref: str | int) -> dict[str, Any]:
         row = self._job_row(ref)
@@ -297,7 +318,8 @@ class SQLStore(Store):
 
     # -- frames --------------------------------------------------------------------------------
     def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
-                    state: str | None = None, limit: int = 1000) -> tuple[list[dict[str, Any]], int]:
+                    state: str | None = None, limit: int = 1000,
+                    after: int | None = None) -> tuple[list[dict[str, Any]], int]:
         where: list[str] = []
         params: list[Any] = []
         if job is not None:
@@ -312,8 +334,21 @@ class SQLStore(Store):
         clause = ("WHERE " + " AND ".join(where)) if where else ""
         total = self._read(f"SELECT COUNT(*) AS n FROM frames f JOIN layers l ON l.id = f.layer_id {clause}",
                            params)[0]["n"]
+        if after is not None:
+            clause = ("WHERE " + " AND ".join([*where, "f.id > ?"]))
+            params.append(after)
         rows = self._read(f"{_FRAME_SELECT} {clause} ORDER BY f.id LIMIT ?", [*params, limit])
         return [frame_json(r) for r in rows], int(total)
+
+    def frame_attempts(self, frame_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+        out: dict[int, list[dict[str, Any]]] = {}
+        for batch in batches(sorted(set(int(i) for i in frame_ids))):
+            for r in self._read(
+                    "SELECT frame_id, attempt, host, outcome, started_at, ended_at, exit_code, exit_signal, timed_out, "
+                    "gpu_uuids, gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds "
+                    f"FROM attempts WHERE frame_id IN ({marks(len(batch))}) ORDER BY frame_id, attempt", batch):
+                out.setdefault(int(r["frame_id"]), []).append(attempt_json(r))
+        return out
 
     def get_frame(self, frame_id: int) -> dict[str, Any]:
         rows = self._read(f"{_FRAME_SELECT} WHERE f.id = ?", (frame_id,))
@@ -664,10 +699,23 @@ class SQLStore(Store):
             raise NotFound(f"no token {token_id}", hint="see `cuectl admin token list`")
         return _token(row)
 
+    # An API server authenticates every request: a read, and a write of last_used_at at most
+    # this often per token (a write per request would contend with the workers' claims).
+    LAST_USED_RESOLUTION_S = 60.0
+
     def authenticate(self, secret: str, *, now: float) -> Token | None:
-        row = self._write(lambda tx: tx.one("UPDATE tokens SET last_used_at = ? WHERE hash = ? AND revoked_at IS NULL "
-                                            "RETURNING *", (now, _token_hash(secret))))
-        return None if row is None else _token(row)
+        digest = _token_hash(secret)
+        rows = self._read("SELECT * FROM tokens WHERE hash = ? AND revoked_at IS NULL", (digest,))
+        if not rows:
+            return None
+        row = rows[0]
+        if row["last_used_at"] is None or now - float(row["last_used_at"]) >= self.LAST_USED_RESOLUTION_S:
+            updated = self._write(lambda tx: tx.one("UPDATE tokens SET last_used_at = ? WHERE hash = ? "
+                                                    "AND revoked_at IS NULL RETURNING *", (now, digest)))
+            if updated is None:  # revoked in between
+                return None
+            row = updated
+        return _token(row)
 
     # -- accounting and maintenance ------------------------------------------------------------
     def usage_summary(self, *, since: float, until: float, by: str | None,
@@ -688,6 +736,31 @@ class SQLStore(Store):
                                        hint=self._scan_hint(fetch, in_window), with_total=with_total)
 
         return self._snapshot(summarise)
+
+    def farm_figures(self) -> FarmFigures:
+        held = "gpu_uuids IS NOT NULL AND gpu_uuids <> '[]'"
+        duration = "(ended_at - started_at)"
+        buckets = ", ".join(f"SUM(CASE WHEN {duration} <= {bound!r} THEN 1 ELSE 0 END) AS b{i}"
+                            for i, bound in enumerate(LEASE_BUCKETS_S))
+
+        def read(fetch: Fetch) -> FarmFigures:
+            states = {str(state): int(n) for state, n in fetch(
+                "SELECT state, COUNT(*) FROM frames GROUP BY state", {})}
+            active = int(fetch("SELECT COUNT(*) FROM jobs WHERE state != 'FINISHED'", {})[0][0])
+            depth = [(int(job_id), str(job), str(layer), int(n)) for job_id, job, layer, n in fetch(
+                "SELECT j.id, j.name, l.name, COUNT(*) FROM frames f JOIN layers l ON l.id = f.layer_id "
+                "JOIN jobs j ON j.id = f.job_id WHERE f.state = 'WAITING' GROUP BY j.id, j.name, l.id, l.name "
+                "ORDER BY j.id, l.id", {})]
+            running = int(fetch(f"SELECT COUNT(*) FROM frames WHERE state = 'RUNNING' AND {held}", {})[0][0])
+            row = fetch(f"SELECT COUNT(*), SUM({duration}), {buckets} FROM attempts "
+                        f"WHERE {held} AND started_at IS NOT NULL AND ended_at IS NOT NULL", {})[0]
+            count = int(row[0] or 0)
+            return FarmFigures(frames_by_state=states, active_jobs=active, queue_depth=depth,
+                               lease_acquisitions=count + running, lease_count=count,
+                               lease_seconds_sum=float(row[1] or 0.0),
+                               lease_bucket_counts=[int(v or 0) for v in row[2:]])
+
+        return self._snapshot(read)
 
     def prune(self, *, before: float) -> list[int]:
         actor = self.actor()

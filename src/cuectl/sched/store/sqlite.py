@@ -199,7 +199,9 @@ class SQLiteStore(SQLStore):
 
     def actor(self) -> Actor:
         # The OS account behind this process (never CUECTL_USER: a label); an admin is root
-        # or whoever owns the store file.
+        # or whoever owns the store file. An API server acting for a token's user says who.
+        if self.acting is not None:
+            return self.acting
         uid = os.getuid()
         try:
             name = pwd.getpwuid(uid).pw_name
@@ -220,7 +222,8 @@ class SQLiteStore(SQLStore):
             frame_range=layer.range, chunk=layer.chunk) for layer in spec.layers}
         try:
             spool = identity.ensure_spool(self.path.parent)
-            name = identity.write_receipt(spool, job_id=job_id, user=spec.user, digests=digests)
+            name = identity.write_receipt(spool, job_id=job_id, user=spec.user, digests=digests,
+                                          owner=spec.user if self.acting is not None else None)
         except OSError as exc:
             raise StoreError(f"cannot write the submit receipt in {self.path.parent / identity.SPOOL}: "
                              f"{exc.strerror or exc}", hint="check that you may write the store's directory") from None
