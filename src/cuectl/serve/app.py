@@ -1,0 +1,576 @@
+"""The REST API's routes: ``create_app(settings)`` returns the ASGI app ``cuectl serve`` runs.
+
+Every route is a thin layer over the library, like the CLI commands: parse the request,
+call the store (acting as the caller for changes), return JSON. Reads are open to every
+authenticated caller; changes need the ``user`` role and pass the store's own ownership
+check. Store calls block, so routes are plain ``def`` functions: FastAPI runs them in its
+thread pool, and each thread keeps its own store connection (``StorePool``).
+
+Hot reads (``GET /api/v1/jobs``, ``/hosts``, ``/jobs/{id}/frames``) are answered from a
+cache shared by every client for ``cache_s`` (1 s by default), keyed by the full URL, and
+carry an ``ETag``: a monitor polling every second with ``If-None-Match`` gets ``304`` and
+no body while nothing changed. A change made through the API empties the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fnmatch
+import hashlib
+import json
+import os
+import stat
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from cuectl import __version__
+from cuectl.errors import CuectlError, InvalidInput, NotFound
+from cuectl.sched import model as m
+from cuectl.sched.store import Store
+from cuectl.serve import problems
+from cuectl.serve.auth import ADMIN, USER, VIEWER, Principal, identify, require
+from cuectl.serve.problems import Problem
+from cuectl.units import memory_satisfies
+
+API = "/api/v1"
+MAX_BODY_BYTES = 4 * 1024 * 1024   # a job spec; 10,000 frames of a range are a few bytes
+MAX_PAGE = 10_000
+JOB_ACTIONS = ("pause", "resume", "kill", "retry")
+FRAME_ACTIONS = ("retry", "kill", "eat")
+
+
+@dataclass(frozen=True)
+class Settings:
+    db_url: str
+    busy_timeout_s: float = 10.0
+    anonymous_read: bool = False
+    cache_s: float = 1.0
+    lock_dir: Optional[Path] = None   # this host's device locks (``GET /leases``, who holds a device)
+    frame_limit: Optional[int] = None  # frames per submitted job (the CLI's CUECTL_FRAME_LIMIT)
+    log_poll_s: float = 0.5
+
+
+class StorePool:
+    """One store connection per thread: SQLite connections may not cross threads, and a
+    PostgreSQL connection carries the role it acts as."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._local = threading.local()
+        self._all: list[Store] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> Store:
+        store = getattr(self._local, "store", None)
+        if store is None:
+            from cuectl.sched.store import open_store
+
+            store = open_store(self._settings.db_url, busy_timeout_s=self._settings.busy_timeout_s, create=False)
+            store.reconnect_s = 2.0  # a request waits a little for a restarting server, not minutes
+            self._local.store = store
+            with self._lock:
+                self._all.append(store)
+        return store
+
+    def close(self) -> None:
+        with self._lock:
+            stores, self._all = self._all, []
+        for store in stores:
+            try:
+                store.close()
+            except Exception:
+                pass
+
+
+class ResponseCache:
+    """URL -> (body, etag, expiry): shared by every client, so N monitors polling the same
+    page cost one store read per ``ttl_s``."""
+
+    def __init__(self, ttl_s: float, size: int = 512) -> None:
+        self.ttl_s = ttl_s
+        self._size = size
+        self._entries: OrderedDict[str, tuple[bytes, str, float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> tuple[bytes, str] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[2] < time.monotonic():
+                return None
+            return entry[0], entry[1]
+
+    def put(self, key: str, body: bytes, etag: str) -> None:
+        if self.ttl_s <= 0:
+            return
+        with self._lock:
+            self._entries[key] = (body, etag, time.monotonic() + self.ttl_s)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+def _encode(data: Any) -> tuple[bytes, str]:
+    body = json.dumps(data, separators=(",", ":"), default=str).encode()
+    return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+
+
+def _conditional(request: Request, body: bytes, etag: str) -> Response:
+    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    if etag in (v.strip() for v in request.headers.get("if-none-match", "").split(",")):
+        return Response(status_code=304, headers=headers)
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _int_param(value: str | None, name: str, *, low: int, high: int | None = None) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise Problem(422, f"{name}: {value!r} is not a whole number", field=name) from None
+    if number < low or (high is not None and number > high):
+        bound = f"from {low} to {high}" if high is not None else f"{low} or more"
+        raise Problem(422, f"{name}: must be {bound}, got {number}", field=name)
+    return number
+
+
+def _choice(value: str | None, name: str, allowed: tuple[str, ...]) -> str | None:
+    if value is None:
+        return None
+    if value.upper() not in allowed:
+        raise Problem(422, f"{name}: {value!r} is not one of {', '.join(allowed)}", field=name)
+    return value.upper()
+
+
+def create_app(settings: Settings) -> FastAPI:
+    pool = StorePool(settings)
+    cache = ResponseCache(settings.cache_s)
+    app = FastAPI(
+        title="cuectl", version=__version__,
+        description="The cuectl REST API: GPU inventory, jobs, frames, leases and reports (docs/api.md).",
+        openapi_url=f"{API}/openapi.json", docs_url=None, redoc_url=None,  # the docs pages load JS from a CDN
+    )
+    app.state.pool = pool
+    app.state.settings = settings
+    app.state.cache = cache
+    app.add_exception_handler(Problem, problems.on_problem)
+    app.add_exception_handler(CuectlError, problems.on_cuectl_error)
+    app.add_exception_handler(StarletteHTTPException, problems.on_http_error)
+    app.add_exception_handler(RequestValidationError, problems.on_validation_error)
+    app.add_exception_handler(Exception, problems.on_unexpected)
+    app.router.add_event_handler("shutdown", pool.close)
+
+    def caller(request: Request) -> Principal:
+        return identify(request.headers, request.scope, pool.get(), now=time.time(),
+                        anonymous_read=settings.anonymous_read)
+
+    def reader(request: Request) -> Principal:
+        return caller(request)
+
+    def cached(request: Request, build: Callable[[], Any]) -> Response:
+        key = request.url.path + "?" + str(request.url.query)
+        hit = cache.get(key)
+        if hit is None:
+            body, etag = _encode(build())
+            cache.put(key, body, etag)
+        else:
+            body, etag = hit
+        return _conditional(request, body, etag)
+
+    def change(who: Principal, what: str, fn: Callable[[Store], Any]) -> Any:
+        """Run a change as ``who`` (the store checks ownership again), then drop cached pages."""
+        require(who, USER, what)
+        store = pool.get()
+        with store.acting_as(who.actor()):
+            result = fn(store)
+        cache.clear()
+        return result
+
+    # -- health ---------------------------------------------------------------------------
+    @app.get("/healthz", tags=["health"], summary="The process is alive")
+    def healthz() -> dict[str, Any]:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/readyz", tags=["health"], summary="The store answers; GPU totals")
+    def readyz() -> Response:
+        from cuectl.serve.metrics import gpu_stats
+        from cuectl.top import snapshot
+
+        try:
+            store = pool.get()
+            snap = snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE)
+            active = store.count_jobs(include_finished=False)
+        except CuectlError as exc:
+            return problems.response(503, f"the store is not ready: {exc.message}", hint=exc.hint)
+        return JSONResponse({"status": "ready", "gpus": gpu_stats(snap, active_jobs=active), "active_jobs": active})
+
+    @app.get("/metrics", tags=["health"], summary="Prometheus exposition", response_class=PlainTextResponse)
+    def metrics(who: Principal = Depends(reader)) -> Response:
+        from cuectl.serve.metrics import render
+        from cuectl.top import snapshot
+
+        store = pool.get()
+        body, content_type = render(store, snapshot=snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE))
+        return Response(body, media_type=content_type)
+
+    # -- who am I ------------------------------------------------------------------------------
+    @app.get(f"{API}/whoami", tags=["auth"], summary="The caller's user and role")
+    def whoami(who: Principal = Depends(reader)) -> dict[str, Any]:
+        return who.to_json()
+
+    # -- hosts ---------------------------------------------------------------------------------
+    def _hosts(vendor: str | None, model: str | None, memory_min: int | None, state: str | None) -> dict[str, Any]:
+        from cuectl.top import snapshot
+
+        snap = snapshot(pool.get(), lock_dir=settings.lock_dir, frame_limit=MAX_PAGE)
+        hosts = []
+        for host in snap["hosts"]:
+            if state is not None and host["state"] != state:
+                continue
+            devices = [d for d in host["devices"] if _device_matches(d, vendor, model, memory_min)]
+            if (vendor or model or memory_min) and not devices:
+                continue
+            hosts.append({**host, "devices": devices})
+        return {"hosts": hosts, "at": snap["at"]}
+
+    @app.get(f"{API}/hosts", tags=["hosts"], summary="Hosts and their GPUs with live values and holders")
+    def list_hosts(request: Request, who: Principal = Depends(reader),
+                   vendor: Optional[str] = Query(None, description="NVIDIA, AMD, Apple or Intel"),
+                   model: Optional[str] = Query(None, description="Model name or glob (A100, '*4090*')"),
+                   gpu_memory_min: Optional[str] = Query(None, description="Memory per device: 24G, 24576 (MiB)"),
+                   state: Optional[str] = Query(None, description="UP or DOWN")) -> Response:
+        memory = _memory_param(gpu_memory_min)
+        wanted_state = _choice(state, "state", ("UP", "DOWN"))
+        return cached(request, lambda: _hosts(vendor, model, memory, wanted_state))
+
+    @app.get(f"{API}/hosts/{{name}}/gpus", tags=["hosts"], summary="One host's GPUs with live values")
+    def host_gpus(name: str, who: Principal = Depends(reader)) -> dict[str, Any]:
+        data = _hosts(None, None, None, None)
+        for host in data["hosts"]:
+            if host["name"] == name:
+                return {"host": name, "state": host["state"], "locked": host["locked"], "gpus": host["devices"],
+                        "at": data["at"]}
+        raise NotFound(f"no host {name!r}", hint="GET /api/v1/hosts lists them")
+
+    # -- jobs ----------------------------------------------------------------------------------
+    def _jobs(user: str | None, state: str | None, name: str | None, active: bool, limit: int,
+              offset: int) -> dict[str, Any]:
+        from cuectl.sched.pending import pending_reason, unproven, usable_hosts
+
+        store = pool.get()
+        exact = name if name is not None and not any(c in name for c in "*?[") else None
+        filters: dict[str, Any] = {"include_finished": not active, "user": user, "state": state, "name": exact}
+        if name is not None and exact is None:  # a glob: filter here, page after
+            rows = [j for j in store.list_jobs(**filters) if fnmatch.fnmatchcase(j["name"], name)]
+            total, page = len(rows), rows[offset:offset + limit]
+        else:
+            total, page = store.count_jobs(**filters), store.list_jobs(**filters, limit=limit, offset=offset)
+        hosts = None
+        for job in page:
+            counts = job["frame_counts"]
+            if counts.get(m.WAITING) or counts.get(m.DEPEND):
+                hosts = usable_hosts(store) if hosts is None else hosts
+                full = store.get_job(job["id"])
+                job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
+        return {"jobs": page, "total": total, "limit": limit, "offset": offset}
+
+    @app.get(f"{API}/jobs", tags=["jobs"], summary="Jobs with frame counts and pending reasons")
+    def list_jobs(request: Request, who: Principal = Depends(reader),
+                  user: Optional[str] = Query(None), state: Optional[str] = Query(None, description="PENDING or FINISHED"),
+                  name: Optional[str] = Query(None, description="Exact name or glob (render-*)"),
+                  active: bool = Query(False, description="Hide finished jobs"),
+                  limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
+                  offset: Optional[str] = Query(None)) -> Response:
+        page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
+        start = _int_param(offset, "offset", low=0) or 0
+        wanted = _choice(state, "state", (m.JOB_PENDING, m.JOB_FINISHED))
+        return cached(request, lambda: _jobs(user, wanted, name, active, page, start))
+
+    @app.get(f"{API}/jobs/{{job}}", tags=["jobs"], summary="A job with its layers, frame counts and pending reason")
+    def show_job(job: str, who: Principal = Depends(reader)) -> dict[str, Any]:
+        from cuectl.sched.pending import describe_job
+
+        return _public_job(describe_job(pool.get(), _job_ref(job)))
+
+    @app.post(f"{API}/jobs", tags=["jobs"], summary="Submit a job (the YAML spec's schema, as JSON)", status_code=201,
+              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
+                  "type": "object", "required": ["name", "layers"],
+                  "description": "The job spec of docs/job-spec.md: name, priority, paused, env, layers[] "
+                                 "(name, command, range, chunk, gpus, gpu_vendor, gpu_models, gpu_memory_min, "
+                                 "cores, memory, retries, timeout, env, tags, depends, log_limit)."}}}}})
+    async def submit_job(request: Request) -> Response:
+        who = await run_in_threadpool(caller, request)
+        data = await _json_body(request)
+
+        def submit(store: Store) -> dict[str, Any]:
+            from cuectl.sched.pending import describe_job
+            from cuectl.sched.spec import spec_from_mapping
+
+            spec = spec_from_mapping(data, user=who.user, frame_limit=settings.frame_limit)
+            job_id = store.submit(spec, now=time.time())
+            return _public_job(describe_job(store, job_id))
+
+        out = await run_in_threadpool(change, who, "submit", submit)
+        return JSONResponse(out, status_code=201, headers={"Location": f"{API}/jobs/{out['id']}"})
+
+    @app.post(f"{API}/jobs/{{job}}/priority", tags=["jobs"], summary="Set a job's priority: {\"priority\": N}")
+    async def job_priority(job: str, request: Request) -> Response:
+        who = await run_in_threadpool(caller, request)
+        data = await _json_body(request)
+        if not isinstance(data, dict) or "priority" not in data:
+            raise Problem(422, "priority: required (a whole number)", field="priority")
+        value = data["priority"]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise Problem(422, f"priority: {value!r} is not a whole number", field="priority")
+        ref = _job_ref(job)
+        out = await run_in_threadpool(change, who, "priority", lambda s: s.set_job_priority(ref, value))
+        return JSONResponse(_public_job(out))
+
+    @app.post(f"{API}/jobs/{{job}}/{{action}}", tags=["jobs"], summary="pause, resume, kill or retry a job")
+    def job_action(job: str, action: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        if action not in JOB_ACTIONS:
+            raise Problem(404, f"no job action {action!r} (one of {', '.join(JOB_ACTIONS)}, priority)")
+        ref = _job_ref(job)
+        now = time.time()
+        calls: dict[str, Callable[[Store], dict[str, Any]]] = {
+            "pause": lambda s: s.set_job_paused(ref, True),
+            "resume": lambda s: s.set_job_paused(ref, False),
+            "kill": lambda s: s.kill_job(ref, now=now),
+            "retry": lambda s: s.retry_job(ref, now=now),
+        }
+        return _public_job(change(who, action, calls[action]))
+
+    # -- frames --------------------------------------------------------------------------------
+    def _frames(job: str | int, state: str | None, layer: str | None, limit: int, after: int | None,
+                attempts: bool) -> dict[str, Any]:
+        store = pool.get()
+        frames, total = store.list_frames(job=job, layer=layer, state=state, limit=limit, after=after)
+        if attempts and frames:
+            history = store.frame_attempts([f["id"] for f in frames])
+            for f in frames:
+                f["attempt_history"] = history.get(f["id"], [])
+        more = len(frames) == limit
+        return {"frames": frames, "total": total, "limit": limit,
+                "next_after": frames[-1]["id"] if frames and more else None}
+
+    @app.get(f"{API}/jobs/{{job}}/frames", tags=["frames"],
+             summary="A job's frames with live GPU use (RUNNING) and per-attempt usage")
+    def list_frames(job: str, request: Request, who: Principal = Depends(reader),
+                    state: Optional[str] = Query(None, description=", ".join(m.FRAME_STATES)),
+                    layer: Optional[str] = Query(None),
+                    limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
+                    after: Optional[str] = Query(None, description="Frames with a larger id: next_after of the "
+                                                                   "previous page"),
+                    attempts: bool = Query(True, description="Include each frame's attempt_history")) -> Response:
+        wanted = _choice(state, "state", m.FRAME_STATES)
+        page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
+        cursor = _int_param(after, "after", low=0)
+        ref = _job_ref(job)
+        pool.get().get_job(ref)  # 404 for an unknown job, not an empty list
+        return cached(request, lambda: _frames(ref, wanted, layer, page, cursor, attempts))
+
+    @app.get(f"{API}/frames/{{frame_id}}", tags=["frames"], summary="A frame with its samples and attempts")
+    def show_frame(frame_id: int, who: Principal = Depends(reader)) -> dict[str, Any]:
+        store = pool.get()
+        data = store.get_frame(frame_id)
+        data.pop("log_path", None)  # a path on the worker host: not the API's business
+        data["attempt_history"] = store.frame_attempts([frame_id]).get(frame_id, [])
+        return data
+
+    @app.post(f"{API}/frames/{{frame_id}}/{{action}}", tags=["frames"], summary="retry, kill or eat a frame")
+    def frame_action(frame_id: int, action: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        if action not in FRAME_ACTIONS:
+            raise Problem(404, f"no frame action {action!r} (one of {', '.join(FRAME_ACTIONS)})")
+        now = time.time()
+        frames = change(who, action, lambda s: s.frame_action([frame_id], action, now=now))
+        return {"frames": frames}
+
+    @app.get(f"{API}/frames/{{frame_id}}/log", tags=["frames"], response_class=PlainTextResponse,
+             summary="A frame's log (latest attempt): tail=N lines, follow=true streams while it runs")
+    async def frame_log(frame_id: int, request: Request, tail: Optional[str] = Query(None),
+                        follow: bool = Query(False)) -> Response:
+        await run_in_threadpool(caller, request)
+        lines = _int_param(tail, "tail", low=0, high=100_000)
+        frame = await run_in_threadpool(lambda: pool.get().get_frame(frame_id))
+        fd = _open_log(pool.get().log_dir, frame)
+        if not follow:
+            try:
+                return Response(_read_log(fd, lines), media_type="text/plain; charset=utf-8")
+            finally:
+                os.close(fd)
+        return StreamingResponse(_follow_log(fd, lines, frame_id, frame.get("log_path")),
+                                 media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+    async def _follow_log(fd: int, lines: int | None, frame_id: int, path: str | None) -> Any:
+        try:
+            yield _read_log(fd, lines)
+            while True:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    yield chunk
+                    continue
+                current = await run_in_threadpool(lambda: pool.get().get_frame(frame_id))
+                if current["state"] != m.RUNNING or current.get("log_path") != path:
+                    while chunk := os.read(fd, 65536):
+                        yield chunk
+                    return
+                await asyncio.sleep(settings.log_poll_s)
+        finally:
+            os.close(fd)
+
+    # -- leases and reports -------------------------------------------------------------------
+    @app.get(f"{API}/leases", tags=["leases"], summary="Devices held now: frames (farm-wide) and this host's leases")
+    def leases(who: Principal = Depends(reader)) -> dict[str, Any]:
+        from cuectl.top import snapshot
+
+        snap = snapshot(pool.get(), lock_dir=settings.lock_dir, frame_limit=MAX_PAGE)
+        held = []
+        for host in snap["hosts"]:
+            for device in host["devices"]:
+                if device.get("holder"):
+                    held.append({"host": host["name"], "uuid": device.get("uuid"), "index": device.get("index"),
+                                 "model": device.get("model"), **device["holder"]})
+        return {"leases": held, "at": snap["at"]}
+
+    @app.get(f"{API}/report", tags=["report"], summary="GPU accounting: the groupings and figures of `admin report`")
+    def report(who: Principal = Depends(reader), by: str = Query("job"), since: str = Query("7d"),
+               until: Optional[str] = Query(None)) -> Response:
+        from cuectl import report as reports
+
+        store = pool.get()
+        now = time.time()
+        group = reports.check_by(by)
+        start, end = reports.parse_window(since, until, now=now)
+        rows, total = reports.run_report(store, by=group, since=start, until=end)
+        text = reports.render_json(rows, reports.report_meta(by=group, since=start, until=end, generated_at=now),
+                                   total)
+        return Response(text, media_type="application/json")
+
+    return app
+
+
+# -- helpers outside the app: pure, testable -------------------------------------------------------
+def _public_job(job: dict[str, Any]) -> dict[str, Any]:
+    # The receipt's file name is the SQLite proof's handle: of no use to a client.
+    job.pop("receipt", None)
+    return job
+
+
+def _job_ref(value: str) -> str | int:
+    return int(value) if value.isdigit() else value
+
+
+def _memory_param(value: str | None) -> int | None:
+    if value is None or value == "":
+        return None
+    from cuectl.units import parse_size
+
+    try:  # a bare number is MiB, as in the job spec
+        return int(value) * 1024 ** 2 if value.isdigit() else parse_size(value, field="gpu_memory_min")
+    except InvalidInput as exc:
+        raise Problem(422, exc.message, field="gpu_memory_min") from None
+
+
+def _device_matches(device: dict[str, Any], vendor: str | None, model: str | None, memory_min: int | None) -> bool:
+    if vendor and (device.get("vendor") or "").lower() != vendor.lower():
+        return False
+    if model:
+        name = device.get("model") or ""
+        pattern = model if any(c in model for c in "*?[") else f"*{model}*"
+        if not fnmatch.fnmatch(name.lower(), pattern.lower()):
+            return False
+    if memory_min and not memory_satisfies(device.get("memory_total_bytes"), memory_min):
+        return False  # the scheduler's own rule (a "24G" card with 23.6 GiB usable matches 24G)
+    return True
+
+
+async def _json_body(request: Request) -> Any:
+    if "json" not in request.headers.get("content-type", "application/json"):
+        raise Problem(415, "send the body as application/json")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise Problem(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(body or b"null")
+    except ValueError as exc:
+        raise Problem(400, f"the body is not valid JSON: {exc}") from None
+
+
+def _open_log(log_dir: Path, frame: dict[str, Any]) -> int:
+    """Open a frame's log for reading, only inside the store's log directory and never
+    through a link: the path comes from rows a client may have written, and the server may
+    run as root. Each component below the log directory is opened relative to its parent
+    with O_NOFOLLOW, so swapping a directory for a link half-way cannot redirect the read."""
+    path = frame.get("log_path")
+    if not path:
+        raise NotFound(f"frame {frame['id']} has no log yet (state {frame['state']})")
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(log_dir))
+    parts = rel.split(os.sep)
+    if rel.startswith("..") or os.path.isabs(rel) or any(p in ("", ".", "..") for p in parts):
+        raise NotFound(f"the log of frame {frame['id']} is not in the store's log directory")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(log_dir, flags | os.O_DIRECTORY)
+    except OSError as exc:
+        raise NotFound(f"the log directory {log_dir} cannot be read here: {exc.strerror}",
+                       hint="logs live on the worker host unless CUECTL_LOG_DIR is a shared directory") from None
+    try:
+        for part in parts[:-1]:
+            parent, fd = fd, os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(parent)
+        parent, fd = fd, os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+        os.close(parent)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno == errno.ENOENT:
+            raise NotFound(f"the log of frame {frame['id']} is not on this machine",
+                           hint="logs live on the worker host unless CUECTL_LOG_DIR is a shared directory") from None
+        raise NotFound(f"the log of frame {frame['id']} cannot be read: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotFound(f"the log of frame {frame['id']} is not a regular file")
+    return fd
+
+
+def _read_log(fd: int, lines: int | None) -> bytes:
+    """The whole log, or its last ``lines`` lines (read backwards in blocks: a log may be
+    gigabytes)."""
+    if lines is None:
+        return b"".join(_chunks(fd))
+    size = os.fstat(fd).st_size
+    block, data, pos = 65536, b"", size
+    while pos > 0 and data.count(b"\n") <= lines:
+        step = min(block, pos)
+        pos -= step
+        data = os.pread(fd, step, pos) + data
+    os.lseek(fd, size, os.SEEK_SET)
+    kept = data.split(b"\n")
+    if data.endswith(b"\n"):
+        kept = kept[:-1]
+    tail = kept[-lines:] if lines else []
+    return b"".join(line + b"\n" for line in tail)
+
+
+def _chunks(fd: int) -> Iterator[bytes]:
+    while chunk := os.read(fd, 1 << 20):
+        yield chunk
+
+
+__all__ = ["Settings", "create_app", "ADMIN", "USER", "VIEWER"]

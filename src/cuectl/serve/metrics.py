@@ -1,0 +1,247 @@
+"""The Prometheus exposition of ``cuectl serve`` (``GET /metrics``) and the GPU figures of
+``GET /readyz``.
+
+Two sources, read once per scrape by the caller and passed in: the store's counts
+(``Store.farm_figures``: frames per state, queue depth, device leases of frame attempts)
+and the farm picture of ``cuectl top`` (``cuectl.top.snapshot``: hosts, their devices with
+live values and holders, running frames). Nothing is kept between scrapes: every call builds
+a fresh ``CollectorRegistry`` (never the process-wide default one, which would mix the
+figures of several stores served by one process, as the tests do) and renders it with the
+official ``prometheus_client``, which escapes label values — job, layer and host names come
+from users and may hold ``"``, ``\\`` or line feeds.
+
+Conventions (the same as ``cuectl admin report --format prometheus``, docs/accounting.md):
+ratios are 0–1, sizes bytes, durations seconds; an unknown value (a device that reports no
+utilisation) is left out, never written as NaN; the job's name is the label ``job_name``,
+not ``job``, because Prometheus sets ``job`` on every scraped series itself and a clash
+would rename ours to ``exported_job``. Every metric is described in docs/monitoring.md.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, Sequence
+
+import prometheus_client
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from cuectl.errors import InvalidInput
+from cuectl.sched import model as m
+from cuectl.sched.store.base import LEASE_BUCKETS_S, FarmFigures
+from cuectl.units import parse_time
+
+if TYPE_CHECKING:
+    from cuectl.sched.store import Store
+
+# A device holder of this kind is a process cuectl does not know about (cuectl.top): the
+# device is busy, so not available, but it is nobody's lease.
+FOREIGN = "foreign"
+# The holder kinds cuectl itself creates (cuectl.top): a RUNNING frame's claim, and the
+# local lock directory's worker / `cuectl run` / `cuectl.lease()` leases ("lease" when a
+# lock record names no kind). cuectl_leases_held has a sample for each of these even at 0,
+# so a dashboard's series do not vanish while the farm is idle.
+LEASE_KINDS = ("frame", "worker", "run", "api", "lease")
+
+DEVICE_LABELS = ("host", "uuid", "index", "model")
+
+# The body is the text format 0.0.4 (generate_latest with legacy metric names only).
+# prometheus_client >= 0.22 calls that CONTENT_TYPE_PLAIN_0_0_4 and moved CONTENT_TYPE_LATEST
+# to "version=1.0.0", which it serves only to scrapers that ask for 1.0.0 in Accept (and
+# some Prometheus 2 releases do not know); before 0.22, CONTENT_TYPE_LATEST is 0.0.4.
+CONTENT_TYPE: str = getattr(prometheus_client, "CONTENT_TYPE_PLAIN_0_0_4", CONTENT_TYPE_LATEST)
+
+
+def render(store: Store, *, snapshot: dict[str, Any]) -> tuple[bytes, str]:
+    """The body and content type of ``GET /metrics``.
+
+    ``snapshot`` is ``cuectl.top.snapshot(store, local_leases=True)``, taken by the caller
+    just before; the store's counts are read here, in one read snapshot of the database
+    (``Store.farm_figures``)."""
+    registry = CollectorRegistry()
+    registry.register(_FarmCollector(store.farm_figures(), snapshot))
+    return generate_latest(registry), CONTENT_TYPE
+
+
+def gpu_stats(snapshot: Mapping[str, Any], *, active_jobs: int) -> dict[str, int]:
+    """The GPU figures of ``GET /readyz``, from a ``cuectl.top.snapshot``:
+
+    - ``total``: every device of every registered host, UP or DOWN;
+    - ``leased``: devices held by cuectl — a RUNNING frame's claim or a local lease
+      (holder kind frame/worker/run/api/lease);
+    - ``available``: devices with no holder at all on hosts that are UP and not locked.
+      A device busy with a process cuectl does not know (holder ``foreign``) is neither
+      leased nor available, so ``total - leased - available`` is not zero in general: it
+      counts foreign-held devices and free devices of DOWN or locked hosts;
+    - ``active_jobs``: passed through (``FarmFigures.active_jobs``: jobs not FINISHED).
+    """
+    total = leased = available = 0
+    for host in snapshot.get("hosts") or []:
+        usable = host.get("state") == "UP" and not host.get("locked")
+        for device in host.get("devices") or []:
+            total += 1
+            kind = _holder_kind(device)
+            if kind is None:
+                available += int(usable)
+            elif kind != FOREIGN:
+                leased += 1
+    return {"total": total, "leased": leased, "available": available, "active_jobs": active_jobs}
+
+
+class _FarmCollector:
+    """A ``prometheus_client`` collector over one scrape's figures (registered in a fresh
+    registry per scrape, so it needs no ``describe``)."""
+
+    def __init__(self, figures: FarmFigures, snapshot: Mapping[str, Any]) -> None:
+        self.figures, self.snapshot = figures, snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        fig, snap = self.figures, self.snapshot
+        yield _frames(fig)
+        yield _queue_depth(fig)
+        yield GaugeMetricFamily("cuectl_jobs_active", "Jobs not FINISHED (pending or running).",
+                                value=fig.active_jobs)
+        yield from _devices(snap)
+        yield from _hosts(snap)
+        yield CounterMetricFamily("cuectl_lease_acquisitions", "Frame attempts that were given GPUs "
+                                  "(finished ones plus RUNNING frames holding devices).",
+                                  value=fig.lease_acquisitions)
+        yield _lease_durations(fig)
+        yield _leases_held(snap)
+        yield _oldest_lease(snap)
+
+
+def _frames(fig: FarmFigures) -> GaugeMetricFamily:
+    family = GaugeMetricFamily("cuectl_frames", "Frames in the store, by state.", labels=["state"])
+    # Every known state at 0 too: `cuectl_frames{state="RUNNING"} == 0` must be a sample,
+    # not an absent series, for the queue-stuck alert.
+    states = list(m.FRAME_STATES) + sorted(set(fig.frames_by_state) - set(m.FRAME_STATES))
+    for state in states:
+        family.add_metric([state], fig.frames_by_state.get(state, 0))
+    return family
+
+
+def _queue_depth(fig: FarmFigures) -> GaugeMetricFamily:
+    family = GaugeMetricFamily("cuectl_queue_depth", "WAITING frames per layer (layers with none are left out).",
+                               labels=["job_id", "job_name", "layer"])
+    for job_id, job, layer, waiting in fig.queue_depth:
+        family.add_metric([str(job_id), job, layer], waiting)
+    return family
+
+
+def _devices(snap: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
+    util = GaugeMetricFamily("cuectl_gpu_utilization_ratio", "GPU utilisation at the host's last heartbeat, 0-1.",
+                             labels=DEVICE_LABELS)
+    used = GaugeMetricFamily("cuectl_gpu_memory_used_bytes", "GPU memory in use at the host's last heartbeat.",
+                             labels=DEVICE_LABELS)
+    total = GaugeMetricFamily("cuectl_gpu_memory_total_bytes", "GPU memory of the device.", labels=DEVICE_LABELS)
+    held = GaugeMetricFamily("cuectl_gpu_held", "1 when the device has a holder (kind: frame, worker, run, api, "
+                             "lease, foreign), else 0 with kind=\"\".", labels=[*DEVICE_LABELS, "kind"])
+    for host, device in _all_devices(snap):
+        labels = _device_labels(host, device)
+        _add_known(util, labels, _ratio(device.get("utilization_pct")))
+        _add_known(used, labels, device.get("memory_used_bytes"))
+        _add_known(total, labels, device.get("memory_total_bytes"))
+        kind = _holder_kind(device)
+        held.add_metric([*labels, kind or ""], 0 if kind is None else 1)
+    yield from (util, used, total, held)
+
+
+def _hosts(snap: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
+    up = GaugeMetricFamily("cuectl_host_up", "1 when the host's worker sent a heartbeat recently, else 0.",
+                           labels=["host"])
+    age = GaugeMetricFamily("cuectl_host_heartbeat_age_seconds", "Seconds since the host's last heartbeat.",
+                            labels=["host"])
+    now = _epoch(snap.get("at"))
+    for host in snap.get("hosts") or []:
+        name = str(host.get("name"))
+        up.add_metric([name], 1 if host.get("state") == "UP" else 0)
+        beat = _epoch(host.get("last_heartbeat"))
+        if now is not None and beat is not None:
+            age.add_metric([name], max(0.0, now - beat))  # clocks may disagree by a little
+    yield from (up, age)
+
+
+def _lease_durations(fig: FarmFigures) -> HistogramMetricFamily:
+    # The store's counts are cumulative already (one per bound, duration <= bound), as the
+    # exposition wants them; +Inf is every finished lease.
+    buckets = [(floatToGoString(bound), float(n))
+               for bound, n in zip(LEASE_BUCKETS_S, fig.lease_bucket_counts, strict=True)]
+    buckets.append(("+Inf", float(fig.lease_count)))
+    return HistogramMetricFamily("cuectl_lease_duration_seconds", "How long finished frame attempts held their GPUs.",
+                                 buckets=buckets, sum_value=fig.lease_seconds_sum)
+
+
+def _leases_held(snap: Mapping[str, Any]) -> GaugeMetricFamily:
+    # A lease can hold several devices (a frame asking for 2 GPUs): count holders, not
+    # devices. A holder is one frame (its id) or one local lease (pid and label on a host).
+    holders = {(str(host.get("name")), kind, holder.get("frame_id"), holder.get("pid"), holder.get("label"))
+               for host, device in _all_devices(snap)
+               if (holder := device.get("holder")) and (kind := str(holder.get("kind"))) != FOREIGN}
+    by_kind = Counter(key[1] for key in holders)
+    family = GaugeMetricFamily("cuectl_leases_held", "Device leases held now, by holder kind (frames and local "
+                               "leases; devices busy with unknown processes are not counted).", labels=["kind"])
+    for kind in list(LEASE_KINDS) + sorted(set(by_kind) - set(LEASE_KINDS)):
+        family.add_metric([kind], by_kind.get(kind, 0))
+    return family
+
+
+def _oldest_lease(snap: Mapping[str, Any]) -> GaugeMetricFamily:
+    # For the "lease held too long" alert: the finished-lease histogram cannot see an
+    # attempt that never ends, so the age of the oldest RUNNING frame holding GPUs is
+    # exported per host (hosts with none are left out).
+    oldest: dict[str, float] = {}
+    for frame in _running(snap):
+        elapsed = frame.get("elapsed_s")
+        if frame.get("gpu_uuids") and elapsed is not None:
+            host = str(frame.get("host"))
+            oldest[host] = max(oldest.get(host, 0.0), float(elapsed))
+    family = GaugeMetricFamily("cuectl_lease_oldest_age_seconds", "Age of the oldest RUNNING frame holding GPUs, "
+                               "per host.", labels=["host"])
+    for host in sorted(oldest):
+        family.add_metric([host], oldest[host])
+    return family
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _all_devices(snap: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    for host in snap.get("hosts") or []:
+        for device in host.get("devices") or []:
+            yield host, device
+
+
+def _running(snap: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
+    return snap.get("frames") or []
+
+
+def _device_labels(host: Mapping[str, Any], device: Mapping[str, Any]) -> list[str]:
+    index = device.get("index")
+    return [str(host.get("name")), str(device.get("uuid") or ""), "" if index is None else str(index),
+            str(device.get("model") or "")]
+
+
+def _holder_kind(device: Mapping[str, Any]) -> str | None:
+    holder = device.get("holder")
+    return str(holder.get("kind")) if holder else None
+
+
+def _add_known(family: GaugeMetricFamily, labels: Sequence[str], value: float | None) -> None:
+    """Add a sample unless the value is unknown (None): no NaN in the exposition."""
+    if value is not None:
+        family.add_metric(labels, value)
+
+
+def _ratio(pct: float | None) -> float | None:
+    return None if pct is None else float(pct) / 100.0
+
+
+def _epoch(text: Any) -> float | None:
+    """An ISO 8601 timestamp of the snapshot (``...Z``) -> epoch seconds; None when absent or
+    unreadable. ``now`` does not matter: a full timestamp is never read as relative."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return parse_time(text, now=0.0)
+    except InvalidInput:
+        return None
