@@ -1,6 +1,7 @@
-"""docs/deploy.md and docs/deploy-kubernetes.md: the paths they name exist, the cuectl
-commands they show use sub-commands and options that cuectl has, and the YAML they quote
-agrees with the manifests."""
+"""docs/deploy.md, docs/deploy-kubernetes.md and docs/api.md: the paths they name exist,
+their links (anchors included) resolve, the cuectl commands they show use sub-commands and
+options that cuectl has, the YAML they quote agrees with the manifests, and docs/api.md
+shows every route of `cuectl serve` with its real query parameters."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploylib import K8S, OVERLAYS, REPO, cli_tree, kustomize, one, resolve_command
+from deploylib import K8S, OVERLAYS, REPO, cli_tree, container, env_of, kustomize, one, pod_spec, resolve_command
 
-DOCS = {"deploy": REPO / "docs" / "deploy.md", "kubernetes": REPO / "docs" / "deploy-kubernetes.md"}
+DOCS = {"deploy": REPO / "docs" / "deploy.md", "kubernetes": REPO / "docs" / "deploy-kubernetes.md",
+        "api": REPO / "docs" / "api.md"}
 CUECTL_TOKEN = re.compile(r"(^|.*/)cuectl(:[\w.-]+)?$")      # cuectl, /usr/local/bin/cuectl, an image
 SHELL_STOP = {"|", "||", "&&", ";", "&"}
 
@@ -70,11 +72,26 @@ def test_named_repository_paths_exist(doc: str):
             assert (K8S / p).exists(), p
 
 
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes of a page's headings: lower case, punctuation dropped,
+    spaces turned into dashes (code blocks are not headings)."""
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    out = set()
+    for heading in re.findall(r"^#{1,6} +(.+?) *$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+        out.add(slug.replace(" ", "-"))
+    return out
+
+
 @pytest.mark.parametrize("doc", sorted(DOCS))
 def test_links_to_other_docs_resolve(doc: str):
     text = DOCS[doc].read_text()
-    for target in re.findall(r"\]\(([\w./-]+\.md)(?:#[\w-]+)?\)", text):
+    for target, anchor in re.findall(r"\]\(([\w./-]+\.md)(?:#([\w-]+))?\)", text):
         assert (DOCS[doc].parent / target).exists(), target
+        if anchor:
+            assert anchor in anchors(DOCS[doc].parent / target), f"{target}#{anchor}"
+    for anchor in re.findall(r"\]\(#([\w-]+)\)", text):
+        assert anchor in anchors(DOCS[doc]), f"#{anchor}"
 
 
 @pytest.mark.parametrize("doc", sorted(DOCS))
@@ -122,6 +139,63 @@ def test_deploy_doc_covers_systemd_and_docker():
         assert needle in text, needle
 
 
+def test_deploy_doc_covers_the_api_service():
+    text = DOCS["deploy"].read_text()
+    for needle in ["deploy/systemd/cuectl-serve.service", "deploy/systemd/serve.env.example", "CUECTL_SERVE_ARGS",
+                   "User=cuectl-api", "receipt", "SET ROLE", "/healthz", "/readyz", "--socket /run/cuectl-api/"]:
+        assert needle in text, needle
+    # The CUECTL_SERVE_ARGS lines it quotes are real `cuectl serve` options.
+    resolved = resolve_command(["serve"])
+    assert resolved is not None
+    quoted = re.findall(r"^CUECTL_SERVE_ARGS=(.*)$", text, re.M)
+    assert quoted
+    for value in quoted:
+        for word in value.split():
+            if word.startswith("--"):
+                assert word in resolved[1], word
+
+
+def test_kubernetes_doc_covers_the_api():
+    text = DOCS["kubernetes"].read_text()
+    for needle in ["cuectl-api-token", "deploy/kubernetes/examples/cuectl-api-token.example.yaml", "/readyz",
+                   "/healthz", "proxy-buffering", "SET ROLE", "GRANT cuectl_admin", "port-forward svc/cuectl-api",
+                   "prometheus.io/scrape", "oc -n cuectl create route edge"]:
+        assert needle in text, needle
+
+
+def test_quoted_api_db_secret_patch_applies(tmp_path: Path):
+    import os
+    import subprocess
+
+    from deploylib import kubectl_or_skip
+
+    (doc,) = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
+              if lang == "yaml" and "cuectl-api-db" in body]
+    k = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+         "resources": [os.path.relpath(OVERLAYS["nvidia"], tmp_path)], "patches": doc["patches"]}
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(k))
+    proc = subprocess.run([kubectl_or_skip(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    api = env_of(container(pod_spec(one(docs, "Deployment", "cuectl-api")), "api"))
+    assert api["CUECTL_DB"]["valueFrom"]["secretKeyRef"]["name"] == "cuectl-api-db"
+    assert api["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == "cuectl-api-db"
+    worker = env_of(container(pod_spec(one(docs, "DaemonSet", "cuectl-worker")), "worker"))
+    assert worker["CUECTL_DB"]["valueFrom"]["secretKeyRef"]["name"] == "cuectl-db"
+
+
+def test_quoted_ingress_points_at_the_api_service():
+    (ingress,) = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
+                  if lang == "yaml" and "kind: Ingress" in body]
+    service = one(kustomize(OVERLAYS["nvidia"]), "Service", "cuectl-api")
+    backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    assert ingress["metadata"]["namespace"] == service["metadata"]["namespace"]
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    assert ingress["spec"]["tls"]
+
+
 def test_quoted_gpu_pool_matches_the_overlay():
     quoted = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
               if lang == "yaml" and "nvidia.com/gpu.product" in body]
@@ -133,10 +207,123 @@ def test_quoted_gpu_pool_matches_the_overlay():
     assert q["containers"][0]["resources"] == r["containers"][0]["resources"]
 
 
-def test_quoted_servicemonitor_selects_the_metrics_service():
-    (monitor,) = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
-                  if lang == "yaml" and "ServiceMonitor" in body]
-    service = one(kustomize(OVERLAYS["nvidia"]), "Service", "cuectl-metrics")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
-    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+def test_quoted_servicemonitors_select_their_services():
+    monitors = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
+                if lang == "yaml" and "kind: ServiceMonitor" in body]
+    assert sorted(m["metadata"]["name"] for m in monitors) == ["cuectl-api", "cuectl-metrics"]
+    services = [d for d in kustomize(OVERLAYS["nvidia"]) if d["kind"] == "Service"]
+    token_secret = yaml.safe_load((K8S / "examples" / "cuectl-api-token.example.yaml").read_text())
+    for monitor in monitors:
+        selected = [s for s in services
+                    if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+        assert [s["metadata"]["name"] for s in selected] == [monitor["metadata"]["name"]]
+        service = selected[0]
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+        assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
+        if monitor["metadata"]["name"] == "cuectl-api":            # /metrics needs a token
+            (endpoint,) = monitor["spec"]["endpoints"]
+            auth = endpoint["authorization"]
+            assert auth["type"] == "Bearer"
+            assert auth["credentials"]["name"] == token_secret["metadata"]["name"]
+            assert auth["credentials"]["key"] in token_secret["stringData"]
+
+
+# -- docs/api.md against the routes of the app --------------------------------------------------
+
+def _app_routes() -> list[tuple[str, str, set[str]]]:
+    """(METHOD, path template, query parameter names) of every route of `cuectl serve`."""
+    from cuectl.serve.app import Settings, create_app
+
+    app = create_app(Settings(db_url=str(REPO / "no-such-store.db")))  # opens no store
+    spec = app.openapi()
+    out = []
+    for path, methods in spec["paths"].items():
+        for method, op in methods.items():
+            query = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+            out.append((method.upper(), path, query))
+    out.append(("GET", app.openapi_url, set()))
+    return out
+
+
+def _expanded_routes() -> list[tuple[str, str, set[str]]]:
+    """Routes with their {action} placeholder replaced by each action the app accepts."""
+    from cuectl.serve.app import FRAME_ACTIONS, JOB_ACTIONS
+
+    out = []
+    for method, path, query in _app_routes():
+        if path.endswith("/{action}"):
+            actions = JOB_ACTIONS if "/jobs/" in path else FRAME_ACTIONS
+            out += [(method, path[:-len("{action}")] + a, query) for a in actions]
+        else:
+            out.append((method, path, query))
+    return out
+
+
+def _route_regex(path: str) -> re.Pattern[str]:
+    parts = [("[^/?]+" if re.fullmatch(r"\{\w+\}", seg) else re.escape(seg)) for seg in path.split("/")]
+    return re.compile("/".join(parts) + "$")
+
+
+def _api_curls() -> list[tuple[str, str, dict[str, str], list[str]]]:
+    """(METHOD, path, query, argv) of every curl command in docs/api.md."""
+    out = []
+    for line in shell_lines(DOCS["api"].read_text()):
+        if "curl " not in line:
+            continue
+        argv = shlex.split(line[line.index("curl "):], comments=True)
+        urls = [a for a in argv if a.startswith(("$API", "http://", "https://"))]
+        assert len(urls) == 1, line
+        url = re.sub(r"^(\$API|https?://[^/]+)", "", urls[0])
+        path, _, qs = url.partition("?")
+        query = dict(kv.partition("=")[::2] for kv in qs.split("&") if kv)
+        body = any(a in ("-d", "--data", "--data-binary") for a in argv)
+        method = argv[argv.index("-X") + 1] if "-X" in argv else ("POST" if body else "GET")
+        out.append((method, path, query, argv))
+    return out
+
+
+def _route_of(method: str, path: str) -> tuple[str, str, set[str]] | None:
+    routes = [r for r in _expanded_routes() if r[0] == method and _route_regex(r[1]).match(path)]
+    # /jobs/{job}/priority is both its own route and {job}/{action}: the literal one wins.
+    routes.sort(key=lambda r: r[1].count("{"))
+    return routes[0] if routes else None
+
+
+def test_api_doc_shows_a_curl_for_every_route_and_action():
+    curls = _api_curls()
+    for method, template, _ in _expanded_routes():
+        regex = _route_regex(template)
+        assert any(m == method and regex.match(p) for m, p, _, _ in curls), f"no curl example for {method} {template}"
+
+
+def test_api_doc_curls_use_real_routes_and_query_parameters():
+    used: dict[tuple[str, str], set[str]] = {}
+    for method, path, query, argv in _api_curls():
+        if method not in ("GET", "POST"):
+            continue                                        # a 405 example, if any
+        route = _route_of(method, path)
+        assert route is not None, f"curl {method} {path}: no such route"
+        unknown = set(query) - route[2]
+        assert not unknown, f"{method} {path}: {sorted(unknown)} are not parameters of {route[1]}"
+        used.setdefault(route[:2], set()).update(query)
+        # POST bodies need the JSON content type (415 otherwise).
+        if any(a in ("-d", "--data", "--data-binary") for a in argv):
+            assert "Content-Type: application/json" in argv, " ".join(argv)
+        # Everything but the health checks and the OpenAPI document needs a token (or a socket).
+        public = path in ("/healthz", "/readyz", "/api/v1/openapi.json")
+        if not public and "--unix-socket" not in argv:
+            assert any(a.startswith("Authorization: Bearer ") for a in argv), " ".join(argv)
+    # Every query parameter of every route is shown at least once.
+    for method, template, query in _expanded_routes():
+        shown = used.get((method, template), set())
+        assert query <= shown, f"{method} {template}: no example uses {sorted(query - shown)}"
+
+
+def test_readme_mentions_serve_and_the_api_docs():
+    text = (REPO / "README.md").read_text()
+    everyday = text[text.index("## Everyday use"):text.index("## Documentation")]
+    assert re.search(r"^cuectl serve\b", everyday, re.M)
+    documentation = text[text.index("## Documentation"):]
+    for doc in ("docs/api.md", "docs/monitoring.md"):
+        assert doc in documentation, doc
+        assert (REPO / doc).exists(), doc

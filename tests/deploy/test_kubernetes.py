@@ -15,6 +15,8 @@ from deploylib import (BASE, BUILDS, COMPONENTS, K8S, OVERLAYS, all_pod_objects,
 WORKER_UID = 10001
 SECRET = "cuectl-db"
 NAMESPACE = "cuectl"
+API_TOKEN_SECRET = "cuectl-api-token"
+API_PORT = 8448
 
 
 @pytest.fixture(params=sorted(BUILDS), ids=sorted(BUILDS))
@@ -32,15 +34,21 @@ def worker_parts(docs):
     return ds, spec, container(spec, "worker")
 
 
+def api_parts(docs):
+    deploy = one(docs, "Deployment", "cuectl-api")
+    spec = pod_spec(deploy)
+    return deploy, spec, container(spec, "api")
+
+
 # -- every build ------------------------------------------------------------------------------
 
 def test_renders_the_expected_objects(build):
     name, docs = build
     kinds = sorted(d["kind"] for d in docs)
-    for kind, count in {"Namespace": 1, "ServiceAccount": 3, "DaemonSet": 1, "CronJob": 1, "Deployment": 1,
-                        "Service": 1, "PersistentVolumeClaim": 2}.items():
+    for kind, count in {"Namespace": 1, "ServiceAccount": 4, "DaemonSet": 1, "CronJob": 1, "Deployment": 2,
+                        "Service": 2, "PersistentVolumeClaim": 2}.items():
         assert kinds.count(kind) == count, f"{name}: {kind} x{kinds.count(kind)}"
-    # The database Secret is referenced, never shipped (no password in git).
+    # The database Secret and the API token are referenced, never shipped (no secret in git).
     assert not objects(docs, "Secret")
     if name == "openshift":
         assert {"SecurityContextConstraints", "Role", "RoleBinding"} <= set(kinds)
@@ -77,10 +85,16 @@ def test_selectors_match_their_pod_labels(build):
     assert service["spec"]["selector"].items() <= pod_labels(exporter).items()
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= {
         p["name"] for p in container(pod_spec(exporter), "node-exporter")["ports"]}
-    # No other pod is picked up by the exporter's selector or the worker's.
+    api, api_spec, api_container = api_parts(docs)
+    api_service = one(docs, "Service", "cuectl-api")
+    assert api_service["spec"]["selector"].items() <= pod_labels(api).items()
+    assert {p["targetPort"] for p in api_service["spec"]["ports"]} <= {p["name"] for p in api_container["ports"]}
+    # No other pod is picked up by the exporter's selector, the API's or the worker's.
     for obj in all_pod_objects(docs):
         if obj is not exporter:
             assert not service["spec"]["selector"].items() <= pod_labels(obj).items()
+        if obj is not api:
+            assert not api_service["spec"]["selector"].items() <= pod_labels(obj).items()
         if obj["kind"] != "DaemonSet":
             assert not worker_ds(docs)["spec"]["selector"]["matchLabels"].items() <= pod_labels(obj).items()
 
@@ -242,6 +256,86 @@ def test_images(build):
         assert "/" in repo and tag and tag != "latest"
 
 
+# -- the REST API (cuectl serve) ------------------------------------------------------------
+
+def test_api_serves_on_all_pod_interfaces_with_real_serve_options(build):
+    _, docs = build
+    _, _, api = api_parts(docs)
+    args = api["args"]
+    assert "command" not in api, "keep the image's ENTRYPOINT (tini -- cuectl)"
+    assert args[0] == "serve"
+    assert args[args.index("--host") + 1] == "0.0.0.0"       # the default 127.0.0.1 is unreachable in a pod
+    assert int(args[args.index("--port") + 1]) == API_PORT
+    assert "--allow-anonymous-read" not in args               # /metrics and reads need a token
+    resolved = resolve_command(args)
+    assert resolved is not None and resolved[0] == ["serve"]
+    for opt in options_used(args):
+        assert opt in resolved[1], f"`cuectl serve` has no option {opt}"
+    (port,) = api["ports"]
+    assert port["containerPort"] == API_PORT and port["name"] == "http"
+
+
+def test_api_probes_use_the_health_endpoints(build):
+    _, docs = build
+    _, _, api = api_parts(docs)
+    ready, live = api["readinessProbe"]["httpGet"], api["livenessProbe"]["httpGet"]
+    assert ready["path"] == "/readyz" and live["path"] == "/healthz"
+    assert ready["port"] == live["port"] == "http"
+    # A database outage makes /readyz fail; it must not get the server restarted.
+    assert api["livenessProbe"]["failureThreshold"] * api["livenessProbe"]["periodSeconds"] >= 60
+
+
+def test_api_store_comes_from_the_same_secret_as_the_workers(build):
+    _, docs = build
+    _, _, api = api_parts(docs)
+    env = env_of(api)
+    assert env["CUECTL_DB"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "url"}
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "password", "optional": True}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"        # no GPU for the API
+    assert "nvidia.com/gpu" not in api["resources"].get("limits", {})
+    for item in env.values():
+        assert "postgresql://" not in str(item.get("value", "")), "the store URL belongs in the Secret"
+    # The docs' patch that points the API at a Secret of its own replaces env/0 and env/1.
+    assert [e["name"] for e in api["env"][:2]] == ["CUECTL_DB", "PGPASSWORD"]
+
+
+def test_api_reads_the_workers_logs_read_only(build):
+    _, docs = build
+    _, spec, api = api_parts(docs)
+    _, wspec, worker = worker_parts(docs)
+    logs = env_of(api)["CUECTL_LOG_DIR"]["value"]
+    assert logs == env_of(worker)["CUECTL_LOG_DIR"]["value"]      # the paths the store records
+    vol = volume_for_mount(spec, api, logs)
+    assert vol["persistentVolumeClaim"]["claimName"] == volume_for_mount(wspec, worker, logs)[
+        "persistentVolumeClaim"]["claimName"]
+    assert vol["persistentVolumeClaim"]["readOnly"] is True
+    assert [m for m in api["volumeMounts"] if m["mountPath"] == logs][0]["readOnly"] is True
+    # Logs are 0640 and group 10001 (the worker's): the API reads them as a member.
+    assert WORKER_UID in spec["securityContext"]["supplementalGroups"]
+
+
+def test_api_runs_unprivileged_without_gpus_or_host_paths(build):
+    name, docs = build
+    _, spec, api = api_parts(docs)
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    if name != "openshift":
+        assert spec["securityContext"]["runAsUser"] == WORKER_UID
+    assert api["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not any("hostPath" in v for v in spec["volumes"])
+    assert "tolerations" not in spec and "nvidia.com/gpu.present" not in spec.get("nodeSelector", {})
+    assert spec["serviceAccountName"] == "cuectl-api"
+
+
+def test_api_service_is_internal_and_not_annotated_for_anonymous_scrapes(build):
+    _, docs = build
+    service = one(docs, "Service", "cuectl-api")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == API_PORT and port["name"] == "http" and port["targetPort"] == "http"
+    # /metrics needs a token: an annotation-discovered scrape would send none.
+    assert "prometheus.io/scrape" not in service["metadata"].get("annotations", {})
+
+
 # -- the report CronJob and its exporter ------------------------------------------------------
 
 def test_report_cronjob_writes_prometheus_text_every_five_minutes(build):
@@ -368,9 +462,9 @@ def test_openshift_overlay_relabels_host_dirs_for_selinux():
     assert "CUECTL_RELABEL_SELINUX" not in env_of(base_init)
 
 
-def test_openshift_report_and_exporter_fit_restricted_v2():
+def test_openshift_report_exporter_and_api_fit_restricted_v2():
     docs = kustomize(OVERLAYS["openshift"])
-    for obj in (one(docs, "CronJob"), one(docs, "Deployment", "cuectl-metrics")):
+    for obj in (one(docs, "CronJob"), one(docs, "Deployment", "cuectl-metrics"), one(docs, "Deployment", "cuectl-api")):
         sc = pod_spec(obj)["securityContext"]
         assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(sc), obj["metadata"]["name"]
         assert sc["runAsNonRoot"] is True
@@ -405,6 +499,15 @@ def test_component_node_local_logs(tmp_path: Path):
     assert logs.startswith(state + "/")                          # on the node's state hostPath
     assert "logs" not in {v["name"] for v in spec["volumes"]}
     assert {m["mountPath"] for m in worker["volumeMounts"]} == {"/run/cuectl/locks", state, "/dev/shm"}
+    # The API server loses its view of the (deleted) logs volume too, and nothing dangles.
+    _, api_spec, api = api_parts(docs)
+    assert "logs" not in {v["name"] for v in api_spec["volumes"]}
+    assert {m["name"] for m in api["volumeMounts"]} == {v["name"] for v in api_spec["volumes"]}
+    claims = {p["metadata"]["name"] for p in objects(docs, "PersistentVolumeClaim")}
+    for obj in all_pod_objects(docs):
+        for v in pod_spec(obj).get("volumes", []):
+            if "persistentVolumeClaim" in v:
+                assert v["persistentVolumeClaim"]["claimName"] in claims, obj["metadata"]["name"]
 
 
 def test_example_second_pool_is_a_separate_non_overlapping_daemonset():
@@ -425,6 +528,29 @@ def test_example_second_pool_is_a_separate_non_overlapping_daemonset():
     resolved = resolve_command(args)
     assert resolved is not None
     assert set(options_used(args)) <= resolved[1]
+
+
+def test_example_api_token_secret_is_a_viewer_token_for_the_scrape():
+    import yaml
+
+    path = K8S / "examples" / "cuectl-api-token.example.yaml"
+    (secret,) = list(yaml.safe_load_all(path.read_text()))
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == API_TOKEN_SECRET
+    assert secret["metadata"]["namespace"] == NAMESPACE
+    assert set(secret["stringData"]) == {"token"}
+    assert secret["stringData"]["token"].startswith("cuectl_")     # the shape of a real secret
+    text = path.read_text()
+    assert "--role viewer" in text and "admin token create" in text
+    # The command it shows is a real one.
+    create = text[text.index("cuectl admin token create"):].splitlines()[0]
+    words = create.rstrip(")\"").split()[1:]
+    resolved = resolve_command(words)
+    assert resolved is not None and resolved[0] == ["admin", "token", "create"]
+    assert set(options_used(words)) <= resolved[1]
+    for kustomization in K8S.rglob("kustomization.yaml"):
+        k = yaml.safe_load(kustomization.read_text())
+        listed = [str(x) for key in ("resources", "components", "patches") for x in k.get(key, [])]
+        assert not any(path.name in x for x in listed), kustomization
 
 
 def test_example_secret_has_the_keys_the_pods_reference():

@@ -1,6 +1,7 @@
 """deploy/systemd: the worker units parse as unit files with the settings the drain relies
-on, their ExecStart uses real `cuectl worker` options, and `systemd-analyze verify`
-accepts them where it is installed."""
+on, their ExecStart uses real `cuectl worker` options, the API unit runs `cuectl serve`
+with real options and the environment its example file describes, and
+`systemd-analyze verify` accepts them all where it is installed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from deploylib import DEPLOY, options_used, resolve_command
 
 SYSTEMD = DEPLOY / "systemd"
 UNITS = {"single": SYSTEMD / "cuectl-worker.service", "template": SYSTEMD / "cuectl-worker@.service"}
+SERVE = SYSTEMD / "cuectl-serve.service"
+SERVE_ENV = SYSTEMD / "serve.env.example"
 
 
 def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
@@ -116,6 +119,77 @@ def test_env_example_names_the_variables_the_units_use():
     assert "export " not in text                   # EnvironmentFile= takes KEY=VALUE lines
 
 
+# -- cuectl-serve.service ---------------------------------------------------------------------
+
+def env_example_values(path: Path, key: str) -> list[str]:
+    """The values an env example gives KEY, commented out or not."""
+    return [m.group(1) for m in re.finditer(rf"^#?{key}=(.*)$", path.read_text(), re.M)]
+
+
+def test_serve_unit_sections_and_restart():
+    u = parse_unit(SERVE)
+    assert set(u) == {"Unit", "Service", "Install"}
+    assert u["Unit"]["Description"]
+    assert "network-online.target" in u["Unit"]["After"][0].split()
+    assert "network-online.target" in u["Unit"]["Wants"][0].split()
+    assert u["Install"]["WantedBy"] == ["multi-user.target"]
+    svc = u["Service"]
+    assert svc["Restart"] == ["on-failure"]
+    assert svc["EnvironmentFile"] == ["-/etc/cuectl/serve.env"]
+    # Root by default: on SQLite only root can hand a submit receipt to the token's user.
+    # The unit says so, and how to run it as a dedicated user instead.
+    assert "User" not in svc
+    text = SERVE.read_text()
+    for needle in ("receipt", "SET ROLE", "User=cuectl-api", "systemctl edit cuectl-serve"):
+        assert needle in text, needle
+
+
+def test_serve_unit_exec_start_runs_serve_with_real_options():
+    (exec_start,) = parse_unit(SERVE)["Service"]["ExecStart"]
+    argv = shlex.split(exec_start)
+    assert argv[0] == "/usr/local/bin/cuectl" and argv[1] == "serve"
+    assert "$CUECTL_SERVE_ARGS" in argv
+    words = [a for a in argv[1:] if not a.startswith("$")]
+    resolved = resolve_command(words)
+    assert resolved is not None and resolved[0] == ["serve"]
+    for opt in options_used(words):
+        assert opt in resolved[1], f"`cuectl serve` has no option {opt}"
+
+
+def test_serve_env_example_options_are_real_and_the_socket_is_in_the_runtime_dir():
+    resolved = resolve_command(["serve"])
+    assert resolved is not None
+    values = env_example_values(SERVE_ENV, "CUECTL_SERVE_ARGS")
+    assert len(values) >= 3
+    for value in values:
+        for opt in options_used(value.split()):
+            assert opt in resolved[1], f"`cuectl serve` has no option {opt} ({value})"
+    svc = parse_unit(SERVE)["Service"]
+    (runtime,) = svc["RuntimeDirectory"]
+    # Never /run/cuectl: systemd removes a RuntimeDirectory when the service stops, and
+    # /run/cuectl/locks holds the host's device leases (cuectl-tmpfiles.conf).
+    assert runtime != "cuectl" and not runtime.startswith("cuectl/")
+    sockets = [v.split()[v.split().index("--socket") + 1] for v in values if "--socket" in v.split()]
+    assert sockets and all(sock.startswith(f"/run/{runtime}/") for sock in sockets)
+    for var in ("CUECTL_DB", "PGPASSWORD", "CUECTL_LOG_DIR"):
+        assert env_example_values(SERVE_ENV, var), var
+    assert "export " not in SERVE_ENV.read_text()
+
+
+def test_serve_unit_hardening_matches_the_worker_and_keeps_what_root_needs():
+    svc = parse_unit(SERVE)["Service"]
+    worker = parse_unit(UNITS["single"])["Service"]
+    assert svc["NoNewPrivileges"] == worker["NoNewPrivileges"] == ["yes"]
+    assert svc["PrivateTmp"] == ["yes"]
+    assert svc["ProtectSystem"] == ["full"]     # not "strict": stores and logs may be anywhere
+    assert "ProtectHome" not in svc             # nor hidden homes: ~/.local/state/cuectl stores
+    families = set(svc["RestrictAddressFamilies"][0].split())
+    assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= families
+    caps = set(svc["CapabilityBoundingSet"][0].split())
+    assert "CAP_CHOWN" in caps                  # a root server gives receipts to their users
+    assert "CAP_SYS_ADMIN" not in caps and "CAP_SETUID" not in caps
+
+
 def test_systemd_analyze_verify(tmp_path: Path):
     analyze = shutil.which("systemd-analyze")
     if not analyze:
@@ -123,7 +197,7 @@ def test_systemd_analyze_verify(tmp_path: Path):
     exe = shutil.which("true")
     assert exe
     checked = []
-    for path in UNITS.values():
+    for path in [*UNITS.values(), SERVE]:
         # verify insists that ExecStart's program exists; a template needs an instance name.
         name = path.name.replace("@.", "@gpu.")
         text = path.read_text().replace("/usr/local/bin/cuectl", exe)

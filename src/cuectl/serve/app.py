@@ -46,6 +46,7 @@ from cuectl.units import memory_satisfies
 API = "/api/v1"
 MAX_BODY_BYTES = 4 * 1024 * 1024   # a job spec; 10,000 frames of a range are a few bytes
 MAX_PAGE = 10_000
+MAX_ID = 2 ** 63 - 1  # ids are 64-bit in both databases: a larger number names nothing
 JOB_ACTIONS = ("pause", "resume", "kill", "retry")
 FRAME_ACTIONS = ("retry", "kill", "eat")
 
@@ -125,13 +126,26 @@ class ResponseCache:
 
 
 def _encode(data: Any) -> tuple[bytes, str]:
+    """The body and its ETag. A page stamped with the time it was read (``at``: the host
+    list) would get a new tag on every read, so a poller would never see a 304: the tag
+    leaves ``at`` out and is weak (same content, maybe another ``at``)."""
     body = json.dumps(data, separators=(",", ":"), default=str).encode()
+    if isinstance(data, dict) and "at" in data:
+        content = json.dumps({k: v for k, v in data.items() if k != "at"}, separators=(",", ":"), default=str)
+        return body, 'W/"' + hashlib.blake2b(content.encode(), digest_size=12).hexdigest() + '"'
     return body, '"' + hashlib.blake2b(body, digest_size=12).hexdigest() + '"'
+
+
+def _opaque(tag: str) -> str:
+    # If-None-Match compares weakly (RFC 9110 13.1.2): W/"x" and "x" match.
+    tag = tag.strip()
+    return tag[2:] if tag.startswith("W/") else tag
 
 
 def _conditional(request: Request, body: bytes, etag: str) -> Response:
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
-    if etag in (v.strip() for v in request.headers.get("if-none-match", "").split(",")):
+    wanted = {_opaque(v) for v in request.headers.get("if-none-match", "").split(",")}
+    if "*" in wanted or _opaque(etag) in wanted:
         return Response(status_code=304, headers=headers)
     return Response(body, media_type="application/json", headers=headers)
 
@@ -165,6 +179,7 @@ def create_app(settings: Settings) -> FastAPI:
         description="The cuectl REST API: GPU inventory, jobs, frames, leases and reports (docs/api.md).",
         openapi_url=f"{API}/openapi.json", docs_url=None, redoc_url=None,  # the docs pages load JS from a CDN
     )
+    setattr(app, "openapi", lambda: _openapi(app))  # FastAPI's documented way to extend the document
     app.state.pool = pool
     app.state.settings = settings
     app.state.cache = cache
@@ -174,6 +189,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, problems.on_validation_error)
     app.add_exception_handler(Exception, problems.on_unexpected)
     app.router.add_event_handler("shutdown", pool.close)
+    from cuectl.serve import web
+
+    web.mount(app)  # the monitor's pages at / (static files of the package; they use this API only)
 
     def caller(request: Request) -> Principal:
         return identify(request.headers, request.scope, pool.get(), now=time.time(),
@@ -215,6 +233,7 @@ def create_app(settings: Settings) -> FastAPI:
             store = pool.get()
             snap = snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE)
             active = store.count_jobs(include_finished=False)
+            store.authenticate("cuectl_readiness-probe", now=time.time())  # every request reads the tokens
         except CuectlError as exc:
             return problems.response(503, f"the store is not ready: {exc.message}", hint=exc.hint)
         return JSONResponse({"status": "ready", "gpus": gpu_stats(snap, active_jobs=active), "active_jobs": active})
@@ -251,7 +270,8 @@ def create_app(settings: Settings) -> FastAPI:
     @app.get(f"{API}/hosts", tags=["hosts"], summary="Hosts and their GPUs with live values and holders")
     def list_hosts(request: Request, who: Principal = Depends(reader),
                    vendor: Optional[str] = Query(None, description="NVIDIA, AMD, Apple or Intel"),
-                   model: Optional[str] = Query(None, description="Model name or glob (A100, '*4090*')"),
+                   model: Optional[str] = Query(None, description="Model words or glob, as in gpu_models "
+                                                                "(A100, 'RTX 4090', '*4090*')"),
                    gpu_memory_min: Optional[str] = Query(None, description="Memory per device: 24G, 24576 (MiB)"),
                    state: Optional[str] = Query(None, description="UP or DOWN")) -> Response:
         memory = _memory_param(gpu_memory_min)
@@ -297,7 +317,7 @@ def create_app(settings: Settings) -> FastAPI:
                   limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
                   offset: Optional[str] = Query(None)) -> Response:
         page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
-        start = _int_param(offset, "offset", low=0) or 0
+        start = _int_param(offset, "offset", low=0, high=MAX_ID) or 0
         wanted = _choice(state, "state", (m.JOB_PENDING, m.JOB_FINISHED))
         return cached(request, lambda: _jobs(user, wanted, name, active, page, start))
 
@@ -357,9 +377,9 @@ def create_app(settings: Settings) -> FastAPI:
 
     # -- frames --------------------------------------------------------------------------------
     def _frames(job: str | int, state: str | None, layer: str | None, limit: int, after: int | None,
-                attempts: bool) -> dict[str, Any]:
+                attempts: bool, ids: list[int] | None = None) -> dict[str, Any]:
         store = pool.get()
-        frames, total = store.list_frames(job=job, layer=layer, state=state, limit=limit, after=after)
+        frames, total = store.list_frames(job=job, layer=layer, state=state, limit=limit, after=after, ids=ids)
         if attempts and frames:
             history = store.frame_attempts([f["id"] for f in frames])
             for f in frames:
@@ -376,19 +396,23 @@ def create_app(settings: Settings) -> FastAPI:
                     limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
                     after: Optional[str] = Query(None, description="Frames with a larger id: next_after of the "
                                                                    "previous page"),
-                    attempts: bool = Query(True, description="Include each frame's attempt_history")) -> Response:
+                    attempts: bool = Query(True, description="Include each frame's attempt_history"),
+                    ids: Optional[str] = Query(None, description="Only these frame ids (comma-separated, at "
+                                                                 "most 1000): a monitor refreshing frames that "
+                                                                 "changed")) -> Response:
         wanted = _choice(state, "state", m.FRAME_STATES)
         page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
-        cursor = _int_param(after, "after", low=0)
+        cursor = _int_param(after, "after", low=0, high=MAX_ID)
+        only = _id_list(ids, "ids", most=1000)
         ref = _job_ref(job)
         pool.get().get_job(ref)  # 404 for an unknown job, not an empty list
-        return cached(request, lambda: _frames(ref, wanted, layer, page, cursor, attempts))
+        return cached(request, lambda: _frames(ref, wanted, layer, page, cursor, attempts, only))
 
     @app.get(f"{API}/frames/{{frame_id}}", tags=["frames"], summary="A frame with its samples and attempts")
     def show_frame(frame_id: int, who: Principal = Depends(reader)) -> dict[str, Any]:
+        _check_frame_id(frame_id)
         store = pool.get()
-        data = store.get_frame(frame_id)
-        data.pop("log_path", None)  # a path on the worker host: not the API's business
+        data = _public_frame(store.get_frame(frame_id))
         data["attempt_history"] = store.frame_attempts([frame_id]).get(frame_id, [])
         return data
 
@@ -396,9 +420,10 @@ def create_app(settings: Settings) -> FastAPI:
     def frame_action(frame_id: int, action: str, who: Principal = Depends(caller)) -> dict[str, Any]:
         if action not in FRAME_ACTIONS:
             raise Problem(404, f"no frame action {action!r} (one of {', '.join(FRAME_ACTIONS)})")
+        _check_frame_id(frame_id)
         now = time.time()
         frames = change(who, action, lambda s: s.frame_action([frame_id], action, now=now))
-        return {"frames": frames}
+        return {"frames": [_public_frame(f) for f in frames]}
 
     @app.get(f"{API}/frames/{{frame_id}}/log", tags=["frames"], response_class=PlainTextResponse,
              summary="A frame's log (latest attempt): tail=N lines, follow=true streams while it runs")
@@ -406,8 +431,10 @@ def create_app(settings: Settings) -> FastAPI:
                         follow: bool = Query(False)) -> Response:
         await run_in_threadpool(caller, request)
         lines = _int_param(tail, "tail", low=0, high=100_000)
-        frame = await run_in_threadpool(lambda: pool.get().get_frame(frame_id))
-        fd = _open_log(pool.get().log_dir, frame)
+        _check_frame_id(frame_id)
+        # In the thread pool: the first call on a thread opens its store (a connection).
+        frame, log_dir = await run_in_threadpool(lambda: (pool.get().get_frame(frame_id), pool.get().log_dir))
+        fd = _open_log(log_dir, frame)
         if not follow:
             try:
                 return Response(_read_log(fd, lines), media_type="text/plain; charset=utf-8")
@@ -454,8 +481,15 @@ def create_app(settings: Settings) -> FastAPI:
 
         store = pool.get()
         now = time.time()
-        group = reports.check_by(by)
-        start, end = reports.parse_window(since, until, now=now)
+        try:
+            group = reports.check_by(by)
+        except InvalidInput as exc:
+            raise Problem(422, exc.message.replace("--by", "by", 1), field="by") from None
+        try:
+            start, end = reports.parse_window(since, until, now=now)
+        except InvalidInput as exc:
+            field = "until" if "--until" in exc.message else "since"
+            raise Problem(422, exc.message.replace(f"--{field}", field, 1), field=field) from None
         rows, total = reports.run_report(store, by=group, since=start, until=end)
         text = reports.render_json(rows, reports.report_meta(by=group, since=start, until=end, generated_at=now),
                                    total)
@@ -465,14 +499,69 @@ def create_app(settings: Settings) -> FastAPI:
 
 
 # -- helpers outside the app: pure, testable -------------------------------------------------------
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The generated document plus the bearer-token scheme every /api/v1 route uses, so
+    generated clients send the token."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        schema.setdefault("components", {})["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer",
+                       "description": "A token from `cuectl admin token create USER --role ROLE`"}}
+        for path, operations in schema.get("paths", {}).items():
+            if path.startswith(API) or path == "/metrics":
+                for operation in operations.values():
+                    operation["security"] = [{"bearer": []}]
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
 def _public_job(job: dict[str, Any]) -> dict[str, Any]:
+    from cuectl.sched.views import mask_env
+
     # The receipt's file name is the SQLite proof's handle: of no use to a client.
     job.pop("receipt", None)
+    # Secret-looking env values are masked as in `job show` (describe_job does it for reads;
+    # the store's own answers to pause/kill/priority... carry them unmasked).
+    for layer in job.get("layers") or []:
+        if isinstance(layer.get("env"), dict):
+            layer["env"] = mask_env(layer["env"])
     return job
 
 
+def _public_frame(frame: dict[str, Any]) -> dict[str, Any]:
+    # log_path is a path on the worker host (GET .../log reads it); attempt_history here is
+    # the store's raw rows: the API's per-attempt view (frame_attempts) replaces it.
+    frame.pop("log_path", None)
+    frame.pop("attempt_history", None)
+    return frame
+
+
 def _job_ref(value: str) -> str | int:
-    return int(value) if value.isdigit() else value
+    if not value.isdigit():
+        return value
+    if int(value) > MAX_ID:  # the database could not even compare it (OverflowError)
+        raise NotFound(f"no job {value!r}", hint="GET /api/v1/jobs lists them")
+    return int(value)
+
+
+def _check_frame_id(frame_id: int) -> None:
+    if not -MAX_ID - 1 <= frame_id <= MAX_ID:
+        raise NotFound(f"no frame {frame_id}", hint="GET /api/v1/jobs/{job}/frames lists them")
+
+
+def _id_list(value: str | None, name: str, *, most: int) -> list[int] | None:
+    if value is None:
+        return None
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if len(parts) > most:
+        raise Problem(422, f"{name}: at most {most} ids, got {len(parts)}", field=name)
+    if not all(p.isdigit() for p in parts):
+        raise Problem(422, f"{name}: give frame ids separated by commas (1,2,3)", field=name)
+    if any(int(p) > MAX_ID for p in parts):
+        raise Problem(422, f"{name}: ids go up to {MAX_ID}", field=name)
+    return [int(p) for p in parts]
 
 
 def _memory_param(value: str | None) -> int | None:
@@ -490,9 +579,11 @@ def _device_matches(device: dict[str, Any], vendor: str | None, model: str | Non
     if vendor and (device.get("vendor") or "").lower() != vendor.lower():
         return False
     if model:
-        name = device.get("model") or ""
-        pattern = model if any(c in model for c in "*?[") else f"*{model}*"
-        if not fnmatch.fnmatch(name.lower(), pattern.lower()):
+        from cuectl.sched.match import model_matches
+
+        # The scheduler's rule (DESIGN §5): a glob, else whole words (A100 matches
+        # "NVIDIA A100-SXM4-80GB", A10 does not), so the filter shows what gpu_models would get.
+        if not model_matches(model, device.get("model") or ""):
             return False
     if memory_min and not memory_satisfies(device.get("memory_total_bytes"), memory_min):
         return False  # the scheduler's own rule (a "24G" card with 23.6 GiB usable matches 24G)
@@ -506,11 +597,11 @@ async def _json_body(request: Request) -> Any:
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
-            raise Problem(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+            raise Problem(413, f"the body is larger than {MAX_BODY_BYTES} bytes", field="body")
     try:
         return json.loads(body or b"null")
     except ValueError as exc:
-        raise Problem(400, f"the body is not valid JSON: {exc}") from None
+        raise Problem(400, f"the body is not valid JSON: {exc}", field="body") from None
 
 
 def _open_log(log_dir: Path, frame: dict[str, Any]) -> int:
@@ -526,8 +617,15 @@ def _open_log(log_dir: Path, frame: dict[str, Any]) -> int:
     if rel.startswith("..") or os.path.isabs(rel) or any(p in ("", ".", "..") for p in parts):
         raise NotFound(f"the log of frame {frame['id']} is not in the store's log directory")
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    # The log directory may itself be a link an admin made (the worker's rule): one owned by
+    # root or by this server's user; a link a store member put there is not followed.
     try:
-        fd = os.open(log_dir, flags | os.O_DIRECTORY)
+        link = os.lstat(log_dir)
+    except OSError:
+        link = None
+    follow = link is not None and stat.S_ISLNK(link.st_mode) and link.st_uid in (0, os.geteuid())
+    try:
+        fd = os.open(log_dir, (os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY) | (0 if follow else os.O_NOFOLLOW))
     except OSError as exc:
         raise NotFound(f"the log directory {log_dir} cannot be read here: {exc.strerror}",
                        hint="logs live on the worker host unless CUECTL_LOG_DIR is a shared directory") from None

@@ -80,7 +80,10 @@ async def on_cuectl_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, e.CuectlError)
     status = status_of(exc)
     field = field_of(exc.message) if status == 422 else None
-    return response(status, exc.message, field=field, hint=exc.hint)
+    hint = exc.hint
+    if isinstance(exc, e.NotOwner) and hint and "--force" in hint:
+        hint = "ask its owner, or an admin"  # the CLI's --force has no API counterpart
+    return response(status, exc.message, field=field, hint=hint)
 
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:

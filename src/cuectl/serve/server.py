@@ -61,8 +61,10 @@ def serve(app: Any, *, host: str, port: int, uds: str | None, certfile: str | No
     import uvicorn
 
     check_tls(certfile, keyfile)
+    # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from any local
+    # process (only the access log uses the client address; it should not be forgeable).
     options: dict[str, Any] = {"log_level": log_level, "access_log": access_log, "lifespan": "on",
-                               "server_header": False, "timeout_graceful_shutdown": 5}
+                               "server_header": False, "timeout_graceful_shutdown": 5, "proxy_headers": False}
     if uds:
         path = Path(uds)
         if path.is_symlink() or (path.exists() and not path.is_socket()):

@@ -238,10 +238,11 @@ class Store(abc.ABC):
     # -- frames --------------------------------------------------------------------------
     @abc.abstractmethod
     def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
-                    state: str | None = None, limit: int = 1000,
-                    after: int | None = None) -> tuple[list[dict[str, Any]], int]:
+                    state: str | None = None, limit: int = 1000, after: int | None = None,
+                    ids: Sequence[int] | None = None) -> tuple[list[dict[str, Any]], int]:
         """Frames in dispatch order, at most ``limit`` (only ids above ``after``: the next
-        page); also the total that matched (ignoring ``after``)."""
+        page; only ``ids``, when given: at most 1000); also the total that matched (ignoring
+        ``after``)."""
 
     @abc.abstractmethod
     def frame_attempts(self, frame_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:

@@ -318,10 +318,18 @@ class SQLStore(Store):
 
     # -- frames --------------------------------------------------------------------------------
     def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
-                    state: str | None = None, limit: int = 1000,
-                    after: int | None = None) -> tuple[list[dict[str, Any]], int]:
+                    state: str | None = None, limit: int = 1000, after: int | None = None,
+                    ids: Sequence[int] | None = None) -> tuple[list[dict[str, Any]], int]:
         where: list[str] = []
         params: list[Any] = []
+        if ids is not None:
+            wanted = sorted({int(i) for i in ids})
+            if len(wanted) > _IN_BATCH * 2:
+                raise InvalidInput(f"ids: at most {_IN_BATCH * 2} frames at once, got {len(wanted)}")
+            if not wanted:
+                return [], 0
+            where.append(f"f.id IN ({marks(len(wanted))})")
+            params.extend(wanted)
         if job is not None:
             where.append("f.job_id = ?")
             params.append(self._job_row(job)["id"])
