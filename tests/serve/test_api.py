@@ -191,6 +191,10 @@ def test_list_jobs_filters_globs_and_pages(site):
     page = val.ok("GET", f"{API}/jobs?limit=2&offset=1")
     assert page["total"] == everyone["total"] == len(everyone["jobs"])
     assert [j["id"] for j in page["jobs"]] == [j["id"] for j in everyone["jobs"][1:3]]
+    newest = val.ok("GET", f"{API}/jobs?limit=2&order=desc")
+    assert newest["order"] == "desc" and [j["id"] for j in newest["jobs"]] == \
+        [j["id"] for j in everyone["jobs"][::-1][:2]]
+    assert [j["id"] for j in val.ok("GET", f"{API}/jobs?name=lj-*&order=desc")["jobs"]] == [b1, a3, a2, a1]
     bobs = val.ok("GET", f"{API}/jobs?user=bob&limit=1")
     assert bobs["total"] == len([j for j in everyone["jobs"] if j["user"] == "bob"]) and len(bobs["jobs"]) == 1
 
@@ -536,7 +540,7 @@ def test_bad_bodies_are_400_and_415(site):
 
 @pytest.mark.parametrize("path, field", [
     ("/jobs?limit=0", "limit"), ("/jobs?limit=abc", "limit"), ("/jobs?limit=10001", "limit"),
-    ("/jobs?offset=-1", "offset"), ("/jobs?state=BOGUS", "state"), ("/jobs?active=maybe", "active"),
+    ("/jobs?offset=-1", "offset"), ("/jobs?state=BOGUS", "state"), ("/jobs?order=up", "order"), ("/jobs?active=maybe", "active"),
     ("/hosts?gpu_memory_min=12Q", "gpu_memory_min"), ("/hosts?state=SIDEWAYS", "state"),
     ("/jobs/1/frames?state=BOGUS", "state"), ("/jobs/1/frames?limit=0", "limit"), ("/jobs/1/frames?after=x", "after"),
     ("/jobs/1/frames?after=-1", "after"), ("/frames/abc", "frame_id"), ("/frames/1/log?tail=x", "tail"),

@@ -95,34 +95,58 @@ class StorePool:
 
 
 class ResponseCache:
-    """URL -> (body, etag, expiry): shared by every client, so N monitors polling the same
-    page cost one store read per ``ttl_s``."""
+    """URL -> (body, etag, fresh until): shared by every client, so N monitors polling the
+    same page cost one store read per ``ttl_s``.
+
+    Single flight: one thread rebuilds an expired page while the others are answered with
+    the previous one (at most one rebuild older); only when there is no previous page do
+    they wait for the rebuild. Without this, every request arriving during a slow rebuild
+    misses too and rebuilds the same page in its own thread, and on a busy server the
+    rebuilds outrun the expiry (measured in bench/bench_api.py: seconds per request)."""
 
     def __init__(self, ttl_s: float, size: int = 512) -> None:
         self.ttl_s = ttl_s
         self._size = size
         self._entries: OrderedDict[str, tuple[bytes, str, float]] = OrderedDict()
+        self._building: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
+        self._generation = 0  # bumped by clear(): a rebuild started before a change is not kept
 
-    def get(self, key: str) -> tuple[bytes, str] | None:
+    def get(self, key: str, build: Callable[[], Any]) -> tuple[bytes, str]:
+        if self.ttl_s <= 0:
+            return _encode(build())
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or entry[2] < time.monotonic():
-                return None
-            return entry[0], entry[1]
-
-    def put(self, key: str, body: bytes, etag: str) -> None:
-        if self.ttl_s <= 0:
-            return
-        with self._lock:
-            self._entries[key] = (body, etag, time.monotonic() + self.ttl_s)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+            if entry is not None and entry[2] >= time.monotonic():
+                return entry[0], entry[1]
+            flight = self._building.setdefault(key, threading.Lock())
+        if not flight.acquire(blocking=entry is None):
+            assert entry is not None  # only a caller holding a previous page does not wait
+            return entry[0], entry[1]  # someone is rebuilding it: the previous page will do
+        try:
+            with self._lock:  # built by the thread we waited for?
+                done = self._entries.get(key)
+                if done is not None and done[2] >= time.monotonic():
+                    return done[0], done[1]
+                generation = self._generation
+            body, etag = _encode(build())
+            with self._lock:
+                if generation == self._generation:
+                    self._entries[key] = (body, etag, time.monotonic() + self.ttl_s)
+                    self._entries.move_to_end(key)
+                    while len(self._entries) > self._size:
+                        self._entries.popitem(last=False)
+            return body, etag
+        finally:
+            flight.release()
+            with self._lock:
+                if self._building.get(key) is flight and not flight.locked():
+                    del self._building[key]
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._generation += 1
 
 
 def _encode(data: Any) -> tuple[bytes, str]:
@@ -201,13 +225,7 @@ def create_app(settings: Settings) -> FastAPI:
         return caller(request)
 
     def cached(request: Request, build: Callable[[], Any]) -> Response:
-        key = request.url.path + "?" + str(request.url.query)
-        hit = cache.get(key)
-        if hit is None:
-            body, etag = _encode(build())
-            cache.put(key, body, etag)
-        else:
-            body, etag = hit
+        body, etag = cache.get(request.url.path + "?" + str(request.url.query), build)
         return _conditional(request, body, etag)
 
     def change(who: Principal, what: str, fn: Callable[[Store], Any]) -> Any:
@@ -289,17 +307,19 @@ def create_app(settings: Settings) -> FastAPI:
 
     # -- jobs ----------------------------------------------------------------------------------
     def _jobs(user: str | None, state: str | None, name: str | None, active: bool, limit: int,
-              offset: int) -> dict[str, Any]:
+              offset: int, newest_first: bool) -> dict[str, Any]:
         from cuectl.sched.pending import pending_reason, unproven, usable_hosts
 
         store = pool.get()
         exact = name if name is not None and not any(c in name for c in "*?[") else None
         filters: dict[str, Any] = {"include_finished": not active, "user": user, "state": state, "name": exact}
         if name is not None and exact is None:  # a glob: filter here, page after
-            rows = [j for j in store.list_jobs(**filters) if fnmatch.fnmatchcase(j["name"], name)]
+            rows = [j for j in store.list_jobs(**filters, newest_first=newest_first)
+                    if fnmatch.fnmatchcase(j["name"], name)]
             total, page = len(rows), rows[offset:offset + limit]
         else:
-            total, page = store.count_jobs(**filters), store.list_jobs(**filters, limit=limit, offset=offset)
+            total = store.count_jobs(**filters)
+            page = store.list_jobs(**filters, limit=limit, offset=offset, newest_first=newest_first)
         hosts = None
         for job in page:
             counts = job["frame_counts"]
@@ -307,7 +327,8 @@ def create_app(settings: Settings) -> FastAPI:
                 hosts = usable_hosts(store) if hosts is None else hosts
                 full = store.get_job(job["id"])
                 job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
-        return {"jobs": page, "total": total, "limit": limit, "offset": offset}
+        return {"jobs": page, "total": total, "limit": limit, "offset": offset,
+                "order": "desc" if newest_first else "asc"}
 
     @app.get(f"{API}/jobs", tags=["jobs"], summary="Jobs with frame counts and pending reasons")
     def list_jobs(request: Request, who: Principal = Depends(reader),
@@ -315,17 +336,21 @@ def create_app(settings: Settings) -> FastAPI:
                   name: Optional[str] = Query(None, description="Exact name or glob (render-*)"),
                   active: bool = Query(False, description="Hide finished jobs"),
                   limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
-                  offset: Optional[str] = Query(None)) -> Response:
+                  offset: Optional[str] = Query(None),
+                  order: Optional[str] = Query(None, description="asc (oldest first, the default) or desc "
+                                                                 "(newest first)")) -> Response:
         page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
         start = _int_param(offset, "offset", low=0, high=MAX_ID) or 0
         wanted = _choice(state, "state", (m.JOB_PENDING, m.JOB_FINISHED))
-        return cached(request, lambda: _jobs(user, wanted, name, active, page, start))
+        newest_first = _choice(order, "order", ("ASC", "DESC")) == "DESC"
+        return cached(request, lambda: _jobs(user, wanted, name, active, page, start, newest_first))
 
     @app.get(f"{API}/jobs/{{job}}", tags=["jobs"], summary="A job with its layers, frame counts and pending reason")
-    def show_job(job: str, who: Principal = Depends(reader)) -> dict[str, Any]:
+    def show_job(job: str, request: Request, who: Principal = Depends(reader)) -> Response:
         from cuectl.sched.pending import describe_job
 
-        return _public_job(describe_job(pool.get(), _job_ref(job)))
+        ref = _job_ref(job)  # polled every second by the monitor's job page: cached, with an ETag
+        return cached(request, lambda: _public_job(describe_job(pool.get(), ref)))
 
     @app.post(f"{API}/jobs", tags=["jobs"], summary="Submit a job (the YAML spec's schema, as JSON)", status_code=201,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
@@ -404,8 +429,7 @@ def create_app(settings: Settings) -> FastAPI:
         page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
         cursor = _int_param(after, "after", low=0, high=MAX_ID)
         only = _id_list(ids, "ids", most=1000)
-        ref = _job_ref(job)
-        pool.get().get_job(ref)  # 404 for an unknown job, not an empty list
+        ref = _job_ref(job)  # an unknown job is a 404 from list_frames, on a cache miss only
         return cached(request, lambda: _frames(ref, wanted, layer, page, cursor, attempts, only))
 
     @app.get(f"{API}/frames/{{frame_id}}", tags=["frames"], summary="A frame with its samples and attempts")

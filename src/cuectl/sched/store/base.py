@@ -206,9 +206,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
-                  name: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
-        """Jobs (oldest first) with their frame counts, filtered by exact ``user``, ``state``
-        and ``name``; ``limit``/``offset``: one page."""
+                  name: str | None = None, limit: int | None = None, offset: int = 0,
+                  newest_first: bool = False) -> list[dict[str, Any]]:
+        """Jobs (oldest first, or ``newest_first``) with their frame counts, filtered by exact
+        ``user``, ``state`` and ``name``; ``limit``/``offset``: one page."""
 
     @abc.abstractmethod
     def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
@@ -398,8 +399,10 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def integrity_problems(self) -> list[str] | None:
-        """What the database's own consistency check found ([] when sound), or None when
-        this backend cannot check from a client."""
+        """What ``cuectl admin doctor`` found wrong with the store, one line per problem ([]
+        when sound): SQLite's ``integrity_check`` of the file; on PostgreSQL, the schema
+        against this cuectl's and the rows against the rules every transaction keeps (the
+        server checks its own files). None when a backend can check nothing from a client."""
 
     def stall(self, seconds: float) -> None:
         """A call hung and was abandoned: for ``seconds``, fail calls at once (StoreStalled)

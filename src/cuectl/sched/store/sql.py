@@ -36,7 +36,7 @@ from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFigures, FrameResult, HostInfo,
                                      LiveUsage, RunnableLayer, Store, Token)
 from cuectl.sched.usage_sql import Fetch, UsageGroup
-from cuectl.sched.views import attempt_json, frame_json, host_json, job_json, layer_json
+from cuectl.sched.views import attempt_json, frame_json, host_json, job_json, layer_json, samples_json
 
 T = TypeVar("T")
 Row = Any  # sqlite3.Row or a psycopg dict row: both are read by column name only
@@ -45,6 +45,8 @@ _FRAME_SELECT = """
     SELECT f.*, j.name AS job_name, l.name AS layer_name
     FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id
 """
+# The largest id a store can hold (SQLite INTEGER, PostgreSQL BIGINT).
+_MAX_ID = 2**63 - 1
 # Ids per IN (...) list: well under SQLite's 32,766 host parameters (and PostgreSQL's 65,535).
 _IN_BATCH = 500
 # The columns an attempt's record copies from its frame and layer (``_record_attempt``).
@@ -182,9 +184,13 @@ class SQLStore(Store):
         return self._write(insert, idempotent=False)
 
     def _job_row(self, ref: str | int) -> Row:
+        """A job by id (ASCII digits) or else by its unique name. Submit refuses purely
+        numeric names (sched/spec.py); one written before that rule is still found by
+        name when no job has that id, and always by its own id."""
         text = str(ref).strip()
-        if text.isdigit():
-            rows = self._read("SELECT * FROM jobs WHERE id = ?", (int(text),))
+        job_id = _as_id(text)
+        if job_id is not None:
+            rows = self._read("SELECT * FROM jobs WHERE id = ?", (job_id,))
             if rows:
                 return rows[0]
         rows = self._read("SELECT * FROM jobs WHERE name = ? ORDER BY id", (text,))
@@ -204,10 +210,12 @@ class SQLStore(Store):
         return counts
 
     def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
-                  name: str | None = None, limit: int | None = None, offset: int = 0) -> list[dict[str, Any]]:
+                  name: str | None = None, limit: int | None = None, offset: int = 0,
+                  newest_first: bool = False) -> list[dict[str, Any]]:
         where, params = self._job_filter(include_finished, user, state, name)
         page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
-        rows = self._read(f"SELECT * FROM jobs j WHERE {where} ORDER BY id{page}", params)
+        order = "id DESC" if newest_first else "id"
+        rows = self._read(f"SELECT * FROM jobs j WHERE {where} ORDER BY {order}{page}", params)
         if limit is not None:  # count the page's frames only
             if not rows:
                 return []
@@ -236,8 +244,9 @@ class SQLStore(Store):
         data["receipt"] = row["receipt"]
         data["layers"] = [layer_json(r) for r in self._read(
             f"SELECT {lifecycle.LAYER_COLUMNS}, depend_count FROM layers WHERE job_id = ? ORDER BY idx", (row["id"],))]
-        # DEPEND frames of this job that wait on a DEAD frame (they need a retry).
-        data["dead_dependencies"] = int(self._read(
+        # DEPEND frames of this job that wait on a DEAD frame (they need a retry). Only asked
+        # when the job has DEPEND frames: the query's plan scans the frames index.
+        data["dead_dependencies"] = 0 if not data["frame_counts"].get("DEPEND") else int(self._read(
             "SELECT COUNT(DISTINCT d.frame_id) AS n FROM frame_deps d JOIN frames f ON f.id = d.on_frame_id "
             "WHERE f.state = 'DEAD' AND d.frame_id IN (SELECT id FROM frames WHERE job_id = ? AND state = 'DEPEND')",
             (row["id"],))[0]["n"])
@@ -364,12 +373,13 @@ class SQLStore(Store):
             raise NotFound(f"no frame {frame_id}", hint="see `cuectl frame list`")
         data = frame_json(rows[0])
         data["log_path"] = rows[0]["log_path"]
-        data["samples"] = {r["uuid"]: json.loads(r["points"]) for r in self._read(
-            "SELECT uuid, points FROM samples WHERE frame_id = ? AND attempt = "
-            "(SELECT MAX(attempt) FROM samples WHERE frame_id = ?)", (frame_id, frame_id))}
-        data["attempt_history"] = [dict(r) for r in self._read(
-            "SELECT attempt, host, outcome, started_at, ended_at, exit_code, exit_signal, timed_out "
-            "FROM attempts WHERE frame_id = ? ORDER BY attempt", (frame_id,))]
+        # The series of the latest attempt that has one (a RUNNING attempt's so far), and
+        # which attempt that is: its summary in attempt_history goes with these samples.
+        series = self._read("SELECT attempt, uuid, points FROM samples WHERE frame_id = ? AND attempt = "
+                            "(SELECT MAX(attempt) FROM samples WHERE frame_id = ?)", (frame_id, frame_id))
+        data["samples"] = samples_json({r["uuid"]: json.loads(r["points"]) for r in series})
+        data["samples_attempt"] = int(series[0]["attempt"]) if series else None
+        data["attempt_history"] = self.frame_attempts([frame_id]).get(frame_id, [])
         return data
 
     def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float,
@@ -795,6 +805,16 @@ class SQLStore(Store):
         ids = self._write(delete)
         self._layer_cache.clear()
         return ids
+
+
+def _as_id(text: str) -> int | None:
+    """``text`` as a job id, or None if it cannot be one. ASCII digits only
+    (``str.isdigit()`` is also true of "²", which ``int()`` cannot read), and nothing past a
+    64-bit integer, which neither database could even compare."""
+    if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > 19:
+        return None
+    value = int(text)
+    return value if value <= _MAX_ID else None
 
 
 def _token_hash(secret: str) -> str:
