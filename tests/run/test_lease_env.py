@@ -31,8 +31,13 @@ def test_no_devices_on_a_gpu_host_hides_them_all():
     assert env["HIP_VISIBLE_DEVICES"] == "-1"
 
 
-def test_host_without_gpus_sets_no_vendor_variables():
-    assert isolation_env([], all_vendors_present=()) == {"CUE_GPUS": "0", "CUE_GPU_CORES": "", "CUE_GPU_UUIDS": ""}
+def test_no_devices_hides_every_vendor_even_where_discovery_found_no_gpu():
+    # A container whose driver library is missing finds no GPU, yet the devices may be
+    # there: a CPU frame must not see them.
+    assert isolation_env([], all_vendors_present=()) == {
+        "CUE_GPUS": "0", "CUE_GPU_CORES": "", "CUE_GPU_UUIDS": "", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "-1", "NVIDIA_VISIBLE_DEVICES": "void",
+        "ROCR_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1"}
 
 
 def test_mig_instances_are_selected_by_uuid():

@@ -21,6 +21,8 @@ HIDE_ALL = "-1"
 #: nvidia-container-runtime: ``void`` = inject no GPU into a container started from here.
 NVIDIA_HIDE_ALL = "void"
 _ROCR_UUID = re.compile(r"GPU-[0-9A-Fa-f]{1,16}")
+#: Vendors whose devices an environment variable can hide (Apple and Intel: none).
+_HIDEABLE = frozenset({"NVIDIA", "AMD"})
 
 
 def _vendor_index(device: Device) -> int:
@@ -44,8 +46,11 @@ def isolation_env(devices: Sequence[Device], *, all_vendors_present: Collection[
     """The variables that confine a child process to ``devices`` (DESIGN §4).
 
     ``all_vendors_present`` are the vendors of every GPU on the host: a vendor's variables
-    are set whenever the host has such GPUs, so a process leased none of them (or none at
-    all: ``devices`` empty) sees them hidden. Per vendor:
+    are set whenever the host has such GPUs, so a process leased none of them sees them
+    hidden. A process leased no device at all gets the NVIDIA and AMD variables on every
+    host, even one where discovery found no GPU: discovery can miss GPUs that CUDA or ROCm
+    would still find (a container without the driver's NVML library), and hiding devices
+    that do not exist costs nothing. Per vendor:
 
     - NVIDIA: ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; ``CUDA_VISIBLE_DEVICES`` = indices (MIG
       instances by UUID) or ``-1``; ``NVIDIA_VISIBLE_DEVICES`` = UUIDs or ``void``.
@@ -59,6 +64,8 @@ def isolation_env(devices: Sequence[Device], *, all_vendors_present: Collection[
     ``CUE_GPU_UUIDS``.
     """
     vendors = {normalize_vendor(v) or v for v in all_vendors_present} | {d.vendor for d in devices}
+    if not devices:
+        vendors |= _HIDEABLE
     env = {
         "CUE_GPUS": str(len(devices)),
         "CUE_GPU_CORES": ",".join(str(d.index) for d in devices),
