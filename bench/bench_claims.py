@@ -150,8 +150,11 @@ def dispatch_latency(url: str, poll: str, wakeups: int, tmp: Path) -> list[float
     fake = tmp / "no-gpus.yaml"
     fake.write_text("devices: []\n")
     env["CUECTL_FAKE_GPUS"] = str(fake)
+    # As root, run the frames as root: jobs submitted through the PostgreSQL superuser are
+    # proven to be role "postgres"'s, a user a root worker would (rightly) refuse to run as.
+    as_worker = ["--run-as-worker-user"] if os.geteuid() == 0 else []
     worker = subprocess.Popen([*cuectl(), "--db", url, "worker", "--name", "bench-idle", "--poll", poll, "--cores",
-                               "1", "--quiet"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               "1", "--quiet", *as_worker], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               start_new_session=True)
     store = open_store(url)
     try:

@@ -1,4 +1,5 @@
-"""Maintenance and diagnosis: prune old jobs (and their logs), back up, doctor.
+"""Maintenance and diagnosis: prune old jobs (and their logs), back up, doctor, clear a
+stale device lease record.
 
 Library functions return data; ``cuectl admin …`` renders it.
 """
@@ -11,11 +12,18 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 from cuectl import fsutil
-from cuectl.errors import CuectlError
+from cuectl.errors import CuectlError, InvalidDevice
 from cuectl.sched.store import Store
+
+if TYPE_CHECKING:  # the lease machinery (fcntl) is imported only by `admin lease break`
+    from cuectl.gpu.device import Device
+    from cuectl.run.lease import LeaseInfo
+
+#: Findings of the store's integrity check shown one per line; the rest are counted.
+_PROBLEMS_SHOWN = 10
 
 
 @dataclass(frozen=True)
@@ -53,12 +61,26 @@ def _store_checks(store: Store) -> list[Check]:
                             "; ".join(perm_problems) if perm_problems else f"{mode:o}{shared}"))
     problems = store.integrity_problems()
     if problems is None:
-        checks.append(Check("store integrity", "ok", "skipped: the database server checks its own files "
-                                                     "(run pg_amcheck there)"))
+        checks.append(Check("store integrity", "ok", "skipped: this store has no check a client can run"))
+    elif not problems:
+        checks.append(Check("store integrity", "ok", "integrity_check ok" if path is not None
+                            else "schema and row consistency checks passed"))
     else:
-        checks.append(Check("store integrity", "fail" if problems else "ok",
-                            "; ".join(problems[:5]) if problems else "integrity_check ok"))
+        # One line per finding: each names its own rows, and a script can count them.
+        checks += [Check("store integrity", "fail", p) for p in problems[:_PROBLEMS_SHOWN]]
+        if len(problems) > _PROBLEMS_SHOWN:
+            checks.append(Check("store integrity", "fail", f"{len(problems) - _PROBLEMS_SHOWN} more problem(s)"))
+    if isinstance(store, _ServerChecks):
+        checks += [Check(name, status, detail) for name, status, detail in store.doctor_checks()]
     return checks
+
+
+@runtime_checkable
+class _ServerChecks(Protocol):
+    """A store with checks of its own for `admin doctor` (PostgreSQL: the connection budget
+    and what a client cannot check)."""
+
+    def doctor_checks(self) -> list[tuple[str, str, str]]: ...
 
 
 def _lock_dir_checks(lock_dir: Path) -> list[Check]:
@@ -118,3 +140,52 @@ def doctor(store_opener, *, lock_dir: Path, down_after: float = 60.0) -> list[Ch
     if store is not None:
         checks += _host_checks(store, now=time.time(), down_after=down_after)
     return checks
+
+
+# ============================================================================ admin lease break
+
+
+@dataclass(frozen=True)
+class StaleLease:
+    """What ``break_lease`` found: the device, its lock file, and the record it cleared."""
+
+    index: int | None
+    uuid: str
+    lock_file: Path
+    cleared: bool
+    record: LeaseInfo | None  # the leftover record as it was; None if there was none (or unreadable)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "lock_file": str(self.lock_file), "cleared": self.cleared,
+                "record": self.record.to_json() if self.record is not None else None}
+
+
+def break_lease(ident: str, *, lock_dir: Path, devices: Sequence[Device]) -> StaleLease:
+    """Clear the leftover lease record of device ``ident`` (an index or UUID of ``devices``,
+    as `gpu list` shows them; or the UUID of a lock file in ``lock_dir`` that discovery no
+    longer lists, e.g. after a MIG change).
+
+    Raises ``Conflict`` while the device is leased — a live holder is never broken — and
+    ``InvalidDevice`` for an unknown device. The record is read just before it is cleared
+    (``break_stale`` clears it under the lock), to say whose it was.
+    """
+    from cuectl.run.lease import break_stale, lock_path
+    from cuectl.run.lease.locks import lease_info, read_record
+    from cuectl.run.lease.request import resolve_devices
+
+    ident = ident.strip()
+    device: Device | None
+    try:
+        device = resolve_devices([ident], devices)[0]
+        uuid = device.uuid
+    except InvalidDevice:
+        # A lock file named by a UUID discovery does not list: `gpu leases` shows such locks too.
+        if ident.isdigit() or not lock_path(lock_dir, ident).is_file():
+            raise
+        device, uuid = None, ident
+    path = lock_path(lock_dir, uuid)
+    before = read_record(path) if path.is_file() else None
+    cleared = break_stale(lock_dir, uuid)
+    record = lease_info(path, before, device) if cleared and before else None
+    index = device.index if device is not None else (record.index if record is not None else None)
+    return StaleLease(index=index, uuid=uuid, lock_file=path, cleared=cleared, record=record)

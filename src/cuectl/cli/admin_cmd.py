@@ -12,7 +12,7 @@ from cuectl.cli import term
 from cuectl.cli.migrate_cmd import migrate_cmd
 from cuectl.cli.report_cmd import report_cmd
 
-admin_app = typer.Typer(help="Maintenance: reports, reaping, pruning, backups, diagnosis.", no_args_is_help=True)
+admin_app = typer.Typer(help="Maintenance: reports, reaping, pruning, backups, diagnosis, stale leases.", no_args_is_help=True)
 JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
@@ -121,6 +121,43 @@ def token_revoke(ctx: typer.Context, token_id: int = typer.Argument(..., metavar
         term.emit_json(token.to_json())
     else:
         term.line(f"revoked token {token.id} of {token.user}")
+
+
+lease_app = typer.Typer(help="This machine's device leases: clear a record left by a holder that is gone.",
+                        no_args_is_help=True)
+admin_app.add_typer(lease_app, name="lease")
+
+
+@lease_app.command("break")
+def lease_break(device: str = typer.Argument(..., metavar="DEVICE",
+                                             help="Index or UUID from `cuectl gpu list` (or `cuectl gpu leases`)."),
+                lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", metavar="DIR",
+                                                        help="Lease lock directory (default: CUECTL_LOCK_DIR)."),
+                as_json: bool = JSON_OPT) -> None:
+    """Clear the stale lease record of DEVICE (its holder died without releasing).
+
+    Refuses (exit 1) while the device is leased: a live holder is never broken. The lock
+    file stays; only the record `gpu leases` reads is cleared (docs/leases.md)."""
+    from cuectl import config
+    from cuectl.admin import break_lease
+    from cuectl.gpu import discover
+
+    found = break_lease(device, lock_dir=lock_dir or config.lock_dir(), devices=discover().devices)
+    if as_json:
+        term.emit_json(found.to_json())
+        return
+    name = f"gpu {'?' if found.index is None else found.index} ({found.uuid})"
+    if not found.cleared:
+        term.line(f"{name}: no lease record to clear; the device is free")
+    elif found.record is None:
+        term.line(f"{name}: cleared an unreadable lease record; the device is free")
+    else:
+        r = found.record
+        who = ", ".join(str(x) for x in (r.holder, r.kind, r.user) if x)
+        since = f", since {r.to_json()['since']}" if r.since is not None else ""
+        pid = "an unknown pid" if r.pid is None else f"pid {r.pid}"
+        term.line(f"{name}: cleared the stale lease record of {pid} ({who}{since}), which no longer holds it; "
+                  f"the device is free")
 
 
 admin_app.command("report", help="Accounting per job, layer, user, host, GPU model or day: GPU-hours "

@@ -537,6 +537,175 @@ class PostgresStore(SQLStore):
         raise InvalidInput("admin backup works on SQLite stores; back up PostgreSQL with pg_dump",
                            hint="pg_dump --format=custom --file=cuectl.dump DBNAME")
 
-    def integrity_problems(self) -> None:
-        """Not checkable from a client: the server keeps its own consistency (pg_amcheck)."""
-        return None
+    # -- doctor --------------------------------------------------------------------------------------
+    def integrity_problems(self) -> list[str]:
+        """What ``cuectl admin doctor`` can check from a client, one line per finding ([]
+        when sound): the schema is the one this cuectl expects (version, tables, columns,
+        the submitter trigger), and the rows obey the rules every transaction of ours keeps
+        (``_CONSISTENCY``), read in one snapshot so a busy farm gives no false alarms.
+        The server's own files are not checked here: ``doctor_checks`` says so."""
+
+        def check(conn: Conn) -> list[str]:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            present = _present_columns(conn)
+            problems = self._schema_problems(conn, present)
+            for what, sql, needs in _CONSISTENCY:
+                if not needs <= present:  # a missing table or column was reported above
+                    continue
+                rows = conn.execute(sql).fetchall()
+                if rows:
+                    problems.append(_finding(what, rows))
+            return problems
+
+        return self._call(check)
+
+    def _schema_problems(self, conn: Conn, present: set[tuple[str, str | None]]) -> list[str]:
+        problems = []
+        version = self._peek_version(conn)
+        if version != schema.SCHEMA_VERSION:
+            fix = ("run `cuectl admin migrate`" if version < schema.SCHEMA_VERSION
+                   else "a newer cuectl migrated it: upgrade this one")
+            problems.append(f"schema version {version}, this cuectl expects {schema.SCHEMA_VERSION} ({fix})")
+        for table, columns in _expected_columns().items():
+            if (table, None) not in present:
+                problems.append(f"table {table} is missing (run `cuectl admin migrate` as the tables' owner)")
+                continue
+            missing = sorted(c for c in columns if (table, c) not in present)
+            if missing:
+                problems.append(f"table {table} lacks column(s) {', '.join(missing)} that schema version "
+                                f"{schema.SCHEMA_VERSION} has")
+        trigger = conn.execute("SELECT tgenabled FROM pg_trigger WHERE tgname = 'jobs_submitter' "
+                               "AND tgrelid = to_regclass('jobs')").fetchone()
+        if (("jobs", None) in present) and (trigger is None or trigger["tgenabled"] == "D"):
+            problems.append("trigger jobs_submitter is missing or disabled: the server no longer records who "
+                            "submitted each job (jobs.submitted_by), which ownership checks rely on")
+        return problems
+
+    def doctor_checks(self) -> list[tuple[str, str, str]]:
+        """PostgreSQL-only lines for ``cuectl admin doctor`` beside ``integrity_problems``:
+        ``(name, status, detail)`` for the connection budget, and what was not checked."""
+        return [self._connection_check(),
+                ("store checks skipped", "ok",
+                 "not checked from a client: the server's files, pages and indexes (run pg_amcheck on the "
+                 "server); dependency counters against the dependencies still unmet; the roles and "
+                 "row-level security of `cuectl admin pg-roles`")]
+
+    def _connection_check(self) -> tuple[str, str, str]:
+        """Connections the server allows against what the registered workers may open:
+        two each (one for their work, one for LISTEN) plus ``CONNECTION_HEADROOM``."""
+        name = "store connections"
+        try:
+            row = self._read(_CONNECTIONS_SQL)[0]
+        except StoreError as exc:
+            return name, "warn", f"could not read the server's connection settings: {exc.message}"
+        limit = int(row["max"]) - int(row["su_reserved"]) - int(row["reserved"])
+        where = "max_connections"
+        if int(row["db_limit"]) >= 0 and int(row["db_limit"]) < limit:
+            limit, where = int(row["db_limit"]), "the database's CONNECTION LIMIT"
+        hosts = int(row["hosts"])
+        need = hosts * CONNECTIONS_PER_WORKER + CONNECTION_HEADROOM
+        detail = (f"{limit} allowed for non-superusers ({where}; max_connections {row['max']}), {row['used']} in "
+                  f"use; {hosts} registered host(s) x {CONNECTIONS_PER_WORKER} per worker + "
+                  f"{CONNECTION_HEADROOM} for commands and `cuectl serve` = {need}")
+        if need > limit:
+            return name, "warn", (detail + ": workers will be refused connections (raise max_connections, "
+                                           "or put PgBouncer in front in session mode)")
+        return name, "ok", detail
+
+
+# -- doctor: what a sound store never holds ---------------------------------------------------------
+#: Each worker keeps one connection for its work and one for LISTEN (``notify_fileno``).
+CONNECTIONS_PER_WORKER = 2
+#: Beside the workers: CLI commands, cron's reports, `cuectl serve` (one per request thread).
+CONNECTION_HEADROOM = 10
+_CONNECTIONS_SQL = """
+    SELECT current_setting('max_connections')::int AS max,
+           current_setting('superuser_reserved_connections')::int AS su_reserved,
+           COALESCE(NULLIF(current_setting('reserved_connections', true), ''), '0')::int AS reserved,
+           (SELECT COUNT(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS used,
+           (SELECT datconnlimit FROM pg_database WHERE datname = current_database()) AS db_limit,
+           (SELECT COUNT(*) FROM hosts) AS hosts
+"""
+#: (what is wrong, a query returning the offending rows as (n, id, note), the (table, column)s
+#: it reads). ``n`` is the total count; at most ``_SHOWN`` rows come back.
+_SHOWN = 5
+_CONSISTENCY: tuple[tuple[str, str, frozenset[tuple[str, str | None]]], ...] = tuple(
+    (what, f"SELECT COUNT(*) OVER () AS n, id, {note} AS note FROM {source} ORDER BY id LIMIT {_SHOWN}",
+     frozenset((t, c) for t, cs in needs.items() for c in (None, *cs)))
+    for what, note, source, needs in (
+        ("RUNNING frames without a host or lease expiry (the reaper never requeues them)", "NULL",
+         "frames WHERE state = 'RUNNING' AND (host IS NULL OR lease_expires IS NULL)",
+         {"frames": ("state", "host", "lease_expires")}),
+        ("RUNNING frames on hosts that are not registered (no worker heartbeats them there)", "host",
+         "frames f WHERE state = 'RUNNING' AND host IS NOT NULL AND NOT EXISTS "
+         "(SELECT 1 FROM hosts h WHERE h.name = f.host)",
+         {"frames": ("state", "host"), "hosts": ("name",)}),
+        ("attempts whose frame is missing", "'frame ' || frame_id",
+         "attempts a WHERE NOT EXISTS (SELECT 1 FROM frames f WHERE f.id = a.frame_id)",
+         {"attempts": ("frame_id",), "frames": ("id",)}),
+        ("frames whose layer is missing", "'layer ' || layer_id",
+         "frames f WHERE NOT EXISTS (SELECT 1 FROM layers l WHERE l.id = f.layer_id)",
+         {"frames": ("layer_id",), "layers": ("id",)}),
+        ("frames whose job is missing", "'job ' || job_id",
+         "frames f WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = f.job_id)",
+         {"frames": ("job_id",), "jobs": ("id",)}),
+        ("layers whose job is missing", "'job ' || job_id",
+         "layers l WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = l.job_id)",
+         {"layers": ("job_id",), "jobs": ("id",)}),
+        ("FINISHED jobs with frames still WAITING, DEPEND or RUNNING", "NULL",
+         "jobs j WHERE state = 'FINISHED' AND EXISTS (SELECT 1 FROM frames f WHERE f.job_id = j.id "
+         "AND f.state IN ('WAITING', 'DEPEND', 'RUNNING'))",
+         {"jobs": ("state",), "frames": ("job_id", "state")}),
+    ))
+
+
+def _finding(what: str, rows: Sequence[Row]) -> str:
+    """``attempts whose frame is missing: 2 (id 7: frame 99; id 8: frame 99)``."""
+    total = int(rows[0]["n"])
+    shown = "; ".join(f"id {r['id']}" + (f": {r['note']}" if r["note"] is not None else "") for r in rows)
+    more = f"; {total - len(rows)} more" if total > len(rows) else ""
+    return f"{what}: {total} ({shown}{more})"
+
+
+def _present_columns(conn: Conn) -> set[tuple[str, str | None]]:
+    """``(table, column)`` of our schema's tables as the server has them, and ``(table, None)``
+    for each table itself."""
+    rows = conn.execute("SELECT c.relname AS t, a.attname AS c FROM pg_class c "
+                        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
+                        "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relname = ANY(%s)",
+                        (list(schema.TABLES),)).fetchall()
+    return {(r["t"], r["c"]) for r in rows} | {(r["t"], None) for r in rows}
+
+
+def _expected_columns() -> dict[str, set[str]]:
+    """Every table and column of the current schema version, read from the migration
+    scripts themselves (``CREATE TABLE`` bodies and ``ADD COLUMN``), so it cannot drift."""
+    tables: dict[str, set[str]] = {}
+    for script in schema.MIGRATIONS:
+        for match in re.finditer(r"CREATE TABLE (\w+) \(", script):
+            columns = tables.setdefault(match.group(1), set())
+            for part in _top_level_parts(script, match.end()):
+                word = part.split(None, 1)[0].strip('"') if part.split() else ""
+                if word and word.upper() not in ("UNIQUE", "PRIMARY", "FOREIGN", "CHECK", "CONSTRAINT"):
+                    columns.add(word)
+        for match in re.finditer(r'ALTER TABLE (\w+) ADD COLUMN "?(\w+)"?', script):
+            tables.setdefault(match.group(1), set()).add(match.group(2))
+    return tables
+
+
+def _top_level_parts(text: str, start: int) -> list[str]:
+    """The comma-separated parts of the parenthesised list that opens just before ``start``."""
+    parts, depth, begin = [], 0, start
+    for i in range(start, len(text)):
+        ch = text[i]
+        if ch == "(":
+            depth += 1
+        elif ch == ")" and depth:
+            depth -= 1
+        elif ch in ",)" and depth == 0:
+            parts.append(text[begin:i].strip())
+            begin = i + 1
+            if ch == ")":
+                break
+    return parts
