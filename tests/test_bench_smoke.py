@@ -38,3 +38,24 @@ def test_bench_report_runs():
 ])
 def test_bench_scripts_run(script, args, expect):
     assert expect in run(script, *args)
+
+
+def test_bench_api_runs():
+    # A real `cuectl serve` and worker at toy sizes: 200 jobs, a 300-frame job, 5 clients.
+    out = run("bench_api.py", "--jobs", "200", "--frames", "300", "--clients", "5", "--seconds", "0.5",
+              "--cache", "0.5", "--drain-frames", "20", "--pairs", "1")
+    for line in ("store: 200 one-frame jobs", "sequential, 1 client, back to back",
+                 "cache misses", "5 clients polling both once a second", "without ETags",
+                 "cuectl GET /api/v1/jobs ", "cuectl GET /api/v1/jobs/J/frames", "peer   GET /jobs.json",
+                 "[target p99 < 50 ms:", "drain rate polling/idle", "[target drop <= 10 %:"):
+        assert line in out, line
+    assert " x 200" in out  # the clients were answered (how fast is not checked here)
+
+
+def test_bench_web_runs():
+    # Headless Chromium against a real server (like tests/web, it needs /usr/bin/chromium:
+    # scripts/test.sh installs it; CUECTL_SKIP_BROWSER=1 skips on purpose).
+    if os.environ.get("CUECTL_SKIP_BROWSER") == "1":
+        pytest.skip("CUECTL_SKIP_BROWSER=1: browser benches skipped on request")
+    out = run("bench_web.py", "--frames", "300", "--running", "3", "--runs", "1", "--seconds", "2")
+    assert "first rows" in out and "bytes per live tick" in out and "whole-list fetches during the ticks" in out

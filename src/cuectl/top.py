@@ -86,6 +86,13 @@ def _elapsed(started_at: str | None, now: float) -> float | None:
         return None
 
 
+def _at(value: Any) -> str | None:
+    """A heartbeat's live-sample time: ISO already (hosts' JSON), or epoch seconds (older rows)."""
+    if isinstance(value, str):
+        return value
+    return iso(value) if isinstance(value, (int, float)) else None
+
+
 def snapshot(store: Store, *, lock_dir: Path | None = None, now: float | None = None,
              down_after: float = m.HOST_DOWN_AFTER_S, frame_limit: int = 500,
              local_leases: bool = True) -> dict[str, Any]:
@@ -111,7 +118,7 @@ def snapshot(store: Store, *, lock_dir: Path | None = None, now: float | None = 
             "state": h["state"],
             "locked": h["locked"],
             "last_heartbeat": h["last_heartbeat"],
-            "live_at": iso(live_doc["at"]) if isinstance(live_doc.get("at"), (int, float)) else None,
+            "live_at": _at(live_doc.get("at")),
             "running": sum(1 for f in frames if f.get("host") == h["name"]),
             "devices": devices,
         })

@@ -436,9 +436,7 @@ def create_app(settings: Settings) -> FastAPI:
     def show_frame(frame_id: int, who: Principal = Depends(reader)) -> dict[str, Any]:
         _check_frame_id(frame_id)
         store = pool.get()
-        data = _public_frame(store.get_frame(frame_id))
-        data["attempt_history"] = store.frame_attempts([frame_id]).get(frame_id, [])
-        return data
+        return _public_frame(store.get_frame(frame_id))
 
     @app.post(f"{API}/frames/{{frame_id}}/{{action}}", tags=["frames"], summary="retry, kill or eat a frame")
     def frame_action(frame_id: int, action: str, who: Principal = Depends(caller)) -> dict[str, Any]:
@@ -555,15 +553,13 @@ def _public_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _public_frame(frame: dict[str, Any]) -> dict[str, Any]:
-    # log_path is a path on the worker host (GET .../log reads it); attempt_history here is
-    # the store's raw rows: the API's per-attempt view (frame_attempts) replaces it.
+    # log_path is a path on the worker host: GET .../log reads it for the client.
     frame.pop("log_path", None)
-    frame.pop("attempt_history", None)
     return frame
 
 
 def _job_ref(value: str) -> str | int:
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # "²" is a digit to str.isdigit, not to int()
         return value
     if int(value) > MAX_ID:  # the database could not even compare it (OverflowError)
         raise NotFound(f"no job {value!r}", hint="GET /api/v1/jobs lists them")

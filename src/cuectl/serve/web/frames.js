@@ -1,0 +1,147 @@
+// The frames table of a job page, virtualised: a job may have 10,000 frames or more, and
+// building that many rows would take seconds. Rows have one fixed height; only those in
+// view (plus a margin) exist, between two spacer rows that keep the scroll height right.
+// Small lists (ALL_ROWS or fewer) are rendered whole.
+
+import {el, gb, pct, runtime, setText} from "./dom.js";
+
+const ALL_ROWS = 300;
+const OVERSCAN = 20;
+const HEADERS = ["Frame", "State", "Host", "Attempts", "GPU Util %", "GPU Mem (GB)", "Runtime", "Exit", "Actions"];
+const NUMERIC = new Set(["Attempts", "GPU Util %", "GPU Mem (GB)", "Runtime", "Exit"]);
+// Which frame actions do something in which state (the store's rules, sql.py _apply_action).
+const ENABLED = {
+  retry: (s) => s !== "WAITING" && s !== "DEPEND",
+  kill: (s) => s === "RUNNING" || s === "WAITING" || s === "DEPEND",
+  eat: (s) => s !== "EATEN",
+};
+
+/** The table; ``onAction(action, frame)`` for the row buttons (log, retry, kill, eat). */
+export function framesTable(onAction) {
+  const spacer = () => el("tr", {class: "spacer", "aria-hidden": "true", hidden: true}, el("td", {colspan: HEADERS.length}));
+  const top = spacer();
+  const bottom = spacer();
+  const tbody = el("tbody", {}, top, bottom);
+  const table = el("table", {id: "frames-table"},
+    el("thead", {}, el("tr", {"aria-rowindex": 1}, HEADERS.map((h) => el("th", {scope: "col", class: NUMERIC.has(h) ? "num" : null, text: h})))), tbody);
+  const wrap = el("div", {class: "table-wrap frames-wrap"}, table);
+
+  let list = [];           // the frames to show, in order (a state filter applied)
+  let byId = new Map();
+  let mayChange = false;   // show retry/kill/eat
+  let rendered = new Map(); // frame id -> <tr> now in the table
+  let rowHeight = 0;       // measured from the first row drawn
+  let queued = false;
+
+  function build(frame) {
+    const buttons = [el("button", {type: "button", class: "small", "data-action": "log", text: "Log",
+                                   "aria-label": `Log and GPU use of frame ${frame.name}`})];
+    if (mayChange) {
+      for (const action of ["retry", "kill", "eat"]) {
+        buttons.push(el("button", {type: "button", class: "small", "data-action": action,
+                                   text: action[0].toUpperCase() + action.slice(1),
+                                   "aria-label": `${action} frame ${frame.name}`}));
+      }
+    }
+    return el("tr", {"data-frame-id": frame.id},
+      el("td", {class: "frame", text: frame.name}), el("td", {class: "state"}), el("td", {class: "host"}),
+      el("td", {class: "attempts num"}), el("td", {class: "gpu-util num"}), el("td", {class: "gpu-mem num"}),
+      el("td", {class: "runtime num"}), el("td", {class: "exit num"}), el("td", {class: "actions"}, el("span", {class: "buttons"}, buttons)));
+  }
+
+  function fill(tr, f, now) {
+    const cells = tr.children;
+    const running = f.state === "RUNNING";
+    tr.dataset.state = f.state;
+    if (f.pending_action) tr.dataset.pending = f.pending_action;
+    else delete tr.dataset.pending;
+    setText(cells[1], f.state);
+    setText(cells[2], f.host || "-");
+    setText(cells[3], f.attempts);
+    // Live values while it runs; the finished attempt's mean and peak afterwards.
+    setText(cells[4], pct(running ? f.gpu_util_pct : f.gpu_util_mean_pct));
+    setText(cells[5], gb(running ? f.gpu_memory_used_bytes : f.gpu_memory_peak_bytes));
+    setText(cells[6], runtime(f, now));
+    setText(cells[7], f.exit_code ?? (f.exit_signal ? `sig ${f.exit_signal}` : "-"));
+    for (const button of cells[8].firstChild.children) {
+      const enabled = ENABLED[button.dataset.action];
+      if (enabled) button.disabled = !enabled(f.state);
+    }
+  }
+
+  function draw() {
+    queued = false;
+    const n = list.length;
+    let first = 0;
+    let last = n;
+    const h = rowHeight || 34;
+    if (n > ALL_ROWS) {
+      first = Math.max(0, Math.floor(wrap.scrollTop / h) - OVERSCAN);
+      last = Math.min(n, Math.ceil((wrap.scrollTop + wrap.clientHeight) / h) + OVERSCAN);
+    }
+    const now = Date.now();
+    const rows = [];
+    const next = new Map();
+    for (let i = first; i < last; i++) {
+      const f = list[i];
+      const tr = rendered.get(f.id) || build(f);
+      fill(tr, f, now);
+      tr.classList.toggle("odd", i % 2 === 1); // striping by position in the list, not in the DOM
+      tr.setAttribute("aria-rowindex", i + 2);
+      next.set(f.id, tr);
+      rows.push(tr);
+    }
+    rendered = next;
+    top.hidden = first === 0;
+    bottom.hidden = last === n;
+    top.firstChild.style.height = `${first * h}px`;
+    bottom.firstChild.style.height = `${(n - last) * h}px`;
+    table.setAttribute("aria-rowcount", n + 1);
+    // Touch the DOM order only when the window moved: moving a row loses the focus in it.
+    const current = tbody.children;
+    if (current.length !== rows.length + 2 || rows.some((tr, i) => current[i + 1] !== tr)) {
+      const focused = document.activeElement;
+      tbody.replaceChildren(top, ...rows, bottom);
+      if (focused && focused !== document.body && tbody.contains(focused)) focused.focus({preventScroll: true});
+    }
+    if (!rowHeight && rows.length) {
+      rowHeight = rows[0].getBoundingClientRect().height || 34;
+      if (n > ALL_ROWS) draw(); // again with the real height
+    }
+  }
+
+  const schedule = () => {
+    if (!queued) {
+      queued = true;
+      requestAnimationFrame(draw);
+    }
+  };
+  wrap.addEventListener("scroll", schedule, {passive: true});
+  window.addEventListener("resize", schedule);
+  tbody.addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-action]");
+    const tr = button && button.closest("tr[data-frame-id]");
+    const frame = tr && byId.get(Number(tr.dataset.frameId));
+    if (frame) onAction(button.dataset.action, frame, button);
+  });
+
+  return {
+    element: wrap,
+    /** Show these frames (already filtered); ``reset`` scrolls back to the top. */
+    show(frames, {reset = false, canChange = mayChange} = {}) {
+      if (canChange !== mayChange) {
+        mayChange = canChange;
+        rendered = new Map(); // rebuild the rows with or without the action buttons
+      }
+      list = frames;
+      byId = new Map(frames.map((f) => [f.id, f]));
+      if (reset) wrap.scrollTop = 0;
+      draw();
+    },
+    /** Redraw the rows in view (live values and runtimes changed in place). */
+    redraw: draw,
+    dispose() {
+      window.removeEventListener("resize", schedule);
+    },
+  };
+}
