@@ -17,6 +17,8 @@ Rules worth knowing before changing anything:
   still held its devices, so it is charged wall × devices with nothing busy — wasted.
 - ``--by gpu-model`` gives an attempt on several models an even share of its GPU figures
   per device; counts, wall and core-seconds are attempt facts and go to each model whole.
+  An unreported attempt's devices take their models from their host's inventory; only a
+  device no inventory lists is ``unknown``.
 """
 
 from __future__ import annotations

@@ -694,3 +694,21 @@ def test_sweep_example_scripts_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     best = json.loads((tmp_path / "sweep" / "best.json").read_text())
     assert best["lr"] == min(runs[1:], key=lambda r: r["loss"])["lr"]
+
+
+# -- job names that read as ids ----------------------------------------------------------
+# JOB arguments take an id or a name, and a purely numeric argument means the id, so a job
+# named "42" could never be addressed by its name: such names are refused at submit.
+@pytest.mark.parametrize("name", ["42", "0", " 7 ", "0042", "٤٢", "²"])
+def test_purely_numeric_job_names_are_refused(name: str) -> None:
+    message = error(f"name: {json.dumps(name)}\nlayers: [{{name: a, command: x}}]\n")
+    assert "job.yaml: name: a job name must not be only digits" in message and "job id" in message, message
+    with pytest.raises(InvalidInput) as info:
+        spec_from_flags(name=name, command=["true"], user="u")
+    assert str(info.value).startswith("--name: a job name must not be only digits")
+
+
+@pytest.mark.parametrize("name", ["42a", "v2", "4-2", "1.5", "-1", "shot 42", "#42"])
+def test_job_names_with_digits_and_more_are_fine(name: str) -> None:
+    assert load(f"name: {json.dumps(name)}\nlayers: [{{name: a, command: x}}]\n").name == name
+    assert spec_from_flags(name=name, command=["true"], user="u").name == name

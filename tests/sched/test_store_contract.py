@@ -18,6 +18,7 @@ from cuectl.errors import Conflict, InvalidInput, NotFound, SchemaTooNew, StoreE
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, HostInfo, LiveUsage, open_store
+from cuectl.sched.views import samples_json
 
 NOW = 1_700_000_000.0
 GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB", "backend": "fake",
@@ -252,7 +253,7 @@ def test_live_usage_of_running_frames_is_fenced_and_cleared_at_the_end(store):
     shown = store.get_frame(a.frame_id)
     assert (shown["gpu_util_pct"], shown["gpu_memory_used_bytes"], shown["gpu_sampled_at"]) == \
         (37.5, 2048, "2023-11-14T22:13:30.000Z")
-    assert shown["samples"] == series
+    assert shown["samples"] == samples_json(series)  # times as ISO 8601 (DESIGN §9)
     listed = {f["id"]: f for f in store.list_frames()[0]}
     assert listed[a.frame_id]["gpu_util_pct"] == 37.5 and listed[a.frame_id]["gpu_sampled_at"].endswith("Z")
     for other in (b.frame_id, untouched.frame_id):
@@ -261,14 +262,14 @@ def test_live_usage_of_running_frames_is_fenced_and_cleared_at_the_end(store):
     longer = {"GPU-a": [*series["GPU-a"], [NOW + 20, 50.0, 4096]]}
     store.record_live_usage("h1", [LiveUsage(a.frame_id, 1, NOW + 20, 50.0, 4096, longer)], now=NOW + 20)
     shown = store.get_frame(a.frame_id)
-    assert shown["gpu_util_pct"] == 50.0 and shown["samples"] == {**series, **longer}
+    assert shown["gpu_util_pct"] == 50.0 and shown["samples"] == samples_json({**series, **longer})
     # The end of the attempt clears the live values; the completion's series replaces the live one.
     final = {"GPU-a": [[NOW, 10.0, 100], [NOW + 30, 0.0, 0]]}
     store.complete_frame(a.frame_id, 1, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 30,
                                                     usage={"samples": final}), now=NOW + 30)
     done = store.get_frame(a.frame_id)
     assert done["state"] == "SUCCEEDED" and done["gpu_util_pct"] is None and done["gpu_sampled_at"] is None
-    assert done["samples"]["GPU-a"] == final["GPU-a"]
+    assert done["samples"]["GPU-a"] == samples_json(final)["GPU-a"]
     assert store.record_live_usage("h1", [LiveUsage(a.frame_id, 1, NOW + 31, 9.0, 9)], now=NOW + 31) == []
     assert store.get_frame(a.frame_id)["gpu_util_pct"] is None
     # Requeued and reaped attempts are cleared too, and keep the series written so far.
@@ -276,7 +277,7 @@ def test_live_usage_of_running_frames_is_fenced_and_cleared_at_the_end(store):
                             now=NOW + 10)
     assert store.requeue_frame(b.frame_id, 1, now=NOW + 11, reason="drain") == "WAITING"
     requeued = store.get_frame(b.frame_id)
-    assert requeued["gpu_util_pct"] is None and requeued["samples"] == {"GPU-b": [[NOW, 5.0, 5]]}
+    assert requeued["gpu_util_pct"] is None and requeued["samples"] == samples_json({"GPU-b": [[NOW, 5.0, 5]]})
     store.record_live_usage("h2", [LiveUsage(untouched.frame_id, 1, NOW + 10, 7.0, 7)], now=NOW + 10)
     assert store.get_frame(untouched.frame_id)["gpu_util_pct"] == 7.0
     assert store.reap(now=NOW + 120) == [untouched.frame_id]
@@ -432,7 +433,7 @@ def test_usage_summary_and_prune(store):
     assert (group.gpu_seconds_allocated, group.gpu_seconds_busy, group.gpu_memory_peak_bytes) == (10.0, 4.0, 123)
     assert (group.wall_seconds, group.util_weighted / group.util_weight) == (10.0, 40.0)
     assert store.usage_summary(since=NOW + 11, until=NOW + 20, by="user")[0] == []
-    assert store.get_frame(c.frame_id)["samples"] == {"GPU-a": [[NOW, 40.0, 123]]}
+    assert store.get_frame(c.frame_id)["samples"] == {"GPU-a": [["2023-11-14T22:13:20.000Z", 40.0, 123]]}
     assert store.prune(before=NOW + 100) == []  # not finished yet
     c2 = claim_next(store)
     store.complete_frame(c2.frame_id, 1, ok(), now=NOW + 20)

@@ -238,22 +238,42 @@ def frame_show(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame 
                                         "gpu_seconds", "gpu_util_pct", "gpu_memory_used_bytes", "gpu_sampled_at",
                                         "log_path")])
     if data.get("samples"):
-        from cuectl.units import format_bytes
-
-        term.line()
-        so_far = " so far" if data["state"] == "RUNNING" else ""
-        term.line(f"GPU samples of the latest attempt{so_far} (utilisation over time):")
-        for uuid, points in data["samples"].items():
-            utils = [p[1] for p in points]
-            mems = [p[2] for p in points if p[2] is not None]
-            known = [u for u in utils if u is not None]
-            summary = (f"mean {sum(known) / len(known):.0f}% max {max(known):.0f}%" if known else "no utilisation data")
-            term.line(f"  {uuid}  {term.sparkline(utils)}  {summary}, peak {format_bytes(max(mems) if mems else None)}")
+        _print_samples(data)
     if data["attempt_history"]:
         term.line()
-        term.table(["ATTEMPT", "HOST", "OUTCOME", "EXIT", "SIGNAL"],
-                   [[a["attempt"], a["host"], a["outcome"], a["exit_code"], a["exit_signal"]]
-                    for a in data["attempt_history"]])
+        term.table(["ATTEMPT", "HOST", "OUTCOME", "EXIT", "SIGNAL", "STARTED", "ENDED", "GPU UTIL"],
+                   [[a["attempt"], a["host"], a["outcome"], a["exit_code"], a["exit_signal"], a["started_at"],
+                     a["ended_at"], _pct(a["gpu_util_mean_pct"])] for a in data["attempt_history"]])
+
+
+def _pct(value: float | None) -> str | None:
+    return None if value is None else f"{value:.0f}%"
+
+
+def _print_samples(data: dict) -> None:
+    """A sparkline per device of the attempt the samples belong to, with its max and peak
+    memory, and the attempt's mean utilisation: the stored, time-weighted one (the figure
+    of gpu_util_mean_pct and of reports) — never an average of the points, which would
+    count the final sample as much as a whole interval."""
+    from cuectl.units import format_bytes
+
+    attempt = data.get("samples_attempt")
+    record = next((a for a in data["attempt_history"] if a["attempt"] == attempt), None)
+    mean = record["gpu_util_mean_pct"] if record else None
+    running = record is None and data["state"] == m.RUNNING and attempt == data["attempts"]
+    term.line()
+    term.line(f"GPU samples of attempt {attempt}{' so far' if running else ''} (utilisation over time):")
+    for uuid, points in data["samples"].items():
+        utils = [p[1] for p in points]
+        known = [u for u in utils if u is not None]
+        mems = [p[2] for p in points if p[2] is not None]
+        util = f"max {max(known):.0f}%" if known else "no utilisation data"
+        # One device: its mean is the attempt's; with several, the attempt's mean is over all.
+        if mean is not None and len(data["samples"]) == 1:
+            util = f"mean {mean:.0f}% {util}"
+        term.line(f"  {uuid}  {term.sparkline(utils)}  {util}, peak {format_bytes(max(mems) if mems else None)}")
+    if mean is not None and len(data["samples"]) > 1:
+        term.line(f"  mean {mean:.0f}% over its {len(data['samples'])} devices (time-weighted)")
 
 
 @frame_app.command("log")

@@ -102,6 +102,11 @@ def _job_name(value: Any, label: str) -> str:
         raise InvalidInput(f"{label}: at most {MAX_JOB_NAME} characters (got {len(name)})")
     if CONTROL_RE.search(name):
         raise InvalidInput(f"{label}: must not contain control characters")
+    if name.isdigit():
+        # JOB arguments take an id or a name, and digits mean the id: a job named "42"
+        # could not be reached by its name. Any script's digits ("٤٢"), not only ASCII.
+        raise InvalidInput(f"{label}: a job name must not be only digits ({quote(name)}): a JOB argument of "
+                           "digits is a job id", hint="add a letter, e.g. 'job-42'")
     return printable_name(name, label)
 
 

@@ -12,7 +12,10 @@ docs/accounting.md; this module only has to add them up the way it says:
   worker never reported (lost, requeued): its devices were held all the same;
 - a frame is dead in the window when its last attempt in the window failed;
 - ``--by gpu-model`` gives an attempt on several models an even share of its GPU figures per
-  device, and counts the attempt whole in each of its models.
+  device, and counts the attempt whole in each of its models. An attempt the worker never
+  reported has no models recorded: each of its devices takes its model from the inventory
+  its host registered (``hosts.gpus``, by UUID), and only a device no inventory lists is
+  ``unknown``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from cuectl.sched.dialect import POSTGRES, SQLITE, Dialect  # noqa: F401  (re-ex
 FAILED_OUTCOMES = frozenset({"failed", "timeout", "killed", "lost"})
 SUCCEEDED = "succeeded"
 CPU_GROUP = "cpu"          # --by gpu-model: attempts that used no GPU
-UNKNOWN_MODEL = "unknown"  # --by gpu-model: held GPUs but no model was recorded (lost attempts)
+UNKNOWN_MODEL = "unknown"  # --by gpu-model: a held device whose model is neither recorded nor in its host's inventory
 GROUPINGS = ("job", "layer", "user", "host", "gpu-model", "day")
 FRAME_PARTITIONS = frozenset({"job", "layer", "user"})  # groupings that put all of a frame's attempts in one group
 
@@ -95,6 +98,33 @@ def _source(by: str | None, d: Dialect, hint: str) -> str:
     return f"attempts a {hint}"
 
 
+def _json_field(d: Dialect, expr: str, key: str) -> str:
+    """A string field of a JSON object held as text (a device of ``hosts.gpus``)."""
+    # Only this query reads into JSON objects; were a second to, it would belong in Dialect.
+    if d.name == POSTGRES.name:
+        return f"(({expr})::json ->> '{key}')"
+    return f"json_extract({expr}, '$.{key}')"
+
+
+def _inventory_source(d: Dialect, hint: str) -> str:
+    """``--by gpu-model`` for attempts that held devices but recorded no models (lost, or
+    requeued by a stopping worker): ``a`` joined to ``m`` (``aid``, ``model``, ``share``),
+    one row per model of its devices, each device's model looked up by UUID in the
+    inventory of the attempt's host, ``unknown`` where that has no such device."""
+    inventory = (f"SELECT DISTINCT h.name AS host, {_json_field(d, 'e.value', 'uuid')} AS uuid, "
+                 f"{_json_field(d, 'e.value', 'model')} AS model FROM hosts h, {d.each('h.gpus')}")
+    model = f"COALESCE(inv.model, '{UNKNOWN_MODEL}')"
+    # CROSS JOIN, not a comma: the LEFT JOIN's condition must see a3 (PostgreSQL binds
+    # JOIN tighter than a comma), and a function in FROM may read a3 either way.
+    shares = (f"SELECT a3.id AS aid, {model} AS model, "
+              f"CAST(COUNT(*) AS DOUBLE PRECISION) / {d.json_len('a3.gpu_uuids')} AS share "
+              f"FROM attempts a3 {hint} CROSS JOIN {d.each('a3.gpu_uuids')} "
+              f"LEFT JOIN ({inventory}) inv ON inv.host = a3.host AND inv.uuid = e.value "
+              f"WHERE {_window(d, 'a3')} AND a3.gpu_models IS NULL "
+              f"GROUP BY a3.id, a3.gpu_uuids, {model}")
+    return f"attempts a {hint} JOIN ({shares}) m ON m.aid = a.id"
+
+
 def _window(d: Dialect, alias: str) -> str:
     return f"{alias}.ended_at >= {d.param('since')} AND {alias}.ended_at < {d.param('until')}"
 
@@ -103,10 +133,13 @@ def _base(by: str | None, d: Dialect, hint: str, *, waits_only: bool = False) ->
     """The per-attempt rows (one per attempt and model for ``gpu-model``) with the values the
     sums need (or only the queue wait), and the number of key columns in front."""
     if by == "gpu-model":
-        # Attempts without models: "unknown" if they held devices (lost before reporting), "cpu" if not.
-        no_models = f"CASE WHEN {d.json_len('a.gpu_uuids')} > 0 THEN '{UNKNOWN_MODEL}' ELSE '{CPU_GROUP}' END"
-        return (f"{_select(list(_KEYS[by]), 'm.share', _source(by, d, hint), d, waits_only)} UNION ALL "
-                f"{_select([no_models], '1.0', f'attempts a {hint}', d, waits_only)} AND a.gpu_models IS NULL"), 1
+        # Three kinds of attempt: with recorded models (_source), without models but with
+        # devices (lost before reporting: models from the host inventory), and CPU-only.
+        recorded = _select(list(_KEYS[by]), "m.share", _source(by, d, hint), d, waits_only)
+        inventory = _select(["m.model"], "m.share", _inventory_source(d, hint), d, waits_only)
+        cpu = _select([f"'{CPU_GROUP}'"], "1.0", f"attempts a {hint}", d, waits_only)
+        cpu_only = f"a.gpu_models IS NULL AND {d.json_len('a.gpu_uuids')} = 0"
+        return f"{recorded} UNION ALL {inventory} UNION ALL {cpu} AND {cpu_only}", 1
     keys = [k.format(day=d.day("a.ended_at")) for k in _KEYS[by]]
     return _select(keys, "1.0", _source(by, d, hint), d, waits_only), len(keys)
 

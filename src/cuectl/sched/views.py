@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from cuectl.units import iso
 
@@ -105,8 +105,16 @@ def frame_json(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def samples_json(series: Mapping[str, Sequence[Sequence[Any]]]) -> dict[str, list[list[Any]]]:
+    """An attempt's stored GPU series (``{uuid: [[t, util, mem], ...]}``, t in epoch
+    seconds) as ``--json`` shows it: the same triples, t as ISO 8601 UTC. Triples rather
+    than objects: up to 120 points per device, and a chart reads them by position."""
+    return {uuid: [[iso(point[0]), *point[1:]] for point in points] for uuid, points in series.items()}
+
+
 def attempt_json(row: Mapping[str, Any]) -> dict[str, Any]:
-    """One finished attempt of a frame with its GPU usage (the API's per-attempt view)."""
+    """One finished attempt of a frame with its GPU usage (``frame show``'s
+    ``attempt_history``, and the API's per-attempt view)."""
     return {
         "attempt": row["attempt"],
         "host": row["host"],
@@ -124,6 +132,15 @@ def attempt_json(row: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _live_json(value: Any) -> Any:
+    """The worker's last device sample as stored (``{"at": epoch, "devices": [...]}``),
+    with ``at`` as ISO 8601 UTC like every other time."""
+    live = _loads(value, None)
+    if isinstance(live, dict) and isinstance(live.get("at"), (int, float)):
+        live = {**live, "at": iso(live["at"])}
+    return live
+
+
 def host_json(row: Mapping[str, Any], *, now: float, down_after: float) -> dict[str, Any]:
     up = (now - row["last_heartbeat"]) <= down_after
     return {
@@ -137,5 +154,5 @@ def host_json(row: Mapping[str, Any], *, now: float, down_after: float) -> dict[
         "tags": _loads(row["tags"], []),
         "worker_pid": row["worker_pid"],
         "version": row["version"],
-        "live": _loads(row["live"], None),
+        "live": _live_json(row["live"]),
     }
