@@ -605,3 +605,99 @@ def test_init_script_really_prepares_the_host_dirs(tmp_path: Path):
         assert proc.returncode == 0, proc.stderr
         assert stat.S_IMODE(locks.stat().st_mode) == 0o1777
         assert state.stat().st_uid == WORKER_UID and state.stat().st_gid == WORKER_UID
+
+
+# -- the worker's probes and node maintenance (issue 20) --------------------------------------
+
+def _probe_words(probe: dict[str, Any]) -> list[str]:
+    """The cuectl arguments of an exec probe run through a shell: sh -c 'exec cuectl ...'."""
+    import shlex
+
+    command = probe["exec"]["command"]
+    assert command[:2] == ["/bin/sh", "-c"], command
+    words = shlex.split(command[2])
+    assert words[:2] == ["exec", "cuectl"], words
+    return words[2:]
+
+
+def test_worker_probes_check_its_heartbeat(build):
+    _, docs = build
+    _, _, worker = worker_parts(docs)
+    live, ready = worker["livenessProbe"], worker["readinessProbe"]
+    for probe, readiness in ((live, False), (ready, True)):
+        words = _probe_words(probe)
+        resolved = resolve_command(words)
+        assert resolved is not None and resolved[0] == ["worker"]
+        for opt in options_used(words):
+            assert opt in resolved[1], f"`cuectl worker` has no option {opt}"
+        assert "--probe" in words and ("--ready" in words) == readiness
+        # The worker's own name: $(NODE_NAME) is not expanded in probes (downward API value).
+        assert words[words.index("--name") + 1] == "$NODE_NAME"
+        assert worker["args"][worker["args"].index("--name") + 1] == "$(NODE_NAME)"
+        assert "NODE_NAME" in env_of(worker)
+        # Well above the worker's --poll (1 s) and its store heartbeat (--lease-timeout/4).
+        assert float(words[words.index("--max-age") + 1]) >= 60
+        assert probe["timeoutSeconds"] >= 10           # Python start-up on a busy node
+    # A database outage must not get the worker restarted (it waits for the server, up to
+    # 30 s between tries, refreshing its heartbeat): liveness does not need the store.
+    assert "--ready" not in _probe_words(live)
+    assert float(_probe_words(live)[_probe_words(live).index("--max-age") + 1]) >= 60
+    assert live["failureThreshold"] * live["periodSeconds"] >= 60
+
+
+def test_worker_probe_commands_run_against_a_real_worker(tmp_path: Path):
+    """The DaemonSet's probe commands, run as the kubelet runs them (sh -c, the container's
+    environment), against a real worker on fake GPUs: they fail before it runs and after it
+    stops, and pass while it works."""
+    import json
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, _, worker = worker_parts(kustomize(BASE))
+    bindir = Path(sys.executable).parent
+    if not (bindir / "cuectl").exists():
+        pytest.skip("the cuectl executable is not installed beside this Python")
+    fake = tmp_path / "gpus.yaml"
+    fake.write_text(json.dumps({"devices": [{"model": "Tesla T4", "memory": "15360MiB"}]}))
+    env = dict(os.environ, NODE_NAME="node-a", PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+               CUECTL_FAKE_GPUS=str(fake))
+    sh = shutil.which("sh")
+    assert sh
+
+    def run(probe: dict[str, Any]) -> int:
+        command = [sh, *probe["exec"]["command"][1:]]
+        return subprocess.run(command, env=env, capture_output=True, timeout=60).returncode
+
+    assert run(worker["livenessProbe"]) == 1 and run(worker["readinessProbe"]) == 1
+    proc = subprocess.Popen([str(bindir / "cuectl"), "--db", str(tmp_path / "store.db"), "worker", "--name",
+                             "node-a", "--poll", "0.1"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while run(worker["readinessProbe"]) != 0:
+            assert time.monotonic() < deadline, "the readiness probe never passed"
+            time.sleep(0.2)
+        assert run(worker["livenessProbe"]) == 0
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    assert run(worker["livenessProbe"]) == 1
+
+
+def test_docs_give_the_real_node_maintenance_procedure():
+    """`kubectl drain` never evicts DaemonSet pods: the way to empty a node of frames is to
+    lock its host, wait for its frames, then drain, and unlock afterwards."""
+    from deploylib import REPO
+
+    doc = (REPO / "docs" / "deploy-kubernetes.md").read_text()
+    comment = (BASE / "worker" / "daemonset.yaml").read_text()
+    for text in (doc, comment):
+        assert "cuectl host lock" in text and "cuectl host unlock" in text
+        assert "--ignore-daemonsets" in text
+    assert "node drains wait for frames" not in doc.lower()
+    assert "rollout or `kubectl drain`" not in comment
+    assert "cuectl worker --probe" in doc

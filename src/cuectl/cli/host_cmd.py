@@ -49,13 +49,24 @@ def host_show(ctx: typer.Context, host: str = typer.Argument(..., help="Host nam
                  ("cores", data["cores"]), ("memory", format_bytes(data["memory_bytes"])),
                  ("tags", ", ".join(data["tags"]) or "-"), ("last heartbeat", data["last_heartbeat"]),
                  ("running frames", ", ".join(map(str, data["running_frames"])) or "-")])
-    live = {d.get("uuid"): d for d in ((data.get("live") or {}).get("devices") or [])}
+    live_doc = data.get("live") or {}
+    live = {d.get("uuid"): d for d in (live_doc.get("devices") or [])}
     term.line()
-    term.table(["IDX", "UUID", "VENDOR", "MODEL", "MEMORY", "FREE", "UTIL"],
-               [[d["index"], d["uuid"], d["vendor"], d["model"], format_bytes(d.get("memory_total_bytes")),
-                 format_bytes(live.get(d["uuid"], {}).get("memory_free_bytes", d.get("memory_free_bytes"))),
-                 live.get(d["uuid"], {}).get("utilization_pct", d.get("utilization_pct"))]
-                for d in data["gpus"]])
+    if data["gpus"]:
+        term.table(["IDX", "UUID", "VENDOR", "MODEL", "MEMORY", "FREE", "UTIL"],
+                   [[d["index"], d["uuid"], d["vendor"], d["model"], format_bytes(d.get("memory_total_bytes")),
+                     format_bytes(live.get(d["uuid"], {}).get("memory_free_bytes", d.get("memory_free_bytes"))),
+                     live.get(d["uuid"], {}).get("utilization_pct", d.get("utilization_pct"))]
+                    for d in data["gpus"]])
+    else:
+        term.line("no GPUs")
+    # Devices the worker had and lost (its re-discovery no longer finds them): no new frames.
+    unavailable = live_doc.get("unavailable") or []
+    if unavailable:
+        term.line("unavailable GPUs (no new frames go to them):")
+    for gone in unavailable:
+        why = f" ({gone['reason']})" if gone.get("reason") else ""
+        term.line(f"  {gone.get('uuid')} ({gone.get('model')}): gone since {gone.get('since')}{why}")
 
 
 @host_app.command("lock")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -9,7 +11,22 @@ import typer
 
 from cuectl.cli import term
 from cuectl.config import LOCK_DIR_DEFAULT
-from cuectl.errors import InvalidInput
+from cuectl.errors import CuectlError, InvalidInput
+
+
+def _refuse_unsupported_platform() -> None:
+    """The worker needs POSIX (fcntl.flock device leases, process groups, signals): say so
+    in one line on Windows instead of failing on ``import fcntl`` somewhere inside."""
+    problem = "Windows" if os.name == "nt" else None
+    if problem is None:
+        try:
+            import fcntl  # noqa: F401
+        except ImportError:
+            problem = "a system without fcntl"
+    if problem:
+        raise CuectlError(f"cuectl worker cannot run on {problem}: its device leases are POSIX file locks "
+                          "(fcntl.flock) and frames run in POSIX process groups",
+                          hint="run the worker on Linux or macOS (on Windows: inside WSL 2 or a Linux container)")
 
 
 def worker(
@@ -39,9 +56,29 @@ def worker(
                                                                       "$CUECTL_LOG_LIMIT or 1G; a layer's "
                                                                       "log_limit wins)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print frame starts and ends."),
+    rediscover_interval: float = typer.Option(300.0, "--rediscover-interval",
+                                              help="Seconds between looks for GPUs that vanished or appeared "
+                                                   "(0: only on SIGHUP)."),
+    probe: bool = typer.Option(False, "--probe", help="Do not run a worker: exit 0 if this machine's worker "
+                                                      "--name is alive (its heartbeat file is fresh), else 1. "
+                                                      "For liveness/readiness probes."),
+    ready: bool = typer.Option(False, "--ready", help="With --probe: also require that the worker reached its "
+                                                      "store within --max-age."),
+    max_age: float = typer.Option(60.0, "--max-age", help="With --probe: seconds the heartbeat may be old "
+                                                          "(keep it above --poll)."),
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
-    from cuectl.run.service import build_worker, run_worker, wait_for_store
+    _refuse_unsupported_platform()
+    if probe:
+        from cuectl.run.service import probe as probe_worker
+
+        if max_age <= 0:
+            raise InvalidInput("--max-age must be greater than 0")
+        term.line(probe_worker(name, max_age=max_age, ready=ready))
+        return
+    if ready:
+        raise InvalidInput("--ready goes with --probe")
+    from cuectl.run.service import build_worker, discover_gpus, heartbeat_path, run_worker, wait_for_store
 
     if poll <= 0 or sample_interval <= 0 or lease_timeout <= 0:
         raise InvalidInput("--poll, --sample-interval and --lease-timeout must be greater than 0")
@@ -49,38 +86,47 @@ def worker(
         raise InvalidInput("--max-frames must be 1 or more")
     if cores is not None and cores <= 0:
         raise InvalidInput("--cores must be greater than 0")
+    if rediscover_interval < 0:
+        raise InvalidInput("--rediscover-interval must be 0 (only on SIGHUP) or more")
     limit = None
     if log_limit is not None:
         from cuectl.sched.fields import log_limit_bytes
 
         limit = log_limit_bytes(log_limit, "--log-limit")
     state = ctx.obj
+    # GPUs first: a --backend that finds none is refused before the store is opened (or created).
+    discovery = discover_gpus(backend)
     # A service waits for an unreachable store server; a batch run (--until-idle: tests,
     # CI, cron) fails at once with the error instead of hanging.
     store = (state.store(create=True) if until_idle
-             else wait_for_store(lambda: state.store(create=True), warn=term.warn))
+             else wait_for_store(lambda: state.store(create=True), warn=term.warn, heartbeat=heartbeat_path(name)))
     w, discovery = build_worker(store, name=name, until_idle=until_idle,
                                 max_frames=max_frames, poll=poll, sample_interval=sample_interval,
                                 lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
                                 cores=cores, backend=backend, allowed_users=allow_user,
-                                run_as_submitter=run_as_submitter, log_limit=limit)
+                                run_as_submitter=run_as_submitter, log_limit=limit, discovery=discovery,
+                                rediscover_interval=rediscover_interval)
     w.warn = term.warn
+    for message in discovery.warnings():
+        term.warn(message)
     from cuectl.run.lease import other_lock_dirs_in_use
 
     for other in other_lock_dirs_in_use(w.opts.lock_dir):
         term.warn(f"lock directory {other} is also in use on this machine: its leases and this worker's "
                   f"({w.opts.lock_dir}) do not see each other, so a GPU could be used twice; use one")
     if not quiet:
-        devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices) or "no GPUs"
-        fake = " (fake GPUs)" if any(d.backend == "fake" for d in w.devices) else ""
-        term.info(f"worker {w.opts.name}: {devs}{fake}; {w.opts.cores:g} CPU slots; store {store.url}")
+        devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices)
+        found = (f"{devs} (found by {', '.join(discovery.found_by())})" if devs else
+                 f"no GPUs (tried {', '.join(b.name for b in discovery.backends) or 'nothing'})")
+        term.info(f"worker {w.opts.name}: {found}; {w.opts.cores:g} CPU slots; store {store.url}")
+    # In a terminal, SIGHUP means the terminal went away: drain as on SIGTERM. A service
+    # (systemd, a container: no terminal) is sent SIGHUP to look for its GPUs again.
+    hangup_stops = sys.stderr.isatty()
     if quiet:
-        code = run_worker(w)
+        code = run_worker(w, hangup_stops=hangup_stops)
     else:
-        import sys
-
         with term.WorkerProgress(live=sys.stderr.isatty()) as progress:
-            code = run_worker(w, on_iteration=progress)
+            code = run_worker(w, on_iteration=progress, hangup_stops=hangup_stops)
     raise typer.Exit(code)
 
 

@@ -5,6 +5,8 @@ found = discover()                 # auto: fake file if configured, else every r
 found.devices                      # [Device], index 0..n-1 across backends
 found.backends                     # [BackendStatus]: what was tried, ok or why not
 found.sample(pids={1234})          # {uuid: DeviceSample}, one batch call per backend
+found.found_by()                   # ["nvml"]: the backends that found devices
+found.warnings()                   # e.g. NVML failed and nvidia-smi stood in
 ```
 
 Backends are imported lazily: importing ``cuectl.gpu`` costs nothing beyond the device
@@ -91,6 +93,7 @@ class Discovery:
         #: backend name -> message of the last sample() that failed for it.
         self.sample_errors: dict[str, str] = {}
         self._route: dict[str, Backend] = {}
+        self._backends = [backend for backend, _ in found]
         for backend, devices in found:
             for d in devices:
                 if d.uuid in self._route:
@@ -121,6 +124,33 @@ class Discovery:
 
     def backend_of(self, uuid: str) -> Backend | None:
         return self._route.get(uuid)
+
+    def found_by(self) -> list[str]:
+        """The backends that found devices, in discovery order (``["nvml"]``, ``["smi"]``...)."""
+        return list(dict.fromkeys(d.backend for d in self.devices))
+
+    def problems(self) -> dict[str, str]:
+        """Backend name -> why it offers fewer devices than it might: the error of a backend
+        that failed, or the devices it left out (``skipped``: NVML cannot read a GPU). The
+        worker names these when a device it had is gone."""
+        out = {b.name: b.error for b in self.backends if not b.ok and b.error}
+        for backend in self._backends:
+            skipped = getattr(backend, "skipped", None)
+            if skipped and backend.name not in out:
+                out[backend.name] = "; ".join(map(str, skipped))
+        return out
+
+    def warnings(self) -> list[str]:
+        """What the user should know about how the GPUs were found: ``auto`` fell back to
+        nvidia-smi because NVML could not be used (slower sampling, less per-process data)."""
+        nvml = next((b for b in self.backends if b.name == "nvml"), None)
+        if nvml is None or "smi" not in self.found_by():
+            return []
+        from cuectl.gpu.smi import FALLBACK_LIMITS
+
+        why = nvml.error if not nvml.ok and nvml.error else "it found no GPU"
+        fix = f" ({nvml.hint})" if nvml.hint else ""
+        return [f"NVML is not usable: {why}{fix}; using nvidia-smi instead: {FALLBACK_LIMITS}"]
 
     def to_json(self) -> dict:
         return {"devices": [d.to_json() for d in self.devices], "backends": [b.to_json() for b in self.backends]}

@@ -42,6 +42,10 @@ QUERY_FIELDS = ("index", "uuid", "name", "memory.total", "memory.free", "memory.
 OPTIONAL_FIELDS = frozenset({"compute_cap", "mig.mode.current"})
 SAMPLE_FIELDS = ("uuid", "utilization.gpu", "memory.used", "memory.free")
 APPS_FIELDS = ("pid", "gpu_uuid", "used_gpu_memory")
+#: What a host loses when ``auto`` discovery falls back from NVML to nvidia-smi (said in the
+#: worker's start-up warning).
+FALLBACK_LIMITS = ("one nvidia-smi run per sample (slower), no per-process GPU utilisation, "
+                   "no live memory of MIG instances")
 
 _FIELD_NAME_RE = re.compile(r"^[a-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 _INVALID_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query', re.IGNORECASE)

@@ -1,21 +1,27 @@
 """Assemble a worker from the machine (discovery, cores, memory) and run it.
 
 Separate from ``worker.py`` so the loop stays free of environment lookups: everything
-host-specific is decided here, once, and passed in as ``WorkerOptions``.
+host-specific is decided here, once, and passed in as ``WorkerOptions``. ``probe`` (for
+``cuectl worker --probe``) lives here too and imports nothing of the worker: a liveness
+probe runs every few seconds and must stay cheap.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from cuectl import config
-from cuectl.errors import InvalidInput, StoreUnreachable
-from cuectl.run.worker import Supervisor, Worker, WorkerOptions
-from cuectl.sched.store import Store
+from cuectl.errors import BackendUnavailable, CuectlError, InvalidInput, StoreUnreachable
+
+if TYPE_CHECKING:
+    from cuectl.gpu import Discovery
+    from cuectl.run.worker import Inventory, Worker
+    from cuectl.sched.store import Store
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}$")
 
@@ -24,44 +30,102 @@ T = TypeVar("T")
 
 
 WORKER_RECONNECT_S = 1.0
+#: In the worker's state directory: what ``cuectl worker --probe`` reads.
+HEARTBEAT_FILE = "heartbeat"
+
+
+def worker_host(name: str | None) -> str:
+    """The host name a worker registers as: ``--name``, else the fake GPU file's host, else
+    this machine's name."""
+    from cuectl.gpu import fake_host_name
+
+    host = name or fake_host_name(None) or config.hostname()
+    if not _HOST_RE.match(host):
+        raise InvalidInput(f"invalid host name {host!r} (letters, digits, '.', '_' and '-')")
+    return host
+
+
+def worker_state_dir(host: str) -> Path:
+    """Host-local: the worker lock, run files of its frames, its heartbeat file."""
+    return config.state_home() / "cuectl" / "worker" / host
+
+
+def heartbeat_path(name: str | None) -> Path:
+    return worker_state_dir(worker_host(name)) / HEARTBEAT_FILE
 
 
 def wait_for_store(open_store: Callable[[], T], *, warn: Callable[[str], None], first_delay: float = 1.0,
-                   max_delay: float = 30.0, sleep: Callable[[float], None] = time.sleep) -> T:
+                   max_delay: float = 30.0, sleep: Callable[[float], None] = time.sleep,
+                   heartbeat: Path | None = None) -> T:
     """Open the store, waiting for as long as its server is unreachable (backing off from
     ``first_delay`` to ``max_delay`` seconds, one warning per try): a worker host that
     boots before the database server — a power cut, a cluster where both start together
     — should start working when the server does, not depend on its service manager's
     restart policy. Every other error (bad credentials, no such database, a schema too
-    new) is raised at once: waiting would not fix it."""
+    new) is raised at once: waiting would not fix it. Each try refreshes ``heartbeat``
+    (the worker's heartbeat file), so a liveness probe does not kill a worker that waits."""
     delay = first_delay
     while True:
         try:
             return open_store()
         except StoreUnreachable as exc:
             warn(f"{exc}; trying again in {delay:g} s")
+            if heartbeat is not None:
+                from cuectl.run.worker import write_heartbeat
+
+                write_heartbeat(heartbeat, name=heartbeat.parent.name, store_ok_at=None)
             sleep(delay)
             delay = min(delay * 2, max_delay)
+
+
+def discover_gpus(backend: str = "auto") -> Discovery:
+    """This host's GPUs for a worker. ``auto`` may find none (a CPU-only worker); a backend
+    named explicitly must find some, or the worker would silently run without the GPUs it
+    was started for: ``BackendUnavailable`` names the backend and why."""
+    from cuectl.gpu import discover
+
+    discovery = discover(backend)
+    key = backend.strip().lower()
+    if key != "auto" and not discovery.devices:
+        status = next((b for b in discovery.backends if b.name == key), None)
+        why = status.error if status is not None and status.error else "it found no GPU"
+        hint = f"{status.hint}; " if status is not None and status.hint else ""
+        raise BackendUnavailable(f"--backend {key}: no GPU found: {why}",
+                                 hint=f"{hint}--backend auto starts a CPU-only worker where no GPU is found")
+    return discovery
+
+
+def inventory_of(discovery: Discovery) -> Inventory:
+    """The worker's view of one discovery: devices, their sampler, what the backends said."""
+    from cuectl.run.worker import Inventory
+
+    return Inventory(devices=tuple(discovery.devices), sampler=lambda uuids, pids: discovery.sample(uuids, pids),
+                     problems=discovery.problems())
 
 
 def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames: int | None,
                  poll: float, sample_interval: float, lease_timeout: float, gpu_only: bool,
                  lock_dir: Path | None, tags: Sequence[str], cores: float | None, backend: str = "auto",
                  allowed_users: Sequence[str] = (), run_as_submitter: bool | None = None,
-                 log_limit: int | None = None):
+                 log_limit: int | None = None, discovery: Discovery | None = None,
+                 rediscover_interval: float = 300.0) -> tuple[Worker, Discovery]:
+    """The worker for this host. ``discovery``: the GPUs found already (``discover_gpus``),
+    else found here with ``backend``; the worker finds them again with the same backend
+    every ``rediscover_interval`` seconds (0: only on SIGHUP)."""
     import psutil
 
-    from cuectl.gpu import discover, fake_host_name
+    from cuectl.gpu import discover
     from cuectl.run.lease import prepare_lock_dir
+    from cuectl.run.worker import Worker, WorkerOptions
 
-    discovery = discover(backend)
-    host = name or fake_host_name(None) or config.hostname()
-    if not _HOST_RE.match(host):
-        raise InvalidInput(f"invalid host name {host!r} (letters, digits, '.', '_' and '-')")
+    if discovery is None:
+        discovery = discover_gpus(backend)
+    host = worker_host(name)
     locks = Path(lock_dir) if lock_dir else config.lock_dir()
     prepare_lock_dir(locks)
+    state_dir = worker_state_dir(host)
     opts = WorkerOptions(
-        name=host, lock_dir=locks, state_dir=config.state_home() / "cuectl" / "worker" / host,
+        name=host, lock_dir=locks, state_dir=state_dir,
         log_dir=str(store.log_dir), cores=float(cores or psutil.cpu_count() or 1),
         memory_bytes=int(psutil.virtual_memory().total), poll_s=poll, sample_interval_s=sample_interval,
         lease_timeout_s=lease_timeout, gpu_only=gpu_only, tags=tuple(tags), max_frames=max_frames,
@@ -70,9 +134,13 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
         crash_at=config.test_hook(), allowed_users=tuple(allowed_users),
         # A root worker runs frames as their submitters unless told otherwise: anyone who
         # can write the store could otherwise run commands as root on every host.
-        run_as_submitter=(os.geteuid() == 0) if run_as_submitter is None else run_as_submitter)
-    worker = Worker(store=store, opts=opts, devices=list(discovery.devices),
-                    sampler=lambda uuids, pids: discovery.sample(uuids, pids))
+        run_as_submitter=(os.geteuid() == 0) if run_as_submitter is None else run_as_submitter,
+        rediscover_interval_s=rediscover_interval, heartbeat_file=state_dir / HEARTBEAT_FILE)
+    first = inventory_of(discovery)
+    # Re-discovery uses the backend the worker was started with, but never fails for want
+    # of GPUs: devices that vanish are reported unavailable, not a reason to stop.
+    worker = Worker(store=store, opts=opts, devices=list(first.devices), sampler=first.sampler,
+                    rediscover=lambda: inventory_of(discover(backend)))
     # A call that waits long for a lost server stalls the whole loop: frames that end meanwhile
     # are reaped (and timed) late, and signals wait. The loop retries every iteration anyway.
     store.reconnect_s = min(store.reconnect_s, WORKER_RECONNECT_S)
@@ -82,8 +150,67 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
     return worker, discovery
 
 
-def run_worker(worker: Worker, *, on_iteration: Callable[[Worker], None] | None = None) -> int:
-    """Run the worker under its supervisor until it is done (or stopped by signals)."""
+def run_worker(worker: Worker, *, on_iteration: Callable[[Worker], None] | None = None,
+               hangup_stops: bool = False) -> int:
+    """Run the worker under its supervisor until it is done (or stopped by signals).
+    ``hangup_stops``: SIGHUP drains (a worker in a terminal) instead of re-discovering."""
+    from cuectl.run.worker import Supervisor
+
     sup = Supervisor(worker, on_iteration=on_iteration)
-    sup.install_signals()
+    sup.install_signals(hangup_stops=hangup_stops)
     return sup.run()
+
+
+# -- `cuectl worker --probe` ------------------------------------------------------------------
+
+class ProbeFailed(CuectlError):
+    """The worker's heartbeat file says it is not alive (or, for readiness, not connected)."""
+
+
+def probe(name: str | None, *, max_age: float, ready: bool = False, now: float | None = None) -> str:
+    """Check the heartbeat file of this machine's worker ``name``; return a one-line summary
+    or raise ``ProbeFailed`` (exit 1) saying what is wrong.
+
+    Alive: the worker process runs and its loop wrote the file within ``max_age`` seconds
+    (a loop that hangs, is stopped or died stops writing). Ready, in addition: a store call
+    got through within ``max_age`` seconds. Run it where the worker runs (same machine and
+    PID namespace: the container for a pod), with the worker's ``--name`` and environment."""
+    path = heartbeat_path(name)
+    host = path.parent.name
+    try:
+        doc = json.loads(path.read_text())
+        pid, at = int(doc["pid"]), float(doc["at"])
+        store_ok_at = doc.get("store_ok_at")
+    except FileNotFoundError:
+        raise ProbeFailed(f"no cuectl worker {host!r} has run here: no heartbeat file {path}") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ProbeFailed(f"worker {host!r}: unreadable heartbeat file {path}: {exc}") from None
+    now = time.time() if now is None else now
+    age = now - at
+    if not _process_runs(pid):
+        raise ProbeFailed(f"worker {host!r} (pid {pid}) is not running; last heartbeat {age:.0f} s ago")
+    if age > max_age:
+        raise ProbeFailed(f"worker {host!r} (pid {pid}) is stuck: last heartbeat {age:.0f} s ago "
+                          f"(--max-age {max_age:g})")
+    store_age = None if store_ok_at is None else now - float(store_ok_at)
+    if ready and (store_age is None or store_age > max_age):
+        since = "yet" if store_age is None else f"for {store_age:.0f} s"
+        raise ProbeFailed(f"worker {host!r} (pid {pid}) is alive but has not reached its store {since} "
+                          f"(--max-age {max_age:g})")
+    store = "never" if store_age is None else f"{store_age:.0f} s ago"
+    return f"worker {host!r} (pid {pid}) alive: last heartbeat {age:.0f} s ago, store reached {store}"
+
+
+def _process_runs(pid: int) -> bool:
+    """Is ``pid`` a running process (a zombie waiting for its parent is not)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill(0) is all we can tell

@@ -15,6 +15,7 @@ their lease expires (``reap``); the store's attempt fencing discards late report
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -23,10 +24,10 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from cuectl import __version__
-from cuectl.errors import Conflict, StoreError, StoreGone, StoreStalled
+from cuectl.errors import Conflict, CuectlError, StoreError, StoreGone, StoreStalled
 from cuectl.gpu.device import Device
 from cuectl.run import launch
 from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, queued_reservations, try_lock_all,
@@ -61,6 +62,25 @@ class WorkerOptions:
     allowed_users: tuple[str, ...] = ()
     run_as_submitter: bool = False
     log_limit_bytes: int = launch.DEFAULT_LOG_LIMIT  # per attempt, unless the layer sets its own
+    # Look for GPUs again this often (0: only on SIGHUP): MIG reconfigured, a GPU fell off the bus.
+    rediscover_interval_s: float = 300.0
+    # `cuectl worker --probe` reads this file (None: not written): the loop is alive, the store answers.
+    heartbeat_file: Path | None = None
+
+
+#: ``sampler(uuids, pids)``: live values of those devices (``cuectl.gpu.Discovery.sample``).
+Sampler = Callable[[Sequence[str], Sequence[int]], dict]
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What one discovery found: the devices to lease and how to sample them, and what each
+    backend had to say about devices it could not offer (backend name -> why), so that a
+    device missing from the next inventory can be explained."""
+
+    devices: tuple[Device, ...]
+    sampler: Sampler | None = None
+    problems: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,7 +122,13 @@ class Worker:
     store: Store
     opts: WorkerOptions
     devices: Sequence[Device]
-    sampler: Callable[[Sequence[str], Sequence[int]], dict] | None = None
+    sampler: Sampler | None = None
+    # Finds the GPUs again (``--rediscover-interval``, SIGHUP); None: the inventory is fixed.
+    rediscover: Callable[[], Inventory] | None = None
+    # Devices found before that the last discovery did not find: uuid -> what `host show`
+    # says (uuid, model, index, since, reason). They get no new frames; a frame already
+    # running on one is left to finish or fail on its own.
+    unavailable: dict[str, dict[str, Any]] = field(default_factory=dict)
     running: dict[int, RunningFrame] = field(default_factory=dict)
     pending: list[Pending] = field(default_factory=list)
     draining: bool = False
@@ -125,6 +151,14 @@ class Worker:
     # is checked afresh), so the dispatch path reads each receipt once, not per frame.
     unproven: dict[int, str] = field(default_factory=dict)
     _proven: set[tuple[Any, ...]] = field(default_factory=set)
+    _next_rediscover: float | None = None
+    _rediscover_asked: bool = False  # SIGHUP: look again at the next iteration
+    _register_due: bool = False  # the inventory changed: the store's copy must follow
+    # The first heartbeat always sends the unavailable list (empty or not), so that what a
+    # previous worker of this host reported is replaced; later ones only while it matters.
+    _unavailable_sent: bool = True
+    _store_ok_at: float | None = None  # wall clock of the last store call that got through
+    _next_heartbeat_file: float = 0.0
 
     # -- start-up ------------------------------------------------------------------------
     @property
@@ -139,6 +173,23 @@ class Worker:
             name=self.opts.name, cores=self.opts.cores, memory_bytes=self.opts.memory_bytes,
             gpus=[d.to_json() for d in self.devices], tags=self.opts.tags, worker_pid=os.getpid(),
             version=__version__), now=now)
+        self._register_due = False
+        self._store_ok_at = time.time()
+
+    def write_heartbeat_file(self, *, force: bool = False) -> None:
+        """For ``cuectl worker --probe`` (liveness and readiness probes): at most once a
+        second, the wall-clock time of this iteration and of the last store call that got
+        through. A loop that stops (hung, SIGSTOPped, dead) stops refreshing it."""
+        path = self.opts.heartbeat_file
+        wall = time.time()
+        if path is None or (wall < self._next_heartbeat_file and not force):
+            return
+        self._next_heartbeat_file = wall + 1.0
+        write_heartbeat(path, name=self.opts.name, store_ok_at=self._store_ok_at)
+
+    def ask_rediscover(self) -> None:
+        """SIGHUP: find the GPUs again at the next iteration (safe in a signal handler)."""
+        self._rediscover_asked = True
 
     def prepare(self) -> None:
         """Become this host name's one worker: take the state directory's worker lock (or
@@ -189,11 +240,15 @@ class Worker:
 
     # -- one iteration ---------------------------------------------------------------------
     def loop(self, now: float | None = None) -> LoopStats:
-        """One iteration: report ended frames, heartbeat, reap, claim. Never blocks long."""
+        """One iteration: refresh the heartbeat file (and the inventory when due), report
+        ended frames, heartbeat, reap, claim. Never blocks long."""
         self.stats = LoopStats()
         # The store's clock (the database server's on PostgreSQL): leases and heartbeats are
         # measured on it, and every deadline of this loop with them.
         now = self.store.clock() if now is None else now
+        self.write_heartbeat_file()
+        if self._rediscover_due(now):
+            self.refresh_inventory(now)
         self._flush_pending(now)
         self._collect_finished()
         if self.running and now >= min((r.next_sample for r in self.running.values()), default=now):
@@ -201,11 +256,14 @@ class Worker:
         if now >= self._next_heartbeat:
             self._heartbeat(now)
         try:
+            if self._register_due:
+                self.register(now)
             if now >= self._next_reap:
                 self._next_reap = now + max(0.5, self.opts.lease_timeout_s / 2)
                 self.stats.reaped = len(self.store.reap(now=now))
             if not self.draining and not self._reached_max():
                 self._claim_all(now)
+                self._store_ok_at = time.time()
             self._live_paused = False
         except StoreGone:
             raise  # nothing more can be recorded: the supervisor stops the worker
@@ -221,6 +279,58 @@ class Worker:
 
     def _reached_max(self) -> bool:
         return self.opts.max_frames is not None and self.claimed_total >= self.opts.max_frames
+
+    # -- the inventory ---------------------------------------------------------------------
+    def _rediscover_due(self, now: float) -> bool:
+        if self.rediscover is None:
+            return False
+        interval = self.opts.rediscover_interval_s
+        if self._next_rediscover is None:  # the first iteration: the inventory is fresh
+            self._next_rediscover = now + interval if interval > 0 else float("inf")
+        return self._rediscover_asked or now >= self._next_rediscover
+
+    def refresh_inventory(self, now: float) -> None:
+        """Find the GPUs again. A device that is no longer found (fell off the bus, MIG
+        reconfigured, its backend failed) leaves the inventory, so no new frame gets it, and
+        is listed in ``unavailable`` for `host show`; one that comes back rejoins. Frames
+        already running keep their devices and their locks: they finish or fail on their own."""
+        assert self.rediscover is not None
+        self._rediscover_asked = False
+        interval = self.opts.rediscover_interval_s
+        self._next_rediscover = now + interval if interval > 0 else float("inf")
+        try:
+            inventory = self.rediscover()
+        except CuectlError as exc:  # e.g. a fake GPU file being edited: keep what we have
+            if self.warn:
+                self.warn(f"GPU re-discovery failed, keeping the current inventory: {exc.message}")
+            return
+        found = {d.uuid for d in inventory.devices}
+        for d in self.devices:
+            if d.uuid not in found:
+                why = inventory.problems.get(d.backend)
+                self.unavailable[d.uuid] = {"uuid": d.uuid, "model": d.model, "index": d.index, "since": iso(now),
+                                            "reason": f"{d.backend}: {why}" if why else None}
+                if self.warn:
+                    self.warn(f"GPU {d.index} {d.uuid} ({d.model}) is gone{f' ({why})' if why else ''}: "
+                              "no new frames will use it")
+        known = {d.uuid for d in self.devices}
+        for d in inventory.devices:
+            back = self.unavailable.pop(d.uuid, None) is not None
+            if (back or d.uuid not in known) and self.warn:
+                self.warn(f"GPU {d.index} {d.uuid} ({d.model}) {'is back' if back else 'found'}")
+        changed = _identity(inventory.devices) != _identity(self.devices)
+        self.devices = list(inventory.devices)
+        self.sampler = inventory.sampler
+        if changed:
+            self._register_due = True   # the store's inventory (host show, pending reasons)
+            self._next_heartbeat = now  # and the unavailable list, at once
+
+    def _live_doc(self) -> dict[str, Any] | None:
+        """What the heartbeat stores as the host's live values: the last sample, and the
+        devices that are unavailable now (while there are any, and once after)."""
+        if not self.unavailable and not self._unavailable_sent:
+            return self._last_live
+        return {**(self._last_live or {}), "unavailable": list(self.unavailable.values())}
 
     # -- claiming --------------------------------------------------------------------------
     def _free_cpu(self) -> CpuPool:
@@ -429,13 +539,16 @@ class Worker:
         ids = list(self.running) + [p.frame_id for p in self.pending]
         attempts = {fid: rf.claim.attempt for fid, rf in self.running.items()}
         attempts.update({p.frame_id: p.attempt for p in self.pending})
+        live = self._live_doc()
         try:
             actions = self.store.heartbeat(self.opts.name, ids, now=now, lease_s=self.opts.lease_timeout_s,
-                                           live=self._last_live, attempts=attempts)
+                                           live=live, attempts=attempts)
         except StoreError:
             self._live_paused = True
             return  # try again next time; frames keep running
         self._live_paused = False
+        self._store_ok_at = time.time()
+        self._unavailable_sent = bool(live and live.get("unavailable"))
         for frame_id, action in actions.items():
             rf = self.running.get(frame_id)
             if rf is None or action is None or rf.user_action or rf.lost:
@@ -549,6 +662,25 @@ class Worker:
             os._exit(99)  # chaos tests: die exactly here, like a SIGKILL would
 
 
+def _identity(devices: Sequence[Device]) -> list[tuple[Any, ...]]:
+    """What the store's copy of the inventory must follow (live values aside)."""
+    return [(d.index, d.uuid, d.vendor, d.model, d.backend, d.memory_total_bytes, d.mig_parent_uuid) for d in devices]
+
+
+def write_heartbeat(path: Path, *, name: str, store_ok_at: float | None) -> None:
+    """Replace the heartbeat file atomically (a probe never reads half of it). Best effort:
+    a full disk must not stop the loop; the probe then sees the file go stale."""
+    doc = {"name": name, "pid": os.getpid(), "at": time.time(), "store_ok_at": store_ok_at}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
 def _log_failure(path: Path, line: str) -> None:
     """Best effort: say in the frame's log why it never started (never following a link)."""
     launch.append_log_note(path, line)
@@ -647,7 +779,8 @@ def _same_process(info: dict) -> bool:
 # -- the supervisor ----------------------------------------------------------------------------
 class Supervisor:
     """Drives ``Worker.loop()``: sleeps between iterations, wakes on child exit or signal,
-    and turns SIGTERM/SIGINT into drain (first) and abort (second)."""
+    turns SIGTERM/SIGINT into drain (first) and abort (second), and SIGHUP into a look for
+    GPUs that vanished or appeared (at the next iteration)."""
 
     def __init__(self, worker: Worker, *, on_iteration: Callable[[Worker], None] | None = None) -> None:
         self.worker = worker
@@ -673,6 +806,14 @@ class Supervisor:
         # SIGTERM within 2 s whatever the store does. It keeps watching until the end.
         signal.setitimer(signal.ITIMER_REAL, 0.25, 0.25)
 
+    def _on_hup(self, signum: int, frame: Any) -> None:
+        """SIGHUP (`systemctl reload`, `kill -HUP`): find the GPUs again; not a stop signal."""
+        self.worker.ask_rediscover()
+        try:
+            os.write(self._wake_w, b"h")
+        except OSError:
+            pass
+
     def _on_alarm(self, signum: int, frame: Any) -> None:
         store = self.worker.store
         since = store.calling_since
@@ -681,18 +822,25 @@ class Supervisor:
             raise StoreStalled(f"store {store.url} did not answer for {self.HUNG_CALL_S:g} s; abandoned the call "
                                "to act on a signal")
 
-    def install_signals(self) -> None:
+    def install_signals(self, *, hangup_stops: bool = False) -> None:
+        """SIGTERM/SIGINT drain (then abort); SIGHUP re-discovers the GPUs, unless
+        ``hangup_stops`` (a worker in a terminal: there SIGHUP means the terminal is gone,
+        and it drains as on SIGTERM)."""
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGALRM, self._on_alarm)
+        if hasattr(signal, "SIGHUP"):
+            signal.signal(signal.SIGHUP, self._on_signal if hangup_stops else self._on_hup)
 
     def _start(self) -> bool:
         """Register and recover, retrying while the store is busy; False if told to stop."""
         w, delay = self.worker, 0.1
         while True:
+            w.write_heartbeat_file(force=True)  # alive while it waits for the store (liveness)
             try:
                 w.register(w.store.clock())
                 w.recover(w.store.clock())
+                w.write_heartbeat_file(force=True)  # registered: ready
                 return True
             except StoreError as exc:
                 if w.warn:
