@@ -80,7 +80,9 @@ def describe_jobs(store: Store, *, include_finished: bool = True) -> list[dict[s
     hosts = usable_hosts(store)
     jobs = []
     for job in store.list_jobs(include_finished=include_finished):
-        if job["frame_counts"].get(m.WAITING) or job["frame_counts"].get(m.DEPEND):
+        if job["paused"] and (job["frame_counts"].get(m.WAITING) or job["frame_counts"].get(m.DEPEND)):
+            job["pending_reason"] = pending_reason(job, {}, None)  # says paused: needs no layers
+        elif job["frame_counts"].get(m.WAITING) or job["frame_counts"].get(m.DEPEND):
             full = store.get_job(job["id"])
             job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
         jobs.append(job)

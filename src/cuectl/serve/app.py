@@ -19,11 +19,13 @@ import errno
 import fnmatch
 import hashlib
 import json
+import logging
 import os
 import stat
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -44,6 +46,7 @@ from cuectl.serve.problems import Problem
 from cuectl.units import memory_satisfies
 
 API = "/api/v1"
+log = logging.getLogger("cuectl.serve")
 MAX_BODY_BYTES = 4 * 1024 * 1024   # a job spec; 10,000 frames of a range are a few bytes
 MAX_PAGE = 10_000
 MAX_ID = 2 ** 63 - 1  # ids are 64-bit in both databases: a larger number names nothing
@@ -98,11 +101,12 @@ class ResponseCache:
     """URL -> (body, etag, fresh until): shared by every client, so N monitors polling the
     same page cost one store read per ``ttl_s``.
 
-    Single flight: one thread rebuilds an expired page while the others are answered with
-    the previous one (at most one rebuild older); only when there is no previous page do
-    they wait for the rebuild. Without this, every request arriving during a slow rebuild
-    misses too and rebuilds the same page in its own thread, and on a busy server the
-    rebuilds outrun the expiry (measured in bench/bench_api.py: seconds per request)."""
+    Stale while revalidating: an expired page is still answered at once while one rebuild
+    of it runs on the cache's own thread; only a page never built (or dropped by a change)
+    makes its caller wait, and callers of the same page then wait for that one build.
+    Without this, every request arriving during a slow rebuild rebuilt the same page in its
+    own thread, and the one that found the page expired waited for the rebuild (measured
+    in bench/bench_api.py: seconds per request, then a p99 of one rebuild's time)."""
 
     def __init__(self, ttl_s: float, size: int = 512) -> None:
         self.ttl_s = ttl_s
@@ -111,6 +115,7 @@ class ResponseCache:
         self._building: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._generation = 0  # bumped by clear(): a rebuild started before a change is not kept
+        self._refresher: ThreadPoolExecutor | None = None
 
     def get(self, key: str, build: Callable[[], Any]) -> tuple[bytes, str]:
         if self.ttl_s <= 0:
@@ -120,33 +125,56 @@ class ResponseCache:
             if entry is not None and entry[2] >= time.monotonic():
                 return entry[0], entry[1]
             flight = self._building.setdefault(key, threading.Lock())
-        if not flight.acquire(blocking=entry is None):
-            assert entry is not None  # only a caller holding a previous page does not wait
-            return entry[0], entry[1]  # someone is rebuilding it: the previous page will do
-        try:
-            with self._lock:  # built by the thread we waited for?
+        if entry is not None:  # expired: answer with it, and have it rebuilt once
+            if flight.acquire(blocking=False):
+                self._executor().submit(self._rebuild, key, build, flight)
+            return entry[0], entry[1]
+        with flight:  # never built: build it, or wait for the caller already building it
+            with self._lock:
                 done = self._entries.get(key)
                 if done is not None and done[2] >= time.monotonic():
                     return done[0], done[1]
-                generation = self._generation
-            body, etag = _encode(build())
+            return self._store(key, build)
+
+    def _rebuild(self, key: str, build: Callable[[], Any], flight: threading.Lock) -> None:
+        try:
+            self._store(key, build)
+        except Exception:
+            log.warning("refreshing %s failed; the next request builds it", key, exc_info=True)
             with self._lock:
-                if generation == self._generation:
-                    self._entries[key] = (body, etag, time.monotonic() + self.ttl_s)
-                    self._entries.move_to_end(key)
-                    while len(self._entries) > self._size:
-                        self._entries.popitem(last=False)
-            return body, etag
+                self._entries.pop(key, None)
         finally:
             flight.release()
-            with self._lock:
-                if self._building.get(key) is flight and not flight.locked():
-                    del self._building[key]
+
+    def _store(self, key: str, build: Callable[[], Any]) -> tuple[bytes, str]:
+        with self._lock:
+            generation = self._generation
+        body, etag = _encode(build())
+        with self._lock:
+            if generation == self._generation:
+                self._entries[key] = (body, etag, time.monotonic() + self.ttl_s)
+                self._entries.move_to_end(key)
+                while len(self._entries) > self._size:
+                    self._entries.popitem(last=False)
+        return body, etag
+
+    def _executor(self) -> ThreadPoolExecutor:
+        # Two threads, kept: each keeps its store connection (StorePool) between rebuilds.
+        with self._lock:
+            if self._refresher is None:
+                self._refresher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cuectl-cache")
+            return self._refresher
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
             self._generation += 1
+
+    def close(self) -> None:
+        with self._lock:
+            refresher, self._refresher = self._refresher, None
+        if refresher is not None:
+            refresher.shutdown(wait=False, cancel_futures=True)
 
 
 def _encode(data: Any) -> tuple[bytes, str]:
@@ -212,6 +240,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, problems.on_http_error)
     app.add_exception_handler(RequestValidationError, problems.on_validation_error)
     app.add_exception_handler(Exception, problems.on_unexpected)
+    app.router.add_event_handler("shutdown", cache.close)
     app.router.add_event_handler("shutdown", pool.close)
     from cuectl.serve import web
 
@@ -224,8 +253,17 @@ def create_app(settings: Settings) -> FastAPI:
     def reader(request: Request) -> Principal:
         return caller(request)
 
-    def cached(request: Request, build: Callable[[], Any]) -> Response:
-        body, etag = cache.get(request.url.path + "?" + str(request.url.query), build)
+    async def cached(request: Request, build: Callable[[], Any]) -> Response:
+        """A hot read: the caller's token and the page in one trip to the thread pool (these
+        routes are async for that: a sync dependency plus a sync route were two trips, the
+        larger part of a 304's cost under a hundred polling monitors)."""
+        key = request.url.path + "?" + str(request.url.query)
+
+        def read() -> tuple[bytes, str]:
+            caller(request)
+            return cache.get(key, build)
+
+        body, etag = await run_in_threadpool(read)
         return _conditional(request, body, etag)
 
     def change(who: Principal, what: str, fn: Callable[[Store], Any]) -> Any:
@@ -286,7 +324,7 @@ def create_app(settings: Settings) -> FastAPI:
         return {"hosts": hosts, "at": snap["at"]}
 
     @app.get(f"{API}/hosts", tags=["hosts"], summary="Hosts and their GPUs with live values and holders")
-    def list_hosts(request: Request, who: Principal = Depends(reader),
+    async def list_hosts(request: Request,
                    vendor: Optional[str] = Query(None, description="NVIDIA, AMD, Apple or Intel"),
                    model: Optional[str] = Query(None, description="Model words or glob, as in gpu_models "
                                                                 "(A100, 'RTX 4090', '*4090*')"),
@@ -294,7 +332,7 @@ def create_app(settings: Settings) -> FastAPI:
                    state: Optional[str] = Query(None, description="UP or DOWN")) -> Response:
         memory = _memory_param(gpu_memory_min)
         wanted_state = _choice(state, "state", ("UP", "DOWN"))
-        return cached(request, lambda: _hosts(vendor, model, memory, wanted_state))
+        return await cached(request, lambda: _hosts(vendor, model, memory, wanted_state))
 
     @app.get(f"{API}/hosts/{{name}}/gpus", tags=["hosts"], summary="One host's GPUs with live values")
     def host_gpus(name: str, who: Principal = Depends(reader)) -> dict[str, Any]:
@@ -323,7 +361,9 @@ def create_app(settings: Settings) -> FastAPI:
         hosts = None
         for job in page:
             counts = job["frame_counts"]
-            if counts.get(m.WAITING) or counts.get(m.DEPEND):
+            if job["paused"] and (counts.get(m.WAITING) or counts.get(m.DEPEND)):
+                job["pending_reason"] = pending_reason(job, {}, None)  # says paused: needs no layers
+            elif counts.get(m.WAITING) or counts.get(m.DEPEND):
                 hosts = usable_hosts(store) if hosts is None else hosts
                 full = store.get_job(job["id"])
                 job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
@@ -331,7 +371,7 @@ def create_app(settings: Settings) -> FastAPI:
                 "order": "desc" if newest_first else "asc"}
 
     @app.get(f"{API}/jobs", tags=["jobs"], summary="Jobs with frame counts and pending reasons")
-    def list_jobs(request: Request, who: Principal = Depends(reader),
+    async def list_jobs(request: Request,
                   user: Optional[str] = Query(None), state: Optional[str] = Query(None, description="PENDING or FINISHED"),
                   name: Optional[str] = Query(None, description="Exact name or glob (render-*)"),
                   active: bool = Query(False, description="Hide finished jobs"),
@@ -343,14 +383,14 @@ def create_app(settings: Settings) -> FastAPI:
         start = _int_param(offset, "offset", low=0, high=MAX_ID) or 0
         wanted = _choice(state, "state", (m.JOB_PENDING, m.JOB_FINISHED))
         newest_first = _choice(order, "order", ("ASC", "DESC")) == "DESC"
-        return cached(request, lambda: _jobs(user, wanted, name, active, page, start, newest_first))
+        return await cached(request, lambda: _jobs(user, wanted, name, active, page, start, newest_first))
 
     @app.get(f"{API}/jobs/{{job}}", tags=["jobs"], summary="A job with its layers, frame counts and pending reason")
-    def show_job(job: str, request: Request, who: Principal = Depends(reader)) -> Response:
+    async def show_job(job: str, request: Request) -> Response:
         from cuectl.sched.pending import describe_job
 
         ref = _job_ref(job)  # polled every second by the monitor's job page: cached, with an ETag
-        return cached(request, lambda: _public_job(describe_job(pool.get(), ref)))
+        return await cached(request, lambda: _public_job(describe_job(pool.get(), ref)))
 
     @app.post(f"{API}/jobs", tags=["jobs"], summary="Submit a job (the YAML spec's schema, as JSON)", status_code=201,
               openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
@@ -415,7 +455,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get(f"{API}/jobs/{{job}}/frames", tags=["frames"],
              summary="A job's frames with live GPU use (RUNNING) and per-attempt usage")
-    def list_frames(job: str, request: Request, who: Principal = Depends(reader),
+    async def list_frames(job: str, request: Request,
                     state: Optional[str] = Query(None, description=", ".join(m.FRAME_STATES)),
                     layer: Optional[str] = Query(None),
                     limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
@@ -430,7 +470,7 @@ def create_app(settings: Settings) -> FastAPI:
         cursor = _int_param(after, "after", low=0, high=MAX_ID)
         only = _id_list(ids, "ids", most=1000)
         ref = _job_ref(job)  # an unknown job is a 404 from list_frames, on a cache miss only
-        return cached(request, lambda: _frames(ref, wanted, layer, page, cursor, attempts, only))
+        return await cached(request, lambda: _frames(ref, wanted, layer, page, cursor, attempts, only))
 
     @app.get(f"{API}/frames/{{frame_id}}", tags=["frames"], summary="A frame with its samples and attempts")
     def show_frame(frame_id: int, who: Principal = Depends(reader)) -> dict[str, Any]:

@@ -73,6 +73,6 @@ def serve(app: Any, *, host: str, port: int, uds: str | None, certfile: str | No
             path.unlink()  # a socket left by a previous run (uvicorn would fail to bind)
         config = uvicorn.Config(app, uds=str(path), http=_peer_protocol(), **options)
     else:
-        config = uvicorn.Config(app, host=host, port=port, http="h11", ssl_certfile=certfile, ssl_keyfile=keyfile,
+        config = uvicorn.Config(app, host=host, port=port, http="auto", ssl_certfile=certfile, ssl_keyfile=keyfile,
                                 **options)
     uvicorn.Server(config).run()
