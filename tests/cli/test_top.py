@@ -173,6 +173,9 @@ def test_live_view_on_a_terminal_and_q_quits(tmp_path):
             time.sleep(0.5)
             assert proc.poll() is None
             os.write(master, b"q")
+            # Keep reading while it quits: a redraw written into a full pty buffer would
+            # block it before it sees the key (seen under load).
+            read_until(lambda s: proc.poll() is not None, 15)
             proc.wait(timeout=5)
             read_until(lambda s: False, 0.3)  # drain what it wrote on the way out
         finally:

@@ -10,6 +10,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -502,9 +503,33 @@ def test_sqlite_store_deleted_or_replaced_in_use_is_an_error(tmp_path: Path):
 def test_sqlite_empty_file_is_not_reinitialised(tmp_path: Path):
     path = tmp_path / "truncated.db"
     path.write_bytes(b"")
+    os.utime(path, (NOW, NOW))  # truncated a while ago, not a store being created
     with pytest.raises(StoreError, match="is empty"):
         open_store(str(path))
     assert path.stat().st_size == 0
+
+
+def test_sqlite_store_being_created_by_another_process_is_waited_for(tmp_path: Path):
+    """A worker and a submit started together on a new path: one creates the file, the
+    other finds it empty for a moment; it waits for it instead of calling it truncated."""
+    import threading
+
+    made = tmp_path / "made.db"
+    open_store(str(made)).close()
+    path = tmp_path / "new.db"
+    path.write_bytes(b"")  # the creator has made the file, not yet the database
+
+    def finish() -> None:
+        time.sleep(0.4)
+        with open(path, "r+b") as fh:
+            fh.write(made.read_bytes())
+
+    creator = threading.Thread(target=finish)
+    creator.start()
+    s = open_store(str(path))
+    creator.join()
+    assert s.list_jobs() == []
+    s.close()
 
 
 def test_api_tokens_are_stored_hashed_revocable_and_listed(store):

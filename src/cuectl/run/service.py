@@ -203,12 +203,10 @@ def probe(name: str | None, *, max_age: float, ready: bool = False, now: float |
 
 def _process_runs(pid: int) -> bool:
     """Is ``pid`` a running process (a zombie waiting for its parent is not)?"""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    from cuectl.run.lease.locks import pid_alive
+
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True  # another user's live process
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"

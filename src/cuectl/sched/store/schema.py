@@ -169,37 +169,36 @@ MIGRATIONS: tuple[str, ...] = (
     # acting for a token's user with SET ROLE submits as that user. Nothing else changes.
     "",
 )
+
+
+def _submitter_function(who: str) -> str:
+    """The trigger function that records who inserted a job (``who``: the server's notion
+    of the acting role), whatever the client sent, and forbids changing it afterwards."""
+    return f"""CREATE OR REPLACE FUNCTION cuectl_submitter() RETURNS trigger LANGUAGE plpgsql AS $body$
+        BEGIN
+            IF TG_OP = 'INSERT' THEN
+                NEW.submitted_by := {who};
+            ELSIF NEW.submitted_by IS DISTINCT FROM OLD.submitted_by THEN
+                RAISE EXCEPTION 'jobs.submitted_by is recorded by the server and cannot be changed'
+                    USING ERRCODE = '42501';
+            END IF;
+            RETURN NEW;
+        END $body$"""
+
+
 # Statements one database alone runs after a version's shared script (not split on ';').
 _ONLY: dict[tuple[int, str], tuple[str, ...]] = {
     (2, "postgresql"): (
         # Rows from before v3 got the migrating role as their default: they have no proof.
         "UPDATE jobs SET submitted_by = NULL",
         # The server, not the client, says who inserted a job, and nobody changes it after.
-        """CREATE FUNCTION cuectl_submitter() RETURNS trigger LANGUAGE plpgsql AS $body$
-        BEGIN
-            IF TG_OP = 'INSERT' THEN
-                NEW.submitted_by := session_user;
-            ELSIF NEW.submitted_by IS DISTINCT FROM OLD.submitted_by THEN
-                RAISE EXCEPTION 'jobs.submitted_by is recorded by the server and cannot be changed'
-                    USING ERRCODE = '42501';
-            END IF;
-            RETURN NEW;
-        END $body$""",
+        _submitter_function("session_user"),
         "CREATE TRIGGER jobs_submitter BEFORE INSERT OR UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION cuectl_submitter()",
     ),
     (3, "postgresql"): (
         # current_user, not session_user: it differs only after SET ROLE, which the server
         # allows only to members of the role, who may act as it anyway.
-        """CREATE OR REPLACE FUNCTION cuectl_submitter() RETURNS trigger LANGUAGE plpgsql AS $body$
-        BEGIN
-            IF TG_OP = 'INSERT' THEN
-                NEW.submitted_by := current_user;
-            ELSIF NEW.submitted_by IS DISTINCT FROM OLD.submitted_by THEN
-                RAISE EXCEPTION 'jobs.submitted_by is recorded by the server and cannot be changed'
-                    USING ERRCODE = '42501';
-            END IF;
-            RETURN NEW;
-        END $body$""",
+        _submitter_function("current_user"),
     ),
 }
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -16,6 +16,7 @@ import os
 import pwd
 import sqlite3
 import stat
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -108,11 +109,30 @@ class SQLiteStore(SQLStore):
         elif not os.access(self.path, os.R_OK | os.W_OK):
             # Every command writes (WAL readers too): say so now, not as "readonly database".
             raise self._permission_denied()
-        elif self.path.stat().st_size == 0:
+        elif self.path.stat().st_size == 0 and not self._being_created():
             # SQLite would take an empty file for a new database and fill it: a store
             # truncated by accident must not come back silently empty.
             raise StoreError(f"{self.path} is empty (0 bytes): not a cuectl store; it was left untouched",
                              hint="restore it from `cuectl admin backup`, or delete it to start a new store")
+
+    def _being_created(self, wait_s: float = 3.0) -> bool:
+        """Whether an empty store file is one another process has just created and is
+        initialising (a worker and a submit started together on a new path): wait a little
+        for it to fill. An empty file that was not created a moment ago is not waited for."""
+        try:
+            if time.time() - self.path.stat().st_mtime > 5.0:
+                return False
+        except OSError:
+            return False
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            try:
+                if self.path.stat().st_size > 0:
+                    return True
+            except OSError:
+                return False
+        return False
 
     def _permission_denied(self) -> StoreError:
         """``permission denied: PATH (group G can write it)`` for a user outside the store's
