@@ -114,3 +114,37 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+# -- skips cannot hide --------------------------------------------------------------------------
+# A test skipped because a tool is missing (PostgreSQL server binaries, root, kubectl,
+# systemd-analyze, Chromium) would otherwise pass silently. Every run ends with one line
+# counting the skips by reason, and under CI=true a skip fails the run, naming the reasons
+# (scripts/test.sh installs what a fresh Debian machine lacks).
+def _skip_reasons(config: pytest.Config) -> list[str]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    reasons = []
+    for report in (reporter.stats.get("skipped", []) if reporter else []):
+        longrepr = getattr(report, "longrepr", None)
+        text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        reasons.append(str(text).removeprefix("Skipped: "))
+    return reasons
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from collections import Counter
+
+    reasons = Counter(_skip_reasons(config))
+    if not reasons:
+        terminalreporter.write_line("skipped: none")
+        return
+    listed = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
+    terminalreporter.write_line(f"skipped: {sum(reasons.values())} ({listed})")
+    if os.environ.get("CI") == "true":
+        terminalreporter.write_line("CI=true: a skipped test fails the run: install what the reasons above name "
+                                    "(scripts/test.sh installs chromium, postgresql and systemd with apt-get)")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if os.environ.get("CI") == "true" and exitstatus == 0 and _skip_reasons(session.config):
+        session.exitstatus = 1

@@ -13,6 +13,8 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
+
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import HostInfo, LiveUsage, open_store
 from cuectl.top import snapshot
@@ -30,7 +32,7 @@ def cuectl_exe() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
 
 
-def make_farm(db: Path) -> int:
+def make_farm(db: Path | str) -> int:
     """A host with three GPUs: one running a frame (live 42%, 3 GiB), one busy with a
     process cuectl does not know (5 GiB used), one free; plus a job still waiting.
     Returns the running frame's id."""
@@ -192,3 +194,35 @@ def test_live_view_on_a_terminal_and_q_quits(tmp_path):
     finally:
         os.close(master)
         os.close(slave)
+
+
+@pytest.fixture
+def pg_url():
+    import pgserver  # tests/pgserver.py: a real server from the installed binaries
+
+    try:
+        server = pgserver.shared_server()
+    except pgserver.PgUnavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    name = server.create_database()
+    yield server.url(name)
+    server.drop_database(name)
+
+
+def test_top_on_postgresql_through_the_executable(tmp_path, pg_url):
+    """The same farm on a PostgreSQL store: the view reads it through the same store API
+    (heartbeats and live values on the server's clock)."""
+    frame_id = make_farm(pg_url)
+    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp_path / "locks"))
+    res = subprocess.run([*cuectl_exe(), "--db", pg_url, "top", "--json"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    snap = json.loads(res.stdout)
+    [host] = snap["hosts"]
+    assert host["state"] == "UP" and [d["holder"]["kind"] if d["holder"] else None for d in host["devices"]] == \
+        ["frame", "foreign", None]
+    assert snap["frames"][0]["id"] == frame_id and snap["frames"][0]["gpu_util_pct"] == 42.0
+    res = subprocess.run([*cuectl_exe(), "--db", pg_url, "top", "--once"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert f"frame {frame_id} shot010/0001-render" in res.stdout and "42%" in res.stdout
