@@ -100,8 +100,14 @@ def test_job_controls(cli):
     assert cli("frame", "list", "--job", job_id, "--state", "waiting", "--json").json()["total"] == 3
     killed = cli("job", "kill", job_id, "--json").json()
     assert killed["state"] == "FINISHED" and killed["frame_counts"] == {"EATEN": 4}
+    # A killed job says so, in words and in JSON; FINISHED alone looked like success.
+    assert killed["outcome"] == "KILLED"
+    listed = [line.split("\t") for line in cli("job", "list").stdout.splitlines() if line.split()[:2] == [job_id, "ctl"]]
+    assert len(listed) == 1 and "KILLED" in listed[0] and "FINISHED" not in listed[0]
+    assert "KILLED" in cli("job", "show", job_id).stdout
     retried = cli("job", "retry", job_id, "--json").json()
     assert retried["frame_counts"] == {"WAITING": 4} and retried["state"] == "PENDING"
+    assert retried["outcome"] is None
 
 
 def test_frame_list_limit_says_it_cut(cli):

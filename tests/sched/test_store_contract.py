@@ -393,7 +393,7 @@ def test_existing_store_reopens_with_data(store_url: str):
     job_id = s.submit(job(), now=NOW)
     s.close()
     s = open_store(path)
-    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 4
+    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 5
     s.close()
 
 
@@ -457,7 +457,7 @@ def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
     conn.execute("INSERT INTO jobs(name, user, created_at) VALUES ('old', 'bob', 1.0)")
     conn.close()
     s = open_store(str(path))
-    assert s.schema_version() == SCHEMA_VERSION == 4
+    assert s.schema_version() == SCHEMA_VERSION == 5
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()
@@ -641,3 +641,30 @@ def test_acting_as_a_user_is_who_the_store_checks_and_records(store):
         assert store.set_job_paused(job_id, True)["paused"] is True
     assert store.actor() == own  # back to the connection's own user
 
+
+
+def test_a_finished_job_says_how_it_ended(store):
+    """FINISHED alone said the same of a killed job as of a successful one (issue 20)."""
+    ok_id = store.submit(job("fine", layers=[{"name": "a", "command": ["true"], "range": "1"}]), now=NOW)
+    claimed = claim_next(store)
+    store.complete_frame(claimed.frame_id, claimed.attempt, ok(0), now=NOW + 1)
+    assert (store.get_job(ok_id)["state"], store.get_job(ok_id)["outcome"]) == ("FINISHED", "SUCCEEDED")
+
+    dead_id = store.submit(job("broken", layers=[{"name": "a", "command": ["true"], "range": "1",
+                                                  "retries": 0}]), now=NOW)
+    claimed = claim_next(store)
+    store.complete_frame(claimed.frame_id, claimed.attempt, ok(1), now=NOW + 1)
+    assert store.get_job(dead_id)["outcome"] == "FAILED"
+
+    killed_id = store.submit(job("stopped", layers=[{"name": "a", "command": ["true"], "range": "1-2"}]), now=NOW)
+    assert store.get_job(killed_id)["outcome"] is None  # not finished yet
+    store.kill_job(killed_id, now=NOW + 2, force=True)
+    listed = {j["id"]: j for j in store.list_jobs()}
+    assert (listed[killed_id]["state"], listed[killed_id]["outcome"]) == ("FINISHED", "KILLED")
+    assert listed[killed_id]["frame_counts"] == {"EATEN": 2}
+    store.retry_job(killed_id, now=NOW + 3, force=True)  # a retry takes the kill back
+    assert (store.get_job(killed_id)["state"], store.get_job(killed_id)["outcome"]) == ("PENDING", None)
+    for _ in range(2):
+        claimed = claim_next(store)
+        store.complete_frame(claimed.frame_id, claimed.attempt, ok(0), now=NOW + 4)
+    assert store.get_job(killed_id)["outcome"] == "SUCCEEDED"

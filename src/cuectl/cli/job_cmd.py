@@ -78,6 +78,12 @@ def submit(
 
 
 # -- job ---------------------------------------------------------------------------------
+def _state(job: dict) -> str:
+    """A finished job by how it ended (KILLED, FAILED, SUCCEEDED): FINISHED alone said
+    the same of a killed job as of a successful one."""
+    return (job.get("outcome") or job["state"]) + (" (paused)" if job["paused"] else "")
+
+
 def _counts(job: dict) -> str:
     c = job["frame_counts"]
     done = c.get(m.SUCCEEDED, 0) + c.get(m.EATEN, 0)
@@ -101,7 +107,7 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
         return
     term.table(["ID", "NAME", "USER", "PRI", "STATE", "FRAMES", "PENDING REASON"],
                [[j["id"], j["name"], j["user"], j["priority"],
-                 j["state"] + (" (paused)" if j["paused"] else ""), _counts(j), j["pending_reason"]] for j in jobs])
+                 _state(j), _counts(j), j["pending_reason"]] for j in jobs])
 
 
 @job_app.command("show")
@@ -119,7 +125,7 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
         term.emit_json(data)
         return
     term.fields([("job", f"{data['id']} {data['name']}"), ("user", data["user"]), ("priority", data["priority"]),
-                 ("state", data["state"] + (" (paused)" if data["paused"] else "")),
+                 ("state", _state(data)),
                  ("created", data["created_at"]), ("frames", _counts(data)),
                  ("pending reason", data["pending_reason"])])
     rows = []

@@ -30,6 +30,16 @@ def _loads(value: Any, default: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def job_outcome(state: str, killed_at: float | None, frame_counts: Mapping[str, int]) -> str | None:
+    """How a FINISHED job ended (None while it is not): KILLED by ``job kill``, FAILED with
+    DEAD frames, else SUCCEEDED (every frame succeeded or was eaten)."""
+    if state != "FINISHED":
+        return None
+    if killed_at is not None:
+        return "KILLED"
+    return "FAILED" if frame_counts.get("DEAD") else "SUCCEEDED"
+
+
 def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[str, Any]:
     return {
         "id": row["id"],
@@ -41,6 +51,7 @@ def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[st
         "paused": bool(row["paused"]),
         "created_at": iso(row["created_at"]),
         "finished_at": iso(row["finished_at"]),
+        "outcome": job_outcome(row["state"], row["killed_at"], frame_counts),
         "frame_counts": dict(frame_counts),
         "pending_reason": None,
     }

@@ -168,6 +168,11 @@ MIGRATIONS: tuple[str, ...] = (
     # v4: PostgreSQL records the *current* role as the submitter (below), so an API server
     # acting for a token's user with SET ROLE submits as that user. Nothing else changes.
     "",
+    # v5: when a job was killed (NULL: never, or retried since), so a killed job is told from
+    # a successful one (both end with every frame done or eaten).
+    """
+    ALTER TABLE jobs ADD COLUMN killed_at REAL;
+    """,
 )
 
 

@@ -301,6 +301,7 @@ class SQLStore(Store):
             tx.run("UPDATE frames SET action = 'eat' WHERE job_id = ? AND state = 'RUNNING'", (job_id,))
             tx.run("UPDATE frames SET state = 'EATEN', ended_at = ? WHERE job_id = ? "
                    "AND state IN ('WAITING', 'DEPEND', 'DEAD')", (now, job_id))
+            tx.run("UPDATE jobs SET killed_at = ? WHERE id = ?", (now, job_id))
             self._finish_job_if_done(tx, job_id, now)
 
         self._write(kill)
@@ -422,6 +423,7 @@ class SQLStore(Store):
             new = lifecycle.retried_state(row["depend_count"], layer_waits)
             tx.run("UPDATE frames SET state = ?, waiting_since = ?, ended_at = NULL, action = NULL WHERE id = ?",
                    (new, now, frame_id))
+            tx.run("UPDATE jobs SET killed_at = NULL WHERE id = ? AND killed_at IS NOT NULL", (row["job_id"],))
             woke = int(new == m.WAITING)
         elif action == "kill":
             if state in (m.WAITING, m.DEPEND):

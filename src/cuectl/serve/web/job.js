@@ -88,7 +88,8 @@ export function jobPage(main, ctx, idText) {
   function showJob() {
     setText(title, job.name);
     document.title = `${job.name} \u00b7 cuectl`;
-    setText(stateBadge, job.paused && job.state !== "FINISHED" ? `${job.state} \u00b7 paused` : job.state);
+    const shown = job.outcome || job.state; // a finished job by how it ended
+    setText(stateBadge, job.paused && job.state !== "FINISHED" ? `${shown} \u00b7 paused` : shown);
     stateBadge.dataset.state = job.state;
     setText(meta, [`#${job.id}`, `user ${job.user}`, `priority ${job.priority}`, `submitted ${localTime(job.created_at)}`,
       job.finished_at ? `finished ${localTime(job.finished_at)}` : null, job.pending_reason].filter(Boolean).join(" \u00b7 "));

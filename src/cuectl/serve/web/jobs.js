@@ -45,10 +45,13 @@ export function jobsPage(main) {
     setText(cell("name").firstChild, job.name);
     setText(cell("user"), job.user);
     setText(cell("priority"), job.priority);
-    setText(cell("state"), job.state);
+    // A finished job by how it ended (KILLED, FAILED, SUCCEEDED), as `cuectl job list` shows it.
+    setText(cell("state"), job.outcome || job.state);
     // "paused" is shown by CSS from this attribute, so .state keeps exactly the job state.
     tr.toggleAttribute("data-paused", job.paused);
     tr.dataset.state = job.state;
+    if (job.outcome) tr.dataset.outcome = job.outcome;
+    else delete tr.dataset.outcome;
     updateProgress(cell("progress").firstChild, job.frame_counts);
     setText(cell("pending"), job.pending_reason || "");
     return tr;
