@@ -44,6 +44,33 @@ def os_users():
     users.cleanup()
 
 
+# -- PostgreSQL: one real server per test session (tests/pgserver.py), a database per test --
+@pytest.fixture(scope="session")
+def pg_server():
+    import pgserver
+
+    try:
+        return pgserver.shared_server()
+    except pgserver.PgUnavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+
+
+@pytest.fixture
+def pg_url(pg_server):
+    """A fresh, empty database on the session's server (isolation per test)."""
+    name = pg_server.create_database()
+    yield pg_server.url(name)
+    pg_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL for a new, empty store of each backend."""
+    if request.param == "sqlite":
+        return str(tmp_path / "s" / "cuectl.db")
+    return request.getfixturevalue("pg_url")
+
+
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "store" / "cuectl.db"

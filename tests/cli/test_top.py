@@ -13,8 +13,6 @@ import termios
 import time
 from pathlib import Path
 
-import pytest
-
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import HostInfo, LiveUsage, open_store
 from cuectl.top import snapshot
@@ -194,19 +192,6 @@ def test_live_view_on_a_terminal_and_q_quits(tmp_path):
     finally:
         os.close(master)
         os.close(slave)
-
-
-@pytest.fixture
-def pg_url():
-    import pgserver  # tests/pgserver.py: a real server from the installed binaries
-
-    try:
-        server = pgserver.shared_server()
-    except pgserver.PgUnavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
-    name = server.create_database()
-    yield server.url(name)
-    server.drop_database(name)
 
 
 def test_top_on_postgresql_through_the_executable(tmp_path, pg_url):

@@ -6,7 +6,7 @@ inventory does not know is `unknown`. On SQLite and on a real PostgreSQL (the SQ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -24,22 +24,6 @@ WINDOW = {"since": T0, "until": T0 + 3600}
 def _gpu(index: int, uuid: str, model: str) -> dict[str, Any]:
     return {"index": index, "uuid": uuid, "vendor": "NVIDIA", "model": model, "backend": "fake",
             "memory_total_bytes": 16 * GIB}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield str(tmp_path / "s" / "cuectl.db")
-        return
-    import pgserver  # tests/ is on sys.path (tests/conftest.py)
-
-    try:
-        server = pgserver.shared_server()
-    except pgserver.PgUnavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
-    name = server.create_database()
-    yield server.url(name)
-    server.drop_database(name)
 
 
 def lose(store: Any, job: str, *, host: str, uuids: list[str], claimed: float, reaped: float) -> int:

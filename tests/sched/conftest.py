@@ -7,42 +7,11 @@ Without server binaries (or psycopg) the PostgreSQL cases are skipped with the r
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from cuectl.sched.store import open_store
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import pgserver  # noqa: E402
-
-BACKENDS = ["sqlite", "postgres"]
-
-
-@pytest.fixture(scope="session")
-def pg_server() -> pgserver.PgServer:
-    try:
-        return pgserver.shared_server()
-    except pgserver.PgUnavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
-
-
-@pytest.fixture
-def pg_url(pg_server: pgserver.PgServer):
-    """A fresh, empty database on the session's server (isolation per test)."""
-    name = pg_server.create_database()
-    yield pg_server.url(name)
-    pg_server.drop_database(name)
-
-
-@pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A URL for a new, empty store of each backend."""
-    if request.param == "sqlite":
-        return str(tmp_path / "s" / "cuectl.db")
-    return request.getfixturevalue("pg_url")
+# store_url (both backends), pg_server and pg_url are in tests/conftest.py.
 
 
 @pytest.fixture

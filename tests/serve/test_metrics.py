@@ -40,15 +40,7 @@ SCRAPE_AT = NOW + 610
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-# -- stores of both backends (as tests/sched/conftest.py, which this directory cannot see) ----
-@pytest.fixture(scope="session")
-def pg_server() -> pgserver.PgServer:
-    try:
-        return pgserver.shared_server()
-    except pgserver.PgUnavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
-
-
+# -- stores of both backends (pg_server: tests/conftest.py) --------------------------------
 @pytest.fixture(params=["sqlite", "postgres"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "sqlite":
