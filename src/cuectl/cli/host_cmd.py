@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from cuectl.cli import term
@@ -21,12 +23,26 @@ def _gpu_summary(gpus: list) -> str:
 
 
 @host_app.command("list")
-def host_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
-    """List registered hosts with UP/DOWN state and devices."""
+def host_list(ctx: typer.Context, as_json: bool = JSON_OPT,
+              vendor: Optional[str] = typer.Option(None, "--vendor", help="Only hosts with GPUs of this vendor."),
+              model: Optional[str] = typer.Option(None, "--model", help="Only hosts with this GPU model "
+                                                                         "(whole words or a glob, as gpu_models)."),
+              gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min",
+                                                           help="Only hosts with GPUs of at least this memory "
+                                                                "(24G; a number is MiB).")) -> None:
+    """List registered hosts with UP/DOWN state and devices (with a GPU filter: only the
+    hosts, and in --json only the devices, that match it)."""
+    from cuectl.sched.hostfilter import device_matches, parse_memory_min
     from cuectl.units import format_bytes
 
+    memory_min = parse_memory_min(gpu_memory_min, "--gpu-memory-min")
     store = ctx.obj.store()
     hosts = store.list_hosts(now=store.clock(), down_after=m.HOST_DOWN_AFTER_S)
+    if vendor or model or memory_min:
+        hosts = [{**h, "gpus": [g for g in h["gpus"]
+                                if device_matches(g, vendor=vendor, model=model, memory_min=memory_min)]}
+                 for h in hosts]
+        hosts = [h for h in hosts if h["gpus"]]
     if as_json:
         term.emit_json({"hosts": hosts})
         return

@@ -95,13 +95,34 @@ def _counts(job: dict) -> str:
     return ", ".join(parts)
 
 
+JOB_LIST_STATES = ("PENDING", "FINISHED", "SUCCEEDED", "FAILED", "KILLED")
+
+
 @job_app.command("list")
 def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
-             active: bool = typer.Option(False, "--active", help="Hide finished jobs.")) -> None:
-    """List jobs (newest last)."""
+             active: bool = typer.Option(False, "--active", help="Hide finished jobs."),
+             user: Optional[str] = typer.Option(None, "--user", "-u", help="Only this user's jobs."),
+             state: Optional[str] = typer.Option(None, "--state", help="PENDING or FINISHED, or how a finished "
+                                                                     "job ended: SUCCEEDED, FAILED, KILLED."),
+             name: Optional[str] = typer.Option(None, "--name", help="Only jobs named so (a glob: 'shot010-*')."),
+             limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Only the newest N jobs."),
+             ) -> None:
+    """List jobs (newest last), with filters like squeue's: --user, --state, --name."""
+    import fnmatch
+
     from cuectl.sched.pending import describe_jobs
 
-    jobs = describe_jobs(_store(ctx), include_finished=not active)
+    wanted = state.upper() if state else None
+    if wanted is not None and wanted not in JOB_LIST_STATES:
+        raise InvalidInput(f"--state: {state!r} is not one of {', '.join(JOB_LIST_STATES)}")
+    if limit is not None and limit < 1:
+        raise InvalidInput(f"--limit: must be 1 or more, got {limit}")
+    jobs = [j for j in describe_jobs(_store(ctx), include_finished=not active)
+            if (user is None or j["user"] == user)
+            and (name is None or fnmatch.fnmatchcase(j["name"], name))
+            and (wanted is None or wanted in (j["state"], j.get("outcome")))]
+    if limit is not None:
+        jobs = jobs[-limit:]
     if as_json:
         term.emit_json({"jobs": jobs})
         return
@@ -178,6 +199,28 @@ def job_retry(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: boo
     """Requeue the job's DEAD and EATEN frames."""
     data = _store(ctx).retry_job(job, now=time.time(), force=force)
     _job_change(ctx, as_json, data, f"retrying dead frames of job {data['id']} {data['name']}")
+
+
+@job_app.command("wait")
+def job_wait(ctx: typer.Context,
+             jobs: List[str] = typer.Argument(..., help="Job ids or unique names."),
+             timeout: Optional[str] = typer.Option(None, "--timeout", help="Give up after this long (e.g. 2h); "
+                                                                           "exit 1."),
+             poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the store."),
+             as_json: bool = JSON_OPT) -> None:
+    """Wait until the jobs finish: exit 0 if every frame succeeded (or was eaten), 1 if a job
+    has DEAD frames, was killed, or --timeout passed."""
+    from cuectl.sched.wait import check_succeeded, wait_jobs
+    from cuectl.units import parse_duration
+
+    limit = parse_duration(timeout, field="--timeout") if timeout is not None else None
+    done = wait_jobs(_store(ctx), jobs, timeout_s=limit, poll_s=poll)
+    if as_json:
+        term.emit_json({"jobs": done, "succeeded": all(j.get("outcome") == "SUCCEEDED" for j in done)})
+    else:
+        for j in done:
+            term.line(f"job {j['id']} {j['name']}: {j.get('outcome')} ({_counts(j)})")
+    check_succeeded(done)
 
 
 @job_app.command("priority")

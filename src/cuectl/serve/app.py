@@ -43,7 +43,7 @@ from cuectl.sched.store import Store
 from cuectl.serve import problems
 from cuectl.serve.auth import ADMIN, USER, VIEWER, Principal, identify, require
 from cuectl.serve.problems import Problem
-from cuectl.units import memory_satisfies
+from cuectl.sched.hostfilter import device_matches, parse_memory_min
 
 API = "/api/v1"
 log = logging.getLogger("cuectl.serve")
@@ -317,7 +317,8 @@ def create_app(settings: Settings) -> FastAPI:
         for host in snap["hosts"]:
             if state is not None and host["state"] != state:
                 continue
-            devices = [d for d in host["devices"] if _device_matches(d, vendor, model, memory_min)]
+            devices = [d for d in host["devices"]
+                       if device_matches(d, vendor=vendor, model=model, memory_min=memory_min)]
             if (vendor or model or memory_min) and not devices:
                 continue
             hosts.append({**host, "devices": devices})
@@ -625,29 +626,10 @@ def _id_list(value: str | None, name: str, *, most: int) -> list[int] | None:
 
 
 def _memory_param(value: str | None) -> int | None:
-    if value is None or value == "":
-        return None
-    from cuectl.units import parse_size
-
-    try:  # a bare number is MiB, as in the job spec
-        return int(value) * 1024 ** 2 if value.isdigit() else parse_size(value, field="gpu_memory_min")
+    try:
+        return parse_memory_min(value, "gpu_memory_min")
     except InvalidInput as exc:
         raise Problem(422, exc.message, field="gpu_memory_min") from None
-
-
-def _device_matches(device: dict[str, Any], vendor: str | None, model: str | None, memory_min: int | None) -> bool:
-    if vendor and (device.get("vendor") or "").lower() != vendor.lower():
-        return False
-    if model:
-        from cuectl.sched.match import model_matches
-
-        # The scheduler's rule (DESIGN §5): a glob, else whole words (A100 matches
-        # "NVIDIA A100-SXM4-80GB", A10 does not), so the filter shows what gpu_models would get.
-        if not model_matches(model, device.get("model") or ""):
-            return False
-    if memory_min and not memory_satisfies(device.get("memory_total_bytes"), memory_min):
-        return False  # the scheduler's own rule (a "24G" card with 23.6 GiB usable matches 24G)
-    return True
 
 
 async def _json_body(request: Request) -> Any:
