@@ -48,6 +48,19 @@ def prune(store: Store, *, older_than_s: float, now: float) -> dict[str, Any]:
     return {"jobs": ids, "log_dirs_removed": removed_logs}
 
 
+def prune_preview(store: Store, *, older_than_s: float, now: float) -> dict[str, Any]:
+    """What ``prune`` with the same arguments would delete, changing nothing: each job with
+    its log directory (None when it has none)."""
+    from cuectl.units import iso
+
+    jobs = []
+    for job in store.prunable_jobs(before=now - older_than_s):
+        path = store.log_dir / str(job["id"])
+        jobs.append({"id": job["id"], "name": job["name"], "user": job["user"], "finished_at": iso(job["finished_at"]),
+                     "log_dir": str(path) if path.is_dir() else None})
+    return {"dry_run": True, "jobs": jobs}
+
+
 def _store_checks(store: Store) -> list[Check]:
     checks = [Check("store", "ok", f"{store.url} (schema version {store.schema_version()})")]
     path = store.local_path

@@ -668,3 +668,46 @@ def test_a_finished_job_says_how_it_ended(store):
         claimed = claim_next(store)
         store.complete_frame(claimed.frame_id, claimed.attempt, ok(0), now=NOW + 4)
     assert store.get_job(killed_id)["outcome"] == "SUCCEEDED"
+
+
+def test_forget_host_removes_a_dead_host_and_only_an_admin_may(store):
+    """`cuectl host forget` (issue 17): a DOWN, idle host goes (its GPUs with it); an UP one
+    or one with RUNNING frames only with force, and those frames are lost as `reap` loses them."""
+    from cuectl.errors import NotOwner
+    from cuectl.sched.store import Actor
+
+    store.register_host(HostInfo(name="h1", cores=8, memory_bytes=1 << 34, gpus=[GPU]), now=NOW)
+    store.register_host(HostInfo(name="h2", cores=8, memory_bytes=1 << 34, gpus=[]), now=NOW)
+    store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-2", "retries": 1}]), now=NOW)
+    c = claim_next(store, host="h1")
+    with pytest.raises(NotFound, match="h9"):
+        store.forget_host("h9", now=NOW, down_after=60)
+    with pytest.raises(Conflict, match="UP"):
+        store.forget_host("h1", now=NOW + 10, down_after=60)
+    with pytest.raises(Conflict, match="RUNNING"):
+        store.forget_host("h1", now=NOW + 100, down_after=60)
+    if store.local_path is None:
+        _pg_roles(store, "api_bob")
+    with store.acting_as(Actor("api_bob", False)):
+        with pytest.raises(NotOwner, match="admin"):
+            store.forget_host("h2", now=NOW + 100, down_after=60, force=True)
+    assert [h["name"] for h in store.list_hosts(now=NOW + 100, down_after=60)] == ["h1", "h2"]
+
+    assert store.forget_host("h2", now=NOW + 100, down_after=60) == {
+        "name": "h2", "state": "DOWN", "last_heartbeat": "2023-11-14T22:13:20.000Z", "gpus": [], "requeued": []}
+    out = store.forget_host("h1", now=NOW + 10, down_after=60, force=True)
+    assert (out["state"], out["gpus"], out["requeued"]) == ("UP", ["GPU-a"], [c.frame_id])
+    assert store.list_hosts(now=NOW + 10, down_after=60) == [] and store.host_inventories() == {}
+    with pytest.raises(NotFound):
+        store.get_host("h1", now=NOW + 10, down_after=60)
+    frame = store.get_frame(c.frame_id)
+    assert frame["state"] == "WAITING"
+    assert [a["outcome"] for a in store.frame_attempts([c.frame_id])[c.frame_id]] == ["lost"]
+    assert store.running_count() == 0 and store.integrity_problems() in (None, [])
+    # The lost frame runs again elsewhere; a late report from the forgotten host is fenced off.
+    again = claim_next(store, host="h3", now=NOW + 20)
+    assert again is not None and {again.frame_id} <= {c.frame_id, c.frame_id + 1}
+    assert store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW + 21) is None
+    # Its worker, started again, registers it anew.
+    store.register_host(HostInfo(name="h1", cores=8, memory_bytes=1 << 34, gpus=[GPU]), now=NOW + 30)
+    assert store.get_host("h1", now=NOW + 30, down_after=60)["state"] == "UP"

@@ -29,13 +29,43 @@ def reap(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
 @admin_app.command("prune")
 def prune(ctx: typer.Context,
           older_than: str = typer.Option(..., "--older-than", help="Delete finished jobs older than this (e.g. 30d)."),
+          dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs and log directories that would be "
+                                                                "deleted; delete nothing."),
+          yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before deleting (asked only when stdin "
+                                                              "and stdout are a terminal)."),
           as_json: bool = JSON_OPT) -> None:
-    """Delete finished jobs (frames, attempts, samples and logs) that ended long ago."""
+    """Delete finished jobs (frames, attempts, samples and logs) that ended long ago.
+
+    On a terminal it first asks "delete N jobs? [y/N]" (not with --yes or --dry-run);
+    without a terminal (scripts, cron) it deletes without asking. Job and frame ids are
+    never reused after a prune."""
+    import sys
+
     from cuectl.admin import prune as do_prune
+    from cuectl.admin import prune_preview
     from cuectl.units import parse_duration
 
     age = parse_duration(older_than, field="--older-than")
-    result = do_prune(ctx.obj.store(), older_than_s=age, now=time.time())
+    store = ctx.obj.store()
+    now = time.time()  # one cutoff: what is listed or confirmed is what gets deleted
+    if dry_run:
+        preview = prune_preview(store, older_than_s=age, now=now)
+        if as_json:
+            term.emit_json(preview)
+            return
+        jobs = preview["jobs"]
+        if jobs:
+            term.table(["ID", "NAME", "USER", "FINISHED", "LOG DIR"],
+                       [[j["id"], j["name"], j["user"], j["finished_at"], j["log_dir"] or "-"] for j in jobs])
+        term.line(f"would prune {len(jobs)} finished job(s) and {sum(1 for j in jobs if j['log_dir'])} "
+                  f"log dir(s) (dry run: nothing deleted)")
+        return
+    if not yes and sys.stdin.isatty() and sys.stdout.isatty():
+        count = len(store.prunable_jobs(before=now - age))
+        if count and not typer.confirm(f"delete {count} jobs?", default=False, err=True):
+            term.error("nothing deleted", "rerun with --yes to skip the question, or --dry-run to see the jobs")
+            raise typer.Exit(1)
+    result = do_prune(store, older_than_s=age, now=now)
     if as_json:
         term.emit_json(result)
     else:

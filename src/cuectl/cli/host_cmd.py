@@ -99,5 +99,25 @@ def host_unlock(ctx: typer.Context, host: str, as_json: bool = JSON_OPT) -> None
     term.emit_json(data) if as_json else term.line(f"unlocked host {host}")
 
 
+@host_app.command("forget")
+def host_forget(ctx: typer.Context, host: str = typer.Argument(..., help="Host name."),
+                force: bool = typer.Option(False, "--force", help="Forget it even while UP or with RUNNING frames "
+                                                                  "(they are requeued as lost, as `admin reap` "
+                                                                  "does)."),
+                as_json: bool = JSON_OPT) -> None:
+    """Remove a dead host and its GPUs from the store (admins only).
+
+    Refuses (exit 1) a host that is UP (heartbeat within the host-down time) or has
+    RUNNING frames, unless --force. A worker that starts on it again registers it anew."""
+    store = ctx.obj.store()
+    data = store.forget_host(host, now=store.clock(), down_after=m.HOST_DOWN_AFTER_S, force=force)
+    if as_json:
+        term.emit_json(data)
+        return
+    requeued = data["requeued"]
+    term.line(f"forgot host {host} ({data['state']}, {len(data['gpus'])} GPU(s))"
+              + (f"; requeued {len(requeued)} frame(s): " + ", ".join(map(str, requeued)) if requeued else ""))
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(host_app, name="host")

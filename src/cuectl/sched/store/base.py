@@ -435,3 +435,18 @@ class Store(abc.ABC):
         """Block up to ``timeout`` seconds until work may have been queued; True if woken.
         The default returns False at once: the caller sleeps (polls) as before."""
         return False
+
+    # -- maintenance: pruning preview, forgetting hosts -----------------------------------
+    @abc.abstractmethod
+    def prunable_jobs(self, *, before: float) -> list[dict[str, Any]]:
+        """What ``prune(before=…)`` would delete, changing nothing: one dict per job (``id``,
+        ``name``, ``user``, ``finished_at``), by id; the same jobs ``prune`` selects."""
+
+    @abc.abstractmethod
+    def forget_host(self, name: str, *, now: float, down_after: float, force: bool = False) -> dict[str, Any]:
+        """Remove a dead host (and with it its GPUs) from the store (admins only, else
+        ``NotOwner``; ``NotFound`` for an unknown host). Refuses (``Conflict``) a host that
+        is UP (heartbeat within ``down_after`` of ``now``) or has RUNNING frames, unless
+        ``force``: then those frames are lost as ``reap`` loses them (requeued, or DEAD when
+        their retries are spent). Returns ``name``, its ``state`` and ``last_heartbeat``
+        then, its ``gpus`` (UUIDs) and the ids of the frames ``requeued``."""

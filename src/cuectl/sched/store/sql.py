@@ -657,29 +657,35 @@ class SQLStore(Store):
         def reap_expired(tx: Tx) -> list[int]:
             expired = [r["id"] for r in tx.all("SELECT id FROM frames WHERE state = 'RUNNING' AND lease_expires < ?",
                                                (now,))]
-            self._lock_jobs(tx, frames=expired)
-            reaped, woke = [], 0
-            for batch in batches(expired):
-                # Re-read under the locks: a heartbeat or a completion may have come in
-                # meanwhile, and another host may be reaping the same frames.
-                rows = tx.all(f"SELECT f.id, {_ATTEMPT_SOURCE} FROM frames f JOIN layers l ON l.id = f.layer_id "
-                              f"WHERE f.id IN ({marks(len(batch))}) AND f.state = 'RUNNING' AND f.lease_expires < ? "
-                              f"ORDER BY f.id{self.dialect.lock_rows}", (*batch, now))
-                for row in rows:
-                    new = lifecycle.reaped_state(row["action"], row["attempts"], row["retries"])
-                    tx.run(f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
-                           "ended_at = ?, waiting_since = ? WHERE id = ?", (new, now, now, row["id"]))
-                    self._record_attempt(tx, row["id"], row["attempts"], row, "lost", None, now)
-                    woke += int(new == m.WAITING)
-                    if new == m.EATEN:
-                        woke += self._release_dependents(tx, row["id"], row["layer_id"], now)
-                    self._finish_job_if_done(tx, row["job_id"], now)
-                    reaped.append(int(row["id"]))
-            if woke:
-                self._notify(tx)
-            return reaped
+            # Re-read under the locks: a heartbeat or a completion may have come in meanwhile,
+            # and another host may be reaping the same frames.
+            return self._lose_frames(tx, expired, "f.lease_expires < ?", (now,), now)
 
         return self._write(reap_expired)
+
+    def _lose_frames(self, tx: Tx, ids: Sequence[int], still: str, params: Sequence[Any], now: float) -> list[int]:
+        """Mark RUNNING frames ``ids`` lost (those still RUNNING and matching ``still`` once
+        locked): requeued, or DEAD/EATEN by their retries and pending action, each with a
+        ``lost`` attempt. Returns the ids lost; wakes idle workers if any became WAITING."""
+        self._lock_jobs(tx, frames=ids)
+        lost, woke = [], 0
+        for batch in batches(ids):
+            rows = tx.all(f"SELECT f.id, {_ATTEMPT_SOURCE} FROM frames f JOIN layers l ON l.id = f.layer_id "
+                          f"WHERE f.id IN ({marks(len(batch))}) AND f.state = 'RUNNING' AND {still} "
+                          f"ORDER BY f.id{self.dialect.lock_rows}", (*batch, *params))
+            for row in rows:
+                new = lifecycle.reaped_state(row["action"], row["attempts"], row["retries"])
+                tx.run(f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
+                       "ended_at = ?, waiting_since = ? WHERE id = ?", (new, now, now, row["id"]))
+                self._record_attempt(tx, row["id"], row["attempts"], row, "lost", None, now)
+                woke += int(new == m.WAITING)
+                if new == m.EATEN:
+                    woke += self._release_dependents(tx, row["id"], row["layer_id"], now)
+                self._finish_job_if_done(tx, row["job_id"], now)
+                lost.append(int(row["id"]))
+        if woke:
+            self._notify(tx)
+        return lost
 
     def running_count(self) -> int:
         return int(self._read("SELECT COUNT(*) AS n FROM frames WHERE state = 'RUNNING'")[0]["n"])
@@ -807,6 +813,46 @@ class SQLStore(Store):
         ids = self._write(delete)
         self._layer_cache.clear()
         return ids
+
+    def prunable_jobs(self, *, before: float) -> list[dict[str, Any]]:
+        actor = self.actor()
+        mine = "" if actor.admin else 'AND COALESCE(submitted_by, "user") = ? '
+        rows = self._read('SELECT id, name, "user" AS "user", finished_at FROM jobs '
+                          f"WHERE state = 'FINISHED' AND finished_at < ? {mine}ORDER BY id",
+                          (before,) if actor.admin else (before, actor.name))
+        return [{"id": int(r["id"]), "name": r["name"], "user": r["user"], "finished_at": r["finished_at"]}
+                for r in rows]
+
+    # -- forgetting a dead host (``cuectl host forget``) ---------------------------------------
+    def forget_host(self, name: str, *, now: float, down_after: float, force: bool = False) -> dict[str, Any]:
+        actor = self.actor()
+        if not actor.admin:
+            raise NotOwner(f"host forget: only an admin may forget a host, not {actor.name}",
+                           hint="ask an admin (root or the store's owner; PostgreSQL: a member of cuectl_admin)")
+
+        def forget(tx: Tx) -> dict[str, Any]:
+            # The host row first (aliased f for the dialect's lock clause), then its frames'
+            # jobs, then the frames: a heartbeat locks the host, then its frames, in that order.
+            host = tx.one(f"SELECT * FROM hosts f WHERE f.name = ?{self.dialect.lock_rows}", (name,))
+            if host is None:
+                raise NotFound(f"no host {name!r}", hint="see `cuectl host list`")
+            data = host_json(host, now=now, down_after=down_after)
+            running = [int(r["id"]) for r in tx.all(
+                "SELECT id FROM frames WHERE host = ? AND state = 'RUNNING' ORDER BY id", (name,))]
+            if not force and (data["state"] == "UP" or running):
+                why = (f"it is UP (last heartbeat {data['last_heartbeat']})" if data["state"] == "UP"
+                       else f"{len(running)} frame(s) are RUNNING on it")
+                raise Conflict(f"host {name!r} not forgotten: {why}",
+                               hint="stop its worker first, or use --force to forget it anyway "
+                                    "(its RUNNING frames are requeued as lost)")
+            # As ``reap`` does for an expired lease: each frame is lost.
+            lost = self._lose_frames(tx, running, "f.host = ?", (name,), now)
+            tx.run("DELETE FROM hosts WHERE name = ?", (name,))
+            return {"name": name, "state": data["state"], "last_heartbeat": data["last_heartbeat"],
+                    "gpus": [g.get("uuid") for g in data["gpus"]], "requeued": lost}
+
+        # Not repeated after a lost COMMIT: the repeat would find no host and say so.
+        return self._write(forget, idempotent=False)
 
 
 def _as_id(text: str) -> int | None:

@@ -1,0 +1,195 @@
+"""The Python submission API: ``cuectl.submit``, the ``cuectl.Job`` builder and ``cuectl.wait``.
+
+A script submits exactly what ``cuectl submit`` would: every form is validated by
+``cuectl.sched.spec.spec_from_mapping`` (the YAML schema of docs/job-spec.md), errors are
+``cuectl.errors.InvalidInput`` naming the field (``layers[0].gpus: must be 0 or more``), and
+nothing is written (not even a new store file) unless the whole spec is valid. The job's
+user is the submitting user, as for the CLI (``CUECTL_USER``, else the login name). The
+store is ``db`` if given, else the CLI's default (``CUECTL_DB``, else your own SQLite store).
+
+Everything heavy (the store, spec validation, PyYAML) is imported inside the functions, so
+``import cuectl`` stays cheap. Tutorial: docs/python-api.md.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+
+from cuectl.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from cuectl.sched.model import JobSpec
+    from cuectl.sched.store import Store
+
+__all__ = ["Job", "submit", "wait"]
+
+#: What ``depends=`` takes: one layer name, or a list of layer names and
+#: ``{"layer": NAME, "type": "layer" | "frame"}`` mappings (as in YAML).
+Depends = Union[str, Sequence[Union[str, Mapping[str, str]]]]
+
+
+class Job:
+    """A job spec built in Python; ``.to_spec()`` is the same mapping a YAML file holds.
+
+    >>> job = (cuectl.Job("sweep-lr", priority=10)
+    ...        .layer("train", ["python", "train.py", "--seed", "#IFRAME#"], range="1-8", gpus=1,
+    ...               gpu_vendor="NVIDIA", gpu_memory_min="24G")
+    ...        .layer("report", "python report.py", depends="train"))
+    >>> job_id = job.submit()
+
+    Nothing is checked while building: ``submit()`` validates the whole job at once, as
+    ``cuectl submit job.yaml`` does, so errors name the field as in a YAML file.
+    """
+
+    def __init__(self, name: str, *, priority: int = 0, paused: bool = False,
+                 env: Mapping[str, str] | None = None) -> None:
+        self.name = name
+        self.priority = priority
+        self.paused = paused
+        self.env: dict[str, Any] | None = dict(env) if env is not None else None
+        self.layers: list[dict[str, Any]] = []
+
+    def layer(
+        self,
+        name: str,
+        command: Sequence[str] | str,
+        *,
+        range: str | int = "1",  # noqa: A002 - the spec's key is range
+        chunk: int = 1,
+        gpus: int = 0,
+        gpu_vendor: str | None = None,
+        gpu_models: Sequence[str] | str = (),
+        gpu_memory_min: str | int | None = None,
+        cores: float | None = None,
+        memory: str | int | None = None,
+        retries: int | None = None,
+        timeout: str | float | None = None,
+        env: Mapping[str, str] | None = None,
+        tags: Sequence[str] = (),
+        depends: Depends | None = None,
+    ) -> Job:
+        """Add a layer (the keys of docs/job-spec.md) and return the job, for chaining.
+
+        ``command``: a list is argv, run as is; a string runs through ``/bin/sh -c``.
+        Sizes (``memory``, ``gpu_memory_min``) are strings like ``"8G"``; a bare number is
+        MiB, as in YAML. ``timeout`` is a duration (``"2h"``) or seconds."""
+        layer: dict[str, Any] = {
+            "name": name,
+            "command": command if isinstance(command, str) else list(command),
+            "range": range,
+            "chunk": chunk,
+            "gpus": gpus,
+        }
+        optional: dict[str, Any] = {
+            "gpu_vendor": gpu_vendor,
+            "gpu_models": ([gpu_models] if isinstance(gpu_models, str) else list(gpu_models)) or None,
+            "gpu_memory_min": gpu_memory_min,
+            "cores": cores,
+            "memory": memory,
+            "retries": retries,
+            "timeout": timeout,
+            "env": dict(env) if env is not None else None,
+            "tags": ([tags] if isinstance(tags, str) else list(tags)) or None,
+            "depends": _depends(depends),
+        }
+        layer.update({key: value for key, value in optional.items() if value is not None})
+        self.layers.append(layer)
+        return self
+
+    def to_spec(self) -> dict[str, Any]:
+        """The job as a mapping in the YAML spec's schema (a fresh copy each call)."""
+        spec: dict[str, Any] = {"name": self.name, "priority": self.priority, "paused": self.paused}
+        if self.env is not None:
+            spec["env"] = dict(self.env)
+        spec["layers"] = [_copy_layer(layer) for layer in self.layers]
+        return spec
+
+    def submit(self, db: str | None = None) -> int:
+        """Validate and submit the job; return its id (see ``cuectl.submit``)."""
+        return submit(self, db=db)
+
+    def __repr__(self) -> str:
+        names = ", ".join(str(layer.get("name")) for layer in self.layers)
+        return f"Job({self.name!r}, layers=[{names}])"
+
+
+def _depends(depends: Depends | None) -> list[Any] | None:
+    if depends is None:
+        return None
+    if isinstance(depends, str):
+        return [depends]
+    return [dict(item) if isinstance(item, Mapping) else item for item in depends]
+
+
+def _copy_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: (list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value)
+            for key, value in layer.items()}
+
+
+def build_spec(spec: Mapping[str, Any] | str | Path | Job) -> JobSpec:
+    """Validate ``spec`` into a ``JobSpec`` exactly as ``cuectl submit`` does, without
+    touching any store: a mapping (the YAML schema), a path to a YAML file, or a ``Job``."""
+    from cuectl import config
+    from cuectl.sched import spec as specs
+
+    user, limit = config.current_user(), config.frame_limit()
+    if isinstance(spec, Job):
+        return specs.spec_from_mapping(spec.to_spec(), user=user, frame_limit=limit)
+    if isinstance(spec, (str, Path)):
+        return specs.load_spec_file(spec, user=user, frame_limit=limit)
+    if isinstance(spec, Mapping):
+        return specs.spec_from_mapping(spec, user=user, frame_limit=limit)
+    raise InvalidInput(f"submit: expected a mapping, a path to a YAML job spec or a cuectl.Job, "
+                       f"got {type(spec).__name__}")
+
+
+def _open(db: str | Path | None, *, create: bool) -> Store:
+    from cuectl import config
+    from cuectl.sched.store import open_store
+
+    return open_store(str(db) if db is not None else config.default_db_url(),
+                      busy_timeout_s=config.busy_timeout(), create=create)
+
+
+def submit(spec: Mapping[str, Any] | str | Path | Job, *, db: str | Path | None = None) -> int:
+    """Submit a job and return its id.
+
+    ``spec``: a mapping in the YAML spec's schema (docs/job-spec.md), a path to a YAML file
+    (``str`` or ``Path``), or a ``cuectl.Job``. ``db``: a store path or URL (``sqlite:///…``,
+    ``postgresql://…``); default ``CUECTL_DB``, else your own SQLite store, created if
+    missing (as ``cuectl submit`` does). Raises ``InvalidInput`` naming the field before
+    anything is written; ``StoreError`` if the store cannot be used.
+    """
+    job_spec = build_spec(spec)  # validate first: a bad spec creates no store
+    store = _open(db, create=True)
+    try:
+        return store.submit(job_spec, now=time.time())
+    finally:
+        store.close()
+
+
+def wait(jobs: int | str | Sequence[int | str], *, timeout: str | float | None = None,
+         db: str | Path | None = None, poll: float = 1.0, check: bool = True) -> list[dict[str, Any]]:
+    """Block until the jobs (ids or unique names) finish, as ``cuectl job wait`` does.
+
+    Returns the finished jobs (``cuectl job show --json`` shapes, without the pending reason
+    detail). Raises ``NotFound`` at once for an unknown job, ``WaitTimeout`` after
+    ``timeout`` (seconds or a duration like ``"2h"``), and, with ``check`` (the default),
+    ``JobsFailed`` if any job has DEAD frames or was killed.
+    """
+    from cuectl.sched.wait import check_succeeded, wait_jobs
+    from cuectl.units import parse_duration
+
+    refs: list[int | str] = [jobs] if isinstance(jobs, (int, str)) else list(jobs)
+    limit = None if timeout is None else parse_duration(timeout, field="timeout")
+    store = _open(db, create=False)
+    try:
+        done = wait_jobs(store, refs, timeout_s=limit, poll_s=poll)
+    finally:
+        store.close()
+    if check:
+        check_succeeded(done)
+    return done
+
