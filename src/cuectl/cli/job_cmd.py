@@ -23,14 +23,67 @@ def _store(ctx: typer.Context):
 
 
 # -- submit ------------------------------------------------------------------------------
+_SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+# Interpreters: `python3 train.py` is named after train.py, not python3.
+_INTERPRETERS = r"(python|pypy|bash|sh|zsh|dash|ksh|node|perl|ruby|php|lua|julia|rscript)[0-9.]*"
+
+
+def _name_from_command(argv: List[str]) -> str:
+    """The job name of ``cuectl submit -- CMD ARGS`` without --name (docs/job-spec.md):
+    the basename of the command, or of the script when the command is an interpreter
+    (``python3 train.py`` -> ``train.py``); invisible characters become ``_``, a name of
+    only digits gets a ``job-`` prefix (digits mean a job id)."""
+    import re
+
+    from cuectl.sched.fields import invisible_character
+    from cuectl.sched.spec import MAX_JOB_NAME
+
+    def base(word: str) -> str:
+        return word.rstrip("/").rsplit("/", 1)[-1]
+
+    word = base(argv[0])
+    script = argv[1] if len(argv) > 1 else ""
+    if re.fullmatch(_INTERPRETERS, word, re.IGNORECASE) and script and not script.startswith("-"):
+        word = base(script)
+    word = "".join(c if c == " " or invisible_character(c) is None else "_" for c in word).strip()
+    if not word:
+        word = "job"
+    if word.isdigit():
+        word = f"job-{word}"
+    return word[:MAX_JOB_NAME].strip()
+
+
+def _read_stdin_spec() -> str:
+    """The job spec piped to ``cuectl submit -``: at most MAX_SPEC_BYTES, UTF-8."""
+    import sys
+
+    from cuectl.sched.spec import MAX_SPEC_BYTES
+
+    stream = getattr(sys.stdin, "buffer", None)
+    raw = stream.read(MAX_SPEC_BYTES + 1) if stream is not None else sys.stdin.read(MAX_SPEC_BYTES + 1)
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8")
+    if len(raw) > MAX_SPEC_BYTES:
+        raise InvalidInput(f"<stdin>: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"<stdin>: not UTF-8 text (bad byte at offset {exc.start})") from None
+    if not text.strip():
+        raise InvalidInput("<stdin>: empty; pipe a job spec in: cuectl submit - < job.yaml")
+    return text
+
+
 def submit(
     ctx: typer.Context,
-    args: Optional[List[str]] = typer.Argument(None, metavar="SPEC.yaml | -- COMMAND [ARGS...]",
-                                               help="A job spec file, or (with --name) the command after --."),
-    name: Optional[str] = typer.Option(None, "--name", help="Job name (flag form: one layer)."),
+    args: Optional[List[str]] = typer.Argument(None, metavar="SPEC.yaml | - | -- COMMAND [ARGS...]",
+                                               help="A job spec file (YAML or JSON), - to read it from standard "
+                                                    "input, or the command after --."),
+    name: Optional[str] = typer.Option(None, "--name", help="Job name (flag form: one layer; default: named "
+                                                            "after the command, see docs/job-spec.md)."),
     range_: str = typer.Option("1", "--range", help="Frame range (OpenCue FrameSet: 1-100, 1-100x2, 1-10:5…)."),
     chunk: int = typer.Option(1, "--chunk", help="Frames per chunk."),
-    layer: Optional[str] = typer.Option(None, "--layer", help="Layer name (default: the job name's first word)."),
+    layer: Optional[str] = typer.Option(None, "--layer", help="Layer name (default: main)."),
     gpus: int = typer.Option(0, "--gpus", help="Devices per frame."),
     gpu_vendor: Optional[str] = typer.Option(None, "--gpu-vendor", help="NVIDIA, AMD, Apple or Intel."),
     gpu_model: List[str] = typer.Option([], "--gpu-model", help="Allowed model (repeatable): A100, 'RTX 4090', '*V100*'."),
@@ -47,23 +100,42 @@ def submit(
                                                                       "and tail (e.g. 100M; default: the worker's)."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Submit a job: a YAML spec with several layers, or one layer from flags."""
+    """Submit a job: a YAML/JSON spec (a file, or - for standard input) with several layers,
+    or one layer from flags and the command after -- (named after the command without --name)."""
+    from pathlib import Path
+
     from cuectl import config
     from cuectl.sched import spec as specs
 
     args = list(args or [])
-    if name is None:
-        if len(args) != 1:
-            raise InvalidInput("give one job spec file, or --name with a command after --",
-                               hint="cuectl submit job.yaml | cuectl submit --name N --range 1-10 -- CMD ARGS")
-        job_spec = specs.load_spec_file(args[0], user=config.current_user(), frame_limit=config.frame_limit())
+    if name is None and len(args) == 1:  # a spec: a file, or - for standard input
+        if args[0] == "-":
+            job_spec = specs.load_spec_text(_read_stdin_spec(), source="<stdin>", user=config.current_user(),
+                                            frame_limit=config.frame_limit())
+        else:
+            try:
+                job_spec = specs.load_spec_file(args[0], user=config.current_user(),
+                                                frame_limit=config.frame_limit())
+            except InvalidInput as exc:
+                word = args[0]
+                if exc.hint is None and not word.lower().endswith(_SPEC_SUFFIXES) and not Path(word).exists():
+                    raise InvalidInput(exc.message, hint="one argument is a job spec file; to run a one-word "
+                                                         f"command, name the job: cuectl submit --name N -- "
+                                                         f"{word}") from None
+                raise
         if log_limit is not None:  # for every layer that does not set its own
             job_spec = specs.with_log_limit(job_spec, log_limit, "--log-limit")
     else:
         if not args:
-            raise InvalidInput("--name needs a command after --", hint="cuectl submit --name N -- CMD ARGS")
+            raise InvalidInput("give one job spec file, - for standard input, or a command after --",
+                               hint="cuectl submit job.yaml | cuectl submit - < job.yaml | "
+                                    "cuectl submit [--name N] --range 1-10 -- CMD ARGS")
+        if name is None and args[0].lower().endswith(_SPEC_SUFFIXES):
+            raise InvalidInput("give one job spec file (one job per submit)",
+                               hint="cuectl submit job.yaml; for a command: cuectl submit -- CMD ARGS")
         job_spec = specs.spec_from_flags(
-            name=name, command=args, range=range_, chunk=chunk, layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
+            name=_name_from_command(args) if name is None else name, command=args, range=range_, chunk=chunk,
+            layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
             gpu_models=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
             retries=retries, timeout=timeout, env=env, tags=tag, paused=paused, user=config.current_user(),
             frame_limit=config.frame_limit(), log_limit=log_limit)
@@ -137,7 +209,8 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
              show_secrets: bool = typer.Option(False, "--show-secrets",
                                                help="Show env values whose names look secret (masked as ***).")
              ) -> None:
-    """Show a job, its layers, and why waiting frames are not running."""
+    """Show a job, its layers (with their environment, secrets masked), and why waiting
+    frames are not running."""
     from cuectl.sched.pending import describe_job
     from cuectl.units import format_bytes, format_duration
 
@@ -164,6 +237,11 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
                      layer["retries"], format_duration(layer["timeout_s"]), deps])
     term.line()
     term.table(["LAYER", "RANGE", "CHUNK", "GPUS", "CORES", "MEMORY", "RETRIES", "TIMEOUT", "DEPENDS"], rows)
+    env_rows = [[layer["name"], key, value if str(value).isprintable() else repr(value)]  # a newline stays one row
+                for layer in data["layers"] for key, value in sorted((layer.get("env") or {}).items())]
+    if env_rows:  # values of secret-looking names are *** unless --show-secrets (views.mask_env)
+        term.line()
+        term.table(["LAYER", "ENV", "VALUE"], env_rows)
 
 
 def _job_change(ctx: typer.Context, as_json: bool, data: dict, message: str) -> None:

@@ -15,7 +15,10 @@ from cuectl.units import iso
 
 # Environment variables whose values are masked in output unless asked (--show-secrets):
 # names containing one of these words, the usual spellings of credentials.
-_SECRET_WORDS = re.compile(r"PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION", re.IGNORECASE)
+# Case-insensitive; PAT (a personal access token: GITHUB_PAT) only as a whole word between
+# underscores, so PATH and PATTERN stay visible.
+_SECRET_WORDS = re.compile(r"PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|(?:^|_)PAT(?:_|$)",
+                           re.IGNORECASE)
 MASK = "***"
 
 
