@@ -91,8 +91,9 @@ def worker(tmp_path: Path, *args: str, path: str, fake: Path | None = None) -> s
         env["CUECTL_FAKE_GPUS"] = str(fake)
     exe = Path(sys.executable).with_name("cuectl")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
+    # --no-timestamps: the lines are matched from their start (a pipe would stamp them).
     return subprocess.run([*cmd, "--db", str(tmp_path / "store.db"), "worker", "--until-idle", "--poll", "0.05",
-                           *args], capture_output=True, text=True, env=env, timeout=120)
+                           "--no-timestamps", *args], capture_output=True, text=True, env=env, timeout=120)
 
 
 def test_worker_warns_about_the_fallback_and_names_the_backend(tools: StubTools, tmp_path: Path) -> None:

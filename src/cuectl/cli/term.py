@@ -56,21 +56,48 @@ def line(text: str = "") -> None:
     sys.stdout.flush()
 
 
+# `cuectl worker` writing to a log (not a terminal) prefixes its stderr lines with the
+# time (``stamp_lines``); every other command leaves both off.
+_stamp_messages = False
+_stamp_errors = False
+
+
+def stamp_lines(messages: bool, *, errors: bool = False) -> None:
+    """Prefix ``info``/``warn`` lines (``messages``) and ``error``/``hint`` lines
+    (``errors``) with ``timestamp()`` and a space, for the rest of the process."""
+    global _stamp_messages, _stamp_errors
+    _stamp_messages, _stamp_errors = messages, errors
+
+
+def timestamp(at: float | None = None) -> str:
+    """ISO 8601 UTC with milliseconds: ``2026-12-03T13:45:01.123Z``."""
+    import time as _time
+
+    at = _time.time() if at is None else at
+    whole = int(at)
+    return _time.strftime("%Y-%m-%dT%H:%M:%S", _time.gmtime(whole)) + f".{int((at - whole) * 1000):03d}Z"
+
+
+def _stamp(on: bool) -> str:
+    return timestamp() + " " if on else ""
+
+
 def info(text: str) -> None:
     """A human-facing message on stderr, so that stdout stays parseable."""
-    sys.stderr.write(text + "\n")
+    sys.stderr.write(_stamp(_stamp_messages) + text + "\n")
     sys.stderr.flush()
 
 
 def error(message: str, hint: str | None = None) -> None:
-    sys.stderr.write(f"error: {message}\n")
+    stamp = _stamp(_stamp_errors)
+    sys.stderr.write(f"{stamp}error: {message}\n")
     if hint:
-        sys.stderr.write(f"hint: {hint}\n")
+        sys.stderr.write(f"{stamp}hint: {hint}\n")
     sys.stderr.flush()
 
 
 def warn(message: str) -> None:
-    sys.stderr.write(f"warning: {message}\n")
+    sys.stderr.write(f"{_stamp(_stamp_messages)}warning: {message}\n")
     sys.stderr.flush()
 
 

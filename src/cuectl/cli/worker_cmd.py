@@ -56,6 +56,9 @@ def worker(
                                                                       "$CUECTL_LOG_LIMIT or 1G; a layer's "
                                                                       "log_limit wins)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print frame starts and ends."),
+    timestamps: Optional[bool] = typer.Option(None, "--timestamps/--no-timestamps",
+                                              help="Start every output line with the UTC time (default: when "
+                                                   "stderr is not a terminal)."),
     rediscover_interval: float = typer.Option(300.0, "--rediscover-interval",
                                               help="Seconds between looks for GPUs that vanished or appeared "
                                                    "(0: only on SIGHUP)."),
@@ -94,12 +97,17 @@ def worker(
 
         limit = log_limit_bytes(log_limit, "--log-limit")
     state = ctx.obj
+    # A service or a log file (not a terminal): every line gets the time. The `error:` line
+    # of a worker that never started keeps the plain form every command uses.
+    stamped = (not sys.stderr.isatty()) if timestamps is None else timestamps
+    term.stamp_lines(stamped)
     # GPUs first: a --backend that finds none is refused before the store is opened (or created).
     discovery = discover_gpus(backend)
     # A service waits for an unreachable store server; a batch run (--until-idle: tests,
     # CI, cron) fails at once with the error instead of hanging.
     store = (state.store(create=True) if until_idle
-             else wait_for_store(lambda: state.store(create=True), warn=term.warn, heartbeat=heartbeat_path(name)))
+             else wait_for_store(lambda: state.store(create=True), warn=term.warn, heartbeat=heartbeat_path(name),
+                                 reached=term.info))
     w, discovery = build_worker(store, name=name, until_idle=until_idle,
                                 max_frames=max_frames, poll=poll, sample_interval=sample_interval,
                                 lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
@@ -107,6 +115,7 @@ def worker(
                                 run_as_submitter=run_as_submitter, log_limit=limit, discovery=discovery,
                                 rediscover_interval=rediscover_interval)
     w.warn = term.warn
+    w.say = term.info
     for message in discovery.warnings():
         term.warn(message)
     from cuectl.run.lease import other_lock_dirs_in_use
@@ -119,6 +128,7 @@ def worker(
         found = (f"{devs} (found by {', '.join(discovery.found_by())})" if devs else
                  f"no GPUs (tried {', '.join(b.name for b in discovery.backends) or 'nothing'})")
         term.info(f"worker {w.opts.name}: {found}; {w.opts.cores:g} CPU slots; store {store.url}")
+    term.stamp_lines(stamped, errors=stamped)  # started: from here on, errors are log lines too
     # In a terminal, SIGHUP means the terminal went away: drain as on SIGTERM. A service
     # (systemd, a container: no terminal) is sent SIGHUP to look for its GPUs again.
     hangup_stops = sys.stderr.isatty()

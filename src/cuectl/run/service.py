@@ -56,19 +56,26 @@ def heartbeat_path(name: str | None) -> Path:
 
 def wait_for_store(open_store: Callable[[], T], *, warn: Callable[[str], None], first_delay: float = 1.0,
                    max_delay: float = 30.0, sleep: Callable[[float], None] = time.sleep,
-                   heartbeat: Path | None = None) -> T:
+                   heartbeat: Path | None = None, reached: Callable[[str], None] | None = None) -> T:
     """Open the store, waiting for as long as its server is unreachable (backing off from
     ``first_delay`` to ``max_delay`` seconds, one warning per try): a worker host that
     boots before the database server — a power cut, a cluster where both start together
     — should start working when the server does, not depend on its service manager's
     restart policy. Every other error (bad credentials, no such database, a schema too
     new) is raised at once: waiting would not fix it. Each try refreshes ``heartbeat``
-    (the worker's heartbeat file), so a liveness probe does not kill a worker that waits."""
+    (the worker's heartbeat file), so a liveness probe does not kill a worker that waits.
+    ``reached`` is told once the store opens after one or more failed tries."""
     delay = first_delay
+    failed, started = 0, time.monotonic()
     while True:
         try:
-            return open_store()
+            store = open_store()
+            if failed and reached is not None:
+                reached(f"store reachable after {failed} failed tr{'y' if failed == 1 else 'ies'} "
+                        f"({time.monotonic() - started:.0f} s)")
+            return store
         except StoreUnreachable as exc:
+            failed += 1
             warn(f"{exc}; trying again in {delay:g} s")
             if heartbeat is not None:
                 from cuectl.run.worker import write_heartbeat

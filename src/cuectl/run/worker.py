@@ -143,7 +143,11 @@ class Worker:
     _live_paused: bool = False
     # Told about store trouble the loop rides out (busy, unreachable): the CLI prints it.
     warn: Callable[[str], None] | None = None
+    # Told about lifecycle events (draining, orphans recovered, store back): the CLI prints them.
+    say: Callable[[str], None] | None = None
     store_errors: int = 0
+    _store_down_since: float | None = None  # wall clock of the first failed call of an outage
+    _store_down_calls: int = 0
     # The state directory's worker lock (see ``prepare``): held for the worker's life.
     _state_lock_fd: int = -1
     # Jobs whose submitter this root worker could not prove: job id -> why (never run);
@@ -236,7 +240,16 @@ class Worker:
                 requeued.append(frame["id"])
         for path, _ in runfiles.values():
             path.unlink(missing_ok=True)
+        if (runfiles or requeued) and self.say:
+            ids = ", ".join(str(i) for i in sorted(requeued)) or "none"
+            self.say(f"recovered after a restart: {len(runfiles)} run file(s) of a previous worker of "
+                     f"{self.opts.name} cleaned up (orphaned processes killed); requeued frame(s) {ids}")
         return requeued
+
+    def host_locked(self) -> bool:
+        """Is this host locked (``cuectl host lock``)? A locked host claims nothing."""
+        entry = self.store.host_inventories().get(self.opts.name)
+        return bool(entry and entry[1])
 
     # -- one iteration ---------------------------------------------------------------------
     def loop(self, now: float | None = None) -> LoopStats:
@@ -265,6 +278,11 @@ class Worker:
                 self._claim_all(now)
                 self._store_ok_at = time.time()
             self._live_paused = False
+            if self._store_down_since is not None:
+                if self.say:
+                    self.say(f"store back after {time.time() - self._store_down_since:.1f} s "
+                             f"({self._store_down_calls} failed iteration(s))")
+                self._store_down_since, self._store_down_calls = None, 0
         except StoreGone:
             raise  # nothing more can be recorded: the supervisor stops the worker
         except StoreError as exc:
@@ -273,6 +291,9 @@ class Worker:
             self._nothing_fits = False
             self._live_paused = True
             self.store_errors += 1
+            if self._store_down_since is None:
+                self._store_down_since = time.time()
+            self._store_down_calls += 1
             if self.warn:
                 self.warn(f"store unavailable, retrying: {exc.message}")
         return self.stats
@@ -613,12 +634,17 @@ class Worker:
              "memory_free_bytes": s.memory_free_bytes} for s in samples.values()]}
 
     # -- stopping --------------------------------------------------------------------------
-    def drain(self) -> None:
+    def drain(self, why: str = "asked to stop") -> None:
         """First SIGTERM/SIGINT: claim nothing more; running frames finish."""
+        if not self.draining and self.say:
+            self.say(f"draining ({why}): claiming no more frames; {len(self.running)} running frame(s) "
+                     "finish first (signal again to stop them now)")
         self.draining = True
 
     def abort(self) -> None:
         """Second signal: kill running frames and give them back to the queue."""
+        if self.running and self.say:
+            self.say(f"stopping: killing {len(self.running)} running frame(s) and requeueing them")
         now = self.store.clock()
         for rf in list(self.running.values()):
             rf.proc.kill_and_wait(grace=min(self.opts.kill_grace_s, 2.0), reason="worker stopping")
@@ -785,6 +811,7 @@ class Supervisor:
     def __init__(self, worker: Worker, *, on_iteration: Callable[[Worker], None] | None = None) -> None:
         self.worker = worker
         self.signals = 0
+        self.last_signal = ""
         self.on_iteration = on_iteration
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -797,6 +824,10 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.signals += 1
+        try:
+            self.last_signal = signal.Signals(signum).name
+        except ValueError:
+            self.last_signal = f"signal {signum}"
         try:
             os.write(self._wake_w, b"x")
         except OSError:
@@ -841,7 +872,7 @@ class Supervisor:
                 w.register(w.store.clock())
                 w.recover(w.store.clock())
                 w.write_heartbeat_file(force=True)  # registered: ready
-                return True
+                locked = w.host_locked()
             except StoreError as exc:
                 if w.warn:
                     w.warn(f"store unavailable, retrying: {exc.message}")
@@ -849,6 +880,14 @@ class Supervisor:
                     return False
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            if locked and w.opts.until_idle:
+                # Nothing could ever run here: say so instead of exiting 0 having done nothing.
+                raise Conflict(f"host {w.opts.name} is locked: an --until-idle worker would run nothing",
+                               hint=f"cuectl host unlock {w.opts.name}")
+            if locked and w.say:
+                w.say(f"host {w.opts.name} is locked: claiming nothing until `cuectl host unlock {w.opts.name}`")
+            return True
 
     def _finished(self) -> bool:
         w = self.worker
@@ -872,7 +911,7 @@ class Supervisor:
             if self.signals > handled:
                 handled = self.signals
                 if handled == 1:
-                    w.drain()
+                    w.drain(self.last_signal or "asked to stop")
                 else:
                     w.abort()
                     return 130
