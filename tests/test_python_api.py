@@ -15,7 +15,8 @@ import pytest
 
 import cuectl
 from cuectl.errors import InvalidInput, NotFound
-from cuectl.sched.store import FrameResult, open_store
+from cuectl.sched.store import open_store
+from storedriver import finish_all  # tests/storedriver.py (tests/ is on sys.path)
 
 SWEEP = {
     "name": "lr-sweep",
@@ -164,33 +165,13 @@ def test_default_store_is_the_clis(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 
 # -- wait ----------------------------------------------------------------------------------
-def _finish_all(db: Path, exit_code: int = 0) -> None:
-    """Run every frame to its end through the store API, as a worker would."""
-    store = open_store(str(db))
-    try:
-        while True:
-            claimed = None
-            for layer in store.runnable_layers():
-                claimed = store.claim_frame(layer.layer_id, host="h", worker="h-w", gpu_uuids=[], now=time.time(),
-                                            lease_s=60.0)
-                if claimed:
-                    break
-            if claimed is None:
-                return
-            now = time.time()
-            store.complete_frame(claimed.frame_id, claimed.attempt,
-                                 FrameResult(exit_code=exit_code, started_at=now, ended_at=now), now=now)
-    finally:
-        store.close()
-
-
 def _small(db: Path, name: str) -> int:
     return cuectl.Job(name).layer("a", ["true"], range="1-3", retries=0).submit(db=str(db))
 
 
 def test_wait_blocks_until_the_frames_finish(db_path: Path) -> None:
     a, b = _small(db_path, "wait-a"), _small(db_path, "wait-b")
-    finisher = threading.Timer(0.5, _finish_all, args=(db_path,))
+    finisher = threading.Timer(0.5, finish_all, args=(db_path,))
     started = time.monotonic()
     finisher.start()
     try:
@@ -205,7 +186,7 @@ def test_wait_blocks_until_the_frames_finish(db_path: Path) -> None:
 
 def test_wait_raises_jobs_failed_for_dead_frames(db_path: Path) -> None:
     job_id = _small(db_path, "broken")
-    _finish_all(db_path, exit_code=3)
+    finish_all(db_path, exit_code=3)
     with pytest.raises(cuectl.JobsFailed, match="broken FAILED"):
         cuectl.wait(job_id, db=str(db_path), poll=0.05)
     jobs = cuectl.wait(job_id, db=str(db_path), check=False)

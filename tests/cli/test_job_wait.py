@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from cuectl.sched.spec import spec_from_mapping
-from cuectl.sched.store import FrameResult, open_store
+from cuectl.sched.store import open_store
+from storedriver import finish_all  # tests/storedriver.py (tests/ is on sys.path)
 
 
 def _exe() -> list[str]:
@@ -26,25 +27,6 @@ def _submit(db: Path, name: str, frames: str = "1-2", retries: int = 0) -> int:
     try:
         return store.submit(spec_from_mapping({"name": name, "layers": [
             {"name": "a", "command": ["true"], "range": frames, "retries": retries}]}, user="ann"), now=time.time())
-    finally:
-        store.close()
-
-
-def _finish_all(db: Path, exit_code: int = 0) -> None:
-    store = open_store(str(db))
-    try:
-        while True:
-            claimed = None
-            for layer in store.runnable_layers():
-                claimed = store.claim_frame(layer.layer_id, host="h", worker="h-w", gpu_uuids=[], now=time.time(),
-                                            lease_s=60.0)
-                if claimed:
-                    break
-            if claimed is None:
-                return
-            now = time.time()
-            store.complete_frame(claimed.frame_id, claimed.attempt,
-                                 FrameResult(exit_code=exit_code, started_at=now, ended_at=now), now=now)
     finally:
         store.close()
 
@@ -63,7 +45,7 @@ def test_waits_until_the_jobs_finish_and_succeeds(db_path):
     a, b = _submit(db_path, "render-a"), _submit(db_path, "render-b")
     proc = _wait(db_path, str(a), "render-b", "--json")
     _still_waiting(proc)
-    _finish_all(db_path)
+    finish_all(db_path)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     data = json.loads(out)
@@ -75,7 +57,7 @@ def test_dead_frames_exit_1_naming_the_job(db_path):
     job_id = _submit(db_path, "broken")
     proc = _wait(db_path, str(job_id))
     _still_waiting(proc)
-    _finish_all(db_path, exit_code=3)
+    finish_all(db_path, exit_code=3)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert f"job {job_id} broken: FAILED" in out

@@ -182,19 +182,21 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
     """List jobs (newest last), with filters like squeue's: --user, --state, --name."""
     import fnmatch
 
-    from cuectl.sched.pending import describe_jobs
+    from cuectl.sched.pending import add_pending_reasons
 
     wanted = state.upper() if state else None
     if wanted is not None and wanted not in JOB_LIST_STATES:
         raise InvalidInput(f"--state: {state!r} is not one of {', '.join(JOB_LIST_STATES)}")
     if limit is not None and limit < 1:
         raise InvalidInput(f"--limit: must be 1 or more, got {limit}")
-    jobs = [j for j in describe_jobs(_store(ctx), include_finished=not active)
-            if (user is None or j["user"] == user)
-            and (name is None or fnmatch.fnmatchcase(j["name"], name))
+    # The store filters by user (and state); pending reasons only for the jobs listed.
+    store = _store(ctx)
+    jobs = [j for j in store.list_jobs(include_finished=not active, user=user)
+            if (name is None or fnmatch.fnmatchcase(j["name"], name))
             and (wanted is None or wanted in (j["state"], j.get("outcome")))]
     if limit is not None:
         jobs = jobs[-limit:]
+    add_pending_reasons(store, jobs)
     if as_json:
         term.emit_json({"jobs": jobs})
         return

@@ -77,15 +77,23 @@ def describe_job(store: Store, ref: str | int, *, show_secrets: bool = False) ->
 
 def describe_jobs(store: Store, *, include_finished: bool = True) -> list[dict[str, Any]]:
     """``job list``: jobs without layers; the pending reason still considers them."""
-    hosts = usable_hosts(store)
-    jobs = []
-    for job in store.list_jobs(include_finished=include_finished):
-        if job["paused"] and (job["frame_counts"].get(m.WAITING) or job["frame_counts"].get(m.DEPEND)):
+    return add_pending_reasons(store, store.list_jobs(include_finished=include_finished))
+
+
+def add_pending_reasons(store: Store, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fill in ``pending_reason`` of ``list_jobs`` rows (in place; returned): only jobs with
+    waiting frames need one, and only unpaused ones their layers and the hosts."""
+    hosts = None
+    for job in jobs:
+        counts = job["frame_counts"]
+        if not (counts.get(m.WAITING) or counts.get(m.DEPEND)):
+            continue
+        if job["paused"]:
             job["pending_reason"] = pending_reason(job, {}, None)  # says paused: needs no layers
-        elif job["frame_counts"].get(m.WAITING) or job["frame_counts"].get(m.DEPEND):
-            full = store.get_job(job["id"])
-            job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
-        jobs.append(job)
+            continue
+        hosts = usable_hosts(store) if hosts is None else hosts
+        full = store.get_job(job["id"])
+        job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
     return jobs
 
 

@@ -250,9 +250,6 @@ def create_app(settings: Settings) -> FastAPI:
         return identify(request.headers, request.scope, pool.get(), now=time.time(),
                         anonymous_read=settings.anonymous_read)
 
-    def reader(request: Request) -> Principal:
-        return caller(request)
-
     async def cached(request: Request, build: Callable[[], Any]) -> Response:
         """A hot read: the caller's token and the page in one trip to the thread pool (these
         routes are async for that: a sync dependency plus a sync route were two trips, the
@@ -295,7 +292,7 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse({"status": "ready", "gpus": gpu_stats(snap, active_jobs=active), "active_jobs": active})
 
     @app.get("/metrics", tags=["health"], summary="Prometheus exposition", response_class=PlainTextResponse)
-    def metrics(who: Principal = Depends(reader)) -> Response:
+    def metrics(who: Principal = Depends(caller)) -> Response:
         from cuectl.serve.metrics import render
         from cuectl.top import snapshot
 
@@ -305,7 +302,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     # -- who am I ------------------------------------------------------------------------------
     @app.get(f"{API}/whoami", tags=["auth"], summary="The caller's user and role")
-    def whoami(who: Principal = Depends(reader)) -> dict[str, Any]:
+    def whoami(who: Principal = Depends(caller)) -> dict[str, Any]:
         return who.to_json()
 
     # -- hosts ---------------------------------------------------------------------------------
@@ -336,7 +333,7 @@ def create_app(settings: Settings) -> FastAPI:
         return await cached(request, lambda: _hosts(vendor, model, memory, wanted_state))
 
     @app.get(f"{API}/hosts/{{name}}/gpus", tags=["hosts"], summary="One host's GPUs with live values")
-    def host_gpus(name: str, who: Principal = Depends(reader)) -> dict[str, Any]:
+    def host_gpus(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
         data = _hosts(None, None, None, None)
         for host in data["hosts"]:
             if host["name"] == name:
@@ -347,7 +344,7 @@ def create_app(settings: Settings) -> FastAPI:
     # -- jobs ----------------------------------------------------------------------------------
     def _jobs(user: str | None, state: str | None, name: str | None, active: bool, limit: int,
               offset: int, newest_first: bool) -> dict[str, Any]:
-        from cuectl.sched.pending import pending_reason, unproven, usable_hosts
+        from cuectl.sched.pending import add_pending_reasons
 
         store = pool.get()
         exact = name if name is not None and not any(c in name for c in "*?[") else None
@@ -359,16 +356,7 @@ def create_app(settings: Settings) -> FastAPI:
         else:
             total = store.count_jobs(**filters)
             page = store.list_jobs(**filters, limit=limit, offset=offset, newest_first=newest_first)
-        hosts = None
-        for job in page:
-            counts = job["frame_counts"]
-            if job["paused"] and (counts.get(m.WAITING) or counts.get(m.DEPEND)):
-                job["pending_reason"] = pending_reason(job, {}, None)  # says paused: needs no layers
-            elif counts.get(m.WAITING) or counts.get(m.DEPEND):
-                hosts = usable_hosts(store) if hosts is None else hosts
-                full = store.get_job(job["id"])
-                job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
-        return {"jobs": page, "total": total, "limit": limit, "offset": offset,
+        return {"jobs": add_pending_reasons(store, page), "total": total, "limit": limit, "offset": offset,
                 "order": "desc" if newest_first else "asc"}
 
     @app.get(f"{API}/jobs", tags=["jobs"], summary="Jobs with frame counts and pending reasons")
@@ -474,7 +462,7 @@ def create_app(settings: Settings) -> FastAPI:
         return await cached(request, lambda: _frames(ref, wanted, layer, page, cursor, attempts, only))
 
     @app.get(f"{API}/frames/{{frame_id}}", tags=["frames"], summary="A frame with its samples and attempts")
-    def show_frame(frame_id: int, who: Principal = Depends(reader)) -> dict[str, Any]:
+    def show_frame(frame_id: int, who: Principal = Depends(caller)) -> dict[str, Any]:
         _check_frame_id(frame_id)
         store = pool.get()
         return _public_frame(store.get_frame(frame_id))
@@ -525,7 +513,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     # -- leases and reports -------------------------------------------------------------------
     @app.get(f"{API}/leases", tags=["leases"], summary="Devices held now: frames (farm-wide) and this host's leases")
-    def leases(who: Principal = Depends(reader)) -> dict[str, Any]:
+    def leases(who: Principal = Depends(caller)) -> dict[str, Any]:
         from cuectl.top import snapshot
 
         snap = snapshot(pool.get(), lock_dir=settings.lock_dir, frame_limit=MAX_PAGE)
@@ -538,7 +526,7 @@ def create_app(settings: Settings) -> FastAPI:
         return {"leases": held, "at": snap["at"]}
 
     @app.get(f"{API}/report", tags=["report"], summary="GPU accounting: the groupings and figures of `admin report`")
-    def report(who: Principal = Depends(reader), by: str = Query("job"), since: str = Query("7d"),
+    def report(who: Principal = Depends(caller), by: str = Query("job"), since: str = Query("7d"),
                until: Optional[str] = Query(None)) -> Response:
         from cuectl import report as reports
 
