@@ -5,10 +5,11 @@
 //   1. the job (If-None-Match: 304 while unchanged), for its frame_counts;
 //   2. the RUNNING frames (frames?state=RUNNING, ETag'd too): their live GPU values;
 //   3. the frames that were RUNNING last tick and are not now (frames?ids=...): how they ended.
-// Only when the job's counts still disagree with the frames we hold (a retry or an eat,
-// dependencies released, frames that started and ended between two ticks) is the whole
-// list fetched again: at once when the counts held still since the last tick, else at most
-// every FULL_MS, so a busy 10,000-frame job is not downloaded each second.
+// Only when the job's counts disagree with the frames we hold for two ticks in a row (a
+// retry or an eat, dependencies released, frames that started and ended between two
+// ticks) is the whole list fetched again: at once when the counts held still since the
+// last tick, else at most every FULL_MS, so a busy 10,000-frame job is not downloaded each
+// second. One tick's disagreement is only the two responses being a moment apart.
 
 import {api, poll} from "./api.js";
 import {commandText, el, FRAME_STATES, localTime, progressBar, setText, size, updateProgress} from "./dom.js";
@@ -71,6 +72,7 @@ export function jobPage(main, ctx, idText) {
   let runEtag = null;
   let lastCounts = "";
   let lastFull = 0;
+  let disagreed = false; // the last tick's frames disagreed with its counts
   let loading = null;        // the full load in flight
   let panel = null;
   let stopped = false;
@@ -193,7 +195,12 @@ export function jobPage(main, ctx, idText) {
         running = now;
       }
       const counts = JSON.stringify(job.frame_counts);
-      if (!loading && !agrees() && (counts === lastCounts || Date.now() - lastFull > FULL_MS)) await loadAll();
+      // The job and its RUNNING frames are two responses, each cached by the server for a
+      // moment: one can be a tick newer than the other. A mismatch seen once is that skew
+      // and heals next tick; only one that lasts two ticks means frames we never saw.
+      const disagrees = !loading && !agrees();
+      if (disagrees && disagreed && (counts === lastCounts || Date.now() - lastFull > FULL_MS)) await loadAll();
+      disagreed = disagrees;
       lastCounts = counts;
       clearError("refresh");
       if (!stopped) showFrames();
