@@ -28,6 +28,8 @@ GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM
 
 def job(name="j", layers=None, priority=0, paused=False):
     layers = layers or [{"name": "render", "command": ["true"], "range": "1-3"}]
+    # Retries here run at once (the back-off has its own tests, test_scheduling_store.py).
+    layers = [{"retry_delay": 0, **layer} for layer in layers]
     return spec_from_mapping({"name": name, "priority": priority, "paused": paused, "layers": layers}, user="alice")
 
 
@@ -393,7 +395,7 @@ def test_existing_store_reopens_with_data(store_url: str):
     job_id = s.submit(job(), now=NOW)
     s.close()
     s = open_store(path)
-    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 5
+    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 6
     s.close()
 
 
@@ -457,7 +459,7 @@ def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
     conn.execute("INSERT INTO jobs(name, user, created_at) VALUES ('old', 'bob', 1.0)")
     conn.close()
     s = open_store(str(path))
-    assert s.schema_version() == SCHEMA_VERSION == 5
+    assert s.schema_version() == SCHEMA_VERSION == 6
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()

@@ -29,7 +29,7 @@ OUTCOMES = ("succeeded", "failed", "timeout", "killed", "lost", "worker stopped"
 def add_frames(store, count: int = 1, *, job: str = "j", user: str = "u", layer: str = "l") -> list[int]:
     """A job of ``count`` frames, through the real submit path; its frame ids."""
     job_id = store.submit(spec_from_mapping({"name": job, "layers": [{"name": layer, "command": ["true"],
-                                                                     "range": f"1-{count}"}]}, user=user), now=NOW)
+                                                                     "range": f"1-{count}", "retry_delay": 0}]}, user=user), now=NOW)
     frames, _ = store.list_frames(job=job_id)
     return [f["id"] for f in frames]
 

@@ -24,6 +24,19 @@ RELEASING_STATES = (SUCCEEDED, EATEN)
 # timeout): by then its frames are presumed lost too.
 HOST_DOWN_AFTER_S = 60.0
 
+# A failed frame waits this long before its next attempt, doubled for each further failure
+# and capped (a layer's ``retry_delay`` overrides the first figure; 0 retries at once).
+DEFAULT_RETRY_DELAY_S = 2.0
+MAX_RETRY_DELAY_S = 600.0
+
+
+def retry_delay(first_s: float | None, failures: int) -> float:
+    """Seconds before the next attempt after ``failures`` failed ones (1 = the first)."""
+    base = DEFAULT_RETRY_DELAY_S if first_s is None else first_s
+    if base <= 0:
+        return 0.0
+    return min(base * 2 ** max(0, failures - 1), max(MAX_RETRY_DELAY_S, base))
+
 JOB_PENDING = "PENDING"
 JOB_FINISHED = "FINISHED"
 
@@ -56,6 +69,12 @@ class LayerSpec:
     tags: tuple[str, ...] = ()
     depends: tuple[Dependency, ...] = ()
     log_limit_bytes: int | None = None  # cap on each attempt's log; None = the worker's
+    # At most this many frames of the layer RUNNING at once, farm-wide (None: no cap).
+    max_running: int | None = None
+    # Named limits (``cuectl admin limit set NAME N``) each running frame of the layer holds one of.
+    limits: tuple[str, ...] = ()
+    # Seconds before a failed frame runs again; doubled for each further failure (None: the default).
+    retry_delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,11 @@ class JobSpec:
     layers: tuple[LayerSpec, ...]
     priority: int = 0
     paused: bool = False
+    project: str | None = None  # a label for quotas and reports (``--project``)
+    # Caps on the whole job's RUNNING frames, farm-wide (OpenCue's maxcores/maxgpus); None: none.
+    max_running: int | None = None
+    max_cores: float | None = None
+    max_gpus: int | None = None
     # The expanded frames of each layer, computed once at validation (same order as layers):
     # each entry is a tuple of chunks, each chunk a tuple of frame numbers.
     chunks: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), compare=False)

@@ -45,11 +45,14 @@ MAX_CORES = 100_000
 MIN_CORES = 0.1
 DEFAULT_FLAG_LAYER = "main"
 
-JOB_KEYS = ("name", "priority", "paused", "env", "layers")
+JOB_KEYS = ("name", "priority", "paused", "env", "layers", "project", "max_running", "max_cores", "max_gpus")
 LAYER_KEYS = (
     "name", "command", "range", "chunk", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min",
     "cores", "memory", "retries", "timeout", "env", "tags", "depends", "log_limit",
+    "max_running", "limits", "retry_delay",
 )
+MAX_RUNNING = 1_000_000
+MAX_GPUS_CAP = 1_000_000
 DEPEND_KEYS = ("layer", "type")
 DEPEND_TYPES = ("layer", "frame")
 # Keys that belong at the other level, with a hint saying where (a common slip).
@@ -64,6 +67,8 @@ _JOB_ONLY_KEYS = {
 
 _LAYER_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}", re.ASCII)
 _TAG_RE = _LAYER_NAME_RE
+# Limit and project names: like layer names, so they read the same in every table.
+LIMIT_NAME_RE = _LAYER_NAME_RE
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 
@@ -150,6 +155,50 @@ def _timeout(value: Any, label: str) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise InvalidInput(f"{label}: must be more than 0 (leave it out for no timeout)")
     return seconds
+
+
+def _retry_delay(value: Any, label: str) -> float:
+    """A duration (``10s``, ``2m``; a bare number is seconds); 0 retries at once."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise InvalidInput(f"{label}: expected a duration like 10s, got {describe(value)}")
+    seconds = parse_duration(value, field=label)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise InvalidInput(f"{label}: must be 0 or more")
+    if seconds > 86400:
+        raise InvalidInput(f"{label}: at most a day (got {seconds:g} s)")
+    return float(seconds)
+
+
+def label_name(value: Any, label: str, what: str) -> str:
+    """A limit or project name: 1-100 of A-Z a-z 0-9 _ . - (they appear in tables and SQL keys)."""
+    name = expect_str(value, label)
+    if not LIMIT_NAME_RE.fullmatch(name):
+        raise InvalidInput(f"{label}: invalid {what} name {quote(name)} (1-100 of A-Z a-z 0-9 _ . -)")
+    return name
+
+
+def limit_names(value: Any, label: str) -> tuple[str, ...]:
+    """The named limits a layer holds while a frame runs: a list (or one name), each once."""
+    names: list[str] = []
+    for i, item in enumerate(as_list(value, label)):
+        name = label_name(item, item_label(label, i), "limit")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _job_caps(get: Callable[[str], Any], label: Label) -> dict[str, Any]:
+    """``project``, ``max_running``, ``max_cores`` and ``max_gpus`` of a job (spec or flags)."""
+    caps: dict[str, Any] = {}
+    if get("project") is not None:
+        caps["project"] = label_name(get("project"), label("project"), "project")
+    if get("max_running") is not None:
+        caps["max_running"] = whole_number(get("max_running"), label("max_running"), minimum=1, maximum=MAX_RUNNING)
+    if get("max_cores") is not None:
+        caps["max_cores"] = _cores(get("max_cores"), label("max_cores"))
+    if get("max_gpus") is not None:
+        caps["max_gpus"] = whole_number(get("max_gpus"), label("max_gpus"), minimum=0, maximum=MAX_GPUS_CAP)
+    return caps
 
 
 def _command(value: Any, label: str) -> tuple[str, ...] | str:
@@ -314,6 +363,12 @@ def _build_layer(
         fields["tags"] = _tags(get("tags"), label("tags"))
     if get("log_limit") is not None:
         fields["log_limit_bytes"] = log_limit_bytes(_mib_if_number(get("log_limit")), label("log_limit"))
+    if get("max_running") is not None:
+        fields["max_running"] = whole_number(get("max_running"), label("max_running"), minimum=1, maximum=MAX_RUNNING)
+    if get("limits") is not None:
+        fields["limits"] = limit_names(get("limits"), label("limits"))
+    if get("retry_delay") is not None:
+        fields["retry_delay_s"] = _retry_delay(get("retry_delay"), label("retry_delay"))
     deps = _depends(get("depends"), label("depends")) if get("depends") is not None else []
     fields["depends"] = tuple(dep for dep, _ in deps)
     return LayerSpec(**fields), deps
@@ -353,6 +408,7 @@ def _check_dependencies(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[D
 def _finish(
     *, name: str, user: str | None, priority: int, paused: bool, layers: Sequence[LayerSpec],
     deps: Sequence[list[tuple[Dependency, str]]], layer_labels: Sequence[Label], frame_limit: int | None,
+    caps: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Cross-layer checks (names, dependencies, frame limit) and the chunk expansion."""
     seen: dict[str, str] = {}
@@ -393,7 +449,50 @@ def _finish(
             # else: only the repeat guard, scaled to the remaining budget, objected; fine.
         total += len(frames)
         chunks.append(tuple(chunk_frames(frames, layer.chunk)))
-    return JobSpec(name=name, user=user, layers=tuple(layers), priority=priority, paused=paused, chunks=tuple(chunks))
+    for layer, label in zip(layers, layer_labels):
+        _check_argv_size(layer, label)
+    return JobSpec(name=name, user=user, layers=tuple(layers), priority=priority, paused=paused, chunks=tuple(chunks),
+                   **dict(caps or {}))
+
+
+# The kernel refuses an exec whose arguments and environment exceed ARG_MAX (E2BIG): such a
+# frame could never start, so it is refused here rather than burning retries on every host.
+# Room is left for the environment the worker adds (CUE_* variables, the isolation ones).
+_ENV_ALLOWANCE = 64 * 1024
+_MAX_ARG_STRLEN = 32 * 4096  # Linux: the longest single argument or environment string
+
+
+def _arg_max() -> int:
+    import os
+
+    try:
+        value = os.sysconf("SC_ARG_MAX")
+    except (ValueError, OSError):
+        value = -1
+    return value if value > 0 else 2 * 1024 * 1024
+
+
+def _check_argv_size(layer: LayerSpec, label: Label) -> None:
+    """Refuse a command (with the layer's env) too long for any exec to take.
+
+    Tokens are counted as written: a ``#FRAMESPEC#`` may grow a little at run time, which the
+    allowance absorbs. Each string costs its bytes, a NUL and a pointer, as the kernel counts."""
+    argv = [layer.command] if isinstance(layer.command, str) else list(layer.command)
+    if isinstance(layer.command, str):
+        argv = ["/bin/sh", "-c", layer.command]
+    env = [f"{k}={v}" for k, v in layer.env]
+    for text in (*argv, *env):
+        if len(text.encode()) >= _MAX_ARG_STRLEN:
+            what = "an environment entry" if text in env else "an argument"
+            raise InvalidInput(f"{label('command')}: {what} of {len(text.encode())} bytes is longer than Linux takes "
+                               f"in one string ({_MAX_ARG_STRLEN} bytes): it could never start",
+                               hint="pass long data in a file instead")
+    size = sum(len(a.encode()) + 1 + 8 for a in argv) + sum(len(e.encode()) + 1 + 8 for e in env)
+    limit = _arg_max() - _ENV_ALLOWANCE
+    if size > limit:
+        raise InvalidInput(f"{label('command')}: the command and its env take {size} bytes; the system's limit "
+                           f"for starting a process is about {limit} (ARG_MAX): it could never start",
+                           hint="pass long data in a file instead")
 
 
 def _field_of(layer: str) -> Label:
@@ -448,7 +547,7 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
         deps.append(layer_deps)
         labels.append(label)
     return _finish(name=name, user=user, priority=priority, paused=paused, layers=layers, deps=deps,
-                   layer_labels=labels, frame_limit=frame_limit)
+                   layer_labels=labels, frame_limit=frame_limit, caps=_job_caps(data.get, lambda key: key))
 
 
 def spec_from_flags(
@@ -473,6 +572,12 @@ def spec_from_flags(
     user: str | None = None,
     frame_limit: int | None = None,
     log_limit: str | int | None = None,
+    project: str | None = None,
+    max_running: int | None = None,
+    max_cores: float | None = None,
+    max_gpus: int | None = None,
+    limits: Sequence[str] = (),
+    retry_delay: str | None = None,
 ) -> JobSpec:
     """The single-layer job of ``cuectl submit --name N ... -- COMMAND ARGS`` (DESIGN §6).
 
@@ -506,10 +611,14 @@ def spec_from_flags(
         "env": env,
         "tags": _as_flag_list(tags),
         "log_limit": log_limit,
+        "limits": _as_flag_list(limits) or None,
+        "retry_delay": retry_delay,
     }
     built, deps = _build_layer(raw, flag_label, {}, parse_env=_env_items)
+    job_caps = {"project": project, "max_running": max_running, "max_cores": max_cores, "max_gpus": max_gpus}
     return _finish(name=job_name, user=user, priority=job_priority, paused=job_paused, layers=[built], deps=[deps],
-                   layer_labels=[flag_label], frame_limit=frame_limit)
+                   layer_labels=[flag_label], frame_limit=frame_limit,
+                   caps=_job_caps(job_caps.get, flag_label))
 
 
 def _as_flag_list(values: Sequence[str] | str) -> list[str]:

@@ -55,6 +55,10 @@ def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[st
         "created_at": iso(row["created_at"]),
         "finished_at": iso(row["finished_at"]),
         "outcome": job_outcome(row["state"], row["killed_at"], frame_counts),
+        "project": row["project"],
+        "max_running": row["max_running"],
+        "max_cores": row["max_cores"],
+        "max_gpus": row["max_gpus"],
         "frame_counts": dict(frame_counts),
         "pending_reason": None,
     }
@@ -79,6 +83,9 @@ def layer_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "depends": _loads(row["depends"], []),
         "env": _loads(row["env"], {}),
         "log_limit_bytes": row["log_limit_bytes"],
+        "max_running": row["max_running"],
+        "limits": _loads(row["limits"], []),
+        "retry_delay_s": row["retry_delay_s"],
     }
 
 
@@ -111,6 +118,10 @@ def frame_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_seconds": row["gpu_seconds"],
         "max_rss_bytes": row["max_rss_bytes"],
         "pending_action": row["action"],
+        # Why its latest attempt failed (None once it succeeds), and when a failed frame
+        # may run again (its retry back-off; None: at once).
+        "failure": row["failure"],
+        "retry_at": iso(row["retry_at"]) if row["state"] == "WAITING" else None,
         # A RUNNING frame's latest sample (the worker writes it every --sample-interval):
         # mean utilisation over its devices, the most memory on any one, and when.
         "gpu_util_pct": row["gpu_util_pct"] if running else None,
@@ -138,6 +149,8 @@ def attempt_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "exit_code": row["exit_code"],
         "exit_signal": row["exit_signal"],
         "timed_out": bool(row["timed_out"]),
+        "failure_kind": row["failure_kind"],
+        "failure": row["failure"],
         "gpu_uuids": _loads(row["gpu_uuids"], []),
         "gpu_util_mean_pct": row["gpu_util_mean_pct"],
         "gpu_util_max_pct": row["gpu_util_max_pct"],

@@ -29,7 +29,7 @@ from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all,
                                     update_holder)
 from cuectl.run.lease.nested import LEVEL_VAR, NESTED_DIRNAME, Allocation
 from cuectl.run.lease.queue import WaitQueue, predicted_free
-from cuectl.run.lease.request import LeaseRequest, make_request, resolve_devices
+from cuectl.run.lease.request import LeaseRequest, fitting_uuids, make_request, resolve_devices
 from cuectl.sched.match import select_devices
 from cuectl.units import parse_duration
 
@@ -171,8 +171,10 @@ class _Acquirer:
                                                if request.devices is not None else tuple(inventory))
         if allocation is not None:
             self.candidates = allocation.restrict(self.candidates, inventory, named=request.devices is not None)
-        self.candidate_uuids = {d.uuid for d in self.candidates}
         gpu = self.gpu_request
+        # What we queue for and compete for: the candidates that fit the request. Not every
+        # candidate — a waiter for an A100 must not hold back the idle 4090 it cannot use.
+        self.fitting = fitting_uuids(gpu, self.candidates)
         self.needs_sample = gpu.gpus > 0 and (gpu.gpu_memory_min_bytes > 0 or gpu.gpu_memory_free_min_bytes > 0)
         self.queue = WaitQueue(lock_dir)
         self._free: dict[str, int | None] | None = None
@@ -242,11 +244,13 @@ class _Acquirer:
         """Devices we must leave alone for older waiters, and how many of them there are.
 
         At the head of the queue (the usual case: nobody waits) that is nothing — we try
-        every candidate, whatever the records say. Behind others, we may try only the
-        devices that look free and that the older waiters would not take first.
+        every candidate, whatever the records say; so too when the older waiters all want
+        other devices (an A100 waiter does not hold back a 4090 request). Behind waiters
+        that want some of our devices, we may try only the devices that look free and that
+        the older waiters would not take first (each takes only devices that fit it).
         """
         inventory = self.discovery.devices
-        _, left, waiters = self.queue.claims(lambda: predicted_free(self.lock_dir, inventory))
+        _, left, waiters = self.queue.claims(lambda: predicted_free(self.lock_dir, inventory), self.fitting)
         self.waiters_ahead = waiters
         if waiters == 0:
             return set(), 0
@@ -287,7 +291,7 @@ class _Acquirer:
     # -- waiting ---------------------------------------------------------------------
 
     def queue_up(self) -> None:
-        self.queue.join(self.candidate_uuids, self.gpu_request.gpus, self.label)
+        self.queue.join(self.fitting, self.gpu_request.gpus, self.label)
 
     def close(self) -> None:
         self.queue.leave()
@@ -342,7 +346,7 @@ def _holder_unknown(refusal: LeaseError) -> bool:
 def _poll_delay(acq: _Acquirer, deadline: float | None) -> float:
     # Far back in the queue nothing can change for us soon: look less often (up to 1 s),
     # which keeps 100 waiters from eating the CPU the holders need. Jitter avoids lock-step.
-    rounds_behind = acq.waiters_ahead / max(1, len(acq.candidates))
+    rounds_behind = acq.waiters_ahead / max(1, len(acq.fitting))
     delay = min(MAX_POLL_S, POLL_S * max(1.0, rounds_behind)) * random.uniform(0.6, 1.4)
     if deadline is not None:
         delay = max(0.0, min(delay, deadline - time.monotonic()))

@@ -1,7 +1,8 @@
 """The fair wait queue: first come, first served among the waiters of this host.
 
 Each waiter holds a ``flock``'d ticket file in ``<lock_dir>/queue`` named by its arrival
-time and listing the devices it could use; a caller (waiting or not) never takes a device
+time and listing the devices it could use — only those that statically fit its request
+(vendor, model, memory), so that it never holds back a device it cannot use; a caller (waiting or not) never takes a device
 that an older live waiter would take first (``WaitQueue.claims``). A crashed waiter's
 ticket loses its lock and is ignored. The worker takes locks directly and does not queue
 (``queued_reservations`` tells it what waiters are about to take, to let them go first).
@@ -15,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 from cuectl.gpu.device import Device
 from cuectl.run.lease.locks import OPEN_FLAGS, QUEUE_DIRNAME, lock_path, pid_alive, read_record
@@ -31,7 +32,7 @@ class _Ticket:
 class WaitQueue:
     """This host's waiters: ``<lock_dir>/queue/<arrival ns>-<pid>-<rand>.ticket``.
 
-    A ticket lists the devices its waiter could use and is ``flock``'d by its waiter for as
+    A ticket lists the devices its waiter could use (that fit its request) and is ``flock``'d by its waiter for as
     long as it waits, so a crashed waiter's ticket is recognisably dead. Names sort by
     arrival, which is the queue order.
     """
@@ -44,6 +45,8 @@ class WaitQueue:
         self._dead: set[str] = set()
 
     def join(self, candidates: Iterable[str], gpus: int, label: str) -> None:
+        """Queue up for ``gpus`` of ``candidates``: the devices that fit the request, never
+        the whole inventory (an A100 waiter must not hold back an idle RTX 4090)."""
         if self.own is not None:
             return
         name = f"{time.time_ns():020d}-{os.getpid()}-{os.urandom(3).hex()}{TICKET_SUFFIX}"
@@ -70,15 +73,21 @@ class WaitQueue:
         os.close(self._fd)
         self.own, self._fd = None, -1
 
-    def claims(self, free: Callable[[], Sequence[str]]) -> tuple[set[str], list[str], int]:
+    def claims(self, free: Callable[[], Sequence[str]],
+               mine: Collection[str] | None = None) -> tuple[set[str], list[str], int]:
         """What the live waiters older than us would take of the devices that look free
         (``free()``: uuids in preference order, read only if there are older waiters), what
-        is left for us, and how many such waiters there are (0: we head the queue).
+        is left for us, and how many of those waiters compete with us (0: nobody older
+        wants any of our devices, so we may try them all).
 
-        Oldest first, each waiter takes its ``gpus`` devices from what is left; one that
-        cannot be satisfied yet takes everything it could use, so that younger waiters do
-        not keep nibbling at a big request's devices (no starvation). Stops once nothing
-        is left: with 100 waiters for 4 devices each waiter looks at about 4 tickets.
+        Oldest first, each waiter takes its ``gpus`` devices from what is left — only
+        devices its ticket lists, which are those that fit its request; one that cannot
+        be satisfied yet takes everything left that it could use, so that younger waiters
+        do not keep nibbling at a big request's devices (no starvation). A waiter never
+        takes a device it cannot use. ``mine`` (the devices that fit our request) limits
+        the count to waiters that want one of them; without it every older waiter counts.
+        Stops once nothing is left: with 100 waiters for 4 devices each waiter looks at
+        about 4 tickets.
         """
         try:
             names = sorted(n for n in os.listdir(self.dir) if n.endswith(TICKET_SUFFIX) and not n.startswith("."))
@@ -91,16 +100,25 @@ class WaitQueue:
             if self.own is not None and name >= self.own:
                 break
             ticket = self._ticket(name)
+            if pool is not None and not pool:
+                # Everything that looks free is taken. Only whether someone older wants
+                # one of our devices is still open (they all look busy, but one may come
+                # free before our attempt: it is that waiter's, not ours).
+                if ticket is not None and not ticket.candidates.isdisjoint(mine or ()) and self._alive(name):
+                    waiters += 1
+                    break
+                continue
             if ticket is None or not self._alive(name):
                 continue
-            waiters += 1
+            if mine is None or not ticket.candidates.isdisjoint(mine):
+                waiters += 1
             if pool is None:
                 pool = list(free())
             usable = [u for u in pool if u in ticket.candidates]
             grab = usable[: ticket.gpus] if len(usable) >= ticket.gpus else usable
             taken.update(grab)
             pool = [u for u in pool if u not in grab]
-            if not pool:
+            if not pool and (waiters or mine is None):
                 break
         return taken, pool or [], waiters
 

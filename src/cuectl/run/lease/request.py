@@ -16,6 +16,7 @@ from cuectl.errors import InvalidDevice, InvalidInput
 from cuectl.gpu.device import Device
 from cuectl.sched.fields import Label, keyword_label
 from cuectl.sched.gpu_request import GpuRequest
+from cuectl.sched.match import device_fits_statically
 
 #: The Python API's keywords before they were named like the flags -> their new names.
 #: Still accepted, with a DeprecationWarning: scripts in the wild use them.
@@ -112,3 +113,12 @@ def resolve_devices(ids: Sequence[str], inventory: Sequence[Device]) -> tuple[De
                                 hint="their UUIDs are listed by `cuectl gpu list`")
         chosen[device.uuid] = device
     return tuple(chosen.values())
+
+
+def fitting_uuids(request: GpuRequest, devices: Sequence[Device]) -> frozenset[str]:
+    """UUIDs of ``devices`` that could ever serve ``request`` (vendor, model, total memory;
+    DESIGN §5), leaving out a MIG-split card (its instances are the devices) — what a
+    waiter queues for. Live free memory and holders do not count: they change."""
+    parents = {d.mig_parent_uuid for d in devices if d.mig_parent_uuid}
+    return frozenset(d.uuid for d in devices
+                     if d.uuid not in parents and device_fits_statically(request, d) is None)

@@ -93,6 +93,11 @@ class FrameResult:
     # Set when the worker killed the frame because a user asked (kill/retry/eat).
     user_action: str | None = None
     usage: Mapping[str, Any] = field(default_factory=dict)
+    # Why it failed (run/failure.py): a stable kind ("exit", "gpu-oom", …) and one line; a
+    # permanent failure (exit 126/127, a frame that could not be started) does not retry.
+    failure_kind: str | None = None
+    failure: str | None = None
+    permanent: bool = False
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,26 @@ def next_state(result: FrameResult, action: str | None, attempt: int, retries: i
     if result.exit_code == 0 and not result.timed_out:
         return m.SUCCEEDED, "succeeded"
     outcome = "timeout" if result.timed_out else "failed"
-    return (m.WAITING if attempt <= retries else m.DEAD), outcome
+    # A failure that can never succeed (command not found, no such user here) would only
+    # burn the retries: DEAD at once, with its reason.
+    return (m.WAITING if attempt <= retries and not result.permanent else m.DEAD), outcome
+
+
+def failure_text(result: FrameResult) -> str | None:
+    """The line a failed attempt is remembered by: the worker's reason, else one from the
+    exit status (a worker older than the reasons)."""
+    if result.exit_code == 0 and not result.timed_out:
+        return None
+    if result.failure:
+        return result.failure
+    if result.timed_out:
+        return "timed out"
+    if result.exit_signal:
+        return f"killed by signal {result.exit_signal}"
+    return f"exit {result.exit_code}" if result.exit_code is not None else "failed"
+
+
+LOST_FAILURE = "worker lost (no heartbeat)"
 
 
 def reaped_state(action: str | None, attempt: int, retries: int) -> str:
@@ -121,12 +140,15 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
             layer.cores, layer.memory_bytes, layer.retries, layer.timeout_s,
             json.dumps(dict(layer.env)), json.dumps(list(layer.tags)),
             json.dumps([{"layer": d.on, "type": d.type} for d in layer.depends]), layer.log_limit_bytes,
+            layer.max_running, json.dumps(list(layer.limits)), layer.retry_delay_s,
             sum(1 for d in layer.depends if d.type == "layer"))
 
 
 LAYER_COLUMNS = ("id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
-                 "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes")
+                 "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes, "
+                 "max_running, limits, retry_delay_s")
 LAYER_INSERT_COLUMNS = LAYER_COLUMNS.replace("id, ", "", 1) + ", depend_count"
+LAYER_INSERT_COUNT = LAYER_INSERT_COLUMNS.count(",") + 1
 
 
 # -- claiming ---------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ from psycopg.rows import dict_row, tuple_row
 
 from cuectl.errors import InvalidInput, NotFound, NotOwner, StoreBusy, StoreError, StoreStalled, StoreUnreachable
 from cuectl.sched.dialect import POSTGRES
+from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import Actor, ClaimedFrame
 from cuectl.sched.store.sql import Row, SQLStore, Tx, marks
@@ -60,22 +61,23 @@ NOTIFY_CHANNEL = "cuectl_work"
 STATEMENT_TIMEOUT_S = 60  # the server cancels any statement of ours that runs longer
 # pg_advisory_xact_lock key held while migrating ("CUEC" + 1).
 _MIGRATE_LOCK = 0x4355454301
-_CLAIM_SQL = POSTGRES.positional(f"""
+_CLAIM_SQL = f"""
     WITH next AS (
-        SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING'
+        SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING' AND (retry_at IS NULL OR retry_at <= ?)
         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
     )
     UPDATE frames f SET state = 'RUNNING', attempts = f.attempts + 1, host = ?, worker = ?,
         gpu_uuids = ?, lease_expires = ?, started_at = ?, ended_at = NULL, action = NULL,
         exit_code = NULL, exit_signal = NULL, max_rss_bytes = NULL, cpu_seconds = NULL, gpu_util_mean_pct = NULL,
         gpu_util_max_pct = NULL, gpu_memory_peak_bytes = NULL, gpu_seconds = NULL, gpu_busy_seconds = NULL,
-        log_path = {lifecycle.log_path_sql(POSTGRES, "f")}
+        retry_at = NULL, log_path = {lifecycle.log_path_sql(POSTGRES, "f")}
     FROM next
     WHERE f.id = next.id
       AND (SELECT paused FROM jobs WHERE id = f.job_id) = 0
-      AND NOT EXISTS (SELECT 1 FROM hosts WHERE name = ? AND locked = 1)
+      AND NOT EXISTS (SELECT 1 FROM hosts WHERE name = ? AND locked = 1){{caps}}
     RETURNING f.id, f.attempts, f.number, f.frames, f.log_path
-""")
+"""
+_CLAIM_FAST = POSTGRES.positional(_CLAIM_SQL.format(caps=""))
 
 # SQLSTATEs after which the connection is gone or not usable yet: reconnect and retry.
 _LOST_STATES = ("57P01", "57P02", "57P03", "53300")  # admin/crash shutdown, starting up, too many connections
@@ -511,9 +513,23 @@ class PostgresStore(SQLStore):
         # One autocommit statement: SKIP LOCKED makes concurrent claimers take different
         # frames instead of queueing on the same one; a locked host or a paused job claims
         # nothing; the attempt's log path is set in the same statement.
-        params = (layer_id, host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now,
+        params = (layer_id, now, host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now,
                   str(log_dir or self.log_dir), layer["name"], host)
-        row = self._call(lambda conn: conn.execute(_CLAIM_SQL, params).fetchone(), tx=False)
+        caps = self.layer_caps(layer_id)
+        if not caps:
+            row = self._call(lambda conn: conn.execute(_CLAIM_FAST, params).fetchone(), tx=False)
+        else:
+            # Concurrent statements do not see each other's claims: one advisory lock per
+            # cap (sorted) makes capped claims of the same cap take turns (store/caps.py).
+            condition, cap_params = capsmod.claim_condition(caps)
+            sql = POSTGRES.positional(_CLAIM_SQL.format(caps=f" AND {condition}"))
+
+            def capped(conn: Conn) -> Any:
+                for key in capsmod.lock_keys(caps):
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+                return conn.execute(sql, (*params, *cap_params)).fetchone()
+
+            row = self._call(capped)
         if row is None:
             return None
         return lifecycle.claimed_frame(layer, frame_id=row["id"], attempt=row["attempts"], number=row["number"],

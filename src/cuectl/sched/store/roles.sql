@@ -119,3 +119,21 @@ DROP POLICY IF EXISTS cuectl_read ON hosts;
 DROP POLICY IF EXISTS cuectl_write ON hosts;
 CREATE POLICY cuectl_read ON hosts FOR SELECT USING (true);
 CREATE POLICY cuectl_write ON hosts FOR ALL USING (cuectl_privileged()) WITH CHECK (cuectl_privileged());
+
+-- Named limits and quotas (schema 6): everyone reads them (claims and pending reasons
+-- check them); only admins change them. Which limits a layer holds is written once, at
+-- submit, by the layer's owner: nobody but a worker or an admin removes or changes a row,
+-- so a user cannot slip out of a licence pool after submitting.
+GRANT SELECT ON limits, quotas TO cuectl_user, cuectl_worker, cuectl_admin;
+GRANT INSERT, UPDATE, DELETE ON limits, quotas TO cuectl_admin;
+GRANT SELECT, INSERT, UPDATE, DELETE ON layer_limits TO cuectl_user, cuectl_worker, cuectl_admin;
+ALTER TABLE layer_limits ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON layer_limits;
+DROP POLICY IF EXISTS cuectl_submit ON layer_limits;
+DROP POLICY IF EXISTS cuectl_change ON layer_limits;
+DROP POLICY IF EXISTS cuectl_remove ON layer_limits;
+CREATE POLICY cuectl_read ON layer_limits FOR SELECT USING (true);
+CREATE POLICY cuectl_submit ON layer_limits FOR INSERT
+    WITH CHECK (cuectl_privileged() OR cuectl_owns_layer(layer_id, current_user));
+CREATE POLICY cuectl_change ON layer_limits FOR UPDATE USING (cuectl_privileged());
+CREATE POLICY cuectl_remove ON layer_limits FOR DELETE USING (cuectl_privileged());

@@ -173,6 +173,41 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE jobs ADD COLUMN killed_at REAL;
     """,
+    # v6: scheduling a farm can trust (docs/scheduling.md). Caps per job and layer, named
+    # limits shared across jobs (a licence pool) and the layers that hold them, quotas per
+    # user and project; a failed frame's next attempt waits until retry_at (back-off); why
+    # each attempt failed (kind and text), and the latest reason on the frame itself.
+    """
+    ALTER TABLE jobs ADD COLUMN project TEXT;
+    ALTER TABLE jobs ADD COLUMN max_running INTEGER;
+    ALTER TABLE jobs ADD COLUMN max_cores REAL;
+    ALTER TABLE jobs ADD COLUMN max_gpus INTEGER;
+    ALTER TABLE layers ADD COLUMN max_running INTEGER;
+    ALTER TABLE layers ADD COLUMN limits TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE layers ADD COLUMN retry_delay_s REAL;
+    ALTER TABLE frames ADD COLUMN retry_at REAL;
+    ALTER TABLE frames ADD COLUMN failure TEXT;
+    ALTER TABLE attempts ADD COLUMN failure_kind TEXT;
+    ALTER TABLE attempts ADD COLUMN failure TEXT;
+    CREATE TABLE limits (
+        name TEXT PRIMARY KEY,
+        max_running INTEGER NOT NULL
+    );
+    CREATE TABLE layer_limits (
+        name TEXT NOT NULL,
+        layer_id INTEGER NOT NULL REFERENCES layers(id) ON DELETE CASCADE,
+        PRIMARY KEY (name, layer_id)
+    );
+    CREATE TABLE quotas (
+        kind TEXT NOT NULL,
+        name TEXT NOT NULL,
+        max_gpus INTEGER,
+        max_cores REAL,
+        PRIMARY KEY (kind, name)
+    );
+    CREATE INDEX jobs_user_state ON jobs("user", state);
+    CREATE INDEX frames_running_job ON frames(job_id) WHERE state = 'RUNNING';
+    """,
 )
 
 
@@ -208,7 +243,8 @@ _ONLY: dict[tuple[int, str], tuple[str, ...]] = {
 }
 SCHEMA_VERSION = len(MIGRATIONS)
 # Every table of ours: a database holding some of them but no ``meta`` is not a cuectl store.
-TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples", "tokens")
+TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples", "tokens",
+          "limits", "layer_limits", "quotas")
 
 
 def statements(version: int, dialect: Dialect) -> list[str]:

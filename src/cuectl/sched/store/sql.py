@@ -32,6 +32,7 @@ from cuectl.sched import fields
 from cuectl.sched import model as m
 from cuectl.sched import usage_sql
 from cuectl.sched.dialect import Dialect
+from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFigures, FrameResult, HostInfo,
                                      LiveUsage, RunnableLayer, Store, Token)
@@ -45,17 +46,19 @@ _FRAME_SELECT = """
     SELECT f.*, j.name AS job_name, l.name AS layer_name
     FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id
 """
+# How stale the claim path's copy of the limits and quotas tables may be (seconds).
+CAPS_TTL_S = 2.0
 # The largest id a store can hold (SQLite INTEGER, PostgreSQL BIGINT).
 _MAX_ID = 2**63 - 1
 # Ids per IN (...) list: well under SQLite's 32,766 host parameters (and PostgreSQL's 65,535).
 _IN_BATCH = 500
 # The columns an attempt's record copies from its frame and layer (``_record_attempt``).
 _ATTEMPT_SOURCE = ("f.state, f.attempts, f.action, f.job_id, f.layer_id, f.host, f.gpu_uuids, f.waiting_since, "
-                   "f.started_at, l.retries, l.cores")
+                   "f.started_at, l.retries, l.cores, l.retry_delay_s")
 _ATTEMPT_COLUMNS = ("frame_id", "attempt", "job_id", "host", "gpu_uuids", "outcome", "waiting_since", "started_at",
                     "ended_at", "exit_code", "exit_signal", "timed_out", "max_rss_bytes", "cpu_seconds", "cores",
                     "usage", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes", "gpu_seconds",
-                    "gpu_busy_seconds", "gpu_models")
+                    "gpu_busy_seconds", "gpu_models", "failure_kind", "failure")
 # A RUNNING attempt's latest GPU values (``record_live_usage``), cleared when it ends.
 _CLEAR_LIVE = "gpu_util_pct = NULL, gpu_memory_used_bytes = NULL, gpu_sampled_at = NULL"
 _UPSERT_SAMPLES = ("INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (?, ?, ?, ?) "
@@ -64,6 +67,16 @@ _RECORD_ATTEMPT = (
     f"INSERT INTO attempts({', '.join(_ATTEMPT_COLUMNS)}) VALUES ({', '.join('?' * len(_ATTEMPT_COLUMNS))}) "
     "ON CONFLICT (frame_id, attempt) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _ATTEMPT_COLUMNS[2:]))
+
+
+def _attempt_failure(outcome: str, result: FrameResult | None) -> tuple[str | None, str | None]:
+    """(failure_kind, failure) of an attempt record: none for one that succeeded or that a
+    user ended; "lost" for a worker that went silent."""
+    if outcome == "lost":
+        return "lost", lifecycle.LOST_FAILURE
+    if result is None or outcome not in ("failed", "timeout"):
+        return None, None
+    return result.failure_kind or ("timeout" if result.timed_out else "exit"), lifecycle.failure_text(result)
 
 
 def marks(n: int) -> str:
@@ -109,6 +122,10 @@ class SQLStore(Store):
         self.log_dir = log_dir
         # Layer rows never change after submit: the claim path reads each once.
         self._layer_cache: dict[int, Row] = {}
+        # Named limits and quotas, re-read at most every CAPS_TTL_S by the claim path.
+        self._caps_read_at = -1e18
+        self._limits: dict[str, int] = {}
+        self._quotas: dict[tuple[str, str], capsmod.Quota] = {}
 
     # -- hooks -------------------------------------------------------------------------------
     @abc.abstractmethod
@@ -165,11 +182,16 @@ class SQLStore(Store):
     # -- jobs ----------------------------------------------------------------------------------
     def submit(self, spec: m.JobSpec, *, now: float) -> int:
         def insert(tx: Tx) -> int:
-            job_id = int(tx.one('INSERT INTO jobs(name, "user", priority, paused, created_at) VALUES (?, ?, ?, ?, ?) '
-                                "RETURNING id", (spec.name, spec.user, spec.priority, int(spec.paused), now))["id"])
+            self._check_limits_exist(tx, spec)
+            job_id = int(tx.one('INSERT INTO jobs(name, "user", priority, paused, created_at, project, max_running, '
+                                "max_cores, max_gpus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                                (spec.name, spec.user, spec.priority, int(spec.paused), now, spec.project,
+                                 spec.max_running, spec.max_cores, spec.max_gpus))["id"])
             layer_ids = {layer.name: int(tx.one(
-                f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(19)}) RETURNING id",
-                lifecycle.layer_row(job_id, idx, layer))["id"]) for idx, layer in enumerate(spec.layers)}
+                f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(lifecycle.LAYER_INSERT_COUNT)}) "
+                "RETURNING id", lifecycle.layer_row(job_id, idx, layer))["id"]) for idx, layer in enumerate(spec.layers)}
+            self._bulk_insert(tx, "layer_limits", ("name", "layer_id"),
+                              [(name, layer_ids[layer.name]) for layer in spec.layers for name in layer.limits])
             self._record_submitter(tx, job_id, spec)
             frame_ids = self._reserve_frame_ids(tx, sum(len(chunks) for chunks in spec.chunks))
             plan = lifecycle.plan_submit(spec, job_id, layer_ids, frame_ids, now)
@@ -363,6 +385,7 @@ class SQLStore(Store):
         for batch in batches(sorted(set(int(i) for i in frame_ids))):
             for r in self._read(
                     "SELECT frame_id, attempt, host, outcome, started_at, ended_at, exit_code, exit_signal, timed_out, "
+                    "failure_kind, failure, "
                     "gpu_uuids, gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds "
                     f"FROM attempts WHERE frame_id IN ({marks(len(batch))}) ORDER BY frame_id, attempt", batch):
                 out.setdefault(int(r["frame_id"]), []).append(attempt_json(r))
@@ -417,12 +440,14 @@ class SQLStore(Store):
             tx.run("UPDATE frames SET action = ? WHERE id = ?", (action, frame_id))
             return 0
         if action == "retry":
-            if state in (m.WAITING, m.DEPEND):
+            if state == m.WAITING:  # waiting out a retry back-off: a user's retry means now
+                return tx.run("UPDATE frames SET retry_at = NULL WHERE id = ? AND retry_at IS NOT NULL", (frame_id,))
+            if state == m.DEPEND:
                 return 0
             layer_waits = tx.one("SELECT depend_count FROM layers WHERE id = ?", (row["layer_id"],))["depend_count"]
             new = lifecycle.retried_state(row["depend_count"], layer_waits)
-            tx.run("UPDATE frames SET state = ?, waiting_since = ?, ended_at = NULL, action = NULL WHERE id = ?",
-                   (new, now, frame_id))
+            tx.run("UPDATE frames SET state = ?, waiting_since = ?, ended_at = NULL, action = NULL, retry_at = NULL "
+                   "WHERE id = ?", (new, now, frame_id))
             tx.run("UPDATE jobs SET killed_at = NULL WHERE id = ? AND killed_at IS NOT NULL", (row["job_id"],))
             woke = int(new == m.WAITING)
         elif action == "kill":
@@ -520,11 +545,17 @@ class SQLStore(Store):
         row = self._layer_cache.get(layer_id)
         if row is None:
             columns = ", ".join(f"l.{c.strip()}" for c in lifecycle.LAYER_COLUMNS.split(","))
-            rows = self._read(f'SELECT {columns}, j.name AS job_name, j."user" AS "user", j.submitted_by, j.receipt '
+            rows = self._read(f'SELECT {columns}, j.name AS job_name, j."user" AS "user", j.submitted_by, j.receipt, '
+                              "j.project, j.max_running AS job_max_running, j.max_cores AS job_max_cores, "
+                              "j.max_gpus AS job_max_gpus "
                               "FROM layers l JOIN jobs j ON j.id = l.job_id WHERE l.id = ?", (layer_id,))
             if not rows:
                 raise NotFound(f"no layer {layer_id}")
-            row = rows[0]
+            row = dict(rows[0])
+            # The limits it holds as layer_limits says (rows its owner cannot change after
+            # submit, unlike the layer's own copy of the list: roles.sql).
+            row["limits"] = json.dumps([r["name"] for r in self._read(
+                "SELECT name FROM layer_limits WHERE layer_id = ? ORDER BY name", (layer_id,))])
             if len(self._layer_cache) > 4096:
                 self._layer_cache.clear()
             self._layer_cache[layer_id] = row
@@ -591,13 +622,18 @@ class SQLStore(Store):
                 return None  # a stale report from an older attempt changes nothing
             new_state, outcome = lifecycle.next_state(result, row["action"], attempt, row["retries"])
             usage = dict(result.usage)
+            failure = lifecycle.failure_text(result) if outcome in ("failed", "timeout") else None
+            # A failed frame's next attempt waits (back-off); a user's retry does not.
+            delay = m.retry_delay(row["retry_delay_s"], attempt) if new_state == m.WAITING and failure else 0.0
+            retry_at = now + delay if delay > 0 else None
             tx.run(
                 f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, exit_code = ?, "
-                "exit_signal = ?, "
+                "retry_at = ?, failure = CASE WHEN ? THEN ? ELSE failure END, exit_signal = ?, "
                 "started_at = COALESCE(?, started_at), ended_at = ?, max_rss_bytes = ?, cpu_seconds = ?, "
                 "gpu_util_mean_pct = ?, gpu_util_max_pct = ?, gpu_memory_peak_bytes = ?, gpu_seconds = ?, "
                 "gpu_busy_seconds = ?, waiting_since = CASE WHEN ? THEN ? ELSE waiting_since END WHERE id = ?",
-                (new_state, result.exit_code, result.exit_signal, result.started_at, result.ended_at or now,
+                (new_state, result.exit_code, retry_at, outcome in ("succeeded", "failed", "timeout"), failure, result.exit_signal,
+                 result.started_at, result.ended_at or now,
                  result.max_rss_bytes, result.cpu_seconds, usage.get("gpu_util_mean_pct"),
                  usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"), usage.get("gpu_seconds"),
                  usage.get("gpu_busy_seconds"), new_state == m.WAITING, now, frame_id))
@@ -627,7 +663,8 @@ class SQLStore(Store):
             result.cpu_seconds if result else None, row["cores"], json.dumps(usage) if usage else None,
             usage.get("gpu_util_mean_pct"), usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"),
             usage.get("gpu_seconds"), usage.get("gpu_busy_seconds"),
-            json.dumps(usage["gpu_models"]) if usage.get("gpu_models") else None))
+            json.dumps(usage["gpu_models"]) if usage.get("gpu_models") else None,
+            *_attempt_failure(outcome, result)))
         if samples:
             tx.many(_UPSERT_SAMPLES, [(frame_id, attempt, uuid, json.dumps(points)) for uuid, points in samples.items()])
 
@@ -676,7 +713,8 @@ class SQLStore(Store):
             for row in rows:
                 new = lifecycle.reaped_state(row["action"], row["attempts"], row["retries"])
                 tx.run(f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
-                       "ended_at = ?, waiting_since = ? WHERE id = ?", (new, now, now, row["id"]))
+                       "ended_at = ?, waiting_since = ?, failure = ? WHERE id = ?",
+                       (new, now, now, lifecycle.LOST_FAILURE, row["id"]))
                 self._record_attempt(tx, row["id"], row["attempts"], row, "lost", None, now)
                 woke += int(new == m.WAITING)
                 if new == m.EATEN:
@@ -693,11 +731,132 @@ class SQLStore(Store):
     def has_unfinished_work(self) -> bool:
         return bool(self._read("SELECT 1 FROM frames WHERE state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1"))
 
+    # -- caps: limits and quotas (store/caps.py) -------------------------------------------------
+    def _cap_tables(self, *, fresh: bool = False) -> tuple[dict[str, int], dict[tuple[str, str], capsmod.Quota]]:
+        """Named limits and quotas. The claim path re-reads them at most every CAPS_TTL_S
+        (an admin's change reaches every worker within that); ``fresh`` reads them now."""
+        now = time.monotonic()
+        if fresh or now - self._caps_read_at > CAPS_TTL_S:
+            self._limits = {r["name"]: int(r["max_running"]) for r in self._read("SELECT name, max_running FROM limits")}
+            self._quotas = {(r["kind"], r["name"]): capsmod.Quota(r["kind"], r["name"], r["max_gpus"], r["max_cores"])
+                            for r in self._read("SELECT kind, name, max_gpus, max_cores FROM quotas")}
+            self._caps_read_at = now
+        return self._limits, self._quotas
+
+    def layer_caps(self, layer_id: int, *, fresh: bool = False) -> list[capsmod.Cap]:
+        """Every cap a frame of this layer must fit under (empty: claims take the fast path)."""
+        limits, quotas = self._cap_tables(fresh=fresh)
+        return capsmod.caps_for(self._layer_row(layer_id), limits, quotas)
+
+    def cap_reached(self, layer_id: int) -> str | None:
+        """Which cap holds this layer's next frame back right now, or None (pending reasons)."""
+        return capsmod.explain(self.layer_caps(layer_id, fresh=True),
+                               lambda sql, params: self._read(f"SELECT ({sql}) AS v", params)[0]["v"])
+
+    def _check_limits_exist(self, tx: Tx, spec: m.JobSpec) -> None:
+        names = sorted({n for layer in spec.layers for n in layer.limits})
+        if not names:
+            return
+        known = {r["name"] for r in tx.all(f"SELECT name FROM limits WHERE name IN ({marks(len(names))})", names)}
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise InvalidInput(f"limits: no limit named {', '.join(repr(n) for n in missing)}",
+                               hint="see `cuectl admin limit list`; an admin creates one with "
+                                    "`cuectl admin limit set NAME N`")
+
+    def set_limit(self, name: str, max_running: int | None) -> dict[str, Any] | None:
+        """Create or change a named limit (None: remove it); admins only."""
+        from cuectl.sched.spec import label_name
+
+        name = label_name(name, "NAME", "limit")
+        self._admin_only("limit set" if max_running is not None else "limit delete", "limits")
+        if max_running is not None:
+            fields.whole_number(max_running, "N", minimum=0, maximum=1_000_000)
+
+        def change(tx: Tx) -> None:
+            if max_running is None:
+                if tx.one("SELECT 1 AS x FROM layer_limits ll JOIN frames f ON f.layer_id = ll.layer_id "
+                          "WHERE ll.name = ? AND f.state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1", (name,)):
+                    raise Conflict(f"limit {name!r} is held by unfinished frames",
+                                   hint="finish or kill those jobs first, or raise the limit instead")
+                if tx.run("DELETE FROM limits WHERE name = ?", (name,)) == 0:
+                    raise NotFound(f"no limit {name!r}", hint="see `cuectl admin limit list`")
+                return
+            tx.run("INSERT INTO limits(name, max_running) VALUES (?, ?) "
+                   "ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running", (name, max_running))
+            self._notify(tx)  # a raised limit may let waiting frames run
+
+        self._write(change)
+        self._caps_read_at = -1e18
+        if max_running is None:
+            return None
+        return next(r for r in self.list_limits() if r["name"] == name)
+
+    def list_limits(self) -> list[dict[str, Any]]:
+        """Every named limit with how many frames hold it now and how many layers use it."""
+        rows = self._read(
+            "SELECT li.name, li.max_running, "
+            "(SELECT COUNT(*) FROM layer_limits ll JOIN frames f ON f.layer_id = ll.layer_id "
+            " WHERE ll.name = li.name AND f.state = 'RUNNING') AS running, "
+            "(SELECT COUNT(*) FROM layer_limits ll JOIN frames f ON f.layer_id = ll.layer_id "
+            " WHERE ll.name = li.name AND f.state = 'WAITING') AS waiting "
+            "FROM limits li ORDER BY li.name")
+        return [{"name": r["name"], "max_running": int(r["max_running"]), "running": int(r["running"]),
+                 "waiting": int(r["waiting"])} for r in rows]
+
+    def set_quota(self, kind: str, name: str, *, max_gpus: int | None, max_cores: float | None,
+                  delete: bool = False) -> dict[str, Any] | None:
+        """Set a user's or project's GPU and core caps (None: that cap off); ``delete``
+        removes the quota. Admins only."""
+        from cuectl.sched.spec import label_name
+
+        if kind not in capsmod.QUOTA_KINDS:
+            raise InvalidInput(f"KIND: {kind!r} is not one of {', '.join(capsmod.QUOTA_KINDS)}")
+        if kind == "project":
+            name = label_name(name, "NAME", "project")
+        elif not name or not name.strip() or len(name) > 200 or not name.isprintable():
+            raise InvalidInput(f"NAME: {name!r} is not a user name")
+        if max_gpus is not None:
+            fields.whole_number(max_gpus, "--gpus", minimum=0, maximum=1_000_000)
+        if max_cores is not None and not (max_cores >= 0 and max_cores < 1e9):
+            raise InvalidInput("--cores: must be 0 or more")
+        if not delete and max_gpus is None and max_cores is None:
+            raise InvalidInput("give --gpus and/or --cores (or --delete to remove the quota)")
+        self._admin_only("quota delete" if delete else "quota set", "quotas")
+
+        def change(tx: Tx) -> None:
+            if delete:
+                if tx.run("DELETE FROM quotas WHERE kind = ? AND name = ?", (kind, name)) == 0:
+                    raise NotFound(f"no quota for {kind} {name!r}", hint="see `cuectl admin quota list`")
+            else:
+                tx.run("INSERT INTO quotas(kind, name, max_gpus, max_cores) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT (kind, name) DO UPDATE SET max_gpus = excluded.max_gpus, "
+                       "max_cores = excluded.max_cores", (kind, name, max_gpus, max_cores))
+            self._notify(tx)
+
+        self._write(change)
+        self._caps_read_at = -1e18
+        if delete:
+            return None
+        return next(q for q in self.list_quotas() if q["kind"] == kind and q["name"] == name)
+
+    def list_quotas(self) -> list[dict[str, Any]]:
+        """Every quota with what its user or project runs now (GPUs and cores)."""
+        out = []
+        for r in self._read("SELECT kind, name, max_gpus, max_cores FROM quotas ORDER BY kind, name"):
+            column = '"user"' if r["kind"] == "user" else "project"
+            used = self._read("SELECT COALESCE(SUM(l.gpus), 0) AS gpus, COALESCE(SUM(l.cores), 0) AS cores "
+                              "FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id "
+                              f"WHERE j.{column} = ? AND f.state = 'RUNNING'", (r["name"],))[0]
+            out.append({**capsmod.Quota(r["kind"], r["name"], r["max_gpus"], r["max_cores"]).to_json(),
+                        "gpus_in_use": int(used["gpus"]), "cores_in_use": float(used["cores"])})
+        return out
+
     # -- API tokens ----------------------------------------------------------------------------
-    def _admin_only(self, what: str) -> Actor:
+    def _admin_only(self, what: str, manage: str = "API tokens") -> Actor:
         actor = self.actor()
         if not actor.admin:
-            raise NotOwner(f"{what}: only an admin may manage API tokens, not {actor.name}",
+            raise NotOwner(f"{what}: only an admin may manage {manage}, not {actor.name}",
                            hint="ask an admin (root or the store's owner; PostgreSQL: a member of cuectl_admin)")
         return actor
 

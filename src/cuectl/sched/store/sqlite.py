@@ -25,6 +25,7 @@ from cuectl.errors import InvalidInput, NotFound, StoreBusy, StoreError, StoreGo
 from cuectl.sched import identity
 from cuectl.sched import model as m
 from cuectl.sched.dialect import SQLITE
+from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import Actor, ClaimedFrame
 from cuectl.sched.store.sql import Row, SQLStore, Tx
@@ -34,19 +35,23 @@ T = TypeVar("T")
 APPLICATION_ID = 0x43554543  # "CUEC": marks the file as ours (PRAGMA application_id)
 
 # One statement = one atomic transaction: the subquery picks the layer's first WAITING
-# frame and the UPDATE re-checks it, so two claimers never get the same frame; a locked
-# host or a paused job claims nothing. The attempt's log path is set in the same statement.
+# frame whose retry back-off is over and the UPDATE re-checks it, so two claimers never get
+# the same frame; a locked host or a paused job claims nothing; the layer's caps (store/
+# caps.py), when it has any, are one more condition. The attempt's log path is set in the
+# same statement.
 _CLAIM_SQL = (
     "UPDATE frames SET state = 'RUNNING', attempts = attempts + 1, host = ?, worker = ?, gpu_uuids = ?, "
     "lease_expires = ?, started_at = ?, ended_at = NULL, action = NULL, exit_code = NULL, "
     "exit_signal = NULL, max_rss_bytes = NULL, cpu_seconds = NULL, gpu_util_mean_pct = NULL, "
     "gpu_util_max_pct = NULL, gpu_memory_peak_bytes = NULL, gpu_seconds = NULL, gpu_busy_seconds = NULL, "
-    f"log_path = {lifecycle.log_path_sql(SQLITE)} "
-    "WHERE id = (SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING' ORDER BY id LIMIT 1) "
+    f"retry_at = NULL, log_path = {lifecycle.log_path_sql(SQLITE)} "
+    "WHERE id = (SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING' "
+    "AND (retry_at IS NULL OR retry_at <= ?) ORDER BY id LIMIT 1) "
     "AND state = 'WAITING' "
     "AND (SELECT paused FROM jobs WHERE id = frames.job_id) = 0 "
-    "AND NOT EXISTS (SELECT 1 FROM hosts WHERE name = ? AND locked = 1) "
+    "AND NOT EXISTS (SELECT 1 FROM hosts WHERE name = ? AND locked = 1){caps} "
     "RETURNING id, attempts, number, frames, log_path")
+_CLAIM_FAST = _CLAIM_SQL.format(caps="")
 
 
 class SQLiteStore(SQLStore):
@@ -272,10 +277,12 @@ class SQLiteStore(SQLStore):
     def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
                     now: float, lease_s: float, log_dir: Path | str | None = None) -> ClaimedFrame | None:
         layer = self._layer_row(layer_id)
+        condition, cap_params = capsmod.claim_condition(self.layer_caps(layer_id))
+        sql = _CLAIM_SQL.format(caps=f" AND {condition}") if condition else _CLAIM_FAST
         try:
-            row = self.conn.execute(_CLAIM_SQL, (
+            row = self.conn.execute(sql, (
                 host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now, str(log_dir or self.log_dir), layer["name"],
-                layer_id, host)).fetchone()
+                layer_id, now, host, *cap_params)).fetchone()
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
         if row is None:
