@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
 from cuectl.cli import term
 from cuectl.config import LOCK_DIR_DEFAULT
 from cuectl.errors import CuectlError, InvalidInput
+
+if TYPE_CHECKING:
+    from datetime import datetime
 
 
 def _refuse_unsupported_platform() -> None:
@@ -69,6 +72,22 @@ def worker(
                                                       "store within --max-age."),
     max_age: float = typer.Option(60.0, "--max-age", help="With --probe: seconds the heartbeat may be old "
                                                           "(keep it above --poll)."),
+    devices: List[str] = typer.Option([], "--devices", help="Use only these GPUs: indices or UUIDs as `cuectl gpu "
+                                                            "list` shows them (comma list or repeated)."),
+    exclude_devices: List[str] = typer.Option([], "--exclude-devices", help="Never use these GPUs (e.g. the "
+                                                                            "display GPU): indices or UUIDs."),
+    nimby_memory: Optional[str] = typer.Option(None, "--nimby-memory", help="Start no frame on a GPU that a "
+                                                                            "program not run by cuectl uses more "
+                                                                            "than this memory of (e.g. 1G)."),
+    nimby_util: Optional[float] = typer.Option(None, "--nimby-util", help="Start no frame on a GPU that a program "
+                                                                          "not run by cuectl keeps busier than "
+                                                                          "this percentage."),
+    available: Optional[str] = typer.Option(None, "--available", help="When to take new frames, e.g. "
+                                                                      "\"Mon-Fri 19:00-08:00, Sat-Sun\" (local "
+                                                                      "time; default: always)."),
+    reservation_timeout: float = typer.Option(1800.0, "--reservation-timeout",
+                                              help="Seconds the highest-priority GPU frame that does not fit yet "
+                                                   "may hold the free GPUs it could use (0: no reservations)."),
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
     _refuse_unsupported_platform()
@@ -91,6 +110,20 @@ def worker(
         raise InvalidInput("--cores must be greater than 0")
     if rediscover_interval < 0:
         raise InvalidInput("--rediscover-interval must be 0 (only on SIGHUP) or more")
+    if reservation_timeout < 0:
+        raise InvalidInput("--reservation-timeout must be 0 (no reservations) or more")
+    if nimby_util is not None and not 0 <= nimby_util <= 100:
+        raise InvalidInput("--nimby-util must be a percentage from 0 to 100")
+    nimby_bytes = None
+    if nimby_memory is not None:
+        from cuectl.sched.fields import size_bytes
+
+        nimby_bytes = size_bytes(nimby_memory, "--nimby-memory")
+    schedule = None
+    if available is not None:
+        from cuectl.run.hostschedule import parse_schedule
+
+        schedule = parse_schedule(available, field="--available")
     limit = None
     if log_limit is not None:
         from cuectl.sched.fields import log_limit_bytes
@@ -103,6 +136,11 @@ def worker(
     term.stamp_lines(stamped)
     # GPUs first: a --backend that finds none is refused before the store is opened (or created).
     discovery = discover_gpus(backend)
+    selected = list(devices) if devices else None
+    if selected is not None or exclude_devices:
+        from cuectl.run.devicefilter import select_inventory
+
+        select_inventory(discovery.devices, selected, exclude_devices)  # a bad name: exit 2 before the store
     # A service waits for an unreachable store server; a batch run (--until-idle: tests,
     # CI, cron) fails at once with the error instead of hanging.
     store = (state.store(create=True) if until_idle
@@ -113,7 +151,9 @@ def worker(
                                 lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
                                 cores=cores, backend=backend, allowed_users=allow_user,
                                 run_as_submitter=run_as_submitter, log_limit=limit, discovery=discovery,
-                                rediscover_interval=rediscover_interval)
+                                rediscover_interval=rediscover_interval, devices=selected,
+                                exclude_devices=exclude_devices, nimby_memory=nimby_bytes, nimby_util=nimby_util,
+                                available=schedule, reservation_timeout=reservation_timeout)
     w.warn = term.warn
     w.say = term.info
     for message in discovery.warnings():
@@ -128,6 +168,9 @@ def worker(
         found = (f"{devs} (found by {', '.join(discovery.found_by())})" if devs else
                  f"no GPUs (tried {', '.join(b.name for b in discovery.backends) or 'nothing'})")
         term.info(f"worker {w.opts.name}: {found}; {w.opts.cores:g} CPU slots; store {store.url}")
+        if schedule is not None:
+            term.info(f"takes new frames only {schedule.describe()} (local time)"
+                      + ("" if schedule.is_open(_local_now()) else f"; now {schedule.closed_reason(_local_now())}"))
     term.stamp_lines(stamped, errors=stamped)  # started: from here on, errors are log lines too
     # In a terminal, SIGHUP means the terminal went away: drain as on SIGTERM. A service
     # (systemd, a container: no terminal) is sent SIGHUP to look for its GPUs again.
@@ -138,6 +181,12 @@ def worker(
         with term.WorkerProgress(live=sys.stderr.isatty()) as progress:
             code = run_worker(w, on_iteration=progress, hangup_stops=hangup_stops)
     raise typer.Exit(code)
+
+
+def _local_now() -> "datetime":
+    from datetime import datetime
+
+    return datetime.now()
 
 
 def register(app: typer.Typer) -> None:

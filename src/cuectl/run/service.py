@@ -19,6 +19,7 @@ from cuectl import config
 from cuectl.errors import BackendUnavailable, CuectlError, InvalidInput, StoreUnreachable
 
 if TYPE_CHECKING:
+    from cuectl.run.hostschedule import Schedule
     from cuectl.gpu import Discovery
     from cuectl.run.worker import Inventory, Worker
     from cuectl.sched.store import Store
@@ -102,11 +103,17 @@ def discover_gpus(backend: str = "auto") -> Discovery:
     return discovery
 
 
-def inventory_of(discovery: Discovery) -> Inventory:
-    """The worker's view of one discovery: devices, their sampler, what the backends said."""
+def inventory_of(discovery: Discovery, devices: Sequence[str] | None = None,
+                 exclude: Sequence[str] = ()) -> Inventory:
+    """The worker's view of one discovery: devices (only those ``--devices`` names and
+    ``--exclude-devices`` does not), their sampler, what the backends said."""
+    from cuectl.run.devicefilter import select_inventory
     from cuectl.run.worker import Inventory
 
-    return Inventory(devices=tuple(discovery.devices), sampler=lambda uuids, pids: discovery.sample(uuids, pids),
+    found = discovery.devices
+    if devices is not None or exclude:
+        found = select_inventory(found, devices, exclude)
+    return Inventory(devices=tuple(found), sampler=lambda uuids, pids: discovery.sample(uuids, pids),
                      problems=discovery.problems())
 
 
@@ -115,7 +122,10 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
                  lock_dir: Path | None, tags: Sequence[str], cores: float | None, backend: str = "auto",
                  allowed_users: Sequence[str] = (), run_as_submitter: bool | None = None,
                  log_limit: int | None = None, discovery: Discovery | None = None,
-                 rediscover_interval: float = 300.0) -> tuple[Worker, Discovery]:
+                 rediscover_interval: float = 300.0, devices: Sequence[str] | None = None,
+                 exclude_devices: Sequence[str] = (), nimby_memory: int | None = None,
+                 nimby_util: float | None = None, available: Schedule | None = None,
+                 reservation_timeout: float = 1800.0) -> tuple[Worker, Discovery]:
     """The worker for this host. ``discovery``: the GPUs found already (``discover_gpus``),
     else found here with ``backend``; the worker finds them again with the same backend
     every ``rediscover_interval`` seconds (0: only on SIGHUP)."""
@@ -142,12 +152,14 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
         # A root worker runs frames as their submitters unless told otherwise: anyone who
         # can write the store could otherwise run commands as root on every host.
         run_as_submitter=(os.geteuid() == 0) if run_as_submitter is None else run_as_submitter,
-        rediscover_interval_s=rediscover_interval, heartbeat_file=state_dir / HEARTBEAT_FILE)
-    first = inventory_of(discovery)
+        rediscover_interval_s=rediscover_interval, heartbeat_file=state_dir / HEARTBEAT_FILE,
+        nimby_memory_bytes=nimby_memory, nimby_util_pct=nimby_util, schedule=available,
+        reservation_timeout_s=reservation_timeout)
+    first = inventory_of(discovery, devices, exclude_devices)
     # Re-discovery uses the backend the worker was started with, but never fails for want
     # of GPUs: devices that vanish are reported unavailable, not a reason to stop.
     worker = Worker(store=store, opts=opts, devices=list(first.devices), sampler=first.sampler,
-                    rediscover=lambda: inventory_of(discover(backend)))
+                    rediscover=lambda: inventory_of(discover(backend), devices, exclude_devices))
     # A call that waits long for a lost server stalls the whole loop: frames that end meanwhile
     # are reaped (and timed) late, and signals wait. The loop retries every iteration anyway.
     store.reconnect_s = min(store.reconnect_s, WORKER_RECONNECT_S)

@@ -24,20 +24,23 @@ import signal
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from cuectl import __version__
 from cuectl.errors import Conflict, CuectlError, StoreError, StoreGone, StoreStalled
 from cuectl.gpu.device import Device
+from cuectl.run import failure as failures
 from cuectl.run import launch
+from cuectl.run.devicefilter import foreign_use
+from cuectl.run.hostschedule import Schedule
 from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, queued_reservations, try_lock_all,
                               update_holder)
-from cuectl.run.lease.locks import pid_alive
+from cuectl.run.lease.locks import lock_path, pid_alive, read_record
 from cuectl.run.usage import UsageTracker
 from cuectl.sched import identity
-from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, select_devices, tags_fit
+from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, device_fits_statically, select_devices, tags_fit
 from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, LiveUsage, RunnableLayer, Store
-from cuectl.units import iso
+from cuectl.units import format_bytes, iso
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,15 @@ class WorkerOptions:
     rediscover_interval_s: float = 300.0
     # `cuectl worker --probe` reads this file (None: not written): the loop is alive, the store answers.
     heartbeat_file: Path | None = None
+    # GPU-aware NIMBY: a device that a process not of cuectl's uses above either figure gets
+    # no new frame until that use is gone (None: that check off).
+    nimby_memory_bytes: int | None = None
+    nimby_util_pct: float | None = None
+    # When this worker takes new frames (``--available``; None: always).
+    schedule: Schedule | None = None
+    # How long the highest-priority GPU frame that does not fit yet may hold the free devices
+    # it could use (a reservation) before backfill gets them again for as long (0: never reserve).
+    reservation_timeout_s: float = 1800.0
 
 
 #: ``sampler(uuids, pids)``: live values of those devices (``cuectl.gpu.Discovery.sample``).
@@ -163,6 +175,20 @@ class Worker:
     _unavailable_sent: bool = True
     _store_ok_at: float | None = None  # wall clock of the last store call that got through
     _next_heartbeat_file: float = 0.0
+    # Dispatch memory: whether each layer could ever run on this host (layer requests never
+    # change; cleared when the inventory does), the reservation held for the first GPU layer
+    # that does not fit yet, and layers whose reservation ran out (layer id -> until when).
+    _static_fit: dict[int, bool] = field(default_factory=dict)
+    _reservation: dict[str, Any] | None = None
+    _reserve_cooldown: dict[int, float] = field(default_factory=dict)
+    # What this host's dispatch looked like at the last pass (the heartbeat publishes it for
+    # pending reasons and `cuectl job why`).
+    _dispatch: dict[str, Any] = field(default_factory=dict)
+    # Waiting layers this host can never run because they ask for more cores or memory
+    # than it has: `--until-idle` says so and exits 1 rather than 0.
+    too_big: dict[int, str] = field(default_factory=dict)
+    # The cgroup OOM-kill counter when each running frame started (kernel OOM evidence).
+    _oom_counts: dict[int, int | None] = field(default_factory=dict)
 
     # -- start-up ------------------------------------------------------------------------
     @property
@@ -340,6 +366,8 @@ class Worker:
             if (back or d.uuid not in known) and self.warn:
                 self.warn(f"GPU {d.index} {d.uuid} ({d.model}) {'is back' if back else 'found'}")
         changed = _identity(inventory.devices) != _identity(self.devices)
+        if changed:
+            self._static_fit.clear()
         self.devices = list(inventory.devices)
         self.sampler = inventory.sampler
         if changed:
@@ -349,9 +377,12 @@ class Worker:
     def _live_doc(self) -> dict[str, Any] | None:
         """What the heartbeat stores as the host's live values: the last sample, and the
         devices that are unavailable now (while there are any, and once after)."""
+        doc = dict(self._last_live or {})
+        if self._dispatch:
+            doc["dispatch"] = self._dispatch
         if not self.unavailable and not self._unavailable_sent:
-            return self._last_live
-        return {**(self._last_live or {}), "unavailable": list(self.unavailable.values())}
+            return doc or None
+        return {**doc, "unavailable": list(self.unavailable.values())}
 
     # -- claiming --------------------------------------------------------------------------
     def _free_cpu(self) -> CpuPool:
@@ -360,28 +391,163 @@ class Worker:
         return CpuPool(cores=self.opts.cores - used_cores, memory_bytes=self.opts.memory_bytes - used_mem)
 
     def _claim_all(self, now: float) -> None:
-        """Claim frames until nothing more fits (highest priority first, then backfill)."""
+        """One dispatch pass: walk the runnable layers once, in dispatch order (however many
+        this host cannot run sort first), and claim from each as much as fits. The first GPU
+        layer that could run here but does not fit yet holds the free devices it could use
+        (a reservation): lower layers may only backfill onto other devices."""
         self._nothing_fits = False
-        live: list[Device] | None = None
-        while not self._reached_max():
-            layers = self.store.runnable_layers()
-            claimed = False
-            for layer in layers:
-                if not self._accepts(layer):
-                    continue
-                if layer.gpus > 0:
-                    if live is None:
-                        live = self._live_devices()
-                    claimed = self._claim_gpu_layer(layer, live, now)
-                elif not self.opts.gpu_only and cpu_fits(layer.cores, layer.memory_bytes, self._free_cpu()) is None:
-                    claimed = self._claim(layer, [], now)
-                if claimed:
+        devices_now: list[Device] | None = None
+        busy: set[str] = set()
+        foreign: dict[str, str] = {}
+        reserved: set[str] = set()
+        reserving: dict[str, Any] | None = None
+        closed = self._closed_reason(now)
+        if closed is None:
+            for layer in self._runnable():
+                if self._reached_max():
                     break
-            if not claimed:
-                self._nothing_fits = True
+                if not self._accepts(layer) or not self._could_ever_run(layer):
+                    continue
+                if layer.gpus <= 0:
+                    while not self._reached_max() and not self.opts.gpu_only and \
+                            cpu_fits(layer.cores, layer.memory_bytes, self._free_cpu()) is None:
+                        if not self._claim(layer, [], now):
+                            break
+                    continue
+                if devices_now is None:
+                    devices_now = self._live_devices()
+                while not self._reached_max():
+                    busy, foreign = self._busy(devices_now)
+                    result = select_devices(GpuRequest.from_record(layer), devices_now, busy=busy | reserved)
+                    if not result.devices:
+                        if reserving is None and result.could_ever_fit:
+                            reserving = self._reserve(layer, devices_now, busy, now)
+                            if reserving is not None:
+                                reserved |= set(reserving["uuids"])
+                        break
+                    if not self._claim_gpu(layer, result.devices, now):
+                        break
+        if reserving is None:
+            self._reservation = None
+        self._nothing_fits = True
+        self._publish_dispatch(now, devices_now, busy, foreign, reserving, closed)
+
+    def _runnable(self) -> Iterator[RunnableLayer]:
+        """Every runnable layer in dispatch order, a page at a time (read lazily: a pass that
+        fills this host early reads no further)."""
+        after = None
+        while True:
+            page = self.store.runnable_layers(limit=RUNNABLE_PAGE, after=after)
+            yield from page
+            if len(page) < RUNNABLE_PAGE:
                 return
-            if self._reached_max():
-                return
+            after = page[-1].order_key
+
+    def _could_ever_run(self, layer: RunnableLayer) -> bool:
+        """Could this host ever run the layer (GPU model, count and memory; cores and host
+        memory; --gpu-only)? Remembered per layer: a layer's request never changes."""
+        fit = self._static_fit.get(layer.layer_id)
+        if fit is None:
+            if layer.gpus > 0:
+                fit = select_devices(GpuRequest.from_record(layer), self.devices).could_ever_fit
+            else:
+                fit = not self.opts.gpu_only and cpu_fits(
+                    layer.cores, layer.memory_bytes, CpuPool(self.opts.cores, self.opts.memory_bytes)) is None
+            if len(self._static_fit) > 100_000:
+                self._static_fit.clear()
+            self._static_fit[layer.layer_id] = fit
+        return fit
+
+    def _busy(self, devices: Sequence[Device]) -> tuple[set[str], dict[str, str]]:
+        """Devices nothing new may start on now: this worker's frames, anyone's lease, what
+        queued `cuectl run --wait` callers are about to take, and (NIMBY) devices another
+        program uses; the last with why."""
+        mine = {u for r in self.running.values() for u in r.claim.gpu_uuids}
+        leased = mine | held_uuids(self.opts.lock_dir, devices)
+        # Devices that `cuectl run --wait` / lease(wait=True) callers queued for are left
+        # to them: they asked first, and a busy farm would otherwise starve them.
+        busy = leased | queued_reservations(self.opts.lock_dir, devices)
+        foreign: dict[str, str] = {}
+        if self.opts.nimby_memory_bytes is not None or self.opts.nimby_util_pct is not None:
+            foreign = foreign_use(devices, leased, max_memory_bytes=self.opts.nimby_memory_bytes,
+                                  max_util_pct=self.opts.nimby_util_pct)
+        return busy | set(foreign), foreign
+
+    def _reserve(self, layer: RunnableLayer, devices: Sequence[Device], busy: set[str],
+                 now: float) -> dict[str, Any] | None:
+        """Hold the free devices ``layer`` could use until enough are free for its next frame
+        (None: it may not reserve: reservations off, its time ran out, or a cap holds it back
+        anyway). Bounded by ``reservation_timeout_s``, after which it backfills as long."""
+        timeout = self.opts.reservation_timeout_s
+        if timeout <= 0 or self._reserve_cooldown.get(layer.layer_id, 0.0) > now:
+            return None
+        held = self._reservation
+        if held is None or held["layer_id"] != layer.layer_id:
+            if self.store.cap_reached(layer.layer_id):
+                return None  # a limit or quota stops it whatever is free: holding devices helps nobody
+            held = {"layer_id": layer.layer_id, "since": now}
+        if now - held["since"] > timeout:
+            self._reserve_cooldown[layer.layer_id] = now + timeout
+            return None
+        request = GpuRequest.from_record(layer)
+        parents = {d.mig_parent_uuid for d in devices if d.mig_parent_uuid}  # a card split into MIG is not leasable
+        usable = [d for d in devices if d.uuid not in parents and device_fits_statically(request, d) is None]
+        free = [d.uuid for d in usable if d.uuid not in busy]
+        self._reservation = {
+            **held, "job_id": layer.job_id, "job": layer.job, "layer": layer.layer, "priority": layer.priority,
+            "needs": _describe_need(request), "free": len(free), "uuids": free, "until": held["since"] + timeout}
+        return self._reservation
+
+    def _claim_gpu(self, layer: RunnableLayer, devices: Sequence[Device], now: float) -> bool:
+        locks = try_lock_all(self.opts.lock_dir, list(devices), holder=f"{self.opts.name} claiming")
+        if locks is None:  # someone (e.g. `cuectl run`) took one between the probe and now
+            return False
+        self._crash_point("after_lock")
+        try:
+            return self._claim(layer, locks, now, devices=devices)
+        finally:
+            if not any(r.locks is locks for r in self.running.values()):
+                for lock in locks:
+                    lock.release()
+
+    def _closed_reason(self, now: float) -> str | None:
+        """Why this worker takes no new frame now: outside its ``--available`` schedule."""
+        if self.opts.schedule is None:
+            return None
+        from datetime import datetime
+
+        return self.opts.schedule.closed_reason(datetime.now())
+
+    def _publish_dispatch(self, now: float, devices: Sequence[Device] | None, busy: set[str],
+                          foreign: Mapping[str, str], reservation: Mapping[str, Any] | None,
+                          closed: str | None) -> None:
+        """What the heartbeat publishes of this pass (docs/scheduling.md): enough for
+        pending reasons and `cuectl job why` to name the cause of a wait."""
+        free_cpu = self._free_cpu()
+        schedule = None
+        if self.opts.schedule is not None:
+            schedule = {"text": self.opts.schedule.describe(), "open": closed is None, "reason": closed}
+        frames = {u: r.claim for r in self.running.values() for u in r.claim.gpu_uuids}
+        held = set(reservation["uuids"]) if reservation else set()
+        states: dict[str, dict[str, Any]] = {}
+        for d in devices if devices is not None else self.devices:
+            state, holder = "free", None
+            if d.uuid in frames:
+                claim = frames[d.uuid]
+                state, holder = "frame", f"frame {claim.frame_id} (job {claim.job})"
+            elif d.uuid in foreign:
+                state, holder = "nimby", foreign[d.uuid]
+            elif d.uuid in busy:
+                state, holder = "lease", _lease_holder(self.opts.lock_dir, d.uuid)
+            elif d.uuid in held:
+                state = "reserved"
+            states[d.uuid] = {"state": state, "holder": holder, "memory_free_bytes": d.memory_free_bytes}
+        self._dispatch = {
+            "at": now, "accepting": closed is None and not self.draining, "schedule": schedule,
+            "allowed_users": list(self.opts.allowed_users), "gpu_only": self.opts.gpu_only,
+            "cores": self.opts.cores, "cores_free": free_cpu.cores, "memory_bytes": self.opts.memory_bytes,
+            "memory_free_bytes": free_cpu.memory_bytes, "devices": states,
+            "reservation": dict(reservation) if reservation else None}
 
     def _accepts(self, layer: RunnableLayer) -> bool:
         """Tags, the users whose work this worker agreed to run, and (a root worker) proof
@@ -419,26 +585,6 @@ class Worker:
             if self.warn:
                 self.warn(f"not running job {layer.job_id} ({layer.job}) as {layer.user}: {problem}")
         return self.unproven[layer.job_id]
-
-    def _claim_gpu_layer(self, layer: RunnableLayer, live: list[Device], now: float) -> bool:
-        request = GpuRequest.from_record(layer)
-        mine = {u for r in self.running.values() for u in r.claim.gpu_uuids}
-        # Devices that `cuectl run --wait` / lease(wait=True) callers queued for are left
-        # to them: they asked first, and a busy farm would otherwise starve them.
-        busy = mine | held_uuids(self.opts.lock_dir, live) | queued_reservations(self.opts.lock_dir, live)
-        result = select_devices(request, live, busy=busy)
-        if not result.devices:
-            return False
-        locks = try_lock_all(self.opts.lock_dir, list(result.devices), holder=f"{self.opts.name} claiming")
-        if locks is None:  # someone (e.g. `cuectl run`) took one between the probe and now
-            return False
-        self._crash_point("after_lock")
-        try:
-            return self._claim(layer, locks, now, devices=result.devices)
-        finally:
-            if not any(r.locks is locks for r in self.running.values()):
-                for lock in locks:
-                    lock.release()
 
     def _claim(self, layer: RunnableLayer, locks: list[DeviceLock], now: float,
                devices: Sequence[Device] = ()) -> bool:
@@ -501,8 +647,11 @@ class Worker:
             runfile.unlink(missing_ok=True)
             message = getattr(exc, "message", None) or str(exc)
             _log_failure(Path(claim.log_path), f"cuectl: frame not started: {message}")
+            why = failures.classify(exit_code=126, exit_signal=None, timed_out=False, launch_error=message)
             self._report(claim.frame_id, claim.attempt, FrameResult(
-                exit_code=126, started_at=now, ended_at=time.time(), usage={"error": message}))
+                exit_code=126, started_at=now, ended_at=time.time(), usage={"error": message},
+                failure_kind=why.kind if why else "launch", failure=why.text if why else message,
+                permanent=bool(why and why.permanent)))
             return
         for lock in locks:
             update_holder(lock, pid=proc.pid, holder=f"frame {claim.frame_id}")
@@ -510,6 +659,7 @@ class Worker:
         rf = RunningFrame(claim=claim, proc=proc, locks=locks, devices=devices, usage=tracker, runfile=runfile,
                           next_sample=now)  # sample at once: short frames get data too
         self.running[claim.frame_id] = rf
+        self._oom_counts[claim.frame_id] = failures.oom_kill_count()
         self._crash_point("after_launch")
 
     # -- finishing -------------------------------------------------------------------------
@@ -532,13 +682,28 @@ class Worker:
         usage = rf.usage.summary(info.ended_at)
         if rf.devices:
             usage["gpu_models"] = [d.model for d in rf.devices]
+        why = self._why_failed(rf, info)
         result = FrameResult(exit_code=info.exit_code, exit_signal=info.exit_signal, timed_out=info.timed_out,
                              started_at=info.started_at, ended_at=info.ended_at, max_rss_bytes=info.max_rss_bytes,
-                             cpu_seconds=info.cpu_seconds, user_action=rf.user_action, usage=usage)
+                             cpu_seconds=info.cpu_seconds, user_action=rf.user_action, usage=usage,
+                             failure_kind=why.kind if why else None, failure=why.text if why else None,
+                             permanent=bool(why and why.permanent))
         self._crash_point("before_complete")
         state = self._report(rf.claim.frame_id, rf.claim.attempt, result)
         self.stats.finished += 1
         self.stats.ended.append((rf.claim, info, state))
+
+    def _why_failed(self, rf: RunningFrame, info: launch.ExitInfo) -> failures.Failure | None:
+        """Why the attempt failed, from its exit, its log's tail (GPU out of memory) and the
+        kernel's OOM-kill counter (it rose while the frame ran: the OOM killer)."""
+        if info.exit_code == 0 and not info.timed_out and not info.exit_signal and rf.user_action is None:
+            return None
+        before = self._oom_counts.pop(rf.claim.frame_id, None)
+        after = failures.oom_kill_count() if before is not None else None
+        oom = before is not None and after is not None and after > before
+        return failures.classify(exit_code=info.exit_code, exit_signal=info.exit_signal, timed_out=info.timed_out,
+                                 user_action=rf.user_action, oom_killed=oom, timeout_s=rf.claim.timeout_s,
+                                 log_tail=failures.read_log_tail(Path(rf.claim.log_path)))
 
     def _report(self, frame_id: int, attempt: int, result: FrameResult) -> str | None:
         try:
@@ -659,23 +824,26 @@ class Worker:
 
     def is_idle(self) -> bool:
         """``--until-idle``: nothing running here, nothing waiting that this host could
-        ever run, and nothing running anywhere that could release more work."""
+        ever run, and nothing running anywhere that could release more work. Waiting layers
+        that ask for more cores or memory than this host has are noted in ``too_big``."""
         if self.running or self.pending:
             return False
         if not self._nothing_fits and not self.draining and not self._reached_max():
             return False
         if self.draining or self._reached_max():
             return True
-        for layer in self.store.runnable_layers():
+        self.too_big = {}
+        for layer in self._runnable():
             if not self._accepts(layer):
                 continue
-            if layer.gpus > 0:
-                request = GpuRequest.from_record(layer)
-                if select_devices(request, self.devices).could_ever_fit:
-                    return False
-            elif not self.opts.gpu_only and cpu_fits(layer.cores, layer.memory_bytes,
-                                                     CpuPool(self.opts.cores, self.opts.memory_bytes)) is None:
+            if self._could_ever_run(layer):
                 return False
+            if layer.gpus <= 0 and not self.opts.gpu_only:
+                why = cpu_fits(layer.cores, layer.memory_bytes, CpuPool(self.opts.cores, self.opts.memory_bytes))
+                if why is not None:
+                    self.too_big[layer.layer_id] = (f"job {layer.job_id} ({layer.job}) layer {layer.layer} needs "
+                                                    f"{_cpu_need(layer)}; this host has {self.opts.cores:g} "
+                                                    f"cores and {format_bytes(self.opts.memory_bytes)}")
         return self.store.running_count() == 0
 
     def done(self) -> bool:
@@ -686,6 +854,35 @@ class Worker:
     def _crash_point(self, name: str) -> None:
         if self.opts.crash_at == name:
             os._exit(99)  # chaos tests: die exactly here, like a SIGKILL would
+
+
+#: Runnable layers read per page; a dispatch pass reads on until it has seen them all.
+RUNNABLE_PAGE = 500
+
+
+def _describe_need(request: GpuRequest) -> str:
+    """``4 × NVIDIA 'A100'`` — what a reservation waits for, short."""
+    parts = [f"{request.gpus} \u00d7 {request.gpu_vendor or 'GPU'}"]
+    if request.gpu_models:
+        parts.append(" or ".join(repr(m) for m in request.gpu_models))
+    if request.gpu_memory_min_bytes:
+        parts.append(f">= {format_bytes(request.gpu_memory_min_bytes)}")
+    return " ".join(parts)
+
+
+def _cpu_need(layer: RunnableLayer) -> str:
+    text = f"{layer.cores:g} cores"
+    return text + (f" and {format_bytes(layer.memory_bytes)}" if layer.memory_bytes else "")
+
+
+def _lease_holder(lock_dir: Path, uuid: str) -> str | None:
+    """Who holds a device's lease, from its lock record: ``cuectl run pid 4242 (ada)``."""
+    record = read_record(lock_path(lock_dir, uuid))
+    if not record:
+        return "a lease (holder unknown)"
+    what = record.get("label") or record.get("holder") or record.get("kind") or "lease"
+    who = f" ({record['user']})" if record.get("user") else ""
+    return f"{what} pid {record.get('pid')}{who}"
 
 
 def _identity(devices: Sequence[Device]) -> list[tuple[Any, ...]]:
@@ -923,6 +1120,14 @@ class Supervisor:
             if self.on_iteration:
                 self.on_iteration(w)
             if self._finished():
+                if w.opts.until_idle and w.too_big and not w.draining and not w._reached_max():
+                    # Idle, but work is left that no frame here could ever take: say so
+                    # rather than exit 0 as if the queue were done.
+                    reasons = list(w.too_big.values())
+                    more = f" (and {len(reasons) - 1} more layer(s))" if len(reasons) > 1 else ""
+                    raise CuectlError(f"idle, but waiting work can never run on this host: {reasons[0]}{more}",
+                                      hint="submit it with fewer --cores/--memory, or run it on a bigger host "
+                                           "(`cuectl job why JOB`)")
                 return 0
             if stats.claimed or stats.finished:
                 continue  # a slot freed or work started: look again at once

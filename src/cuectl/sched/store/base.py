@@ -47,6 +47,8 @@ class RunnableLayer:
     # the name of the submitter's receipt file.
     submitted_by: str | None = None
     receipt: str | None = None
+    # Where it sorts in dispatch order: ``runnable_layers(after=...)`` reads on from here.
+    order_key: tuple[Any, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,7 @@ class Store(abc.ABC):
 
     # -- worker --------------------------------------------------------------------------
     @abc.abstractmethod
-    def runnable_layers(self, *, limit: int = 200) -> list[RunnableLayer]:
+    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None) -> list[RunnableLayer]:
         """Read-only: layers with WAITING frames of unpaused jobs, in dispatch order."""
 
     @abc.abstractmethod
@@ -339,6 +341,33 @@ class Store(abc.ABC):
         (``usage_sql.GROUPINGS``; None for one group) over the attempts that ended in
         [since, until), in no order, and the whole window as one more group when
         ``with_total``; all read from one snapshot."""
+
+    # -- caps: named limits and quotas (``cuectl admin limit|quota``; store/caps.py) --------
+    def set_limit(self, name: str, max_running: int | None) -> dict[str, Any] | None:
+        """Create or change the named limit ``name`` (at most ``max_running`` frames of the
+        layers that name it RUNNING at once); None removes it (Conflict while unfinished
+        frames hold it). Admins only. Returns the limit as ``list_limits`` shows it."""
+        raise NotImplementedError
+
+    def list_limits(self) -> list[dict[str, Any]]:
+        """Every named limit: ``name``, ``max_running``, ``running`` and ``waiting`` frames."""
+        raise NotImplementedError
+
+    def set_quota(self, kind: str, name: str, *, max_gpus: int | None, max_cores: float | None,
+                  delete: bool = False) -> dict[str, Any] | None:
+        """Set (replace) the GPU and core caps of a user's or project's running frames
+        (``kind`` user|project; None: that cap off), or remove the quota with ``delete``.
+        Admins only. Returns the quota as ``list_quotas`` shows it."""
+        raise NotImplementedError
+
+    def list_quotas(self) -> list[dict[str, Any]]:
+        """Every quota: ``kind``, ``name``, ``max_gpus``, ``max_cores``, ``gpus_in_use``,
+        ``cores_in_use``."""
+        raise NotImplementedError
+
+    def cap_reached(self, layer_id: int) -> str | None:
+        """Which cap holds this layer's next frame back now (pending reasons), or None."""
+        raise NotImplementedError
 
     # -- API tokens (``cuectl admin token``; the REST API authenticates with them) ----------
     @abc.abstractmethod

@@ -524,20 +524,31 @@ class SQLStore(Store):
                 for r in self._read("SELECT name, gpus, locked, tags FROM hosts")}
 
     # -- worker --------------------------------------------------------------------------------
-    def runnable_layers(self, *, limit: int = 200) -> list[RunnableLayer]:
+    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None) -> list[RunnableLayer]:
+        # Keyset paging in dispatch order: ``after`` is the last page's final layer's
+        # ``order_key``, so a worker reads on past any number of layers it cannot run (a
+        # fixed window let 200 unrunnable layers starve everything behind them).
+        page, params = "", [limit]
+        if after is not None:
+            priority, created_at, job_id, idx = after
+            page = ("AND (j.priority < ? OR (j.priority = ? AND (j.created_at > ? OR (j.created_at = ? AND "
+                    "(j.id > ? OR (j.id = ? AND l.idx > ?)))))) ")
+            params = [priority, priority, created_at, created_at, job_id, job_id, idx, limit]
         rows = self._read(
             "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
-            'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user", j.submitted_by, j.receipt '
+            'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user", j.submitted_by, j.receipt, '
+            "j.created_at, l.idx "
             "FROM layers l JOIN jobs j ON j.id = l.job_id "
             "WHERE j.state = 'PENDING' AND j.paused = 0 AND l.depend_count >= 0 "
             "AND EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = l.id AND f.state = 'WAITING') "
-            "ORDER BY j.priority DESC, j.created_at, j.id, l.idx LIMIT ?", (limit,))
+            f"{page}ORDER BY j.priority DESC, j.created_at, j.id, l.idx LIMIT ?", params)
         return [RunnableLayer(layer_id=r["id"], job_id=r["job_id"], job=r["job_name"], layer=r["name"],
                               priority=r["priority"], gpus=r["gpus"], gpu_vendor=r["gpu_vendor"],
                               gpu_models=tuple(json.loads(r["gpu_models"])),
                               gpu_memory_min_bytes=r["gpu_memory_min_bytes"], cores=r["cores"],
                               memory_bytes=r["memory_bytes"], tags=tuple(json.loads(r["tags"])), waiting=1,
-                              user=r["user"], submitted_by=r["submitted_by"], receipt=r["receipt"])
+                              user=r["user"], submitted_by=r["submitted_by"], receipt=r["receipt"],
+                              order_key=(r["priority"], r["created_at"], r["job_id"], r["idx"]))
                 for r in rows]
 
     def _layer_row(self, layer_id: int) -> Row:
