@@ -4,7 +4,10 @@
 Prints:
   1. claims/s with 1, 4 and 16 concurrent claimer processes on each backend (each claimer
      reads the runnable layers, then claims until the layer runs dry, as a worker does),
-     with the fewest/most claims one process got and the slowest single claim;
+     with the fewest/most claims one process got and the slowest single claim; then the same
+     with 1,000 layers no claimer can run queued ahead (higher priority, asking for GPUs
+     these CPU-only claimers lack), which the claimers page past as a worker does, and the
+     ratio to the run without them (issue 16: no more than 10 % below);
   2. how long one 100,000-frame submit takes on each backend;
   3. dispatch latency of an idle `cuectl worker`: submit -> frame process started, on
      PostgreSQL with `--poll 30` (woken by NOTIFY) next to SQLite with `--poll 1` (polling).
@@ -86,6 +89,22 @@ def submit_noop(url: str, frames: int, command: list[str] | None = None, name: s
 
 
 # -- 1. concurrent claimers ----------------------------------------------------------------------------
+def _runnable(store, devices):
+    """What a worker's dispatch pass reads: every runnable layer, a page at a time, less
+    those this host could never run (the real matcher, as Worker._could_ever_run)."""
+    from cuectl.sched.match import GpuRequest, select_devices
+
+    after = None
+    while True:
+        page = store.runnable_layers(limit=500, after=after)
+        for layer in page:
+            if layer.gpus == 0 or select_devices(GpuRequest.from_record(layer), devices).could_ever_fit:
+                yield layer
+        if len(page) < 500:
+            return
+        after = page[-1].order_key
+
+
 def _claimer(url: str, name: str, barrier, results) -> None:
     from cuectl.errors import StoreBusy
     from cuectl.sched.store import open_store
@@ -94,7 +113,7 @@ def _claimer(url: str, name: str, barrier, results) -> None:
     got, slowest, busy = 0, 0.0, 0
     barrier.wait()
     while True:
-        layers = store.runnable_layers()
+        layers = list(_runnable(store, []))
         if not layers:
             break
         for layer in layers:
@@ -114,7 +133,22 @@ def _claimer(url: str, name: str, barrier, results) -> None:
     store.close()
 
 
-def claim_rate(url: str, frames: int, claimers: int) -> dict[str, float]:
+def submit_unrunnable(url: str, layers: int) -> None:
+    """``layers`` one-frame jobs at priority 10 that need a GPU: ahead of everything, and
+    nothing a CPU-only claimer can run."""
+    from cuectl.sched.spec import spec_from_mapping
+    from cuectl.sched.store import open_store
+
+    store = open_store(url)
+    for i in range(layers):
+        store.submit(spec_from_mapping({"name": f"gpu-{i}", "priority": 10, "layers": [
+            {"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}]}, user=user()), now=time.time())
+    store.close()
+
+
+def claim_rate(url: str, frames: int, claimers: int, unrunnable: int = 0) -> dict[str, float]:
+    if unrunnable:
+        submit_unrunnable(url, unrunnable)
     submit_noop(url, frames)
     ctx = mp.get_context("spawn")  # each claimer opens its own connection, as a worker would
     barrier = ctx.Barrier(claimers + 1)
@@ -189,6 +223,9 @@ def main() -> None:
     parser.add_argument("--submit-frames", type=int, default=100_000)
     parser.add_argument("--wakeups", type=int, default=10, help="frames submitted to the idle worker")
     parser.add_argument("--pg-url", help="an existing PostgreSQL database instead of a throwaway server")
+    parser.add_argument("--unrunnable", type=int, default=1000, help="layers no claimer can run, queued ahead")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure of the unrunnable comparison "
+                                                               "(median)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="cuectl-bench-") as tmp_name:
@@ -204,6 +241,20 @@ def main() -> None:
             print(f"{n:>8}  {lite['rate']:>16,.0f}  {post['rate']:>20,.0f}   "
                   f"{lite['min']:.0f}-{lite['max']:.0f}, {lite['slowest_ms']:.1f} ms{busy} | "
                   f"{post['min']:.0f}-{post['max']:.0f}, {post['slowest_ms']:.1f} ms")
+
+        print(f"\nthe same with {args.unrunnable:,} unrunnable layers queued ahead (ratio to the run without them, "
+              "same backend, measured side by side)")
+        print(f"{'claimers':>8}  {'SQLite claims/s':>16}  {'PostgreSQL claims/s':>20}   ratio SQLite | PostgreSQL")
+        for n in CLAIMERS:
+            pair = {}
+            for label, fresh in (("lite", backends.sqlite), ("post", backends.postgres)):
+                plain, ahead = [], []
+                for _ in range(args.repeat):  # interleaved: both see the same machine load
+                    plain.append(claim_rate(fresh(), args.frames, n)["rate"])
+                    ahead.append(claim_rate(fresh(), args.frames, n, unrunnable=args.unrunnable)["rate"])
+                pair[label] = (statistics.median(ahead), statistics.median(ahead) / statistics.median(plain))
+            print(f"{n:>8}  {pair['lite'][0]:>16,.0f}  {pair['post'][0]:>20,.0f}   "
+                  f"{pair['lite'][1]:.2f} | {pair['post'][1]:.2f}")
 
         lite_s = submit_noop(backends.sqlite(), args.submit_frames)
         post_s = submit_noop(backends.postgres(), args.submit_frames)

@@ -19,6 +19,8 @@ Rules worth knowing before changing anything:
   per device; counts, wall and core-seconds are attempt facts and go to each model whole.
   An unreported attempt's devices take their models from their host's inventory; only a
   device no inventory lists is ``unknown``.
+- ``--by project`` groups by the job's ``project``; jobs without one form the group ``-``
+  (as ``--by host`` names attempts without a host).
 """
 
 from __future__ import annotations

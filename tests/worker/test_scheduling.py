@@ -211,3 +211,14 @@ def test_failed_frames_back_off_and_say_why_and_hopeless_ones_do_not_retry(farm)
     gap = datetime.fromisoformat(second_start.replace("Z", "+00:00")) - \
         datetime.fromisoformat(first_end.replace("Z", "+00:00"))
     assert gap.total_seconds() >= 1.4, gap
+
+
+# -- 12. work too big for the host: --until-idle says so -------------------------------------------------------
+def test_until_idle_says_when_waiting_work_needs_more_than_this_host_has(farm):
+    small = farm.submit({"name": "fits", "layers": [{"name": "c", "command": farm.probe()}]})
+    big = farm.submit({"name": "sim", "layers": [{"name": "s", "command": farm.probe(), "cores": 64}]})
+    res = farm.run_worker(farm.host("tiny", []), "--cores", "2")
+    assert res.returncode == 1, res.stderr
+    assert f"job {big} (sim) layer s needs 64 cores; this host has 2 cores" in res.stderr
+    assert {f["state"] for f in farm.frames(small)} == {"SUCCEEDED"}
+    assert {f["state"] for f in farm.frames(big)} == {"WAITING"}

@@ -11,8 +11,10 @@ import typer
 from cuectl.cli import term
 from cuectl.cli.migrate_cmd import migrate_cmd
 from cuectl.cli.report_cmd import report_cmd
+from cuectl.errors import InvalidInput
 
-admin_app = typer.Typer(help="Maintenance: reports, reaping, pruning, backups, diagnosis, stale leases.", no_args_is_help=True)
+admin_app = typer.Typer(help="Maintenance: reports, reaping, pruning, backups, diagnosis, stale leases, "
+                                 "limits and quotas.", no_args_is_help=True)
 JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
@@ -153,6 +155,111 @@ def token_revoke(ctx: typer.Context, token_id: int = typer.Argument(..., metavar
         term.line(f"revoked token {token.id} of {token.user}")
 
 
+limit_app = typer.Typer(help="Named limits (admins change them): at most N running frames, farm-wide, of every "
+                             "layer that names the limit (a licence pool).", no_args_is_help=True)
+admin_app.add_typer(limit_app, name="limit")
+
+
+def _limit_rows(limits: list[dict]) -> None:
+    term.table(["NAME", "MAX RUNNING", "RUNNING", "WAITING"],
+               [[r["name"], r["max_running"], r["running"], r["waiting"]] for r in limits])
+
+
+@limit_app.command("set")
+def limit_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME",
+                                                            help="1-100 of A-Z a-z 0-9 _ . -"),
+              max_running: int = typer.Argument(..., metavar="N", help="Frames holding it at once (0: none run)."),
+              as_json: bool = JSON_OPT) -> None:
+    """Create a named limit, or change its N (layers hold it with `limits:` or --limit)."""
+    row = ctx.obj.store().set_limit(name, max_running)
+    if as_json:
+        term.emit_json(row)
+    else:
+        term.line(f"limit {row['name']}: at most {row['max_running']} running ({row['running']} now, "
+                  f"{row['waiting']} waiting)")
+
+
+@limit_app.command("list")
+def limit_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """Every named limit, with the frames holding it now and those waiting for it."""
+    limits = ctx.obj.store().list_limits()
+    if as_json:
+        term.emit_json({"limits": limits})
+    elif limits:
+        _limit_rows(limits)
+    else:
+        term.info("no limits (an admin creates one with `cuectl admin limit set NAME N`)")
+
+
+@limit_app.command("delete")
+def limit_delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
+                 as_json: bool = JSON_OPT) -> None:
+    """Remove a named limit. Refused (exit 1) while unfinished frames hold it."""
+    ctx.obj.store().set_limit(name, None)
+    if as_json:
+        term.emit_json({"name": name, "deleted": True})
+    else:
+        term.line(f"deleted limit {name}")
+
+
+quota_app = typer.Typer(help="Quotas (admins change them): the GPUs and cores a user's or a project's running "
+                             "frames may hold at once, farm-wide.", no_args_is_help=True)
+admin_app.add_typer(quota_app, name="quota")
+KIND_ARG = typer.Argument(..., metavar="user|project", help="Whose quota: a user's or a project's.")
+
+
+def _cap(value: float | None, used: float) -> str:
+    return f"{used:g}/{value:g}" if value is not None else f"{used:g}/-"
+
+
+@quota_app.command("set")
+def quota_set(ctx: typer.Context, kind: str = KIND_ARG,
+              name: str = typer.Argument(..., metavar="NAME", help="The user name, or the project name."),
+              gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", help="GPUs its running frames may "
+                                                                                  "hold at once."),
+              cores: Optional[float] = typer.Option(None, "--cores", metavar="N", help="Cores its running frames "
+                                                                                      "may hold at once."),
+              as_json: bool = JSON_OPT) -> None:
+    """Set a quota: --gpus and/or --cores. It replaces the quota as a whole: a cap not given
+    is off (give both to keep both)."""
+    if gpus is None and cores is None:
+        raise InvalidInput("give --gpus and/or --cores",
+                           hint="`cuectl admin quota delete user|project NAME` removes a quota")
+    row = ctx.obj.store().set_quota(kind, name, max_gpus=gpus, max_cores=cores)
+    if as_json:
+        term.emit_json(row)
+        return
+    caps = [f"{row['max_gpus']} GPUs" if row["max_gpus"] is not None else None,
+            f"{row['max_cores']:g} cores" if row["max_cores"] is not None else None]
+    term.line(f"quota of {row['kind']} {row['name']}: at most {' and '.join(c for c in caps if c)} running "
+              f"({row['gpus_in_use']} GPUs, {row['cores_in_use']:g} cores now)")
+
+
+@quota_app.command("list")
+def quota_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """Every quota, with what its user or project holds now (in use/cap; - : no cap)."""
+    quotas = ctx.obj.store().list_quotas()
+    if as_json:
+        term.emit_json({"quotas": quotas})
+    elif quotas:
+        term.table(["KIND", "NAME", "GPUS", "CORES"],
+                   [[q["kind"], q["name"], _cap(q["max_gpus"], q["gpus_in_use"]),
+                     _cap(q["max_cores"], q["cores_in_use"])] for q in quotas])
+    else:
+        term.info("no quotas (an admin sets one with `cuectl admin quota set user|project NAME --gpus N`)")
+
+
+@quota_app.command("delete")
+def quota_delete(ctx: typer.Context, kind: str = KIND_ARG, name: str = typer.Argument(..., metavar="NAME"),
+                 as_json: bool = JSON_OPT) -> None:
+    """Remove a user's or a project's quota."""
+    ctx.obj.store().set_quota(kind, name, max_gpus=None, max_cores=None, delete=True)
+    if as_json:
+        term.emit_json({"kind": kind, "name": name, "deleted": True})
+    else:
+        term.line(f"deleted the quota of {kind} {name}")
+
+
 lease_app = typer.Typer(help="This machine's device leases: clear a record left by a holder that is gone.",
                         no_args_is_help=True)
 admin_app.add_typer(lease_app, name="lease")
@@ -190,7 +297,7 @@ def lease_break(device: str = typer.Argument(..., metavar="DEVICE",
                   f"the device is free")
 
 
-admin_app.command("report", help="Accounting per job, layer, user, host, GPU model or day: GPU-hours "
+admin_app.command("report", help="Accounting per job, layer, user, project, host, GPU model or day: GPU-hours "
                                   "allocated/busy/wasted, efficiency, failures, queue waits.")(report_cmd)
 
 

@@ -172,8 +172,11 @@ def _retry_delay(value: Any, label: str) -> float:
 def label_name(value: Any, label: str, what: str) -> str:
     """A limit or project name: 1-100 of A-Z a-z 0-9 _ . - (they appear in tables and SQL keys)."""
     name = expect_str(value, label)
-    if not LIMIT_NAME_RE.fullmatch(name):
-        raise InvalidInput(f"{label}: invalid {what} name {quote(name)} (1-100 of A-Z a-z 0-9 _ . -)")
+    if not LIMIT_NAME_RE.fullmatch(name) or not name.strip("-."):
+        # ("-" alone reads as "none" in every table: `admin report --by project` shows jobs
+        # without a project as "-".)
+        raise InvalidInput(f"{label}: invalid {what} name {quote(name)} (1-100 of A-Z a-z 0-9 _ . -, "
+                           "not only dashes and dots)")
     return name
 
 

@@ -20,6 +20,7 @@ What a state change means (next state, reaped state, submit rows) is decided in
 from __future__ import annotations
 
 import abc
+import functools
 import hashlib
 import json
 import secrets
@@ -67,6 +68,13 @@ _RECORD_ATTEMPT = (
     f"INSERT INTO attempts({', '.join(_ATTEMPT_COLUMNS)}) VALUES ({', '.join('?' * len(_ATTEMPT_COLUMNS))}) "
     "ON CONFLICT (frame_id, attempt) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _ATTEMPT_COLUMNS[2:]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _json_tuple(text: str) -> tuple[str, ...]:
+    """A stored JSON list of strings as a tuple. Cached: a farm's layers repeat a handful of
+    model and tag lists, and a dispatch pass reads every runnable layer's."""
+    return tuple(json.loads(text))
 
 
 def _attempt_failure(outcome: str, result: FrameResult | None) -> tuple[str | None, str | None]:
@@ -544,9 +552,9 @@ class SQLStore(Store):
             f"{page}ORDER BY j.priority DESC, j.created_at, j.id, l.idx LIMIT ?", params)
         return [RunnableLayer(layer_id=r["id"], job_id=r["job_id"], job=r["job_name"], layer=r["name"],
                               priority=r["priority"], gpus=r["gpus"], gpu_vendor=r["gpu_vendor"],
-                              gpu_models=tuple(json.loads(r["gpu_models"])),
+                              gpu_models=_json_tuple(r["gpu_models"]),
                               gpu_memory_min_bytes=r["gpu_memory_min_bytes"], cores=r["cores"],
-                              memory_bytes=r["memory_bytes"], tags=tuple(json.loads(r["tags"])), waiting=1,
+                              memory_bytes=r["memory_bytes"], tags=_json_tuple(r["tags"]), waiting=1,
                               user=r["user"], submitted_by=r["submitted_by"], receipt=r["receipt"],
                               order_key=(r["priority"], r["created_at"], r["job_id"], r["idx"]))
                 for r in rows]
