@@ -219,3 +219,28 @@ def test_import_cuectl_stays_light() -> None:
     imported = [line.rsplit("|", 1)[-1].strip() for line in timed.splitlines() if "|" in line]
     assert "cuectl" in imported
     assert not [m for m in imported if m.startswith(("cuectl.", "yaml", "typing"))]
+
+
+def test_a_job_built_in_python_carries_caps_limits_and_back_off(tmp_path):
+    import cuectl
+    from cuectl.sched.store import open_store
+
+    db = tmp_path / "caps.db"
+    store = open_store(str(db))
+    store.set_limit("nuke", 2)
+    store.close()
+    job = cuectl.Job("comp", project="show-a", max_running=4, max_gpus=2)
+    job.layer("nk", ["true"], range="1-3", limits="nuke", max_running=1, retry_delay="10s")
+    job_id = job.submit(db=str(db))
+    store = open_store(str(db))
+    try:
+        got = store.get_job(job_id)
+    finally:
+        store.close()
+    assert (got["project"], got["max_running"], got["max_gpus"]) == ("show-a", 4, 2)
+    assert (got["layers"][0]["limits"], got["layers"][0]["max_running"], got["layers"][0]["retry_delay_s"]) == \
+        (["nuke"], 1, 10.0)
+    bad = cuectl.Job("x", max_running=0)  # validated as a YAML spec is: the error names the field
+    bad.layer("a", ["true"])
+    with pytest.raises(InvalidInput, match="^max_running: must be 1 or more"):
+        bad.submit(db=str(db))

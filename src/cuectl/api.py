@@ -44,11 +44,17 @@ class Job:
     """
 
     def __init__(self, name: str, *, priority: int = 0, paused: bool = False,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, project: str | None = None,
+                 max_running: int | None = None, max_cores: float | None = None,
+                 max_gpus: int | None = None) -> None:
         self.name = name
         self.priority = priority
         self.paused = paused
         self.env: dict[str, Any] | None = dict(env) if env is not None else None
+        # The job's project label and caps (docs/scheduling.md); None: not set.
+        self.caps: dict[str, Any] = {key: value for key, value in (
+            ("project", project), ("max_running", max_running), ("max_cores", max_cores),
+            ("max_gpus", max_gpus)) if value is not None}
         self.layers: list[dict[str, Any]] = []
 
     def layer(
@@ -69,6 +75,9 @@ class Job:
         env: Mapping[str, str] | None = None,
         tags: Sequence[str] = (),
         depends: Depends | None = None,
+        max_running: int | None = None,
+        limits: Sequence[str] | str = (),
+        retry_delay: str | float | None = None,
     ) -> Job:
         """Add a layer (the keys of docs/job-spec.md) and return the job, for chaining.
 
@@ -93,6 +102,9 @@ class Job:
             "env": dict(env) if env is not None else None,
             "tags": ([tags] if isinstance(tags, str) else list(tags)) or None,
             "depends": _depends(depends),
+            "max_running": max_running,
+            "limits": ([limits] if isinstance(limits, str) else list(limits)) or None,
+            "retry_delay": retry_delay,
         }
         layer.update({key: value for key, value in optional.items() if value is not None})
         self.layers.append(layer)
@@ -100,7 +112,7 @@ class Job:
 
     def to_spec(self) -> dict[str, Any]:
         """The job as a mapping in the YAML spec's schema (a fresh copy each call)."""
-        spec: dict[str, Any] = {"name": self.name, "priority": self.priority, "paused": self.paused}
+        spec: dict[str, Any] = {"name": self.name, "priority": self.priority, "paused": self.paused, **self.caps}
         if self.env is not None:
             spec["env"] = dict(self.env)
         spec["layers"] = [_copy_layer(layer) for layer in self.layers]
