@@ -98,6 +98,24 @@ def submit(
     paused: bool = typer.Option(False, "--paused", help="Submit paused."),
     log_limit: Optional[str] = typer.Option(None, "--log-limit", help="Bytes each attempt's log may keep, head "
                                                                       "and tail (e.g. 100M; default: the worker's)."),
+    project: Optional[str] = typer.Option(None, "--project", metavar="NAME",
+                                          help="The job's project, for quotas and reports (with a spec: replaces "
+                                               "its project)."),
+    max_running: Optional[int] = typer.Option(None, "--max-running", metavar="N",
+                                              help="At most N frames of the job running at once, farm-wide (with a "
+                                                   "spec: replaces its max_running)."),
+    max_cores: Optional[float] = typer.Option(None, "--max-cores", metavar="N",
+                                              help="At most N cores held by the job's running frames (with a spec: "
+                                                   "replaces its max_cores)."),
+    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", metavar="N",
+                                           help="At most N GPUs held by the job's running frames (with a spec: "
+                                                "replaces its max_gpus)."),
+    limit: List[str] = typer.Option([], "--limit", metavar="NAME",
+                                    help="A named limit each running frame holds (repeatable; `cuectl admin limit "
+                                         "list`). Flag form only."),
+    retry_delay: Optional[str] = typer.Option(None, "--retry-delay", metavar="DUR",
+                                              help="Wait before a failed frame runs again, doubled per further "
+                                                   "failure (default 2s; 0: at once). Flag form only."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Submit a job: a YAML/JSON spec (a file, or - for standard input) with several layers,
@@ -125,6 +143,20 @@ def submit(
                 raise
         if log_limit is not None:  # for every layer that does not set its own
             job_spec = specs.with_log_limit(job_spec, log_limit, "--log-limit")
+        if limit or retry_delay is not None:  # layer settings: which layer would they mean?
+            flag = "--limit" if limit else "--retry-delay"
+            raise InvalidInput(f"{flag}: only for the flag form (one layer); in a spec, set "
+                               f"{'limits' if limit else 'retry_delay'}: on each layer that needs it")
+        # Job-level caps given as flags replace the spec's own, checked as the flag form's.
+        flag_caps = {key: value for key, value in (("project", project), ("max_running", max_running),
+                                                   ("max_cores", max_cores), ("max_gpus", max_gpus))
+                     if value is not None}
+        if flag_caps:
+            import dataclasses
+
+            from cuectl.sched.fields import flag_label
+
+            job_spec = dataclasses.replace(job_spec, **specs._job_caps(flag_caps.get, flag_label))
     else:
         if not args:
             raise InvalidInput("give one job spec file, - for standard input, or a command after --",
@@ -138,7 +170,8 @@ def submit(
             layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
             gpu_models=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
             retries=retries, timeout=timeout, env=env, tags=tag, paused=paused, user=config.current_user(),
-            frame_limit=config.frame_limit(), log_limit=log_limit)
+            frame_limit=config.frame_limit(), log_limit=log_limit, project=project, max_running=max_running,
+            max_cores=max_cores, max_gpus=max_gpus, limits=limit, retry_delay=retry_delay)
     store = ctx.obj.store(create=True)
     job_id = store.submit(job_spec, now=time.time())
     if as_json:
@@ -246,6 +279,34 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
         term.table(["LAYER", "ENV", "VALUE"], env_rows)
 
 
+@job_app.command("why")
+def job_why(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or unique name."),
+            as_json: bool = JSON_OPT) -> None:
+    """Why the job's frames wait, per layer and per host (like HTCondor's better-analyze)."""
+    from cuectl.sched.why import explain_job
+
+    result = explain_job(_store(ctx), job)
+    if as_json:
+        term.emit_json(result.to_json())
+        return
+    j = result.job
+    term.line(f"job {j['id']} {j['name']} (user {j['user']}, priority {j['priority']}): {_state(j)}, {_counts(j)}")
+    term.line(f"  pending reason: {result.reason or '-'}")
+    for layer in result.layers:
+        counts = ", ".join(f"{n} {s.lower()}" for s, n in layer.counts.items() if n) or "no frames"
+        term.line()
+        reason = layer.reason
+        if reason is None and any(h.can_run for h in layer.hosts):
+            reason = "could run now on " + ", ".join(h.host for h in layer.hosts if h.can_run)
+        elif reason is None and layer.hosts:
+            reason = "no blocker known (hosts without dispatch details may run it)"
+        term.line(f"layer {layer.name} ({counts}): {reason or 'nothing waits'}")
+        if layer.cap:
+            term.line(f"    cap: {layer.cap}")
+        for h in layer.hosts:
+            term.line(f"    {h.host}: {h.reason}")
+
+
 def _job_change(ctx: typer.Context, as_json: bool, data: dict, message: str) -> None:
     if as_json:
         term.emit_json(data)
@@ -342,15 +403,20 @@ def frame_list(ctx: typer.Context,
             raise InvalidInput(f"unknown frame state {state!r} (expected one of {', '.join(m.FRAME_STATES)})")
     if limit < 1:
         raise InvalidInput("--limit must be 1 or more")
-    frames, total = _store(ctx).list_frames(job=job, layer=layer, state=state, limit=limit)
+    from cuectl.sched.why import frame_reasons
+
+    store = _store(ctx)
+    frames, total = store.list_frames(job=job, layer=layer, state=state, limit=limit)
+    frame_reasons(store, frames)  # pending_reason of WAITING/DEPEND frames (their layer's, cuectl job why)
     truncated = total > len(frames)
     if as_json:
         term.emit_json({"frames": frames, "total": total, "truncated": truncated})
         return
-    term.table(["ID", "JOB", "FRAME", "STATE", "TRIES", "HOST", "GPUS", "GPU UTIL/MEM", "EXIT", "STARTED"],
+    term.table(["ID", "JOB", "FRAME", "STATE", "TRIES", "HOST", "GPUS", "GPU UTIL/MEM", "EXIT", "STARTED",
+                "PENDING REASON"],
                [[f["id"], f["job"], f["name"], f["state"], f["attempts"], f["host"], len(f["gpu_uuids"]) or "-",
                  _gpu_cell(f), f["exit_code"] if f["exit_signal"] is None else f"sig {f['exit_signal']}",
-                 f["started_at"]] for f in frames],
+                 f["started_at"], f.get("pending_reason")] for f in frames],
                footer=f"showing {len(frames)} of {total} frames (use --limit)" if truncated else None)
 
 

@@ -1,8 +1,13 @@
-"""Why a job's frames are not running: the ``pending_reason`` of ``job show``/``job list``.
+"""Why a job's frames are not running: the ``pending_reason`` of ``job show``/``job list``
+and the API.
 
-Only definite blockers are reported (paused, no host, no host could ever fit a layer's
-request, dependencies, dead upstream frames). A job that merely waits for a free device
-or slot has no reason (``null``): it will run when capacity frees up.
+The reasons come from ``cuectl.sched.why`` (the same logic as ``cuectl job why``), in
+short form: each layer's reason, ``layer NAME: …``, joined by ``; ``. Definite blockers
+(paused, no host, no host could ever fit a layer's request, dependencies, dead upstream
+frames) and what the workers publish with their heartbeats (hosts DOWN or locked, outside
+their schedule, ``--allow-user``, busy devices and who holds them, too little free GPU
+memory, reservations for higher-priority frames, reached caps). A layer some host could
+run now — or whose only fitting hosts publish nothing (older workers) — has no reason.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from cuectl.sched.store import Store
 
 
 def layer_blocker(layer: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[Device], Sequence[str]]]) -> str | None:
-    """Why no registered, unlocked host could ever run this layer's frames (or None)."""
+    """Why no registered, unlocked host could ever run this layer's frames (or None), from
+    inventories alone (kept for callers without a store; ``why`` says more)."""
     if not hosts:
         return "no host registered (start `cuectl worker`)"
     tagged = {name: devs for name, (devs, tags) in hosts.items() if tags_fit(layer["tags"], tags)}
@@ -28,29 +34,19 @@ def layer_blocker(layer: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[D
     return explain_hosts(GpuRequest.from_record(layer), tagged)
 
 
-def pending_reason(job: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[Device], Sequence[str]]],
-                   unproven: str | None = None) -> str | None:
-    """Why the job's waiting frames are not running; ``unproven``: why nothing proves that
-    its user submitted it (``identity.proof_problem``)."""
+def pending_reason(store: Store, job: Mapping[str, Any], unproven: str | None = None, *,
+                   farm: Any = None) -> str | None:
+    """Why the job's waiting frames are not running (``job`` from ``store.get_job``);
+    ``unproven``: why nothing proves that its user submitted it (``identity.proof_problem``)."""
+    from cuectl.sched import why
+
     counts = job["frame_counts"]
-    waiting, depend = counts.get(m.WAITING, 0), counts.get(m.DEPEND, 0)
-    if not waiting and not depend:
+    if not counts.get(m.WAITING) and not counts.get(m.DEPEND):
         return None
     if job["paused"]:
         return "job is paused (`cuectl job resume`)"
-    reasons = [f"root workers will not run it as {job['user']}: {unproven}"] if unproven else []
-    for layer in job.get("layers", []):
-        blocker = layer_blocker(layer, hosts)
-        if blocker:
-            reasons.append(f"layer {layer['name']}: {blocker}")
-    if reasons:
-        return "; ".join(reasons)
-    if not waiting and depend:
-        dead = job.get("dead_dependencies", 0)
-        if dead:
-            return f"{dead} frame(s) wait on DEAD frames; retry those to continue"
-        return f"{depend} frame(s) waiting on dependencies"
-    return None
+    farm = farm or why.Farm.read(store, store.clock())
+    return why.explain_loaded(store, job, farm, unproven=unproven, hosts_lines=False).reason
 
 
 def usable_hosts(store: Store) -> dict[str, tuple[list[Device], list[str]]]:
@@ -68,7 +64,7 @@ def describe_job(store: Store, ref: str | int, *, show_secrets: bool = False) ->
     from cuectl.sched.views import mask_env
 
     job = store.get_job(ref)
-    job["pending_reason"] = pending_reason(job, usable_hosts(store), unproven(store, job))
+    job["pending_reason"] = pending_reason(store, job, unproven(store, job))
     if not show_secrets:
         for layer in job.get("layers", []):
             layer["env"] = mask_env(layer.get("env") or {})
@@ -83,17 +79,19 @@ def describe_jobs(store: Store, *, include_finished: bool = True) -> list[dict[s
 def add_pending_reasons(store: Store, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Fill in ``pending_reason`` of ``list_jobs`` rows (in place; returned): only jobs with
     waiting frames need one, and only unpaused ones their layers and the hosts."""
-    hosts = None
+    from cuectl.sched import why
+
+    farm = None
     for job in jobs:
         counts = job["frame_counts"]
         if not (counts.get(m.WAITING) or counts.get(m.DEPEND)):
             continue
         if job["paused"]:
-            job["pending_reason"] = pending_reason(job, {}, None)  # says paused: needs no layers
+            job["pending_reason"] = "job is paused (`cuectl job resume`)"  # needs no layers
             continue
-        hosts = usable_hosts(store) if hosts is None else hosts
+        farm = why.Farm.read(store, store.clock()) if farm is None else farm
         full = store.get_job(job["id"])
-        job["pending_reason"] = pending_reason(full, hosts, unproven(store, full))
+        job["pending_reason"] = pending_reason(store, full, unproven(store, full), farm=farm)
     return jobs
 
 

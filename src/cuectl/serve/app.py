@@ -434,6 +434,9 @@ def create_app(settings: Settings) -> FastAPI:
                 attempts: bool, ids: list[int] | None = None) -> dict[str, Any]:
         store = pool.get()
         frames, total = store.list_frames(job=job, layer=layer, state=state, limit=limit, after=after, ids=ids)
+        from cuectl.sched.why import frame_reasons
+
+        frame_reasons(store, frames)  # WAITING/DEPEND frames: why, as `cuectl frame list` says it
         if attempts and frames:
             history = store.frame_attempts([f["id"] for f in frames])
             for f in frames:
