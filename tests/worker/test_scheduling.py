@@ -222,3 +222,18 @@ def test_until_idle_says_when_waiting_work_needs_more_than_this_host_has(farm):
     assert f"job {big} (sim) layer s needs 64 cores; this host has 2 cores" in res.stderr
     assert {f["state"] for f in farm.frames(small)} == {"SUCCEEDED"}
     assert {f["state"] for f in farm.frames(big)} == {"WAITING"}
+
+
+def test_frame_show_and_job_show_tell_the_failure_and_the_caps(farm):
+    farm.submit({"name": "first", "layers": [{"name": "a", "command": ["true"]}]})  # admin commands need a store
+    farm.cuectl("admin", "limit", "set", "licence", "2")
+    job = farm.submit({"name": "told", "project": "show-a", "max_gpus": 4, "layers": [
+        {"name": "gone", "command": ["sh", "-c", "exec /nonexistent/tool"], "limits": ["licence"],
+         "max_running": 1, "retry_delay": "5s"}]})
+    assert farm.run_worker(None).returncode == 0
+    frame = farm.frames(job)[0]
+    text = farm.cuectl("frame", "show", str(frame["id"])).stdout
+    assert "command not found (exit 127)" in text
+    shown = farm.cuectl("job", "show", str(job)).stdout
+    assert "show-a" in shown and "max_gpus 4" in shown
+    assert "licence" in shown and "5s" in shown

@@ -171,6 +171,9 @@ def limit_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"
               max_running: int = typer.Argument(..., metavar="N", help="Frames holding it at once (0: none run)."),
               as_json: bool = JSON_OPT) -> None:
     """Create a named limit, or change its N (layers hold it with `limits:` or --limit)."""
+    from cuectl.sched.store.caps import check_limit
+
+    check_limit(name, max_running)  # bad input: exit 2 before a store is opened (or created)
     row = ctx.obj.store().set_limit(name, max_running)
     if as_json:
         term.emit_json(row)
@@ -222,9 +225,9 @@ def quota_set(ctx: typer.Context, kind: str = KIND_ARG,
               as_json: bool = JSON_OPT) -> None:
     """Set a quota: --gpus and/or --cores. It replaces the quota as a whole: a cap not given
     is off (give both to keep both)."""
-    if gpus is None and cores is None:
-        raise InvalidInput("give --gpus and/or --cores",
-                           hint="`cuectl admin quota delete user|project NAME` removes a quota")
+    from cuectl.sched.store.caps import check_quota
+
+    check_quota(kind, name, gpus, cores)  # bad input: exit 2 before a store is opened (or created)
     row = ctx.obj.store().set_quota(kind, name, max_gpus=gpus, max_cores=cores)
     if as_json:
         term.emit_json(row)

@@ -253,8 +253,11 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
     if as_json:
         term.emit_json(data)
         return
+    caps = [f"{key} {data[key]:g}" for key in ("max_running", "max_gpus", "max_cores") if data.get(key) is not None]
     term.fields([("job", f"{data['id']} {data['name']}"), ("user", data["user"]), ("priority", data["priority"]),
                  ("state", _state(data)),
+                 *([("project", data["project"])] if data.get("project") else []),
+                 *([("caps", ", ".join(caps))] if caps else []),
                  ("created", data["created_at"]), ("frames", _counts(data)),
                  ("pending reason", data["pending_reason"])])
     rows = []
@@ -272,6 +275,13 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
                      layer["retries"], format_duration(layer["timeout_s"]), deps])
     term.line()
     term.table(["LAYER", "RANGE", "CHUNK", "GPUS", "CORES", "MEMORY", "RETRIES", "TIMEOUT", "DEPENDS"], rows)
+    cap_rows = [[layer["name"], layer.get("max_running") or "-", ", ".join(layer.get("limits") or []) or "-",
+                 "default" if layer.get("retry_delay_s") is None else format_duration(layer["retry_delay_s"])]
+                for layer in data["layers"] if layer.get("max_running") or layer.get("limits")
+                or layer.get("retry_delay_s") is not None]
+    if cap_rows:
+        term.line()
+        term.table(["LAYER", "MAX RUNNING", "LIMITS", "RETRY DELAY"], cap_rows)
     env_rows = [[layer["name"], key, value if str(value).isprintable() else repr(value)]  # a newline stays one row
                 for layer in data["layers"] for key, value in sorted((layer.get("env") or {}).items())]
     if env_rows:  # values of secret-looking names are *** unless --show-secrets (views.mask_env)
@@ -431,14 +441,15 @@ def frame_show(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame 
                                         "exit_code", "exit_signal", "started_at", "ended_at", "max_rss_bytes",
                                         "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes",
                                         "gpu_seconds", "gpu_util_pct", "gpu_memory_used_bytes", "gpu_sampled_at",
-                                        "log_path")])
+                                        "failure", "retry_at", "log_path")])
     if data.get("samples"):
         _print_samples(data)
     if data["attempt_history"]:
         term.line()
-        term.table(["ATTEMPT", "HOST", "OUTCOME", "EXIT", "SIGNAL", "STARTED", "ENDED", "GPU UTIL"],
+        term.table(["ATTEMPT", "HOST", "OUTCOME", "EXIT", "SIGNAL", "STARTED", "ENDED", "GPU UTIL", "WHY"],
                    [[a["attempt"], a["host"], a["outcome"], a["exit_code"], a["exit_signal"], a["started_at"],
-                     a["ended_at"], _pct(a["gpu_util_mean_pct"])] for a in data["attempt_history"]])
+                     a["ended_at"], _pct(a["gpu_util_mean_pct"]), a.get("failure")]
+                    for a in data["attempt_history"]])
 
 
 def _pct(value: float | None) -> str | None:

@@ -58,6 +58,40 @@ class Quota:
         return {"kind": self.kind, "name": self.name, "max_gpus": self.max_gpus, "max_cores": self.max_cores}
 
 
+def check_limit(name: str, max_running: int | None) -> str:
+    """A limit's name and N as ``admin limit set NAME N`` takes them (InvalidInput else)."""
+    from cuectl.sched.fields import whole_number
+    from cuectl.sched.spec import label_name
+
+    name = label_name(name, "NAME", "limit")
+    if max_running is not None:
+        whole_number(max_running, "N", minimum=0, maximum=1_000_000)
+    return name
+
+
+def check_quota(kind: str, name: str, max_gpus: int | None, max_cores: float | None, *,
+                delete: bool = False) -> str:
+    """A quota as ``admin quota set KIND NAME --gpus N --cores N`` takes it (InvalidInput else)."""
+    from cuectl.errors import InvalidInput
+    from cuectl.sched.fields import whole_number
+    from cuectl.sched.spec import label_name
+
+    if kind not in QUOTA_KINDS:
+        raise InvalidInput(f"KIND: {kind!r} is not one of {', '.join(QUOTA_KINDS)}")
+    if kind == "project":
+        name = label_name(name, "NAME", "project")
+    elif not name or not name.strip() or len(name) > 200 or not name.isprintable():
+        raise InvalidInput(f"NAME: {name!r} is not a user name")
+    if max_gpus is not None:
+        whole_number(max_gpus, "--gpus", minimum=0, maximum=1_000_000)
+    if max_cores is not None and not (max_cores >= 0 and max_cores < 1e9):
+        raise InvalidInput("--cores: must be 0 or more")
+    if not delete and max_gpus is None and max_cores is None:
+        raise InvalidInput("give --gpus and/or --cores", hint="`cuectl admin quota delete user|project NAME` "
+                                                              "removes a quota")
+    return name
+
+
 def caps_for(layer: Mapping[str, Any], limits: Mapping[str, int],
              quotas: Mapping[tuple[str, str], Quota]) -> list[Cap]:
     """Every cap a frame of ``layer`` (a layer row with its job's columns, as the claim

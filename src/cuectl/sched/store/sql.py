@@ -785,12 +785,8 @@ class SQLStore(Store):
 
     def set_limit(self, name: str, max_running: int | None) -> dict[str, Any] | None:
         """Create or change a named limit (None: remove it); admins only."""
-        from cuectl.sched.spec import label_name
-
-        name = label_name(name, "NAME", "limit")
+        name = capsmod.check_limit(name, max_running)
         self._admin_only("limit set" if max_running is not None else "limit delete", "limits")
-        if max_running is not None:
-            fields.whole_number(max_running, "N", minimum=0, maximum=1_000_000)
 
         def change(tx: Tx) -> None:
             if max_running is None:
@@ -827,20 +823,7 @@ class SQLStore(Store):
                   delete: bool = False) -> dict[str, Any] | None:
         """Set a user's or project's GPU and core caps (None: that cap off); ``delete``
         removes the quota. Admins only."""
-        from cuectl.sched.spec import label_name
-
-        if kind not in capsmod.QUOTA_KINDS:
-            raise InvalidInput(f"KIND: {kind!r} is not one of {', '.join(capsmod.QUOTA_KINDS)}")
-        if kind == "project":
-            name = label_name(name, "NAME", "project")
-        elif not name or not name.strip() or len(name) > 200 or not name.isprintable():
-            raise InvalidInput(f"NAME: {name!r} is not a user name")
-        if max_gpus is not None:
-            fields.whole_number(max_gpus, "--gpus", minimum=0, maximum=1_000_000)
-        if max_cores is not None and not (max_cores >= 0 and max_cores < 1e9):
-            raise InvalidInput("--cores: must be 0 or more")
-        if not delete and max_gpus is None and max_cores is None:
-            raise InvalidInput("give --gpus and/or --cores (or --delete to remove the quota)")
+        name = capsmod.check_quota(kind, name, max_gpus, max_cores, delete=delete)
         self._admin_only("quota delete" if delete else "quota set", "quotas")
 
         def change(tx: Tx) -> None:
