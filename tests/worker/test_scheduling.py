@@ -58,6 +58,8 @@ def test_a_multi_gpu_frame_reserves_devices_as_they_free_up_and_others_backfill(
     farm.wait_for(lambda: any(e["env"]["CUE_JOB"] == "big" for e in farm.starts()), timeout=20,
                   what="the 4-GPU frame to start")
     stop(proc)
+    said = proc.stderr.read()
+    assert f"reserving GPUs for job {big} (big) layer train: needs 4" in said, said
     uuids = devices_of(farm, fake)
     t4 = uuids[4]
     big_start = next(e for e in farm.starts() if e["env"]["CUE_JOB"] == "big")
@@ -155,7 +157,7 @@ def test_a_device_another_program_uses_gets_no_frame_until_it_is_gone(farm):
     farm.wait_for(lambda: len(farm.starts()) == 4, what="the frames to run on GPU 1", timeout=30)
     assert {u for e in farm.starts() for u in uuids_of(e)} == {uuids[1]}
     live = farm.wait_for(lambda: (host_live(farm, "nimby").get("dispatch") or {}).get("devices"), what="dispatch")
-    assert live[uuids[0]]["state"] == "nimby" and "another process" in live[uuids[0]]["holder"]
+    assert live[uuids[0]]["state"] == "nimby" and "another process" in live[uuids[0]]["holder"], live
     # The program exits: GPU 0 takes frames again.
     (state / "0.json").unlink()
     farm.submit({"name": "n2", "layers": [{"name": "g", "command": farm.probe("--sleep", "1"), "range": "1-2",

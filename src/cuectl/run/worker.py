@@ -180,6 +180,10 @@ class Worker:
     # that does not fit yet, and layers whose reservation ran out (layer id -> until when).
     _static_fit: dict[int, bool] = field(default_factory=dict)
     _reservation: dict[str, Any] | None = None
+    _said_reservation: int | None = None  # the layer the last reservation line was about
+    _next_device_view: float = 0.0  # when an idle pass next samples the devices for the live doc
+    # The devices as the last pass that sampled them saw them: (devices, busy, foreign use).
+    _last_look: tuple[Sequence[Device], set[str], Mapping[str, str]] = ((), set(), {})
     _reserve_cooldown: dict[int, float] = field(default_factory=dict)
     # What this host's dispatch looked like at the last pass (the heartbeat publishes it for
     # pending reasons and `cuectl job why`).
@@ -420,7 +424,9 @@ class Worker:
                     busy, foreign = self._busy(devices_now)
                     result = select_devices(GpuRequest.from_record(layer), devices_now, busy=busy | reserved)
                     if not result.devices:
-                        if reserving is None and result.could_ever_fit:
+                        # Only a multi-GPU frame can starve: a 1-GPU frame comes first in the
+                        # next pass and takes the first device it can use that frees up.
+                        if reserving is None and result.could_ever_fit and layer.gpus > 1:
                             reserving = self._reserve(layer, devices_now, busy, now)
                             if reserving is not None:
                                 reserved |= set(reserving["uuids"])
@@ -429,8 +435,30 @@ class Worker:
                         break
         if reserving is None:
             self._reservation = None
+        if devices_now is None and self.devices and now >= self._next_device_view:
+            # No GPU layer looked at the devices this pass: look anyway, at the heartbeat's
+            # pace, so what the host publishes (NIMBY, leases) stays true while idle.
+            devices_now = self._live_devices()
+            busy, foreign = self._busy(devices_now)
+        if devices_now is not None:
+            self._next_device_view = now + max(1.0, self.opts.lease_timeout_s / 4)
+        self._say_reservation(reserving)
         self._nothing_fits = True
         self._publish_dispatch(now, devices_now, busy, foreign, reserving, closed)
+
+    def _say_reservation(self, reserving: Mapping[str, Any] | None) -> None:
+        """One line when this host starts holding GPUs for a frame, and when it stops."""
+        now_id = reserving["layer_id"] if reserving else None
+        if now_id == self._said_reservation:
+            return
+        if self.say and reserving is not None:
+            self.say(f"reserving GPUs for job {reserving['job_id']} ({reserving['job']}) layer {reserving['layer']}: "
+                     f"needs {reserving['needs']}, {reserving['free']} free now; no lower-priority frame starts on "
+                     "them meanwhile")
+        elif self.say and self._said_reservation is not None:
+            self.say("reservation released" + (" (its time ran out: backfilling)"
+                                               if self._said_reservation in self._reserve_cooldown else ""))
+        self._said_reservation = now_id
 
     def _runnable(self) -> Iterator[RunnableLayer]:
         """Every runnable layer in dispatch order, a page at a time (read lazily: a pass that
@@ -530,7 +558,12 @@ class Worker:
         frames = {u: r.claim for r in self.running.values() for u in r.claim.gpu_uuids}
         held = set(reservation["uuids"]) if reservation else set()
         states: dict[str, dict[str, Any]] = {}
-        for d in devices if devices is not None else self.devices:
+        if devices is None:  # not looked at this pass: the last look stands (see _claim_all)
+            devices, busy, foreign = self._last_look
+        else:  # what others hold (our own frames are told from `running` whenever published)
+            busy = busy - set(frames)
+            self._last_look = (devices, busy, foreign)
+        for d in devices:
             state, holder = "free", None
             if d.uuid in frames:
                 claim = frames[d.uuid]
