@@ -108,8 +108,8 @@ def test_frame_environment_and_tokens(farm):
 
 def test_retries_then_dead_and_recovering_failures(farm):
     job = farm.submit({"name": "fail", "layers": [
-        layer("bad", farm.probe("--exit", "3"), retries=2),
-        layer("flaky", farm.probe("--fail-times", "1"), retries=1)]})
+        layer("bad", farm.probe("--exit", "3"), retries=2, retry_delay=0),  # the back-off: test_scheduling.py
+        layer("flaky", farm.probe("--fail-times", "1"), retries=1, retry_delay=0)]})
     assert farm.run_worker(None).returncode == 0
     frames = {f["layer"]: f for f in farm.frames(job)}
     assert (frames["bad"]["state"], frames["bad"]["attempts"], frames["bad"]["exit_code"]) == ("DEAD", 3, 3)

@@ -208,6 +208,30 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX jobs_user_state ON jobs("user", state);
     CREATE INDEX frames_running_job ON frames(job_id) WHERE state = 'RUNNING';
     """,
+    # v7: where a layer's frames run (the submitter's working directory, captured at submit:
+    # sbatch's convention) and which of the submitter's environment travelled with the job;
+    # notifications: what a job asked to be told (jobs.notify, JSON) and one row per event to
+    # deliver, so that each is delivered once, retried with back-off, whoever delivers it.
+    """
+    ALTER TABLE layers ADD COLUMN cwd TEXT;
+    ALTER TABLE jobs ADD COLUMN notify TEXT NOT NULL DEFAULT '[]';
+    CREATE TABLE notifications (
+        id {ID},
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        event TEXT NOT NULL,
+        frame_id INTEGER NOT NULL DEFAULT 0,
+        target TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        next_at REAL NOT NULL,
+        claimed_by TEXT,
+        claimed_until REAL,
+        delivered_at REAL,
+        error TEXT,
+        UNIQUE (job_id, event, frame_id, target)
+    );
+    CREATE INDEX notifications_due ON notifications(next_at) WHERE delivered_at IS NULL;
+    """,
 )
 
 
@@ -244,7 +268,7 @@ _ONLY: dict[tuple[int, str], tuple[str, ...]] = {
 SCHEMA_VERSION = len(MIGRATIONS)
 # Every table of ours: a database holding some of them but no ``meta`` is not a cuectl store.
 TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples", "tokens",
-          "limits", "layer_limits", "quotas")
+          "limits", "layer_limits", "quotas", "notifications")
 
 
 def statements(version: int, dialect: Dialect) -> list[str]:
