@@ -35,6 +35,8 @@ def test_bench_report_runs():
     ("bench_lease.py", ("--iterations", "50", "--runs", "2"), "cuectl run -- true"),
     ("bench_gpu_sample.py", (), "nvml (double), 8 devices"),
     ("bench_worker.py", ("--frames", "30"), "cuectl worker drain only"),  # task-spooler optional
+    ("bench_bulk.py", ("--jobs", "50", "--sample", "2"), "cuectl job kill --user U --yes"),
+    ("bench_farm_sim.py", ("--hosts", "4", "--seconds", "2", "--warmup", "0.5", "--procs", "2"), "capacity (needed"),
 ])
 def test_bench_scripts_run(script, args, expect):
     assert expect in run(script, *args)

@@ -46,6 +46,13 @@ def _job(db: Path, job_id: int) -> dict:
         store.close()
 
 
+def _own(env: dict) -> dict:
+    """A layer's env less what travelled from the submitter's (BASE export, as `cuectl submit`)."""
+    from cuectl.sched.spec import BASE_EXPORT
+
+    return {k: v for k, v in env.items() if k not in BASE_EXPORT}
+
+
 def _check_sweep(job: dict) -> None:
     assert job["name"] == "lr-sweep" and job["user"] == "ann" and job["priority"] == 7
     train, report = job["layers"]
@@ -53,7 +60,7 @@ def _check_sweep(job: dict) -> None:
     assert (train["gpus"], train["gpu_vendor"], train["gpu_models"]) == (1, "NVIDIA", ["A100", "H100"])
     assert train["gpu_memory_min_bytes"] == 24 * 1024 ** 3 and train["memory_bytes"] == 8 * 1024 ** 3
     assert (train["retries"], train["timeout_s"], train["tags"]) == (1, 7200.0, ["gpu"])
-    assert train["env"] == {"PROJECT": "demo"}
+    assert _own(train["env"]) == {"PROJECT": "demo"}
     assert report["command"] == "python report.py" and report["gpus"] == 0
     assert report["depends"] == [{"layer": "train", "type": "layer"}]
     assert [f["name"] for f in job["frames"]] == ["0001-train", "0002-train", "0003-train", "0004-train",
@@ -105,7 +112,7 @@ def test_builder_paused_chunks_and_frame_dependencies(db_path: Path) -> None:
     assert job["paused"] is True
     sim, mesh = job["layers"]
     assert sim["chunk"] == 5 and sim["cores"] == 2.0
-    assert mesh["env"] == {"K": "v"} and mesh["depends"] == [{"layer": "sim", "type": "frame"}]
+    assert _own(mesh["env"]) == {"K": "v"} and mesh["depends"] == [{"layer": "sim", "type": "frame"}]
     assert len(job["frames"]) == 4
 
 
@@ -244,3 +251,14 @@ def test_a_job_built_in_python_carries_caps_limits_and_back_off(tmp_path):
     bad.layer("a", ["true"])
     with pytest.raises(InvalidInput, match="^max_running: must be 1 or more"):
         bad.submit(db=str(db))
+
+
+def test_python_submit_captures_the_directory_and_base_environment_as_the_cli(db_path: Path, tmp_path: Path,
+                                                                            monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("VIRTUAL_ENV", "/opt/venvs/ml")
+    monkeypatch.setenv("HF_TOKEN", "secret")
+    job_id = cuectl.Job("where").layer("a", ["true"]).submit(db=str(db_path))
+    layer = _job(db_path, job_id)["layers"][0]
+    assert layer["cwd"] == str(tmp_path)
+    assert layer["env"]["VIRTUAL_ENV"] == "/opt/venvs/ml" and "HF_TOKEN" not in layer["env"]

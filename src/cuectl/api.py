@@ -147,12 +147,13 @@ def build_spec(spec: Mapping[str, Any] | str | Path | Job) -> JobSpec:
     from cuectl.sched import spec as specs
 
     user, limit = config.current_user(), config.frame_limit()
+    where, environ = config.submit_cwd(), config.submit_environ()  # as `cuectl submit` captures them
     if isinstance(spec, Job):
-        return specs.spec_from_mapping(spec.to_spec(), user=user, frame_limit=limit)
+        return specs.spec_from_mapping(spec.to_spec(), user=user, frame_limit=limit, cwd=where, environ=environ)
     if isinstance(spec, (str, Path)):
-        return specs.load_spec_file(spec, user=user, frame_limit=limit)
+        return specs.load_spec_file(spec, user=user, frame_limit=limit, cwd=where, environ=environ)
     if isinstance(spec, Mapping):
-        return specs.spec_from_mapping(spec, user=user, frame_limit=limit)
+        return specs.spec_from_mapping(spec, user=user, frame_limit=limit, cwd=where, environ=environ)
     raise InvalidInput(f"submit: expected a mapping, a path to a YAML job spec or a cuectl.Job, "
                        f"got {type(spec).__name__}")
 

@@ -22,6 +22,12 @@ def env(name: str, default: str | None = None) -> str | None:
     return value if value not in (None, "") else default
 
 
+def completion_request(var: str = "_CUECTL_COMPLETE") -> str | None:
+    """What a shell's completion script asks for (``bash_complete``, ``zsh_complete``,
+    ``fish_complete``: click's protocol, docs/completion.md); None for every other run."""
+    return env(var)
+
+
 def state_home() -> Path:
     xdg = env("XDG_STATE_HOME")
     return Path(xdg) if xdg else Path.home() / ".local" / "state"
@@ -190,6 +196,26 @@ def hostname() -> str:
 def inherited_environ() -> dict[str, str]:
     """The environment a frame or ``cuectl run`` child starts from."""
     return dict(os.environ)
+
+
+def submit_environ() -> dict[str, str]:
+    """The submitter's environment, of which ``--export`` (spec ``export:``) picks what
+    travels with a job."""
+    return dict(os.environ)
+
+
+def submit_cwd() -> str | None:
+    """Where ``cuectl submit`` (or ``cuectl.submit``) runs: the frames' default directory,
+    as sbatch's. None when it cannot be told (the directory was removed)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def sendmail_path() -> str:
+    """The local MTA's sendmail program for email notifications (``CUECTL_SENDMAIL``)."""
+    return env("CUECTL_SENDMAIL") or "/usr/sbin/sendmail"
 
 
 def test_hook() -> str | None:

@@ -150,12 +150,18 @@ def test_job_level_flags_replace_a_specs_own(cli, tmp_path):
     assert (job["project"], job["max_running"], job["max_gpus"]) == ("new", 5, 1)
     job = _ok(cli("submit", "--json", str(spec))).json()
     assert (job["project"], job["max_running"], job["max_gpus"]) == ("old", 5, None)
-    # Layer settings as flags would not say which layer: refused with a spec.
+    # Layer settings as flags apply to a one-layer spec, and are refused (naming the flag)
+    # for a spec of several layers: they would not say which.
+    _ok(cli("admin", "limit", "set", "x", "1"))
+    job = _ok(cli("submit", "--json", str(spec), "--limit", "x", "--retry-delay", "5s")).json()
+    assert (job["layers"][0]["limits"], job["layers"][0]["retry_delay_s"]) == (["x"], 5.0)
+    two = tmp_path / "two.yaml"
+    two.write_text(SPEC + "  - name: b\n    command: [true]\n")
     for flags, word in ((["--limit", "x"], "--limit"), (["--retry-delay", "5s"], "--retry-delay")):
-        line = _one_error(cli("submit", str(spec), *flags))
-        assert line.startswith(f"error: {word}: only for the flag form"), line
+        line = _one_error(cli("submit", str(two), *flags))
+        assert line.startswith(f"error: {word}: a layer setting, and the spec has 2 layers"), line
     assert _one_error(cli("submit", str(spec), "--max-running", "0")).startswith("error: --max-running:")
-    assert len(cli("job", "list", "--json").json()["jobs"]) == 2
+    assert len(cli("job", "list", "--json").json()["jobs"]) == 3  # the two above and the --limit one
 
 
 def test_report_by_project(cli, db_path):

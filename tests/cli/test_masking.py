@@ -32,7 +32,7 @@ SECRET_VALUES = ["ghp_abc", "hf_xyz", "sk-123", "s3", "pw"]
 @pytest.fixture
 def job(cli):
     args = [a for kv in ENV for a in ("--env", kv)]
-    res = cli("submit", "--name", "masked", *args, "--", "true")
+    res = cli("submit", "--name", "masked", "--export", "NONE", *args, "--", "true")  # only what --env sets
     assert res.exit_code == 0, res
     return res.stdout.strip()
 
@@ -65,7 +65,7 @@ def test_job_show_json_consistent(cli, job):
 
 
 def test_job_show_without_env_has_no_env_table(cli):
-    job_id = cli("submit", "--name", "bare", "--", "true").stdout.strip()
+    job_id = cli("submit", "--name", "bare", "--export", "NONE", "--", "true").stdout.strip()
     out = cli("job", "show", job_id).stdout
     assert "VALUE" not in out
 

@@ -39,7 +39,7 @@ def make_ctx(tmp_path: Path, **over: object) -> FrameContext:
         job="shot01", job_id="j-1", layer="render", layer_id="l-1", frame_id="f-7",
         frame_number=5, frames=(5, 6, 7), layer_range="1-100", chunk=3, attempt=2,
         cores=2.7, memory_bytes=8 * 1024 * MIB, gpu_memory_bytes=16 * 1024 * MIB,
-        log_path=tmp_path / "logs" / "f-7.log",
+        log_path=tmp_path / "logs" / "f-7.log", user="alice",
     )
     values.update(over)
     return FrameContext(**values)  # type: ignore[arg-type]
@@ -75,18 +75,27 @@ def run(argv: list[str], tmp_path: Path, **kw: object) -> tuple[ExitInfo, str, F
 
 
 def test_tokens_in_argv_form(tmp_path: Path) -> None:
+    # Each token as Cuebot's DispatchSupportService.prepareRqdRunFrame fills it: #FRAME# is
+    # the frame's name, #FRAME_CHUNK# the layer's chunk size.
     ctx = make_ctx(tmp_path)
     argv = substitute_tokens(
         ["render", "-f", "#IFRAME#", "#FRAME#", "#ZFRAME#", "#FRAME_START#-#FRAME_END#",
-         "--spec=#FRAMESPEC#", "#LAYER#/#JOB#", "#UNKNOWN#"], ctx)
-    assert argv == ["render", "-f", "5", "0005", "0005", "5-7", "--spec=5-7", "render/shot01", "#UNKNOWN#"]
+         "--spec=#FRAMESPEC#", "#LAYER#/#JOB#", "#FRAME_CHUNK#", "#UNKNOWN#"], ctx)
+    assert argv == ["render", "-f", "5", "0005-render", "0005", "5-7", "--spec=5-7", "render/shot01", "3",
+                    "#UNKNOWN#"]
+
+
+def test_tokens_opencue_does_not_have_are_left_alone(tmp_path: Path) -> None:
+    # prepareRqdRunFrame replaces no #USER#, #SHOW#, #SHOT#, #LOGDIR#, #JOB_ID# or #LAYER_ID#.
+    words = ["#USER#", "#SHOW#", "#SHOT#", "#LOGDIR#", "#JOB_ID#", "#LAYER_ID#"]
+    assert substitute_tokens(words, make_ctx(tmp_path)) == words
 
 
 def test_zero_padding_and_chunk_order(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path, frame_number=-1, frames=(-1, 3, 1))
     assert substitute_tokens(["#FRAME#", "#ZFRAME#", "#IFRAME#", "#FRAME_START#", "#FRAME_END#"], ctx) == [
-        "-001", "-001", "-1", "-1", "1"]
-    assert substitute_tokens(["#FRAME#"], make_ctx(tmp_path, frame_number=12345, frames=(12345,))) == ["12345"]
+        "-001-render", "-001", "-1", "-1", "1"]
+    assert substitute_tokens(["#ZFRAME#"], make_ctx(tmp_path, frame_number=12345, frames=(12345,))) == ["12345"]
 
 
 def test_substitution_is_single_pass(tmp_path: Path) -> None:
@@ -128,9 +137,10 @@ def test_frame_env_table(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     env = frame_env(ctx, layer_env={"FOO": "bar"}, isolation={"CUE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "3"},
                     base={"PATH": "/bin"})
+    # Cuebot's prepareRqdRunFrame set (less CUE_SHOW, CUE_SHOT, CUE_THREADABLE: docs/opencue.md).
     assert env == {
         "PATH": "/bin", "FOO": "bar", "CUE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "3",
-        "CUE_JOB": "shot01", "CUE_JOB_ID": "j-1", "CUE_LAYER": "render", "CUE_LAYER_ID": "l-1",
+        "CUE3": "1", "CUE_USER": "alice", "CUE_JOB": "shot01", "CUE_JOB_ID": "j-1", "CUE_LAYER": "render", "CUE_LAYER_ID": "l-1",
         "CUE_FRAME_ID": "f-7", "CUE_IFRAME": "5", "CUE_FRAME": "0005-render", "CUE_RANGE": "1-100",
         "CUE_CHUNK": "3", "CUE_ATTEMPT": "2", "CUE_THREADS": "2", "CUE_MEMORY": str(8 * 1024 * MIB),
         "CUE_GPU_MEMORY": str(16 * 1024 * MIB), "CUE_LOG_PATH": str(ctx.log_path),

@@ -163,13 +163,92 @@ def test_frame_by_frame_dependency_with_different_chunks(store):
     # Frames without a counterpart upstream have no dependency at all.
     assert {f["state"] for f in store.list_frames(job=job_id, layer="extra")[0]} == {"WAITING"}
     render = {f["number"]: f["id"] for f in store.list_frames(job=job_id, layer="render")[0]}
-    store.frame_action([render[1]], "eat", now=NOW)  # eaten frames release dependents too
-    assert store.get_frame(comp[1]["id"])["state"] == "DEPEND"
+    for number in (1, 2):
+        c = claim_next(store)
+        assert (c.layer, c.number) == ("render", number)
+        store.complete_frame(c.frame_id, 1, ok(), now=NOW)
+        assert store.get_frame(comp[1]["id"])["state"] == ("DEPEND" if number == 1 else "WAITING")
+    assert store.get_frame(comp[3]["id"])["state"] == "DEPEND"
+    assert render[1] != render[2]
+
+
+def _eaten_upstream_job(store):
+    """render 1-2, comp 1-2 frame by frame on render, final on comp (a layer dependency)."""
+    job_id = store.submit(job(layers=[
+        {"name": "render", "command": ["true"], "range": "1-2"},
+        {"name": "comp", "command": ["true"], "range": "1-2", "depends": [{"layer": "render", "type": "frame"}]},
+        {"name": "final", "command": ["true"], "range": "1", "depends": ["comp"]}]), now=NOW)
+    frames = {(f["layer"], f["number"]): f["id"] for f in store.list_frames(job=job_id)[0]}
+    return job_id, frames
+
+
+def test_eaten_frames_keep_dependents_waiting_by_default(store):
+    # OpenCue's default: cuebot/src/main/resources/opencue.properties
+    # depend.satisfy_only_on_frame_success=true (FrameCompleteHandler satisfies dependents
+    # only on SUCCEEDED; JobManagerSupport.eatFrame satisfies nothing).
+    job_id, frames = _eaten_upstream_job(store)
+    assert {s["name"]: s["value"] for s in store.settings()} == {"depend.satisfy_on_eaten": False}
+    store.frame_action([frames[("render", 1)]], "eat", now=NOW)
+    assert store.get_frame(frames[("comp", 1)])["state"] == "DEPEND"
     c = claim_next(store)
     assert (c.layer, c.number) == ("render", 2)
     store.complete_frame(c.frame_id, 1, ok(), now=NOW)
-    assert store.get_frame(comp[1]["id"])["state"] == "WAITING"
-    assert store.get_frame(comp[3]["id"])["state"] == "DEPEND"
+    assert store.get_frame(frames[("comp", 2)])["state"] == "WAITING"
+    shown = store.get_job(job_id)
+    assert (shown["eaten_dependencies"], shown["dead_dependencies"]) == (1, 0)
+    # comp 2 runs; comp 1 still waits, so final (on the whole layer) waits too.
+    c = claim_next(store)
+    store.complete_frame(c.frame_id, 1, ok(), now=NOW)
+    assert store.get_frame(frames[("comp", 1)])["state"] == "DEPEND"
+    assert claim_next(store) is None
+    # Eating comp 1 finishes comp's frames, but a layer with an EATEN frame satisfies nothing.
+    store.frame_action([frames[("comp", 1)]], "eat", now=NOW)
+    assert store.get_frame(frames[("final", 1)])["state"] == "DEPEND"
+    assert store.get_job(job_id)["state"] == "PENDING"
+    # A retry of the eaten frames runs them; their success releases as usual.
+    store.frame_action([frames[("render", 1)], frames[("comp", 1)]], "retry", now=NOW)
+    c = claim_next(store)
+    assert (c.layer, c.number) == ("render", 1)
+    store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW)
+    c = claim_next(store)
+    assert (c.layer, c.number) == ("comp", 1)
+    store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW)
+    assert store.get_frame(frames[("final", 1)])["state"] == "WAITING"
+
+
+def test_satisfy_on_eaten_setting_releases_like_success(store):
+    # The other Cuebot behaviour (depend.satisfy_only_on_frame_success=false), as a setting.
+    job_id, frames = _eaten_upstream_job(store)
+    rows = store.set_setting("depend.satisfy_on_eaten", "true", now=NOW)
+    assert {s["name"]: (s["value"], s["default"]) for s in rows} == {"depend.satisfy_on_eaten": (True, False)}
+    store.frame_action([frames[("render", 1)]], "eat", now=NOW)
+    assert store.get_frame(frames[("comp", 1)])["state"] == "WAITING"
+    store.frame_action([frames[("render", 2)], frames[("comp", 1)]], "eat", now=NOW)
+    c = claim_next(store)
+    assert (c.layer, c.number) == ("comp", 2)
+    store.complete_frame(c.frame_id, 1, ok(), now=NOW)
+    assert store.get_frame(frames[("final", 1)])["state"] == "WAITING"  # a layer of SUCCEEDED + EATEN
+    assert store.get_job(job_id)["eaten_dependencies"] == 0
+
+
+def test_turning_satisfy_on_eaten_on_releases_what_already_waits(store):
+    job_id, frames = _eaten_upstream_job(store)
+    store.frame_action([frames[("render", 1)], frames[("render", 2)]], "eat", now=NOW)
+    assert store.get_job(job_id)["eaten_dependencies"] == 2
+    store.set_setting("depend.satisfy_on_eaten", "false", now=NOW)  # no change: nothing moves
+    assert store.get_frame(frames[("comp", 1)])["state"] == "DEPEND"
+    store.set_setting("depend.satisfy_on_eaten", True, now=NOW)
+    assert {store.get_frame(frames[("comp", n)])["state"] for n in (1, 2)} == {"WAITING"}
+    assert store.get_job(job_id)["eaten_dependencies"] == 0
+    store.set_setting("depend.satisfy_on_eaten", "off", now=NOW)
+    assert store.settings()[0]["value"] is False
+
+
+def test_settings_refuse_unknown_names_and_values(store):
+    with pytest.raises(InvalidInput, match="not a store setting"):
+        store.set_setting("depend.nope", "true", now=NOW)
+    with pytest.raises(InvalidInput, match="not true or false"):
+        store.set_setting("depend.satisfy_on_eaten", "maybe", now=NOW)
 
 
 def test_dead_upstream_blocks_and_retry_unblocks(store):

@@ -193,6 +193,24 @@ def test_dead_upstream_frames_are_named(store):
     assert f"DEAD frames 0001-sim (#{frames[0]['id']})" in text and f"cuectl frame retry {frames[0]['id']}" in text
 
 
+def test_eaten_upstream_frames_are_named_with_the_rule_and_the_way_out(store):
+    # OpenCue's default (depend.satisfy_only_on_frame_success=true): an eaten frame satisfies
+    # no dependency, so "done" counts SUCCEEDED frames only and the eaten ones are named.
+    host(store, "n1", dispatch_doc=dispatch())
+    job = submit(store, "j", {"name": "sim", "range": "1-2"},
+                 {"name": "render", "range": "1-2", "depends": [{"layer": "sim", "type": "frame"}]})
+    frames, _ = store.list_frames(job=job, layer="sim")
+    store.frame_action([frames[0]["id"]], "eat", now=NOW)
+    text = reason(store, job, 1)
+    assert "layer sim frame by frame (0/2 done)" in text
+    assert f"waits on eaten frame(s) of layer sim: 0001-sim (#{frames[0]['id']})" in text
+    assert "cuectl admin setting set depend.satisfy_on_eaten true" in text
+    assert f"cuectl frame retry {frames[0]['id']}" in text
+    store.set_setting("depend.satisfy_on_eaten", "true", now=NOW)
+    text = reason(store, job, 1)
+    assert text == "1 frame waits on layer sim frame by frame (1/2 done)"
+
+
 def test_reserved_for_a_higher_priority_job(store):
     reservation = {"job_id": 7, "job": "big", "layer": "train", "layer_id": 9999, "priority": 100,
                    "needs": "4 × NVIDIA device matching 'A100'", "free": 2, "uuids": ["GPU-a", "GPU-b"],

@@ -97,10 +97,13 @@ def test_a_running_frame_live_then_its_log_followed_to_the_end(run):
     assert len(chunks) > 1 and chunks[-1][0] - chunks[0][0] > 0.8, [(round(t, 2), c) for t, c in chunks]
     # ...and what it streamed is the whole log.
     assert api.get(f"{API}/frames/{frame['id']}/log").text == text
-    assert api.get(f"{API}/frames/{frame['id']}/log?tail=2").text == "line 8\nline 9\n"
+    # The last line is the worker's footer (launch.log_footer).
+    tail = api.get(f"{API}/frames/{frame['id']}/log?tail=3").text.splitlines()
+    assert tail[:2] == ["line 8", "line 9"] and tail[2].startswith(f"=== cuectl frame {frame['id']} attempt 1 ended ")
     # Following a finished frame's log gives it all and ends at once.
     t0 = time.monotonic()
-    assert b"".join(c for _, c in api.stream(f"{API}/frames/{frame['id']}/log?follow=true&tail=1")) == b"line 9\n"
+    assert b"".join(c for _, c in api.stream(f"{API}/frames/{frame['id']}/log?follow=true&tail=1")) \
+        == (tail[2] + "\n").encode()
     assert time.monotonic() - t0 < 5
 
 
@@ -117,7 +120,8 @@ def test_attempt_history_after_a_retry(run):
         (1, "failed", 1, "wk-h"), (2, "succeeded", 0, "wk-h")]
     assert all(a["started_at"].endswith("Z") and a["ended_at"] >= a["started_at"] for a in history)
     assert api.ok("GET", f"{API}/frames/{frame['id']}")["attempt_history"] == history
-    assert api.get(f"{API}/frames/{frame['id']}/log?tail=1").text == "attempt 2\n"  # the latest attempt's log
+    # The latest attempt's log (its last line is the worker's footer, launch.log_footer).
+    assert api.get(f"{API}/frames/{frame['id']}/log?tail=2").text.splitlines()[0] == "attempt 2"
     (gpu_frame,) = api.ok("GET", f"{API}/jobs/{run['stream']}/frames")["frames"]
     (attempt,) = gpu_frame["attempt_history"]
     assert attempt["gpu_uuids"] == ["GPU-wk-0"] and attempt["gpu_util_mean_pct"] == 73.0

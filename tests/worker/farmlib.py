@@ -51,8 +51,9 @@ class Farm:
 
     def cuectl(self, *args: str, check: bool = True, fake: Path | None = None) -> subprocess.CompletedProcess:
         env = self.env(**({"CUECTL_FAKE_GPUS": str(fake)} if fake else {}))
+        # In the test's tmp dir: a job submitted here runs its frames here (submit's directory).
         res = subprocess.run([*cuectl_cmd(), "--db", str(self.db), *args], capture_output=True, text=True,
-                             env=env, timeout=120)
+                             env=env, timeout=120, cwd=self.tmp)
         if check and res.returncode != 0:
             raise AssertionError(f"cuectl {args} exited {res.returncode}: {res.stderr}")
         return res

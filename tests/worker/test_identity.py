@@ -152,3 +152,26 @@ def test_only_an_admin_manages_api_tokens(shared_farm, os_users):
     assert bob.run([*base, "admin", "token", "revoke", str(created["id"])], env=shared_farm.env()).returncode == 1
     shared_farm.cuectl("admin", "token", "revoke", str(created["id"]))
     assert json.loads(shared_farm.cuectl("admin", "token", "list", "--json").stdout)["tokens"][0]["revoked_at"]
+
+
+def test_a_directory_changed_in_the_store_after_submit_never_runs(shared_farm, os_users):
+    """bob points alice's job at a directory he controls, where `python3 train.py` would run
+    his train.py as alice. The directory is part of the receipt's digest: nothing runs."""
+    alice, bob = os_users("alice", "bob")
+    marker = shared_farm.tmp / "bob-ran-as-alice"
+    trap = shared_farm.tmp / "bobs-dir"
+    trap.mkdir()
+    (trap / "train.py").write_text(f"open({str(marker)!r}, 'w').write('pwned')\n")
+    trap.chmod(0o755)
+    (trap / "train.py").chmod(0o644)
+    job = submit_as(alice, shared_farm, {"name": "victim-dir", "cwd": str(shared_farm.tmp), "layers": [
+        {"name": "w", "command": ["python3", "train.py"], "retries": 0}]})
+    edit = (f"import sqlite3; c = sqlite3.connect({str(shared_farm.db)!r}); "
+            f"c.execute('UPDATE layers SET cwd = ? WHERE job_id = ?', ({str(trap)!r}, {job})); c.commit()")
+    res = bob.run([sys.executable, "-c", edit])
+    assert res.returncode == 0, res.stderr
+    assert shared_farm.run_worker(None).returncode == 0
+    assert not marker.exists()
+    (frame,) = shared_farm.frames(job)
+    assert frame["state"] == "DEAD"
+    assert "directory" in shared_farm.cuectl("frame", "log", str(frame["id"])).stdout

@@ -51,7 +51,7 @@ def test_worker_runs_only_allowed_users_jobs(farm):
 
 
 def test_secret_env_values_are_masked_unless_asked(farm):
-    job = farm.submit({"name": "creds", "env": {"API_TOKEN": "s3cr3t", "DB_PASSWORD": "hunter2"},
+    job = farm.submit({"name": "creds", "env": {"API_TOKEN": "s3cr3t", "DB_PASSWORD": "hunter2"}, "export": "NONE",
                        "layers": [{"name": "a", "command": ["true"], "env": {"SHOT": "010"}}]})
     shown = farm.cuectl("job", "show", str(job), "--json").stdout
     assert "s3cr3t" not in shown and "hunter2" not in shown

@@ -300,6 +300,136 @@ def lease_break(device: str = typer.Argument(..., metavar="DEVICE",
                   f"the device is free")
 
 
+notify_app = typer.Typer(help="Notifications: the farm's defaults (admins set them; every job gets them) and "
+                              "their delivery (docs/notifications.md).", no_args_is_help=True)
+admin_app.add_typer(notify_app, name="notify")
+
+
+def _notify_targets(entries: list[dict]) -> list[list[str]]:
+    return [[next(k for k in ("command", "webhook", "email") if k in e), ",".join(e["on"]),
+             str(next(e[k] for k in ("command", "webhook", "email") if k in e))] for e in entries]
+
+
+@notify_app.command("set")
+def notify_set(ctx: typer.Context,
+               command: list[str] = typer.Option([], "--command", metavar="CMD", help="A shell command (repeatable)."),
+               webhook: list[str] = typer.Option([], "--webhook", metavar="URL", help="An http(s) URL (repeatable)."),
+               email: list[str] = typer.Option([], "--email", metavar="ADDR", help="An address (repeatable)."),
+               on: list[str] = typer.Option([], "--on", metavar="EVENT",
+                                            help="finished, failed, dead (repeatable; default finished, failed)."),
+               as_json: bool = JSON_OPT) -> None:
+    """Replace the farm's notification defaults: every job also notifies these targets."""
+    from cuectl.sched import notify as nt
+
+    entries = nt.from_flags(commands=command, webhooks=webhook, emails=email, on=on)
+    if not entries:
+        raise InvalidInput("give --command, --webhook or --email (`cuectl admin notify clear` removes them)")
+    rows = ctx.obj.store().set_notify_defaults(entries)
+    if as_json:
+        term.emit_json({"notify_defaults": rows})
+    else:
+        term.table(["KIND", "ON", "TARGET"], _notify_targets(rows))
+
+
+@notify_app.command("list")
+def notify_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """The farm's notification defaults."""
+    rows = ctx.obj.store().notify_defaults()
+    if as_json:
+        term.emit_json({"notify_defaults": rows})
+    elif rows:
+        term.table(["KIND", "ON", "TARGET"], _notify_targets(rows))
+    else:
+        term.info("no farm notification defaults (an admin sets them with `cuectl admin notify set`)")
+
+
+@notify_app.command("clear")
+def notify_clear(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """Remove the farm's notification defaults."""
+    ctx.obj.store().set_notify_defaults([])
+    if as_json:
+        term.emit_json({"notify_defaults": []})
+    else:
+        term.line("farm notification defaults cleared")
+
+
+@notify_app.command("history")
+def notify_history(ctx: typer.Context, job: Optional[str] = typer.Option(None, "--job", metavar="JOB"),
+                   pending: bool = typer.Option(False, "--pending", help="Only those not delivered yet."),
+                   limit: int = typer.Option(1000, "--limit", metavar="N"),
+                   as_json: bool = JSON_OPT) -> None:
+    """Recorded notifications: what was (or is still to be) delivered, tries and errors."""
+    from cuectl.sched.views import iso
+
+    rows = ctx.obj.store().list_notifications(job=job, pending=pending, limit=limit)
+    for r in rows:  # ISO times, as every --json; a given-up row is never due (null)
+        for key in ("created_at", "next_at", "claimed_until", "delivered_at"):
+            r[key] = iso(r[key]) if r[key] is not None and r[key] < 1e15 else None
+    if as_json:
+        term.emit_json({"notifications": rows})
+        return
+    if not rows:
+        term.info("no notifications recorded")
+        return
+    term.table(["ID", "JOB", "EVENT", "FRAME", "KIND", "TARGET", "TRIES", "DELIVERED", "ERROR"],
+               [[r["id"], r["job_id"], r["event"], r["frame_id"] or "-", r["kind"], r["target"], r["attempts"],
+                 r["delivered_at"] or "-",
+                 r["error"] or ""] for r in rows])
+
+
+@notify_app.command("deliver")
+def notify_deliver(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """Deliver what is due now, once (for cron, or a store without workers running)."""
+    import os
+
+    from cuectl import config
+    from cuectl.run.notify import Deliverer
+
+    store = ctx.obj.store()
+    # As root, hooks run as each job's proven user (never as root), as a root worker runs them.
+    deliverer = Deliverer(store, deliverer_id=f"admin@{config.hostname()}:{os.getpid()}",
+                          run_as_submitter=os.geteuid() == 0, warn=term.warn)
+    delivered, failed = deliverer.run_once(store.clock())
+    if as_json:
+        term.emit_json({"delivered": delivered, "failed": failed})
+    else:
+        term.line(f"{delivered} notification(s) delivered, {failed} failed")
+    if failed:
+        raise typer.Exit(1)
+
+
+setting_app = typer.Typer(help="Store settings (admins change them), e.g. depend.satisfy_on_eaten "
+                               "(docs/opencue.md).", no_args_is_help=True)
+admin_app.add_typer(setting_app, name="setting")
+
+
+def _setting_rows(rows: list[dict]) -> list[list[str]]:
+    return [[r["name"], str(r["value"]).lower(), str(r["default"]).lower(), r["help"]] for r in rows]
+
+
+@setting_app.command("list")
+def setting_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """Every store setting, its value and its default."""
+    rows = ctx.obj.store().settings()
+    if as_json:
+        term.emit_json({"settings": rows})
+    else:
+        term.table(["NAME", "VALUE", "DEFAULT", "MEANING"], _setting_rows(rows))
+
+
+@setting_app.command("set")
+def setting_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
+                value: str = typer.Argument(..., metavar="VALUE", help="true or false."),
+                as_json: bool = JSON_OPT) -> None:
+    """Set a store setting (admins only). Turning depend.satisfy_on_eaten on releases what
+    already waits on eaten frames."""
+    rows = ctx.obj.store().set_setting(name, value, now=time.time())
+    if as_json:
+        term.emit_json({"settings": rows})
+    else:
+        term.table(["NAME", "VALUE", "DEFAULT", "MEANING"], _setting_rows(rows))
+
+
 admin_app.command("report", help="Accounting per job, layer, user, project, host, GPU model or day: GPU-hours "
                                   "allocated/busy/wasted, efficiency, failures, queue waits.")(report_cmd)
 

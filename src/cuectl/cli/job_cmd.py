@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -112,10 +112,34 @@ def submit(
                                                 "replaces its max_gpus)."),
     limit: List[str] = typer.Option([], "--limit", metavar="NAME",
                                     help="A named limit each running frame holds (repeatable; `cuectl admin limit "
-                                         "list`). Flag form only."),
+                                         "list`)."),
     retry_delay: Optional[str] = typer.Option(None, "--retry-delay", metavar="DUR",
                                               help="Wait before a failed frame runs again, doubled per further "
-                                                   "failure (default 2s; 0: at once). Flag form only."),
+                                                   "failure (default 2s; 0: at once)."),
+    chdir: Optional[str] = typer.Option(None, "--chdir", "-D", metavar="DIR",
+                                        help="Directory the frames run in (default: this one, as sbatch)."),
+    export: Optional[str] = typer.Option(None, "--export", metavar="VARS",
+                                         help="Which of your environment variables travel with the job: BASE "
+                                              "(default: PATH, virtualenv/conda, PYTHONPATH, LD_LIBRARY_PATH, "
+                                              "locale, TZ), NONE, ALL (but secret-looking names), names, "
+                                              "NAME=VALUE; comma separated."),
+    notify_command: List[str] = typer.Option([], "--notify-command", metavar="CMD",
+                                             help="Run this shell command (as you) when the job finishes or "
+                                                  "fails; the job's JSON on stdin (repeatable)."),
+    notify_webhook: List[str] = typer.Option([], "--notify-webhook", metavar="URL",
+                                             help="POST the job's JSON to this http(s) URL (repeatable)."),
+    notify_email: List[str] = typer.Option([], "--notify-email", metavar="ADDR",
+                                           help="Mail this address through the local MTA (repeatable)."),
+    notify_on: List[str] = typer.Option([], "--notify-on", metavar="EVENT",
+                                        help="When to notify: finished, failed, dead (a frame went DEAD); "
+                                             "repeatable; default finished and failed."),
+    param: List[str] = typer.Option([], "--param", metavar="NAME=VALUE",
+                                    help="A job parameter of an Open Job Description template (repeatable; "
+                                         "docs/openjd.md)."),
+    strict: bool = typer.Option(False, "--strict", help="Refuse a spec with anything cuectl cannot honour "
+                                                        "(each is otherwise a warning; docs/opencue-xml.md)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print what would be created; create "
+                                                          "nothing (no store is opened)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Submit a job: a YAML/JSON spec (a file, or - for standard input) with several layers,
@@ -126,14 +150,28 @@ def submit(
     from cuectl.sched import spec as specs
 
     args = list(args or [])
-    if name is None and len(args) == 1:  # a spec: a file, or - for standard input
+    where, environ = config.submit_cwd(), config.submit_environ()
+    if len(args) == 1 and (name is None or args[0] == "-" or args[0].lower().endswith(_SPEC_SUFFIXES)):
+        # A spec (a file, or - for standard input); flags given too override it (_spec_flags).
+        adjust = _spec_flags(ctx, specs)
+        notes: List[str] = []  # what an Open Job Description template asks that cuectl cannot honour
         if args[0] == "-":
-            job_spec = specs.load_spec_text(_read_stdin_spec(), source="<stdin>", user=config.current_user(),
-                                            frame_limit=config.frame_limit())
+            text = _read_stdin_spec()
+            from cuectl.sched import opencue_xml
+
+            if opencue_xml.looks_like_xml(text):
+                return _submit_opencue(ctx, text, "<stdin>", adjust, log_limit, strict, dry_run, as_json)
+            job_spec = specs.load_spec_text(text, source="<stdin>", user=config.current_user(),
+                                            frame_limit=config.frame_limit(), cwd=where, environ=environ,
+                                            adjust=adjust, openjd_params=param, notes=notes)
+        elif args[0].lower().endswith(".xml"):  # an OpenCue job spec (docs/opencue-xml.md)
+            return _submit_opencue(ctx, _read_spec_file(args[0]), args[0], adjust, log_limit, strict, dry_run,
+                                   as_json)
         else:
             try:
                 job_spec = specs.load_spec_file(args[0], user=config.current_user(),
-                                                frame_limit=config.frame_limit())
+                                                frame_limit=config.frame_limit(), cwd=where, environ=environ,
+                                                adjust=adjust, openjd_params=param, notes=notes)
             except InvalidInput as exc:
                 word = args[0]
                 if exc.hint is None and not word.lower().endswith(_SPEC_SUFFIXES) and not Path(word).exists():
@@ -141,28 +179,21 @@ def submit(
                                                          f"command, name the job: cuectl submit --name N -- "
                                                          f"{word}") from None
                 raise
+        if strict and notes:
+            raise InvalidInput(f"{args[0]}: {len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
+                               hint="drop --strict to submit anyway (each is a warning then)")
+        for note in notes:
+            term.warn(note)
         if log_limit is not None:  # for every layer that does not set its own
             job_spec = specs.with_log_limit(job_spec, log_limit, "--log-limit")
-        if limit or retry_delay is not None:  # layer settings: which layer would they mean?
-            flag = "--limit" if limit else "--retry-delay"
-            raise InvalidInput(f"{flag}: only for the flag form (one layer); in a spec, set "
-                               f"{'limits' if limit else 'retry_delay'}: on each layer that needs it")
-        # Job-level caps given as flags replace the spec's own, checked as the flag form's.
-        flag_caps = {key: value for key, value in (("project", project), ("max_running", max_running),
-                                                   ("max_cores", max_cores), ("max_gpus", max_gpus))
-                     if value is not None}
-        if flag_caps:
-            import dataclasses
-
-            from cuectl.sched.fields import flag_label
-
-            job_spec = dataclasses.replace(job_spec, **specs._job_caps(flag_caps.get, flag_label))
     else:
         if not args:
             raise InvalidInput("give one job spec file, - for standard input, or a command after --",
                                hint="cuectl submit job.yaml | cuectl submit - < job.yaml | "
                                     "cuectl submit [--name N] --range 1-10 -- CMD ARGS")
-        if name is None and args[0].lower().endswith(_SPEC_SUFFIXES):
+        if param:
+            raise InvalidInput("--param: only for Open Job Description templates (a spec file)")
+        if args[0].lower().endswith(_SPEC_SUFFIXES):
             raise InvalidInput("give one job spec file (one job per submit)",
                                hint="cuectl submit job.yaml; for a command: cuectl submit -- CMD ARGS")
         job_spec = specs.spec_from_flags(
@@ -171,7 +202,17 @@ def submit(
             gpu_models=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
             retries=retries, timeout=timeout, env=env, tags=tag, paused=paused, user=config.current_user(),
             frame_limit=config.frame_limit(), log_limit=log_limit, project=project, max_running=max_running,
-            max_cores=max_cores, max_gpus=max_gpus, limits=limit, retry_delay=retry_delay)
+            max_cores=max_cores, max_gpus=max_gpus, limits=limit, retry_delay=retry_delay, chdir=chdir,
+            export=export, cwd=where, environ=environ)
+    if notify_command or notify_webhook or notify_email or notify_on:  # added to a spec's notify:
+        import dataclasses
+
+        from cuectl.sched import notify as nt
+
+        added = nt.from_flags(commands=notify_command, webhooks=notify_webhook, emails=notify_email, on=notify_on)
+        job_spec = dataclasses.replace(job_spec, notify=nt.entries([*job_spec.notify, *added]))
+    if dry_run:
+        return _print_dry_run([job_spec], as_json)
     store = ctx.obj.store(create=True)
     job_id = store.submit(job_spec, now=time.time())
     if as_json:
@@ -180,6 +221,153 @@ def submit(
         term.emit_json(describe_job(store, job_id))
     else:
         term.line(str(job_id))
+
+
+def _read_spec_file(path: str) -> str:
+    """A spec file's text: at most MAX_SPEC_BYTES, UTF-8 (a BOM is fine)."""
+    from cuectl.sched.spec import MAX_SPEC_BYTES
+
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read job spec {path!r}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise InvalidInput(f"{path}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
+
+
+def _submit_opencue(ctx: typer.Context, text: str, source: str, adjust: Any, log_limit: Optional[str],
+                    strict: bool, dry_run: bool, as_json: bool) -> None:
+    """``cuectl submit job.xml``: every <job> of an OpenCue spec, validated before the first
+    is stored, then submitted one after another (one transaction each), printing each id."""
+    from cuectl import config
+    from cuectl.sched import opencue_xml
+    from cuectl.sched import spec as specs
+
+    user = config.current_user()
+    imported = opencue_xml.parse_opencue_xml(text, source=source, submitter=user)
+    notes = [note for _, job_notes in imported for note in job_notes]
+    if strict and notes:
+        raise opencue_xml.strict_error(source, notes)
+    job_specs = []
+    for mapping, _ in imported:
+        if adjust is not None:
+            mapping = adjust(mapping)
+        try:
+            job_spec = specs.spec_from_mapping(mapping, user=user, frame_limit=config.frame_limit(),
+                                               cwd=config.submit_cwd(), environ=config.submit_environ())
+        except InvalidInput as exc:
+            raise InvalidInput(f"{source}: job {mapping.get('name')!r}: {exc.message}", hint=exc.hint) from None
+        if log_limit is not None:
+            job_spec = specs.with_log_limit(job_spec, log_limit, "--log-limit")
+        job_specs.append(job_spec)
+    for note in notes:
+        term.warn(f"{source}: {note}")
+    if dry_run:
+        return _print_dry_run(job_specs, as_json)
+    store = ctx.obj.store(create=True)
+    ids: List[int] = []
+    for job_spec in job_specs:
+        try:
+            ids.append(store.submit(job_spec, now=time.time()))
+        except Exception:
+            if ids:
+                term.warn(f"{source}: submitted {len(ids)} of {len(job_specs)} jobs before this error: "
+                          + ", ".join(str(i) for i in ids))
+            raise
+    if as_json:
+        from cuectl.sched.pending import describe_job
+
+        term.emit_json({"jobs": [describe_job(store, job_id) for job_id in ids]})
+    else:
+        for job_id in ids:
+            term.line(str(job_id))
+
+
+def _print_dry_run(job_specs: List[Any], as_json: bool) -> None:
+    """``submit --dry-run``: what would be created (docs/json.md shape without ids)."""
+    from cuectl.sched.preview import spec_json
+
+    shown = [spec_json(job_spec) for job_spec in job_specs]
+    if as_json:
+        term.emit_json({"dry_run": True, "jobs": shown})
+        return
+    for job in shown:
+        term.line(f"would submit job {job['name']!r}: {len(job['layers'])} layer(s), {job['frames']} frame(s) "
+                  f"({', '.join(layer['name'] + ': ' + str(layer['frames']) for layer in job['layers'])})")
+
+
+# Flags that override a spec's job-level keys, and (one-layer specs only) its layer's:
+# parameter -> spec key. --env goes on top of every layer's env; --log-limit fills layers
+# that set none (specs.with_log_limit).
+_JOB_FLAGS = {"name": "name", "priority": "priority", "paused": "paused", "project": "project",
+              "max_running": "max_running", "max_cores": "max_cores", "max_gpus": "max_gpus", "chdir": "cwd",
+              "export": "export"}
+_LAYER_FLAGS = {"range_": "range", "chunk": "chunk", "layer": "name", "gpus": "gpus", "gpu_vendor": "gpu_vendor",
+                "gpu_model": "gpu_models", "gpu_memory_min": "gpu_memory_min", "cores": "cores", "memory": "memory",
+                "retries": "retries", "timeout": "timeout", "tag": "tags", "limit": "limits",
+                "retry_delay": "retry_delay"}
+
+
+def _spec_flags(ctx: typer.Context, specs: Any) -> Any:
+    """Flags given with a spec override it: job-level ones always, layer ones when the spec
+    has one layer (else an error naming the flag — never silently dropped). They are checked
+    first as the flag form checks them, so an error names the flag, not the spec's key."""
+    def typed(param: str) -> bool:  # given on the command line, not a default
+        source = ctx.get_parameter_source(param)
+        return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
+
+    given = {p: v for p, v in ctx.params.items() if typed(p)}
+    flags = {p: v for p, v in given.items() if p in _JOB_FLAGS or p in _LAYER_FLAGS or p == "env"}
+    if not flags:
+        return None
+    checked = {_FLAG_ARGS.get(p, p): v for p, v in flags.items() if p not in ("chdir", "export")}
+    if {"gpu_vendor", "gpu_models", "gpu_memory_min"} & set(checked):
+        checked.setdefault("gpus", 1)  # the spec's layer may ask for GPUs: only the flags' own values are checked
+    specs.spec_from_flags(command=["true"], **{"name": "x", **checked})  # errors name the flag
+    env = specs.flag_env(flags.get("env") or [])
+
+    def adjust(data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data  # the spec's own error says what is wrong with it
+        data = dict(data)
+        for p, key in _JOB_FLAGS.items():
+            if p in flags:
+                data[key] = flags[p]
+        layer_flags = [p for p in _LAYER_FLAGS if p in flags]
+        layers = data.get("layers")
+        if isinstance(layers, list) and (layer_flags or env):
+            if layer_flags and len(layers) != 1:
+                option = _OPTION_NAMES.get(layer_flags[0], "--" + layer_flags[0].replace("_", "-"))
+                raise InvalidInput(f"{option}: a layer setting, and the spec has {len(layers)} layers: set "
+                                   f"{_LAYER_FLAGS[layer_flags[0]]}: in the layer it is for",
+                                   hint="layer flags apply to a spec with one layer")
+            changed = []
+            for raw in layers:
+                if not isinstance(raw, dict):
+                    changed.append(raw)
+                    continue
+                raw = dict(raw)
+                for p in layer_flags:
+                    raw[_LAYER_FLAGS[p]] = flags[p]
+                if env:
+                    own = raw.get("env")
+                    raw["env"] = {**(own if isinstance(own, dict) else {}), **env}
+                changed.append(raw)
+            data["layers"] = changed
+        return data
+
+    return adjust
+
+
+# spec_from_flags' keyword for a submit parameter, where the two differ.
+_FLAG_ARGS = {"range_": "range", "gpu_model": "gpu_models", "tag": "tags", "limit": "limits"}
+_OPTION_NAMES = {"range_": "--range", "gpu_model": "--gpu-model", "tag": "--tag", "limit": "--limit",
+                 "layer": "--layer"}
 
 
 # -- job ---------------------------------------------------------------------------------
@@ -324,32 +512,138 @@ def _job_change(ctx: typer.Context, as_json: bool, data: dict, message: str) -> 
         term.line(message)
 
 
+# -- several jobs at once (job kill|pause|resume|retry|priority JOB... or selectors) -------------
+JOBS_ARG = typer.Argument(None, metavar="[JOB]...", help="Job ids or unique names (or select with --user, "
+                                                          "--state, --name).", show_default=False)
+USER_SEL = typer.Option(None, "--user", "-u", help="Select the jobs of this user.")
+STATE_SEL = typer.Option(None, "--state", help="Select jobs in this state: PENDING, FINISHED, SUCCEEDED, FAILED, "
+                                               "KILLED (default: PENDING; retry: jobs with DEAD or EATEN frames).")
+NAME_SEL = typer.Option(None, "--name", help="Select jobs whose name matches this glob ('shot010-*').")
+YES_OPT = typer.Option(False, "--yes", "-y", help="Do not ask before changing several jobs or frames (asked "
+                                                  "only when stdin and stdout are a terminal).")
+# Actions that lose work or start it again: asked for when they touch more than one job or frame.
+_DESTRUCTIVE = ("kill", "retry", "eat")
+_PAST = {"kill": "killed", "pause": "paused", "resume": "resumed", "retry": "retrying dead frames of",
+         "priority": "set the priority of"}
+
+
+def _confirm(action: str, noun: str, shown: List[str], yes: bool) -> None:
+    """Ask "kill 12 jobs (a, b, …)? [y/N]" when stdin and stdout are a terminal and not
+    --yes (as `admin prune` does); without a terminal (scripts, cron) go ahead."""
+    import sys
+
+    if yes or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return
+    listed = ", ".join(shown[:5]) + (f", … and {len(shown) - 5} more" if len(shown) > 5 else "")
+    plural = noun if len(shown) == 1 else noun + "s"
+    if not typer.confirm(f"{action} {len(shown)} {plural} ({listed})?", default=False, err=True):
+        term.error("nothing changed", "rerun with --yes to skip the question")
+        raise typer.Exit(1)
+
+
+def _selected_jobs(ctx: typer.Context, action: str, jobs: Optional[List[str]], user: Optional[str],
+                   state: Optional[str], name: Optional[str]) -> tuple[List[str], List[str], bool]:
+    """(refs, what to show in the question, whether selectors chose them). JOB arguments or
+    selectors, not both; selectors combine with AND, as `job list`'s filters do."""
+    import fnmatch
+
+    jobs = list(jobs or [])
+    selectors = [flag for flag, value in (("--user", user), ("--state", state), ("--name", name))
+                 if value is not None]
+    usage = f"cuectl job {action} JOB... | cuectl job {action} [--user U] [--state S] [--name GLOB]"
+    if jobs and selectors:
+        raise InvalidInput(f"give JOB arguments or selectors ({', '.join(selectors)}), not both", hint=usage)
+    if not jobs and not selectors:
+        raise InvalidInput("which jobs? give JOB ids or names, or select with --user, --state or --name",
+                           hint=usage)
+    wanted = state.upper() if state is not None else None
+    if wanted is not None and wanted not in JOB_LIST_STATES:
+        raise InvalidInput(f"--state: {state!r} is not one of {', '.join(JOB_LIST_STATES)}")
+    if name is not None and not name:
+        raise InvalidInput("--name: empty; give a name or a glob ('shot010-*')")
+    if jobs:
+        return jobs, jobs, False
+    finished = wanted not in ("PENDING", None) or action == "retry"  # by default, kill etc. only touch PENDING jobs
+    found = [j for j in _store(ctx).list_jobs(user=user, include_finished=finished)
+             if (name is None or fnmatch.fnmatchcase(j["name"], name))
+             and (wanted in (j["state"], j.get("outcome")) if wanted is not None
+                  else (j["frame_counts"].get(m.DEAD) or j["frame_counts"].get(m.EATEN)) if action == "retry"
+                  else j["state"] == "PENDING")]
+    return [str(j["id"]) for j in found], [f"{j['id']} {j['name']}" for j in found], True
+
+
+def _job_action(ctx: typer.Context, action: str, jobs: Optional[List[str]], user: Optional[str],
+                state: Optional[str], name: Optional[str], yes: bool, as_json: bool, force: bool,
+                priority: Optional[int] = None) -> None:
+    refs, shown, selected = _selected_jobs(ctx, action, jobs, user, state, name)
+    if not selected and len(refs) == 1:  # one job, as before: its `job show` shape back
+        store = _store(ctx)
+        now = time.time()
+        ref = refs[0]
+        data = (store.kill_job(ref, now=now, force=force) if action == "kill"
+                else store.retry_job(ref, now=now, force=force) if action == "retry"
+                else store.set_job_priority(ref, priority, force=force) if priority is not None
+                else store.set_job_paused(ref, action == "pause", force=force))
+        _job_change(ctx, as_json, data, _job_message(action, data, priority))
+        return
+    if not refs:
+        term.info("no jobs match; nothing changed")
+        if as_json:
+            term.emit_json({"jobs": []})
+        return
+    if selected or action in _DESTRUCTIVE:
+        _confirm(action if priority is None else f"set priority {priority} of", "job", shown, yes)
+    store = _store(ctx)
+    now = time.time()
+    changed = (store.kill_jobs(refs, now=now, force=force) if action == "kill"
+               else store.retry_jobs(refs, now=now, force=force) if action == "retry"
+               else store.set_jobs_priority(refs, priority, force=force) if priority is not None
+               else store.set_jobs_paused(refs, action == "pause", force=force))
+    if as_json:
+        term.emit_json({"jobs": changed})
+        return
+    for data in changed:
+        term.line(_job_message(action, data, priority))
+
+
+def _job_message(action: str, data: dict, priority: Optional[int]) -> str:
+    if priority is not None:
+        return f"job {data['id']} {data['name']} priority {priority}"
+    return f"{_PAST[action]} job {data['id']} {data['name']}"
+
+
 @job_app.command("pause")
-def job_pause(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
-    """Stop dispatching the job's frames (running frames finish)."""
-    data = _store(ctx).set_job_paused(job, True, force=force)
-    _job_change(ctx, as_json, data, f"paused job {data['id']} {data['name']}")
+def job_pause(ctx: typer.Context, jobs: Optional[List[str]] = JOBS_ARG, user: Optional[str] = USER_SEL,
+              state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL, yes: bool = YES_OPT,
+              as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+    """Stop dispatching jobs' frames (running frames finish). Several jobs, or those
+    --user/--state/--name select (asked on a terminal unless --yes)."""
+    _job_action(ctx, "pause", jobs, user, state, name, yes, as_json, force)
 
 
 @job_app.command("resume")
-def job_resume(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
-    """Dispatch the job's frames again."""
-    data = _store(ctx).set_job_paused(job, False, force=force)
-    _job_change(ctx, as_json, data, f"resumed job {data['id']} {data['name']}")
+def job_resume(ctx: typer.Context, jobs: Optional[List[str]] = JOBS_ARG, user: Optional[str] = USER_SEL,
+               state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL, yes: bool = YES_OPT,
+               as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+    """Dispatch jobs' frames again. Several jobs, or those --user/--state/--name select."""
+    _job_action(ctx, "resume", jobs, user, state, name, yes, as_json, force)
 
 
 @job_app.command("kill")
-def job_kill(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
-    """Kill running frames and eat every unfinished frame."""
-    data = _store(ctx).kill_job(job, now=time.time(), force=force)
-    _job_change(ctx, as_json, data, f"killed job {data['id']} {data['name']}")
+def job_kill(ctx: typer.Context, jobs: Optional[List[str]] = JOBS_ARG, user: Optional[str] = USER_SEL,
+             state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL, yes: bool = YES_OPT,
+             as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+    """Kill running frames and eat every unfinished frame, of one job or many (all in one
+    transaction; more than one asks on a terminal unless --yes)."""
+    _job_action(ctx, "kill", jobs, user, state, name, yes, as_json, force)
 
 
 @job_app.command("retry")
-def job_retry(ctx: typer.Context, job: str, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
-    """Requeue the job's DEAD and EATEN frames."""
-    data = _store(ctx).retry_job(job, now=time.time(), force=force)
-    _job_change(ctx, as_json, data, f"retrying dead frames of job {data['id']} {data['name']}")
+def job_retry(ctx: typer.Context, jobs: Optional[List[str]] = JOBS_ARG, user: Optional[str] = USER_SEL,
+              state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL, yes: bool = YES_OPT,
+              as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+    """Requeue jobs' DEAD and EATEN frames (more than one job asks on a terminal unless --yes)."""
+    _job_action(ctx, "retry", jobs, user, state, name, yes, as_json, force)
 
 
 @job_app.command("wait")
@@ -375,14 +669,24 @@ def job_wait(ctx: typer.Context,
 
 
 @job_app.command("priority")
-def job_priority(ctx: typer.Context, job: str, priority: int = typer.Argument(..., help="New priority."),
-                 as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
-    """Change a job's priority (higher runs first)."""
+def job_priority(ctx: typer.Context,
+                 jobs: List[str] = typer.Argument(..., metavar="[JOB]... PRIORITY",
+                                                  help="Job ids or unique names, then the new priority (or select "
+                                                       "the jobs with --user, --state, --name)."),
+                 user: Optional[str] = USER_SEL, state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL,
+                 yes: bool = YES_OPT, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+    """Change jobs' priority (higher runs first): job priority JOB... P, or
+    job priority --user U [--state S] [--name GLOB] P (asked on a terminal unless --yes)."""
     from cuectl.sched.fields import priority as check_priority
 
-    priority = check_priority(priority, "PRIORITY")
-    data = _store(ctx).set_job_priority(job, priority, force=force)
-    _job_change(ctx, as_json, data, f"job {data['id']} {data['name']} priority {priority}")
+    *refs, last = jobs  # named `jobs` for <TAB> completion of job ids and names
+    try:
+        value = int(last.strip())
+    except ValueError:
+        raise InvalidInput(f"PRIORITY: expected a whole number last, got {last!r}",
+                           hint="cuectl job priority JOB... PRIORITY") from None
+    priority = check_priority(value, "PRIORITY")
+    _job_action(ctx, "priority", refs, user, state, name, yes, as_json, force, priority=priority)
 
 
 # -- frame -------------------------------------------------------------------------------
@@ -484,16 +788,79 @@ def _print_samples(data: dict) -> None:
 
 @frame_app.command("log")
 def frame_log(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame id."),
-              follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing while the frame runs.")) -> None:
-    """Print a frame's log (its latest attempt)."""
-    from cuectl.run.logs import stream_log
+              follow: bool = typer.Option(False, "--follow", "-f",
+                                          help="Keep printing until the frame is done: wait for a waiting frame "
+                                               "to start, go on into each retry."),
+              attempt: Optional[int] = typer.Option(None, "--attempt", min=1,
+                                                    help="That attempt's log (1 = the first; default: the latest)."),
+              tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0,
+                                                 help="Only the last N lines (then follow from there with -f).")
+              ) -> None:
+    """Print a frame's log (its latest attempt, or --attempt N). With --follow, exit 0 when
+    the frame is SUCCEEDED, DEAD or EATEN (its final state is said on stderr)."""
+    import sys
+
+    from cuectl.run import logs
 
     store = _store(ctx)
-    stream_log(store, frame, follow=follow)
+    out = sys.stdout.buffer
+    if not follow:
+        logs.show_log(store, frame, out=out, attempt=attempt, tail=tail)
+        return
+    try:
+        logs.follow_log(store, frame, out=out, note=term.info, attempt=attempt, tail=tail)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None  # Ctrl-C: quietly, as tail -f
 
 
-def _frame_action(ctx: typer.Context, frames: List[int], action: str, as_json: bool, force: bool) -> None:
-    result = _store(ctx).frame_action(frames, action, now=time.time(), force=force)
+FRAMES_ARG = typer.Argument(None, help="Frame ids (or select with --job and --layer, --state, --range).",
+                            show_default=False)
+JOB_SEL = typer.Option(None, "--job", help="Select frames of this job (id or unique name).")
+LAYER_SEL = typer.Option(None, "--layer", help="With --job: only frames of this layer.")
+FSTATE_SEL = typer.Option(None, "--state", help="With --job: only frames in this state (WAITING, DEPEND, "
+                                                "RUNNING, SUCCEEDED, DEAD, EATEN).")
+RANGE_SEL = typer.Option(None, "--range", help="With --job: only frames whose number is in this FrameSet "
+                                               "(1-100, 1-100x2, 5,7,9; a chunk by its first frame).")
+
+
+def _frame_action(ctx: typer.Context, frames: Optional[List[int]], action: str, as_json: bool, force: bool,
+                  job: Optional[str] = None, layer: Optional[str] = None, state: Optional[str] = None,
+                  range_: Optional[str] = None, yes: bool = False) -> None:
+    """FRAME ids, or the frames --job (and --layer, --state, --range) select — not both.
+    More than one frame asks on a terminal unless --yes; one transaction for them all."""
+    frames = list(frames or [])
+    usage = f"cuectl frame {action} FRAME... | cuectl frame {action} --job J [--layer L] [--state S] [--range R]"
+    selectors = [flag for flag, value in (("--job", job), ("--layer", layer), ("--state", state),
+                                          ("--range", range_)) if value is not None]
+    if frames and selectors:
+        raise InvalidInput(f"give FRAME ids or selectors ({', '.join(selectors)}), not both", hint=usage)
+    if not frames and not selectors:
+        raise InvalidInput("which frames? give FRAME ids, or select with --job (and --layer, --state, --range)",
+                           hint=usage)
+    if selectors and job is None:
+        raise InvalidInput(f"{selectors[0]}: select frames of one job: add --job J", hint=usage)
+    wanted = state.upper() if state is not None else None
+    if wanted is not None and wanted not in m.FRAME_STATES:
+        raise InvalidInput(f"--state: unknown frame state {state!r} (expected one of {', '.join(m.FRAME_STATES)})")
+    numbers = None
+    if range_ is not None:
+        from cuectl.sched.frameset import parse_frameset
+
+        try:
+            numbers = parse_frameset(range_)
+        except InvalidInput as exc:
+            raise InvalidInput(f"--range: {exc.message}", hint=exc.hint) from None
+    store = _store(ctx)
+    if job is not None:
+        frames = store.select_frames(job, layer=layer, state=wanted, numbers=numbers)
+        if not frames:
+            term.info("no frames match; nothing changed")
+            if as_json:
+                term.emit_json({"frames": []})
+            return
+    if len(set(frames)) > 1 or selectors:
+        _confirm(action, "frame", [str(f) for f in dict.fromkeys(frames)], yes)
+    result = store.frames_action(frames, action, now=time.time(), force=force)
     if as_json:
         term.emit_json({"frames": result})
         return
@@ -503,24 +870,33 @@ def _frame_action(ctx: typer.Context, frames: List[int], action: str, as_json: b
 
 
 @frame_app.command("retry")
-def frame_retry(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
+def frame_retry(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
+                layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
+                range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
                 as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
-    """Requeue frames (a running frame is killed first)."""
-    _frame_action(ctx, frames, "retry", as_json, force)
+    """Requeue frames (a running frame is killed first): ids, or --job J [--layer L]
+    [--state S] [--range R]; more than one asks on a terminal unless --yes."""
+    _frame_action(ctx, frames, "retry", as_json, force, job, layer, state, range_, yes)
 
 
 @frame_app.command("kill")
-def frame_kill(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
+def frame_kill(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
+               layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
+               range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
                as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
-    """Stop frames and mark them DEAD (retry them later)."""
-    _frame_action(ctx, frames, "kill", as_json, force)
+    """Stop frames and mark them DEAD (retry them later): ids, or --job J [--layer L]
+    [--state S] [--range R]; more than one asks on a terminal unless --yes."""
+    _frame_action(ctx, frames, "kill", as_json, force, job, layer, state, range_, yes)
 
 
 @frame_app.command("eat")
-def frame_eat(ctx: typer.Context, frames: List[int] = typer.Argument(..., help="Frame ids."),
+def frame_eat(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
+              layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
+              range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
               as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
-    """Mark frames done without running them (dependents are released)."""
-    _frame_action(ctx, frames, "eat", as_json, force)
+    """Mark frames done without running them (dependents are released): ids, or --job J
+    [--layer L] [--state S] [--range R]; more than one asks on a terminal unless --yes."""
+    _frame_action(ctx, frames, "eat", as_json, force, job, layer, state, range_, yes)
 
 
 def register(app: typer.Typer) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, MutableMapping, Optional, Sequence
 
 import typer
 from typer.core import TyperGroup
@@ -47,6 +47,19 @@ class CuectlGroup(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+    def _main_shell_completion(self, ctx_args: MutableMapping[str, Any], prog_name: str,
+                               complete_var: str | None = None) -> None:
+        """A shell's <TAB> (``_CUECTL_COMPLETE=bash_complete`` …, click's protocol): answered
+        by cuectl.cli.complete, which is imported only then (docs/completion.md)."""
+        from cuectl import config
+
+        var = complete_var or "_CUECTL_COMPLETE"
+        instruction = config.completion_request(var)
+        if instruction:
+            from cuectl.cli.complete import shell_complete
+
+            raise typer.Exit(shell_complete(self, ctx_args, prog_name, var, instruction))
 
 
 _NO_ARGS = getattr(_click_exc, "NoArgsIsHelpError", None) or getattr(_click_exc, "NoArgsIsHelp")
@@ -158,6 +171,18 @@ def root(
     ctx.call_on_close(state.close)
 
 
+def _completion(shell: str = typer.Argument(..., metavar="bash|zsh|fish", help="The shell to complete for.")) -> None:
+    """Print the shell completion script for bash, zsh or fish.
+
+    Job ids and names, frame ids, hosts, states and sub-commands then complete on <TAB>.
+    bash: eval "$(cuectl completion bash)" in ~/.bashrc; zsh: eval "$(cuectl completion zsh)"
+    in ~/.zshrc; fish: cuectl completion fish > ~/.config/fish/completions/cuectl.fish
+    (docs/completion.md)."""
+    from cuectl.cli.complete import completion_script
+
+    typer.echo(completion_script(shell), nl=False)
+
+
 def _register() -> None:
     from cuectl.cli import admin_cmd, gpu_cmd, host_cmd, job_cmd, lease_cmds, serve_cmd, top_cmd, worker_cmd
 
@@ -173,6 +198,7 @@ def _register() -> None:
     app.command("run", context_settings={"allow_interspersed_args": False},
                 help="Run a command with an exclusive lease on local GPUs (ad-hoc work beside queued frames).")(
         lease_cmds.run_cmd)
+    app.command("completion")(_completion)
 
 
 _register()

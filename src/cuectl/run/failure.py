@@ -237,7 +237,8 @@ _HOST_DEVICE_RE = re.compile(r"device:CPU:|\ballocator (?:cpu|mklcpu)\b")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # The worker writes this before each attempt: in a log shared by several attempts only the
 # last one's output is evidence about the last attempt (launch.log_header).
-_ATTEMPT_HEADER = b"=== cuectl frame "
+# (Not its footer, launch.log_footer: "=== cuectl frame F attempt N ended …".)
+_ATTEMPT_HEADER = re.compile(rb"=== cuectl frame [^\n]*? attempt [0-9]+ on ")
 
 
 def find_gpu_oom(log_tail: bytes) -> str | None:
@@ -248,9 +249,9 @@ def find_gpu_oom(log_tail: bytes) -> str | None:
     cuectl attempt header among them. Lines end at ``\\n`` or ``\\r`` (progress bars).
     """
     data = log_tail[-DEFAULT_TAIL_BYTES:]
-    header = data.rfind(_ATTEMPT_HEADER)
-    if header >= 0:
-        data = data[header:]
+    headers = list(_ATTEMPT_HEADER.finditer(data))
+    if headers:
+        data = data[headers[-1].start():]
     text = _ANSI_RE.sub("", data.decode("utf-8", "replace"))
     # The last message is the one that ended the process; earlier ones may have been caught
     # and retried by the program (e.g. a batch-size search).

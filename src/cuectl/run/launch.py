@@ -97,6 +97,8 @@ class FrameContext:
     # Per-device memory granted (each granted device's total, or the request): CUE_GPU_MEMORY.
     gpu_memory_bytes: int | None
     log_path: Path
+    # The job's (proven) owner: CUE_USER. Empty only for a context built without a job.
+    user: str = ""
 
     @property
     def chunk_frames(self) -> tuple[int, ...]:
@@ -119,17 +121,20 @@ def _zpad(number: int) -> str:
     return f"{number:04d}"
 
 
-_TOKEN_RE = re.compile(r"#(IFRAME|FRAME|ZFRAME|FRAME_START|FRAME_END|FRAMESPEC|LAYER|JOB)#")
+# Every token Cuebot's DispatchSupportService.prepareRqdRunFrame replaces, and no others
+# (OpenCue has no #USER#, #SHOW#, #LOGDIR# or id tokens; the CUE_* variables carry those).
+_TOKEN_RE = re.compile(r"#(IFRAME|FRAME|ZFRAME|FRAME_START|FRAME_END|FRAME_CHUNK|FRAMESPEC|LAYER|JOB)#")
 
 
 def _token_values(ctx: FrameContext, needed: set[str]) -> dict[str, str]:
     frames = ctx.chunk_frames
     values = {
         "IFRAME": str(ctx.frame_number),
-        "FRAME": _zpad(ctx.frame_number),
+        "FRAME": ctx.name,  # the frame's name, 0001-render (as OpenCue)
         "ZFRAME": _zpad(ctx.frame_number),
         "FRAME_START": str(frames[0]),
         "FRAME_END": str(frames[-1]),
+        "FRAME_CHUNK": str(ctx.chunk),
         "LAYER": ctx.layer,
         "JOB": ctx.job,
     }
@@ -149,9 +154,9 @@ def substitute_tokens(command: Sequence[str] | str, ctx: FrameContext) -> list[s
     * shell string: the text runs as ``["/bin/sh", "-c", text]``. A value made only of
       characters no shell treats specially (``[A-Za-z0-9_@%+=:,./-]``: frame numbers, frame
       specs, layer names, most job names) is put in as is. Any other value — only ``#JOB#``
-      (and ``#LAYER#`` from a tampered store) can be one — never enters the text: the token
-      becomes a reference to the frame variable holding it (``CUE_JOB``, ``CUE_LAYER``,
-      set by :func:`frame_env`), quoted to suit where it stands: ``"${CUE_JOB}"`` outside
+      (and ``#LAYER#``/``#FRAME#`` from a tampered store) can be one — never enters the
+      text: the token becomes a reference to the frame variable holding it (``CUE_JOB``,
+      ``CUE_LAYER``, ``CUE_FRAME``, set by :func:`frame_env`), quoted to suit where it stands: ``"${CUE_JOB}"`` outside
       quotes, ``${CUE_JOB}`` inside double quotes, ``'"${CUE_JOB}"'`` inside single quotes.
       Each expands to exactly the value, as one word, and the shell never parses a
       variable's value as code — so whatever the name contains, and even where the quoting
@@ -159,9 +164,11 @@ def substitute_tokens(command: Sequence[str] | str, ctx: FrameContext) -> list[s
       it can at worst read as the reference text. The command must run with the frame's
       environment (the worker always does).
 
-    Tokens: ``#IFRAME#`` frame number; ``#FRAME#`` and ``#ZFRAME#`` the number zero-padded to
-    4 (``-1`` -> ``-001``); ``#FRAME_START#``/``#FRAME_END#`` first/last frame of the chunk;
-    ``#FRAMESPEC#`` the chunk as a compact range; ``#LAYER#``; ``#JOB#``. Replacement is a
+    Tokens (OpenCue's set, as Cuebot's ``prepareRqdRunFrame`` fills them): ``#IFRAME#`` frame
+    number; ``#ZFRAME#`` the number zero-padded to 4 (``-1`` -> ``-001``); ``#FRAME#`` the
+    frame's name (``0001-render``); ``#FRAME_START#``/``#FRAME_END#`` first/last frame of the
+    chunk; ``#FRAME_CHUNK#`` the layer's chunk size; ``#FRAMESPEC#`` the chunk as a compact
+    range; ``#LAYER#``; ``#JOB#``. Replacement is a
     single pass, so a name that itself contains ``#FRAME#`` is not expanded again. Unknown
     ``#WORDS#`` are left alone.
     """
@@ -187,7 +194,7 @@ def _replace(text: str, ctx: FrameContext) -> str:
 
 
 # Tokens whose value may need more than plain characters, and the frame variable carrying it.
-_TOKEN_VARS = {"JOB": "CUE_JOB", "LAYER": "CUE_LAYER"}
+_TOKEN_VARS = {"JOB": "CUE_JOB", "LAYER": "CUE_LAYER", "FRAME": "CUE_FRAME"}
 _PLAIN_RE = re.compile(r"[A-Za-z0-9_@%+=:,./-]*", re.ASCII)
 _UNQUOTED, _SINGLE, _DOUBLE = "unquoted", "single", "double"
 _WORD_BREAKS = " \t\n;&|()<>"
@@ -323,9 +330,11 @@ def frame_env(
        ``CUE_GPUS``, …). Last, so neither the layer env nor the inherited env can un-hide a
        device.
 
-    Frame variables (all strings):
+    Frame variables (all strings; OpenCue's set, compared in docs/opencue.md):
 
     ========================  ===============================================================
+    ``CUE3``                  ``1``: running under the cue (as OpenCue)
+    ``CUE_USER``              the job's owner (the proven submitter)
     ``CUE_JOB`` …             job/layer names and ids, ``CUE_FRAME_ID`` the frame's id
     ``CUE_IFRAME``            frame number (first of the chunk)
     ``CUE_FRAME``             frame name ``0001-layer``
@@ -336,7 +345,7 @@ def frame_env(
                               bytes everywhere, DESIGN §6/§9)
     ``CUE_GPU_MEMORY``        per-device GPU memory granted, bytes; ``0`` when no GPU was
                               granted (or its size is unknown)
-    ``CUE_LOG_PATH``          the frame's log file
+    ``CUE_LOG_PATH``          the frame's log file (OpenCue gives the job's log directory)
     ========================  ===============================================================
     """
     inherited = config.inherited_environ() if base is None else base
@@ -352,7 +361,11 @@ _WORKER_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE"})
 
 
 def _cue_vars(ctx: FrameContext) -> dict[str, str]:
+    # Cuebot's prepareRqdRunFrame set, less CUE_SHOW/CUE_SHOT (no job metadata for them yet)
+    # and CUE_THREADABLE (no threadable flag); units differ where noted in frame_env.
     return {
+        "CUE3": "1",
+        "CUE_USER": ctx.user,
         "CUE_JOB": ctx.job,
         "CUE_JOB_ID": str(ctx.job_id),
         "CUE_LAYER": ctx.layer,
@@ -521,6 +534,17 @@ _subreaper = False
 _reap_zombies = False
 #: Leaders of this process's unfinished frames, by pid: never taken for strays.
 _LEADERS: dict[int, "FrameProcess"] = {}
+
+
+def hold_child(pid: int, owner: object) -> None:
+    """Keep a child that is not a frame (a notification hook) out of the worker's zombie
+    reaping: its owner waits for it and needs its exit status."""
+    _LEADERS[pid] = owner  # type: ignore[assignment]
+
+
+def release_child(pid: int, owner: object) -> None:
+    if _LEADERS.get(pid) is owner:
+        del _LEADERS[pid]
 
 
 def become_subreaper(*, reap_zombies: bool = False) -> bool:
@@ -784,6 +808,45 @@ def log_header(frame_id: str, attempt: int, host: str, at: float | None = None) 
     return f"=== cuectl frame {frame_id} attempt {attempt} on {host} at {when} ==="
 
 
+def log_footer(frame_id: str, attempt: int, info: "ExitInfo", *, timeout_s: float | None = None,
+               grace: float | None = None, sigkilled: bool = False) -> str:
+    """The line appended to the log when an attempt ends (after any cut of the log, so it
+    is always there): how it ended — ``exit N``, ``killed by signal N (NAME)``, ``timed out
+    after T s, stopped with SIGTERM`` / ``…, SIGKILL after the G s grace period``, ``killed
+    by user request (ACTION), …`` or ``stopped by cuectl (REASON), …``."""
+    return (f"=== cuectl frame {frame_id} attempt {attempt} ended {iso(info.ended_at)}: "
+            f"{describe_end(info, timeout_s=timeout_s, grace=grace, sigkilled=sigkilled)} ===")
+
+
+def describe_end(info: "ExitInfo", *, timeout_s: float | None = None, grace: float | None = None,
+                 sigkilled: bool = False) -> str:
+    """How an attempt ended, in the words of :func:`log_footer`."""
+    if info.killed:
+        stop = (f"SIGKILL after the {grace:g} s grace period" if sigkilled and grace is not None
+                else "SIGKILL" if sigkilled else "stopped with SIGTERM")
+        reason = info.kill_reason or "killed"
+        if info.timed_out or reason == "timeout":
+            return f"timed out after {timeout_s:g} s, {stop}" if timeout_s is not None else f"timed out, {stop}"
+        if reason.startswith(_USER_KILL):
+            return f"killed by user request ({reason[len(_USER_KILL):]}), {stop}"
+        return f"stopped by cuectl ({reason}), {stop}"
+    if info.exit_signal is not None:
+        return f"killed by signal {info.exit_signal} ({signal_name(info.exit_signal)})"
+    if info.exit_code is not None:
+        return f"exit {info.exit_code}"
+    return "exit status unknown (the process was reaped elsewhere)"
+
+
+_USER_KILL = "user asked to "
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
 class UnsafeLogPath(OSError):
     """The frame log cannot be opened without following a link or touching someone else's
     file (docs/security.md, "Frame logs"). Nothing was created or written."""
@@ -955,10 +1018,14 @@ def _open_log(log_path: Path) -> int:
     return _open_log_fds(log_path, log_path.parent.parent, None, rw=False, create=False)[0]
 
 
-def _write_line(fd: int, line: str) -> None:
+def _line_bytes(line: str) -> bytes:
     # One line, whatever a hostile name contains: a newline must not forge a second header.
     text = line.replace("\r", " ").replace("\n", " ") + "\n"
-    os.write(fd, text.encode("utf-8", "replace"))
+    return text.encode("utf-8", "replace")
+
+
+def _write_line(fd: int, line: str) -> None:
+    os.write(fd, _line_bytes(line))
 
 
 def _append_log(log_path: Path, line: str) -> None:
@@ -1089,14 +1156,21 @@ class _LogCap:
             os.pwrite(self.fd, chunk, dst + done)
             done += len(chunk)
 
-    def finish(self) -> None:
-        """The frame is gone: cut to the limit with as much tail as fits, note what was cut."""
+    def finish(self, footer: str | None = None) -> None:
+        """The frame is gone: cut to the limit with as much tail as fits, note what was cut,
+        then add ``footer`` (one line, see :func:`log_footer`): the limit counts the frame's
+        output, so the notes after the cut are always there."""
         try:
-            self.shrink(self.limit)
+            try:
+                self.shrink(self.limit)
+            except OSError:
+                pass  # disk full: the footer may still fit
             if self.dropped:
                 note = (f"=== cuectl: {self.dropped} bytes of output were cut from the middle of this log "
                         f"(limit {self.limit} bytes) ===\n").encode()
                 os.pwrite(self.fd, note, os.fstat(self.fd).st_size)
+            if footer is not None:
+                os.pwrite(self.fd, _line_bytes(footer), os.fstat(self.fd).st_size)
         except OSError:
             pass  # disk full or gone: the log is what it is
         finally:
@@ -1203,6 +1277,7 @@ class FrameProcess:
         spawner_maxrss: int = 0,
         immediate: ExitInfo | None = None,
         log_cap: _LogCap | None = None,
+        footer: tuple[str, int] | None = None,
     ) -> None:
         self._popen = popen
         self.pid = popen.pid if popen is not None else 0
@@ -1234,6 +1309,7 @@ class FrameProcess:
         self._peak_hwm = 0  # largest per-process high-water mark seen (Linux VmHWM)
         self._last_cpu = 0.0
         self._log_cap = log_cap  # owns a read-write fd of the log while the frame runs
+        self._footer = footer  # (frame id, attempt): the log's last line says how it ended
         # Escapees (see track_strays): the frame's CUE_FRAME_ID, its lease files, and the
         # strays already sent SIGTERM.
         self._marker: str | None = None
@@ -1268,6 +1344,7 @@ class FrameProcess:
         run_as: "RunAs | None" = None,
         log_root: str | Path | None = None,
         log_limit: int | None = DEFAULT_LOG_LIMIT,
+        footer: tuple[str, int] | None = None,
     ) -> "FrameProcess":
         """Spawn ``argv`` with stdin from /dev/null and stdout+stderr appended to ``log_path``.
 
@@ -1286,6 +1363,8 @@ class FrameProcess:
         The log is opened by :func:`open_frame_log` (``log_root``: the worker's log
         directory; links are never followed) and handed to ``run_as``. ``log_limit``: bytes
         this attempt's log may keep (head and tail, see ``_LogCap``); None: no cap.
+        ``footer`` (frame id, attempt): when the attempt ends, :func:`log_footer` is appended
+        to the log, after any cut, saying how it ended.
         """
         argv = list(argv)
         if not argv:
@@ -1316,8 +1395,11 @@ class FrameProcess:
                 _write_line(fd, f"cuectl: cannot run {argv[0]!r}: {_describe(exc)}")
                 ended = time.time()
                 info = ExitInfo(code, None, False, False, started_at, ended, None, None)
+                line = log_footer(footer[0], footer[1], info) if footer is not None else None
                 if log_cap is not None:
-                    log_cap.finish()
+                    log_cap.finish(line)
+                elif line is not None:
+                    _write_line(fd, line)
                 return cls(popen=None, log_path=log_path, timeout_s=None, grace=grace,
                            sample_interval=sample_interval, started_at=started_at, immediate=info)
         except BaseException:
@@ -1328,7 +1410,7 @@ class FrameProcess:
             os.close(fd)  # the child has its own copy (the worker keeps only the cap's)
         proc = cls(popen=popen, log_path=log_path, timeout_s=timeout_s, grace=grace,
                    sample_interval=sample_interval, started_at=started_at,
-                   spawner_maxrss=spawner_maxrss, log_cap=log_cap)
+                   spawner_maxrss=spawner_maxrss, log_cap=log_cap, footer=footer)
         if _subreaper:
             proc.track_strays(marker=env.get("CUE_FRAME_ID"), lock_fds=pass_fds)
         return proc
@@ -1466,9 +1548,19 @@ class FrameProcess:
                              note=f"{full}: stopping the frame before it fills the disk further")
 
     def _close_log(self) -> None:
+        """The attempt is over: finish the log's cap, and end the log with the footer."""
+        footer = None
+        if self._footer is not None and self._result is not None:
+            grace = self._grace
+            if self._term_sent_at is not None and self._kill_deadline is not None:
+                grace = max(0.0, self._kill_deadline - self._term_sent_at)  # as shortened by kill()
+            footer = log_footer(self._footer[0], self._footer[1], self._result, timeout_s=self._timeout_s,
+                                grace=grace, sigkilled=self._kill_sent_at is not None)
         if self._log_cap is not None:
             cap, self._log_cap = self._log_cap, None
-            cap.finish()
+            cap.finish(footer)
+        elif footer is not None:
+            _append_log(self.log_path, footer)
 
     def __del__(self) -> None:
         cap = getattr(self, "_log_cap", None)

@@ -193,6 +193,7 @@ class Worker:
     too_big: dict[int, str] = field(default_factory=dict)
     # The cgroup OOM-kill counter when each running frame started (kernel OOM evidence).
     _oom_counts: dict[int, int | None] = field(default_factory=dict)
+    _deliverer: Any = None  # run/notify.py Deliverer, made on first use
 
     # -- start-up ------------------------------------------------------------------------
     @property
@@ -270,6 +271,9 @@ class Worker:
                 requeued.append(frame["id"])
         for path, _ in runfiles.values():
             path.unlink(missing_ok=True)
+        # Notifications a previous worker of this host claimed and may not have delivered:
+        # it is dead (we hold the lock), so they are due again now rather than at claim expiry.
+        self.store.release_notifications(f"{self.opts.name}:", keep=self.worker_id)
         if (runfiles or requeued) and self.say:
             ids = ", ".join(str(i) for i in sorted(requeued)) or "none"
             self.say(f"recovered after a restart: {len(runfiles)} run file(s) of a previous worker of "
@@ -307,6 +311,7 @@ class Worker:
             if not self.draining and not self._reached_max():
                 self._claim_all(now)
                 self._store_ok_at = time.time()
+            self._deliver_notifications(now)
             self._live_paused = False
             if self._store_down_since is not None:
                 if self.say:
@@ -330,6 +335,25 @@ class Worker:
 
     def _reached_max(self) -> bool:
         return self.opts.max_frames is not None and self.claimed_total >= self.opts.max_frames
+
+    # -- notifications (run/notify.py) -----------------------------------------------------
+    def _deliver_notifications(self, now: float) -> None:
+        """Record deliveries that ended; every few seconds (at once when a frame ended here
+        this iteration: it may have finished its job) claim and start due ones. Not while
+        draining. Deliveries run in the background: this never blocks."""
+        if self._deliverer is None:
+            from cuectl.run.notify import Deliverer
+
+            self._deliverer = Deliverer(self.store, deliverer_id=self.worker_id,
+                                        run_as_submitter=self.opts.run_as_submitter, warn=self.warn,
+                                        on_claimed=lambda: self._crash_point("notify_claimed"))
+        if self.stats.finished:  # its job may have finished after this iteration's `now`
+            self._deliverer.step(self.store.clock(), claim=not self.draining, force=True)
+        else:
+            self._deliverer.step(now, claim=not self.draining)
+
+    def _delivering(self) -> bool:
+        return bool(self._deliverer is not None and self._deliverer.inflight)
 
     # -- the inventory ---------------------------------------------------------------------
     def _rediscover_due(self, now: float) -> bool:
@@ -595,13 +619,14 @@ class Worker:
         """Raise ``Unproven`` unless this layer is what its user submitted (read once per
         distinct layer content: the digest is recomputed for every frame)."""
         digest = identity.layer_digest(job_id=claim.job_id, user=claim.user, layer=claim.layer, command=claim.command,
-                                       env=claim.env, frame_range=claim.layer_range, chunk=claim.chunk)
+                                       env=claim.env, frame_range=claim.layer_range, chunk=claim.chunk, cwd=claim.cwd)
         key = (claim.job_id, claim.user, claim.submitted_by, claim.receipt, claim.layer, digest)
         if key in self._proven:
             return
         identity.check_layer(user=claim.user, job_id=claim.job_id, layer=claim.layer, command=claim.command,
                              env=claim.env, frame_range=claim.layer_range, chunk=claim.chunk,
-                             submitted_by=claim.submitted_by, receipt=claim.receipt, spool=self.store.receipt_dir)
+                             submitted_by=claim.submitted_by, receipt=claim.receipt, spool=self.store.receipt_dir,
+                             cwd=claim.cwd)
         self._proven.add(key)
 
     def _unproven(self, layer: RunnableLayer) -> str | None:
@@ -656,7 +681,7 @@ class Worker:
             layer_range=claim.layer_range, chunk=claim.chunk, attempt=claim.attempt, cores=claim.cores,
             memory_bytes=claim.memory_bytes,
             gpu_memory_bytes=min((d.memory_total_bytes or 0 for d in devices), default=None) if devices else None,
-            log_path=Path(claim.log_path))
+            log_path=Path(claim.log_path), user=claim.user)
         iso_env = isolation_env(list(devices), all_vendors_present=self.vendors())
         runfile = self.opts.state_dir / f"{claim.frame_id}.json"
         try:
@@ -668,12 +693,15 @@ class Worker:
             env = launch.frame_env(ctx, layer_env=layer_env, isolation=iso_env)
             # Before the frame exists: a worker killed at any point after this leaves a run
             # file naming every process the frame will start (by its environment).
+            if claim.cwd is not None and not os.path.isdir(claim.cwd):
+                raise _NoDirectory(f"working directory {claim.cwd} does not exist on host {self.opts.name}")
             _write_runfile(runfile, claim)
             proc = launch.FrameProcess.start(
-                argv, env=env, log_path=Path(claim.log_path), pass_fds=[lk.fd for lk in locks],
+                argv, env=env, log_path=Path(claim.log_path), pass_fds=[lk.fd for lk in locks], cwd=claim.cwd,
                 timeout_s=claim.timeout_s, grace=self.opts.kill_grace_s, run_as=run_as,
                 header=launch.log_header(str(claim.frame_id), claim.attempt, self.opts.name),
-                log_root=self.opts.log_dir, log_limit=claim.log_limit_bytes or self.opts.log_limit_bytes)
+                log_root=self.opts.log_dir, log_limit=claim.log_limit_bytes or self.opts.log_limit_bytes,
+                footer=(str(claim.frame_id), claim.attempt))
         except Exception as exc:  # bad command/env, unknown user, unwritable log: fail this attempt
             for lock in locks:
                 lock.release()
@@ -681,10 +709,13 @@ class Worker:
             message = getattr(exc, "message", None) or str(exc)
             _log_failure(Path(claim.log_path), f"cuectl: frame not started: {message}")
             why = failures.classify(exit_code=126, exit_signal=None, timed_out=False, launch_error=message)
+            # A directory missing here may exist on another host (a share not mounted yet):
+            # a failure like any other, retried, rather than one that never could succeed.
+            permanent = bool(why and why.permanent) and not isinstance(exc, _NoDirectory)
             self._report(claim.frame_id, claim.attempt, FrameResult(
                 exit_code=126, started_at=now, ended_at=time.time(), usage={"error": message},
                 failure_kind=why.kind if why else "launch", failure=why.text if why else message,
-                permanent=bool(why and why.permanent)))
+                permanent=permanent))
             return
         for lock in locks:
             update_holder(lock, pid=proc.pid, holder=f"frame {claim.frame_id}")
@@ -859,7 +890,7 @@ class Worker:
         """``--until-idle``: nothing running here, nothing waiting that this host could
         ever run, and nothing running anywhere that could release more work. Waiting layers
         that ask for more cores or memory than this host has are noted in ``too_big``."""
-        if self.running or self.pending:
+        if self.running or self.pending or self._delivering():
             return False
         if not self._nothing_fits and not self.draining and not self._reached_max():
             return False
@@ -881,12 +912,16 @@ class Worker:
 
     def done(self) -> bool:
         if self.draining or self._reached_max():
-            return not self.running and not self.pending
+            return not self.running and not self.pending and not self._delivering()
         return False
 
     def _crash_point(self, name: str) -> None:
         if self.opts.crash_at == name:
             os._exit(99)  # chaos tests: die exactly here, like a SIGKILL would
+
+
+class _NoDirectory(CuectlError):
+    """The frame's working directory does not exist on this host."""
 
 
 #: Runnable layers read per page; a dispatch pass reads on until it has seen them all.

@@ -36,11 +36,16 @@ _MAX_RECEIPT_BYTES = 1 << 20
 
 
 def layer_digest(*, job_id: int, user: str, layer: str, command: Sequence[str] | str, env: Mapping[str, str],
-                 frame_range: str, chunk: int) -> str:
-    """What a receipt vouches for, per layer: everything that decides what runs as the user."""
+                 frame_range: str, chunk: int, cwd: str | None = None) -> str:
+    """What a receipt vouches for, per layer: everything that decides what runs as the user
+    — the directory too: `python train.py` run in someone else's directory runs their code.
+    (Without a directory the digest is what it was before directories were recorded, so
+    receipts of older jobs still match.)"""
     body = {"job": int(job_id), "user": user, "layer": layer,
             "command": command if isinstance(command, str) else list(command),
             "env": dict(sorted(env.items())), "range": frame_range, "chunk": int(chunk)}
+    if cwd is not None:
+        body["cwd"] = cwd
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -58,7 +63,7 @@ def ensure_spool(store_dir: Path) -> Path:
 
 
 def write_receipt(spool: Path, *, job_id: int, user: str, digests: Mapping[str, str],
-                  owner: str | None = None) -> str:
+                  owner: str | None = None, notify_commands: Sequence[str] = ()) -> str:
     """Create the receipt (owned by this process's uid, by the kernel); return its name. The
     name is unguessable, so nobody can take it before the submitter does.
 
@@ -74,7 +79,10 @@ def write_receipt(spool: Path, *, job_id: int, user: str, digests: Mapping[str, 
                 os.fchown(fd, pwd.getpwnam(owner).pw_uid, -1)
             except KeyError:
                 pass
-        os.write(fd, json.dumps({"job": job_id, "user": user, "layers": dict(digests)}).encode())
+        body: dict[str, Any] = {"job": job_id, "user": user, "layers": dict(digests)}
+        if notify_commands:  # the job's notification command hooks run as the user too
+            body["notify_commands"] = sorted(set(notify_commands))
+        os.write(fd, json.dumps(body).encode())
     finally:
         os.close(fd)
     return name
@@ -131,7 +139,7 @@ def proof_problem(*, user: str, job_id: int, submitted_by: str | None, receipt: 
 
 def check_layer(*, user: str, job_id: int, layer: str, command: Sequence[str] | str, env: Mapping[str, str],
                 frame_range: str, chunk: int, submitted_by: str | None, receipt: str | None,
-                spool: Path | None) -> None:
+                spool: Path | None, cwd: str | None = None) -> None:
     """Raise ``Unproven`` unless the layer about to run as ``user`` is what ``user`` submitted."""
     if submitted_by is not None:
         problem = proof_problem(user=user, job_id=job_id, submitted_by=submitted_by, receipt=None, spool=None)
@@ -140,7 +148,24 @@ def check_layer(*, user: str, job_id: int, layer: str, command: Sequence[str] | 
         return
     data = read_receipt(spool, receipt, user=user, job_id=job_id)
     want = layer_digest(job_id=job_id, user=user, layer=layer, command=command, env=env, frame_range=frame_range,
-                        chunk=chunk)
+                        chunk=chunk, cwd=cwd)
     if (data.get("layers") or {}).get(layer) != want:
-        raise Unproven(f"layer {layer!r} is not what {user} submitted (its command, environment or frames were "
-                       "changed in the store after submission)")
+        raise Unproven(f"layer {layer!r} is not what {user} submitted (its command, environment, directory or "
+                       "frames were changed in the store after submission)")
+
+
+def check_notify_command(*, user: str, job_id: int, command: str, submitted_by: str | None, receipt: str | None,
+                         spool: Path | None) -> None:
+    """Raise ``Unproven`` unless ``command`` is a notification hook ``user`` submitted with the
+    job (PostgreSQL: the job is the role's, and only it or a worker/admin writes its rows;
+    SQLite: the hook is in the user's receipt, so nobody else who can write the file can
+    add a command that runs as the user)."""
+    if submitted_by is not None:
+        problem = proof_problem(user=user, job_id=job_id, submitted_by=submitted_by, receipt=None, spool=None)
+        if problem:
+            raise Unproven(problem)
+        return
+    data = read_receipt(spool, receipt, user=user, job_id=job_id)
+    if command not in (data.get("notify_commands") or []):
+        raise Unproven(f"the notification command is not one {user} submitted with job {job_id} "
+                       "(a farm default, or written into the store after submission)")

@@ -27,7 +27,9 @@ Rules, and the choices made where DESIGN is silent:
   (unknown = largest), then index, then uuid — keeping big GPUs for big frames. The
   order depends only on the devices, never on the order they are listed in.
 - **Tags.** A layer with tags runs only on hosts that have *all* of them; tags compare
-  case-insensitively (``GPU`` and ``gpu`` are one tag). No tags: any host.
+  case-insensitively (``GPU`` and ``gpu`` are one tag). One entry may list alternatives
+  with ``|`` (``"desktop | render"``, OpenCue's spelling): a host with *any* of them
+  satisfies that entry. No tags: any host.
 """
 
 from __future__ import annotations
@@ -420,5 +422,7 @@ def _tag_set(tags: Collection[str]) -> set[str]:
 
 
 def tags_fit(layer_tags: Collection[str], host_tags: Collection[str]) -> bool:
-    """A layer with tags runs only on hosts having ALL of them (case-insensitive); no tags: any host."""
-    return _tag_set(layer_tags) <= _tag_set(host_tags)
+    """A layer with tags runs only on hosts having ALL of its entries (case-insensitive); an
+    entry ``a | b`` is satisfied by either (OpenCue's any-of); no tags: any host."""
+    have = _tag_set(host_tags)
+    return all(_tag_set(entry.split("|")) & have for entry in layer_tags if entry and entry.strip("| "))

@@ -17,8 +17,19 @@ DEAD = "DEAD"
 EATEN = "EATEN"
 FRAME_STATES = (WAITING, DEPEND, RUNNING, SUCCEEDED, DEAD, EATEN)
 DONE_STATES = (SUCCEEDED, DEAD, EATEN)
-# States that satisfy a dependency (OpenCue: an eaten frame counts as done for dependents).
-RELEASING_STATES = (SUCCEEDED, EATEN)
+# States that satisfy a dependency. OpenCue's default (Cuebot's
+# depend.satisfy_only_on_frame_success=true) is SUCCEEDED alone: the dependents of an EATEN
+# frame keep waiting (and a layer releases its dependents once all its frames SUCCEEDED).
+# The store setting depend.satisfy_on_eaten (SATISFY_ON_EATEN) makes EATEN count too.
+RELEASING_STATES = (SUCCEEDED,)
+RELEASING_STATES_WITH_EATEN = (SUCCEEDED, EATEN)
+
+# Store-wide settings (the meta table; `cuectl admin setting`): name -> (default, help).
+SATISFY_ON_EATEN = "depend.satisfy_on_eaten"
+SETTINGS: dict[str, tuple[bool, str]] = {
+    SATISFY_ON_EATEN: (False, "an EATEN frame satisfies its dependents, as a SUCCEEDED one does "
+                              "(OpenCue's depend.satisfy_only_on_frame_success=false)"),
+}
 
 # A host is DOWN when its worker has not heartbeated for this long (the default frame lease
 # timeout): by then its frames are presumed lost too.
@@ -75,6 +86,27 @@ class LayerSpec:
     limits: tuple[str, ...] = ()
     # Seconds before a failed frame runs again; doubled for each further failure (None: the default).
     retry_delay_s: float | None = None
+    # The directory its frames run in (absolute; None: the worker's own, for specs built by
+    # library callers that capture nothing).
+    cwd: str | None = None
+    type: str = "Render"  # OpenCue's layer type: Render, Util, or Post (runs after the others)
+
+
+NOTIFY_EVENTS = ("finished", "failed", "dead")
+NOTIFY_KINDS = ("command", "webhook", "email")
+
+
+@dataclass(frozen=True)
+class Notify:
+    """One ``notify:`` entry: tell ``target`` (a shell command, an http(s) URL or an email
+    address, by ``kind``) on each of the events ``on`` (docs/notifications.md)."""
+
+    kind: str  # one of NOTIFY_KINDS
+    target: str
+    on: tuple[str, ...] = ("finished", "failed")
+
+    def to_json(self) -> dict[str, object]:
+        return {"on": list(self.on), self.kind: self.target}
 
 
 @dataclass(frozen=True)
@@ -89,6 +121,8 @@ class JobSpec:
     max_running: int | None = None
     max_cores: float | None = None
     max_gpus: int | None = None
+    # Who is told when the job finishes, fails or a frame goes DEAD (``notify:``).
+    notify: tuple[Notify, ...] = ()
     # The expanded frames of each layer, computed once at validation (same order as layers):
     # each entry is a tuple of chunks, each chunk a tuple of frame numbers.
     chunks: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), compare=False)

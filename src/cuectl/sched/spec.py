@@ -13,6 +13,7 @@ must not pay for it. The schema is documented in docs/job-spec.md.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
@@ -26,7 +27,7 @@ from cuectl.sched.fields import (CONTROL_RE, Label, as_list, describe, expect_st
                                  size_bytes, whole_number)
 from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
 from cuectl.sched.gpu_request import GpuRequest
-from cuectl.sched.model import Dependency, JobSpec, LayerSpec
+from cuectl.sched.model import Dependency, JobSpec, LayerSpec, Notify
 from cuectl.units import parse_duration
 
 MAX_SPEC_BYTES = 10 * 1024 * 1024
@@ -45,12 +46,15 @@ MAX_CORES = 100_000
 MIN_CORES = 0.1
 DEFAULT_FLAG_LAYER = "main"
 
-JOB_KEYS = ("name", "priority", "paused", "env", "layers", "project", "max_running", "max_cores", "max_gpus")
+JOB_KEYS = ("name", "priority", "paused", "env", "layers", "project", "max_running", "max_cores", "max_gpus",
+            "cwd", "export", "notify")
 LAYER_KEYS = (
     "name", "command", "range", "chunk", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min",
     "cores", "memory", "retries", "timeout", "env", "tags", "depends", "log_limit",
-    "max_running", "limits", "retry_delay",
+    "max_running", "limits", "retry_delay", "cwd", "type",
 )
+# OpenCue's layer types: a Post layer runs once every other layer of its job is done.
+LAYER_TYPES = ("Render", "Util", "Post")
 MAX_RUNNING = 1_000_000
 MAX_GPUS_CAP = 1_000_000
 DEPEND_KEYS = ("layer", "type")
@@ -169,6 +173,76 @@ def _retry_delay(value: Any, label: str) -> float:
     return float(seconds)
 
 
+MAX_PATH = 4096
+# What travels with a job by default (`--export`, spec `export:`): what finds the same
+# programs and libraries (PATH, the active virtualenv or conda env, PYTHONPATH,
+# LD_LIBRARY_PATH) and reads text the same way (locale, time zone) — and nothing else. Not
+# sbatch's ALL: the store is readable by every user of the farm, and a shell's environment
+# holds tokens and passwords; the frame gets the rest from the host it runs on.
+BASE_EXPORT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
+               "PYTHONPATH", "LD_LIBRARY_PATH")
+# Never exported by ALL: the shell's own state, and cuectl's (a submit from inside a frame).
+_SHELL_STATE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "PS1", "PS2", "PROMPT_COMMAND", "TERM", "COLUMNS",
+                          "LINES", "SHELL", "DISPLAY", "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+                          "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS", "PGPASSFILE"})
+
+
+def directory(value: Any, label: str, *, base: str | None, home: str | None = None) -> str:
+    """An absolute, normalised directory for ``cwd``/``--chdir``: a relative one is taken from
+    ``base`` (where `cuectl submit` runs), ``~`` is the submitter's home. Its existence is
+    checked where the frame runs (another host may mount it elsewhere)."""
+    import os.path
+
+    text = expect_str(value, label)
+    if not text.strip():
+        raise InvalidInput(f"{label}: must not be empty")
+    if CONTROL_RE.search(text) or len(text) > MAX_PATH:
+        raise InvalidInput(f"{label}: not a usable directory name {quote(text)}")
+    if text == "~" or text.startswith("~/"):
+        if not home:
+            raise InvalidInput(f"{label}: {quote(text)} needs a home directory to start from; give the full path")
+        text = home + text[1:]
+    if not os.path.isabs(text):
+        if base is None:
+            raise InvalidInput(f"{label}: {quote(text)} is relative; give the full path")
+        text = os.path.join(base, text)
+    return os.path.normpath(text)
+
+
+def exported_env(value: Any, label: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """Which of the submitter's variables travel with the job (sbatch's ``--export``):
+    ``BASE`` (the default, ``BASE_EXPORT``), ``NONE``, ``ALL`` (all but secret-looking names,
+    the shell's state and ``CUE_*``), names (``HF_HOME``: its current value), and ``NAME=VALUE``;
+    a comma list or a YAML list. Names not set are left out, as sbatch does."""
+    from cuectl.sched.views import looks_secret
+
+    if value is None:
+        value = "BASE"
+    items = [part.strip() for part in value.split(",")] if isinstance(value, str) else as_list(value, label)
+    out: dict[str, str] = {}
+    words = [w for w in items if isinstance(w, str) and w.strip()]
+    if len(words) != len(items):
+        raise InvalidInput(f"{label}: expected NONE, BASE, ALL, names or NAME=VALUE, comma separated")
+    if "NONE" in words and len(words) > 1:
+        raise InvalidInput(f"{label}: NONE cannot be combined with anything")
+    for word in words:
+        if word == "NONE":
+            continue
+        if word == "BASE":
+            out.update({k: environ[k] for k in BASE_EXPORT if k in environ})
+        elif word == "ALL":
+            out.update({k: v for k, v in environ.items() if _ENV_KEY_RE.fullmatch(k) and not k.startswith("CUE_")
+                        and k not in _SHELL_STATE and k != "PGPASSWORD" and not looks_secret(k)})
+        elif "=" in word:
+            key, _, val = word.partition("=")
+            out[_env_key(key, label)] = _env_value(val, f"{label} {key}")
+        else:
+            key = _env_key(word, label)
+            if key in environ:
+                out[key] = environ[key]
+    return out
+
+
 def label_name(value: Any, label: str, what: str) -> str:
     """A limit or project name: 1-100 of A-Z a-z 0-9 _ . - (they appear in tables and SQL keys)."""
     name = expect_str(value, label)
@@ -201,6 +275,10 @@ def _job_caps(get: Callable[[str], Any], label: Label) -> dict[str, Any]:
         caps["max_cores"] = _cores(get("max_cores"), label("max_cores"))
     if get("max_gpus") is not None:
         caps["max_gpus"] = whole_number(get("max_gpus"), label("max_gpus"), minimum=0, maximum=MAX_GPUS_CAP)
+    if get("notify") is not None:  # spec: notify[0].webhook; flags: already checked entries
+        from cuectl.sched import notify
+
+        caps["notify"] = notify.entries(get("notify"), "notify")
     return caps
 
 
@@ -246,8 +324,12 @@ def _tags(value: Any, label: str) -> tuple[str, ...]:
     for index, item in enumerate(as_list(value, label)):
         where = item_label(label, index)
         tag = expect_str(item, where, what="a tag")
-        if not _TAG_RE.fullmatch(tag):
-            raise InvalidInput(f"{where}: invalid tag {quote(tag)} (1-100 of A-Z a-z 0-9 _ . -)")
+        # "a | b": any of the alternatives (OpenCue's tag semantics); entries: all of them.
+        alternatives = [t.strip() for t in tag.split("|")]
+        if not all(_TAG_RE.fullmatch(t) for t in alternatives):
+            raise InvalidInput(f"{where}: invalid tag {quote(tag)} (1-100 of A-Z a-z 0-9 _ . -; "
+                               "alternatives separated by |)")
+        tag = " | ".join(alternatives)
         if tag not in tags:
             tags.append(tag)
     return tuple(tags)
@@ -327,7 +409,8 @@ def _depends(value: Any, label: str) -> list[tuple[Dependency, str]]:
 
 def _build_layer(
     data: Mapping[str, Any], label: Label, job_env: Mapping[str, str], *,
-    parse_env: Callable[[Any, str], dict[str, str]] = _env_mapping,
+    parse_env: Callable[[Any, str], dict[str, str]] = _env_mapping, job_cwd: str | None = None,
+    home: str | None = None,
 ) -> tuple[LayerSpec, list[tuple[Dependency, str]]]:
     """Validate one layer's fields (already checked for unknown keys). ``None`` = not set.
 
@@ -372,9 +455,34 @@ def _build_layer(
         fields["limits"] = limit_names(get("limits"), label("limits"))
     if get("retry_delay") is not None:
         fields["retry_delay_s"] = _retry_delay(get("retry_delay"), label("retry_delay"))
+    if get("type") is not None:
+        kind = expect_str(get("type"), label("type"))
+        fields["type"] = next((t for t in LAYER_TYPES if t.casefold() == kind.strip().casefold()), None)
+        if fields["type"] is None:
+            raise InvalidInput(f"{label('type')}: {quote(kind)} is not one of {', '.join(LAYER_TYPES)}")
+    cwd = job_cwd if get("cwd") is None else directory(get("cwd"), label("cwd"), base=job_cwd, home=home)
+    if cwd is not None:
+        fields["cwd"] = cwd
     deps = _depends(get("depends"), label("depends")) if get("depends") is not None else []
     fields["depends"] = tuple(dep for dep, _ in deps)
     return LayerSpec(**fields), deps
+
+
+def _post_layers_last(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[Dependency, str]]]
+                      ) -> tuple[list[LayerSpec], list[list[tuple[Dependency, str]]]]:
+    """A Post layer (OpenCue) waits for every layer that is not Post: it gets a layer
+    dependency on each, besides its own."""
+    others = [layer.name for layer in layers if layer.type != "Post"]
+    out_layers, out_deps = [], []
+    for layer, layer_deps in zip(layers, deps):
+        if layer.type == "Post":
+            have = {(d.on, d.type) for d in layer.depends}
+            extra = [Dependency(on=name) for name in others if (name, "layer") not in have]
+            layer = dataclasses.replace(layer, depends=layer.depends + tuple(extra))
+            layer_deps = layer_deps + [(d, f"layers: {layer.name} (type Post)") for d in extra]
+        out_layers.append(layer)
+        out_deps.append(layer_deps)
+    return out_layers, out_deps
 
 
 def _check_dependencies(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[Dependency, str]]]) -> None:
@@ -419,6 +527,7 @@ def _finish(
         if layer.name in seen:
             raise InvalidInput(f"{label('name')}: duplicate layer name {layer.name!r} (also {seen[layer.name]})")
         seen[layer.name] = label("name")
+    layers, deps = _post_layers_last(layers, deps)
     _check_dependencies(layers, deps)
     if frame_limit is None:
         from cuectl.config import frame_limit as configured_limit
@@ -503,11 +612,16 @@ def _field_of(layer: str) -> Label:
     return lambda key: f"{layer}.{key}"
 
 
-def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | None = None) -> JobSpec:
+def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | None = None,
+                      cwd: str | None = None, environ: Mapping[str, str] | None = None) -> JobSpec:
     """Validate a parsed YAML/JSON document into a JobSpec (see docs/job-spec.md).
 
     ``user`` defaults to the submitting user (config), never to anything in the document;
-    ``frame_limit`` to ``CUECTL_FRAME_LIMIT``. Keys set to null count as not set.
+    ``frame_limit`` to ``CUECTL_FRAME_LIMIT``. Keys set to null count as not set. ``cwd``:
+    where the submit happens (the frames' directory unless the spec says ``cwd:``; None: no
+    directory unless the spec gives an absolute one). ``environ``: the submitter's
+    environment, of which ``export:`` (default BASE) travels with the job; None: nothing
+    is captured (library callers that build specs for tests and tools).
     """
     if data is None:
         raise InvalidInput("the job spec is empty (expected a mapping with name: and layers:)")
@@ -527,6 +641,12 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
         priority = check_priority(data["priority"], "priority")
     paused = False if data.get("paused") is None else _boolean(data["paused"], "paused")
     job_env = {} if data.get("env") is None else _env_mapping(data["env"], "env")
+    home = (environ or {}).get("HOME")
+    job_cwd = cwd if data.get("cwd") is None else directory(data["cwd"], "cwd", base=cwd, home=home)
+    if environ is not None:
+        job_env = {**exported_env(data.get("export"), "export", environ), **job_env}
+    elif data.get("export") is not None:
+        exported_env(data["export"], "export", {})  # still checked: a typo is an error wherever it is made
     raw_layers = data.get("layers")
     if raw_layers is None:
         raise InvalidInput("layers: required (a list of at least one layer)")
@@ -545,7 +665,7 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
             raise InvalidInput(f"{here}: expected a mapping with name: and command:, got {describe(raw)}")
         _check_keys(raw, LAYER_KEYS, here, elsewhere=_JOB_ONLY_KEYS)
         label = _field_of(here)
-        layer, layer_deps = _build_layer(raw, label, job_env)
+        layer, layer_deps = _build_layer(raw, label, job_env, job_cwd=job_cwd, home=home)
         layers.append(layer)
         deps.append(layer_deps)
         labels.append(label)
@@ -580,7 +700,12 @@ def spec_from_flags(
     max_cores: float | None = None,
     max_gpus: int | None = None,
     limits: Sequence[str] = (),
+    notify: Sequence[Notify] = (),
     retry_delay: str | None = None,
+    chdir: str | None = None,
+    export: str | None = None,
+    cwd: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> JobSpec:
     """The single-layer job of ``cuectl submit --name N ... -- COMMAND ARGS`` (DESIGN §6).
 
@@ -617,11 +742,22 @@ def spec_from_flags(
         "limits": _as_flag_list(limits) or None,
         "retry_delay": retry_delay,
     }
-    built, deps = _build_layer(raw, flag_label, {}, parse_env=_env_items)
-    job_caps = {"project": project, "max_running": max_running, "max_cores": max_cores, "max_gpus": max_gpus}
+    home = (environ or {}).get("HOME")
+    job_cwd = cwd if chdir is None else directory(chdir, "--chdir", base=cwd, home=home)
+    exported = exported_env(export, "--export", environ) if environ is not None else {}
+    if environ is None and export is not None:
+        exported_env(export, "--export", {})
+    built, deps = _build_layer(raw, flag_label, exported, parse_env=_env_items, job_cwd=job_cwd, home=home)
+    job_caps = {"project": project, "max_running": max_running, "max_cores": max_cores, "max_gpus": max_gpus,
+                "notify": tuple(notify) or None}
     return _finish(name=job_name, user=user, priority=job_priority, paused=job_paused, layers=[built], deps=[deps],
                    layer_labels=[flag_label], frame_limit=frame_limit,
                    caps=_job_caps(job_caps.get, flag_label))
+
+
+def flag_env(items: Sequence[str]) -> dict[str, str]:
+    """``--env K=V`` items as a mapping (checked as the flag form checks them)."""
+    return _env_items(list(items), "--env") if items else {}
 
 
 def _as_flag_list(values: Sequence[str] | str) -> list[str]:
@@ -769,18 +905,44 @@ def _load_yaml(text: str, source: str) -> Any:
 
 
 def load_spec_text(
-    text: str, *, source: str = "<job spec>", user: str | None = None, frame_limit: int | None = None
+    text: str, *, source: str = "<job spec>", user: str | None = None, frame_limit: int | None = None,
+    cwd: str | None = None, environ: Mapping[str, str] | None = None,
+    adjust: Callable[[Any], Any] | None = None,
+    openjd_params: Sequence[str] | Mapping[str, str] = (), notes: list[str] | None = None,
+    base_dir: str | None = None,
 ) -> JobSpec:
-    """Parse YAML text (e.g. a spec piped on stdin). Errors start with ``source:``."""
+    """Parse YAML text (e.g. a spec piped on stdin). Errors start with ``source:``.
+    ``adjust``: applied to the parsed document before validation (flags that override it).
+    An Open Job Description template (``specificationVersion:``) is converted first
+    (sched/openjd.py, docs/openjd.md) with ``openjd_params`` (``NAME=VALUE`` items);
+    ``base_dir``: the template's directory; what it cannot honour is added to ``notes``."""
     data = _load_yaml(text, source)
+    from cuectl.sched import openjd
+
+    if openjd.is_openjd(data):
+        try:
+            data, found = openjd.openjd_to_spec(data, openjd_params, template_dir=base_dir, cwd=cwd)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{source}: {exc.message}", hint=exc.hint) from None
+        if notes is not None:
+            notes.extend(f"{source}: {note}" for note in found)
+    elif openjd_params:
+        raise InvalidInput("--param: only for Open Job Description templates (specificationVersion: "
+                           "jobtemplate-2023-09)", hint="a cuectl spec takes values from its own keys and flags")
+    if adjust is not None:
+        data = adjust(data)
     try:
-        return spec_from_mapping(data, user=user, frame_limit=frame_limit)
+        return spec_from_mapping(data, user=user, frame_limit=frame_limit, cwd=cwd, environ=environ)
     except InvalidInput as exc:
         raise InvalidInput(f"{source}: {exc.message}", hint=exc.hint) from None
 
 
-def load_spec_file(path: str | Path, *, user: str | None = None, frame_limit: int | None = None) -> JobSpec:
-    """Read and validate a YAML job spec. Every problem is an InvalidInput starting with the
+def load_spec_file(path: str | Path, *, user: str | None = None, frame_limit: int | None = None,
+                   cwd: str | None = None, environ: Mapping[str, str] | None = None,
+                   adjust: Callable[[Any], Any] | None = None,
+                   openjd_params: Sequence[str] | Mapping[str, str] = (), notes: list[str] | None = None) -> JobSpec:
+    """Read and validate a YAML job spec (or an Open Job Description template: see
+    load_spec_text). Every problem is an InvalidInput starting with the
     path: unreadable file, over 10 MB, not UTF-8, malformed YAML (with line and column),
     unknown keys, bad values."""
     source = str(path)
@@ -795,7 +957,8 @@ def load_spec_file(path: str | Path, *, user: str | None = None, frame_limit: in
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InvalidInput(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
-    return load_spec_text(text, source=source, user=user, frame_limit=frame_limit)
+    return load_spec_text(text, source=source, user=user, frame_limit=frame_limit, cwd=cwd, environ=environ,
+                          adjust=adjust, openjd_params=openjd_params, notes=notes, base_dir=str(Path(path).parent))
 
 
 def with_log_limit(spec: JobSpec, value: str | int, label: str) -> JobSpec:

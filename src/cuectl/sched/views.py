@@ -22,6 +22,11 @@ _SECRET_WORDS = re.compile(r"PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE|COOKI
 MASK = "***"
 
 
+def looks_secret(name: str) -> bool:
+    """Does an environment variable's name look like it holds a secret (``*_TOKEN``, …)?"""
+    return bool(_SECRET_WORDS.search(name))
+
+
 def mask_env(env: Mapping[str, Any]) -> dict[str, Any]:
     """The env with secret-looking values replaced by ``***`` (names stay visible)."""
     return {k: (MASK if _SECRET_WORDS.search(k) else v) for k, v in env.items()}
@@ -86,6 +91,7 @@ def layer_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "max_running": row["max_running"],
         "limits": _loads(row["limits"], []),
         "retry_delay_s": row["retry_delay_s"],
+        "cwd": row["cwd"],
     }
 
 

@@ -388,24 +388,37 @@ def _as_state(line: HostLine) -> str:
 def depend_reason(store: Any, job: Mapping[str, Any], layer: Mapping[str, Any], depend: int,
                   counts: Mapping[str, Mapping[str, int]]) -> str | None:
     """What the layer's DEPEND frames wait on: the upstream layers (with progress) and their
-    DEAD frames, which need a retry before anything continues."""
+    DEAD frames, which need a retry before anything continues, and their EATEN frames,
+    which (OpenCue's rule) satisfy nothing unless depend.satisfy_on_eaten is set."""
     if not depend:
         return None
     parts, dead_parts = [], []
+    eaten_release: bool | None = None  # the store setting, read only when it matters
     for dep in layer.get("depends") or []:
         up = dep.get("layer")
         c = counts.get(up, {})
         total = sum(c.values())
-        done = c.get(m.SUCCEEDED, 0) + c.get(m.EATEN, 0)
+        if c.get(m.EATEN) and eaten_release is None:
+            eaten_release = any(s["name"] == m.SATISFY_ON_EATEN and s["value"] for s in store.settings())
+        done = c.get(m.SUCCEEDED, 0) + (c.get(m.EATEN, 0) if eaten_release else 0)
         how = " frame by frame" if dep.get("type") == "frame" else ""
         parts.append(f"layer {up}{how} ({done}/{total} done)")
-        if c.get(m.DEAD):
-            frames, n = store.list_frames(job=job["id"], layer=up, state=m.DEAD, limit=_LIST_LIMIT)
+        for state in (m.DEAD, m.EATEN):
+            if not c.get(state) or (state == m.EATEN and eaten_release):
+                continue
+            if state == m.EATEN and dep.get("type") == "frame" and job.get("eaten_dependencies") == 0:
+                continue  # frame by frame: none of this job's waiting frames needs an eaten one
+            frames, n = store.list_frames(job=job["id"], layer=up, state=state, limit=_LIST_LIMIT)
             ids = " ".join(str(f["id"]) for f in frames)
             names = ", ".join(f"{f['name']} (#{f['id']})" for f in frames) + (f" +{n - len(frames)} more"
                                                                                if n > len(frames) else "")
-            dead_parts.append(f"layer {up} has DEAD frames {names}: retry them to continue "
-                              f"(`cuectl frame retry {ids}`)")
+            if state == m.DEAD:
+                dead_parts.append(f"layer {up} has DEAD frames {names}: retry them to continue "
+                                  f"(`cuectl frame retry {ids}`)")
+            else:
+                dead_parts.append(f"waits on eaten frame(s) of layer {up}: {names} (OpenCue's rule: an eaten "
+                                  f"frame satisfies no dependency); `cuectl admin setting set "
+                                  f"{m.SATISFY_ON_EATEN} true` or retry them (`cuectl frame retry {ids}`)")
     if not parts:
         return f"{depend} frame(s) waiting on dependencies"
     text = f"{_plural(depend, 'frame')} wait{'s' if depend == 1 else ''} on {', '.join(parts)}"

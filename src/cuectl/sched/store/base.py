@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from cuectl.sched.model import JobSpec
+from cuectl.sched.model import JobSpec, Notify
 from cuectl.sched.usage_sql import UsageGroup
 
 
@@ -79,6 +79,7 @@ class ClaimedFrame:
     log_limit_bytes: int | None = None  # the layer's cap on the attempt's log (None: the worker's)
     submitted_by: str | None = None  # proof of ``user`` (see RunnableLayer)
     receipt: str | None = None
+    cwd: str | None = None  # where it runs (None: the worker's own directory)
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,23 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def retry_job(self, ref: str | int, *, now: float, force: bool = False) -> dict[str, Any]: ...
 
+    # Bulk forms: one ownership check for all the jobs (all or nothing: ``NotOwner`` naming
+    # the first ones not the caller's, nothing changed) and one transaction; ``job list``'s
+    # shape back (no layers), in the order given. Refs are ids or unique names.
+    @abc.abstractmethod
+    def kill_jobs(self, refs: Sequence[str | int], *, now: float, force: bool = False) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def retry_jobs(self, refs: Sequence[str | int], *, now: float, force: bool = False) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def set_jobs_paused(self, refs: Sequence[str | int], paused: bool, *,
+                        force: bool = False) -> list[dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def set_jobs_priority(self, refs: Sequence[str | int], priority: int, *,
+                          force: bool = False) -> list[dict[str, Any]]: ...
+
     # -- frames --------------------------------------------------------------------------
     @abc.abstractmethod
     def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
@@ -263,6 +281,16 @@ class Store(abc.ABC):
     def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float,
                      force: bool = False) -> list[dict[str, Any]]:
         """``retry``, ``kill`` or ``eat`` frames; running ones are flagged for their worker."""
+
+    @abc.abstractmethod
+    def frames_action(self, frame_ids: Sequence[int], action: str, *, now: float,
+                      force: bool = False) -> list[dict[str, Any]]:
+        """``frame_action`` for many frames at once (one transaction); ``frame list``'s shape back."""
+
+    @abc.abstractmethod
+    def select_frames(self, job: str | int, *, layer: str | None = None, state: str | None = None,
+                      numbers: Iterable[int] | None = None) -> list[int]:
+        """Ids of a job's frames by layer, state and frame number (``frame kill --job J …``)."""
 
     # -- hosts ---------------------------------------------------------------------------
     @abc.abstractmethod
@@ -484,3 +512,51 @@ class Store(abc.ABC):
         ``force``: then those frames are lost as ``reap`` loses them (requeued, or DEAD when
         their retries are spent). Returns ``name``, its ``state`` and ``last_heartbeat``
         then, its ``gpus`` (UUIDs) and the ids of the frames ``requeued``."""
+
+    # -- store settings (model.SETTINGS; docs/opencue.md) ---------------------------------
+    @abc.abstractmethod
+    def settings(self) -> list[dict[str, Any]]:
+        """Every store setting: ``name``, ``value`` (the default when unset), ``default``,
+        ``help``."""
+
+    @abc.abstractmethod
+    def set_setting(self, name: str, value: str | bool, *, now: float) -> list[dict[str, Any]]:
+        """Set one setting (admins only, else ``NotOwner``; ``InvalidInput`` for an unknown
+        name or a value that is not true/false) and return ``settings()``. Turning
+        ``depend.satisfy_on_eaten`` on also releases, in the same transaction, what already
+        waits on EATEN frames."""
+
+    # -- notifications (docs/notifications.md) --------------------------------------------
+    @abc.abstractmethod
+    def notify_defaults(self) -> list[dict[str, Any]]:
+        """The farm's notification defaults (entries as in a spec's ``notify:``)."""
+
+    @abc.abstractmethod
+    def set_notify_defaults(self, entries: Sequence[Notify]) -> list[dict[str, Any]]:
+        """Replace the farm defaults (empty: clear them); admins only, else ``NotOwner``."""
+
+    @abc.abstractmethod
+    def list_notifications(self, *, job: str | int | None = None, pending: bool = False,
+                           limit: int = 1000) -> list[dict[str, Any]]:
+        """Recorded notifications (all, one job's, or those not delivered yet), by id."""
+
+    @abc.abstractmethod
+    def claim_notifications(self, worker: str, *, now: float, limit: int = 10,
+                            lease_s: float = 120.0) -> list[dict[str, Any]]:
+        """Take up to ``limit`` due notifications (not delivered, ``next_at`` reached, no live
+        claim) for ``lease_s`` seconds: no two deliverers get the same row. Each comes with
+        its job's ``job``, ``user``, ``submitted_by``, ``receipt`` and ``job_notify``."""
+
+    @abc.abstractmethod
+    def notification_delivered(self, notification_id: int, claimed_by: str, *, now: float) -> bool:
+        """Record a delivery (only by the claim's holder); False if the claim was lost."""
+
+    @abc.abstractmethod
+    def notification_failed(self, notification_id: int, claimed_by: str, error: str, *, now: float,
+                            give_up: bool = False) -> bool:
+        """Record a failed try: due again after the back-off, or given up after the last
+        (or at once: ``give_up``, for one that can never succeed)."""
+
+    @abc.abstractmethod
+    def release_notifications(self, claimed_by_prefix: str, *, keep: str | None = None) -> int:
+        """Make the claims of a deliverer known dead due again (not ``keep``'s)."""

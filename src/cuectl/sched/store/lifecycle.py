@@ -140,13 +140,13 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
             layer.cores, layer.memory_bytes, layer.retries, layer.timeout_s,
             json.dumps(dict(layer.env)), json.dumps(list(layer.tags)),
             json.dumps([{"layer": d.on, "type": d.type} for d in layer.depends]), layer.log_limit_bytes,
-            layer.max_running, json.dumps(list(layer.limits)), layer.retry_delay_s,
+            layer.max_running, json.dumps(list(layer.limits)), layer.retry_delay_s, layer.cwd,
             sum(1 for d in layer.depends if d.type == "layer"))
 
 
 LAYER_COLUMNS = ("id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
                  "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes, "
-                 "max_running, limits, retry_delay_s")
+                 "max_running, limits, retry_delay_s, cwd")
 LAYER_INSERT_COLUMNS = LAYER_COLUMNS.replace("id, ", "", 1) + ", depend_count"
 LAYER_INSERT_COUNT = LAYER_INSERT_COLUMNS.count(",") + 1
 
@@ -166,7 +166,7 @@ def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, numb
         gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
         timeout_s=layer["timeout_s"], env=json.loads(layer["env"]), retries=layer["retries"],
         log_path=log_path, log_limit_bytes=layer["log_limit_bytes"], submitted_by=layer["submitted_by"],
-        receipt=layer["receipt"])
+        receipt=layer["receipt"], cwd=layer["cwd"])
 
 
 def log_path_sql(dialect: Dialect, alias: str = "") -> str:

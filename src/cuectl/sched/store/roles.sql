@@ -137,3 +137,34 @@ CREATE POLICY cuectl_submit ON layer_limits FOR INSERT
     WITH CHECK (cuectl_privileged() OR cuectl_owns_layer(layer_id, current_user));
 CREATE POLICY cuectl_change ON layer_limits FOR UPDATE USING (cuectl_privileged());
 CREATE POLICY cuectl_remove ON layer_limits FOR DELETE USING (cuectl_privileged());
+
+-- Notifications (schema 7, docs/notifications.md): everyone reads them. A row is written
+-- in the transaction that finishes a job or kills a frame, which a job's owner can cause
+-- (`frame kill`, `job kill`): owners insert rows for their own jobs, and re-arm them when
+-- the job finishes again after a retry (an UPDATE of their own job's rows). Marking rows
+-- claimed, delivered or failed is the deliverers' (workers, admins); nobody but them deletes
+-- one (pruning a job removes its rows by the foreign key's cascade).
+GRANT SELECT, INSERT, UPDATE, DELETE ON notifications TO cuectl_user, cuectl_worker, cuectl_admin;
+ALTER TABLE notifications ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON notifications;
+DROP POLICY IF EXISTS cuectl_submit ON notifications;
+DROP POLICY IF EXISTS cuectl_change ON notifications;
+DROP POLICY IF EXISTS cuectl_remove ON notifications;
+CREATE POLICY cuectl_read ON notifications FOR SELECT USING (true);
+CREATE POLICY cuectl_submit ON notifications FOR INSERT
+    WITH CHECK (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+CREATE POLICY cuectl_change ON notifications FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user))
+    WITH CHECK (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+CREATE POLICY cuectl_remove ON notifications FOR DELETE USING (cuectl_privileged());
+
+-- The farm's notification defaults (key notify_defaults) and the store settings
+-- (`cuectl admin setting`, e.g. depend.satisfy_on_eaten) live in meta: admins write those
+-- keys and no other (schema_version is the table owner's, through migrations).
+GRANT INSERT, UPDATE, DELETE ON meta TO cuectl_admin;
+ALTER TABLE meta ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON meta;
+DROP POLICY IF EXISTS cuectl_defaults ON meta;
+CREATE POLICY cuectl_read ON meta FOR SELECT USING (true);
+CREATE POLICY cuectl_defaults ON meta FOR ALL TO cuectl_admin
+    USING (key IN ('notify_defaults', 'depend.satisfy_on_eaten'))
+    WITH CHECK (key IN ('notify_defaults', 'depend.satisfy_on_eaten'));

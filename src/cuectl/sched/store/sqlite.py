@@ -244,11 +244,12 @@ class SQLiteStore(SQLStore):
         # transaction fail, the receipt names a job id that is never committed.
         digests = {layer.name: identity.layer_digest(
             job_id=job_id, user=spec.user, layer=layer.name, command=layer.command, env=dict(layer.env),
-            frame_range=layer.range, chunk=layer.chunk) for layer in spec.layers}
+            frame_range=layer.range, chunk=layer.chunk, cwd=layer.cwd) for layer in spec.layers}
         try:
             spool = identity.ensure_spool(self.path.parent)
             name = identity.write_receipt(spool, job_id=job_id, user=spec.user, digests=digests,
-                                          owner=spec.user if self.acting is not None else None)
+                                          owner=spec.user if self.acting is not None else None,
+                                          notify_commands=[n.target for n in spec.notify if n.kind == "command"])
         except OSError as exc:
             raise StoreError(f"cannot write the submit receipt in {self.path.parent / identity.SPOOL}: "
                              f"{exc.strerror or exc}", hint="check that you may write the store's directory") from None

@@ -1,0 +1,277 @@
+"""Delivering recorded notifications (docs/notifications.md): webhooks, command hooks, email.
+
+The store records one row per event and target in the transaction that made the event
+happen (``sched/store/notifications.py``); a ``Deliverer`` claims due rows, delivers each
+in the background (a thread per webhook, a subprocess per hook or email, each with a
+timeout) and records the outcome from the caller's thread — the store is only ever used
+from there. ``Deliverer.step`` never blocks: the worker calls it on every iteration.
+
+- **webhook**: ``POST`` of the job's JSON (``job show --json``, plus ``notification``:
+  id, event, frame_id) with ``Content-Type: application/json`` and the headers
+  ``X-Cuectl-Event`` and ``X-Cuectl-Notification``; any 2xx answer is a delivery.
+- **command**: ``/bin/sh -c COMMAND`` with the job's JSON on stdin and ``CUE_JOB_ID``,
+  ``CUE_JOB``, ``CUE_EVENT``, ``CUE_FRAME_ID``, ``CUE_USER``, ``CUE_NOTIFICATION_ID`` set;
+  exit 0 is a delivery. A root worker runs it as the job's proven user, never as root
+  (``identity.check_notify_command``), as frames run.
+- **email**: a short message piped to ``sendmail -t -i`` (``CUECTL_SENDMAIL``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from cuectl import config
+from cuectl.errors import CuectlError, StoreError, Unproven
+from cuectl.run import launch
+from cuectl.sched import identity
+from cuectl.sched.store.base import Store
+
+WEBHOOK_TIMEOUT_S = 10.0
+COMMAND_TIMEOUT_S = 60.0
+EMAIL_TIMEOUT_S = 30.0
+# A claim outlives the longest delivery by a margin: a deliverer that dies holding one
+# leaves the row to others after this (its own restarted worker releases it at once).
+CLAIM_S = COMMAND_TIMEOUT_S + 60.0
+_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE"})
+
+
+class _Permanent(Exception):
+    """A delivery that can never succeed (an unproven hook): give up at once."""
+
+
+@dataclass
+class _Delivery:
+    row: dict[str, Any]
+    thread: threading.Thread
+    result: list[str | None] = field(default_factory=list)  # [None] delivered, [error] failed
+    permanent: bool = False
+
+
+def subject(row: dict[str, Any]) -> str:
+    """``cuectl: job 12 render finished`` / ``… failed`` / ``… frame 34 DEAD``."""
+    what = f"frame {row['frame_id']} DEAD" if row["event"] == "dead" else row["event"]
+    name = " ".join(str(row.get("job") or "").split())
+    return f"cuectl: job {row['job_id']} {name} {what}"
+
+
+def email_message(row: dict[str, Any], job: dict[str, Any], sender: str | None = None) -> bytes:
+    counts = ", ".join(f"{k} {v}" for k, v in sorted((job.get("frame_counts") or {}).items())) or "none"
+    lines = [f"To: {row['target']}", f"Subject: {subject(row)}", "Content-Type: text/plain; charset=utf-8",
+             "MIME-Version: 1.0", "Auto-Submitted: auto-generated"]
+    if sender:
+        lines.insert(0, f"From: {sender}")
+    body = [subject(row), "", f"job:      {job.get('id')} {job.get('name')}", f"user:     {job.get('user')}",
+            f"state:    {job.get('state')} ({job.get('outcome') or '-'})", f"frames:   {counts}",
+            f"finished: {job.get('finished_at') or '-'}"]
+    if row["event"] == "dead":
+        body.append(f"frame:    {row['frame_id']} (cuectl frame show {row['frame_id']})")
+    body += ["", f"cuectl job show {job.get('id')}"]
+    return ("\n".join(lines) + "\n\n" + "\n".join(body) + "\n").encode()
+
+
+def _run_child(argv: list[str], *, stdin: bytes, env: dict[str, str], timeout: float,
+               run_as: launch.RunAs | None, cwd: str | None) -> tuple[int | None, str]:
+    """Run ``argv`` in its own session, feed ``stdin``, wait up to ``timeout``; (exit code or
+    None on timeout, the tail of its output)."""
+    kwargs = run_as.popen_kwargs() if run_as else {}
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            cwd=cwd, start_new_session=True, close_fds=True, **kwargs)
+    launch.hold_child(proc.pid, proc)
+    try:
+        try:
+            out, _ = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.communicate()
+            return None, ""
+        except BrokenPipeError:  # it did not read its stdin: fine
+            out = b""
+            proc.wait(timeout=timeout)
+        return proc.returncode, out.decode(errors="replace")[-300:]
+    finally:
+        launch.release_child(proc.pid, proc)
+
+
+class Deliverer:
+    """Claims and delivers due notifications; one per worker (or per ``admin notify deliver``).
+
+    ``run_as_submitter``: this process is root and runs hooks as the job's user, on proof
+    (the worker's ``--run-as-worker-user`` turns it off, as for frames)."""
+
+    def __init__(self, store: Store, *, deliverer_id: str, run_as_submitter: bool = False,
+                 interval_s: float = 5.0, batch: int = 8, warn: Callable[[str], None] | None = None,
+                 on_claimed: Callable[[], None] | None = None) -> None:
+        self.store = store
+        self.id = deliverer_id
+        self.run_as_submitter = run_as_submitter
+        self.interval_s = interval_s
+        self.batch = batch
+        self.warn = warn
+        self.on_claimed = on_claimed  # test hook: the chaos tests die here, claims held
+        self.inflight: dict[int, _Delivery] = {}
+        self.next_claim = 0.0
+        self.delivered = 0
+        self.failed = 0
+
+    # -- the loop's side -------------------------------------------------------------------
+    def step(self, now: float, *, claim: bool = True, force: bool = False) -> None:
+        """Record finished deliveries; when due (every ``interval_s``, or ``force``) claim
+        and start more. Never blocks."""
+        self._collect(now)
+        if not claim or (now < self.next_claim and not force) or len(self.inflight) >= self.batch:
+            return
+        self.next_claim = now + self.interval_s
+        rows = self.store.claim_notifications(self.id, now=now, limit=self.batch - len(self.inflight), lease_s=CLAIM_S)
+        if rows and self.on_claimed:
+            self.on_claimed()
+        for row in rows:
+            self._start(row)
+
+    def drain(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) for the deliveries in flight and record them."""
+        deadline = time.monotonic() + timeout
+        for d in list(self.inflight.values()):
+            d.thread.join(max(0.0, deadline - time.monotonic()))
+        self._collect(self.store.clock())
+
+    def run_once(self, now: float) -> tuple[int, int]:
+        """``cuectl admin notify deliver``: claim what is due, deliver it, record it;
+        (delivered, failed)."""
+        self.step(now, force=True)
+        self.drain(COMMAND_TIMEOUT_S + 5.0)
+        return self.delivered, self.failed
+
+    def _collect(self, now: float) -> None:
+        for nid, d in list(self.inflight.items()):
+            if d.thread.is_alive():
+                continue
+            error = d.result[0] if d.result else "the delivery thread ended without a result"
+            try:
+                if error is None:
+                    self.store.notification_delivered(nid, self.id, now=now)
+                    self.delivered += 1
+                else:
+                    self.store.notification_failed(nid, self.id, error, now=now, give_up=d.permanent)
+                    self.failed += 1
+                    if self.warn:
+                        self.warn(f"notification {nid} ({d.row['event']} of job {d.row['job_id']} to "
+                                  f"{d.row['kind']}) failed: {error}")
+            except StoreError:
+                return  # recorded on a later step (the claim still holds)
+            del self.inflight[nid]
+
+    def _start(self, row: dict[str, Any]) -> None:
+        d = _Delivery(row=row, thread=threading.Thread(target=lambda: None))
+        try:
+            job = self.store.get_job(row["job_id"])
+            job.pop("receipt", None)  # the store's bookkeeping, as `job show --json` leaves it out
+            job["notification"] = {"id": row["id"], "event": row["event"], "frame_id": row["frame_id"]}
+            work = self._prepare(row, job)
+        except _Permanent as exc:
+            d.permanent = True
+            d.result.append(str(exc))
+            self.inflight[row["id"]] = d
+            return
+        except CuectlError as exc:
+            d.result.append(exc.message)
+            self.inflight[row["id"]] = d
+            return
+
+        def run() -> None:
+            try:
+                d.result.append(work())
+            except Exception as exc:  # noqa: BLE001 - any failure is a failed try, recorded
+                d.result.append(f"{type(exc).__name__}: {exc}")
+
+        d.thread = threading.Thread(target=run, name=f"cuectl-notify-{row['id']}", daemon=True)
+        self.inflight[row["id"]] = d
+        d.thread.start()
+
+    # -- what each kind does ---------------------------------------------------------------
+    def _prepare(self, row: dict[str, Any], job: dict[str, Any]) -> Callable[[], str | None]:
+        """Check what can be checked now (on the loop's thread); return the blocking part."""
+        body = json.dumps(job).encode()
+        kind, target = row["kind"], row["target"]
+        if kind == "webhook":
+            return lambda: _post(target, body, row)
+        if kind == "email":
+            message = email_message(row, job)
+            argv = [config.sendmail_path(), "-t", "-i"]
+            return lambda: _email(argv, message)
+        if kind == "command":
+            run_as = self._hook_account(row, target)
+            env = {k: v for k, v in config.inherited_environ().items()
+                   if not k.startswith("CUE_") and k not in _SECRETS}
+            env.update(run_as.env() if run_as else {})
+            env.update({"CUE_JOB_ID": str(row["job_id"]), "CUE_JOB": str(row.get("job") or ""),
+                        "CUE_EVENT": row["event"], "CUE_FRAME_ID": str(row["frame_id"] or ""),
+                        "CUE_USER": str(row.get("user") or ""), "CUE_NOTIFICATION_ID": str(row["id"])})
+            cwd = run_as.home if run_as and os.path.isdir(run_as.home) else ("/" if run_as else None)
+            return lambda: _command(target, body, env, run_as, cwd)
+        raise _Permanent(f"unknown notification kind {kind!r}")
+
+    def _hook_account(self, row: dict[str, Any], command: str) -> launch.RunAs | None:
+        """Whom a command hook runs as: this process's user, or (root) the job's proven user."""
+        if not self.run_as_submitter:
+            return None
+        try:
+            identity.check_notify_command(user=row["user"], job_id=row["job_id"], command=command,
+                                          submitted_by=row.get("submitted_by"), receipt=row.get("receipt"),
+                                          spool=self.store.receipt_dir)
+            return launch.RunAs.lookup(row["user"])
+        except Unproven as exc:
+            raise _Permanent(f"not run as {row['user']}, and never as root: {exc.message}") from None
+        except CuectlError as exc:  # no such user here
+            raise _Permanent(exc.message) from None
+
+
+def _post(url: str, body: bytes, row: dict[str, Any]) -> str | None:
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json", "User-Agent": "cuectl-notify",
+        "X-Cuectl-Event": row["event"], "X-Cuectl-Notification": str(row["id"])})
+    try:
+        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310 - http(s) only
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code} from {url}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return f"POST {url}: {reason}"
+    return None if 200 <= status < 300 else f"HTTP {status} from {url}"
+
+
+def _command(command: str, body: bytes, env: dict[str, str], run_as: launch.RunAs | None,
+             cwd: str | None) -> str | None:
+    code, out = _run_child(["/bin/sh", "-c", command], stdin=body, env=env, timeout=COMMAND_TIMEOUT_S,
+                           run_as=run_as, cwd=cwd)
+    if code is None:
+        return f"command timed out after {COMMAND_TIMEOUT_S:g} s"
+    if code != 0:
+        tail = " ".join(out.split())[-200:]
+        return f"command exited {code}" + (f": {tail}" if tail else "")
+    return None
+
+
+def _email(argv: list[str], message: bytes) -> str | None:
+    if not Path(argv[0]).exists():
+        return f"no sendmail at {argv[0]} (set CUECTL_SENDMAIL)"
+    env = {k: v for k, v in config.inherited_environ().items() if k not in _SECRETS}
+    code, out = _run_child(argv, stdin=message, env=env, timeout=EMAIL_TIMEOUT_S, run_as=None, cwd=None)
+    if code is None:
+        return f"sendmail timed out after {EMAIL_TIMEOUT_S:g} s"
+    if code != 0:
+        return f"sendmail exited {code}: {' '.join(out.split())[-200:]}"
+    return None

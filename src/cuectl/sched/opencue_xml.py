@@ -1,0 +1,450 @@
+"""OpenCue job specs (CJSL XML, as Cuebot reads them and pyoutline writes them) as cuectl specs.
+
+``parse_opencue_xml(text)`` reads a ``<spec>`` document and returns, per ``<job>``, a mapping
+in the YAML schema of docs/job-spec.md (``spec_from_mapping`` validates it) and the notes:
+one per element whose effect cuectl does not reproduce. Units are OpenCue's (Cuebot's
+``JobSpec``): ``<cores>`` in core points unless it has a decimal point (``100`` and ``1.0``
+are one core), ``<memory>``/``<gpu_memory>`` a bare number in GB or with ``m``/``g``,
+``<gpu_memory>`` the total across the frame's GPUs, ``<timeout>`` in minutes. The mapping
+is documented in docs/opencue-xml.md.
+
+The XML is read with the standard library's expat parser, guarded as defusedxml does: no
+``<!ENTITY`` declarations (so no "billion laughs", no external entities), the DOCTYPE's DTD
+is never fetched, at most ``MAX_SPEC_BYTES``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from cuectl.errors import InvalidInput
+
+MAX_SPEC_BYTES = 10 * 1024 * 1024
+# The CJSL versions Cuebot ships a DTD for (cuebot/src/main/resources/public/dtd/).
+CJSL_VERSIONS = ("1.5", "1.6", "1.7", "1.8", "1.9", "1.10", "1.11", "1.12", "1.13", "1.14", "1.15")
+# Cuebot's Dispatcher: below 10 core points a layer gets the default, 100 (one core).
+CORE_POINTS_MIN = 10
+CORE_POINTS_DEFAULT = 100
+# Cuebot's FRAME_RETRIES_DEFAULT: retries when <maxretries> is absent.
+DEFAULT_RETRIES = 1
+KIB_PER_GB = 1024 * 1024  # Cuebot's CueUtil.GB: memory is kept in KiB
+
+_SPEC_CHILDREN = ("facility", "dept", "show", "shot", "user", "email", "uid", "job", "depends")
+_JOB_CHILDREN = ("paused", "priority", "maxretries", "maxcores", "maxgpus", "autoeat", "localbook", "os", "env",
+                 "layers")
+_LAYER_CHILDREN = ("cmd", "range", "chunk", "cores", "threadable", "memory", "gpus", "gpu", "gpu_memory", "timeout",
+                   "timeout_llu", "tags", "limits", "env", "services", "outputs")
+_LAYER_TYPES = ("RENDER", "UTIL", "POST")
+_PROJECT_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}", re.ASCII)
+_TRUE = ("true", "1", "yes", "y", "on", "t")
+_FALSE = ("false", "0", "no", "n", "off", "f", "none", "")
+
+
+@dataclass(frozen=True)
+class Note:
+    """An element of the spec that cuectl does not honour (``job`` None: the spec's own)."""
+
+    job: str | None
+    element: str
+    why: str
+
+    def __str__(self) -> str:
+        where = f"{self.job}: " if self.job else ""
+        return f"{where}{self.element}: not honoured: {self.why}"
+
+
+def looks_like_xml(text: str) -> bool:
+    """Whether spec text read from standard input is an OpenCue XML spec."""
+    head = text.lstrip("\ufeff \t\r\n")[:200]
+    return head.startswith("<?xml") or head.startswith("<spec") or head.startswith("<!DOCTYPE spec")
+
+
+# --------------------------------------------------------------------------------------
+# Safe parsing
+
+
+class _Refused(Exception):
+    pass
+
+
+def _parse(text: str, source: str) -> Any:
+    import xml.etree.ElementTree as ET
+
+    if len(text) > MAX_SPEC_BYTES:
+        raise InvalidInput(f"{source}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
+    if "<!ENTITY" in text:
+        raise InvalidInput(f"{source}: XML entity declarations (<!ENTITY) are refused (entity expansion is how "
+                           "'billion laughs' and external-entity attacks work; an OpenCue spec needs none)")
+    from xml.parsers import expat as pyexpat
+
+    builder = ET.TreeBuilder()
+    expat = pyexpat.ParserCreate()  # no namespace processing; the DTD is never read
+
+    def refuse(*_args: Any) -> None:
+        raise _Refused("XML entity declarations are refused")
+
+    def no_external(*_args: Any) -> int:
+        raise _Refused("external entities are refused")
+
+    expat.EntityDeclHandler = refuse
+    expat.UnparsedEntityDeclHandler = refuse
+    expat.ExternalEntityRefHandler = no_external
+    expat.StartElementHandler = builder.start
+    expat.EndElementHandler = lambda tag: builder.end(tag)
+    expat.CharacterDataHandler = builder.data
+    expat.buffer_text = True
+    try:
+        expat.Parse(text, True)
+        return builder.close()
+    except _Refused as exc:
+        raise InvalidInput(f"{source}: {exc}") from None
+    except pyexpat.ExpatError as exc:
+        detail = pyexpat.ErrorString(exc.code) if exc.code else str(exc)
+        raise InvalidInput(f"{source}: invalid XML at line {exc.lineno}, column {exc.offset + 1}: {detail}") from None
+    except RecursionError:
+        raise InvalidInput(f"{source}: invalid XML: nested too deeply") from None
+
+
+def _doctype_version(text: str) -> str | None:
+    match = re.search(r"<!DOCTYPE\s+spec\b[^>]*?cjsl-([^\"'>]*?)\.dtd", text[:4096])
+    return match.group(1) if match else None
+
+
+# --------------------------------------------------------------------------------------
+# Values in Cuebot's units
+
+
+def _text(element: Any) -> str:
+    return " ".join((element.text or "").split()) if element is not None else ""
+
+
+def _bool(value: str, label: str) -> bool:
+    low = value.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise InvalidInput(f"{label}: expected True or False, got {value!r}")
+
+
+def _int(value: str, label: str) -> int:
+    try:
+        return int(value.strip())
+    except ValueError:
+        raise InvalidInput(f"{label}: expected a whole number, got {value!r}") from None
+
+
+def core_points(value: str, label: str) -> int:
+    """Cuebot's reading of ``<cores>``: with a decimal point, cores (``1.5`` → 150 points);
+    without, core points (``100`` → one core). 1-9 points become the default, 100."""
+    text = value.strip()
+    try:
+        if "." in text:
+            number = float(text)
+            points = int(number * 100 - 0.5) if "-" in text else int(number * 100 + 0.5)
+        else:
+            points = int(text)
+    except (ValueError, OverflowError):
+        raise InvalidInput(f"{label}: expected cores like 100 (core points) or 1.0 (cores), got {value!r}") from None
+    if 0 < points < CORE_POINTS_MIN:
+        points = CORE_POINTS_DEFAULT
+    return points
+
+
+def memory_kib(value: str, label: str) -> int:
+    """Cuebot's ``convertMemoryInput``: ``512m`` MB, ``2g``/``2gb`` GB, a bare number GB
+    (binary units: Cuebot multiplies by 1024), in KiB."""
+    text = value.strip().lower()
+    try:
+        if "m" in text:
+            kib = float(text[: text.rindex("m")]) * 1024
+        elif "g" in text:
+            kib = float(text[: text.rindex("g")]) * KIB_PER_GB
+        else:
+            kib = float(text) * KIB_PER_GB
+    except ValueError:
+        raise InvalidInput(f"{label}: expected a size like 4 (GB), 4g or 512m, got {value!r}") from None
+    if not math.isfinite(kib) or kib < 0:
+        raise InvalidInput(f"{label}: must be 0 or more, got {value!r}")
+    return int(kib)
+
+
+def conform_name(name: str) -> str:
+    """Cuebot's layer-name form, for matching ``<depend>`` names: lower case, ``-`` → ``_``."""
+    return name.strip().lower().replace("-", "_")
+
+
+def _job_key(name: str, prefix: str) -> str:
+    """Cuebot's ``conformJobName`` suffix: a job is found by its name with or without the
+    ``show-shot-user_`` prefix, in any case."""
+    text = name.strip()
+    if prefix and text.startswith(prefix):
+        text = text[len(prefix):]
+    text = re.sub(r"_{2,}", "_", text.lower()).replace("-", "_")
+    return text.lstrip("_")
+
+
+# --------------------------------------------------------------------------------------
+# The spec
+
+
+def parse_opencue_xml(text: str, *, source: str = "<job spec>",
+                      submitter: str | None = None) -> list[tuple[dict[str, Any], list[Note]]]:
+    """Each ``<job>`` of an OpenCue spec as (cuectl spec mapping, notes). Spec-level notes
+    (``<facility>``, cross-job ``<depend>``s, ...) come with the first job. ``submitter``:
+    who submits (a different ``<user>`` is noted: the job runs as the submitter)."""
+    root = _parse(text, source)
+    if root.tag != "spec":
+        raise InvalidInput(f"{source}: not an OpenCue job spec (the root element is <{root.tag}>, expected <spec>)")
+    spec_notes: list[Note] = []
+    version = _doctype_version(text)
+    if version is not None and version not in CJSL_VERSIONS:
+        spec_notes.append(Note(None, "DOCTYPE", f"cjsl-{version}.dtd is not a CJSL version Cuebot accepts "
+                                                f"({CJSL_VERSIONS[0]} to {CJSL_VERSIONS[-1]}); read as "
+                                                f"{CJSL_VERSIONS[-1]}"))
+    for child in root:
+        if child.tag not in _SPEC_CHILDREN:
+            spec_notes.append(Note(None, f"<{child.tag}>", "not an element of any CJSL version"))
+    show, shot, user = _text(root.find("show")), _text(root.find("shot")), _text(root.find("user"))
+    for tag, why in (("facility", "cuectl has one farm, with no facilities"),
+                     ("dept", "cuectl has no departments"),
+                     ("email", "cuectl does not mail the job's owner; use notify: with email in a YAML spec or "
+                               "--notify-email")):
+        if _text(root.find(tag)):
+            spec_notes.append(Note(None, f"<{tag}>", why))
+    if user and submitter is not None and user != submitter:
+        spec_notes.append(Note(None, "<user>", f"the job runs as {submitter}, who submits it, not as {user} "
+                                               "(cuectl takes a job's user from who submits)"))
+    project = None
+    if show:
+        if _PROJECT_RE.fullmatch(show) and show.strip("-."):
+            project = show
+        else:
+            spec_notes.append(Note(None, "<show>", f"{show!r} is not a usable project name (1-100 of A-Z a-z 0-9 "
+                                                   "_ . -)"))
+    prefix = f"{show}-{shot}-{user}_" if show or shot or user else ""
+    jobs = root.findall("job")
+    if not jobs:
+        raise InvalidInput(f"{source}: the spec has no <job>")
+    built: list[tuple[dict[str, Any], list[Note]]] = []
+    keys: dict[str, int] = {}
+    for index, job in enumerate(jobs):
+        mapping, notes = _job(job, f"{source}: job[{index}]", project)
+        built.append((mapping, notes))
+        keys.setdefault(_job_key(mapping["name"], prefix), index)
+    spec_notes.extend(_depends(root, built, keys, prefix, source))
+    built[0][1][:0] = spec_notes
+    return built
+
+
+def _job(job: Any, label: str, project: str | None) -> tuple[dict[str, Any], list[Note]]:
+    name = (job.get("name") or "").strip()
+    if not name:
+        raise InvalidInput(f"{label}: <job> needs a name attribute")
+    label = f"{label} ({name})"
+    notes: list[Note] = []
+
+    def note(element: str, why: str) -> None:
+        notes.append(Note(name, element, why))
+
+    mapping: dict[str, Any] = {"name": name}
+    if project:
+        mapping["project"] = project
+    for child in job:
+        if child.tag not in _JOB_CHILDREN:
+            note(f"<{child.tag}>", "not an element of any CJSL version")
+    if job.find("paused") is not None:
+        mapping["paused"] = _bool(_text(job.find("paused")), f"{label}: <paused>")
+    priority = _text(job.find("priority"))
+    if priority and priority.lower() != "none":
+        mapping["priority"] = _int(priority, f"{label}: <priority>")
+    retries = DEFAULT_RETRIES
+    maxretries = _text(job.find("maxretries"))
+    if maxretries and maxretries.lower() != "none":
+        retries = max(0, _int(maxretries, f"{label}: <maxretries>"))
+    maxcores = _text(job.find("maxcores"))
+    if maxcores:
+        mapping["max_cores"] = _int(maxcores, f"{label}: <maxcores>")
+    maxgpus = _text(job.find("maxgpus"))
+    if maxgpus:
+        mapping["max_gpus"] = _int(maxgpus, f"{label}: <maxgpus>")
+    if job.find("autoeat") is not None and _bool(_text(job.find("autoeat")), f"{label}: <autoeat>"):
+        note("<autoeat>", "cuectl retries a failed frame and then leaves it DEAD; it does not eat it")
+    if job.find("localbook") is not None:
+        note("<localbook>", "cuectl has no local booking; the job runs on the farm's workers")
+    if _text(job.find("os")):
+        note("<os>", "cuectl does not match hosts by operating system")
+    env = _env(job.findall("env"), note)
+    if env:
+        mapping["env"] = env
+    layer_elements = [el for layers in job.findall("layers") for el in layers.findall("layer")]
+    if not layer_elements:
+        raise InvalidInput(f"{label}: the job has no <layer>")
+    layers: list[dict[str, Any]] = []
+    post: list[str] = []
+    for index, element in enumerate(layer_elements):
+        layer, kind = _layer(element, f"{label}: layer[{index}]", note)
+        layer["retries"] = retries
+        layers.append(layer)
+        if kind == "POST":
+            post.append(layer["name"])
+    # A Post layer runs once every other layer is done (Cuebot puts it in a post job that
+    # waits for the job): here, a layer-on-layer dependency on each non-Post layer.
+    for layer in layers:
+        if layer["name"] in post:
+            layer["depends"] = [{"layer": other["name"], "type": "layer"} for other in layers
+                                if other["name"] not in post]
+    mapping["layers"] = layers
+    return mapping, notes
+
+
+def _env(elements: Iterable[Any], note: Any) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for element in elements:
+        for key in element:
+            if key.tag != "key":
+                note(f"<env><{key.tag}>", "only <key name=...> entries are environment variables")
+                continue
+            name = key.get("name")
+            if name is None:
+                note("<env><key>", "an entry without a name is skipped (as Cuebot does)")
+                continue
+            env[name] = (key.text or "").strip()
+    return env
+
+
+def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str]:
+    name = (element.get("name") or "").strip()
+    if not name:
+        raise InvalidInput(f"{label}: <layer> needs a name attribute")
+    label = f"{label} ({name})"
+
+    def note(what: str, why: str) -> None:
+        job_note(f"layer {name}: {what}", why)
+
+    kind = (element.get("type") or "").strip().upper()
+    if kind not in _LAYER_TYPES:
+        raise InvalidInput(f"{label}: type must be Render, Util or Post, got {element.get('type')!r}")
+    for child in element:
+        if child.tag not in _LAYER_CHILDREN:
+            note(f"<{child.tag}>", "not an element of any CJSL version")
+    cmd = (element.find("cmd").text or "").strip() if element.find("cmd") is not None else ""
+    if not cmd:
+        raise InvalidInput(f"{label}: <cmd> is required")
+    frame_range = _text(element.find("range")).replace(" ", "")
+    if not frame_range:
+        raise InvalidInput(f"{label}: <range> is required")
+    layer: dict[str, Any] = {"name": name, "command": cmd, "range": frame_range}
+    chunk = _text(element.find("chunk"))
+    layer["chunk"] = _int(chunk, f"{label}: <chunk>") if chunk else 1
+    cores = _text(element.find("cores"))
+    if cores:
+        points = core_points(cores, f"{label}: <cores>")
+        if points <= 0:
+            what = "the whole host" if points == 0 else f"all but {-points / 100:g} of the host's cores"
+            note("<cores>", f"{cores} asks for {what}; cuectl reserves a fixed number of cores (1 here)")
+        else:
+            layer["cores"] = points / 100
+    if _text(element.find("threadable")) and _bool(_text(element.find("threadable")), f"{label}: <threadable>"):
+        note("<threadable>", "cuectl gives a frame exactly the cores it reserves, never more")
+    memory = _text(element.find("memory"))
+    if memory:
+        layer["memory"] = f"{memory_kib(memory, f'{label}: <memory>')}K"
+    gpus_text = _text(element.find("gpus"))
+    gpus = _int(gpus_text, f"{label}: <gpus>") if gpus_text else 0
+    if gpus:
+        layer["gpus"] = gpus
+    gpu_memory, tag = _text(element.find("gpu_memory")), "<gpu_memory>"
+    if not gpu_memory and _text(element.find("gpu")):
+        gpu_memory, tag = _text(element.find("gpu")), "<gpu>"  # deprecated spelling (CJSL 1.10)
+    if gpu_memory:
+        total = memory_kib(gpu_memory, f"{label}: {tag}")
+        if gpus <= 0:
+            if total:
+                note(tag, "the layer asks for no <gpus>, so there is no device to need memory")
+        elif total:
+            # OpenCue's figure is the frame's total across its GPUs; cuectl's is per device.
+            layer["gpu_memory_min"] = f"{-(-total // gpus)}K"
+    timeout = _text(element.find("timeout"))
+    if timeout:
+        minutes = _int(timeout, f"{label}: <timeout>")
+        if minutes > 0:
+            layer["timeout"] = f"{minutes}m"
+    llu = _text(element.find("timeout_llu"))
+    if llu and _int(llu, f"{label}: <timeout_llu>") > 0:
+        note("<timeout_llu>", "cuectl does not kill a frame whose log stops growing")
+    tags = [t for t in _text(element.find("tags")).replace(" ", "").split("|") if t]
+    if tags:  # any of them, as in OpenCue: cuectl's "a | b" entry (docs/job-spec.md)
+        layer["tags"] = [" | ".join(tags)]
+    limits = [_text(limit) for lim in element.findall("limits") for limit in lim.findall("limit")]
+    limits = [limit for limit in limits if limit]
+    if limits:
+        layer["limits"] = list(dict.fromkeys(limits))
+    env = _env(element.findall("env"), note)
+    if env:
+        layer["env"] = env
+    services = [_text(s) for el in element.findall("services") for s in el.findall("service")]
+    services = [s for s in dict.fromkeys(services) if s and s != "default"]
+    if services:
+        note("<services>", f"{', '.join(services)}: cuectl has no services (Cuebot takes default cores, "
+                           "memory, GPUs and tags from them)")
+    outputs = [o for el in element.findall("outputs") for o in el.findall("output")]
+    if outputs:
+        note("<outputs>", "cuectl does not register output paths")
+    return layer, kind
+
+
+def _depends(root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: dict[str, int], prefix: str,
+             source: str) -> list[Note]:
+    """``<depends>``: layer-on-layer and frame-by-frame within a job become the layer's
+    ``depends``; the rest is noted."""
+    notes: list[Note] = []
+    for depends in root.findall("depends"):
+        for index, dep in enumerate(depends.findall("depend")):
+            label = f"{source}: depends[{index}]"
+            kind = (dep.get("type") or "").upper().replace("_", "")
+            depjob, onjob = _text(dep.find("depjob")), _text(dep.find("onjob"))
+            deplayer, onlayer = _text(dep.find("deplayer")), _text(dep.find("onlayer"))
+            what = f"<depend type={dep.get('type')!r}> {depjob}/{deplayer or '*'} on {onjob}/{onlayer or '*'}"
+            if not depjob or not onjob:
+                raise InvalidInput(f"{label}: <depend> needs <depjob> and <onjob>")
+            er, on = keys.get(_job_key(depjob, prefix)), keys.get(_job_key(onjob, prefix))
+            if er is None or on is None:
+                missing = depjob if er is None else onjob
+                notes.append(Note(None, what, f"no job {missing!r} in this spec"))
+                continue
+            if er != on:
+                notes.append(Note(None, what, "cuectl has no dependencies between jobs; submit the jobs "
+                                              "separately, or as layers of one job"))
+                continue
+            mapping = built[er][0]
+            if kind not in ("LAYERONLAYER", "FRAMEBYFRAME") or not deplayer or not onlayer:
+                notes.append(Note(mapping["name"], what, "cuectl has layer-on-layer and frame-by-frame "
+                                                         "dependencies only"))
+                continue
+            by_name = {conform_name(layer["name"]): layer for layer in mapping["layers"]}
+            layer, target = by_name.get(conform_name(deplayer)), by_name.get(conform_name(onlayer))
+            if layer is None or target is None:
+                raise InvalidInput(f"{label}: no layer {deplayer if layer is None else onlayer!r} in job "
+                                   f"{mapping['name']!r}")
+            dtype = "frame" if kind == "FRAMEBYFRAME" else "layer"
+            if dtype == "layer" and _bool(dep.get("anyframe") or "false", f"{label}: anyframe"):
+                built[er][1].append(Note(mapping["name"], what, "anyframe: cuectl waits for the whole layer"))
+            entries = layer.setdefault("depends", [])
+            same = [d for d in entries if d["layer"] == target["name"]]
+            if same:
+                if dtype == "layer":
+                    same[0]["type"] = "layer"  # the stricter of the two
+                continue
+            entries.append({"layer": target["name"], "type": dtype})
+    return notes
+
+
+def strict_error(source: str, notes: Iterable[Note]) -> InvalidInput:
+    """``--strict``: the notes as one error (nothing is submitted)."""
+    lines = [str(n) for n in notes]
+    return InvalidInput(f"{source}: {len(lines)} element(s) cannot be honoured: " + "; ".join(lines),
+                        hint="drop --strict to submit anyway (each is a warning then)")

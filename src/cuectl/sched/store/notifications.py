@@ -1,0 +1,97 @@
+"""The store side of notifications (docs/notifications.md): one row per event and target,
+written in the transaction that finishes the job or kills the frame, and claimed, delivered
+and retried by whoever delivers (workers, ``cuectl admin notify deliver``).
+
+Rows: ``(job_id, event, frame_id, target)`` is unique — ``frame_id`` is 0 for the job's own
+events (finished, failed), the frame's id for ``dead``. A job that is retried and finishes
+again (or a frame that is retried and goes DEAD again) is a new event: its row is re-armed
+(created_at, attempts, delivered_at reset), so it is delivered again, once. The same
+transaction repeated (a retried write) finds the row with the same ``created_at`` and
+leaves it alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from cuectl.sched import notify as nt
+from cuectl.sched.model import Notify
+
+DEFAULTS_KEY = "notify_defaults"
+# Back-off after a failed delivery: 10 s, doubled per failure, at most an hour; after
+# MAX_ATTEMPTS failures the row is given up (its error kept, never claimed again).
+FIRST_DELAY_S = 10.0
+MAX_DELAY_S = 3600.0
+MAX_ATTEMPTS = 10
+# A given-up row's next_at: never due.
+NEVER = 1e18
+
+_INSERT = ("INSERT INTO notifications(job_id, event, frame_id, target, created_at, attempts, next_at) "
+           "VALUES (?, ?, ?, ?, ?, 0, ?) ON CONFLICT (job_id, event, frame_id, target) DO UPDATE SET "
+           "created_at = excluded.created_at, attempts = 0, next_at = excluded.next_at, claimed_by = NULL, "
+           "claimed_until = NULL, delivered_at = NULL, error = NULL "
+           "WHERE notifications.created_at < excluded.created_at")
+DUE = "delivered_at IS NULL AND next_at <= ? AND attempts < ? AND (claimed_until IS NULL OR claimed_until < ?)"
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before the next try after ``failures`` failed ones (1 = the first)."""
+    return min(FIRST_DELAY_S * 2 ** max(0, failures - 1), MAX_DELAY_S)
+
+
+def farm_defaults(tx: Any) -> tuple[Notify, ...]:
+    row = tx.one("SELECT value FROM meta WHERE key = ?", (DEFAULTS_KEY,))
+    return nt.from_json(row["value"]) if row else ()
+
+
+def record(tx: Any, job_id: int, event: str, frame_id: int, now: float) -> int:
+    """Record ``event`` of the job (``frame_id`` 0) or of its frame for every target of the
+    job's ``notify`` and the farm defaults that asks for it; the caller's transaction is the
+    one that made it happen. Returns how many rows were written."""
+    row = tx.one("SELECT notify FROM jobs WHERE id = ?", (job_id,))
+    if row is None:
+        return 0
+    targets: dict[str, Notify] = {}
+    for item in (*nt.from_json(row["notify"]), *farm_defaults(tx)):
+        if event in item.on:
+            targets.setdefault(nt.target_json(item), item)
+    for target in targets:
+        tx.run(_INSERT, (job_id, event, frame_id, target, now, now))
+    return len(targets)
+
+
+def record_finish(tx: Any, job_id: int, now: float) -> None:
+    """The job just became FINISHED: ``finished`` when every frame SUCCEEDED or was EATEN
+    (and nobody killed it), else ``failed``."""
+    row = tx.one("SELECT killed_at, notify FROM jobs WHERE id = ?", (job_id,))
+    if row is None or (row["notify"] in (None, "", "[]") and not farm_defaults(tx)):
+        return
+    dead = tx.one("SELECT 1 AS x FROM frames WHERE job_id = ? AND state = 'DEAD' LIMIT 1", (job_id,))
+    event = "failed" if row["killed_at"] is not None or dead else "finished"
+    record(tx, job_id, event, 0, now)
+
+
+def record_dead(tx: Any, job_id: int, frame_id: int, now: float) -> None:
+    """A frame just became DEAD."""
+    record(tx, job_id, "dead", frame_id, now)
+
+
+def row_json(row: Any, *, mask: bool = True) -> dict[str, Any]:
+    """A notification row as JSON (``admin notify history``); ``mask``: webhook URLs as
+    scheme and host only (``nt.masked``) — a deliverer gets them whole."""
+    try:
+        target = json.loads(row["target"])
+    except (TypeError, ValueError):
+        target = {"kind": "?", "target": row["target"]}
+    return {"id": int(row["id"]), "job_id": int(row["job_id"]), "event": row["event"],
+            "frame_id": int(row["frame_id"]) or None, "kind": target.get("kind"),
+            "target": (nt.mask_url(str(target.get("target"))) if mask and target.get("kind") == "webhook"
+                       else target.get("target")),
+            "created_at": row["created_at"], "attempts": int(row["attempts"]), "next_at": row["next_at"],
+            "claimed_by": row["claimed_by"], "claimed_until": row["claimed_until"],
+            "delivered_at": row["delivered_at"], "error": row["error"]}
+
+
+def entries_json(items: Sequence[Notify]) -> list[dict[str, object]]:
+    return [n.to_json() for n in items]

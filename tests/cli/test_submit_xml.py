@@ -1,0 +1,84 @@
+"""`cuectl submit job.xml`: OpenCue job specs (issue 18 item 8), --dry-run and --strict."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "opencue"
+sys.path.insert(0, str(Path(__file__).parents[1] / "worker"))
+
+from farmlib import Farm  # noqa: E402
+
+
+def test_dry_run_json_creates_no_store(cli, db_path, tmp_path):
+    spec = tmp_path / "job.xml"
+    shutil.copy(FIXTURES / "jobspec_gpus_test.xml", spec)
+    res = cli("submit", "--dry-run", str(spec), "--json")
+    assert res.exit_code == 0, res
+    out = json.loads(res.stdout)
+    assert out["dry_run"] is True
+    assert [j["name"] for j in out["jobs"]] == ["test0", "test1", "test2", "min_mem_test", "test_depend"]
+    assert out["jobs"][1]["layers"][0]["gpus"] == 3
+    assert "id" not in out["jobs"][0]
+    assert "warning: " in res.stderr and "<services>: not honoured" in res.stderr
+    assert not Path(db_path).exists()
+
+
+def test_dry_run_yaml_too(cli, db_path, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: y\nlayers:\n  - {name: a, command: [echo, x], range: 1-3}\n")
+    res = cli("submit", "--dry-run", str(spec))
+    assert res.exit_code == 0 and "would submit job 'y': 1 layer(s), 3 frame(s)" in res.stdout
+    assert not Path(db_path).exists()
+
+
+def test_submit_creates_every_job(cli, tmp_path):
+    spec = tmp_path / "job.xml"
+    shutil.copy(FIXTURES / "jobspec_depend_test.xml", spec)
+    res = cli("submit", str(spec))
+    assert res.exit_code == 0, res
+    ids = res.stdout.split()
+    assert len(ids) == 2
+    names = [cli("job", "show", i, "--json").json()["name"] for i in ids]
+    assert names == ["pipe-dev.cue-testuser_depend_test_a", "pipe-dev.cue-testuser_depend_test_b"]
+
+
+def test_strict_refuses_and_submits_nothing(cli, db_path, tmp_path):
+    spec = tmp_path / "job.xml"
+    shutil.copy(FIXTURES / "autoeat.xml", spec)
+    res = cli("submit", "--strict", str(spec))
+    assert res.exit_code == 2 and "cannot be honoured" in res.stderr and "<autoeat>" in res.stderr
+    assert not Path(db_path).exists()
+
+
+def test_malformed_xml_is_one_error(cli, tmp_path):
+    spec = tmp_path / "job.xml"
+    spec.write_text('<?xml version="1.0"?><!DOCTYPE spec [<!ENTITY a "x">]><spec>&a;</spec>')
+    res = cli("submit", str(spec))
+    assert res.exit_code == 2 and res.stderr.count("error:") == 1 and "refused" in res.stderr
+
+
+def test_opencue_gpu_spec_runs_end_to_end_on_fake_gpus(tmp_path):
+    farm = Farm(tmp_path)
+    try:
+        fake = farm.host("gpu-01", [{"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "80GiB"},
+                                    {"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "80GiB"}])
+        spec = tmp_path / "gpu.xml"
+        # pyoutline-style CJSL 1.15 spec with <gpus> and <gpu_memory>; the tag is the worker's.
+        spec.write_text((FIXTURES / "pyoutline_gpu.xml").read_text().replace("<tags>gpu</tags>", ""))
+        res = farm.cuectl("submit", str(spec))
+        (job_id,) = [int(x) for x in res.stdout.split()]
+        farm.run_worker(fake, "--until-idle")
+        job = farm.job(job_id)
+        assert job["frame_counts"] == {"SUCCEEDED": 5}, job
+        log = farm.cuectl("frame", "log", str([f for f in farm.frames(job_id)
+                                                  if f["layer"] == "render"][0]["id"])).stdout
+        assert "frame=1" in log and any(f"gpu={i}" in log for i in "01")
+        for frame in farm.frames(job_id):
+            if frame["layer"] == "render":
+                assert len(frame["gpu_uuids"]) == 1
+    finally:
+        farm.cleanup()

@@ -1,0 +1,178 @@
+"""OpenCue job specs (CJSL XML) read into cuectl specs (issue 18 item 8). The vectors in
+tests/fixtures/opencue/ are Cuebot's own test specs, copied from OpenCue's
+cuebot/src/test/resources/conf/jobspec/ (see the README there); each test names its file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cuectl.errors import InvalidInput
+from cuectl.sched.opencue_xml import core_points, memory_kib, parse_opencue_xml, strict_error
+from cuectl.sched.spec import spec_from_mapping
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "opencue"
+GIB = 1024 ** 3
+
+
+def _read(name: str, submitter: str | None = "testuser"):
+    return parse_opencue_xml((FIXTURES / name).read_text(), source=name, submitter=submitter)
+
+
+def _specs(name: str):
+    return [spec_from_mapping(m, user="u") for m, _ in _read(name)]
+
+
+def _notes(name: str, submitter: str | None = "testuser") -> list[str]:
+    return [str(n) for _, notes in _read(name, submitter) for n in notes]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.xml")))
+def test_every_cuebot_vector_is_read_and_validates(name):
+    assert _specs(name)
+
+
+def test_jobspec_xml_units_env_and_layer_depend():
+    # cuebot/src/test/resources/conf/jobspec/jobspec.xml (CJSL 1.5)
+    (spec,) = _specs("jobspec.xml")
+    pre, render = spec.layers
+    assert spec.name == "pipe-dev.cue-testuser_shell_v1" and spec.paused and spec.project == "pipe"
+    assert (pre.cores, render.cores) == (0.25, 1.0)  # <cores>25</cores>, <cores>100</cores>: core points
+    assert render.range == "1-10" and render.tags == ("general",)
+    assert dict(render.env)["VNP_VCR_SESSION"] == "9000"
+    assert pre.retries == 0  # <maxretries>0</maxretries>
+    assert [(d.on, d.type) for d in render.depends] == [("pass_1_preprocess", "layer")]
+
+
+def test_gpu_vectors_gpu_memory_is_the_frames_total():
+    # cuebot/src/test/resources/conf/jobspec/jobspec_dispatch_gpus_test.xml (CJSL 1.12)
+    specs = {s.name: s for s in _specs("jobspec_dispatch_gpus_test.xml")}
+    layers = {layer.name: layer for layer in specs["test_gpu"].layers}
+    assert (layers["test_gpus_1_layer"].gpus, layers["test_gpus_1_layer"].gpu_memory_min_bytes) == (1, GIB)
+    four = layers["test_gpus_4_layer"]  # <gpus>4</gpus><gpu_memory>7g</gpu_memory>: 7 GiB over 4 devices
+    assert four.gpus == 4 and four.gpu_memory_min_bytes == -(-7 * GIB // 4)
+    assert layers["test_gpus_0_layer"].gpus == 0 and layers["test_gpus_0_layer"].gpu_memory_min_bytes == 0
+    assert any("test_gpus_0_layer: <gpu_memory>: not honoured" in n for n in _notes("jobspec_dispatch_gpus_test.xml"))
+
+
+def test_memory_units_and_deprecated_gpu_element():
+    # cuebot/src/test/resources/conf/jobspec/jobspec_dispatch_gpu_test.xml (CJSL 1.7: <memory>2gb, <gpu>512m)
+    spec = _specs("jobspec_dispatch_gpu_test.xml")[0]
+    assert spec.layers[0].memory_bytes == 2 * GIB
+    # cuebot/src/test/resources/conf/jobspec/jobspec_multiple_frames.xml
+    assert _specs("jobspec_multiple_frames.xml")[0].layers[0].memory_bytes == 2 * GIB
+
+
+def test_maxcores_maxgpus_map_to_job_caps():
+    # cuebot/src/test/resources/conf/jobspec/override_max_cores_gpus.xml (CJSL 1.13)
+    (spec,) = _specs("override_max_cores_gpus.xml")
+    assert (spec.max_cores, spec.max_gpus) == (420, 42)
+
+
+def test_frame_by_frame_and_post_layers():
+    # cuebot/src/test/resources/conf/jobspec/chunked_depend.xml, uneven_frame_by_frame.xml ("FrameByFrame")
+    for name in ("chunked_depend.xml", "uneven_frame_by_frame.xml"):
+        (spec,) = _specs(name)
+        assert [d.type for d in spec.layers[1].depends] == ["frame"]
+    # cuebot/src/test/resources/conf/jobspec/jobspec_postframes.xml: the POST layer waits for the others
+    (spec,) = _specs("jobspec_postframes.xml")
+    cleanup = spec.layers[2]
+    assert cleanup.name == "cleanup"
+    assert {(d.on, d.type) for d in cleanup.depends} == {("pass_1_preprocess", "layer"), ("pass_1", "layer")}
+
+
+def test_several_jobs_in_one_spec():
+    # cuebot/src/test/resources/conf/jobspec/jobspec_depend_test.xml
+    assert [s.name for s in _specs("jobspec_depend_test.xml")] == [
+        "pipe-dev.cue-testuser_depend_test_a", "pipe-dev.cue-testuser_depend_test_b"]
+
+
+def test_cross_job_depend_is_noted():
+    text = (FIXTURES / "jobspec_depend_test.xml").read_text().replace("</spec>", """
+      <depends><depend type="JOB_ON_JOB"><depjob>pipe-dev.cue-testuser_depend_test_b</depjob>
+      <onjob>pipe-dev.cue-testuser_depend_test_a</onjob></depend></depends></spec>""")
+    notes = [str(n) for _, ns in parse_opencue_xml(text) for n in ns]
+    assert any("JOB_ON_JOB" in n and "no dependencies between jobs" in n for n in notes)
+
+
+def test_notes_for_unsupported_elements():
+    # cuebot/src/test/resources/conf/jobspec/autoeat.xml, services.xml, jobspec_dispatch_test.xml, depend_any.xml
+    assert any("<autoeat>: not honoured" in n for n in _notes("autoeat.xml"))
+    assert any("<facility>: not honoured" in n for n in _notes("autoeat.xml"))
+    assert any("layer cuda_layer: <services>: not honoured: cuda" in n for n in _notes("services.xml"))
+    assert any("<os>: not honoured" in n for n in _notes("jobspec_dispatch_test.xml"))
+    assert any("anyframe" in n for n in _notes("depend_any.xml"))
+    assert any("<user>: not honoured: the job runs as ada" in n for n in _notes("jobspec.xml", submitter="ada"))
+    assert any("cjsl-nonexistent.dtd" in n for n in _notes("jobspec_nonexistent_dtd.xml"))
+
+
+def test_several_tags_are_any_of():
+    text = (FIXTURES / "jobspec_simple.xml").read_text().replace("<chunk>1</chunk>",
+                                                                   "<chunk>1</chunk><tags>gpu | desktop</tags>")
+    ((mapping, notes),) = parse_opencue_xml(text)
+    assert mapping["layers"][0]["tags"] == ["gpu | desktop"]  # one entry: either tag will do
+    assert not any("<tags>" in str(n) for n in notes)
+
+
+def test_strict_error_lists_every_note():
+    notes = [n for _, ns in _read("autoeat.xml") for n in ns]
+    err = strict_error("autoeat.xml", notes)
+    assert f"{len(notes)} element(s) cannot be honoured" in err.message and "<autoeat>" in err.message
+
+
+def test_pyoutline_output():
+    # Written as pyoutline/outline/backend/cue.py's _serialize writes it (CJSL 1.15, one line).
+    ((mapping, notes),) = _read("pyoutline_gpu.xml", submitter="artist")
+    assert notes == []
+    spec = spec_from_mapping(mapping, user="artist")
+    render, comp, publish = spec.layers
+    assert (render.cores, render.memory_bytes, render.gpus, render.gpu_memory_min_bytes) == (2.0, 512 * 1024 ** 2,
+                                                                                              1, GIB)
+    assert render.timeout_s == 1800 and render.retries == 2 and render.tags == ("gpu",)
+    assert [(d.on, d.type) for d in comp.depends] == [("render", "frame")]
+    assert {d.on for d in publish.depends} == {"render", "comp"}
+    assert spec.priority == 10 and spec.max_gpus == 4 and spec.project == "demo"
+
+
+@pytest.mark.parametrize("text,points", [("100", 100), ("25", 25), ("1.0", 100), ("1.5", 150), ("5", 100),
+                                         ("0", 0), ("-100", -100)])
+def test_core_points(text, points):
+    assert core_points(text, "x") == points
+
+
+@pytest.mark.parametrize("text,kib", [("1", 1024 ** 2), ("2gb", 2 * 1024 ** 2), ("512m", 512 * 1024),
+                                      ("7g", 7 * 1024 ** 2), ("1.5G", int(1.5 * 1024 ** 2))])
+def test_memory_units(text, kib):
+    assert memory_kib(text, "x") == kib
+
+
+BOMB = """<?xml version="1.0"?>
+<!DOCTYPE spec [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">
+<!ENTITY c "&b;&b;&b;&b;&b;&b;&b;&b;&b;&b;"><!ENTITY d "&c;&c;&c;&c;&c;&c;&c;&c;&c;&c;">]>
+<spec><show>&d;</show></spec>"""
+EXTERNAL = """<?xml version="1.0"?><!DOCTYPE spec [<!ENTITY x SYSTEM "file:///etc/passwd">]><spec>&x;</spec>"""
+
+
+@pytest.mark.parametrize("text,message", [
+    (BOMB, "entity declarations (<!ENTITY) are refused"),
+    (EXTERNAL, "entity declarations (<!ENTITY) are refused"),
+    ("<spec><job name='x'>", "invalid XML at line 1"),
+    ("<spec>&undefined;</spec>", "invalid XML at line 1, column 7: undefined entity"),
+    ("<job name='x'/>", "not an OpenCue job spec (the root element is <job>"),
+    ("<spec><show>a</show></spec>", "the spec has no <job>"),
+    ("<spec>" + " " * (10 * 1024 * 1024) + "</spec>", "larger than 10 MB"),
+])
+def test_hostile_or_malformed_xml_is_one_clear_error(text, message):
+    with pytest.raises(InvalidInput) as err:
+        parse_opencue_xml(text, source="job.xml")
+    assert err.value.message.startswith("job.xml: ") and message in err.value.message
+
+
+def test_bad_values_name_the_element():
+    text = (FIXTURES / "jobspec_simple.xml").read_text()
+    for old, new, message in [("<chunk>1</chunk>", "<chunk>x</chunk>", "<chunk>: expected a whole number"),
+                              ('type="Render"', 'type="Bake"', "type must be Render, Util or Post"),
+                              ("<paused>False</paused>", "<paused>maybe</paused>", "<paused>: expected True")]:
+        with pytest.raises(InvalidInput, match=message):
+            parse_opencue_xml(text.replace(old, new))
