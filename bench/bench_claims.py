@@ -93,10 +93,13 @@ def _runnable(store, devices):
     """What a worker's dispatch pass reads: every runnable layer, a page at a time, less
     those this host could never run (the real matcher, as Worker._could_ever_run)."""
     from cuectl.sched.match import GpuRequest, select_devices
+    from cuectl.sched.store import HostShape
 
+    shape = HostShape(gpus=len(devices), gpu_memory_max_bytes=max((d.memory_total_bytes or 0 for d in devices),
+                                                                  default=0), cores=1e6, memory_bytes=1 << 60)
     after = None
     while True:
-        page = store.runnable_layers(limit=500, after=after)
+        page = store.runnable_layers(limit=500, after=after, host=shape)
         for layer in page:
             if layer.gpus == 0 or select_devices(GpuRequest.from_record(layer), devices).could_ever_fit:
                 yield layer

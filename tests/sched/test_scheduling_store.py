@@ -377,3 +377,21 @@ def test_concurrent_claimers_never_exceed_a_cap(store_url, cap):
         assert running(store) == 3
     finally:
         store.close()
+
+
+def test_runnable_layers_leave_out_what_a_host_could_never_run_by_size(store):
+    """``host=`` filters in SQL by size alone, never a layer the host could run: a 24G
+    request stays for a "24 GB" card that reports 24564 MiB (match.py's rounding)."""
+    from cuectl.sched.store import HostShape
+
+    submit(store, "shapes", layers=[
+        {"name": "two", "command": ["true"], "gpus": 2},
+        {"name": "big", "command": ["true"], "gpus": 1, "gpu_memory_min": "80G"},
+        {"name": "fits", "command": ["true"], "gpus": 1, "gpu_memory_min": "24G"},
+        {"name": "wide", "command": ["true"], "cores": 8},
+        {"name": "cpu", "command": ["true"], "cores": 2}])
+    card = HostShape(gpus=1, gpu_memory_max_bytes=24564 << 20, cores=4, memory_bytes=1 << 36)
+    assert [layer.layer for layer in store.runnable_layers(host=card)] == ["fits", "cpu"]
+    gpu_only = HostShape(gpus=1, gpu_memory_max_bytes=24564 << 20, cores=4, memory_bytes=1 << 36, gpu_only=True)
+    assert [layer.layer for layer in store.runnable_layers(host=gpu_only)] == ["fits"]
+    assert len(store.runnable_layers()) == 5  # without a host: everything

@@ -1,6 +1,5 @@
 """``cuectl admin …``: store maintenance and diagnosis."""
 
-from __future__ import annotations
 
 import time
 from pathlib import Path

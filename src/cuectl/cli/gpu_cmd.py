@@ -4,7 +4,6 @@ Registered by the main CLI as ``gpu``. Errors are raised as ``cuectl.errors`` ex
 the main CLI turns them into ``error:`` lines and exit codes.
 """
 
-from __future__ import annotations
 
 import typer
 

@@ -1,6 +1,5 @@
 """``cuectl host …``: registered hosts, their devices, locking."""
 
-from __future__ import annotations
 
 from typing import Optional
 

@@ -1,6 +1,5 @@
 """``cuectl submit``, ``cuectl job …`` and ``cuectl frame …``: parse, call the library, render."""
 
-from __future__ import annotations
 
 import time
 from typing import Any, List, Optional

@@ -7,7 +7,6 @@ host, while old workers may still be running: migrations only add). SQLite store
 migrate when opened, so for them this reports the version.
 """
 
-from __future__ import annotations
 
 import typer
 

@@ -2,7 +2,6 @@
 (DESIGN §6, §9; figures explained in docs/accounting.md). Parse, call ``cuectl.report``,
 render — the figures themselves are computed in the library."""
 
-from __future__ import annotations
 
 import time
 from typing import Optional

@@ -3,7 +3,6 @@
 The web framework is imported only here, inside the command: the rest of the CLI never
 loads it."""
 
-from __future__ import annotations
 
 from typing import Optional
 

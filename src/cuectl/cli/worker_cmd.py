@@ -1,6 +1,5 @@
 """``cuectl worker``: run frames on this host until stopped (or idle)."""
 
-from __future__ import annotations
 
 import os
 import sys

@@ -39,7 +39,7 @@ from cuectl.run.lease.locks import lock_path, pid_alive, read_record
 from cuectl.run.usage import UsageTracker
 from cuectl.sched import identity
 from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, device_fits_statically, select_devices, tags_fit
-from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, LiveUsage, RunnableLayer, Store
+from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, HostShape, LiveUsage, RunnableLayer, Store
 from cuectl.units import format_bytes, iso
 
 
@@ -484,16 +484,25 @@ class Worker:
                                                if self._said_reservation in self._reserve_cooldown else ""))
         self._said_reservation = now_id
 
-    def _runnable(self) -> Iterator[RunnableLayer]:
+    def _runnable(self, *, all_sizes: bool = False) -> Iterator[RunnableLayer]:
         """Every runnable layer in dispatch order, a page at a time (read lazily: a pass that
-        fills this host early reads no further)."""
+        fills this host early reads no further), less those too big for this host by size
+        alone unless ``all_sizes`` (the store leaves them out)."""
         after = None
+        shape = None if all_sizes else self._shape()
         while True:
-            page = self.store.runnable_layers(limit=RUNNABLE_PAGE, after=after)
+            page = self.store.runnable_layers(limit=RUNNABLE_PAGE, after=after, host=shape)
             yield from page
             if len(page) < RUNNABLE_PAGE:
                 return
             after = page[-1].order_key
+
+    def _shape(self) -> HostShape:
+        """This host by size, for the store to leave out layers it could never run."""
+        memory = [d.memory_total_bytes for d in self.devices if d.memory_total_bytes is not None]
+        unknown = any(d.memory_total_bytes is None for d in self.devices)
+        return HostShape(gpus=len(self.devices), gpu_memory_max_bytes=(1 << 62) if unknown else max(memory, default=0),
+                         cores=self.opts.cores, memory_bytes=self.opts.memory_bytes, gpu_only=self.opts.gpu_only)
 
     def _could_ever_run(self, layer: RunnableLayer) -> bool:
         """Could this host ever run the layer (GPU model, count and memory; cores and host
@@ -897,7 +906,7 @@ class Worker:
         if self.draining or self._reached_max():
             return True
         self.too_big = {}
-        for layer in self._runnable():
+        for layer in self._runnable(all_sizes=True):  # (too big ones too: they are reported)
             if not self._accepts(layer):
                 continue
             if self._could_ever_run(layer):

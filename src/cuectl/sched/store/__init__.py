@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cuectl.sched.store.base import (Actor, ClaimedFrame, FrameResult, HostInfo, LiveUsage, RunnableLayer, Store,
+from cuectl.sched.store.base import (Actor, ClaimedFrame, FrameResult, HostInfo, HostShape, LiveUsage, RunnableLayer, Store,
                                      Token)
 
-__all__ = ["Actor", "ClaimedFrame", "FrameResult", "HostInfo", "LiveUsage", "RunnableLayer", "Store", "Token",
+__all__ = ["Actor", "ClaimedFrame", "FrameResult", "HostInfo", "HostShape", "LiveUsage", "RunnableLayer", "Store", "Token",
            "open_store", "roles_sql"]
 
 

@@ -52,6 +52,18 @@ class RunnableLayer:
 
 
 @dataclass(frozen=True)
+class HostShape:
+    """What a host could ever run, by size alone (``runnable_layers(host=...)``): its GPU
+    count and largest device, its CPU pool, and whether it takes CPU work at all."""
+
+    gpus: int
+    gpu_memory_max_bytes: int
+    cores: float
+    memory_bytes: int
+    gpu_only: bool = False
+
+
+@dataclass(frozen=True)
 class ClaimedFrame:
     """Everything the worker needs to launch one frame attempt."""
 
@@ -311,7 +323,8 @@ class Store(abc.ABC):
 
     # -- worker --------------------------------------------------------------------------
     @abc.abstractmethod
-    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None) -> list[RunnableLayer]:
+    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None,
+                        host: HostShape | None = None) -> list[RunnableLayer]:
         """Read-only: layers with WAITING frames of unpaused jobs, in dispatch order."""
 
     @abc.abstractmethod

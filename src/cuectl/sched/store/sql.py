@@ -37,7 +37,7 @@ from cuectl.sched.dialect import Dialect
 from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store import notifications as notes
-from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFigures, FrameResult, HostInfo,
+from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFigures, FrameResult, HostInfo, HostShape,
                                      LiveUsage, RunnableLayer, Store, Token)
 from cuectl.sched.usage_sql import Fetch, UsageGroup
 from cuectl.sched.views import attempt_json, frame_json, host_json, job_json, layer_json, samples_json
@@ -758,16 +758,26 @@ class SQLStore(Store):
                 for r in self._read("SELECT name, gpus, locked, tags FROM hosts")}
 
     # -- worker --------------------------------------------------------------------------------
-    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None) -> list[RunnableLayer]:
+    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None,
+                        host: HostShape | None = None) -> list[RunnableLayer]:
         # Keyset paging in dispatch order: ``after`` is the last page's final layer's
         # ``order_key``, so a worker reads on past any number of layers it cannot run (a
-        # fixed window let 200 unrunnable layers starve everything behind them).
-        page, params = "", [limit]
+        # fixed window let 200 unrunnable layers starve everything behind them). ``host``
+        # leaves out, in SQL, layers that host could never run by size alone, so a queue of
+        # such layers costs a pass an index scan rather than a row each.
+        page, params = "", []
         if after is not None:
             priority, created_at, job_id, idx = after
             page = ("AND (j.priority < ? OR (j.priority = ? AND (j.created_at > ? OR (j.created_at = ? AND "
                     "(j.id > ? OR (j.id = ? AND l.idx > ?)))))) ")
-            params = [priority, priority, created_at, created_at, job_id, job_id, idx, limit]
+            params = [priority, priority, created_at, created_at, job_id, job_id, idx]
+        if host is not None:
+            page += ("AND l.gpus <= ? AND (l.gpus = 0 OR l.gpu_memory_min_bytes <= ?) "
+                     "AND (l.gpus > 0 OR (? = 0 AND l.cores <= ? AND l.memory_bytes <= ?)) ")
+            # (a GiB of slack: a device satisfies a request its total rounds up to, match.py)
+            params += [host.gpus, host.gpu_memory_max_bytes + (1 << 30), int(host.gpu_only), host.cores + 1e-9,
+                       host.memory_bytes]
+        params.append(limit)
         rows = self._read(
             "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
             'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user", j.submitted_by, j.receipt, '
