@@ -72,7 +72,7 @@ def open_log(log_dir: str | Path, path: str, frame_id: int) -> int:
     rel = os.path.relpath(os.path.abspath(path), log_dir)
     parts = rel.split(os.sep)
     if rel.startswith("..") or os.path.isabs(rel) or any(p in ("", ".", "..") for p in parts):
-        raise NotFound(f"the log of frame {frame_id} ({path}) is not in this store's log directory {log_dir}",
+        raise NotFound(f"the log of frame {frame_id} ({path}) is not in the store's log directory {log_dir}",
                        hint=_HINT_LOG_DIR)
     nofollow = getattr(os, "O_NOFOLLOW", 0)
     flags = os.O_RDONLY | nofollow | getattr(os, "O_CLOEXEC", 0)

@@ -639,45 +639,14 @@ async def _json_body(request: Request) -> Any:
 
 def _open_log(log_dir: Path, frame: dict[str, Any]) -> int:
     """Open a frame's log for reading, only inside the store's log directory and never
-    through a link: the path comes from rows a client may have written, and the server may
-    run as root. Each component below the log directory is opened relative to its parent
-    with O_NOFOLLOW, so swapping a directory for a link half-way cannot redirect the read."""
+    through a link (the path comes from rows a client may have written, and the server may
+    run as root): the same rule and code as `cuectl frame log` (run/logs.py)."""
+    from cuectl.run.logs import open_log
+
     path = frame.get("log_path")
     if not path:
         raise NotFound(f"frame {frame['id']} has no log yet (state {frame['state']})")
-    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(log_dir))
-    parts = rel.split(os.sep)
-    if rel.startswith("..") or os.path.isabs(rel) or any(p in ("", ".", "..") for p in parts):
-        raise NotFound(f"the log of frame {frame['id']} is not in the store's log directory")
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-    # The log directory may itself be a link an admin made (the worker's rule): one owned by
-    # root or by this server's user; a link a store member put there is not followed.
-    try:
-        link = os.lstat(log_dir)
-    except OSError:
-        link = None
-    follow = link is not None and stat.S_ISLNK(link.st_mode) and link.st_uid in (0, os.geteuid())
-    try:
-        fd = os.open(log_dir, (os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY) | (0 if follow else os.O_NOFOLLOW))
-    except OSError as exc:
-        raise NotFound(f"the log directory {log_dir} cannot be read here: {exc.strerror}",
-                       hint="logs live on the worker host unless CUECTL_LOG_DIR is a shared directory") from None
-    try:
-        for part in parts[:-1]:
-            parent, fd = fd, os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
-            os.close(parent)
-        parent, fd = fd, os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
-        os.close(parent)
-    except OSError as exc:
-        os.close(fd)
-        if exc.errno == errno.ENOENT:
-            raise NotFound(f"the log of frame {frame['id']} is not on this machine",
-                           hint="logs live on the worker host unless CUECTL_LOG_DIR is a shared directory") from None
-        raise NotFound(f"the log of frame {frame['id']} cannot be read: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise NotFound(f"the log of frame {frame['id']} is not a regular file")
-    return fd
+    return open_log(log_dir, path, frame["id"])
 
 
 def _read_log(fd: int, lines: int | None) -> bytes:

@@ -51,7 +51,8 @@ OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
 # ============================================================================ lock dir
 
-_prepared: set[str] = set()
+#: Lock directories checked in this process: given text -> the checked Path.
+_prepared: dict[str, Path] = {}
 
 
 def prepare_lock_dir(lock_dir: Path, *, create: bool | None = None,
@@ -65,10 +66,11 @@ def prepare_lock_dir(lock_dir: Path, *, create: bool | None = None,
     ``CUECTL_CREATE_LOCK_DIR``): a root worker must not make a mistyped path anywhere, and
     a second lock directory means separate locks. Checked once per process and directory.
     """
-    lock_dir = Path(lock_dir)
     key = str(lock_dir)
-    if key in _prepared:
-        return lock_dir
+    done = _prepared.get(key)
+    if done is not None:
+        return done
+    lock_dir = Path(lock_dir)
     if not lock_dir.exists() and not (config.create_lock_dir() if create is None else create) \
             and lock_dir not in config.default_lock_dirs():
         raise LeaseError(f"lock directory {lock_dir} does not exist, and cuectl creates only its default ones "
@@ -83,7 +85,7 @@ def prepare_lock_dir(lock_dir: Path, *, create: bool | None = None,
     _make_shared_dir(lock_dir)
     _make_shared_dir(lock_dir / QUEUE_DIRNAME)
     _note_in_registry(lock_dir)
-    _prepared.add(key)
+    _prepared[key] = lock_dir
     return lock_dir
 
 
@@ -160,6 +162,10 @@ def lock_path(lock_dir: Path, uuid: str) -> Path:
     Anything else (``MIG-GPU-…/1/0`` from old drivers, odd fake uuids) becomes a sanitised
     prefix plus a hash of the whole uuid, so two uuids never share a file.
     """
+    key = (str(lock_dir), uuid)
+    known = _lock_paths.get(key)
+    if known is not None:
+        return known
     if _SAFE_NAME.fullmatch(uuid):
         name = uuid
     else:
@@ -167,7 +173,16 @@ def lock_path(lock_dir: Path, uuid: str) -> Path:
 
         digest = hashlib.sha256(uuid.encode("utf-8", "surrogatepass")).hexdigest()[:16]
         name = (re.sub(r"[^A-Za-z0-9._-]", "_", uuid)[:64].lstrip("._-") or "device") + "-" + digest
-    return Path(lock_dir) / (name + LOCK_SUFFIX)
+    path = Path(lock_dir) / (name + LOCK_SUFFIX)
+    if len(_lock_paths) >= 4096:
+        _lock_paths.clear()
+    _lock_paths[key] = path
+    return path
+
+
+#: (lock dir, uuid) -> lock file: a pure function of its arguments, built once per process
+#: (``Path`` arithmetic costs microseconds on every lease otherwise).
+_lock_paths: dict[tuple[str, str], Path] = {}
 
 
 # ============================================================================ one device lock
@@ -241,33 +256,35 @@ class DeviceLock:
 
 
 def _open_lock_file(path: Path) -> tuple[int, bool]:
-    """Open (creating) a lock file; returns (fd, writable)."""
+    """Open (creating) a lock file; returns (fd, writable).
+
+    The file usually exists (it is never deleted): open it first and create it only when
+    missing — an exception per lease costs more than the rest of the open.
+    """
     for _ in range(5):
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, LOCK_FILE_MODE)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise _lock_file_error(path, exc) from None
-        else:
-            os.fchmod(fd, LOCK_FILE_MODE)  # whatever the umask, other users must be able to open it
-            return fd, True
         try:
             return os.open(path, os.O_RDWR | OPEN_FLAGS), True
         except FileNotFoundError:
-            continue  # removed between the two opens: create it again
-        except PermissionError:
             pass
+        except PermissionError:
+            try:
+                # Another user's file we may not write (made by a umask-less tool): flock
+                # works on a read-only fd, only the record cannot be written.
+                return os.open(path, os.O_RDONLY | OPEN_FLAGS), False
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise _lock_file_error(path, exc) from None
         except OSError as exc:
             raise _lock_file_error(path, exc) from None
         try:
-            # Another user's file we may not write (made by a umask-less tool): flock works
-            # on a read-only fd, only the record cannot be written.
-            return os.open(path, os.O_RDONLY | OPEN_FLAGS), False
-        except FileNotFoundError:
-            continue
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, LOCK_FILE_MODE)
+        except FileExistsError:
+            continue  # created between the two opens: open it again
         except OSError as exc:
             raise _lock_file_error(path, exc) from None
+        os.fchmod(fd, LOCK_FILE_MODE)  # whatever the umask, other users must be able to open it
+        return fd, True
     raise LeaseError(f"lock file {path} keeps disappearing; is something cleaning the lock directory?")
 
 
