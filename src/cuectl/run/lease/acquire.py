@@ -30,7 +30,7 @@ from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all,
 from cuectl.run.lease.nested import LEVEL_VAR, NESTED_DIRNAME, Allocation
 from cuectl.run.lease.queue import WaitQueue, predicted_free
 from cuectl.run.lease.request import LeaseRequest, fitting_uuids, make_request, resolve_devices
-from cuectl.sched.match import select_devices
+from cuectl.sched.match import MatchResult, select_devices
 from cuectl.units import parse_duration
 
 #: How often a waiter looks again; jittered so that waiters do not move in lock-step.
@@ -72,6 +72,7 @@ def forget_discovery() -> None:
     """Drop the cached discovery (after hot-plugging, or a MIG reconfiguration)."""
     with _discovery_lock:
         _discoveries.clear()
+        _plans.clear()
 
 
 # ============================================================================ the lease
@@ -153,6 +154,58 @@ def _default_label() -> str:
 # ============================================================================ one acquisition
 
 
+class _Plan:
+    """What a request comes to on one inventory (and inside one allocation): the candidates,
+    the devices that fit, the static check passed, the first choice with nobody in the way
+    and the environment of each grant — all fixed while the inventory is, so worked out
+    once per process rather than on every lease. Never holds anything live (holders, free
+    memory, the wait queue): those are read on every attempt."""
+
+    def __init__(self, discovery: Discovery, request: LeaseRequest, allocation: Allocation | None) -> None:
+        self.discovery = discovery
+        self.request = request
+        self.allocation = allocation
+        inventory = [replace(d, memory_free_bytes=None) for d in discovery.devices]
+        self.vendors = frozenset(d.vendor for d in inventory)
+        self.candidates: tuple[Device, ...] = (resolve_devices(request.devices, inventory)
+                                               if request.devices is not None else tuple(inventory))
+        if allocation is not None:
+            self.candidates = allocation.restrict(self.candidates, inventory, named=request.devices is not None)
+        gpu = request.gpu
+        self.fitting = fitting_uuids(gpu, self.candidates)
+        self.needs_sample = gpu.gpus > 0 and (gpu.gpu_memory_min_bytes > 0 or gpu.gpu_memory_free_min_bytes > 0)
+        self._by_uuid = {d.uuid: d for d in self.candidates}
+        self._first: MatchResult | None = None
+        self._grants: dict[tuple[str, ...], tuple[list[Device], dict[str, str]]] = {}
+
+    def first_choice(self, devices: Sequence[Device]) -> MatchResult:
+        """``select_devices`` with nothing busy among ``devices`` (the candidates, free memory unknown)."""
+        if self._first is None:
+            self._first = select_devices(self.request.gpu, devices)
+        return self._first
+
+    def grant(self, uuids: tuple[str, ...]) -> tuple[list[Device], dict[str, str]]:
+        """The devices and the child environment of a lease on ``uuids`` (the env is copied by ``Lease``)."""
+        known = self._grants.get(uuids)
+        if known is None:
+            devices = [self._by_uuid[u] for u in uuids]
+            env = isolation_env(devices, all_vendors_present=self.vendors)
+            totals = [d.memory_total_bytes for d in devices if d.memory_total_bytes]
+            # Same meaning as for frames: per-device memory granted, bytes (the smallest card's).
+            env["CUE_GPU_MEMORY"] = str(min(totals) if totals and len(totals) == len(devices) else 0)
+            if self.allocation is not None:
+                # A lease inside this one takes its sub-locks one level deeper (no deadlock on ours).
+                env[LEVEL_VAR] = str(self.allocation.level + 1)
+            known = (devices, env)
+            if len(self._grants) < 1024:
+                self._grants[uuids] = known
+        return known
+
+
+#: (discovery, request, allocation) -> its plan; see ``_Plan``.
+_plans: dict[tuple[int, LeaseRequest, Allocation | None], _Plan] = {}
+
+
 class _Acquirer:
     """One acquisition: a static check up front, then attempts until success or give-up."""
 
@@ -164,23 +217,27 @@ class _Acquirer:
         self.label = label
         self.kind = kind
         self.allocation = allocation
-        self.discovery = _discovery(backend, fake_file)
-        inventory = [replace(d, memory_free_bytes=None) for d in self.discovery.devices]
-        self.vendors = {d.vendor for d in inventory}
-        self.candidates: tuple[Device, ...] = (resolve_devices(request.devices, inventory)
-                                               if request.devices is not None else tuple(inventory))
-        if allocation is not None:
-            self.candidates = allocation.restrict(self.candidates, inventory, named=request.devices is not None)
-        gpu = self.gpu_request
+        self.discovery = discovery = _discovery(backend, fake_file)
+        key = (id(discovery), request, allocation)
+        plan = _plans.get(key)
+        if plan is None or plan.discovery is not discovery:
+            plan = _Plan(discovery, request, allocation)
+            self.candidates = plan.candidates
+            self._check_static()  # raises before the plan is kept: a refusal is never cached
+            if len(_plans) >= 256:
+                _plans.clear()
+            _plans[key] = plan
+        self.plan = plan
+        self.vendors = plan.vendors
+        self.candidates = plan.candidates
         # What we queue for and compete for: the candidates that fit the request. Not every
         # candidate — a waiter for an A100 must not hold back the idle 4090 it cannot use.
-        self.fitting = fitting_uuids(gpu, self.candidates)
-        self.needs_sample = gpu.gpus > 0 and (gpu.gpu_memory_min_bytes > 0 or gpu.gpu_memory_free_min_bytes > 0)
+        self.fitting = plan.fitting
+        self.needs_sample = plan.needs_sample
         self.queue = WaitQueue(lock_dir)
         self._free: dict[str, int | None] | None = None
         self._sampled_at = -1e9
         self.waiters_ahead = 0
-        self._check_static()
 
     def _check_static(self) -> None:
         if self.gpu_request.gpus == 0:
@@ -228,7 +285,12 @@ class _Acquirer:
         # loser busy and choose again: the lock attempt is the only authority. Never
         # probe first — a probe's brief lock would make a concurrent acquirer fail.
         for _ in range(len(devices) + 1):
-            result = select_devices(self.gpu_request, devices, busy=busy)
+            if not busy and self._free is None:
+                # Nobody ahead, nothing lost yet, no live memory figures: the choice is a
+                # function of the request and the inventory, made once per process.
+                result = self.plan.first_choice(devices)
+            else:
+                result = select_devices(self.gpu_request, devices, busy=busy)
             if result.devices is None:
                 break
             locks, lost = lock_all(self.lock_dir, result.devices, holder=self.label, kind=self.kind,
@@ -257,15 +319,7 @@ class _Acquirer:
         return {d.uuid for d in inventory} - set(left), waiters
 
     def _lease(self, locks: list[DeviceLock]) -> Lease:
-        by_uuid = {d.uuid: d for d in self.candidates}
-        devices = [by_uuid[lock.uuid] for lock in locks]
-        env = isolation_env(devices, all_vendors_present=self.vendors)
-        totals = [d.memory_total_bytes for d in devices if d.memory_total_bytes]
-        # Same meaning as for frames: per-device memory granted, bytes (the smallest card's).
-        env["CUE_GPU_MEMORY"] = str(min(totals) if totals and len(totals) == len(devices) else 0)
-        if self.allocation is not None:
-            # A lease inside this one takes its sub-locks one level deeper (no deadlock on ours).
-            env[LEVEL_VAR] = str(self.allocation.level + 1)
+        devices, env = self.plan.grant(tuple(lock.uuid for lock in locks))
         return Lease(locks, devices, env, self.lock_dir, self.label)
 
     def _refusal(self, devices: list[Device], busy: set[str], failed: list[Device], waiters: int,
@@ -411,7 +465,9 @@ def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | No
     timeout_s = None if opts.timeout is None else parse_duration(opts.timeout, field="timeout")
     if timeout_s is not None and not opts.wait:
         raise InvalidInput("timeout: only meaningful when waiting (wait=True / --wait)")
-    directory = prepare_lock_dir(Path(opts.lock_dir) if opts.lock_dir is not None else config.lock_dir())
+    given = opts.lock_dir if opts.lock_dir is not None else config.env("CUECTL_LOCK_DIR")
+    # prepare_lock_dir answers a directory it checked before from a per-process cache.
+    directory = prepare_lock_dir(given if given is not None else config.lock_dir())
     fake = str(opts.fake_file) if opts.fake_file is not None else config.fake_gpus_file()
     text = (opts.label or "").strip()[:200] or _default_label()
     allocation = Allocation.enclosing()

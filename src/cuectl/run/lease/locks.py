@@ -45,6 +45,8 @@ QUEUE_DIRNAME = "queue"
 #: Kinds of holders shown by `gpu leases`.
 KIND_WORKER, KIND_RUN, KIND_API = "worker", "run", "api"
 _RECORD_LIMIT = 16 * 1024
+#: One encoder for every record: ``json.dumps(..., separators=...)`` builds a new one per call.
+_RECORD_ENCODER = json.JSONEncoder(separators=(",", ":"))
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 #: Never follow a symlink planted in the shared directory; never leak an fd into a child.
 OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
@@ -55,7 +57,7 @@ OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 _prepared: dict[str, Path] = {}
 
 
-def prepare_lock_dir(lock_dir: Path, *, create: bool | None = None,
+def prepare_lock_dir(lock_dir: str | Path, *, create: bool | None = None,
                      mounts_file: Path = Path("/proc/mounts")) -> Path:
     """Create the shared lock directory (mode 01777) or check an existing one; return it.
 
@@ -298,12 +300,19 @@ def _lock_file_error(path: Path, exc: OSError) -> LeaseError:
 
 def _same_file(fd: int, path: Path) -> bool:
     """True if ``fd`` is still the file at ``path`` (not unlinked or replaced meanwhile)."""
+    return _file_size_if_same(fd, path) is not None
+
+
+def _file_size_if_same(fd: int, path: Path) -> int | None:
+    """``fd``'s size if it is still the file at ``path``, else None (one fstat serves both)."""
     try:
         mine = os.fstat(fd)
         there = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
-        return False
-    return stat.S_ISREG(mine.st_mode) and (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+        return None
+    if stat.S_ISREG(mine.st_mode) and (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+        return mine.st_size
+    return None
 
 
 def _identity() -> tuple[str, str]:
@@ -335,7 +344,8 @@ def try_lock(lock_dir: Path, device: Device, *, holder: str, pid: int | None = N
         except BaseException:
             os.close(fd)
             raise
-        if _same_file(fd, path):
+        size = _file_size_if_same(fd, path)
+        if size is not None:
             break
         # Locked a file that someone unlinked meanwhile: it guards nothing. Try again.
         os.close(fd)
@@ -345,7 +355,7 @@ def try_lock(lock_dir: Path, device: Device, *, holder: str, pid: int | None = N
               "holder": holder, "kind": kind, "label": label, "user": user, "host": host, "since": since}
     lock = DeviceLock(uuid=device.uuid, index=device.index, fd=fd, path=path, since=since, record=record,
                       writable=writable)
-    _write_record(lock)
+    _write_record(lock, old_size=size)
     return lock
 
 
@@ -378,16 +388,19 @@ def update_holder(lock: DeviceLock, *, pid: int, holder: str | None = None) -> N
     _write_record(lock)
 
 
-def _write_record(lock: DeviceLock) -> None:
+def _write_record(lock: DeviceLock, *, old_size: int | None = None) -> None:
     fd = lock._fd
     if not lock.writable or fd < 0:
         return
-    data = json.dumps(lock.record, separators=(",", ":")).encode()
+    data = _RECORD_ENCODER.encode(lock.record).encode()
     try:
         # Write then trim (not trim then write): a reader never sees an empty file for a
         # lock whose record is being replaced, at worst a torn one, which it re-reads.
+        # ``old_size``: what the file held when we locked it (usually 0: release clears
+        # it); nothing longer to trim then.
         os.pwrite(fd, data, 0)
-        os.ftruncate(fd, len(data))
+        if old_size is None or old_size > len(data):
+            os.ftruncate(fd, len(data))
     except OSError:
         pass  # the record is informational; a full /dev/shm must not fail the lease
 

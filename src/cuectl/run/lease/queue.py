@@ -38,7 +38,7 @@ class WaitQueue:
     """
 
     def __init__(self, lock_dir: Path) -> None:
-        self.dir = lock_dir / QUEUE_DIRNAME
+        self.dir = _queue_dir(lock_dir)
         self.own: str | None = None
         self._fd = -1
         self._tickets: dict[str, _Ticket | None] = {}
@@ -89,10 +89,7 @@ class WaitQueue:
         Stops once nothing is left: with 100 waiters for 4 devices each waiter looks at
         about 4 tickets.
         """
-        try:
-            names = sorted(n for n in os.listdir(self.dir) if n.endswith(TICKET_SUFFIX) and not n.startswith("."))
-        except FileNotFoundError:
-            names = []
+        names = _ticket_names(self.dir)
         pool: list[str] | None = None
         taken: set[str] = set()
         waiters = 0
@@ -151,6 +148,56 @@ class WaitQueue:
         self._dead.add(name)
         _unlink(path)
         return False
+
+
+_queue_dirs: dict[str, Path] = {}
+
+
+def _queue_dir(lock_dir: Path) -> Path:
+    key = str(lock_dir)
+    found = _queue_dirs.get(key)
+    if found is None:
+        found = _queue_dirs[key] = Path(lock_dir) / QUEUE_DIRNAME
+    return found
+
+
+#: Queue directories this process listed and found without tickets, with the directory's
+#: identity and timestamps then; see ``_ticket_names``.
+_quiet: dict[str, tuple[int, int, int, int, int]] = {}
+#: A directory counts as quiet only if its mtime was this much older than our look at it.
+QUIET_NS = 1_000_000_000
+
+
+def _ticket_names(directory: Path) -> list[str]:
+    """The tickets in ``directory``, oldest first — usually none, found by one ``stat``.
+
+    Adding or removing a ticket (a create, rename or unlink in the directory) sets the
+    directory's mtime to the current time. So once a listing found no ticket in a
+    directory whose mtime was already a second old when we stat'ed it, the same mtime
+    (with the same inode, ctime and size) later means no entry came or went since: no
+    ticket. The margin covers the coarse clock file times are taken from (a jiffy), so a
+    ticket added right after our look can never leave the mtime as it was.
+    """
+    key = str(directory)
+    before = time.time_ns()
+    try:
+        st = os.stat(key)
+    except FileNotFoundError:
+        return []
+    signature = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size)
+    if _quiet.get(key) == signature:
+        return []
+    try:
+        names = sorted(n for n in os.listdir(key) if n.endswith(TICKET_SUFFIX) and not n.startswith("."))
+    except FileNotFoundError:
+        names = []
+    if not names and st.st_mtime_ns < before - QUIET_NS:
+        if len(_quiet) >= 256:
+            _quiet.clear()
+        _quiet[key] = signature
+    else:
+        _quiet.pop(key, None)
+    return names
 
 
 def _unlink(path: Path) -> None:
