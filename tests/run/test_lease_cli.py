@@ -175,6 +175,26 @@ def _read_until(fd: int, marker: bytes, timeout: float = 30.0) -> bytes:
     return seen
 
 
+def _wait_exit(pid: int, fd: int, timeout: float) -> int:
+    """The child's wait status, draining its terminal meanwhile (a full pty would block it);
+    AssertionError with what it printed if it has not exited in ``timeout`` s."""
+    import select
+
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            try:
+                seen += os.read(fd, 4096)
+            except OSError:
+                pass
+    raise AssertionError(f"still running {timeout:g} s after Ctrl-C; the terminal showed {seen[-500:]!r}")
+
+
 def test_interactive_command_gets_the_terminal_and_ctrl_c(gpus4, lease_cli):
     """At a terminal the command must be able to read it (a background process group would
     be stopped by SIGTTIN: a hang) and Ctrl-C must reach it once, as without `cuectl run`."""
@@ -193,7 +213,7 @@ def test_interactive_command_gets_the_terminal_and_ctrl_c(gpus4, lease_cli):
         os.write(fd, b"hello\n")
         _read_until(fd, b"echo:hello")
         os.write(fd, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground process group
-        _, status = os.waitpid(pid, 0)
+        status = _wait_exit(pid, fd, timeout=30.0)  # bounded: a lost Ctrl-C fails, never hangs the suite
         assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGINT
     finally:
         try:
