@@ -26,3 +26,19 @@ def finish_all(db: Path | str, exit_code: int = 0) -> None:
                                  FrameResult(exit_code=exit_code, started_at=now, ended_at=now), now=now)
     finally:
         store.close()
+
+
+def pg_roles(store, *names: str) -> None:
+    """Roles a store may act as (``Store.acting_as``): created NOLOGIN on a PostgreSQL store,
+    with the table rights a user's role has; nothing to do on SQLite (the actor is taken as
+    given)."""
+    if store.local_path is not None:
+        return
+    import psycopg
+
+    with psycopg.connect(store._dsn, autocommit=True) as conn:
+        for name in names:
+            conn.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') "
+                         f"THEN CREATE ROLE {name} NOLOGIN; END IF; END $$")
+            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}")
+            conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {name}")

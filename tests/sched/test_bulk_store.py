@@ -10,6 +10,7 @@ from cuectl.errors import Conflict, InvalidInput, NotFound, NotOwner
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import Actor, FrameResult
+from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 
@@ -25,20 +26,6 @@ def claim_one(store, now=NOW):
         if claimed:
             return claimed
     return None
-
-
-def _pg_roles(store, *names: str) -> None:
-    """Roles a PostgreSQL store may act as (SQLite takes the actor as given)."""
-    if store.local_path is not None:
-        return
-    import psycopg
-
-    with psycopg.connect(store._dsn, autocommit=True) as conn:
-        for name in names:
-            conn.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') "
-                         f"THEN CREATE ROLE {name} NOLOGIN; END IF; END $$")
-            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}")
-            conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {name}")
 
 
 def test_kill_jobs_kills_many_in_order_given_and_by_name(store):
@@ -91,7 +78,7 @@ def test_bulk_refs_are_checked_before_anything_changes(store):
 
 
 def test_bulk_action_over_someone_elses_job_changes_nothing(store):
-    _pg_roles(store, "bulk_ann", "bulk_bob")
+    pg_roles(store, "bulk_ann", "bulk_bob")
     with store.acting_as(Actor("bulk_ann", False)):
         mine = [store.submit(spec(f"ann-{i}", user="bulk_ann"), now=NOW) for i in range(3)]
     with store.acting_as(Actor("bulk_bob", False)):

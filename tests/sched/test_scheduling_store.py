@@ -14,6 +14,7 @@ from cuectl.errors import Conflict, InvalidInput, NotFound, NotOwner
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import Actor, FrameResult, open_store
+from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 
@@ -53,20 +54,6 @@ def fail(code: int = 1, **kw: Any) -> FrameResult:
 
 def ok() -> FrameResult:
     return FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 1)
-
-
-def _pg_roles(store, *names: str) -> None:
-    """Roles an API server may act as (PostgreSQL): as test_store_contract.py makes them."""
-    if store.local_path is not None:
-        return
-    import psycopg
-
-    with psycopg.connect(store._dsn, autocommit=True) as conn:
-        for name in names:
-            conn.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') "
-                         f"THEN CREATE ROLE {name} NOLOGIN; END IF; END $$")
-            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}")
-            conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {name}")
 
 
 # -- per layer and per job ---------------------------------------------------------------------
@@ -227,7 +214,7 @@ def test_quota_input_errors(store):
 
 
 def test_limits_and_quotas_are_admin_only(store):
-    _pg_roles(store, "cap_bob")
+    pg_roles(store, "cap_bob")
     store.set_limit("kept", 2)
     with store.acting_as(Actor("cap_bob", False)):
         with pytest.raises(NotOwner, match="only an admin"):

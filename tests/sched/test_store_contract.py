@@ -20,6 +20,7 @@ from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, HostInfo, LiveUsage, open_store
 from cuectl.sched.views import samples_json
+from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB", "backend": "fake",
@@ -687,23 +688,12 @@ def test_frame_attempts_list_each_attempt_with_its_outcome(store):
     assert store.list_frames(job=job_id)[0][0]["attempts"] == 2
 
 
-def _pg_roles(store, *names):
-    import psycopg
-
-    with psycopg.connect(store._dsn, autocommit=True) as conn:
-        for name in names:
-            conn.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{name}') "
-                         f"THEN CREATE ROLE {name} NOLOGIN; END IF; END $$")
-            conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {name}")
-            conn.execute(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {name}")
-
-
 def test_acting_as_a_user_is_who_the_store_checks_and_records(store):
     from cuectl.errors import NotOwner
     from cuectl.sched.store import Actor
 
     if store.local_path is None:
-        _pg_roles(store, "api_alice", "api_bob")
+        pg_roles(store, "api_alice", "api_bob")
     own = store.actor()
     with store.acting_as(Actor("api_alice", False)):
         assert store.actor().name == "api_alice"
@@ -768,7 +758,7 @@ def test_forget_host_removes_a_dead_host_and_only_an_admin_may(store):
     with pytest.raises(Conflict, match="RUNNING"):
         store.forget_host("h1", now=NOW + 100, down_after=60)
     if store.local_path is None:
-        _pg_roles(store, "api_bob")
+        pg_roles(store, "api_bob")
     with store.acting_as(Actor("api_bob", False)):
         with pytest.raises(NotOwner, match="admin"):
             store.forget_host("h2", now=NOW + 100, down_after=60, force=True)
