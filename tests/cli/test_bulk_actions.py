@@ -7,8 +7,6 @@ A real SQLite store, real subprocesses for the terminal and the other-user cases
 from __future__ import annotations
 
 import os
-import pty
-import select
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +19,7 @@ from conftest import cuectl_cmd
 
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, open_store
+from ttydriver import on_terminal  # tests/ttydriver.py (tests/ is on sys.path)
 
 NOW = time.time()
 
@@ -172,32 +171,7 @@ def test_no_terminal_no_question(db_path):
 
 def _on_terminal(db: Path, *args: str, answer: bytes | None) -> tuple[int, str]:
     """Run `cuectl --db DB ARGS` on a pty; answer its question if one comes."""
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.Popen([*cuectl_cmd(), "--db", str(db), *args],
-                                stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
-        out = bytearray()
-        answered = False
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.1)
-            if ready:
-                try:
-                    out.extend(os.read(master, 65536))
-                except OSError:
-                    break
-            elif proc.poll() is not None:
-                break
-            if answer is not None and not answered and b"[y/N]" in out:
-                os.write(master, answer)
-                answered = True
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        return proc.returncode, out.decode("utf-8", "replace").replace("\r\n", "\n")
-    finally:
-        os.close(master)
-        os.close(slave)
+    return on_terminal([*cuectl_cmd(), "--db", str(db), *args], answer=answer)
 
 
 def test_on_a_terminal_a_bulk_change_asks_first(cli, db_path):
