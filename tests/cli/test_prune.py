@@ -4,7 +4,6 @@ ids are never reused after a prune, on either backend."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path

@@ -233,8 +233,8 @@ class _Command:
         return [self.resolver.resolve(w, task, self.names, f"{self.where}.script.actions.onRun")
                 for w in words]
 
-    def _shell_word(self, text: str) -> str:
-        """``text`` quoted for sh, with markers as paths under "$d"."""
+    def _pieces(self, text: str) -> list[str]:
+        """``text`` cut at its markers: literal pieces quoted for sh, markers as paths under "$d"."""
         out: list[str] = []
         pos = 0
         for match in _MARK_RE.finditer(text):
@@ -244,7 +244,11 @@ class _Command:
             pos = match.end()
         if pos < len(text) or not out:
             out.append(shlex.quote(text[pos:]))
-        return "".join(out)
+        return out
+
+    def _shell_word(self, text: str) -> str:
+        """``text`` as one sh word, with markers as paths under "$d"."""
+        return "".join(self._pieces(text))
 
     def _path(self, mark: str) -> str:
         if mark == _SESSION_DIR:
@@ -259,17 +263,8 @@ class _Command:
         return name
 
     def _printf_args(self, text: str) -> str:
-        """``text`` as printf '%s' arguments: literal pieces quoted, markers as paths."""
-        out: list[str] = []
-        pos = 0
-        for match in _MARK_RE.finditer(text):
-            if match.start() > pos:
-                out.append(shlex.quote(text[pos:match.start()]))
-            out.append(self._path(match.group(1)))
-            pos = match.end()
-        if pos < len(text) or not out:
-            out.append(shlex.quote(text[pos:]))
-        return " ".join(out)
+        """``text`` as printf '%s' arguments (one per piece)."""
+        return " ".join(self._pieces(text))
 
     def branch(self, task: Mapping[str, str]) -> str:
         """One task's shell commands: write its files, run the action."""
