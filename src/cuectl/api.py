@@ -46,7 +46,7 @@ class Job:
     def __init__(self, name: str, *, priority: int = 0, paused: bool = False,
                  env: Mapping[str, str] | None = None, project: str | None = None,
                  max_running: int | None = None, max_cores: float | None = None,
-                 max_gpus: int | None = None) -> None:
+                 max_gpus: int | None = None, show: str | None = None, shot: str | None = None) -> None:
         self.name = name
         self.priority = priority
         self.paused = paused
@@ -54,7 +54,7 @@ class Job:
         # The job's project label and caps (docs/scheduling.md); None: not set.
         self.caps: dict[str, Any] = {key: value for key, value in (
             ("project", project), ("max_running", max_running), ("max_cores", max_cores),
-            ("max_gpus", max_gpus)) if value is not None}
+            ("max_gpus", max_gpus), ("show", show), ("shot", shot)) if value is not None}
         self.layers: list[dict[str, Any]] = []
 
     def layer(
@@ -64,7 +64,7 @@ class Job:
         *,
         range: str | int = "1",  # noqa: A002 - the spec's key is range
         chunk: int = 1,
-        gpus: int = 0,
+        gpus: int | None = None,
         gpu_vendor: str | None = None,
         gpu_models: Sequence[str] | str = (),
         gpu_memory_min: str | int | None = None,
@@ -78,19 +78,23 @@ class Job:
         max_running: int | None = None,
         limits: Sequence[str] | str = (),
         retry_delay: str | float | None = None,
+        service: str | Sequence[str] | None = None,
     ) -> Job:
         """Add a layer (the keys of docs/job-spec.md) and return the job, for chaining.
 
         ``command``: a list is argv, run as is; a string runs through ``/bin/sh -c``.
         Sizes (``memory``, ``gpu_memory_min``) are strings like ``"8G"``; a bare number is
-        MiB, as in YAML. ``timeout`` is a duration (``"2h"``) or seconds."""
+        MiB, as in YAML. ``timeout`` is a duration (``"2h"``) or seconds. ``service``: the
+        service whose defaults fill what the layer leaves out (a list: the first the store
+        has); ``gpus`` left out is then the service's count."""
         layer: dict[str, Any] = {
             "name": name,
             "command": command if isinstance(command, str) else list(command),
             "range": range,
             "chunk": chunk,
-            "gpus": gpus,
         }
+        if gpus is not None or service is None:  # left out: the service's count (cuectl admin service)
+            layer["gpus"] = 0 if gpus is None else gpus
         optional: dict[str, Any] = {
             "gpu_vendor": gpu_vendor,
             "gpu_models": ([gpu_models] if isinstance(gpu_models, str) else list(gpu_models)) or None,
@@ -105,6 +109,7 @@ class Job:
             "max_running": max_running,
             "limits": ([limits] if isinstance(limits, str) else list(limits)) or None,
             "retry_delay": retry_delay,
+            "service": service if service is None or isinstance(service, str) else list(service),
         }
         layer.update({key: value for key, value in optional.items() if value is not None})
         self.layers.append(layer)

@@ -20,7 +20,7 @@ Rules worth knowing before changing anything:
   An unreported attempt's devices take their models from their host's inventory; only a
   device no inventory lists is ``unknown``.
 - ``--by project`` groups by the job's ``project``; jobs without one form the group ``-``
-  (as ``--by host`` names attempts without a host).
+  (as ``--by host`` names attempts without a host). ``--by show`` likewise, by its ``show``.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def test_dry_run_json_creates_no_store(cli, db_path, tmp_path):
     assert [j["name"] for j in out["jobs"]] == ["test0", "test1", "test2", "min_mem_test", "test_depend"]
     assert out["jobs"][1]["layers"][0]["gpus"] == 3
     assert "id" not in out["jobs"][0]
-    assert "warning: " in res.stderr and "<services>: not honoured" in res.stderr
+    assert "warning: " in res.stderr and "<facility>: not honoured" in res.stderr
     assert not Path(db_path).exists()
 
 

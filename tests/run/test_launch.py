@@ -137,10 +137,10 @@ def test_frame_env_table(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
     env = frame_env(ctx, layer_env={"FOO": "bar"}, isolation={"CUE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "3"},
                     base={"PATH": "/bin"})
-    # Cuebot's prepareRqdRunFrame set (less CUE_SHOW, CUE_SHOT, CUE_THREADABLE: docs/opencue.md).
+    # Cuebot's prepareRqdRunFrame set (less CUE_THREADABLE: docs/opencue.md); no show/shot: empty.
     assert env == {
         "PATH": "/bin", "FOO": "bar", "CUE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "3",
-        "CUE3": "1", "CUE_USER": "alice", "CUE_JOB": "shot01", "CUE_JOB_ID": "j-1", "CUE_LAYER": "render", "CUE_LAYER_ID": "l-1",
+        "CUE3": "1", "CUE_USER": "alice", "CUE_SHOW": "", "CUE_SHOT": "", "CUE_JOB": "shot01", "CUE_JOB_ID": "j-1", "CUE_LAYER": "render", "CUE_LAYER_ID": "l-1",
         "CUE_FRAME_ID": "f-7", "CUE_IFRAME": "5", "CUE_FRAME": "0005-render", "CUE_RANGE": "1-100",
         "CUE_CHUNK": "3", "CUE_ATTEMPT": "2", "CUE_THREADS": "2", "CUE_MEMORY": str(8 * 1024 * MIB),
         "CUE_GPU_MEMORY": str(16 * 1024 * MIB), "CUE_LOG_PATH": str(ctx.log_path),

@@ -219,30 +219,7 @@ def test_claims_are_exclusive_under_concurrency(store_url):
     setup.close()
 
 
-# -- PostgreSQL with a role per user (roles.sql) ---------------------------------------------
-@pytest.fixture
-def roles(pg_url):
-    psycopg = pytest.importorskip("psycopg")
-    from cuectl.sched.store import roles_sql
-
-    open_store(pg_url).close()
-    suffix = uuid.uuid4().hex[:6]
-    names = {who: f"n{who}_{suffix}" for who in ("alice", "bob", "worker", "boss")}
-
-    def sql(statement, params=None):
-        with psycopg.connect(pg_url, autocommit=True) as conn:
-            conn.execute(statement, params)  # no parameters: the script's own % signs stay
-
-    sql(roles_sql())
-    for who, role in names.items():
-        sql(f"CREATE ROLE {role} LOGIN")
-        sql(f"GRANT {({'worker': 'cuectl_worker', 'boss': 'cuectl_admin'}.get(who, 'cuectl_user'))} TO {role}")
-    yield names
-    for role in names.values():
-        sql(f"REASSIGN OWNED BY {role} TO postgres; DROP OWNED BY {role}")
-        sql(f"DROP ROLE {role}")
-
-
+# -- PostgreSQL with a role per user (roles.sql; the ``roles`` fixture: tests/sched/conftest.py) --
 def test_postgres_roles(pg_url, roles):
     import psycopg
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cuectl.errors import InvalidInput
-from cuectl.sched.opencue_xml import core_points, memory_kib, parse_opencue_xml, strict_error
+from cuectl.sched.opencue_xml import core_points, memory_kib, order_jobs, parse_opencue_xml, strict_error
 from cuectl.sched.spec import spec_from_mapping
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "opencue"
@@ -88,21 +88,51 @@ def test_several_jobs_in_one_spec():
         "pipe-dev.cue-testuser_depend_test_a", "pipe-dev.cue-testuser_depend_test_b"]
 
 
-def test_cross_job_depend_is_noted():
-    text = (FIXTURES / "jobspec_depend_test.xml").read_text().replace("</spec>", """
-      <depends><depend type="JOB_ON_JOB"><depjob>pipe-dev.cue-testuser_depend_test_b</depjob>
-      <onjob>pipe-dev.cue-testuser_depend_test_a</onjob></depend></depends></spec>""")
-    notes = [str(n) for _, ns in parse_opencue_xml(text) for n in ns]
-    assert any("JOB_ON_JOB" in n and "no dependencies between jobs" in n for n in notes)
+def test_every_cuebot_depend_type_maps_within_and_across_jobs():
+    """Cuebot's JobSpec.handleDependTag types, with its frame names (0001-pass_1), between
+    the two jobs of jobspec_depend_test.xml; frame-on-* waits are noted (no place in a spec)."""
+    a, b = "pipe-dev.cue-testuser_depend_test_a", "pipe-dev.cue-testuser_depend_test_b"
+
+    def depend(kind, er_layer="", on_layer="", on_frame="", er_frame="", er=b, on=a, anyframe=""):
+        parts = [f"<depjob>{er}</depjob>", f"<onjob>{on}</onjob>"]
+        parts += [f"<{tag}>{value}</{tag}>" for tag, value in (("deplayer", er_layer), ("onlayer", on_layer),
+                                                                ("onframe", on_frame), ("depframe", er_frame)) if value]
+        extra = f' anyframe="{anyframe}"' if anyframe else ""
+        return f'<depend type="{kind}"{extra}>{"".join(parts)}</depend>'
+
+    depends = "".join([
+        depend("JOB_ON_JOB"), depend("JOB_ON_LAYER", on_layer="pass_1"), depend("JOB_ON_FRAME", on_frame="0003-pass_2"),
+        depend("LAYER_ON_JOB", er_layer="pass_1"), depend("LAYER_ON_LAYER", "pass_2", "pass_2", anyframe="true"),
+        depend("LAYER_ON_FRAME", "pass_1", "pass_1", "0005-pass_1"), depend("FRAME_BY_FRAME", "pass_2", "pass_1"),
+        depend("PREVIOUS_FRAME", "pass_1", "pass_1", er=a, on=a), depend("LAYER_ON_SIM_FRAME", "pass_2",
+                                                                          on_frame="0001-pass_1", er=a, on=a),
+        depend("FRAME_ON_FRAME", "pass_1", "pass_1", "0002-pass_1", er_frame="0002-pass_1")])
+    text = (FIXTURES / "jobspec_depend_test.xml").read_text().replace("</spec>", f"<depends>{depends}</depends></spec>")
+    imported = parse_opencue_xml(text)
+    (job_a, _), (job_b, _) = imported
+    assert job_b["depends"] == [{"job": a}, {"job": a, "layer": "pass_1"}, {"job": a, "layer": "pass_2", "frame": 3}]
+    by_layer = {layer["name"]: layer.get("depends") for layer in job_b["layers"]}
+    assert by_layer == {"pass_1": [{"job": a}, {"job": a, "layer": "pass_1", "frame": 5}],
+                        "pass_2": [{"job": a, "layer": "pass_2", "type": "any"},
+                                   {"job": a, "layer": "pass_1", "type": "frame"}]}
+    assert [layer.get("depends") for layer in job_a["layers"]] == [
+        [{"layer": "pass_1", "type": "previous"}], [{"layer": "pass_1", "frame": 1}]]
+    notes = [str(n) for _, ns in imported for n in ns]
+    assert any("FRAME_ON_FRAME" in n and "cuectl job depend" in n for n in notes) and len(notes) == 1
+    assert order_jobs(imported, "x") == [0, 1]  # b waits on a: a first
+    with pytest.raises(InvalidInput, match="wait on each other in a cycle"):
+        order_jobs(parse_opencue_xml(text.replace("</depends>", depend("JOB_ON_JOB", er=a, on=b) + "</depends>")),
+                   "x")
 
 
 def test_notes_for_unsupported_elements():
     # cuebot/src/test/resources/conf/jobspec/autoeat.xml, services.xml, jobspec_dispatch_test.xml, depend_any.xml
     assert any("<autoeat>: not honoured" in n for n in _notes("autoeat.xml"))
     assert any("<facility>: not honoured" in n for n in _notes("autoeat.xml"))
-    assert any("layer cuda_layer: <services>: not honoured: cuda" in n for n in _notes("services.xml"))
+    assert not any("<services>" in n for n in _notes("services.xml"))  # honoured now: test_services.py
     assert any("<os>: not honoured" in n for n in _notes("jobspec_dispatch_test.xml"))
-    assert any("anyframe" in n for n in _notes("depend_any.xml"))
+    assert _notes("depend_any.xml") == []  # anyframe is honoured: a layer waits on any frame
+    assert [d.type for d in _specs("depend_any.xml")[0].layers[1].depends] == ["any"]
     assert any("<user>: not honoured: the job runs as ada" in n for n in _notes("jobspec.xml", submitter="ada"))
     assert any("cjsl-nonexistent.dtd" in n for n in _notes("jobspec_nonexistent_dtd.xml"))
 

@@ -143,7 +143,7 @@ def test_old_schema_migrates_forward_with_its_data(pg_url):
         conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         conn.execute("INSERT INTO jobs(name, \"user\", created_at) VALUES ('old', 'bob', 1.0)")
     s = open_store(pg_url)
-    assert s.schema_version() == schema.SCHEMA_VERSION == 7
+    assert s.schema_version() == schema.SCHEMA_VERSION == 8
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()
@@ -188,11 +188,11 @@ def test_auto_migrate_off_needs_admin_migrate(pg_url, monkeypatch):
     assert sql(pg_url, "SELECT to_regclass('meta') IS NULL") == [(True,)]  # nothing was created
     code, out, err_text = run_cli("--db", pg_url, "admin", "migrate")
     assert code == 0, err_text
-    assert "0 -> 7" in out
+    assert "0 -> 8" in out
     code, out, _ = run_cli("--db", pg_url, "admin", "migrate", "--json")
-    assert json.loads(out) == {"store": pg_url, "from_version": 7, "to_version": 7, "migrated": False}
+    assert json.loads(out) == {"store": pg_url, "from_version": 8, "to_version": 8, "migrated": False}
     s = open_store(pg_url)
-    assert s.schema_version() == 7
+    assert s.schema_version() == 8
     s.close()
 
 

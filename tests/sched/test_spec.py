@@ -265,7 +265,7 @@ def test_anchors_and_merge_keys_share_settings() -> None:
         ({"depends": ["a"]}, "layers[0].depends[0]: layer 'a' cannot depend on itself"),
         ({"depends": [{"layer": "a", "type": "frame"}]}, "layers[0].depends[0]: layer 'a' cannot depend on itself"),
         ({"depends": [{"type": "frame"}]}, "layers[0].depends[0]: missing 'layer'"),
-        ({"depends": [{"layer": "b", "type": "frames"}]}, "layers[0].depends[0].type: unknown dependency type 'frames' (expected layer or frame)"),
+        ({"depends": [{"layer": "b", "type": "frames"}]}, "layers[0].depends[0].type: unknown dependency type 'frames' (expected layer, frame, previous or any)"),
         ({"depends": [{"layr": "b"}]}, "layers[0].depends[0]: unknown key 'layr' (did you mean 'layer'?)"),
         ({"depends": [3]}, "layers[0].depends[0]: expected a string"),
         ({"gpu": 1}, "layers[0]: unknown key 'gpu' (did you mean 'gpus'?)"),

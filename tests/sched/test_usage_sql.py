@@ -27,9 +27,9 @@ OUTCOMES = ("succeeded", "failed", "timeout", "killed", "lost", "worker stopped"
 
 
 def add_frames(store, count: int = 1, *, job: str = "j", user: str = "u", layer: str = "l",
-               project: str | None = None) -> list[int]:
+               project: str | None = None, show: str | None = None) -> list[int]:
     """A job of ``count`` frames, through the real submit path; its frame ids."""
-    job_id = store.submit(spec_from_mapping({"name": job, "project": project,
+    job_id = store.submit(spec_from_mapping({"name": job, "project": project, "show": show,
                                              "layers": [{"name": layer, "command": ["true"], "range": f"1-{count}",
                                                          "retry_delay": 0}]}, user=user), now=NOW)
     frames, _ = store.list_frames(job=job_id)
@@ -215,7 +215,8 @@ def oracle(attempts: list[dict[str, Any]], by: str | None) -> dict[Any, dict[str
             models = a["models"] or ((("unknown",) if a["uuids"] else ("cpu",)))
             shares = [(m, models.count(m) / len(models)) for m in dict.fromkeys(models)]
         else:
-            shares = [({"user": a["user"], "project": a["project"], "host": a["host"] or "-", "job": a["job"],
+            shares = [({"user": a["user"], "project": a["project"], "show": a["show"], "host": a["host"] or "-",
+                        "job": a["job"],
                         None: "total",
                         "day": int(a["end"] // 86400), "layer": (a["job"], a["layer"])}[by], 1.0)]
         wall = a["end"] - a["start"] if a["start"] is not None and a["end"] > a["start"] else 0.0
@@ -246,10 +247,11 @@ def oracle(attempts: list[dict[str, Any]], by: str | None) -> dict[Any, dict[str
 def random_farm(rng: random.Random, n: int) -> list[dict[str, Any]]:
     jobs = [(f"job{j}", rng.choice(["ann", "bo", "cy"]), rng.choice(["fx", "lit"])) for j in range(4)]
     projects = ["show1", None, "show2", "show1"]  # by job; no rng draw, so the farms stay as they were
+    shows = ["fx", "fx", None, "anim"]  # likewise
     attempts = []
     for frame in range(1, n + 1):
         job, user, layer = jobs[frame % len(jobs)]
-        project = projects[frame % len(jobs)]
+        project, show = projects[frame % len(jobs)], shows[frame % len(jobs)]
         t = NOW + rng.uniform(-4000, 3000)
         for attempt in range(1, rng.choice([1, 1, 1, 2, 3]) + 1):
             gpus = rng.choice([0, 1, 2, 3])
@@ -258,6 +260,7 @@ def random_farm(rng: random.Random, n: int) -> list[dict[str, Any]]:
             reported = gpus and rng.random() < 0.8
             attempts.append({
                 "frame": frame, "attempt": attempt, "job": job, "user": user, "layer": layer, "project": project,
+                "show": show,
                 "host": rng.choice(["h1", "h2", None]), "outcome": rng.choice(OUTCOMES),
                 "uuids": tuple(f"GPU-{i}" for i in range(gpus)),
                 "models": tuple(rng.choice(["A100", "V100"]) for _ in range(gpus)) if reported else (),
@@ -273,13 +276,13 @@ def load(store, attempts: list[dict[str, Any]]) -> None:
     """One job per job name (so ``--by job`` can be checked by name), its frames in order."""
     frames_of: dict[tuple, list[int]] = {}
     for a in attempts:
-        frames = frames_of.setdefault((a["job"], a["user"], a["layer"], a["project"]), [])
+        frames = frames_of.setdefault((a["job"], a["user"], a["layer"], a["project"], a["show"]), [])
         if a["frame"] not in frames:
             frames.append(a["frame"])
     frame_ids: dict[int, int] = {}
-    for (job, user, layer, project), frames in frames_of.items():
+    for (job, user, layer, project, show), frames in frames_of.items():
         frame_ids.update(zip(frames, add_frames(store, len(frames), job=job, user=user, layer=layer,
-                                                project=project)))
+                                                project=project, show=show)))
     for a in attempts:
         add_attempt(store, frame_ids[a["frame"]], a["attempt"], outcome=a["outcome"], start=a["start"],
                     end=a["end"], host=a["host"], uuids=a["uuids"], models=a["models"], alloc=a["alloc"],

@@ -13,7 +13,7 @@ from cuectl.cli.report_cmd import report_cmd
 from cuectl.errors import InvalidInput
 
 admin_app = typer.Typer(help="Maintenance: reports, reaping, pruning, backups, diagnosis, stale leases, "
-                                 "limits and quotas.", no_args_is_help=True)
+                                 "limits, quotas and services.", no_args_is_help=True)
 JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
@@ -262,6 +262,95 @@ def quota_delete(ctx: typer.Context, kind: str = KIND_ARG, name: str = typer.Arg
         term.line(f"deleted the quota of {kind} {name}")
 
 
+service_app = typer.Typer(help="Services (admins change them): named resource defaults (cores, memory, GPUs, GPU "
+                               "memory, tags, timeout) for the layers that name them with `service:`; the service "
+                               "`default` serves layers that name none.", no_args_is_help=True)
+admin_app.add_typer(service_app, name="service")
+_CLEARS = "; none: the service gives none"
+
+
+def _service_text(row: dict) -> str:
+    from cuectl.units import format_bytes, format_duration
+
+    parts = []
+    if row["cores"] is not None:
+        parts.append(f"cores {row['cores']:g}")
+    if row["memory_bytes"] is not None:
+        parts.append(f"memory {format_bytes(row['memory_bytes'])}")
+    if row["gpus"] is not None:
+        parts.append(f"gpus {row['gpus']}")
+    if row["gpu_memory_min_bytes"] is not None:
+        parts.append(f"gpu memory {format_bytes(row['gpu_memory_min_bytes'])}")
+    if row["tags"] is not None:
+        parts.append(f"tags {','.join(row['tags']) or '-'}")
+    if row["timeout_s"] is not None:
+        parts.append(f"timeout {format_duration(row['timeout_s'])}")
+    return ", ".join(parts) or "no defaults"
+
+
+@service_app.command("set")
+def service_set(ctx: typer.Context,
+                name: str = typer.Argument(..., metavar="NAME", help="1-100 of A-Z a-z 0-9 _ . -"),
+                cores: Optional[str] = typer.Option(None, "--cores", metavar="N", help="Cores per frame" + _CLEARS),
+                memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE",
+                                                     help="Host memory per frame, e.g. 8G" + _CLEARS),
+                gpus: Optional[str] = typer.Option(None, "--gpus", metavar="N", help="Devices per frame" + _CLEARS),
+                gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", metavar="SIZE",
+                                                         help="Memory per device (gpu_memory_min), e.g. 24G; applies "
+                                                              "to layers with GPUs" + _CLEARS),
+                tags: Optional[str] = typer.Option(None, "--tags", metavar="A,B",
+                                                   help="Host tags, comma separated" + _CLEARS),
+                timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION",
+                                                      help="Per-frame timeout, e.g. 2h" + _CLEARS),
+                as_json: bool = JSON_OPT) -> None:
+    """Create a service, or change it: options not given keep their value; `none` clears one.
+
+    A layer naming it (`service: NAME`, `--service NAME`) takes each value it does not set
+    itself when the job is submitted; jobs already submitted keep theirs."""
+    from cuectl.sched import services
+
+    name = services.check_name(name)  # bad input: exit 2 before a store is opened (or created)
+    values = services.parse_options({"cores": cores, "memory_bytes": memory, "gpus": gpus,
+                                     "gpu_memory_min_bytes": gpu_memory, "tags": tags, "timeout_s": timeout})
+    row = ctx.obj.store().set_service(name, values)
+    if as_json:
+        term.emit_json(row)
+    else:
+        term.line(f"service {row['name']}: {_service_text(row)}")
+
+
+@service_app.command("list")
+def service_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
+    """Every service and the defaults it gives (- : none for that field)."""
+    from cuectl.units import format_bytes, format_duration
+
+    rows = ctx.obj.store().list_services()
+    if as_json:
+        term.emit_json({"services": rows})
+    elif rows:
+        term.table(["NAME", "CORES", "MEMORY", "GPUS", "GPU MEMORY", "TAGS", "TIMEOUT"],
+                   [[r["name"], "-" if r["cores"] is None else f"{r['cores']:g}", format_bytes(r["memory_bytes"]),
+                     "-" if r["gpus"] is None else r["gpus"], format_bytes(r["gpu_memory_min_bytes"]),
+                     "-" if not r["tags"] else ",".join(r["tags"]), format_duration(r["timeout_s"])]
+                    for r in rows])
+    else:
+        term.info("no services (an admin creates one with `cuectl admin service set NAME --cores N ...`)")
+
+
+@service_app.command("delete")
+def service_delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
+                   as_json: bool = JSON_OPT) -> None:
+    """Remove a service (jobs already submitted keep the values they took from it)."""
+    from cuectl.sched import services
+
+    name = services.check_name(name)
+    ctx.obj.store().delete_service(name)
+    if as_json:
+        term.emit_json({"name": name, "deleted": True})
+    else:
+        term.line(f"deleted service {name}")
+
+
 lease_app = typer.Typer(help="This machine's device leases: clear a record left by a holder that is gone.",
                         no_args_is_help=True)
 admin_app.add_typer(lease_app, name="lease")
@@ -429,7 +518,7 @@ def setting_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAM
         term.table(["NAME", "VALUE", "DEFAULT", "MEANING"], _setting_rows(rows))
 
 
-admin_app.command("report", help="Accounting per job, layer, user, project, host, GPU model or day: GPU-hours "
+admin_app.command("report", help="Accounting per job, layer, user, project, show, host, GPU model or day: GPU-hours "
                                   "allocated/busy/wasted, efficiency, failures, queue waits.")(report_cmd)
 
 

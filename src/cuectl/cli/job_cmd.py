@@ -83,7 +83,7 @@ def submit(
     range_: str = typer.Option("1", "--range", help="Frame range (OpenCue FrameSet: 1-100, 1-100x2, 1-10:5…)."),
     chunk: int = typer.Option(1, "--chunk", help="Frames per chunk."),
     layer: Optional[str] = typer.Option(None, "--layer", help="Layer name (default: main)."),
-    gpus: int = typer.Option(0, "--gpus", help="Devices per frame."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="Devices per frame (default 0, or the service's)."),
     gpu_vendor: Optional[str] = typer.Option(None, "--gpu-vendor", help="NVIDIA, AMD, Apple or Intel."),
     gpu_model: List[str] = typer.Option([], "--gpu-model", help="Allowed model (repeatable): A100, 'RTX 4090', '*V100*'."),
     gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min", help="Memory per device, e.g. 24G."),
@@ -100,6 +100,15 @@ def submit(
     project: Optional[str] = typer.Option(None, "--project", metavar="NAME",
                                           help="The job's project, for quotas and reports (with a spec: replaces "
                                                "its project)."),
+    show: Optional[str] = typer.Option(None, "--show", metavar="NAME",
+                                       help="The job's show (OpenCue's; CUE_SHOW, `job list --show`, `admin report "
+                                            "--by show`; with a spec: replaces its show)."),
+    shot: Optional[str] = typer.Option(None, "--shot", metavar="NAME",
+                                       help="The job's shot (CUE_SHOT, `job list --shot`; with a spec: replaces "
+                                            "its shot)."),
+    service: Optional[str] = typer.Option(None, "--service", metavar="NAME",
+                                          help="The layer's service: its defaults fill the resources not given "
+                                               "(`cuectl admin service list`)."),
     max_running: Optional[int] = typer.Option(None, "--max-running", metavar="N",
                                               help="At most N frames of the job running at once, farm-wide (with a "
                                                    "spec: replaces its max_running)."),
@@ -200,7 +209,8 @@ def submit(
             layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
             gpu_models=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
             retries=retries, timeout=timeout, env=env, tags=tag, paused=paused, user=config.current_user(),
-            frame_limit=config.frame_limit(), log_limit=log_limit, project=project, max_running=max_running,
+            frame_limit=config.frame_limit(), log_limit=log_limit, project=project, show=show, shot=shot,
+            service=service, max_running=max_running,
             max_cores=max_cores, max_gpus=max_gpus, limits=limit, retry_delay=retry_delay, chdir=chdir,
             export=export, cwd=where, environ=environ)
     if notify_command or notify_webhook or notify_email or notify_on:  # added to a spec's notify:
@@ -250,6 +260,7 @@ def _submit_opencue(ctx: typer.Context, text: str, source: str, adjust: Any, log
     user = config.current_user()
     imported = opencue_xml.parse_opencue_xml(text, source=source, submitter=user)
     notes = [note for _, job_notes in imported for note in job_notes]
+    imported = [imported[i] for i in opencue_xml.order_jobs(imported, source)]  # each after those it waits on
     if strict and notes:
         raise opencue_xml.strict_error(source, notes)
     job_specs = []
@@ -270,9 +281,11 @@ def _submit_opencue(ctx: typer.Context, text: str, source: str, adjust: Any, log
         return _print_dry_run(job_specs, as_json)
     store = ctx.obj.store(create=True)
     ids: List[int] = []
+    by_name: dict = {}  # a job of this spec that others wait on -> its id (not any older job of that name)
     for job_spec in job_specs:
         try:
-            ids.append(store.submit(job_spec, now=time.time()))
+            ids.append(store.submit(m.with_job_ids(job_spec, by_name), now=time.time()))
+            by_name.setdefault(job_spec.name, str(ids[-1]))
         except Exception:
             if ids:
                 term.warn(f"{source}: submitted {len(ids)} of {len(job_specs)} jobs before this error: "
@@ -303,13 +316,14 @@ def _print_dry_run(job_specs: List[Any], as_json: bool) -> None:
 # Flags that override a spec's job-level keys, and (one-layer specs only) its layer's:
 # parameter -> spec key. --env goes on top of every layer's env; --log-limit fills layers
 # that set none (specs.with_log_limit).
-_JOB_FLAGS = {"name": "name", "priority": "priority", "paused": "paused", "project": "project",
+_JOB_FLAGS = {"name": "name", "priority": "priority", "paused": "paused", "project": "project", "show": "show",
+              "shot": "shot",
               "max_running": "max_running", "max_cores": "max_cores", "max_gpus": "max_gpus", "chdir": "cwd",
               "export": "export"}
 _LAYER_FLAGS = {"range_": "range", "chunk": "chunk", "layer": "name", "gpus": "gpus", "gpu_vendor": "gpu_vendor",
                 "gpu_model": "gpu_models", "gpu_memory_min": "gpu_memory_min", "cores": "cores", "memory": "memory",
                 "retries": "retries", "timeout": "timeout", "tag": "tags", "limit": "limits",
-                "retry_delay": "retry_delay"}
+                "retry_delay": "retry_delay", "service": "service"}
 
 
 def _spec_flags(ctx: typer.Context, specs: Any) -> Any:
@@ -398,8 +412,10 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
                                                                      "job ended: SUCCEEDED, FAILED, KILLED."),
              name: Optional[str] = typer.Option(None, "--name", help="Only jobs named so (a glob: 'shot010-*')."),
              limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Only the newest N jobs."),
+             show: Optional[str] = typer.Option(None, "--show", help="Only jobs of this show."),
+             shot: Optional[str] = typer.Option(None, "--shot", help="Only jobs of this shot."),
              ) -> None:
-    """List jobs (newest last), with filters like squeue's: --user, --state, --name."""
+    """List jobs (newest last), with filters like squeue's: --user, --state, --name, --show, --shot."""
     import fnmatch
 
     from cuectl.sched.pending import add_pending_reasons
@@ -411,7 +427,7 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
         raise InvalidInput(f"--limit: must be 1 or more, got {limit}")
     # The store filters by user (and state); pending reasons only for the jobs listed.
     store = _store(ctx)
-    jobs = [j for j in store.list_jobs(include_finished=not active, user=user)
+    jobs = [j for j in store.list_jobs(include_finished=not active, user=user, show=show, shot=shot)
             if (name is None or fnmatch.fnmatchcase(j["name"], name))
             and (wanted is None or wanted in (j["state"], j.get("outcome")))]
     if limit is not None:
@@ -444,6 +460,7 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
     term.fields([("job", f"{data['id']} {data['name']}"), ("user", data["user"]), ("priority", data["priority"]),
                  ("state", _state(data)),
                  *([("project", data["project"])] if data.get("project") else []),
+                 *([(key, data[key]) for key in ("show", "shot") if data.get(key)]),
                  *([("caps", ", ".join(caps))] if caps else []),
                  ("created", data["created_at"]), ("frames", _counts(data)),
                  ("pending reason", data["pending_reason"])])
@@ -456,7 +473,7 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
                 gpu += " " + "|".join(layer["gpu_models"])
             if layer["gpu_memory_min_bytes"]:
                 gpu += f" >={format_bytes(layer['gpu_memory_min_bytes'])}"
-        deps = ", ".join(f"{d['layer']}({d['type']})" for d in layer["depends"]) or "-"
+        deps = ", ".join(_layer_dep_text(d) for d in layer["depends"]) or "-"
         rows.append([layer["name"], layer["range"], layer["chunk"], gpu, layer["cores"],
                      format_bytes(layer["memory_bytes"]) if layer["memory_bytes"] else "-",
                      layer["retries"], format_duration(layer["timeout_s"]), deps])
@@ -469,11 +486,49 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
     if cap_rows:
         term.line()
         term.table(["LAYER", "MAX RUNNING", "LIMITS", "RETRY DELAY"], cap_rows)
+    _print_depends(data)
     env_rows = [[layer["name"], key, value if str(value).isprintable() else repr(value)]  # a newline stays one row
                 for layer in data["layers"] for key, value in sorted((layer.get("env") or {}).items())]
     if env_rows:  # values of secret-looking names are *** unless --show-secrets (views.mask_env)
         term.line()
         term.table(["LAYER", "ENV", "VALUE"], env_rows)
+
+
+def _layer_dep_text(d: dict) -> str:
+    """A layer's spec dependency as the DEPENDS column shows it: ``render(layer)``,
+    ``sim:12``, ``job other``, ``other/render(any)``."""
+    where = "/".join(str(x) for x in (d.get("job"), d.get("layer")) if x is not None)
+    if d.get("frame") is not None:
+        return f"{where}:{d['frame']}"
+    if d.get("layer") is None:
+        return f"job {where}"
+    return f"{where}({d.get('type', 'layer')})"
+
+
+def _depend_side(job: dict, layer: Optional[str], frame: Optional[int], this_job: int) -> str:
+    text = "" if job["id"] == this_job and layer is not None else f"job {job['id']} {job['name']}"
+    if layer is not None:
+        text += ("" if not text else " ") + f"layer {layer}"
+    if frame is not None:
+        text += f" frame {frame}"
+    return text
+
+
+def _print_depends(data: dict) -> None:
+    """What the job waits on and what waits on it (``job depend``; docs/opencue.md)."""
+    rows = [[d["id"], d["type"], _depend_side(d["job"], d["layer"], d["frame"], data["id"]),
+             _depend_side(d["on_job"], d["on_layer"], d["on_frame"], data["id"]) + (" (any frame)" if d["any_frame"]
+                                                                                    else ""), d["state"]]
+            for d in data.get("depends", [])]
+    if rows:
+        term.line()
+        term.table(["DEPEND", "TYPE", "WAITING", "ON", "STATE"], rows)
+    later = [[d["id"], d["type"], _depend_side(d["job"], d["layer"], d["frame"], data["id"]),
+              _depend_side(d["on_job"], d["on_layer"], d["on_frame"], -1), d["state"]]
+             for d in data.get("dependents", []) if d["state"] == "waiting"]
+    if later:
+        term.line()
+        term.table(["WAITED ON BY", "TYPE", "WAITING", "ON", "STATE"], later)
 
 
 @job_app.command("why")
@@ -686,6 +741,74 @@ def job_priority(ctx: typer.Context,
                            hint="cuectl job priority JOB... PRIORITY") from None
     priority = check_priority(value, "PRIORITY")
     _job_action(ctx, "priority", refs, user, state, name, yes, as_json, force, priority=priority)
+
+
+# -- dependencies (OpenCue's types; docs/opencue.md) -------------------------------------------
+def _frame_ref(value: Optional[str], layer: Optional[str], label: str) -> tuple:
+    """A frame number, or OpenCue's frame name ``0001-render`` (which names its layer too)."""
+    import re
+
+    if value is None:
+        return None, layer
+    text = value.strip()
+    named = re.fullmatch(r"(-?\d+)-([A-Za-z0-9_.-]+)", text)
+    if named and not re.fullmatch(r"-?\d+", text):
+        if layer is not None and layer != named.group(2):
+            raise InvalidInput(f"{label}: frame {text!r} is of layer {named.group(2)!r}, not {layer!r}")
+        return int(named.group(1)), named.group(2)
+    try:
+        return int(text), layer
+    except ValueError:
+        raise InvalidInput(f"{label}: expected a frame number or a frame name like 0001-render, got {text!r}") from None
+
+
+@job_app.command("depend")
+def job_depend(ctx: typer.Context, job: str = typer.Argument(..., help="The job that waits (id or unique name)."),
+               layer: Optional[str] = typer.Option(None, "--layer", "-l", help="Only this layer of it waits."),
+               frame: Optional[str] = typer.Option(None, "--frame", "-f",
+                                                   help="Only this frame of --layer waits (a number, or 0001-render)."),
+               on_job: Optional[str] = typer.Option(None, "--on-job", help="The job waited on (default: JOB itself)."),
+               on_layer: Optional[str] = typer.Option(None, "--on-layer", help="Wait on this layer of it only."),
+               on_frame: Optional[str] = typer.Option(None, "--on-frame",
+                                                      help="Wait on this frame of --on-layer only (a number, or "
+                                                           "0001-render)."),
+               kind: Optional[str] = typer.Option(None, "--type", help="OpenCue's type, when the options leave a "
+                                                  "choice: frame-by-frame, previous-frame, layer-on-sim-frame "
+                                                  "(others are checked against the options)."),
+               any_frame: bool = typer.Option(False, "--any-frame", help="Layer on layer: go once any one frame of "
+                                                                          "--on-layer is done (OpenCue's anyframe)."),
+               as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+    """Make a job, layer or frame wait on another job, layer or frame (OpenCue's twelve
+    dependency types; `job show` lists them, `job undepend` drops them)."""
+    frame_no, layer = _frame_ref(frame, layer, "--frame")
+    on_frame_no, on_layer = _frame_ref(on_frame, on_layer, "--on-frame")
+    if kind is not None:
+        kind = kind.strip().lower().replace("_", "-")
+    data = _store(ctx).add_depend(job, layer=layer, frame=frame_no, on_job=on_job, on_layer=on_layer,
+                                  on_frame=on_frame_no, how="any" if any_frame else "layer", kind=kind,
+                                  now=time.time(), force=force)
+    on = _depend_side(data["on_job"], data["on_layer"], data["on_frame"], -1)
+    state = {"waiting": "waiting", "satisfied": "already satisfied (what it waits on is done)"}.get(data["state"],
+                                                                                                   data["state"])
+    _job_change(ctx, as_json, data, f"dependency {data['id']}: {data['type']}, "
+                                    f"{_depend_side(data['job'], data['layer'], data['frame'], -1)} on {on}: {state}")
+
+
+@job_app.command("undepend")
+def job_undepend(ctx: typer.Context, job: str = typer.Argument(..., help="The waiting job (id or unique name)."),
+                 depends: Optional[List[int]] = typer.Argument(None, metavar="[DEPEND]...",
+                                                               help="Dependency ids (see `job show`)."),
+                 drop_all: bool = typer.Option(False, "--all", help="Drop everything the job waits on."),
+                 as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+    """Drop dependencies of a job, as satisfied (OpenCue's "drop depends"): by id, or --all."""
+    if bool(depends) == drop_all:
+        raise InvalidInput("give dependency ids or --all (not both)", hint=f"see `cuectl job show {job}`")
+    data = _store(ctx).drop_depends(job, None if drop_all else list(depends or []), now=time.time(), force=force)
+    if as_json:
+        term.emit_json(data)
+        return
+    term.line(f"dropped {len(depends) if depends else 'every'} dependenc{'y' if depends and len(depends) == 1 else 'ies'}"
+              f" of job {job}")
 
 
 # -- frame -------------------------------------------------------------------------------

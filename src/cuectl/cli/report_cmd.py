@@ -1,4 +1,4 @@
-"""``cuectl admin report``: accounting per job, layer, user, project, host, GPU model or day
+"""``cuectl admin report``: accounting per job, layer, user, project, show, host, GPU model or day
 (DESIGN §6, §9; figures explained in docs/accounting.md). Parse, call ``cuectl.report``,
 render — the figures themselves are computed in the library."""
 
@@ -21,8 +21,8 @@ def report_cmd(
                               help="Start of the window: a duration ago (7d, 12h) or an ISO date/timestamp (UTC)."),
     until: Optional[str] = typer.Option(None, "--until", metavar="WHEN",
                                         help="End of the window (exclusive), as --since; default: now."),
-    by: str = typer.Option("job", "--by", metavar="job|layer|user|project|host|gpu-model|day",
-                           help="Group rows by this (project: jobs without one are the group -)."),
+    by: str = typer.Option("job", "--by", metavar="job|layer|user|project|show|host|gpu-model|day",
+                           help="Group rows by this (project, show: jobs without one are the group -)."),
     format_: str = typer.Option("table", "--format", metavar="table|csv|json|prometheus", help="Output format."),
     output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE",
                                          help="Write to FILE atomically (temp file + rename) instead of stdout."),

@@ -99,6 +99,9 @@ class FrameContext:
     log_path: Path
     # The job's (proven) owner: CUE_USER. Empty only for a context built without a job.
     user: str = ""
+    # The job's show and shot (CUE_SHOW, CUE_SHOT); empty when the job has none.
+    show: str = ""
+    shot: str = ""
 
     @property
     def chunk_frames(self) -> tuple[int, ...]:
@@ -335,6 +338,7 @@ def frame_env(
     ========================  ===============================================================
     ``CUE3``                  ``1``: running under the cue (as OpenCue)
     ``CUE_USER``              the job's owner (the proven submitter)
+    ``CUE_SHOW``, ``CUE_SHOT``  the job's show and shot (empty when it has none)
     ``CUE_JOB`` …             job/layer names and ids, ``CUE_FRAME_ID`` the frame's id
     ``CUE_IFRAME``            frame number (first of the chunk)
     ``CUE_FRAME``             frame name ``0001-layer``
@@ -361,11 +365,13 @@ _WORKER_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE"})
 
 
 def _cue_vars(ctx: FrameContext) -> dict[str, str]:
-    # Cuebot's prepareRqdRunFrame set, less CUE_SHOW/CUE_SHOT (no job metadata for them yet)
-    # and CUE_THREADABLE (no threadable flag); units differ where noted in frame_env.
+    # Cuebot's prepareRqdRunFrame set, less CUE_THREADABLE (no threadable flag); units differ
+    # where noted in frame_env.
     return {
         "CUE3": "1",
         "CUE_USER": ctx.user,
+        "CUE_SHOW": ctx.show,
+        "CUE_SHOT": ctx.shot,
         "CUE_JOB": ctx.job,
         "CUE_JOB_ID": str(ctx.job_id),
         "CUE_LAYER": ctx.layer,

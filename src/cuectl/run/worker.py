@@ -308,6 +308,7 @@ class Worker:
             if now >= self._next_reap:
                 self._next_reap = now + max(0.5, self.opts.lease_timeout_s / 2)
                 self.stats.reaped = len(self.store.reap(now=now))
+                self.store.sweep_depends(now=now)  # what a user's transaction could not release
             if not self.draining and not self._reached_max():
                 self._claim_all(now)
                 self._store_ok_at = time.time()
@@ -690,7 +691,7 @@ class Worker:
             layer_range=claim.layer_range, chunk=claim.chunk, attempt=claim.attempt, cores=claim.cores,
             memory_bytes=claim.memory_bytes,
             gpu_memory_bytes=min((d.memory_total_bytes or 0 for d in devices), default=None) if devices else None,
-            log_path=Path(claim.log_path), user=claim.user)
+            log_path=Path(claim.log_path), user=claim.user, show=claim.show or "", shot=claim.shot or "")
         iso_env = isolation_env(list(devices), all_vendors_present=self.vendors())
         runfile = self.opts.state_dir / f"{claim.frame_id}.json"
         try:

@@ -6,8 +6,8 @@ live in ``cuectl.sched.spec``; frame range expansion in ``cuectl.sched.frameset`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal, Mapping
 
 WAITING = "WAITING"
 DEPEND = "DEPEND"
@@ -51,15 +51,49 @@ def retry_delay(first_s: float | None, failures: int) -> float:
 JOB_PENDING = "PENDING"
 JOB_FINISHED = "FINISHED"
 
-DependType = Literal["layer", "frame"]
+# How a layer waits on a layer: ``layer`` for all its frames, ``frame`` frame by frame (frame N
+# on frame N), ``previous`` frame N on the frame before N's place (OpenCue's previous-frame),
+# ``any`` for any one of its frames (OpenCue's layer-on-layer with anyframe).
+DependType = Literal["layer", "frame", "previous", "any"]
+DEPEND_TYPES: tuple[str, ...] = ("layer", "frame", "previous", "any")
+# OpenCue's dependency types (DependType in its proto), spelled as `job depend --type` takes
+# them; each stored dependency is one of these.
+OPENCUE_DEPEND_TYPES = (
+    "job-on-job", "job-on-layer", "job-on-frame", "layer-on-job", "layer-on-layer", "layer-on-frame",
+    "frame-on-job", "frame-on-layer", "frame-on-frame", "frame-by-frame", "previous-frame", "layer-on-sim-frame",
+)
 
 
 @dataclass(frozen=True)
 class Dependency:
-    """``layer``: wait for every frame of ``on``; ``frame``: frame N waits for frame N of ``on``."""
+    """What a layer (or, in ``JobSpec.depends``, a whole job) waits for.
 
-    on: str
+    ``on``: a layer (None: the whole job ``job``); ``job``: another job, by name or id (None:
+    this job); ``frame``: one frame number of layer ``on`` (the frame holding it, when
+    chunked) instead of the whole layer; ``type``: how a layer waits on a layer (DependType).
+    """
+
+    on: str | None
     type: DependType = "layer"
+    job: str | None = None
+    frame: int | None = None
+
+    @property
+    def kind(self) -> str:
+        """The target half of its OpenCue type: ``job``, ``layer`` or ``frame``."""
+        return "job" if self.on is None else ("frame" if self.frame is not None else "layer")
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {}
+        if self.job is not None:
+            out["job"] = self.job
+        if self.on is not None:
+            out["layer"] = self.on
+        if self.frame is not None:
+            out["frame"] = self.frame
+        if self.on is not None and self.frame is None:
+            out["type"] = self.type
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,6 +124,14 @@ class LayerSpec:
     # library callers that capture nothing).
     cwd: str | None = None
     type: str = "Render"  # OpenCue's layer type: Render, Util, or Post (runs after the others)
+    # The service (``cuectl admin service``) whose defaults fill the resource fields the layer
+    # does not set itself: a name (it must exist), or several (OpenCue's rule: the first the
+    # store has, else ``default``; the XML importer writes these). None: the ``default`` one.
+    service: str | tuple[str, ...] | None = None
+    # Which of cuectl.sched.services.FIELDS the spec set itself (a service never overrides
+    # those). None: not known (a LayerSpec built in code): every field that differs from its
+    # default counts.
+    explicit: frozenset[str] | None = field(default=None, compare=False)
 
 
 NOTIFY_EVENTS = ("finished", "failed", "dead")
@@ -117,12 +159,33 @@ class JobSpec:
     priority: int = 0
     paused: bool = False
     project: str | None = None  # a label for quotas and reports (``--project``)
+    # OpenCue's show and shot: labels for `job list --show/--shot`, `admin report --by show`
+    # and the frames' CUE_SHOW/CUE_SHOT (None: none).
+    show: str | None = None
+    shot: str | None = None
     # Caps on the whole job's RUNNING frames, farm-wide (OpenCue's maxcores/maxgpus); None: none.
     max_running: int | None = None
     max_cores: float | None = None
     max_gpus: int | None = None
     # Who is told when the job finishes, fails or a frame goes DEAD (``notify:``).
     notify: tuple[Notify, ...] = ()
+    # What the whole job waits for (``depends:`` at the top level: other jobs, their layers
+    # or frames; each of its layers waits).
+    depends: tuple[Dependency, ...] = ()
     # The expanded frames of each layer, computed once at validation (same order as layers):
     # each entry is a tuple of chunks, each chunk a tuple of frame numbers.
     chunks: tuple[tuple[tuple[int, ...], ...], ...] = field(default=(), compare=False)
+
+
+def with_job_ids(spec: JobSpec, ids: Mapping[str, str]) -> JobSpec:
+    """``spec`` with its dependencies on the jobs named in ``ids`` naming their ids instead
+    (the jobs of one OpenCue spec, submitted together, wait on each other, not on any older
+    job of the same name)."""
+    if not ids:
+        return spec
+
+    def swap(deps: tuple[Dependency, ...]) -> tuple[Dependency, ...]:
+        return tuple(replace(d, job=ids[d.job]) if d.job is not None and d.job in ids else d for d in deps)
+
+    return replace(spec, depends=swap(spec.depends),
+                   layers=tuple(replace(layer, depends=swap(layer.depends)) for layer in spec.layers))

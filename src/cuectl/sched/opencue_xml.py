@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from cuectl.errors import InvalidInput
 
@@ -218,13 +218,18 @@ def parse_opencue_xml(text: str, *, source: str = "<job spec>",
     if user and submitter is not None and user != submitter:
         spec_notes.append(Note(None, "<user>", f"the job runs as {submitter}, who submits it, not as {user} "
                                                "(cuectl takes a job's user from who submits)"))
-    project = None
-    if show:
-        if _PROJECT_RE.fullmatch(show) and show.strip("-."):
-            project = show
+    # The show is the job's show (CUE_SHOW) and, as before shows existed, its project
+    # (quotas, reports); the shot is its shot (CUE_SHOT).
+    labels: dict[str, str] = {}
+    for tag, value, targets in (("show", show, ("project", "show")), ("shot", shot, ("shot",))):
+        if not value:
+            continue
+        if _PROJECT_RE.fullmatch(value) and value.strip("-."):
+            labels.update({key: value for key in targets})
         else:
-            spec_notes.append(Note(None, "<show>", f"{show!r} is not a usable project name (1-100 of A-Z a-z 0-9 "
-                                                   "_ . -)"))
+            spec_notes.append(Note(None, f"<{tag}>", f"{value!r} is not a usable {tag} name (1-100 of A-Z a-z "
+                                                     "0-9 _ . -)"))
+    project = labels.get("project")
     prefix = f"{show}-{shot}-{user}_" if show or shot or user else ""
     jobs = root.findall("job")
     if not jobs:
@@ -233,6 +238,7 @@ def parse_opencue_xml(text: str, *, source: str = "<job spec>",
     keys: dict[str, int] = {}
     for index, job in enumerate(jobs):
         mapping, notes = _job(job, f"{source}: job[{index}]", project)
+        mapping.update({key: labels[key] for key in ("show", "shot") if key in labels})
         built.append((mapping, notes))
         keys.setdefault(_job_key(mapping["name"], prefix), index)
     spec_notes.extend(_depends(root, built, keys, prefix, source))
@@ -386,61 +392,136 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
     env = _env(element.findall("env"), note)
     if env:
         layer["env"] = env
+    # Cuebot's rule: the first service the farm has gives the layer's defaults, else the
+    # default service; a list `service:` is that rule (docs/opencue-xml.md). Only `default`
+    # (or none) is what a layer without `service:` gets anyway.
     services = [_text(s) for el in element.findall("services") for s in el.findall("service")]
-    services = [s for s in dict.fromkeys(services) if s and s != "default"]
-    if services:
-        note("<services>", f"{', '.join(services)}: cuectl has no services (Cuebot takes default cores, "
-                           "memory, GPUs and tags from them)")
+    services = [s for s in dict.fromkeys(services) if s]
+    if services and services != ["default"]:
+        bad = [s for s in services if not (_PROJECT_RE.fullmatch(s) and s.strip("-."))]
+        if bad:
+            note("<services>", f"{', '.join(map(repr, bad))}: not a usable service name (1-100 of A-Z a-z 0-9 "
+                               "_ . -); skipped")
+        kept = [s for s in services if s not in bad]
+        if kept:
+            layer["service"] = kept
     outputs = [o for el in element.findall("outputs") for o in el.findall("output")]
     if outputs:
         note("<outputs>", "cuectl does not register output paths")
     return layer, kind
 
 
+# Cuebot's DependType names (spaces, underscores and case aside): who waits, on what, and how
+# a layer waits on a layer (model.DependType).
+_DEPEND_TYPES = {
+    "JOBONJOB": ("job", "job", "layer"), "JOBONLAYER": ("job", "layer", "layer"),
+    "JOBONFRAME": ("job", "frame", "layer"), "LAYERONJOB": ("layer", "job", "layer"),
+    "LAYERONLAYER": ("layer", "layer", "layer"), "LAYERONFRAME": ("layer", "frame", "layer"),
+    "LAYERONSIMFRAME": ("layer", "frame", "layer"), "FRAMEBYFRAME": ("layer", "layer", "frame"),
+    "PREVIOUSFRAME": ("layer", "layer", "previous"), "FRAMEONJOB": ("frame", "job", "layer"),
+    "FRAMEONLAYER": ("frame", "layer", "layer"), "FRAMEONFRAME": ("frame", "frame", "layer"),
+}
+_FRAME_NAME_RE = re.compile(r"(-?\d+)(?:-(.+))?")
+
+
+def _frame_ref(text: str | None, layer: str | None, label: str) -> tuple[int | None, str | None]:
+    """A ``<depframe>``/``<onframe>``: Cuebot's frame name ``0001-render`` (which names its
+    layer) or a bare number of ``layer``."""
+    if not text:
+        return None, layer
+    match = _FRAME_NAME_RE.fullmatch(text.strip())
+    if match is None:
+        raise InvalidInput(f"{label}: {text!r} is not a frame name like 0001-render")
+    return int(match.group(1)), match.group(2) or layer
+
+
 def _depends(root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: dict[str, int], prefix: str,
              source: str) -> list[Note]:
-    """``<depends>``: layer-on-layer and frame-by-frame within a job become the layer's
-    ``depends``; the rest is noted."""
+    """``<depends>``: every type Cuebot has becomes a ``depends`` entry of the waiting job
+    (job-on-*) or layer, naming the other job of the spec (``job``: its name; the submit
+    swaps in its id, see ``order_jobs``) when it is not the same job. Frame-on-* types have
+    no place in a spec (a single frame waits): they are noted, with the command to add them."""
     notes: list[Note] = []
     for depends in root.findall("depends"):
         for index, dep in enumerate(depends.findall("depend")):
             label = f"{source}: depends[{index}]"
-            kind = (dep.get("type") or "").upper().replace("_", "")
+            kind = re.sub(r"[\s_-]", "", (dep.get("type") or "").upper())
             depjob, onjob = _text(dep.find("depjob")), _text(dep.find("onjob"))
             deplayer, onlayer = _text(dep.find("deplayer")), _text(dep.find("onlayer"))
             what = f"<depend type={dep.get('type')!r}> {depjob}/{deplayer or '*'} on {onjob}/{onlayer or '*'}"
             if not depjob or not onjob:
                 raise InvalidInput(f"{label}: <depend> needs <depjob> and <onjob>")
+            if kind not in _DEPEND_TYPES:
+                notes.append(Note(None, what, f"{dep.get('type')!r} is not a Cuebot dependency type"))
+                continue
+            waiter, target, how = _DEPEND_TYPES[kind]
             er, on = keys.get(_job_key(depjob, prefix)), keys.get(_job_key(onjob, prefix))
             if er is None or on is None:
                 missing = depjob if er is None else onjob
                 notes.append(Note(None, what, f"no job {missing!r} in this spec"))
                 continue
-            if er != on:
-                notes.append(Note(None, what, "cuectl has no dependencies between jobs; submit the jobs "
-                                              "separately, or as layers of one job"))
+            mapping, target_job = built[er][0], built[on][0]
+            if waiter == "frame":
+                notes.append(Note(mapping["name"], what, "a single frame's wait has no place in a job spec; add it "
+                                                         "after submitting with `cuectl job depend JOB --layer L "
+                                                         "--frame N --on-job ...`"))
                 continue
-            mapping = built[er][0]
-            if kind not in ("LAYERONLAYER", "FRAMEBYFRAME") or not deplayer or not onlayer:
-                notes.append(Note(mapping["name"], what, "cuectl has layer-on-layer and frame-by-frame "
-                                                         "dependencies only"))
-                continue
-            by_name = {conform_name(layer["name"]): layer for layer in mapping["layers"]}
-            layer, target = by_name.get(conform_name(deplayer)), by_name.get(conform_name(onlayer))
-            if layer is None or target is None:
-                raise InvalidInput(f"{label}: no layer {deplayer if layer is None else onlayer!r} in job "
-                                   f"{mapping['name']!r}")
-            dtype = "frame" if kind == "FRAMEBYFRAME" else "layer"
-            if dtype == "layer" and _bool(dep.get("anyframe") or "false", f"{label}: anyframe"):
-                built[er][1].append(Note(mapping["name"], what, "anyframe: cuectl waits for the whole layer"))
-            entries = layer.setdefault("depends", [])
-            same = [d for d in entries if d["layer"] == target["name"]]
+            _, er_layer = _frame_ref(_text(dep.find("depframe")), deplayer, f"{label}: <depframe>")
+            on_frame, on_layer = _frame_ref(_text(dep.find("onframe")), onlayer, f"{label}: <onframe>")
+            entry: dict[str, Any] = {} if er == on else {"job": target_job["name"]}
+            if target != "job":
+                if not on_layer:
+                    raise InvalidInput(f"{label}: {dep.get('type')} needs <onlayer> (or an <onframe> naming it)")
+                by_name = {conform_name(layer["name"]): layer["name"] for layer in target_job["layers"]}
+                if conform_name(on_layer) not in by_name:
+                    raise InvalidInput(f"{label}: no layer {on_layer!r} in job {target_job['name']!r}")
+                entry["layer"] = by_name[conform_name(on_layer)]
+                if target == "frame":
+                    if on_frame is None:
+                        raise InvalidInput(f"{label}: {dep.get('type')} needs <onframe>")
+                    entry["frame"] = on_frame
+                elif how != "layer":
+                    entry["type"] = how
+                elif _bool(dep.get("anyframe") or "false", f"{label}: anyframe"):
+                    entry["type"] = "any"
+            if waiter == "job":
+                if er == on:
+                    notes.append(Note(mapping["name"], what, "a job cannot wait on itself"))
+                    continue
+                entries = mapping.setdefault("depends", [])
+            else:
+                by_name = {conform_name(layer["name"]): layer for layer in mapping["layers"]}
+                layer = by_name.get(conform_name(er_layer or ""))
+                if layer is None:
+                    raise InvalidInput(f"{label}: no layer {er_layer!r} in job {mapping['name']!r}")
+                entries = layer.setdefault("depends", [])
+            key = (entry.get("job"), entry.get("layer"), entry.get("frame"))
+            same = [d for d in entries if (d.get("job"), d.get("layer"), d.get("frame")) == key]
             if same:
-                if dtype == "layer":
+                if same[0].get("type") in ("any", "frame", "previous") and how == "layer" and "type" not in entry:
                     same[0]["type"] = "layer"  # the stricter of the two
                 continue
-            entries.append({"layer": target["name"], "type": dtype})
+            entries.append(entry)
     return notes
+
+
+def order_jobs(jobs: Sequence[tuple[dict[str, Any], list[Note]]], source: str) -> list[int]:
+    """The order to submit a spec's jobs in: each after the jobs it waits on (so that the
+    submit can name them by id). A cycle between jobs is an error."""
+    names = {mapping["name"]: i for i, (mapping, _) in enumerate(jobs)}
+    needs: dict[int, set[int]] = {}
+    for i, (mapping, _) in enumerate(jobs):
+        refs = [d.get("job") for d in mapping.get("depends", [])] + [
+            d.get("job") for layer in mapping["layers"] for d in layer.get("depends", [])]
+        needs[i] = {names[r] for r in refs if r in names and names[r] != i}
+    order: list[int] = []
+    while len(order) < len(jobs):
+        ready = [i for i in range(len(jobs)) if i not in order and needs[i] <= set(order)]
+        if not ready:
+            stuck = [jobs[i][0]["name"] for i in range(len(jobs)) if i not in order]
+            raise InvalidInput(f"{source}: the jobs {', '.join(map(repr, stuck))} wait on each other in a cycle")
+        order.append(ready[0])
+    return order
 
 
 def strict_error(source: str, notes: Iterable[Note]) -> InvalidInput:

@@ -35,6 +35,9 @@ def spec_json(spec: JobSpec) -> dict[str, Any]:
             "limits": list(layer.limits),
             "retry_delay_s": layer.retry_delay_s,
             "cwd": layer.cwd,
+            # The service named (a list: the first the store has); its defaults are applied
+            # when the job is submitted, not in a dry run (no store is opened).
+            "service": list(layer.service) if isinstance(layer.service, tuple) else layer.service,
         })
     return {
         "name": spec.name,
@@ -42,6 +45,8 @@ def spec_json(spec: JobSpec) -> dict[str, Any]:
         "priority": spec.priority,
         "paused": spec.paused,
         "project": spec.project,
+        "show": spec.show,
+        "shot": spec.shot,
         "max_running": spec.max_running,
         "max_cores": spec.max_cores,
         "max_gpus": spec.max_gpus,

@@ -27,7 +27,7 @@ from cuectl.sched.fields import (CONTROL_RE, Label, as_list, describe, expect_st
                                  size_bytes, whole_number)
 from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
 from cuectl.sched.gpu_request import GpuRequest
-from cuectl.sched.model import Dependency, JobSpec, LayerSpec, Notify
+from cuectl.sched.model import DEPEND_TYPES, Dependency, JobSpec, LayerSpec, Notify
 from cuectl.units import parse_duration
 
 MAX_SPEC_BYTES = 10 * 1024 * 1024
@@ -47,18 +47,18 @@ MIN_CORES = 0.1
 DEFAULT_FLAG_LAYER = "main"
 
 JOB_KEYS = ("name", "priority", "paused", "env", "layers", "project", "max_running", "max_cores", "max_gpus",
-            "cwd", "export", "notify")
+            "cwd", "export", "notify", "depends", "show", "shot")
 LAYER_KEYS = (
     "name", "command", "range", "chunk", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min",
     "cores", "memory", "retries", "timeout", "env", "tags", "depends", "log_limit",
-    "max_running", "limits", "retry_delay", "cwd", "type",
+    "max_running", "limits", "retry_delay", "cwd", "type", "service",
 )
 # OpenCue's layer types: a Post layer runs once every other layer of its job is done.
 LAYER_TYPES = ("Render", "Util", "Post")
 MAX_RUNNING = 1_000_000
 MAX_GPUS_CAP = 1_000_000
-DEPEND_KEYS = ("layer", "type")
-DEPEND_TYPES = ("layer", "frame")
+DEPEND_KEYS = ("layer", "type", "job", "frame")
+JOB_DEPEND_KEYS = ("job", "layer", "frame")
 # Keys that belong at the other level, with a hint saying where (a common slip).
 _LAYER_ONLY_KEYS = {
     "user": "the job's user is whoever submits it",
@@ -265,10 +265,14 @@ def limit_names(value: Any, label: str) -> tuple[str, ...]:
 
 
 def _job_caps(get: Callable[[str], Any], label: Label) -> dict[str, Any]:
-    """``project``, ``max_running``, ``max_cores`` and ``max_gpus`` of a job (spec or flags)."""
+    """``project``, ``show``, ``shot``, ``max_running``, ``max_cores`` and ``max_gpus`` of a job
+    (spec or flags)."""
     caps: dict[str, Any] = {}
     if get("project") is not None:
         caps["project"] = label_name(get("project"), label("project"), "project")
+    for key in ("show", "shot"):  # OpenCue's job metadata: labels, like project
+        if get(key) is not None:
+            caps[key] = label_name(get(key), label(key), key)
     if get("max_running") is not None:
         caps["max_running"] = whole_number(get("max_running"), label("max_running"), minimum=1, maximum=MAX_RUNNING)
     if get("max_cores") is not None:
@@ -280,6 +284,23 @@ def _job_caps(get: Callable[[str], Any], label: Label) -> dict[str, Any]:
 
         caps["notify"] = notify.entries(get("notify"), "notify")
     return caps
+
+
+# Layer keys a service (``cuectl admin service``) fills when the layer leaves them out, and
+# the LayerSpec field each sets (sched/services.py).
+SERVICE_KEYS = {"cores": "cores", "memory": "memory_bytes", "gpus": "gpus", "gpu_memory_min": "gpu_memory_min_bytes",
+                "tags": "tags", "timeout": "timeout_s"}
+
+
+def service_names(value: Any, label: str) -> str | tuple[str, ...]:
+    """A layer's ``service``: one name (it must exist when the job is submitted), or a list
+    of names (OpenCue's rule: the first one the store has, else the ``default`` service)."""
+    if isinstance(value, str):
+        return label_name(value, label, "service")
+    items = as_list(value, label)
+    if not items:
+        raise InvalidInput(f"{label}: expected a service name or a list of them, got an empty list")
+    return tuple(dict.fromkeys(label_name(item, item_label(label, i), "service") for i, item in enumerate(items)))
 
 
 def _command(value: Any, label: str) -> tuple[str, ...] | str:
@@ -376,31 +397,89 @@ def _env_items(items: Sequence[str], label: str) -> dict[str, str]:
     return env
 
 
+def _job_ref(value: Any, label: str) -> str:
+    """Another job, by id (a whole number, or digits) or by name."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(whole_number(value, label, minimum=1, maximum=2**63 - 1))
+    text = expect_str(value, label).strip()
+    return text if text.isascii() and text.isdigit() else _job_name(text, label)
+
+
+def _depend_frame(value: Any, label: str) -> int:
+    return whole_number(value, label, minimum=-MAX_FRAME, maximum=MAX_FRAME)
+
+
 def _depends(value: Any, label: str) -> list[tuple[Dependency, str]]:
-    """Dependencies with the label of each (for errors found later, once all layers are known)."""
+    """A layer's dependencies with the label of each (for errors found later, once all
+    layers are known). An entry is a layer name, or a mapping of ``layer`` (a layer of this
+    job, or of ``job``), ``job`` (another job: alone, the whole job), ``frame`` (one frame of
+    that layer) and ``type`` (layer, frame, previous or any: how to wait on a layer)."""
     deps: list[tuple[Dependency, str]] = []
-    targets: dict[str, str] = {}
+    targets: dict[tuple[str | None, str | None, int | None], str] = {}
     for index, item in enumerate(as_list(value, label)):
         where = item_label(label, index)
         if isinstance(item, Mapping):
             _check_keys(item, DEPEND_KEYS, where)
-            if "layer" not in item:
-                raise InvalidInput(f"{where}: missing 'layer' (the layer to wait for)")
-            on = _layer_name(item["layer"], f"{where}.layer")
+            job = None if item.get("job") is None else _job_ref(item["job"], f"{where}.job")
+            if item.get("layer") is None and job is None:
+                raise InvalidInput(f"{where}: missing 'layer' (the layer to wait for) or 'job' (another job)")
+            on = None if item.get("layer") is None else _layer_name(item["layer"], f"{where}.layer")
+            frame = None if item.get("frame") is None else _depend_frame(item["frame"], f"{where}.frame")
+            if frame is not None and on is None:
+                raise InvalidInput(f"{where}.frame: a frame needs the 'layer' it belongs to")
             kind = item.get("type", "layer")
             if kind is None:
                 kind = "layer"
             if not isinstance(kind, str) or kind.lower() not in DEPEND_TYPES:
                 shown = quote(kind) if isinstance(kind, str) else describe(kind)
-                raise InvalidInput(f"{where}.type: unknown dependency type {shown} (expected layer or frame)")
-            dep = Dependency(on=on, type=kind.lower())  # type: ignore[arg-type]
+                raise InvalidInput(f"{where}.type: unknown dependency type {shown} (expected "
+                                   f"{', '.join(DEPEND_TYPES[:-1])} or {DEPEND_TYPES[-1]})")
+            if kind.lower() != "layer" and (on is None or frame is not None):
+                raise InvalidInput(f"{where}.type: {kind.lower()!r} is how a layer waits on a layer; "
+                                   f"this entry waits on {'a frame' if frame is not None else 'a whole job'}")
+            dep = Dependency(on=on, type=kind.lower(), job=job, frame=frame)  # type: ignore[arg-type]
         else:
             dep = Dependency(on=_layer_name(item, where), type="layer")
-        if dep.on in targets:
-            raise InvalidInput(f"{where}: depends on {dep.on!r} twice (also {targets[dep.on]})")
-        targets[dep.on] = where
+        key = (dep.job, dep.on, dep.frame)
+        if key in targets:
+            raise InvalidInput(f"{where}: depends on {_depend_text(dep)} twice (also {targets[key]})")
+        targets[key] = where
         deps.append((dep, where))
     return deps
+
+
+def _depend_text(dep: Dependency) -> str:
+    parts = [f"job {dep.job!r}"] if dep.job is not None else []
+    if dep.on is not None:
+        parts.append(f"{dep.on!r}" if dep.frame is None else f"frame {dep.frame} of {dep.on!r}")
+    return " ".join(parts)
+
+
+def _job_depends(value: Any, label: str) -> tuple[Dependency, ...]:
+    """The job's own ``depends:`` (every layer waits): entries name another job, or a
+    mapping of ``job`` with an optional ``layer`` and ``frame`` of it."""
+    deps: list[Dependency] = []
+    seen: dict[tuple[str | None, str | None, int | None], str] = {}
+    for index, item in enumerate(as_list(value, label)):
+        where = item_label(label, index)
+        if isinstance(item, Mapping):
+            _check_keys(item, JOB_DEPEND_KEYS, where)
+            if item.get("job") is None:
+                raise InvalidInput(f"{where}: missing 'job' (the job to wait for)")
+            job = _job_ref(item["job"], f"{where}.job")
+            on = None if item.get("layer") is None else _layer_name(item["layer"], f"{where}.layer")
+            frame = None if item.get("frame") is None else _depend_frame(item["frame"], f"{where}.frame")
+            if frame is not None and on is None:
+                raise InvalidInput(f"{where}.frame: a frame needs the 'layer' it belongs to")
+            dep = Dependency(on=on, job=job, frame=frame)
+        else:
+            dep = Dependency(on=None, job=_job_ref(item, where))
+        key = (dep.job, dep.on, dep.frame)
+        if key in seen:
+            raise InvalidInput(f"{where}: depends on {_depend_text(dep)} twice (also {seen[key]})")
+        seen[key] = where
+        deps.append(dep)
+    return tuple(deps)
 
 
 # --------------------------------------------------------------------------------------
@@ -465,6 +544,10 @@ def _build_layer(
         fields["cwd"] = cwd
     deps = _depends(get("depends"), label("depends")) if get("depends") is not None else []
     fields["depends"] = tuple(dep for dep, _ in deps)
+    if get("service") is not None:
+        fields["service"] = service_names(get("service"), label("service"))
+    # What the layer set itself, which no service overrides (sched/services.py).
+    fields["explicit"] = frozenset(f for key, f in SERVICE_KEYS.items() if get(key) is not None)
     return LayerSpec(**fields), deps
 
 
@@ -476,8 +559,8 @@ def _post_layers_last(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[Dep
     out_layers, out_deps = [], []
     for layer, layer_deps in zip(layers, deps):
         if layer.type == "Post":
-            have = {(d.on, d.type) for d in layer.depends}
-            extra = [Dependency(on=name) for name in others if (name, "layer") not in have]
+            have = {d.on for d in layer.depends if d.job is None and d.frame is None}
+            extra = [Dependency(on=name) for name in others if name not in have]
             layer = dataclasses.replace(layer, depends=layer.depends + tuple(extra))
             layer_deps = layer_deps + [(d, f"layers: {layer.name} (type Post)") for d in extra]
         out_layers.append(layer)
@@ -489,14 +572,19 @@ def _check_dependencies(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[D
     names = {layer.name for layer in layers}
     for layer, layer_deps in zip(layers, deps):
         for dep, where in layer_deps:
-            if dep.on == layer.name:
+            if dep.job is not None or dep.on is None:
+                continue  # another job's layer: the store finds it at submit
+            if dep.on == layer.name and (dep.type != "previous" or dep.frame is not None):
                 raise InvalidInput(f"{where}: layer {layer.name!r} cannot depend on itself")
             if dep.on not in names:
                 close = difflib.get_close_matches(dep.on, sorted(names), n=1, cutoff=0.6)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise InvalidInput(f"{where}: unknown layer {dep.on!r}{hint}")
     # Depth-first search for a cycle; report it as a path so the user can see which edge to cut.
-    graph = {layer.name: [dep.on for dep in layer.depends] for layer in layers}
+    # (A layer's previous-frame dependency on itself, a simulation's chain, is no cycle.)
+    graph = {layer.name: [dep.on for dep in layer.depends if dep.job is None and dep.on is not None
+                          and not (dep.on == layer.name and dep.type == "previous")]
+             for layer in layers}
     done: set[str] = set()
     for root in graph:
         if root in done:
@@ -561,10 +649,21 @@ def _finish(
             # else: only the repeat guard, scaled to the remaining budget, objected; fine.
         total += len(frames)
         chunks.append(tuple(chunk_frames(frames, layer.chunk)))
+    _check_frame_targets(layers, deps, chunks)
     for layer, label in zip(layers, layer_labels):
         _check_argv_size(layer, label)
     return JobSpec(name=name, user=user, layers=tuple(layers), priority=priority, paused=paused, chunks=tuple(chunks),
                    **dict(caps or {}))
+
+
+def _check_frame_targets(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[Dependency, str]]],
+                         chunks: Sequence[tuple[tuple[int, ...], ...]]) -> None:
+    """A dependency on one frame of a layer of this job names a frame that layer has."""
+    frames = {layer.name: {n for chunk in layer_chunks for n in chunk} for layer, layer_chunks in zip(layers, chunks)}
+    for layer_deps in deps:
+        for dep, where in layer_deps:
+            if dep.job is None and dep.frame is not None and dep.on is not None and dep.frame not in frames[dep.on]:
+                raise InvalidInput(f"{where}.frame: layer {dep.on!r} has no frame {dep.frame}")
 
 
 # The kernel refuses an exec whose arguments and environment exceed ARG_MAX (E2BIG): such a
@@ -670,7 +769,10 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
         deps.append(layer_deps)
         labels.append(label)
     return _finish(name=name, user=user, priority=priority, paused=paused, layers=layers, deps=deps,
-                   layer_labels=labels, frame_limit=frame_limit, caps=_job_caps(data.get, lambda key: key))
+                   layer_labels=labels, frame_limit=frame_limit,
+                   caps={**_job_caps(data.get, lambda key: key),
+                         **({"depends": _job_depends(data["depends"], "depends")} if data.get("depends") is not None
+                            else {})})
 
 
 def spec_from_flags(
@@ -680,7 +782,7 @@ def spec_from_flags(
     range: str = "1",  # noqa: A002 - the flag is --range
     chunk: int = 1,
     layer: str | None = None,
-    gpus: int = 0,
+    gpus: int | None = None,
     gpu_vendor: str | None = None,
     gpu_models: Sequence[str] = (),
     gpu_memory_min: str | None = None,
@@ -696,6 +798,9 @@ def spec_from_flags(
     frame_limit: int | None = None,
     log_limit: str | int | None = None,
     project: str | None = None,
+    show: str | None = None,
+    shot: str | None = None,
+    service: str | None = None,
     max_running: int | None = None,
     max_cores: float | None = None,
     max_gpus: int | None = None,
@@ -713,6 +818,7 @@ def spec_from_flags(
     metacharacters is one argument, never shell-interpreted (use ``-- sh -c '...'`` for a
     pipeline). A plain ``str`` (library callers) is taken as a shell string. The layer is
     named ``layer`` or ``main``. Errors name the flag: ``--gpus: must be 0 or more``.
+    ``gpus`` None: not given (0, unless the layer's service gives a count).
     """
 
     job_name = _job_name(name, "--name")
@@ -737,10 +843,11 @@ def spec_from_flags(
         "retries": retries,
         "timeout": timeout,
         "env": env,
-        "tags": _as_flag_list(tags),
+        "tags": _as_flag_list(tags) or None,
         "log_limit": log_limit,
         "limits": _as_flag_list(limits) or None,
         "retry_delay": retry_delay,
+        "service": service,
     }
     home = (environ or {}).get("HOME")
     job_cwd = cwd if chdir is None else directory(chdir, "--chdir", base=cwd, home=home)
@@ -748,7 +855,7 @@ def spec_from_flags(
     if environ is None and export is not None:
         exported_env(export, "--export", {})
     built, deps = _build_layer(raw, flag_label, exported, parse_env=_env_items, job_cwd=job_cwd, home=home)
-    job_caps = {"project": project, "max_running": max_running, "max_cores": max_cores, "max_gpus": max_gpus,
+    job_caps = {"project": project, "show": show, "shot": shot, "max_running": max_running, "max_cores": max_cores, "max_gpus": max_gpus,
                 "notify": tuple(notify) or None}
     return _finish(name=job_name, user=user, priority=job_priority, paused=job_paused, layers=[built], deps=[deps],
                    layer_labels=[flag_label], frame_limit=frame_limit,

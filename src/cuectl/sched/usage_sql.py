@@ -32,9 +32,9 @@ FAILED_OUTCOMES = frozenset({"failed", "timeout", "killed", "lost"})
 SUCCEEDED = "succeeded"
 CPU_GROUP = "cpu"          # --by gpu-model: attempts that used no GPU
 UNKNOWN_MODEL = "unknown"  # --by gpu-model: a held device whose model is neither recorded nor in its host's inventory
-GROUPINGS = ("job", "layer", "user", "project", "host", "gpu-model", "day")
+GROUPINGS = ("job", "layer", "user", "project", "show", "host", "gpu-model", "day")
 # Groupings that put all of a frame's attempts in one group.
-FRAME_PARTITIONS = frozenset({"job", "layer", "user", "project"})
+FRAME_PARTITIONS = frozenset({"job", "layer", "user", "project", "show"})
 
 Fetch = Callable[[str, Mapping[str, Any]], Sequence[Sequence[Any]]]
 
@@ -42,7 +42,7 @@ Fetch = Callable[[str, Mapping[str, Any]], Sequence[Sequence[Any]]]
 @dataclass
 class UsageGroup:
     """The sums of one group. ``key`` is the grouping's key columns: (job id, job name),
-    (job name, layer name), (user,), (project, None for a job without one), (host,), (model,),
+    (job name, layer name), (user,), (project or show, None for a job without one), (host,), (model,),
     (UTC day number,), or () for the whole window."""
 
     key: tuple
@@ -66,6 +66,7 @@ _KEYS: dict[str | None, tuple[str, ...]] = {
     "layer": ("j.name", "l.name"),
     "user": ('j."user"',),
     "project": ("j.project",),  # NULL for a job without a project: the report's "-" group
+    "show": ("j.show",),  # likewise for a job without a show
     "host": ("COALESCE(a.host, '-')",),
     "gpu-model": ("m.model",),  # see _base
     "day": ("{day}",),
@@ -81,7 +82,7 @@ def check_grouping(by: str | None) -> None:
 
 def _source(by: str | None, d: Dialect, hint: str) -> str:
     """The FROM clause: ``a`` (attempts) and whatever the grouping's key needs."""
-    if by in ("job", "user", "project"):
+    if by in ("job", "user", "project", "show"):
         return f"attempts a {hint} JOIN jobs j ON j.id = a.job_id"
     if by == "layer":
         return (f"attempts a {hint} JOIN jobs j ON j.id = a.job_id JOIN frames f ON f.id = a.frame_id "

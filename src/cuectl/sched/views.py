@@ -61,6 +61,8 @@ def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[st
         "finished_at": iso(row["finished_at"]),
         "outcome": job_outcome(row["state"], row["killed_at"], frame_counts),
         "project": row["project"],
+        "show": row["show"],
+        "shot": row["shot"],
         "max_running": row["max_running"],
         "max_cores": row["max_cores"],
         "max_gpus": row["max_gpus"],

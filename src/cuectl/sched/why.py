@@ -385,28 +385,62 @@ def _as_state(line: HostLine) -> str:
     return line.reason if line.check == "user" else f"is {line.reason}"
 
 
+def _waits_of(job: Mapping[str, Any], layer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """What this layer's frames wait on, as (target job, layer, frame, how): from the job's
+    dependency records (store.list_depends) still waiting, else from the layer's spec."""
+    records = job.get("depends")
+    if records is None:
+        return [{"job": None, "layer": d.get("layer"), "frame": d.get("frame"), "how": d.get("type", "layer")}
+                for d in layer.get("depends") or [] if d.get("job") is None]
+    out = []
+    for d in records:
+        if d["state"] != "waiting" or d["layer"] not in (None, layer["name"]):
+            continue
+        how = {"frame-by-frame": "frame", "previous-frame": "previous"}.get(d["type"], "any" if d["any_frame"]
+                                                                           else "layer")
+        other = None if d["on_job"]["id"] == job["id"] else d["on_job"]
+        out.append({"job": other, "layer": d["on_layer"], "frame": d["on_frame"], "how": how})
+    return out
+
+
+_HOW = {"frame": " frame by frame", "previous": " (previous frame)", "any": " (any frame)", "layer": ""}
+
+
 def depend_reason(store: Any, job: Mapping[str, Any], layer: Mapping[str, Any], depend: int,
                   counts: Mapping[str, Mapping[str, int]]) -> str | None:
     """What the layer's DEPEND frames wait on: the upstream layers (with progress) and their
     DEAD frames, which need a retry before anything continues, and their EATEN frames,
-    which (OpenCue's rule) satisfy nothing unless depend.satisfy_on_eaten is set."""
+    which (OpenCue's rule) satisfy nothing unless depend.satisfy_on_eaten is set; and
+    other jobs, their layers and frames."""
     if not depend:
         return None
     parts, dead_parts = [], []
     eaten_release: bool | None = None  # the store setting, read only when it matters
-    for dep in layer.get("depends") or []:
-        up = dep.get("layer")
+    for dep in _waits_of(job, layer):
+        up, how = dep["layer"], dep["how"]
+        if dep["job"] is not None:
+            other = f"job {dep['job']['id']} {dep['job']['name']}"
+            if up is None:
+                parts.append(other)
+            else:
+                parts.append(f"{'frame ' + str(dep['frame']) + ' of ' if dep['frame'] is not None else ''}"
+                             f"layer {up}{_HOW.get(how, '')} of {other}")
+            continue
+        if up is None:
+            continue
         c = counts.get(up, {})
         total = sum(c.values())
         if c.get(m.EATEN) and eaten_release is None:
             eaten_release = any(s["name"] == m.SATISFY_ON_EATEN and s["value"] for s in store.settings())
+        if dep["frame"] is not None:
+            parts.append(f"frame {dep['frame']} of layer {up}")
+            continue
         done = c.get(m.SUCCEEDED, 0) + (c.get(m.EATEN, 0) if eaten_release else 0)
-        how = " frame by frame" if dep.get("type") == "frame" else ""
-        parts.append(f"layer {up}{how} ({done}/{total} done)")
+        parts.append(f"layer {up}{_HOW.get(how, '')} ({done}/{total} done)")
         for state in (m.DEAD, m.EATEN):
             if not c.get(state) or (state == m.EATEN and eaten_release):
                 continue
-            if state == m.EATEN and dep.get("type") == "frame" and job.get("eaten_dependencies") == 0:
+            if state == m.EATEN and how == "frame" and job.get("eaten_dependencies") == 0:
                 continue  # frame by frame: none of this job's waiting frames needs an eaten one
             frames, n = store.list_frames(job=job["id"], layer=up, state=state, limit=_LIST_LIMIT)
             ids = " ".join(str(f["id"]) for f in frames)

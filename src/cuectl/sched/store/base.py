@@ -92,6 +92,8 @@ class ClaimedFrame:
     submitted_by: str | None = None  # proof of ``user`` (see RunnableLayer)
     receipt: str | None = None
     cwd: str | None = None  # where it runs (None: the worker's own directory)
+    show: str | None = None  # the job's show and shot (CUE_SHOW, CUE_SHOT); None: none
+    shot: str | None = None
 
 
 @dataclass(frozen=True)
@@ -227,13 +229,14 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
                   name: str | None = None, limit: int | None = None, offset: int = 0,
-                  newest_first: bool = False) -> list[dict[str, Any]]:
+                  newest_first: bool = False, show: str | None = None, shot: str | None = None
+                  ) -> list[dict[str, Any]]:
         """Jobs (oldest first, or ``newest_first``) with their frame counts, filtered by exact
-        ``user``, ``state`` and ``name``; ``limit``/``offset``: one page."""
+        ``user``, ``state``, ``name``, ``show`` and ``shot``; ``limit``/``offset``: one page."""
 
     @abc.abstractmethod
     def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
-                   name: str | None = None) -> int:
+                   name: str | None = None, show: str | None = None, shot: str | None = None) -> int:
         """How many jobs ``list_jobs`` would list with these filters and no page."""
 
     @abc.abstractmethod
@@ -410,6 +413,22 @@ class Store(abc.ABC):
         """Which cap holds this layer's next frame back now (pending reasons), or None."""
         raise NotImplementedError
 
+    # -- services: named resource defaults (``cuectl admin service``; sched/services.py) ------
+    def set_service(self, name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Create the service ``name`` or change it: ``values`` maps fields of
+        ``services.FIELDS`` to their new value (None: the service gives none for it); fields
+        not in ``values`` keep theirs. Admins only. Returns it as ``list_services`` shows it."""
+        raise NotImplementedError
+
+    def list_services(self) -> list[dict[str, Any]]:
+        """Every service: ``name`` and each of ``services.FIELDS`` (null: no default)."""
+        raise NotImplementedError
+
+    def delete_service(self, name: str) -> None:
+        """Remove a service (NotFound if there is none). Admins only. Jobs already submitted
+        keep the values they took from it."""
+        raise NotImplementedError
+
     # -- API tokens (``cuectl admin token``; the REST API authenticates with them) ----------
     @abc.abstractmethod
     def create_token(self, user: str, *, role: str, label: str | None, now: float) -> tuple[Token, str]:
@@ -538,6 +557,32 @@ class Store(abc.ABC):
         name or a value that is not true/false) and return ``settings()``. Turning
         ``depend.satisfy_on_eaten`` on also releases, in the same transaction, what already
         waits on EATEN frames."""
+
+    # -- dependencies of every OpenCue type (store/depends.py; docs/opencue.md) -----------
+    @abc.abstractmethod
+    def add_depend(self, job: str | int, *, layer: str | None = None, frame: int | None = None,
+                   on_job: str | int | None = None, on_layer: str | None = None, on_frame: int | None = None,
+                   how: str = "layer", kind: str | None = None, now: float, force: bool = False) -> dict[str, Any]:
+        """Make ``job`` (or its ``layer``, or that layer's ``frame``) wait on ``on_job`` (this
+        job when None; or its ``on_layer``, or that layer's ``on_frame``). ``how``: how a
+        layer waits on a layer (layer, frame, previous, any); ``kind``: an OpenCue type
+        (model.OPENCUE_DEPEND_TYPES) the options must make. A target already done is
+        recorded as satisfied. Owner or admin only (``NotOwner``); ``InvalidInput`` for a
+        combination OpenCue has no type for, a self-dependency or a cycle between jobs;
+        ``NotFound`` for a missing job, layer or frame. Returns the dependency's JSON."""
+
+    @abc.abstractmethod
+    def drop_depends(self, job: str | int, ids: Sequence[int] | None, *, now: float,
+                     force: bool = False) -> list[dict[str, Any]]:
+        """Satisfy the job's dependencies ``ids`` (None: all it waits on); owner or admin."""
+
+    @abc.abstractmethod
+    def list_depends(self, job: str | int) -> dict[str, list[dict[str, Any]]]:
+        """``depends``: what the job waits on; ``dependents``: what other jobs wait on it."""
+
+    @abc.abstractmethod
+    def sweep_depends(self, *, now: float) -> int:
+        """Release dependencies whose target is done (workers run it with ``reap``)."""
 
     # -- notifications (docs/notifications.md) --------------------------------------------
     @abc.abstractmethod

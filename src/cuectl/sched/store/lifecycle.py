@@ -80,21 +80,49 @@ FRAME_COLUMNS = ("id", "job_id", "layer_id", "number", "frames", "state", "depen
 
 
 @dataclass(frozen=True)
-class SubmitPlan:
-    """Every row a submitted job adds besides its job and layer rows, in insert order."""
+class DependRow:
+    """One ``depends`` row: what a user asked for, in OpenCue's terms (ids of this job's rows)."""
 
-    frames: list[tuple[Any, ...]]            # FRAME_COLUMNS
-    frame_deps: list[tuple[int, int]]        # (frame_id, on_frame_id)
-    layer_deps: list[tuple[int, int]]        # (layer_id, on_layer_id)
+    type: str                 # one of m.OPENCUE_DEPEND_TYPES
+    layer_id: int | None      # the waiting layer (None: the whole job)
+    on_layer_id: int | None
+    on_frame_id: int | None = None
+    any_frame: bool = False
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    """Every row a submitted job adds besides its job and layer rows, in insert order. The
+    edges name their dependency by its index in ``depends`` (the store maps it to the id)."""
+
+    frames: list[tuple[Any, ...]]                 # FRAME_COLUMNS
+    depends: list[DependRow]
+    frame_deps: list[tuple[int, int, int]]        # (frame_id, on_frame_id, depend index)
+    layer_deps: list[tuple[int, int, int, int]]   # (layer_id, on_layer_id, any_frame, depend index)
+    edges: list[tuple[int, int | None, int | None, str, int]]  # (depend index, layer_id, frame_id, on_kind, on_id)
+
+
+def _frame_pairs(dep: m.Dependency, mine: Mapping[int, int], upstream: Mapping[int, int],
+                 my_order: Sequence[int], up_order: Sequence[int]) -> set[tuple[int, int]]:
+    """(waiting frame id, frame id waited on) of a frame-level dependency between two layers.
+    Frame-by-frame: frame N waits on the frame of ``dep.on`` holding N (several chunks when
+    the chunkings differ). Previous-frame (Cuebot's PreviousFrame): the frame at position i
+    of our range waits on the one at position i - 1 of theirs."""
+    if dep.type == "frame":
+        return {(mine[n], upstream[n]) for n in my_order if n in upstream}
+    pairs = {(mine[my_order[i]], upstream[up_order[i - 1]]) for i in range(1, min(len(my_order), len(up_order) + 1))}
+    return {(a, b) for a, b in pairs if a != b}  # on its own layer, a chunk never waits on itself
 
 
 def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], frame_ids: Sequence[int],
                 now: float) -> SubmitPlan:
     """The frame rows of ``spec`` with their final state and dependency count, and the
-    dependency rows, given the ids the store reserved for the frames (``frame_ids``, one
-    per chunk, ascending: dispatch order by id is the spec's order). Computing everything
-    here lets a store write each row once."""
+    dependency rows of its dependencies inside the job, given the ids the store reserved
+    for the frames (``frame_ids``, one per chunk, ascending: dispatch order by id is the
+    spec's order). Computing everything here lets a store write each row once. Dependencies
+    on other jobs are the store's to add afterwards (they read other jobs' rows)."""
     by_number: dict[str, dict[int, int]] = {}  # layer -> frame number -> frame id
+    order: dict[str, list[int]] = {}  # layer -> its frame numbers in range order
     chunk_ids: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
     ids = iter(frame_ids)
     for layer, chunks in zip(spec.layers, spec.chunks):
@@ -106,30 +134,55 @@ def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], fram
             for n in chunk:
                 numbers.setdefault(n, frame_id)
         by_number[layer.name] = numbers
+        order[layer.name] = [n for chunk in chunks for n in chunk]
         chunk_ids[layer.name] = rows
-    frame_pairs: set[tuple[int, int]] = set()
-    layer_pairs: set[tuple[int, int]] = set()
+    depends: list[DependRow] = []
+    frame_deps: dict[tuple[int, int], int] = {}
+    layer_deps: list[tuple[int, int, int, int]] = []
+    edges: list[tuple[int, int | None, int | None, str, int]] = []
+    layer_waits: dict[str, int] = {}
     for layer in spec.layers:
+        mine = layer_ids[layer.name]
         for dep in layer.depends:
-            if dep.type == "layer":
-                layer_pairs.add((layer_ids[layer.name], layer_ids[dep.on]))
-                continue
-            # Frame-by-frame: each of our frames waits for the frames of `dep.on` holding the
-            # same frame numbers (several, when the chunkings differ).
-            upstream = by_number[dep.on]
-            frame_pairs |= {(mine, upstream[n]) for n, mine in by_number[layer.name].items() if n in upstream}
+            if dep.job is not None or dep.on is None:
+                continue  # on another job: the store adds it
+            index = len(depends)
+            theirs = layer_ids[dep.on]
+            if dep.frame is not None:
+                on_frame = by_number[dep.on][dep.frame]
+                depends.append(DependRow("layer-on-frame", mine, theirs, on_frame))
+                edges.append((index, mine, None, "frame", on_frame))
+                layer_waits[layer.name] = layer_waits.get(layer.name, 0) + 1
+            elif dep.type in ("layer", "any"):
+                depends.append(DependRow("layer-on-layer", mine, theirs, any_frame=dep.type == "any"))
+                layer_deps.append((mine, theirs, int(dep.type == "any"), index))
+                layer_waits[layer.name] = layer_waits.get(layer.name, 0) + 1
+            else:
+                depends.append(DependRow("frame-by-frame" if dep.type == "frame" else "previous-frame", mine, theirs))
+                for pair in _frame_pairs(dep, by_number[layer.name], by_number[dep.on], order[layer.name],
+                                         order[dep.on]):
+                    frame_deps.setdefault(pair, index)
     waits_on: dict[int, int] = {}
-    for mine, _ in frame_pairs:
-        waits_on[mine] = waits_on.get(mine, 0) + 1
+    for mine_frame, _ in frame_deps:
+        waits_on[mine_frame] = waits_on.get(mine_frame, 0) + 1
     frames: list[tuple[Any, ...]] = []
     for layer in spec.layers:
-        layer_blocked = any(d.type == "layer" for d in layer.depends)
+        layer_blocked = layer_waits.get(layer.name, 0) > 0
         for frame_id, chunk in chunk_ids[layer.name]:
             count = waits_on.get(frame_id, 0)
             state = m.DEPEND if (count or layer_blocked) else m.WAITING
             frames.append((frame_id, job_id, layer_ids[layer.name], chunk[0],
                            compact_range(chunk) if len(chunk) > 1 else str(chunk[0]), state, count, now))
-    return SubmitPlan(frames, sorted(frame_pairs), sorted(layer_pairs))
+    return SubmitPlan(frames, depends, sorted((a, b, i) for (a, b), i in frame_deps.items()), sorted(layer_deps),
+                      edges)
+
+
+def layer_waits_within(layer: m.LayerSpec) -> int:
+    """How many dependencies inside its job a layer as a whole waits on (its depend_count at
+    submit): layer-on-layer (all or any frame) and layer-on-frame; frame-level ones count
+    on the frames."""
+    return sum(1 for d in layer.depends if d.job is None and d.on is not None
+               and (d.frame is not None or d.type in ("layer", "any")))
 
 
 def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
@@ -139,9 +192,9 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
             layer.gpu_vendor, json.dumps(list(layer.gpu_models)), layer.gpu_memory_min_bytes,
             layer.cores, layer.memory_bytes, layer.retries, layer.timeout_s,
             json.dumps(dict(layer.env)), json.dumps(list(layer.tags)),
-            json.dumps([{"layer": d.on, "type": d.type} for d in layer.depends]), layer.log_limit_bytes,
+            json.dumps([d.to_json() for d in layer.depends]), layer.log_limit_bytes,
             layer.max_running, json.dumps(list(layer.limits)), layer.retry_delay_s, layer.cwd,
-            sum(1 for d in layer.depends if d.type == "layer"))
+            layer_waits_within(layer))
 
 
 LAYER_COLUMNS = ("id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
@@ -166,7 +219,7 @@ def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, numb
         gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
         timeout_s=layer["timeout_s"], env=json.loads(layer["env"]), retries=layer["retries"],
         log_path=log_path, log_limit_bytes=layer["log_limit_bytes"], submitted_by=layer["submitted_by"],
-        receipt=layer["receipt"], cwd=layer["cwd"])
+        receipt=layer["receipt"], cwd=layer["cwd"], show=layer.get("show"), shot=layer.get("shot"))
 
 
 def log_path_sql(dialect: Dialect, alias: str = "") -> str:

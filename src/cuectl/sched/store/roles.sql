@@ -120,6 +120,29 @@ DROP POLICY IF EXISTS cuectl_write ON hosts;
 CREATE POLICY cuectl_read ON hosts FOR SELECT USING (true);
 CREATE POLICY cuectl_write ON hosts FOR ALL USING (cuectl_privileged()) WITH CHECK (cuectl_privileged());
 
+-- Dependencies (schema 8, docs/opencue.md): everyone reads them. A user records and drops
+-- dependencies of their own jobs only (a job waits on another user's, never the reverse);
+-- releasing one when its target finishes changes the waiting job's rows, which workers and
+-- admins may do for any job (a worker's sweep releases those a user's transaction could not).
+GRANT SELECT, INSERT, UPDATE, DELETE ON depends, depend_edges TO cuectl_user, cuectl_worker, cuectl_admin;
+CREATE OR REPLACE FUNCTION cuectl_owns_depend(depend bigint, who name) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
+    SELECT EXISTS (SELECT 1 FROM depends d JOIN jobs j ON j.id = d.job_id
+                   WHERE d.id = depend AND j.submitted_by = who)
+$f$;
+ALTER TABLE depends ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON depends;
+DROP POLICY IF EXISTS cuectl_write ON depends;
+CREATE POLICY cuectl_read ON depends FOR SELECT USING (true);
+CREATE POLICY cuectl_write ON depends FOR ALL USING (cuectl_privileged() OR cuectl_owns(job_id, current_user))
+    WITH CHECK (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+ALTER TABLE depend_edges ENABLE ROW LEVEL SECURITY;
+DROP POLICY IF EXISTS cuectl_read ON depend_edges;
+DROP POLICY IF EXISTS cuectl_write ON depend_edges;
+CREATE POLICY cuectl_read ON depend_edges FOR SELECT USING (true);
+CREATE POLICY cuectl_write ON depend_edges FOR ALL
+    USING (cuectl_privileged() OR cuectl_owns_depend(depend_id, current_user))
+    WITH CHECK (cuectl_privileged() OR cuectl_owns_depend(depend_id, current_user));
+
 -- Named limits and quotas (schema 6): everyone reads them (claims and pending reasons
 -- check them); only admins change them. Which limits a layer holds is written once, at
 -- submit, by the layer's owner: nobody but a worker or an admin removes or changes a row,
@@ -168,3 +191,8 @@ CREATE POLICY cuectl_read ON meta FOR SELECT USING (true);
 CREATE POLICY cuectl_defaults ON meta FOR ALL TO cuectl_admin
     USING (key IN ('notify_defaults', 'depend.satisfy_on_eaten'))
     WITH CHECK (key IN ('notify_defaults', 'depend.satisfy_on_eaten'));
+
+-- Services (schema 8, `cuectl admin service`): everyone reads them (a submit applies the
+-- defaults of its layers' services); only admins change them.
+GRANT SELECT ON services TO cuectl_user, cuectl_worker, cuectl_admin;
+GRANT INSERT, UPDATE, DELETE ON services TO cuectl_admin;

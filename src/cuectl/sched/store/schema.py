@@ -232,6 +232,55 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX notifications_due ON notifications(next_at) WHERE delivered_at IS NULL;
     """,
+    # v8: OpenCue compatibility (docs/opencue.md). Every dependency type, within a job and
+    # across jobs: one ``depends`` row per dependency a user asked for (what `job show`
+    # lists and `job undepend` drops), expanded like Cuebot's into edges between a waiting
+    # frame or layer and what it waits on. Spec dependencies inside one job keep their bulk
+    # edge tables (now naming their depend row, and a layer edge may wait for *any* frame);
+    # the other kinds go to depend_edges, keyed by what they wait on (on_kind: frame, layer,
+    # any: any frame of the layer, job). A job's show and shot; services: named resource
+    # defaults that layers refer to (`service:`).
+    """
+    CREATE TABLE depends (
+        id {ID},
+        type TEXT NOT NULL,
+        job_id INTEGER NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,
+        layer_id INTEGER,
+        frame_id INTEGER,
+        on_job_id INTEGER NOT NULL,
+        on_layer_id INTEGER,
+        on_frame_id INTEGER,
+        any_frame INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL,
+        satisfied_at REAL
+    );
+    CREATE INDEX depends_job ON depends(job_id);
+    CREATE INDEX depends_on_job ON depends(on_job_id);
+    CREATE TABLE depend_edges (
+        id {ID},
+        depend_id INTEGER NOT NULL,
+        layer_id INTEGER,
+        frame_id INTEGER,
+        on_kind TEXT NOT NULL,
+        on_id INTEGER NOT NULL
+    );
+    CREATE INDEX depend_edges_on ON depend_edges(on_kind, on_id);
+    CREATE INDEX depend_edges_depend ON depend_edges(depend_id);
+    ALTER TABLE frame_deps ADD COLUMN depend_id INTEGER;
+    ALTER TABLE layer_deps ADD COLUMN depend_id INTEGER;
+    ALTER TABLE layer_deps ADD COLUMN any_frame INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE jobs ADD COLUMN show TEXT;
+    ALTER TABLE jobs ADD COLUMN shot TEXT;
+    CREATE TABLE services (
+        name TEXT PRIMARY KEY,
+        cores REAL,
+        memory_bytes INTEGER,
+        gpus INTEGER,
+        gpu_memory_min_bytes INTEGER,
+        tags TEXT,
+        timeout_s REAL
+    );
+    """,
 )
 
 
@@ -268,7 +317,7 @@ _ONLY: dict[tuple[int, str], tuple[str, ...]] = {
 SCHEMA_VERSION = len(MIGRATIONS)
 # Every table of ours: a database holding some of them but no ``meta`` is not a cuectl store.
 TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples", "tokens",
-          "limits", "layer_limits", "quotas", "notifications")
+          "limits", "layer_limits", "quotas", "notifications", "depends", "depend_edges", "services")
 
 
 def statements(version: int, dialect: Dialect) -> list[str]:

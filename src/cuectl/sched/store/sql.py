@@ -26,16 +26,18 @@ import json
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from cuectl.errors import Conflict, InvalidInput, NotFound, NotOwner, SchemaTooNew
 from cuectl.sched import fields
 from cuectl.sched import model as m
 from cuectl.sched import notify as nt
-from cuectl.sched import usage_sql
+from cuectl.sched import services, usage_sql
 from cuectl.sched.dialect import Dialect
 from cuectl.sched.store import caps as capsmod
+from cuectl.sched.store import depends as dep
 from cuectl.sched.store import lifecycle, schema
+from cuectl.sched.store.inlists import IN_BATCH, batches, marks
 from cuectl.sched.store import notifications as notes
 from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFigures, FrameResult, HostInfo, HostShape,
                                      LiveUsage, RunnableLayer, Store, Token)
@@ -54,8 +56,6 @@ CAPS_TTL_S = 2.0
 SETTINGS_TTL_S = 2.0
 # The largest id a store can hold (SQLite INTEGER, PostgreSQL BIGINT).
 _MAX_ID = 2**63 - 1
-# Ids per IN (...) list: well under SQLite's 32,766 host parameters (and PostgreSQL's 65,535).
-_IN_BATCH = 500
 # The columns an attempt's record copies from its frame and layer (``_record_attempt``).
 _ATTEMPT_SOURCE = ("f.state, f.attempts, f.action, f.job_id, f.layer_id, f.host, f.gpu_uuids, f.waiting_since, "
                    "f.started_at, l.retries, l.cores, l.retry_delay_s")
@@ -88,16 +88,6 @@ def _attempt_failure(outcome: str, result: FrameResult | None) -> tuple[str | No
     if result is None or outcome not in ("failed", "timeout"):
         return None, None
     return result.failure_kind or ("timeout" if result.timed_out else "exit"), lifecycle.failure_text(result)
-
-
-def marks(n: int) -> str:
-    """``?, ?, …`` for an IN list of ``n`` values."""
-    return ", ".join("?" * n)
-
-
-def batches(ids: Sequence[int]) -> Iterator[list[int]]:
-    for start in range(0, len(ids), _IN_BATCH):
-        yield list(ids[start:start + _IN_BATCH])
 
 
 def _settings_from(rows: Iterable[Row]) -> dict[str, bool]:
@@ -214,11 +204,13 @@ class SQLStore(Store):
     # -- jobs ----------------------------------------------------------------------------------
     def submit(self, spec: m.JobSpec, *, now: float) -> int:
         def insert(tx: Tx) -> int:
+            nonlocal spec  # each layer's service fills what the layer leaves out (sched/services.py)
+            spec = services.apply(spec, tx.all("SELECT * FROM services"))
             self._check_limits_exist(tx, spec)
             job_id = int(tx.one('INSERT INTO jobs(name, "user", priority, paused, created_at, project, max_running, '
-                                "max_cores, max_gpus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                                "max_cores, max_gpus, show, shot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
                                 (spec.name, spec.user, spec.priority, int(spec.paused), now, spec.project,
-                                 spec.max_running, spec.max_cores, spec.max_gpus))["id"])
+                                 spec.max_running, spec.max_cores, spec.max_gpus, spec.show, spec.shot))["id"])
             layer_ids = {layer.name: int(tx.one(
                 f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(lifecycle.LAYER_INSERT_COUNT)}) "
                 "RETURNING id", lifecycle.layer_row(job_id, idx, layer))["id"]) for idx, layer in enumerate(spec.layers)}
@@ -230,8 +222,18 @@ class SQLStore(Store):
             frame_ids = self._reserve_frame_ids(tx, sum(len(chunks) for chunks in spec.chunks))
             plan = lifecycle.plan_submit(spec, job_id, layer_ids, frame_ids, now)
             self._bulk_insert(tx, "frames", lifecycle.FRAME_COLUMNS, plan.frames)
-            self._bulk_insert(tx, "frame_deps", ("frame_id", "on_frame_id"), plan.frame_deps)
-            self._bulk_insert(tx, "layer_deps", ("layer_id", "on_layer_id"), plan.layer_deps)
+            depend_ids = [int(tx.one(
+                "INSERT INTO depends(type, job_id, layer_id, on_job_id, on_layer_id, on_frame_id, any_frame, "
+                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                (d.type, job_id, d.layer_id, job_id, d.on_layer_id, d.on_frame_id, int(d.any_frame), now))["id"])
+                for d in plan.depends]
+            self._bulk_insert(tx, "frame_deps", ("frame_id", "on_frame_id", "depend_id"),
+                              [(a, b, depend_ids[i]) for a, b, i in plan.frame_deps])
+            self._bulk_insert(tx, "layer_deps", ("layer_id", "on_layer_id", "any_frame", "depend_id"),
+                              [(a, b, any_frame, depend_ids[i]) for a, b, any_frame, i in plan.layer_deps])
+            self._bulk_insert(tx, "depend_edges", ("depend_id", "layer_id", "frame_id", "on_kind", "on_id"),
+                              [(depend_ids[i], *rest) for i, *rest in plan.edges])
+            self._add_spec_depends(tx, spec, job_id, layer_ids, now)
             if not spec.paused:
                 self._notify(tx)
             return job_id
@@ -239,17 +241,19 @@ class SQLStore(Store):
         # Not idempotent: a connection lost during COMMIT must not submit the job twice.
         return self._write(insert, idempotent=False)
 
-    def _job_row(self, ref: str | int) -> Row:
+    def _job_row(self, ref: str | int, read: Callable[[str, Sequence[Any]], list[Row]] | None = None) -> Row:
         """A job by id (ASCII digits) or else by its unique name. Submit refuses purely
         numeric names (sched/spec.py); one written before that rule is still found by
-        name when no job has that id, and always by its own id."""
+        name when no job has that id, and always by its own id. ``read``: how to query
+        (``tx.all`` inside a transaction; default: a read of its own)."""
+        read = read or self._read
         text = str(ref).strip()
         job_id = _as_id(text)
         if job_id is not None:
-            rows = self._read("SELECT * FROM jobs WHERE id = ?", (job_id,))
+            rows = read("SELECT * FROM jobs WHERE id = ?", (job_id,))
             if rows:
                 return rows[0]
-        rows = self._read("SELECT * FROM jobs WHERE name = ? ORDER BY id", (text,))
+        rows = read("SELECT * FROM jobs WHERE name = ? ORDER BY id", (text,))
         if not rows:
             raise NotFound(f"no job {text!r}", hint="see `cuectl job list`")
         if len(rows) > 1:
@@ -267,8 +271,8 @@ class SQLStore(Store):
 
     def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
                   name: str | None = None, limit: int | None = None, offset: int = 0,
-                  newest_first: bool = False) -> list[dict[str, Any]]:
-        where, params = self._job_filter(include_finished, user, state, name)
+                  newest_first: bool = False, show: str | None = None, shot: str | None = None) -> list[dict[str, Any]]:
+        where, params = self._job_filter(include_finished, user, state, name, show, shot)
         page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
         order = "id DESC" if newest_first else "id"
         rows = self._read(f"SELECT * FROM jobs j WHERE {where} ORDER BY {order}{page}", params)
@@ -280,15 +284,16 @@ class SQLStore(Store):
         return [job_json(r, counts.get(r["id"], {})) for r in rows]
 
     def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
-                   name: str | None = None) -> int:
-        where, params = self._job_filter(include_finished, user, state, name)
+                   name: str | None = None, show: str | None = None, shot: str | None = None) -> int:
+        where, params = self._job_filter(include_finished, user, state, name, show, shot)
         return int(self._read(f"SELECT COUNT(*) AS n FROM jobs j WHERE {where}", params)[0]["n"])
 
     @staticmethod
     def _job_filter(include_finished: bool, user: str | None, state: str | None,
-                    name: str | None) -> tuple[str, list[Any]]:
+                    name: str | None, show: str | None = None, shot: str | None = None) -> tuple[str, list[Any]]:
         where, params = ["1 = 1" if include_finished else "j.state != 'FINISHED'"], []
-        for column, value in (('j."user"', user), ("j.state", state), ("j.name", name)):
+        for column, value in (('j."user"', user), ("j.state", state), ("j.name", name), ("j.show", show),
+                              ("j.shot", shot)):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
@@ -301,6 +306,7 @@ class SQLStore(Store):
         data["notify"] = [nt.masked(n) for n in nt.from_json(row["notify"])]
         data["layers"] = [layer_json(r) for r in self._read(
             f"SELECT {lifecycle.LAYER_COLUMNS}, depend_count FROM layers WHERE job_id = ? ORDER BY idx", (row["id"],))]
+        data.update(self.list_depends(row["id"]))
         # DEPEND frames of this job that wait on a DEAD frame (they need a retry). Only asked
         # when the job has DEPEND frames: the query's plan scans the frames index.
         # Likewise those waiting on an EATEN frame (OpenCue's rule: depend.satisfy_on_eaten).
@@ -417,8 +423,7 @@ class SQLStore(Store):
         if ids:
             self._write(kill)
 
-    @staticmethod
-    def _finish_jobs_if_done(tx: Tx, ids: Sequence[int], now: float) -> None:
+    def _finish_jobs_if_done(self, tx: Tx, ids: Sequence[int], now: float) -> None:
         """``_finish_job_if_done`` for many jobs, set-based (a statement per job cost 3 s for
         1,000 jobs on PostgreSQL); keep the two in step. A job that just FINISHED records
         its notification as there — only jobs with a ``notify`` or farm defaults can have one."""
@@ -438,6 +443,8 @@ class SQLStore(Store):
                 "AND notify NOT IN ('', '[]')", batch)]
         for job_id in finished:
             notes.record_finish(tx, job_id, now)  # in this transaction: recorded once
+        if dep.release_jobs(tx, ids, now):  # what waited on these jobs (a kill releases it, as in Cuebot)
+            self._notify(tx)
 
     def _retry_ids(self, ids: Sequence[int], now: float) -> None:
         frames = [int(r["id"]) for batch in batches(sorted(ids)) for r in self._read(
@@ -483,8 +490,7 @@ class SQLStore(Store):
             self._write(update)
         return self._jobs_json(ids)
 
-    @staticmethod
-    def _finish_job_if_done(tx: Tx, job_id: int, now: float) -> None:
+    def _finish_job_if_done(self, tx: Tx, job_id: int, now: float) -> None:
         if tx.one("SELECT 1 FROM frames WHERE job_id = ? AND state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1",
                   (job_id,)):
             tx.run("UPDATE jobs SET state = 'PENDING', finished_at = NULL WHERE id = ? AND state != 'PENDING'",
@@ -493,6 +499,9 @@ class SQLStore(Store):
             if tx.run("UPDATE jobs SET state = 'FINISHED', finished_at = ? WHERE id = ? AND state != 'FINISHED'",
                       (now, job_id)):
                 notes.record_finish(tx, job_id, now)  # in this transaction: recorded once
+            # (Also when it was FINISHED already: eating its last DEAD frame makes it releasable.)
+            if dep.release_jobs(tx, [job_id], now):
+                self._notify(tx)
 
     # -- frames --------------------------------------------------------------------------------
     def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
@@ -502,8 +511,8 @@ class SQLStore(Store):
         params: list[Any] = []
         if ids is not None:
             wanted = sorted({int(i) for i in ids})
-            if len(wanted) > _IN_BATCH * 2:
-                raise InvalidInput(f"ids: at most {_IN_BATCH * 2} frames at once, got {len(wanted)}")
+            if len(wanted) > IN_BATCH * 2:
+                raise InvalidInput(f"ids: at most {IN_BATCH * 2} frames at once, got {len(wanted)}")
             if not wanted:
                 return [], 0
             where.append(f"f.id IN ({marks(len(wanted))})")
@@ -649,27 +658,20 @@ class SQLStore(Store):
         Dependency rows are deleted as they are satisfied, so a frame that is retried and
         succeeds again never releases anything twice.
         """
-        woke = 0
-        released = [r["frame_id"] for r in tx.all("DELETE FROM frame_deps WHERE on_frame_id = ? RETURNING frame_id",
-                                                  (frame_id,))]
-        for batch in batches(released):
-            tx.run(f"UPDATE frames SET depend_count = depend_count - 1 WHERE id IN ({marks(len(batch))})", batch)
-            woke += tx.run(f"UPDATE frames SET state = 'WAITING', waiting_since = ? WHERE id IN ({marks(len(batch))}) "
-                           "AND state = 'DEPEND' AND depend_count = 0 "
-                           "AND (SELECT depend_count FROM layers WHERE id = frames.layer_id) = 0", (now, *batch))
+        released = {int(r["frame_id"]): 1 for r in tx.all(
+            "DELETE FROM frame_deps WHERE on_frame_id = ? RETURNING frame_id", (frame_id,))}
+        woke = dep.wake_frames(tx, released, now) if released else 0
+        woke += dep.release_frame(tx, frame_id, layer_id, now)  # other jobs' edges, any-frame waits
         if tx.one("SELECT 1 FROM frames WHERE layer_id = ? AND state IN ('WAITING', 'DEPEND', 'RUNNING', 'DEAD') "
                   "LIMIT 1", (layer_id,)):
             return woke
         if not self._satisfy_on_eaten(tx) and tx.one(
                 "SELECT 1 FROM frames WHERE layer_id = ? AND state = 'EATEN' LIMIT 1", (layer_id,)):
             return woke  # OpenCue: a layer with EATEN frames never completes its dependencies
-        for r in tx.all("DELETE FROM layer_deps WHERE on_layer_id = ? RETURNING layer_id", (layer_id,)):
-            dep_layer = r["layer_id"]
-            tx.run("UPDATE layers SET depend_count = depend_count - 1 WHERE id = ?", (dep_layer,))
-            woke += tx.run("UPDATE frames SET state = 'WAITING', waiting_since = ? WHERE layer_id = ? "
-                           "AND state = 'DEPEND' AND depend_count = 0 AND (SELECT depend_count FROM layers "
-                           "WHERE id = ?) = 0", (now, dep_layer, dep_layer))
-        return woke
+        layers = {int(r["layer_id"]): 1 for r in tx.all(
+            "DELETE FROM layer_deps WHERE on_layer_id = ? RETURNING layer_id", (layer_id,))}
+        woke += dep.wake_layers(tx, layers, now) if layers else 0
+        return woke + dep.release_layer(tx, layer_id, now)
 
     # -- store settings (meta; `cuectl admin setting`) ------------------------------------------
     def _satisfy_on_eaten(self, tx: Tx) -> bool:
@@ -718,7 +720,154 @@ class SQLStore(Store):
             return 0
         self._lock_jobs(tx, jobs=jobs)
         return sum(self._release_dependents(tx, r["id"], r["layer_id"], now)
-                   for r in tx.all(f"SELECT f.id, f.layer_id {pending} ORDER BY f.id"))
+                   for r in tx.all(f"SELECT f.id, f.layer_id {pending} ORDER BY f.id")) + dep.sweep(tx, now, True)
+
+    # -- dependencies of every OpenCue type (store/depends.py) ---------------------------------
+    def _layer_id(self, tx: Tx, job: Row, name: str) -> int:
+        row = tx.one("SELECT id FROM layers WHERE job_id = ? AND name = ?", (job["id"], name))
+        if row is None:
+            names = [r["name"] for r in tx.all("SELECT name FROM layers WHERE job_id = ? ORDER BY idx", (job["id"],))]
+            raise NotFound(f"job {job['id']} ({job['name']}) has no layer {name!r}",
+                           hint=f"its layers: {', '.join(names[:20])}")
+        return int(row["id"])
+
+    @staticmethod
+    def _frame_id(tx: Tx, job: Row, layer: str, layer_id: int, number: int) -> int:
+        """The frame of a layer holding frame number ``number`` (its chunk, when chunked)."""
+        for fid, numbers in dep._layer_frames(tx, layer_id):
+            if number in numbers:
+                return fid
+        raise NotFound(f"layer {layer!r} of job {job['id']} ({job['name']}) has no frame {number}")
+
+    def _depend_request(self, tx: Tx, job: Row, *, layer: str | None, frame: int | None, on_job: Row,
+                        on_layer: str | None, on_frame: int | None, how: str, kind: str | None) -> dep.Request:
+        """Resolve names to ids and check that the combination is one of OpenCue's types."""
+        if frame is not None and layer is None:
+            raise InvalidInput("--frame: a frame needs its --layer")
+        if on_frame is not None and on_layer is None:
+            raise InvalidInput("--on-frame: a frame needs its --on-layer")
+        waiter = "frame" if frame is not None else ("layer" if layer is not None else "job")
+        target = "frame" if on_frame is not None else ("layer" if on_layer is not None else "job")
+        if kind in ("frame-by-frame", "previous-frame"):
+            how = "frame" if kind == "frame-by-frame" else "previous"
+        derived = "layer-on-sim-frame" if kind == "layer-on-sim-frame" else dep.depend_type(waiter, target, how)
+        if how in ("frame", "previous", "any") and (waiter, target) != ("layer", "layer"):
+            raise InvalidInput(f"{'--any-frame' if how == 'any' else derived}: only a layer waits on a layer that way "
+                               f"(this is {waiter}-on-{target})")
+        if kind is not None and kind != derived:
+            raise InvalidInput(f"--type {kind}: the options given make a {derived} dependency",
+                               hint="a job waits with neither --layer nor --frame; a layer with --layer; "
+                                    "a frame with --layer and --frame (likewise --on-*)")
+        if derived == "layer-on-sim-frame" and (waiter, target) != ("layer", "frame"):
+            raise InvalidInput(f"--type layer-on-sim-frame: needs --layer and --on-layer with --on-frame "
+                               f"(this is {waiter}-on-{target})")
+        layer_id = None if layer is None else self._layer_id(tx, job, layer)
+        on_layer_id = None if on_layer is None else self._layer_id(tx, on_job, on_layer)
+        req = dep.Request(
+            type=derived, job_id=int(job["id"]), on_job_id=int(on_job["id"]), layer_id=layer_id,
+            frame_id=None if frame is None or layer is None or layer_id is None
+            else self._frame_id(tx, job, layer, layer_id, frame),
+            on_layer_id=on_layer_id,
+            on_frame_id=None if on_frame is None or on_layer is None or on_layer_id is None
+            else self._frame_id(tx, on_job, on_layer, on_layer_id, on_frame),
+            any_frame=how == "any")
+        same = (req.job_id == req.on_job_id and (req.layer_id, req.frame_id) == (req.on_layer_id, req.on_frame_id))
+        if same and derived != "previous-frame" or (
+                derived in ("job-on-job", "layer-on-job", "frame-on-job") and req.job_id == req.on_job_id):
+            raise InvalidInput(f"a {derived} dependency of job {job['id']} on itself would never be met")
+        if req.on_job_id != req.job_id and dep.waits_on_job(tx, req.on_job_id, req.job_id):
+            raise InvalidInput(f"job {on_job['id']} ({on_job['name']}) already waits on job {job['id']} "
+                               f"({job['name']}): this dependency would make them wait on each other forever")
+        return req
+
+    def add_depend(self, job: str | int, *, layer: str | None = None, frame: int | None = None,
+                   on_job: str | int | None = None, on_layer: str | None = None, on_frame: int | None = None,
+                   how: str = "layer", kind: str | None = None, now: float, force: bool = False) -> dict[str, Any]:
+        """Make a job, one of its layers or one of its frames wait on a job, layer or frame
+        (``cuectl job depend``; docs/opencue.md). Only the waiting job's owner or an admin."""
+        waiter = self._job_row(job)
+        self._check_owner([waiter], force)
+        if kind is not None:
+            dep.check_type(kind)
+
+        def insert(tx: Tx) -> int:
+            target = waiter if on_job is None else self._job_row(on_job, tx.all)
+            self._lock_jobs(tx, jobs=[int(waiter["id"]), int(target["id"])])
+            req = self._depend_request(tx, waiter, layer=layer, frame=frame, on_job=target, on_layer=on_layer,
+                                       on_frame=on_frame, how=how, kind=kind)
+            depend_id = dep.add(tx, req, now=now, eaten=self._satisfy_on_eaten(tx))
+            self._finish_job_if_done(tx, int(waiter["id"]), now)
+            return depend_id
+
+        depend_id = self._write(insert, idempotent=False)
+        return dep.depend_json(self._read(dep.list_sql("d.id = ?"), (depend_id,))[0])
+
+    def _add_spec_depends(self, tx: Tx, spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int],
+                          now: float) -> None:
+        """A submitted job's dependencies on other jobs (``depends:`` naming a ``job``)."""
+        wanted = [(None, d) for d in spec.depends] + [
+            (layer.name, d) for layer in spec.layers for d in layer.depends if d.job is not None]
+        if not wanted:
+            return
+        job = tx.one("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        eaten = self._satisfy_on_eaten(tx)
+        for layer, d in wanted:
+            assert d.job is not None
+            target = self._job_row(d.job, tx.all)
+            self._lock_jobs(tx, jobs=[int(target["id"])])
+            req = self._depend_request(tx, job, layer=layer, frame=None, on_job=target, on_layer=d.on,
+                                       on_frame=d.frame, how=d.type, kind=None)
+            dep.add(tx, req, now=now, eaten=eaten)
+
+    def drop_depends(self, job: str | int, ids: Sequence[int] | None, *, now: float,
+                     force: bool = False) -> list[dict[str, Any]]:
+        """Satisfy a job's dependencies by id (None: every one it waits on), as OpenCue's
+        dropDepends; return them as they are now."""
+        row = self._job_row(job)
+        self._check_owner([row], force)
+        job_id = int(row["id"])
+        if ids is not None:
+            mine = {int(r["id"]) for batch in batches(sorted(set(ids))) for r in self._read(
+                f"SELECT id FROM depends WHERE job_id = ? AND id IN ({marks(len(batch))})", (job_id, *batch))}
+            missing = sorted(set(ids) - mine)
+            if missing:
+                raise NotFound(f"job {job_id} ({row['name']}) has no dependency {', '.join(map(str, missing))}",
+                               hint=f"see `cuectl job show {job_id}`")
+
+        def release(tx: Tx) -> None:
+            self._lock_jobs(tx, jobs=[job_id])
+            if dep.drop(tx, job_id, ids, now):
+                self._notify(tx)
+            self._finish_job_if_done(tx, job_id, now)
+
+        self._write(release)
+        return self.list_depends(job_id)["depends"] if ids is None else [
+            d for d in self.list_depends(job_id)["depends"] if d["id"] in set(ids)]
+
+    def list_depends(self, job: str | int) -> dict[str, list[dict[str, Any]]]:
+        """What a job waits on (``depends``) and what waits on it (``dependents``)."""
+        job_id = int(self._job_row(job)["id"])
+        return {"depends": [dep.depend_json(r) for r in self._read(dep.list_sql("d.job_id = ?"), (job_id,))],
+                "dependents": [dep.depend_json(r) for r in self._read(
+                    dep.list_sql("d.on_job_id = ? AND d.job_id != ?"), (job_id, job_id))]}
+
+    def sweep_depends(self, *, now: float) -> int:
+        """Release dependencies whose target is done but were not released (store/depends.py
+        ``sweep``); workers run it with the reaper. Returns how many frames became WAITING."""
+        if not self._read("SELECT 1 FROM depend_edges LIMIT 1"):
+            return 0  # the common case: no dependency between jobs, no work
+        settings = _settings_from(self._read(
+            f"SELECT key, value FROM meta WHERE key IN ({marks(len(m.SETTINGS))})", tuple(m.SETTINGS)))
+        if not self._read(dep.stale_sql(settings[m.SATISFY_ON_EATEN]) + " LIMIT 1"):
+            return 0  # nothing to release: no write transaction
+
+        def sweep(tx: Tx) -> int:
+            woke = dep.sweep(tx, now, self._satisfy_on_eaten(tx))
+            if woke:
+                self._notify(tx)
+            return woke
+
+        return self._write(sweep)
 
     # -- hosts ---------------------------------------------------------------------------------
     def register_host(self, host: HostInfo, *, now: float) -> None:
@@ -801,7 +950,7 @@ class SQLStore(Store):
         if row is None:
             columns = ", ".join(f"l.{c.strip()}" for c in lifecycle.LAYER_COLUMNS.split(","))
             rows = self._read(f'SELECT {columns}, j.name AS job_name, j."user" AS "user", j.submitted_by, j.receipt, '
-                              "j.project, j.max_running AS job_max_running, j.max_cores AS job_max_cores, "
+                              "j.project, j.show, j.shot, j.max_running AS job_max_running, j.max_cores AS job_max_cores, "
                               "j.max_gpus AS job_max_gpus "
                               "FROM layers l JOIN jobs j ON j.id = l.job_id WHERE l.id = ?", (layer_id,))
             if not rows:
@@ -1095,6 +1244,35 @@ class SQLStore(Store):
                         "gpus_in_use": int(used["gpus"]), "cores_in_use": float(used["cores"])})
         return out
 
+    # -- services (``cuectl admin service``; sched/services.py) ---------------------------------
+    def set_service(self, name: str, values: Mapping[str, Any]) -> dict[str, Any]:
+        name = services.check_name(name)
+        checked = services.to_columns(services.check_values(values))
+        self._admin_only("service set", "services")
+
+        def change(tx: Tx) -> None:
+            tx.run("INSERT INTO services(name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
+            if checked:
+                tx.run(f"UPDATE services SET {', '.join(f'{column} = ?' for column in checked)} WHERE name = ?",
+                       (*checked.values(), name))
+
+        self._write(change)
+        return next(r for r in self.list_services() if r["name"] == name)
+
+    def list_services(self) -> list[dict[str, Any]]:
+        return [services.row_json(r) for r in self._read(
+            f"SELECT name, {', '.join(services.FIELDS)} FROM services ORDER BY name")]
+
+    def delete_service(self, name: str) -> None:
+        name = services.check_name(name)
+        self._admin_only("service delete", "services")
+
+        def change(tx: Tx) -> None:
+            if tx.run("DELETE FROM services WHERE name = ?", (name,)) == 0:
+                raise NotFound(f"no service {name!r}", hint="see `cuectl admin service list`")
+
+        self._write(change)
+
     # -- API tokens ----------------------------------------------------------------------------
     def _admin_only(self, what: str, manage: str = "API tokens") -> Actor:
         actor = self.actor()
@@ -1201,7 +1379,20 @@ class SQLStore(Store):
             for batch in batches(ids):
                 jobs = f"({marks(len(batch))})"
                 frames = f"(SELECT id FROM frames WHERE job_id IN {jobs})"
+                layers = f"(SELECT id FROM layers WHERE job_id IN {jobs})"
+                # What still waits on a pruned job (it ended with DEAD frames) is released: the
+                # job it waited on is gone for good.
+                woke = dep.wake(tx, tx.all(
+                    f"DELETE FROM depend_edges WHERE ((on_kind = 'frame' AND on_id IN {frames}) OR (on_kind IN "
+                    f"('layer', 'any') AND on_id IN {layers}) OR (on_kind = 'job' AND on_id IN {jobs})) AND "
+                    f"depend_id NOT IN (SELECT id FROM depends WHERE job_id IN {jobs}) RETURNING layer_id, frame_id",
+                    batch * 4), time.time())
+                if woke:
+                    self._notify(tx)
                 for statement, times in (
+                        (f"DELETE FROM depend_edges WHERE depend_id IN (SELECT id FROM depends WHERE job_id IN {jobs}) "
+                         f"OR frame_id IN {frames} OR layer_id IN {layers}", 3),
+                        (f"DELETE FROM depends WHERE job_id IN {jobs}", 1),
                         (f"DELETE FROM frame_deps WHERE frame_id IN {frames} OR on_frame_id IN {frames}", 2),
                         (f"DELETE FROM layer_deps WHERE layer_id IN (SELECT id FROM layers WHERE job_id IN {jobs})", 1),
                         (f"DELETE FROM attempts WHERE job_id IN {jobs}", 1),
