@@ -87,7 +87,7 @@ def profile_drain(tmp: Path, frames: int) -> str:
     Supervisor(worker).run()
     prof.disable()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(int(os.environ.get("PROF_N", "15")))
     return out.getvalue()
 
 

@@ -36,6 +36,8 @@ def test_bench_report_runs():
     ("bench_gpu_sample.py", (), "nvml (double), 8 devices"),
     ("bench_worker.py", ("--frames", "30"), "cuectl worker drain only"),  # task-spooler optional
     ("bench_bulk.py", ("--jobs", "50", "--sample", "2"), "cuectl job kill --user U --yes"),
+    ("bench_depends.py", ("--frames", "200", "--waiting", "20", "--complete-frames", "50", "--repeat", "1"),
+     "releasing one each"),
     ("bench_farm_sim.py", ("--hosts", "4", "--seconds", "2", "--warmup", "0.5", "--procs", "2"), "capacity (needed"),
 ])
 def test_bench_scripts_run(script, args, expect):
