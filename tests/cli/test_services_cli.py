@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from cliresults import ok as _ok  # tests/cliresults.py (tests/ is on sys.path)
+from cliresults import one_error as _one_error
 from cuectl.sched.store import FrameResult, open_store
 
 GIB = 1024 ** 3
@@ -18,18 +20,6 @@ def _store(db_path):
     """The store exists (admin commands never create one: a mistyped --db must fail)."""
     db_path.parent.mkdir(parents=True, exist_ok=True)
     open_store(str(db_path)).close()
-
-
-def _ok(res, code: int = 0):
-    assert res.exit_code == code, res
-    return res
-
-
-def _one_error(res) -> str:
-    assert res.exit_code == 2, res
-    lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1, res
-    return lines[0]
 
 
 def _services(cli) -> list[dict]:
