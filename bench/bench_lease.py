@@ -7,8 +7,9 @@
    floor — a raw ``os.open`` + ``flock`` + ``os.write`` + ``close`` of one lock file in
    the same directory, in the same run.
 2. Whole processes: ``cuectl run -- true`` next to plain ``true``, ``python -c 'import
-   cuectl'`` (the import-plus-spawn floor; goal: ``run -- true`` under 1.5× it), and a
-   Python process that takes and drops one lease.
+   cuectl'`` (the import-plus-spawn floor; goal: ``run -- true`` under 1.5× it, the ratio
+   of the medians is printed), and a Python process that takes and drops one lease. Runs
+   are interleaved, after one warm-up each, with bytecode caching on (see ``process_env``).
 
 Uses four fake GPUs and a private lock directory unless CUECTL_FAKE_GPUS / --lock-dir say
 otherwise, so it never touches the machine's real leases. The private directory is made
@@ -93,41 +94,76 @@ def bench_in_process(iterations: int, lock_dir: str) -> None:
     print(f"cuectl.lease(gpus=2, gpu_memory_min='16G') (samples free memory), next {iterations}: {percentiles(samples)}")
 
 
-def time_process(argv: list[str], runs: int) -> list[float]:
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=120)
-        samples.append(time.perf_counter() - t0)
-        if done.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.decode()[-500:]}")
-    return samples
+def time_process(argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          timeout=120, env=env)
+    took = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.decode()[-500:]}")
+    return took
 
 
-def cuectl_argv() -> tuple[list[str], str]:
+# The console script's code (`cuectl = cuectl.cli.entry:run`), for when it is not installed.
+ENTRY = "import sys; from cuectl.cli.entry import run; sys.exit(run())"
+
+
+def cuectl_argv() -> tuple[list[str], list[str], str]:
+    """argv of `cuectl` (its `run` fast path), argv of the typer path, and what to call it."""
     exe = Path(sys.executable).with_name("cuectl")
     probe = subprocess.run([sys.executable, "-c", "import cuectl.cli.main"], capture_output=True)
-    if exe.exists() and probe.returncode == 0:
-        return [str(exe)], "cuectl"
-    return [sys.executable, "-c", MINI_CLI], "cuectl (minimal app: cuectl.cli.main not importable)"
+    if probe.returncode != 0:
+        return [sys.executable, "-c", ENTRY], [sys.executable, "-c", MINI_CLI], \
+            "cuectl (typer path: minimal app, cuectl.cli.main not importable)"
+    if exe.exists():
+        return [str(exe)], [str(exe)], "cuectl"
+    return [sys.executable, "-c", ENTRY], [sys.executable, "-c", ENTRY], "cuectl"
 
 
-def bench_processes(runs: int) -> None:
+def process_env(cache_dir: str) -> dict[str, str]:
+    """The environment of the timed processes: bytecode cached, as for an installed package.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set (some CI and dev shells) every process would
+    compile cuectl's sources again, tens of ms that no installed copy pays; the cache goes
+    to a directory of the bench's own (``PYTHONPYCACHEPREFIX``), never into the tree.
+    """
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = cache_dir
+    return env
+
+
+def bench_processes(runs: int, cache_dir: str) -> None:
     true = shutil.which("true") or "/bin/true"
-    base, name = cuectl_argv()
-    rows = [
-        ("true", [true]),
-        (f"{name} run -- true", [*base, "run", "--", true]),
-        ("python -c 'pass'", [sys.executable, "-c", "pass"]),
-        ("python -c 'import cuectl'", [sys.executable, "-c", "import cuectl"]),
+    base, full_base, name = cuectl_argv()
+    env = process_env(cache_dir)
+    run_true = "cuectl run -- true"
+    floor = "python -c 'import cuectl'"
+    full_env = {**env, "CUECTL_FULL_CLI": "1"}
+    no_fake_env = {k: v for k, v in env.items() if k != "CUECTL_FAKE_GPUS"}
+    rows: list[tuple[str, list[str], dict[str, str]]] = [
+        ("true", [true], env),
+        (run_true, [*base, "run", "--", true], env),
+        (f"{name} run -- true, typer path (CUECTL_FULL_CLI=1)", [*full_base, "run", "--", true], full_env),
+        ("cuectl run --gpus 0 -- true, real discovery (no fake file)", [*base, "run", "--gpus", "0", "--", true],
+         no_fake_env),
+        ("python -c 'pass'", [sys.executable, "-c", "pass"], env),
+        (floor, [sys.executable, "-c", "import cuectl"], env),
         ("python -c 'cuectl.lease(gpus=1).release()'",
-         [sys.executable, "-c", "import cuectl; cuectl.lease(gpus=1).release()"]),
+         [sys.executable, "-c", "import cuectl; cuectl.lease(gpus=1).release()"], env),
     ]
-    width = max(len(label) for label, _ in rows)
-    print(f"\nwhole processes, {runs} runs each (wall time):")
-    for label, argv in rows:
-        print(f"  {label.ljust(width)}  {percentiles(time_process(argv, runs))}")
+    for _, argv, row_env in rows:  # warm-up: writes the bytecode cache, loads the files into the page cache
+        time_process(argv, row_env)
+    samples: dict[str, list[float]] = {label: [] for label, _, _ in rows}
+    for _ in range(runs):  # interleaved, so that a busy moment hits every row alike
+        for label, argv, row_env in rows:
+            samples[label].append(time_process(argv, row_env))
+    width = max(len(label) for label, _, _ in rows)
+    print(f"\nwhole processes, {runs} runs each, interleaved (wall time):")
+    for label, _, _ in rows:
+        print(f"  {label.ljust(width)}  {percentiles(samples[label])}")
+    ratio = statistics.median(samples[run_true]) / statistics.median(samples[floor])
+    print(f"  `{run_true}` / `{floor}`, medians: {ratio:.2f}× (goal: ≤ 1.5×)")
 
 
 def main() -> None:
@@ -147,7 +183,7 @@ def main() -> None:
         print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, lock dir {os.environ['CUECTL_LOCK_DIR']}, "
               f"GPUs from {os.environ['CUECTL_FAKE_GPUS']}")
         bench_in_process(args.iterations, os.environ["CUECTL_LOCK_DIR"])
-        bench_processes(args.runs)
+        bench_processes(args.runs, str(Path(tmp) / "pycache"))
 
 
 if __name__ == "__main__":

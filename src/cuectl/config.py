@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from pathlib import Path
 
 from cuectl.errors import InvalidInput
@@ -60,12 +59,12 @@ def lock_dir() -> Path:
     explicit = env("CUECTL_LOCK_DIR")
     if explicit:
         return Path(explicit)
-    provisioned, shm, tmp = default_lock_dirs()
+    provisioned, shm = _PROVISIONED_LOCK_DIR, _SHM_LOCK_DIR
     if provisioned.is_dir() and os.access(provisioned, os.W_OK):
         return provisioned
     if shm.parent.is_dir() and os.access(shm.parent, os.W_OK):
         return shm
-    return tmp
+    return default_lock_dirs()[2]  # only now: the temp dir is found by probing the filesystem
 
 
 # What --help says of the default (keep in step with lock_dir and docs/environment.md).
@@ -75,7 +74,13 @@ LOCK_DIR_DEFAULT = "$CUECTL_LOCK_DIR, else /run/cuectl/locks if it exists, else 
 def default_lock_dirs() -> tuple[Path, Path, Path]:
     """The documented lock directories, in order of preference: the only ones cuectl
     creates by itself (a mistyped CUECTL_LOCK_DIR must not quietly mean separate locks)."""
-    return Path("/run/cuectl/locks"), Path("/dev/shm/cuectl-locks"), Path(tempfile.gettempdir()) / "cuectl-locks"
+    import tempfile  # here: importing it costs every command a few ms, and it is seldom needed
+
+    return _PROVISIONED_LOCK_DIR, _SHM_LOCK_DIR, Path(tempfile.gettempdir()) / "cuectl-locks"
+
+
+_PROVISIONED_LOCK_DIR = Path("/run/cuectl/locks")
+_SHM_LOCK_DIR = Path("/dev/shm/cuectl-locks")
 
 
 def create_lock_dir() -> bool:
@@ -90,7 +95,11 @@ def lock_dir_registry() -> Path:
     if explicit:
         return Path(explicit)
     shm = Path("/dev/shm")
-    return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / "cuectl-lockdirs"
+    if shm.is_dir():
+        return shm / "cuectl-lockdirs"
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / "cuectl-lockdirs"
 
 
 def fake_gpus_file() -> str | None:
@@ -188,9 +197,14 @@ def current_user() -> str:
 
 
 def hostname() -> str:
+    explicit = env("CUECTL_HOSTNAME")
+    if explicit:
+        return explicit
+    if hasattr(os, "uname"):
+        return os.uname().nodename  # what socket.gethostname() returns, without importing socket
     import socket
 
-    return env("CUECTL_HOSTNAME") or socket.gethostname()
+    return socket.gethostname()
 
 
 def inherited_environ() -> dict[str, str]:

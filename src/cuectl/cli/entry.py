@@ -1,20 +1,135 @@
 """Console-script entry point, kept import-light.
 
-``cuectl --version`` is answered here without importing typer (~180 ms); everything else
-loads the full command tree from ``cuectl.cli.main``.
+Two commands are answered here without building the typer command tree (typer, click and
+the modules of every command: ~180 ms):
+
+- ``cuectl --version``;
+- an ordinary ``cuectl run [OPTIONS] [--] COMMAND...`` (``_parse_run``): the lease
+  machinery is imported and run directly — the same ``cuectl.run.adhoc.run_command`` the
+  typer command calls, errors printed as ``cuectl.cli.main`` prints them.
+
+Anything else — help, completion, root options (``--db``, ``--debug``), an unknown or
+repeated option, a value typer would convert or refuse (``--gpus x``, ``--gpus -1``), a
+value that starts with ``-``, no command — goes to the full CLI, which answers it (or
+prints its error) itself. ``CUECTL_FULL_CLI=1`` sends every invocation there (tests
+compare the two paths with it).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+from typing import Any
+
+#: `cuectl run` options taking one value -> the keyword of ``run_command`` (``--gpus`` is an int).
+_RUN_VALUE_OPTIONS = {
+    "--gpus": "gpus", "--gpu-vendor": "gpu_vendor", "--gpu-model": "gpu_models",
+    "--gpu-memory-min": "gpu_memory_min", "--gpu-memory-free-min": "gpu_memory_free_min",
+    "--min-free-memory": "gpu_memory_free_min", "--device": "devices", "--timeout": "timeout",
+    "--label": "label", "--lock-dir": "lock_dir",
+}
+#: Repeatable options (lists); every other option may appear once on the fast path.
+_RUN_LIST_OPTIONS = frozenset({"gpu_models", "devices"})
+_RUN_FLAGS = {"--wait": True, "--no-wait": False}
+_ASCII_DIGITS = frozenset("0123456789")
 
 
 def run() -> None:
-    if sys.argv[1:] == ["--version"]:
+    args = sys.argv[1:]
+    if args == ["--version"]:
         from cuectl import __version__
 
         sys.stdout.write(f"cuectl {__version__}\n")
         return
+    if args[:1] == ["run"] and not os.environ.get("CUECTL_FULL_CLI") and "_CUECTL_COMPLETE" not in os.environ:
+        parsed = _parse_run(args[1:])
+        if parsed is not None:
+            sys.exit(_run_fast(parsed))
     from cuectl.cli.main import app
 
     app()
+
+
+def _parse_run(args: list[str]) -> dict[str, Any] | None:
+    """``run_command``'s keywords for ``cuectl run ARGS``, exactly as typer would give them;
+    None unless ``args`` are plainly ordinary (then the full CLI parses them)."""
+    kw: dict[str, Any] = {}
+    value: Any
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break  # the command: options stop at its first word (allow_interspersed_args=False)
+        if arg in _RUN_FLAGS:
+            key, value = "wait", _RUN_FLAGS[arg]
+            i += 1
+        else:
+            name, eq, text = arg.partition("=")
+            option = _RUN_VALUE_OPTIONS.get(name)
+            if option is None:
+                return None  # -h, --help, an unknown option, a flag given a value (--no-wait=x)
+            key = option
+            if not eq:
+                if i + 1 >= len(args):
+                    return None  # missing value
+                text = args[i + 1]
+            i += 1 if eq else 2
+            if not text or text.startswith("-"):
+                return None
+            value = text
+            if key == "gpus":
+                if not set(text) <= _ASCII_DIGITS:
+                    return None  # typer's int conversion decides, and words its refusal
+                value = int(text)
+            elif key == "lock_dir":
+                from pathlib import Path
+
+                value = Path(text)  # what typer makes of a Path option
+            elif key in _RUN_LIST_OPTIONS:
+                kw.setdefault(key, []).append(value)
+                continue
+        if key in kw:
+            return None  # given twice: typer keeps the last one; leave that to it
+        kw[key] = value
+    command = args[i:]
+    if not command:
+        return None  # typer's path says "no command given"
+    kw["command"] = command
+    return kw
+
+
+def _run_fast(kw: dict[str, Any]) -> int:
+    """``run_command(**kw)`` with ``cuectl.cli.main._guarded``'s error handling (no --debug here)."""
+    try:
+        from cuectl.errors import CuectlError
+
+        try:
+            from cuectl.run.adhoc import run_command
+
+            return run_command(**kw, say=_info)
+        except CuectlError as exc:
+            from cuectl.cli import term
+
+            term.error(exc.message, exc.hint)
+            return exc.exit_code
+    except KeyboardInterrupt:
+        from cuectl.cli import term
+
+        term.error("interrupted")
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # a bug: as the full CLI says it
+        from cuectl.cli import term
+
+        term.error(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
+        return 1
+
+
+def _info(text: str) -> None:
+    from cuectl.cli import term
+
+    term.info(text)

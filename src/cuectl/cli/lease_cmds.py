@@ -21,8 +21,7 @@ from cuectl.cli import term
 from cuectl.config import LOCK_DIR_DEFAULT
 
 if TYPE_CHECKING:  # the lease machinery is imported only by the commands that use it
-    from cuectl.errors import LeaseError
-    from cuectl.run.lease import Lease, LeaseInfo
+    from cuectl.run.lease import LeaseInfo
 
 RUN_CONTEXT_SETTINGS = {"allow_interspersed_args": False}
 
@@ -58,27 +57,15 @@ def run_cmd(
 
     Exits with the command's status (128+N if signal N ended it); 1 if no device is free with --no-wait, naming who holds them.
     """
-    from cuectl.run.adhoc import run_with_lease
-    from cuectl.run.lease import make_request
-    from cuectl.sched.fields import flag_label
+    from cuectl.run.adhoc import run_command
 
-    request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_model or (), gpu_memory_min=gpu_memory_min,
-                           gpu_memory_free_min=gpu_memory_free_min, devices=device or None, field_label=flag_label)
-    code = run_with_lease(command or [], request, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
-                          on_acquired=_say_acquired, on_wait=_say_waiting, reap_leftovers=True)
+    # The console script answers an ordinary `cuectl run` without typer (cuectl.cli.entry),
+    # through the same run_command: keep both paths on it.
+    code = run_command(command or [], gpus=gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_model or (),
+                       gpu_memory_min=gpu_memory_min, gpu_memory_free_min=gpu_memory_free_min,
+                       devices=device or None, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
+                       say=term.info)
     raise typer.Exit(code)
-
-
-def _say_acquired(held: Lease) -> None:
-    if held.devices:
-        names = ", ".join(f"gpu {d.index} ({d.model}, {d.uuid})" for d in held.devices)
-        term.info(f"cuectl run: leased {names}")
-    else:
-        term.info("cuectl run: no GPU leased; all GPUs are hidden from the command")
-
-
-def _say_waiting(reason: LeaseError) -> None:
-    term.info(f"cuectl run: waiting — {reason.message}")
 
 
 def leases_cmd(

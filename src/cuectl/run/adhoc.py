@@ -29,7 +29,6 @@ from typing import Callable, Mapping, Sequence
 
 from cuectl import config
 from cuectl.errors import CuectlError, InvalidInput, LeaseError
-from cuectl.run import launch
 from cuectl.run.lease import KIND_RUN, Lease, LeaseRequest, acquire
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -144,6 +143,39 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], fds: Sequence[int], inte
         raise CommandNotExecutable(f"{argv[0]}: cannot execute: {exc.strerror or exc}") from None
 
 
+def _become_subreaper() -> None:
+    """``launch.become_subreaper()``, without importing ``cuectl.run.launch`` (frames' code,
+    several ms) when this process has not: the same prctl, which is all it does here."""
+    if "cuectl.run.launch" in sys.modules or not sys.platform.startswith("linux"):
+        from cuectl.run import launch
+
+        launch.become_subreaper()
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                   ctypes.c_ulong(0))
+    except (OSError, AttributeError):
+        pass  # unsupported: escapees are not found, as with launch.become_subreaper
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _may_have_children() -> bool:
+    """False only when this process certainly has no child left (the usual end of `cuectl
+    run`): ``launch.kill_leftovers`` would then find nothing, and need not be imported. It
+    reads the same list (the main thread's children)."""
+    pid = os.getpid()
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
+            return bool(fh.read().split())
+    except OSError:
+        return True
+
+
 def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = None,
                base_env: Mapping[str, str] | None = None, reap_leftovers: bool = False) -> int:
     """Run ``argv`` under ``held`` (the child inherits its locks); return the exit status.
@@ -160,13 +192,15 @@ def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = N
         if forwarder.early:  # asked to stop while acquiring: do not start the command at all
             return 128 + forwarder.early[0]
         if reap_leftovers:
-            launch.become_subreaper()
+            _become_subreaper()
         fds = held.fds
         proc = _spawn(argv, child_env(held.env, base_env), fds, mode)
         forwarder.attach(proc)
         held.set_holder_pid(proc.pid)
         status = exit_status(proc.wait())
-        if reap_leftovers:
+        if reap_leftovers and _may_have_children():
+            from cuectl.run import launch
+
             group = None if mode else proc.pid
             ids = launch.file_ids(fds)
             launch.kill_leftovers(lambda pid, pgid, sid: pgid == group or launch.holds_file(pid, ids),
@@ -174,6 +208,43 @@ def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = N
         return status
     finally:
         forwarder.restore()
+
+
+def run_command(command: Sequence[str], *, gpus: int | None = None, gpu_vendor: str | None = None,
+                gpu_models: Sequence[str] = (), gpu_memory_min: str | None = None,
+                gpu_memory_free_min: str | None = None, devices: Sequence[str] | None = None, wait: bool = True,
+                timeout: str | None = None, label: str | None = None, lock_dir: str | Path | None = None,
+                say: Callable[[str], None]) -> int:
+    """``cuectl run``, flags as given on the command line: validate them into a request
+    (named as the flags in messages), lease, run ``command``, release; its exit status.
+
+    Both ways into ``cuectl run`` call this — the typer command (``cuectl.cli.lease_cmds``)
+    and the console script's fast path (``cuectl.cli.entry``) — so they cannot drift
+    apart. ``say`` prints the human-facing lines (``cuectl.cli.term.info``). Raises what
+    ``run_with_lease`` raises.
+    """
+    from cuectl.run.lease.request import make_request
+    from cuectl.sched.fields import flag_label
+
+    request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_models, gpu_memory_min=gpu_memory_min,
+                           gpu_memory_free_min=gpu_memory_free_min, devices=devices, field_label=flag_label)
+
+    def acquired(held: Lease) -> None:
+        say(acquired_message(held))
+
+    def waiting(reason: LeaseError) -> None:
+        say(f"cuectl run: waiting — {reason.message}")
+
+    return run_with_lease(command, request, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
+                          on_acquired=acquired, on_wait=waiting, reap_leftovers=True)
+
+
+def acquired_message(held: Lease) -> str:
+    """What ``cuectl run`` says once it holds its lease."""
+    if held.devices:
+        names = ", ".join(f"gpu {d.index} ({d.model}, {d.uuid})" for d in held.devices)
+        return f"cuectl run: leased {names}"
+    return "cuectl run: no GPU leased; all GPUs are hidden from the command"
 
 
 def run_with_lease(argv: Sequence[str], request: LeaseRequest, *, wait: bool = True,

@@ -10,7 +10,6 @@ sampled (in a thread, for asyncio: it may run nvidia-smi).
 from __future__ import annotations
 
 import os
-import random
 import sys
 import threading
 import time
@@ -400,6 +399,8 @@ def _holder_unknown(refusal: LeaseError) -> bool:
 def _poll_delay(acq: _Acquirer, deadline: float | None) -> float:
     # Far back in the queue nothing can change for us soon: look less often (up to 1 s),
     # which keeps 100 waiters from eating the CPU the holders need. Jitter avoids lock-step.
+    import random  # here: only a waiter needs it, and it costs an uncontended lease's process ~1 ms
+
     rounds_behind = acq.waiters_ahead / max(1, len(acq.fitting))
     delay = min(MAX_POLL_S, POLL_S * max(1.0, rounds_behind)) * random.uniform(0.6, 1.4)
     if deadline is not None:

@@ -92,9 +92,21 @@ def prepare_lock_dir(lock_dir: str | Path, *, create: bool | None = None,
 
 
 def _registry_entry(lock_dir: Path) -> str:
-    import hashlib
+    return _sha256_hex(str(lock_dir.resolve()).encode())[:20]
 
-    return hashlib.sha256(str(lock_dir.resolve()).encode()).hexdigest()[:20]
+
+def _sha256_hex(data: bytes) -> str:
+    """``hashlib.sha256(data).hexdigest()``. Every process that leases computes one (the
+    registry entry); CPython's built-in sha256 gives the same digest without loading
+    OpenSSL, which ``import hashlib`` does (a few ms of `cuectl run`)."""
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found, unused-ignore]  # CPython <= 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256  # type: ignore[import-not-found, unused-ignore]  # CPython >= 3.12
+        except ImportError:
+            from hashlib import sha256
+    return sha256(data).hexdigest()
 
 
 def _note_in_registry(lock_dir: Path) -> None:
@@ -171,9 +183,7 @@ def lock_path(lock_dir: Path, uuid: str) -> Path:
     if _SAFE_NAME.fullmatch(uuid):
         name = uuid
     else:
-        import hashlib  # rare path: keep it out of every lease's import time
-
-        digest = hashlib.sha256(uuid.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        digest = _sha256_hex(uuid.encode("utf-8", "surrogatepass"))[:16]
         name = (re.sub(r"[^A-Za-z0-9._-]", "_", uuid)[:64].lstrip("._-") or "device") + "-" + digest
     path = Path(lock_dir) / (name + LOCK_SUFFIX)
     if len(_lock_paths) >= 4096:
