@@ -8,13 +8,23 @@ attempts than frames), then prints:
      --since 30d` (goal: under 1 s), and of `--by job --format prometheus` beside it;
   2. in-process: the time of `store.usage_summary` (the SQL sums and the waits) and of
      turning them into rows;
-  3. peer: the `sqlite3` shell (when installed) running the same sums query alone, as a
-     whole process too: the floor the store's SQL engine sets, with nothing of cuectl;
-  4. with --postgres, 1 and 2 again for the same farm in PostgreSQL.
+  3. for every grouping (no --by, which is --by job, then each --by), the whole process
+     `cuectl admin report --since 30d` next to its peer, the `sqlite3` shell (when
+     installed) running the same sums as a whole process too: the statements
+     `usage_sql.sums_statements` gives (the grouping's sums, and the window's total where
+     the groups cannot be added up into it), nothing of cuectl; the ratio (goal: <= 2x)
+     and both processes' CPU seconds (user + system), which a busy machine disturbs less
+     than wall time;
+  4. with --postgres, 1 and 2 again for the same farm in PostgreSQL, and the whole-process
+     time of every grouping (no peer there).
 
 The store is built through the real submit path (frames, layers, jobs) and one
 executemany of attempt rows in one transaction (the columns the worker writes through
 `complete_frame`), so it takes seconds, not the hours a real worker would.
+
+cuectl runs as an installed copy would, its bytecode compiled once and cached (in a
+directory of the bench's own, PYTHONPYCACHEPREFIX, even where PYTHONDONTWRITEBYTECODE is
+set): otherwise each process would compile every module again and time that instead.
 
 Usage: python bench/bench_report.py [--frames N] [--runs N] [--keep DIR] [--postgres]
 """
@@ -23,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -41,6 +53,13 @@ USERS = ["alice", "bob", "carol", "dave", "erin", "frank", "grace", "heidi"]
 MODELS = ["NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-16GB", "NVIDIA GeForce RTX 4090"]
 JOBS = 20
 GOAL_S = 1.0
+GOAL_RATIO = 2.0
+# Every --by of `cuectl admin report` (None: no --by, the default, job).
+GROUPINGS: tuple[str | None, ...] = (None, *usage_sql.GROUPINGS)
+
+
+# The environment of the timed processes (main sets the bytecode cache).
+ENV: dict[str, str] = dict(os.environ)
 
 
 def cuectl() -> list[str]:
@@ -115,23 +134,64 @@ def build_store(url: str, frames: int, *, seed: int = 5) -> int:
     return len(rows)
 
 
+def peer_sql(by: str | None, since: float, until: float) -> str:
+    """What the sqlite3 shell runs for ``by``: the same sums cuectl's store runs, with the
+    scan hint it picks for a window holding the whole table, the window inlined."""
+    statements = usage_sql.sums_statements(by or "job", usage_sql.SQLITE, "NOT INDEXED")
+    return "".join(f"{sql};\n" for sql in statements).replace(":since", repr(since)).replace(":until", repr(until))
+
+
 def sqlite_shell_peer(path: Path, since: float, until: float, runs: int) -> float | None:
     """Median seconds of `sqlite3 DB <sums query>` (the grouped sums for --by user), or None."""
     shell = shutil.which("sqlite3")
     if shell is None:
         return None
-    base, nkeys = usage_sql._base("user", usage_sql.SQLITE, "NOT INDEXED")
-    query = usage_sql._sums_sql(base, nkeys).replace(":since", repr(since)).replace(":until", repr(until))
-    return statistics.median(timed([shell, str(path), query], runs))
+    return statistics.median(timed([shell, str(path), peer_sql("user", since, until)], runs))
 
 
-def timed(cmd: list[str], runs: int) -> list[float]:
+def timed(cmd: list[str], runs: int, cpu: list[float] | None = None) -> list[float]:
+    """Wall seconds of each run of ``cmd``; its CPU seconds (user + system) go to ``cpu``."""
     times = []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
         times.append(time.perf_counter() - t0)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if cpu is not None:
+            cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return times
+
+
+def per_grouping(url: str, runs: int, peer_db: Path | None) -> None:
+    """For every grouping: cuectl's whole process, the sqlite3 shell's sums (when
+    ``peer_db`` and the shell are there), the ratio and both CPU times; runs alternate."""
+    shell = shutil.which("sqlite3") if peer_db is not None else None
+    print(f"every grouping, whole process, median of {runs} (CPU = user + system seconds, median):")
+    worst = 0.0
+    for by in GROUPINGS:
+        name = "(no --by)" if by is None else f"--by {by}"
+        cmd = [*cuectl(), "--db", url, "admin", "report", "--since", "30d", *([] if by is None else ["--by", by])]
+        ours: list[float] = []
+        ours_cpu: list[float] = []
+        peer: list[float] = []
+        peer_cpu: list[float] = []
+        for _ in range(runs):  # interleaved, so a burst of load hits both alike
+            ours += timed(cmd, 1, ours_cpu)
+            if shell is not None and peer_db is not None:
+                now = time.time()
+                peer += timed([shell, str(peer_db), peer_sql(by, now - 30 * 86400, now)], 1, peer_cpu)
+        med = statistics.median(ours)
+        line = (f"  cuectl admin report {name:<15} {med:.3f} s (CPU {statistics.median(ours_cpu):.3f})"
+                f"  [goal < {GOAL_S:g} s: {'ok' if med < GOAL_S else 'OVER'}]")
+        if peer:
+            ratio = med / statistics.median(peer)
+            worst = max(worst, ratio)
+            line += (f"   peer sqlite3 {statistics.median(peer):.3f} s (CPU {statistics.median(peer_cpu):.3f})"
+                     f"   {ratio:.2f}x [goal <= {GOAL_RATIO:g}x: {'ok' if ratio <= GOAL_RATIO else 'OVER'}]")
+        print(line)
+    if worst:
+        print(f"  worst ratio over the groupings: {worst:.2f}x")
 
 
 def measure(url: str, runs: int) -> float:
@@ -179,11 +239,16 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     db = root / "report.db"
     db.unlink(missing_ok=True)
+    pycache = tempfile.TemporaryDirectory(prefix="bench-report-pycache-")  # outlives the store's directory
+    ENV.pop("PYTHONDONTWRITEBYTECODE", None)
+    ENV["PYTHONPYCACHEPREFIX"] = pycache.name
     t0 = time.perf_counter()
     attempts = build_store(str(db), args.frames)
     print(f"SQLite store: {args.frames:,} finished frames, {attempts:,} attempts, "
           f"built in {time.perf_counter() - t0:.1f} s")
+    timed([*cuectl(), "--db", str(db), "admin", "report", "--by", "gpu-model"], 1)  # compiles, caches bytecode
     measure(str(db), args.runs)
+    per_grouping(str(db), args.runs, db)
     startup = timed([*cuectl(), "admin", "--help"], args.runs)
     print(f"  for scale: `cuectl admin --help` (start-up, no store): {statistics.median(startup):.3f} s")
     now = time.time()
@@ -204,6 +269,8 @@ def main() -> None:
         build_store(url, args.frames)
         print(f"PostgreSQL store (same farm), built in {time.perf_counter() - t0:.1f} s")
         measure(url, args.runs)
+        per_grouping(url, args.runs, None)
+    pycache.cleanup()
 
 
 if __name__ == "__main__":

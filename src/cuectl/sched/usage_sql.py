@@ -4,7 +4,9 @@ One SQL text serves both stores: the few places where SQLite and PostgreSQL diff
 placeholders, JSON array functions, whole days) are a ``cuectl.sched.dialect.Dialect``. The database does the
 per-attempt work — 100,000 attempts must report in well under a second, and handing each
 one to Python as a record cost more than the whole budget — and returns one row per group
-plus each group's queue waits. What the figures mean is in ``cuectl.report`` and
+plus each group's queue waits (only those cross to Python one per attempt, for exact
+percentiles; _waits reads them keyed by what needs no join and names the groups after).
+What the figures mean is in ``cuectl.report`` and
 docs/accounting.md; this module only has to add them up the way it says:
 
 - wall = ended - started (0 when either is missing or the clock went backwards);
@@ -132,17 +134,22 @@ def _window(d: Dialect, alias: str) -> str:
     return f"{alias}.ended_at >= {d.param('since')} AND {alias}.ended_at < {d.param('until')}"
 
 
-def _base(by: str | None, d: Dialect, hint: str, *, waits_only: bool = False) -> tuple[str, int]:
+def _base(by: str | None, d: Dialect, hint: str, *, waits_only: bool = False,
+          recorded: bool = True) -> tuple[str, int]:
     """The per-attempt rows (one per attempt and model for ``gpu-model``) with the values the
-    sums need (or only the queue wait), and the number of key columns in front."""
+    sums need (or only the queue wait), and the number of key columns in front. Without
+    ``recorded``, ``gpu-model`` leaves out the attempts with recorded models."""
     if by == "gpu-model":
         # Three kinds of attempt: with recorded models (_source), without models but with
         # devices (lost before reporting: models from the host inventory), and CPU-only.
-        recorded = _select(list(_KEYS[by]), "m.share", _source(by, d, hint), d, waits_only)
         inventory = _select(["m.model"], "m.share", _inventory_source(d, hint), d, waits_only)
         cpu = _select([f"'{CPU_GROUP}'"], "1.0", f"attempts a {hint}", d, waits_only)
         cpu_only = f"a.gpu_models IS NULL AND {d.json_len('a.gpu_uuids')} = 0"
-        return f"{recorded} UNION ALL {inventory} UNION ALL {cpu} AND {cpu_only}", 1
+        rest = f"{inventory} UNION ALL {cpu} AND {cpu_only}"
+        if not recorded:
+            return rest, 1
+        with_models = _select(list(_KEYS[by]), "m.share", _source(by, d, hint), d, waits_only)
+        return f"{with_models} UNION ALL {rest}", 1
     keys = [k.format(day=d.day("a.ended_at")) for k in _KEYS[by]]
     return _select(keys, "1.0", _source(by, d, hint), d, waits_only), len(keys)
 
@@ -150,11 +157,11 @@ def _base(by: str | None, d: Dialect, hint: str, *, waits_only: bool = False) ->
 def _select(keys: list[str], share: str, source: str, d: Dialect, waits_only: bool) -> str:
     # Only the columns a query reads: a UNION ALL subquery is not flattened, and its
     # every column (the dead subplan too) would be computed for each row.
-    wait = ("CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WHEN a.started_at > a.waiting_since "
-            "THEN a.started_at - a.waiting_since ELSE 0.0 END AS wait")
     keyed = [f"{k} AS k{i}" for i, k in enumerate(keys)]
     if waits_only:
-        return f"SELECT {', '.join(keyed + [wait])} FROM {source} WHERE {_window(d, 'a')}"
+        # aid: --by gpu-model's total takes each attempt's wait once from these rows.
+        cols = keyed + [f"{_WAIT} AS wait", "a.id AS aid"]
+        return f"SELECT {', '.join(cols)} FROM {source} WHERE {_window(d, 'a')}"
     wall = ("CASE WHEN a.started_at IS NOT NULL AND a.ended_at IS NOT NULL AND a.ended_at > a.started_at "
             "THEN a.ended_at - a.started_at ELSE 0.0 END")
     failed = ", ".join(f"'{o}'" for o in sorted(FAILED_OUTCOMES))
@@ -169,6 +176,19 @@ def _select(keys: list[str], share: str, source: str, d: Dialect, waits_only: bo
         "COALESCE(a.gpu_busy_seconds, 0) AS busy", "a.gpu_util_mean_pct AS util",
         "a.gpu_memory_peak_bytes AS mem", f"{dead} AS dead"]
     return f"SELECT {', '.join(cols)} FROM {source} WHERE {_window(d, 'a')}"
+
+
+def sums_statements(by: str | None, d: Dialect, hint: str = "") -> list[str]:
+    """The SQL of the sums a report of ``by`` prints (its groups, and the window's total
+    where adding the groups up cannot give it), without the queue waits: what bench/
+    bench_report.py gives the ``sqlite3`` shell as the peer of ``cuectl admin report``."""
+    check_grouping(by)
+    statements = [_sums_sql(*_base(by, d, hint))]
+    if by == "gpu-model":
+        statements.append(_sums_sql(*_base(None, d, hint)))
+    elif by is not None and by not in FRAME_PARTITIONS:
+        statements.append(f"SELECT COUNT(DISTINCT a.frame_id) FROM attempts a {hint} WHERE {_window(d, 'a')}")
+    return statements
 
 
 def _sums_sql(base: str, nkeys: int) -> str:
@@ -189,6 +209,30 @@ def summarise(fetch: Fetch, dialect: Dialect, *, since: float, until: float, by:
     goes after each scan of ``attempts`` (SQLite's ``NOT INDEXED``)."""
     check_grouping(by)
     params = {"since": since, "until": until}
+    groups = _sums(fetch, dialect, by, hint, params)
+    # --by gpu-model: each attempt's wait (None if it has none), read with the groups'.
+    seen: dict[Any, float | None] | None = {} if with_total and by == "gpu-model" else None
+    if groups:
+        _waits(fetch, dialect, by, hint, params, groups, seen)
+    rows = list(groups.values())
+    if not with_total:
+        return rows, None
+    if by is None:
+        return [], rows[0] if rows else UsageGroup(())
+    if by == "gpu-model":  # an attempt sits in several groups: add the window up afresh
+        assert seen is not None
+        total = _sums(fetch, dialect, None, hint, params).get(()) or UsageGroup(())
+        if len(seen) == total.attempts:  # the groups held every attempt of the window
+            total.waits = sorted(w for w in seen.values() if w is not None)
+        elif total.attempts:  # one is in no group (a recorded list without models): read them all
+            _waits(fetch, dialect, None, hint, params, {(): total}, None)
+        return rows, total
+    return rows, _total(rows, by, fetch, dialect, hint, params)
+
+
+def _sums(fetch: Fetch, dialect: Dialect, by: str | None, hint: str,
+          params: Mapping[str, Any]) -> dict[tuple, UsageGroup]:
+    """One group per key, its sums filled in and its waits still empty."""
     base, nkeys = _base(by, dialect, hint)
     groups: dict[tuple, UsageGroup] = {}
     for row in fetch(_sums_sql(base, nkeys), params):
@@ -197,21 +241,108 @@ def summarise(fetch: Fetch, dialect: Dialect, *, since: float, until: float, by:
         groups[key] = UsageGroup(key, int(frames), int(attempts), int(succeeded), int(retries), int(dead),
                                  float(wall or 0), float(cores or 0), float(alloc or 0), float(busy or 0),
                                  float(util_w or 0), float(util_n or 0), None if mem is None else int(mem))
-    if groups:
+    return groups
+
+
+# Groupings whose key is a function of the job alone: their waits are read keyed by job id,
+# without the join, and each job's list goes to its group afterwards (a farm's window has
+# far fewer jobs than attempts).
+_BY_JOB = {"job": "j.id, j.name", "user": 'j.id, j."user"', "project": "j.id, j.project", "show": "j.id, j.show"}
+_WAIT = ("CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WHEN a.started_at > a.waiting_since "
+         "THEN a.started_at - a.waiting_since ELSE 0.0 END")
+
+
+def _waits(fetch: Fetch, dialect: Dialect, by: str | None, hint: str, params: Mapping[str, Any],
+           groups: dict[tuple, UsageGroup], seen: dict[Any, float | None] | None) -> None:
+    """Fill in each group's queue waits, sorted. ``seen`` (--by gpu-model only) gets the
+    id and wait (None when it has none) of each attempt the groups hold, once."""
+    window = _window(dialect, "a")
+    if by in _BY_JOB:
+        per_job: dict[Any, list[float]] = {}
+        for job_id, value in fetch(f"SELECT a.job_id, {_WAIT} AS wait FROM attempts a {hint} WHERE {window} "
+                                   f"AND a.waiting_since IS NOT NULL AND a.started_at IS NOT NULL", params):
+            found = per_job.get(job_id)
+            if found is None:
+                per_job[job_id] = [float(value)]
+            else:
+                found.append(float(value))
+        if per_job:
+            ids = ", ".join(str(int(job_id)) for job_id in per_job)  # integers read from the store itself
+            for job_id, *key in fetch(f"SELECT {_BY_JOB[by]} FROM jobs j WHERE j.id IN ({ids})", {}):
+                group = groups.get((job_id, key[0]) if by == "job" else (key[0],))
+                if group is not None:
+                    group.waits.extend(per_job[job_id])
+    elif by == "layer":  # likewise by (job id, layer id): one join, not three
+        per_layer: dict[tuple[Any, Any], list[float]] = {}
+        for job_id, layer_id, value in fetch(
+                f"SELECT a.job_id, f.layer_id, {_WAIT} AS wait FROM attempts a {hint} JOIN frames f ON f.id = a.frame_id "
+                f"WHERE {window} AND a.waiting_since IS NOT NULL AND a.started_at IS NOT NULL", params):
+            found = per_layer.get((job_id, layer_id))
+            if found is None:
+                per_layer[(job_id, layer_id)] = [float(value)]
+            else:
+                found.append(float(value))
+        if per_layer:
+            jobs = _names(fetch, "jobs", {job_id for job_id, _ in per_layer})
+            layers = _names(fetch, "layers", {layer_id for _, layer_id in per_layer})
+            for (job_id, layer_id), values in per_layer.items():
+                if job_id in jobs and layer_id in layers:
+                    group = groups.get((jobs[job_id], layers[layer_id]))
+                    if group is not None:
+                        group.waits.extend(values)
+    else:
+        nkeys = _nkeys(by)
         keys = "".join(f"k{i}, " for i in range(nkeys))
-        waits, _ = _base(by, dialect, hint, waits_only=True)
-        for row in fetch(f"SELECT {keys}wait FROM ({waits}) t WHERE wait IS NOT NULL", params):
-            groups[tuple(row[:nkeys])].waits.append(float(row[nkeys]))
-        for group in groups.values():
-            group.waits.sort()
-    rows = list(groups.values())
-    if not with_total:
-        return rows, None
-    if by is None:
-        return [], rows[0] if rows else UsageGroup(())
-    if by == "gpu-model":  # an attempt sits in several groups: add the window up afresh
-        return rows, summarise(fetch, dialect, since=since, until=until, by=None, hint=hint)[1]
-    return rows, _total(rows, by, fetch, dialect, hint, params)
+        if by == "gpu-model":
+            _recorded_model_waits(fetch, dialect, hint, params, groups, seen)
+        waits, _ = _base(by, dialect, hint, waits_only=True, recorded=by != "gpu-model")
+        where = "" if seen is not None else " WHERE wait IS NOT NULL"
+        for row in fetch(f"SELECT {keys}wait, aid FROM ({waits}) t{where}", params):
+            value = row[nkeys]
+            if value is not None:
+                value = float(value)
+                groups[tuple(row[:nkeys])].waits.append(value)
+            if seen is not None:
+                seen[row[nkeys + 1]] = value
+    for group in groups.values():
+        group.waits.sort()
+
+
+def _names(fetch: Fetch, table: str, ids: set[Any]) -> dict[Any, Any]:
+    """``name`` by ``id`` of those rows of ``table`` (jobs, layers)."""
+    listed = ", ".join(str(int(i)) for i in ids if i is not None)  # integers read from the store itself
+    if not listed:
+        return {}
+    return {row[0]: row[1] for row in fetch(f"SELECT id, name FROM {table} WHERE id IN ({listed})", {})}
+
+
+def _recorded_model_waits(fetch: Fetch, d: Dialect, hint: str, params: Mapping[str, Any],
+                          groups: dict[tuple, UsageGroup], seen: dict[Any, float | None] | None) -> None:
+    """--by gpu-model's waits of the attempts with recorded models, read once per attempt
+    with its list of models (not once per model, nor joined to the lists): each distinct
+    list's models come from the database (the same rows _source joins), the waits go to
+    each of its models in Python."""
+    window = _window(d, "a2")
+    lists = f"SELECT DISTINCT a2.gpu_models FROM attempts a2 {hint} WHERE {window} AND a2.gpu_models IS NOT NULL"
+    models: dict[Any, list[UsageGroup]] = {}
+    for text, model in fetch(f"SELECT DISTINCT x.gpu_models, e.value FROM ({lists}) x, {d.each('x.gpu_models')}",
+                             params):
+        models.setdefault(text, []).append(groups[(model,)])
+    for text, value, aid in fetch(f"SELECT a.gpu_models, {_WAIT}, a.id FROM attempts a {hint} "
+                                  f"WHERE {_window(d, 'a')} AND a.gpu_models IS NOT NULL", params):
+        of = models.get(text)
+        if of is None:  # a list without models ('[]'): in no group, as in the sums
+            continue
+        if value is not None:
+            value = float(value)
+            for group in of:
+                group.waits.append(value)
+        if seen is not None:
+            seen[aid] = value
+
+
+def _nkeys(by: str | None) -> int:
+    return len(_KEYS[by]) if by != "gpu-model" else 1
 
 
 def _total(rows: list[UsageGroup], by: str, fetch: Fetch, dialect: Dialect, hint: str,
