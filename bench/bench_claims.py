@@ -8,8 +8,11 @@ Prints:
      with 1,000 layers no claimer can run queued ahead (higher priority, asking for GPUs
      these CPU-only claimers lack), which the claimers page past as a worker does, and the
      ratio to the run without them (issue 16: no more than 10 % below);
-  2. how long one 100,000-frame submit takes on each backend;
-  3. dispatch latency of an idle `cuectl worker`: submit -> frame process started, on
+  2. the store's PostgreSQL claim rate next to a raw psycopg loop on a copy of the same
+     frames (``SELECT … FOR UPDATE SKIP LOCKED`` + ``UPDATE`` + COMMIT per claim, by as many
+     processes), and their ratio (issue 19: the store at least half the raw loop's rate);
+  3. how long one 100,000-frame submit takes on each backend;
+  4. dispatch latency of an idle `cuectl worker`: submit -> frame process started, on
      PostgreSQL with `--poll 30` (woken by NOTIFY) next to SQLite with `--poll 1` (polling).
 
 PostgreSQL: a throwaway server started from the installed binaries (tests/pgserver.py,
@@ -17,6 +20,7 @@ as an unprivileged user when run as root), or --pg-url for an existing database 
 schema of its own per measurement is created in it).
 
 Usage: python bench/bench_claims.py [--frames N] [--submit-frames N] [--wakeups N] [--pg-url URL]
+                                   [--only-raw]   (section 2 alone)
 """
 
 from __future__ import annotations
@@ -171,7 +175,78 @@ def claim_rate(url: str, frames: int, claimers: int, unrunnable: int = 0) -> dic
             "slowest_ms": 1000 * max(r[1] for r in out), "busy": sum(r[2] for r in out)}
 
 
-# -- 3. idle worker dispatch latency ---------------------------------------------------------------------
+# -- 2. the store next to a raw SKIP LOCKED loop ------------------------------------------------------
+_RAW_NEXT = ("SELECT id FROM frames WHERE layer_id = %s AND state = 'WAITING' ORDER BY id "
+             "LIMIT 1 FOR UPDATE SKIP LOCKED")
+_RAW_TAKE = ("UPDATE frames SET state = 'RUNNING', host = %s, worker = %s, attempts = attempts + 1, "
+             "lease_expires = %s, started_at = %s WHERE id = %s")
+
+
+def _raw_claimer(url: str, layer_id: int, name: str, barrier, results) -> None:
+    """The minimal claim loop, straight on psycopg: autocommit off, one transaction per
+    claim (select the layer's next WAITING frame FOR UPDATE SKIP LOCKED, mark it RUNNING
+    with host, attempts and lease, commit)."""
+    import psycopg
+
+    conn = psycopg.connect(url)
+    got, slowest = 0, 0.0
+    barrier.wait()
+    while True:
+        t0 = time.perf_counter()
+        row = conn.execute(_RAW_NEXT, (layer_id,)).fetchone()
+        if row is None:
+            conn.commit()
+            break
+        now = time.time()
+        conn.execute(_RAW_TAKE, (name, name, now + 3600, now, row[0]))
+        conn.commit()
+        slowest = max(slowest, time.perf_counter() - t0)
+        got += 1
+    results.put((got, slowest, 0, time.perf_counter()))
+    conn.close()
+
+
+def raw_claim_rate(url: str, frames: int, claimers: int) -> dict[str, float]:
+    """``claim_rate``'s job submitted by the store to a fresh database, then claimed by
+    ``claimers`` processes running ``_raw_claimer`` on its frames table."""
+    import psycopg
+
+    submit_noop(url, frames)
+    with psycopg.connect(url) as conn:
+        layer_id = conn.execute("SELECT id FROM layers").fetchone()[0]
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(claimers + 1)
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_raw_claimer, args=(url, layer_id, f"r{i}", barrier, results))
+             for i in range(claimers)]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    out = [results.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    wall = max(end for *_, end in out) - t0
+    total = sum(r[0] for r in out)
+    assert total == frames, f"claimed {total} of {frames} frames"
+    return {"rate": total / wall, "min": min(r[0] for r in out), "max": max(r[0] for r in out),
+            "slowest_ms": 1000 * max(r[1] for r in out)}
+
+
+def store_vs_raw(backends: "Backends", frames: int, repeat: int) -> None:
+    print(f"\nPostgreSQL: the store's claims next to a raw SKIP LOCKED loop on a copy of the same frames "
+          f"(median of {repeat})")
+    print(f"{'claimers':>8}  {'store claims/s':>15}  {'raw claims/s':>13}  {'ratio':>6}")
+    for n in CLAIMERS:
+        store, raw = [], []
+        for _ in range(repeat):  # interleaved: both see the same machine load
+            store.append(claim_rate(backends.postgres(), frames, n)["rate"])
+            raw.append(raw_claim_rate(backends.postgres(), frames, n)["rate"])
+        s, r = statistics.median(store), statistics.median(raw)
+        print(f"{n:>8}  {s:>15,.0f}  {r:>13,.0f}  {s / r:>6.2f}", flush=True)
+
+
+# -- 4. idle worker dispatch latency ---------------------------------------------------------------------
 def cuectl() -> list[str]:
     exe = Path(sys.executable).with_name("cuectl")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
@@ -229,11 +304,16 @@ def main() -> None:
     parser.add_argument("--unrunnable", type=int, default=1000, help="layers no claimer can run, queued ahead")
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure of the unrunnable comparison "
                                                                "(median)")
+    parser.add_argument("--only-raw", action="store_true", help="only the store vs raw SKIP LOCKED comparison")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="cuectl-bench-") as tmp_name:
         tmp = Path(tmp_name)
         backends = Backends(tmp, args.pg_url)
+        if args.only_raw:
+            print(f"{os.cpu_count()} CPUs; {args.frames} frames per claim run")
+            store_vs_raw(backends, args.frames, args.repeat)
+            return
         print(f"{os.cpu_count()} CPUs; {args.frames} frames per claim run")
         print(f"{'claimers':>8}  {'SQLite claims/s':>16}  {'PostgreSQL claims/s':>20}   per-process min-max, "
               "slowest claim (SQLite | PostgreSQL)")
@@ -258,6 +338,8 @@ def main() -> None:
                 pair[label] = (statistics.median(ahead), statistics.median(ahead) / statistics.median(plain))
             print(f"{n:>8}  {pair['lite'][0]:>16,.0f}  {pair['post'][0]:>20,.0f}   "
                   f"{pair['lite'][1]:.2f} | {pair['post'][1]:.2f}")
+
+        store_vs_raw(backends, args.frames, args.repeat)
 
         lite_s = submit_noop(backends.sqlite(), args.submit_frames)
         post_s = submit_noop(backends.postgres(), args.submit_frames)

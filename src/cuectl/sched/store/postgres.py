@@ -17,8 +17,9 @@ How it differs from SQLite, and why:
   neither would release the dependent layer or finish the job. Lock order is always
   job, then frame; claims take no job lock, so dispatch never waits on completions.
 - **Wake-ups**: transactions that make frames WAITING send ``NOTIFY cuectl_work``; idle
-  workers select() on a dedicated LISTEN connection (``notify_fileno``) instead of
-  polling fast. ``--poll`` stays as the safety net.
+  workers LISTEN on their one connection and select() on its socket (``notify_fileno``)
+  instead of polling fast, so a worker holds a single connection. ``--poll`` stays as the
+  safety net.
 - **Connection loss**: every method reconnects on a lost connection with back-off
   (0.1 s doubling to 2 s) for up to ``reconnect_s`` (30 s), then raises ``StoreError``.
   Every write is safe to repeat (completions are fenced by attempt, the rest are
@@ -46,7 +47,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 
-from cuectl.errors import InvalidInput, NotFound, NotOwner, StoreBusy, StoreError, StoreStalled, StoreUnreachable
+from cuectl.errors import (CuectlError, InvalidInput, NotFound, NotOwner, StoreBusy, StoreError, StoreStalled,
+                           StoreUnreachable)
 from cuectl.sched.dialect import POSTGRES
 from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import lifecycle, schema
@@ -147,7 +149,8 @@ class PostgresStore(SQLStore):
             self._conn_kwargs["password"] = password
             self._secrets = sorted({*self._secrets, password}, key=len, reverse=True)
         self._conn: Conn | None = None
-        self._listen: Conn | None = None
+        self._listening = False  # LISTEN on every connection we open (notify_fileno was asked)
+        self._woken = False  # a notification arrived that drain_notifications has not reported
         self._listen_retry_at = 0.0
         try:
             self._conn = self._connect()
@@ -187,6 +190,12 @@ class PostgresStore(SQLStore):
             self._clock_offset = float(row["now"]) - (sent + time.time()) / 2
         if self.acting is not None:  # a reconnect while acting for an API user stays that user
             self._set_role(conn, self.acting.name)
+        if self._listening:
+            try:
+                self._listen_on(conn)
+            except BaseException:
+                conn.close()
+                raise
         return conn
 
     def _set_role(self, conn: Conn, role: str | None) -> None:
@@ -394,7 +403,6 @@ class PostgresStore(SQLStore):
 
     def close(self) -> None:
         self._drop_connection()
-        self._close_listen()
 
     # -- schema --------------------------------------------------------------------------------
     def _check_schema(self, *, create: bool, migrate: bool, refuse_old: bool) -> None:
@@ -452,40 +460,72 @@ class PostgresStore(SQLStore):
         return before, schema.SCHEMA_VERSION
 
     # -- notifications -----------------------------------------------------------------------------
+    # One connection does both the work and the LISTEN, so a worker holds a single
+    # connection (CONNECTIONS_PER_WORKER). The server sends a notification only while the
+    # session is idle, never inside a transaction; psycopg hands every notification it
+    # reads (while fetching a statement's results as much as while we wait) to our
+    # handler, which only sets ``_woken``: none is lost, none is reported twice. Between
+    # calls the connection is idle, so its socket turns readable when one arrives.
     def notify_fileno(self) -> int | None:
-        """The LISTEN connection's socket: readable when work may have been queued. Opens
-        (or reopens, at most once a second) the connection; None while that fails."""
-        listen = self._listen
-        if listen is not None and not listen.closed and not listen.broken:
-            return listen.fileno()
-        self._close_listen()
-        if time.monotonic() < self._listen_retry_at:
+        """The store connection's socket: readable when work may have been queued. The
+        first call LISTENs (and every reconnect LISTENs again); while the connection is
+        down, reconnects at most once a second and answers None until that works."""
+        if not self._listening:
+            self._listening = True
+            conn = self._conn
+            if conn is not None and not conn.closed and not conn.broken:
+                try:
+                    self._listen_on(conn)
+                except psycopg.Error:
+                    self._drop_connection()  # reconnected (and listening) below or by the next call
+        conn = self._conn
+        if conn is not None and not conn.closed and not conn.broken:
+            return conn.fileno()
+        self._drop_connection()
+        if time.monotonic() < self._listen_retry_at or time.monotonic() < self._stalled_until:
             return None
         self._listen_retry_at = time.monotonic() + 1.0
         try:
-            listen = psycopg.connect(self._dsn, autocommit=True, **{**self._conn_kwargs, "connect_timeout": 5})
-            listen.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            # Work queued before LISTEN took effect sent its NOTIFY to nobody: wake the caller
-            # once through a channel of our own, so it looks at the queue again.
-            private = f"cuectl_wake_{listen.info.backend_pid}"
-            listen.execute(f"LISTEN {private}")
-            listen.execute(f"NOTIFY {private}")
-        except psycopg.Error:
+            self._conn = self._connect(connect_timeout=5)
+        except (psycopg.Error, CuectlError):
             return None
-        self._listen = listen
-        return listen.fileno()
+        return self._conn.fileno()
+
+    def _listen_on(self, conn: Conn) -> None:
+        conn.add_notify_handler(self._on_notify)
+        conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+        # Work queued before LISTEN took effect sent its NOTIFY to nobody: wake the caller
+        # once, so it looks at the queue again.
+        self._woken = True
+
+    def _on_notify(self, notify: psycopg.Notify) -> None:
+        self._woken = True
 
     def drain_notifications(self) -> bool:
-        """Consume pending wake-ups without blocking; True if there were any (or the LISTEN
+        """Consume pending wake-ups without blocking; True if there were any (or the
         connection broke, in which case the caller should look at the queue anyway)."""
-        listen = self._listen
-        if listen is None:
-            return False
-        try:
-            return sum(1 for _ in listen.notifies(timeout=0)) > 0
-        except psycopg.Error:
-            self._close_listen()
-            return True
+        conn = self._conn
+        if conn is not None and self._listening and not conn.closed and not conn.broken:
+            # Read what the socket holds: notifications land in _on_notify. Not while a
+            # statement is in flight (a signal handler interrupting one): report a wake-up.
+            if not conn.lock.acquire(blocking=False):
+                return True
+            try:
+                conn.pgconn.consume_input()
+                while (pgn := conn.pgconn.notifies()) is not None:
+                    if conn.pgconn.notify_handler is not None:
+                        conn.pgconn.notify_handler(pgn)
+                    else:  # not expected: our handler is registered on every connection
+                        self._woken = True
+            except psycopg.Error:
+                self._woken = True
+            finally:
+                conn.lock.release()
+            if conn.broken:
+                self._drop_connection()  # notify_fileno reconnects and LISTENs again
+                self._woken = True
+        woken, self._woken = self._woken, False
+        return woken
 
     def wait_for_work(self, timeout: float) -> bool:
         """Block up to ``timeout`` s for a wake-up; False at once if LISTEN is unavailable."""
@@ -496,14 +536,6 @@ class PostgresStore(SQLStore):
             return True
         ready, _, _ = select.select([fd], [], [], max(0.0, timeout))
         return bool(ready) and self.drain_notifications()
-
-    def _close_listen(self) -> None:
-        listen, self._listen = self._listen, None
-        if listen is not None:
-            try:
-                listen.close()
-            except Exception:
-                pass
 
     # -- jobs ------------------------------------------------------------------------------------
     # -- the claim (hot path) ----------------------------------------------------------------------
@@ -608,7 +640,7 @@ class PostgresStore(SQLStore):
 
     def _connection_check(self) -> tuple[str, str, str]:
         """Connections the server allows against what the registered workers may open:
-        two each (one for their work, one for LISTEN) plus ``CONNECTION_HEADROOM``."""
+        one each (their work and LISTEN share it) plus ``CONNECTION_HEADROOM``."""
         name = "store connections"
         try:
             row = self._read(_CONNECTIONS_SQL)[0]
@@ -630,8 +662,8 @@ class PostgresStore(SQLStore):
 
 
 # -- doctor: what a sound store never holds ---------------------------------------------------------
-#: Each worker keeps one connection for its work and one for LISTEN (``notify_fileno``).
-CONNECTIONS_PER_WORKER = 2
+#: Each worker keeps one connection, for its work and its LISTEN (``notify_fileno``).
+CONNECTIONS_PER_WORKER = 1
 #: Beside the workers: CLI commands, cron's reports, `cuectl serve` (one per request thread).
 CONNECTION_HEADROOM = 10
 _CONNECTIONS_SQL = """
