@@ -157,10 +157,16 @@ def claim_rate(url: str, frames: int, claimers: int, unrunnable: int = 0) -> dic
     if unrunnable:
         submit_unrunnable(url, unrunnable)
     submit_noop(url, frames)
+    return _race(frames, [(_claimer, (url, f"c{i}")) for i in range(claimers)])
+
+
+def _race(frames: int, claimers: list[tuple[Callable[..., None], tuple[object, ...]]]) -> dict[str, float]:
+    """Start every claimer process (``target(*args, barrier, results)``), release them at
+    once, and sum what they report: (claims, slowest claim, busy errors, end time)."""
     ctx = mp.get_context("spawn")  # each claimer opens its own connection, as a worker would
-    barrier = ctx.Barrier(claimers + 1)
+    barrier = ctx.Barrier(len(claimers) + 1)
     results = ctx.Queue()
-    procs = [ctx.Process(target=_claimer, args=(url, f"c{i}", barrier, results)) for i in range(claimers)]
+    procs = [ctx.Process(target=target, args=(*args, barrier, results)) for target, args in claimers]
     for p in procs:
         p.start()
     barrier.wait()
@@ -214,23 +220,7 @@ def raw_claim_rate(url: str, frames: int, claimers: int) -> dict[str, float]:
     submit_noop(url, frames)
     with psycopg.connect(url) as conn:
         layer_id = conn.execute("SELECT id FROM layers").fetchone()[0]
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(claimers + 1)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_raw_claimer, args=(url, layer_id, f"r{i}", barrier, results))
-             for i in range(claimers)]
-    for p in procs:
-        p.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    out = [results.get(timeout=600) for _ in procs]
-    for p in procs:
-        p.join()
-    wall = max(end for *_, end in out) - t0
-    total = sum(r[0] for r in out)
-    assert total == frames, f"claimed {total} of {frames} frames"
-    return {"rate": total / wall, "min": min(r[0] for r in out), "max": max(r[0] for r in out),
-            "slowest_ms": 1000 * max(r[1] for r in out)}
+    return _race(frames, [(_raw_claimer, (url, layer_id, f"r{i}")) for i in range(claimers)])
 
 
 def store_vs_raw(backends: "Backends", frames: int, repeat: int) -> None:
