@@ -74,6 +74,7 @@ def test_job_prefix_and_job_option(farm, db_path):
     assert got == ["comp"]
     waited = values("bash", complete("bash", f"cuectl job wait {farm['shots']} ", db=db_path).stdout)
     assert farm["shots"] not in waited and farm["comp"] in waited
+    assert values("bash", complete("bash", "cuectl job depend comp --on-job sh", db=db_path).stdout) == ["shots"]
 
 
 def test_frame_ids_hosts_and_states(farm, db_path):
@@ -93,6 +94,7 @@ def test_fixed_choices_and_subcommands(tmp_path):
     assert values("bash", complete("bash", "cuectl worker --backend ").stdout) == ["auto", "nvml", "smi", "apple",
                                                                                    "amd", "fake"]
     assert "gpu-model" in values("bash", complete("bash", "cuectl admin report --by ").stdout)
+    assert values("bash", complete("bash", "cuectl job depend 1 --type p").stdout) == ["previous-frame"]
     assert values("fish", complete("fish", "cuectl completion ").stdout) == ["bash", "zsh", "fish"]
     top = values("bash", complete("bash", "cuectl ").stdout)
     assert {"job", "frame", "host", "admin", "submit", "completion"} <= set(top)

@@ -233,7 +233,7 @@ def completer_for(path: Sequence[str], param: Parameter) -> Completer | None:
     name = param.name or ""
     opts = set(getattr(param, "opts", ()))
     argument = param.param_type_name == "argument"
-    if (argument and name in ("job", "jobs")) or "--job" in opts:
+    if (argument and name in ("job", "jobs")) or opts & {"--job", "--on-job"}:
         return _jobs
     if argument and name in ("frame", "frames"):
         return _frames
@@ -249,6 +249,10 @@ def completer_for(path: Sequence[str], param: Parameter) -> Completer | None:
         return _choices(BACKENDS)
     if "--by" in opts:
         return _report_groupings
+    if "--type" in opts and tuple(path[-2:]) == ("job", "depend"):
+        from cuectl.sched.model import OPENCUE_DEPEND_TYPES
+
+        return _choices(OPENCUE_DEPEND_TYPES)
     if "--format" in opts and tuple(path[-2:]) == ("admin", "report"):
         return _choices(REPORT_FORMATS)
     if "--role" in opts:
