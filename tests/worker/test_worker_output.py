@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from farmlib import V100
 
@@ -147,3 +148,25 @@ def test_until_idle_on_a_locked_host_fails_with_a_message(farm):
                for ln in lines), lines
     assert any(STAMP.sub("", ln) == "hint: cuectl host unlock locked" for ln in lines), lines
     assert len(farm.starts()) == 1, "nothing ran on the locked host"
+
+
+def test_a_run_file_cut_short_by_a_crash_is_ignored_and_its_frame_requeued(farm):
+    """The run file is written in place (no temporary file and rename) before its frame's
+    process exists: one a crash cut short names no process, so recovery drops it, and the
+    store requeues the frame the dead worker had claimed."""
+    fake = farm.host("phoenix", [V100])
+    job = farm.submit({"name": "t", "layers": [layer("s", farm.probe("--sleep", "0"), gpus=1)]})
+    crashed = farm.run_worker(fake, env={"CUECTL_TEST_CRASH_AT": "after_claim"}, timeout=60)
+    assert crashed.returncode != 0
+    (frame,) = farm.frames(job)
+    assert frame["state"] == "RUNNING"
+    # Where the worker keeps its run files (run/service.py worker_state_dir).
+    torn = Path(os.environ["XDG_STATE_HOME"]) / "cuectl" / "worker" / "phoenix" / f"{frame['id']}.json"
+    assert torn.parent.is_dir()
+    torn.write_text('{"frame_id": ' + str(frame["id"]) + ', "attem')
+    res = farm.run_worker(fake, timeout=90)
+    assert res.returncode == 0, res.stderr
+    (recovered,) = [ln for ln in res.stderr.splitlines() if "recovered after a restart" in ln]
+    assert f"requeued frame(s) {frame['id']}" in recovered, recovered
+    assert [f["state"] for f in farm.frames(job)] == ["SUCCEEDED"], (torn.read_text() if torn.exists() else None)
+    assert not torn.exists(), torn.read_text()

@@ -1018,11 +1018,18 @@ def _write_runfile(path: Path, claim: ClaimedFrame) -> None:
     """Record an attempt about to start. Written *before* the frame process exists, so no
     pid is known: a restarted worker finds the frame's processes by the environment every
     one of them inherits (``CUE_FRAME_ID``, ``CUE_ATTEMPT`` and ``CUE_LOG_PATH``, unique to
-    this store's attempt) and kills the process groups they lead (``launch.kill_by_env``)."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"frame_id": claim.frame_id, "attempt": claim.attempt,
-                               "log_path": str(Path(claim.log_path)), "worker_pid": os.getpid()}))
-    os.replace(tmp, path)
+    this store's attempt) and kills the process groups they lead (``launch.kill_by_env``).
+
+    One ``write`` in place, no temporary file and rename (a file creation cost ~0.4 ms per
+    frame on an overlay filesystem): a file a crash cut short was written before its frame
+    existed, and recovery ignores a run file it cannot read (the store requeues the frame)."""
+    data = json.dumps({"frame_id": claim.frame_id, "attempt": claim.attempt,
+                       "log_path": str(Path(claim.log_path)), "worker_pid": os.getpid()}).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 #: In the state directory: the lock a worker holds for its whole life (and its record).
