@@ -30,6 +30,7 @@ from typing import Callable, Mapping, Sequence
 from cuectl import config
 from cuectl.errors import CuectlError, InvalidInput, LeaseError
 from cuectl.run.lease import KIND_RUN, Lease, LeaseRequest, acquire
+from cuectl.run.subreaper import own_children, set_child_subreaper
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Exit statuses of a shell that could not start the command.
@@ -144,36 +145,14 @@ def _spawn(argv: Sequence[str], env: Mapping[str, str], fds: Sequence[int], inte
 
 
 def _become_subreaper() -> None:
-    """``launch.become_subreaper()``, without importing ``cuectl.run.launch`` (frames' code,
-    several ms) when this process has not: the same prctl, which is all it does here."""
-    if "cuectl.run.launch" in sys.modules or not sys.platform.startswith("linux"):
+    """``launch.become_subreaper()`` where the frame launcher is loaded (it keeps the
+    flag its frames look at), else the bare prctl: no need to load it for this."""
+    if "cuectl.run.launch" in sys.modules:
         from cuectl.run import launch
 
         launch.become_subreaper()
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                   ctypes.c_ulong(0))
-    except (OSError, AttributeError):
-        pass  # unsupported: escapees are not found, as with launch.become_subreaper
-
-
-_PR_SET_CHILD_SUBREAPER = 36
-
-
-def _may_have_children() -> bool:
-    """False only when this process certainly has no child left (the usual end of `cuectl
-    run`): ``launch.kill_leftovers`` would then find nothing, and need not be imported. It
-    reads the same list (the main thread's children)."""
-    pid = os.getpid()
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as fh:
-            return bool(fh.read().split())
-    except OSError:
-        return True
+    else:
+        set_child_subreaper()
 
 
 def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = None,
@@ -198,7 +177,7 @@ def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = N
         forwarder.attach(proc)
         held.set_holder_pid(proc.pid)
         status = exit_status(proc.wait())
-        if reap_leftovers and _may_have_children():
+        if reap_leftovers and own_children():  # none left (the usual end): launch need not load
             from cuectl.run import launch
 
             group = None if mode else proc.pid

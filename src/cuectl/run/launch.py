@@ -40,6 +40,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from cuectl import config
 from cuectl.errors import InvalidInput
+from cuectl.run.subreaper import own_children, set_child_subreaper
 from cuectl.units import iso
 
 __all__ = [
@@ -535,7 +536,6 @@ def _wait_group_gone(pgid: int, timeout: float) -> bool:
 # Escaped descendants (Linux: this process as a child subreaper)
 # --------------------------------------------------------------------------------------
 
-_PR_SET_CHILD_SUBREAPER = 36
 _subreaper = False
 _reap_zombies = False
 #: Leaders of this process's unfinished frames, by pid: never taken for strays.
@@ -566,44 +566,9 @@ def become_subreaper(*, reap_zombies: bool = False) -> bool:
     global _subreaper, _reap_zombies
     if reap_zombies:
         _reap_zombies = True
-    if _subreaper:
-        return True
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                      ctypes.c_ulong(0)) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    _subreaper = True
-    return True
-
-
-def _own_children(*, all_threads: bool = False) -> set[int]:
-    """Direct children of this process (``/proc/PID/task/TID/children``).
-
-    By default only the main thread's: the kernel re-parents orphans to a subreaper's
-    main thread while it lives, and the worker starts its frames from it — one small read
-    per frame end instead of a directory scan (this runs on the per-frame path)."""
-    pid = os.getpid()
-    tids = [str(pid)]
-    if all_threads:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            return set()
-    kids: set[int] = set()
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
-                kids.update(int(x) for x in fh.read().split())
-        except (OSError, ValueError):
-            continue
-    return kids
+    if not _subreaper:
+        _subreaper = set_child_subreaper()
+    return _subreaper
 
 
 def _stat_fields(pid: int) -> tuple[bool, int, int] | None:
@@ -684,7 +649,7 @@ def leftover_children(owns: Callable[[int, int, int], bool]) -> set[int]:
     with all their live descendants. Zombie children that ``owns`` claims (or any that is
     not a frame leader, after ``become_subreaper(reap_zombies=True)``) are reaped on the
     way: something a frame left behind that died by itself."""
-    kids = _own_children() - set(_LEADERS)
+    kids = own_children() - set(_LEADERS)
     if not kids:
         return set()
     roots = []
@@ -798,7 +763,7 @@ def kill_leftovers(owns: Callable[[int, int, int], bool], *, grace: float) -> in
             found |= left
         time.sleep(delay)
         delay = min(delay * 2, _WAIT_MAX_SLEEP_S)
-    for pid in found & _own_children():
+    for pid in found & own_children():
         _reap(pid)  # they are dead (or given up on): no zombie of theirs stays behind
     return len(found)
 
