@@ -65,10 +65,7 @@ def wake_frames(tx: Tx, counts: Mapping[int, int], now: float) -> int:
     """Take ``counts[f]`` from each frame's count; those at zero whose layer waits on nothing
     become WAITING. Returns how many did."""
     woke = 0
-    by_count: dict[int, list[int]] = {}
-    for frame_id, n in counts.items():
-        by_count.setdefault(n, []).append(frame_id)
-    for n, ids in by_count.items():
+    for n, ids in _by_count(counts).items():
         for batch in batches(sorted(ids)):
             inside = marks(len(batch))
             tx.run(f"UPDATE frames SET depend_count = CASE WHEN depend_count > ? THEN depend_count - ? ELSE 0 END "
@@ -77,6 +74,14 @@ def wake_frames(tx: Tx, counts: Mapping[int, int], now: float) -> int:
                            "AND state = 'DEPEND' AND depend_count = 0 "
                            "AND (SELECT depend_count FROM layers WHERE id = frames.layer_id) = 0", (now, *batch))
     return woke
+
+
+def _by_count(counts: Mapping[int, int]) -> dict[int, list[int]]:
+    """The ids of ``counts`` grouped by their count: one UPDATE per distinct count."""
+    out: dict[int, list[int]] = {}
+    for key, n in counts.items():
+        out.setdefault(n, []).append(key)
+    return out
 
 
 def wake_layers(tx: Tx, counts: Mapping[int, int], now: float) -> int:
@@ -135,7 +140,7 @@ def _frame_done(eaten: bool) -> str:
     return "('SUCCEEDED', 'EATEN')" if eaten else "('SUCCEEDED')"
 
 
-def _layer_frames(tx: Tx, layer_id: int) -> list[tuple[int, tuple[int, ...]]]:
+def layer_frames(tx: Tx, layer_id: int) -> list[tuple[int, tuple[int, ...]]]:
     """(frame id, its frame numbers) of a layer, in dispatch (range) order."""
     return [(int(r["id"]), tuple(parse_frameset(r["frames"], limit=2**31)))
             for r in tx.all("SELECT id, frames FROM frames WHERE layer_id = ? ORDER BY id", (layer_id,))]
@@ -144,8 +149,11 @@ def _layer_frames(tx: Tx, layer_id: int) -> list[tuple[int, tuple[int, ...]]]:
 def frame_pairs(kind: str, mine: Sequence[tuple[int, tuple[int, ...]]],
                 theirs: Sequence[tuple[int, tuple[int, ...]]]) -> set[tuple[int, int]]:
     """(waiting frame, frame waited on) of a frame-level dependency between two layers'
-    frames (id, numbers): ``frame-by-frame`` pairs equal numbers, ``previous-frame`` the
-    number at position i with theirs at i - 1 (as ``lifecycle.plan_submit``)."""
+    frames (id, numbers), at submit (``lifecycle.plan_submit``) as afterwards.
+    ``frame-by-frame``: frame N waits on the frame holding N (several chunks when the
+    chunkings differ); ``previous-frame`` (Cuebot's PreviousFrame): the frame at position
+    i of our range waits on the one at position i - 1 of theirs — on its own layer a chunk
+    never waits on itself."""
     my_ids = {n: fid for fid, numbers in mine for n in numbers}
     up_ids = {n: fid for fid, numbers in reversed(theirs) for n in numbers}  # first chunk holding n wins
     my_order = [n for _, numbers in mine for n in numbers]
@@ -181,12 +189,12 @@ def expand(tx: Tx, req: Request, eaten: bool) -> list[tuple[int | None, int | No
     targets already done are left out (such a dependency is recorded, and satisfied)."""
     if req.type in ("frame-by-frame", "previous-frame", "layer-on-sim-frame"):
         assert req.layer_id is not None and req.on_layer_id is not None
-        mine = _layer_frames(tx, req.layer_id)
+        mine = layer_frames(tx, req.layer_id)
         if req.type == "layer-on-sim-frame":
             assert req.on_frame_id is not None
             pairs = {(fid, req.on_frame_id) for fid, _ in mine if fid != req.on_frame_id}
         else:
-            pairs = frame_pairs(req.type, mine, _layer_frames(tx, req.on_layer_id))
+            pairs = frame_pairs(req.type, mine, layer_frames(tx, req.on_layer_id))
         done = _done_frames(tx, (b for _, b in pairs), eaten)
         return [(None, a, "frame", b) for a, b in sorted(pairs) if b not in done]
     if req.on_frame_id is not None:
@@ -222,10 +230,7 @@ def add(tx: Tx, req: Request, *, now: float, eaten: bool) -> int:
     for layer_id, n in sorted(layers.items()):
         tx.run("UPDATE layers SET depend_count = depend_count + ? WHERE id = ?", (n, layer_id))
         tx.run("UPDATE frames SET state = 'DEPEND' WHERE layer_id = ? AND state = 'WAITING'", (layer_id,))
-    by_count: dict[int, list[int]] = {}
-    for frame_id, n in frames.items():
-        by_count.setdefault(n, []).append(frame_id)
-    for n, ids in by_count.items():
+    for n, ids in _by_count(frames).items():
         for batch in batches(sorted(ids)):
             inside = marks(len(batch))
             tx.run(f"UPDATE frames SET depend_count = depend_count + ? WHERE id IN ({inside})", (n, *batch))

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 from cuectl.sched import model as m
 from cuectl.sched.dialect import Dialect
 from cuectl.sched.frameset import compact_range, parse_frameset
+from cuectl.sched.store import depends as depends_mod
 from cuectl.sched.store.base import ClaimedFrame, FrameResult
 
 # A stored chunk was validated at submit time; re-reading it must not depend on this
@@ -102,18 +103,6 @@ class SubmitPlan:
     edges: list[tuple[int, int | None, int | None, str, int]]  # (depend index, layer_id, frame_id, on_kind, on_id)
 
 
-def _frame_pairs(dep: m.Dependency, mine: Mapping[int, int], upstream: Mapping[int, int],
-                 my_order: Sequence[int], up_order: Sequence[int]) -> set[tuple[int, int]]:
-    """(waiting frame id, frame id waited on) of a frame-level dependency between two layers.
-    Frame-by-frame: frame N waits on the frame of ``dep.on`` holding N (several chunks when
-    the chunkings differ). Previous-frame (Cuebot's PreviousFrame): the frame at position i
-    of our range waits on the one at position i - 1 of theirs."""
-    if dep.type == "frame":
-        return {(mine[n], upstream[n]) for n in my_order if n in upstream}
-    pairs = {(mine[my_order[i]], upstream[up_order[i - 1]]) for i in range(1, min(len(my_order), len(up_order) + 1))}
-    return {(a, b) for a, b in pairs if a != b}  # on its own layer, a chunk never waits on itself
-
-
 def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], frame_ids: Sequence[int],
                 now: float) -> SubmitPlan:
     """The frame rows of ``spec`` with their final state and dependency count, and the
@@ -122,7 +111,6 @@ def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], fram
     spec's order). Computing everything here lets a store write each row once. Dependencies
     on other jobs are the store's to add afterwards (they read other jobs' rows)."""
     by_number: dict[str, dict[int, int]] = {}  # layer -> frame number -> frame id
-    order: dict[str, list[int]] = {}  # layer -> its frame numbers in range order
     chunk_ids: dict[str, list[tuple[int, tuple[int, ...]]]] = {}
     ids = iter(frame_ids)
     for layer, chunks in zip(spec.layers, spec.chunks):
@@ -134,7 +122,6 @@ def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], fram
             for n in chunk:
                 numbers.setdefault(n, frame_id)
         by_number[layer.name] = numbers
-        order[layer.name] = [n for chunk in chunks for n in chunk]
         chunk_ids[layer.name] = rows
     depends: list[DependRow] = []
     frame_deps: dict[tuple[int, int], int] = {}
@@ -158,9 +145,9 @@ def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], fram
                 layer_deps.append((mine, theirs, int(dep.type == "any"), index))
                 layer_waits[layer.name] = layer_waits.get(layer.name, 0) + 1
             else:
-                depends.append(DependRow("frame-by-frame" if dep.type == "frame" else "previous-frame", mine, theirs))
-                for pair in _frame_pairs(dep, by_number[layer.name], by_number[dep.on], order[layer.name],
-                                         order[dep.on]):
+                kind = "frame-by-frame" if dep.type == "frame" else "previous-frame"
+                depends.append(DependRow(kind, mine, theirs))
+                for pair in depends_mod.frame_pairs(kind, chunk_ids[layer.name], chunk_ids[dep.on]):
                     frame_deps.setdefault(pair, index)
     waits_on: dict[int, int] = {}
     for mine_frame, _ in frame_deps:

@@ -90,9 +90,10 @@ def _attempt_failure(outcome: str, result: FrameResult | None) -> tuple[str | No
     return result.failure_kind or ("timeout" if result.timed_out else "exit"), lifecycle.failure_text(result)
 
 
-def _settings_from(rows: Iterable[Row]) -> dict[str, bool]:
+def _read_settings(read: Callable[[str, Sequence[Any]], Iterable[Row]]) -> dict[str, bool]:
+    """Every store setting (meta; ``cuectl admin setting``), defaults for those unset."""
     values = {name: default for name, (default, _) in m.SETTINGS.items()}
-    for r in rows:
+    for r in read(f"SELECT key, value FROM meta WHERE key IN ({marks(len(m.SETTINGS))})", tuple(m.SETTINGS)):
         values[r["key"]] = r["value"] == "true"
     return values
 
@@ -679,14 +680,12 @@ class SQLStore(Store):
         store object: another process's change is seen within that time)."""
         clock = time.monotonic()
         if clock - self._settings_read_at > SETTINGS_TTL_S:
-            self._settings = _settings_from(tx.all(
-                f"SELECT key, value FROM meta WHERE key IN ({marks(len(m.SETTINGS))})", tuple(m.SETTINGS)))
+            self._settings = _read_settings(tx.all)
             self._settings_read_at = clock
         return self._settings[m.SATISFY_ON_EATEN]
 
     def settings(self) -> list[dict[str, Any]]:
-        values = _settings_from(self._read(
-            f"SELECT key, value FROM meta WHERE key IN ({marks(len(m.SETTINGS))})", tuple(m.SETTINGS)))
+        values = _read_settings(self._read)
         return [{"name": name, "value": values[name], "default": default, "help": text}
                 for name, (default, text) in m.SETTINGS.items()]
 
@@ -734,7 +733,7 @@ class SQLStore(Store):
     @staticmethod
     def _frame_id(tx: Tx, job: Row, layer: str, layer_id: int, number: int) -> int:
         """The frame of a layer holding frame number ``number`` (its chunk, when chunked)."""
-        for fid, numbers in dep._layer_frames(tx, layer_id):
+        for fid, numbers in dep.layer_frames(tx, layer_id):
             if number in numbers:
                 return fid
         raise NotFound(f"layer {layer!r} of job {job['id']} ({job['name']}) has no frame {number}")
@@ -856,9 +855,7 @@ class SQLStore(Store):
         ``sweep``); workers run it with the reaper. Returns how many frames became WAITING."""
         if not self._read("SELECT 1 FROM depend_edges LIMIT 1"):
             return 0  # the common case: no dependency between jobs, no work
-        settings = _settings_from(self._read(
-            f"SELECT key, value FROM meta WHERE key IN ({marks(len(m.SETTINGS))})", tuple(m.SETTINGS)))
-        if not self._read(dep.stale_sql(settings[m.SATISFY_ON_EATEN]) + " LIMIT 1"):
+        if not self._read(dep.stale_sql(_read_settings(self._read)[m.SATISFY_ON_EATEN]) + " LIMIT 1"):
             return 0  # nothing to release: no write transaction
 
         def sweep(tx: Tx) -> int:
