@@ -102,31 +102,16 @@ def _parse_run(args: list[str]) -> dict[str, Any] | None:
 
 
 def _run_fast(kw: dict[str, Any]) -> int:
-    """``run_command(**kw)`` with ``cuectl.cli.main._guarded``'s error handling (no --debug here)."""
-    try:
-        from cuectl.errors import CuectlError
+    """``run_command(**kw)`` with the CLI's error handling (``cuectl.cli.guard``; no
+    --debug here: it sends the invocation to the full CLI)."""
+    from cuectl.cli.guard import guarded
 
-        try:
-            from cuectl.run.adhoc import run_command
+    def call() -> int:
+        from cuectl.run.adhoc import run_command
 
-            return run_command(**kw, say=_info)
-        except CuectlError as exc:
-            from cuectl.cli import term
+        return run_command(**kw, say=_info)
 
-            term.error(exc.message, exc.hint)
-            return exc.exit_code
-    except KeyboardInterrupt:
-        from cuectl.cli import term
-
-        term.error("interrupted")
-        return 130
-    except BrokenPipeError:
-        return 0
-    except Exception as exc:  # a bug: as the full CLI says it
-        from cuectl.cli import term
-
-        term.error(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
-        return 1
+    return guarded(call, debug=False)
 
 
 def _info(text: str) -> None:

@@ -1,5 +1,6 @@
-"""The ``cuectl`` root command: global options, sub-commands, and the one place where
-library errors become ``error: …`` lines and exit codes (DESIGN §6).
+"""The ``cuectl`` root command: global options and sub-commands. Library errors become
+``error: …`` lines and exit codes in one place, ``cuectl.cli.guard`` (DESIGN §6), which
+``_guarded`` extends with click's usage errors.
 
 Exit codes: 0 success; 1 the operation failed (``CuectlError``); 2 bad usage or invalid
 input (``InvalidInput`` and click usage errors). No traceback reaches a user unless
@@ -28,7 +29,6 @@ else:
         from click import exceptions as _click_exc
 
 from cuectl import __version__
-from cuectl.errors import CuectlError
 
 
 class CuectlGroup(TyperGroup):
@@ -75,42 +75,29 @@ def _debug_requested(argv: Sequence[str]) -> bool:
 
 
 def _guarded(call: Callable[[], Any], *, debug: bool) -> int:
+    """``cuectl.cli.guard.guarded``, plus click's own usage errors (exit 2), exits and aborts."""
     from cuectl.cli import term
+    from cuectl.cli.guard import guarded
 
-    try:
-        result = call()
-        return result if isinstance(result, int) else 0
-    except CuectlError as exc:
-        if debug:
-            import traceback
+    def with_click_errors() -> Any:
+        try:
+            return call()
+        except _NO_ARGS as exc:
+            exc.show()
+            return 2
+        except _click_exc.UsageError as exc:
+            hint = None
+            if exc.ctx is not None:
+                hint = f"see '{exc.ctx.command_path} --help'"
+            term.error(exc.format_message(), hint)
+            return 2
+        except typer.Exit as exc:
+            return exc.exit_code
+        except typer.Abort:
+            term.error("aborted")
+            return 130
 
-            traceback.print_exc()
-        term.error(exc.message, exc.hint)
-        return exc.exit_code
-    except _NO_ARGS as exc:
-        exc.show()
-        return 2
-    except _click_exc.UsageError as exc:
-        hint = None
-        if exc.ctx is not None:
-            hint = f"see '{exc.ctx.command_path} --help'"
-        term.error(exc.format_message(), hint)
-        return 2
-    except typer.Exit as exc:
-        return exc.exit_code
-    except typer.Abort:
-        term.error("aborted")
-        return 130
-    except KeyboardInterrupt:
-        term.error("interrupted")
-        return 130
-    except BrokenPipeError:
-        return 0
-    except Exception as exc:  # a bug: say so briefly, full traceback only with --debug
-        if debug:
-            raise
-        term.error(f"internal error: {type(exc).__name__}: {exc}", "rerun with --debug for the traceback")
-        return 1
+    return guarded(with_click_errors, debug=debug)
 
 
 @dataclass
