@@ -35,3 +35,17 @@ def shared_farm(os_users):
     yield f
     f.cleanup()
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_farm(farm, pg_server):
+    """The farm on a fresh database of the session's PostgreSQL server (``pg_server``)."""
+    name = pg_server.create_database()
+    farm.db = pg_server.url(name)  # every `cuectl --db` of the farm now names the database
+    # Jobs here are submitted through the superuser role, which proves nothing about the OS
+    # user they are labelled with (test_identity covers that): root workers run them as root.
+    farm.worker_flags = ["--run-as-worker-user"]
+    farm.server = pg_server
+    yield farm
+    farm.cleanup()  # workers first: they hold connections
+    pg_server.drop_database(name)

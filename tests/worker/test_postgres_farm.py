@@ -24,21 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import pgserver  # noqa: E402
 
 
-@pytest.fixture
-def pg_farm(farm):
-    try:
-        server = pgserver.shared_server()
-    except pgserver.PgUnavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
-    name = server.create_database()
-    farm.db = server.url(name)  # every `cuectl --db` of the farm now names the database
-    # Jobs here are submitted through the superuser role, which proves nothing about the OS
-    # user they are labelled with (test_identity covers that): root workers run them as root.
-    farm.worker_flags = ["--run-as-worker-user"]
-    farm.server = server
-    yield farm
-    farm.cleanup()  # workers first: they hold connections
-    server.drop_database(name)
+# pg_farm: tests/worker/conftest.py
 
 
 def uuids_of(event) -> list[str]:

@@ -5,35 +5,22 @@ worker on that one connection still wakes on NOTIFY long before its poll interva
 from __future__ import annotations
 
 import signal
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import pgserver  # noqa: E402
-
 
 @pytest.fixture
-def pg_farm(farm):
-    try:
-        server = pgserver.shared_server()
-    except pgserver.PgUnavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
-    name = server.create_database()
-    farm.plain_db = server.url(name)
-    # The worker's connections carry a name of their own in pg_stat_activity.
-    farm.app = f"cuectl-w-{uuid.uuid4().hex[:8]}"
-    farm.db = f"{farm.plain_db}?application_name={farm.app}"
-    farm.worker_flags = ["--run-as-worker-user"]  # see test_postgres_farm.py
-    yield farm
-    farm.cleanup()  # workers first: they hold connections
-    server.drop_database(name)
+def named_farm(pg_farm):
+    """``pg_farm`` (tests/worker/conftest.py) whose connections carry a name of their own in
+    pg_stat_activity: ``farm.db`` names it, ``farm.plain_db`` is the database without it."""
+    pg_farm.plain_db = pg_farm.db
+    pg_farm.app = f"cuectl-w-{uuid.uuid4().hex[:8]}"
+    pg_farm.db = f"{pg_farm.plain_db}?application_name={pg_farm.app}"
+    return pg_farm
 
 
 def connections(url: str, app: str) -> list[tuple]:
@@ -42,12 +29,12 @@ def connections(url: str, app: str) -> list[tuple]:
                             "AND backend_type = 'client backend'", (app,)).fetchall()
 
 
-def test_a_worker_holds_one_connection_and_still_wakes_on_notify(pg_farm):
+def test_a_worker_holds_one_connection_and_still_wakes_on_notify(named_farm):
     from cuectl import config
     from cuectl.sched.spec import spec_from_mapping
     from cuectl.sched.store import open_store
 
-    farm = pg_farm
+    farm = named_farm
     worker = farm.start_worker(farm.host("one", []), "--name", "one-conn", "--poll", "30", lease="60")
     store = open_store(farm.plain_db)
     try:
