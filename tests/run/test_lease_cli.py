@@ -198,10 +198,18 @@ def _wait_exit(pid: int, fd: int, timeout: float) -> int:
 def test_interactive_command_gets_the_terminal_and_ctrl_c(gpus4, lease_cli):
     """At a terminal the command must be able to read it (a background process group would
     be stopped by SIGTTIN: a hang) and Ctrl-C must reach it once, as without `cuectl run`."""
+    assert ctrl_c_at_a_terminal(lease_cli("run", "--", *TERMINAL_COMMAND)) == 128 + signal.SIGINT
+
+
+#: Reads a line from its terminal, echoes it, then waits for another (for Ctrl-C).
+TERMINAL_COMMAND = (sys.executable, "-c", "line = input(); print('echo:' + line, flush=True); input()")
+
+
+def ctrl_c_at_a_terminal(argv: list[str]) -> int:
+    """Run ``argv`` (a `cuectl run` of TERMINAL_COMMAND) on a pty as a session leader, type a
+    line, check it is echoed, press Ctrl-C; its exit code. Every GPU is free afterwards."""
     import pty
 
-    argv = lease_cli("run", "--", sys.executable, "-c",
-                     "line = input(); print('echo:' + line, flush=True); input()")
     pid, fd = pty.fork()
     if pid == 0:  # the child: a session leader whose controlling terminal is the pty
         try:
@@ -214,18 +222,16 @@ def test_interactive_command_gets_the_terminal_and_ctrl_c(gpus4, lease_cli):
         _read_until(fd, b"echo:hello")
         os.write(fd, b"\x03")  # Ctrl-C: SIGINT to the terminal's foreground process group
         status = _wait_exit(pid, fd, timeout=30.0)  # bounded: a lost Ctrl-C fails, never hangs the suite
-        assert os.waitstatus_to_exitcode(status) == 128 + signal.SIGINT
+        return os.waitstatus_to_exitcode(status)
     finally:
         try:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
-        except ProcessLookupError:
+        except (ChildProcessError, ProcessLookupError):
             pass
         os.close(fd)
-    with cuectl.lease(gpus=4):
-        pass
+        with cuectl.lease(gpus=4):
+            pass
 
 
 def test_the_real_root_app_registers_both_commands(gpus4, cli):

@@ -265,30 +265,7 @@ def test_sigterm_to_cuectl_run_reaches_the_command(gpus4, spawn, monkeypatch):
 
 
 def test_interactive_command_gets_the_terminal_and_ctrl_c(gpus4, monkeypatch):
-    import pty
-
-    from .test_lease_cli import _read_until, _wait_exit
+    from .test_lease_cli import TERMINAL_COMMAND, ctrl_c_at_a_terminal
 
     monkeypatch.delenv("CUECTL_FULL_CLI", raising=False)
-    argv = fast_argv("--", sys.executable, "-c", "line = input(); print('echo:' + line, flush=True); input()")
-    pid, fd = pty.fork()
-    if pid == 0:
-        try:
-            os.execv(argv[0], argv)
-        finally:
-            os._exit(127)
-    try:
-        _read_until(fd, b"leased gpu 0")
-        os.write(fd, b"hello\n")
-        _read_until(fd, b"echo:hello")
-        os.write(fd, b"\x03")  # Ctrl-C to the terminal's foreground group: the command gets it once
-        assert os.waitstatus_to_exitcode(_wait_exit(pid, fd, timeout=30.0)) == 128 + signal.SIGINT
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ChildProcessError, ProcessLookupError):
-            pass
-        os.close(fd)
-    with cuectl.lease(gpus=4):
-        pass
+    assert ctrl_c_at_a_terminal(fast_argv("--", *TERMINAL_COMMAND)) == 128 + signal.SIGINT
