@@ -40,6 +40,18 @@ def readable(fd: int, timeout: float = 0.0) -> bool:
     return bool(select.select([fd], [], [], timeout)[0])
 
 
+@pytest.fixture
+def pair(pg_url):
+    """A listening store (``worker``: its socket, the LISTEN's first wake-up consumed) and a
+    second store that submits (``user``); both closed afterwards."""
+    worker, user = store(pg_url), store(pg_url)
+    fd = worker.notify_fileno()
+    worker.drain_notifications()
+    yield worker, user, fd
+    worker.close()
+    user.close()
+
+
 def test_listening_opens_no_second_connection(pg_url):
     app = f"one-{uuid.uuid4().hex[:8]}"
     worker = store(pg_url, app)
@@ -69,10 +81,8 @@ def test_a_notify_during_a_transaction_is_kept(pg_url):
     user.close()
 
 
-def test_a_notify_read_with_a_statements_results_is_kept(pg_url):
-    worker, user = store(pg_url), store(pg_url)
-    fd = worker.notify_fileno()
-    worker.drain_notifications()
+def test_a_notify_read_with_a_statements_results_is_kept(pair):
+    worker, user, fd = pair
     user.submit(job(), now=NOW)
     deadline = time.monotonic() + 5
     while not readable(fd, 0.05) and time.monotonic() < deadline:
@@ -81,27 +91,19 @@ def test_a_notify_read_with_a_statements_results_is_kept(pg_url):
     assert not readable(fd)  # nothing left on the socket for select() to see...
     assert worker.drain_notifications() is True  # ...but the store kept it
     assert worker.wait_for_work(0.2) is False
-    worker.close()
-    user.close()
 
 
-def test_an_idle_listener_wakes_by_select(pg_url):
-    worker, user = store(pg_url), store(pg_url)
-    fd = worker.notify_fileno()
-    worker.drain_notifications()
+def test_an_idle_listener_wakes_by_select(pair):
+    worker, user, fd = pair
     assert not readable(fd, 0.2)
     user.submit(job(), now=NOW)
     assert readable(fd, 5.0)
     assert worker.drain_notifications() is True
     assert worker.drain_notifications() is False
-    worker.close()
-    user.close()
 
 
-def test_a_cut_connection_listens_again(pg_url):
-    worker, user = store(pg_url), store(pg_url)
-    fd = worker.notify_fileno()
-    worker.drain_notifications()
+def test_a_cut_connection_listens_again(pair, pg_url):
+    worker, user, fd = pair
     with psycopg.connect(pg_url, autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(%s)", (worker._conn.info.backend_pid,))
     assert readable(fd, 5.0)  # the cut itself wakes the worker (the server's goodbye, then EOF)...
@@ -118,8 +120,6 @@ def test_a_cut_connection_listens_again(pg_url):
     worker.drain_notifications()
     user.submit(job("again"), now=NOW)
     assert worker.wait_for_work(5.0) is True
-    worker.close()
-    user.close()
 
 
 def test_commands_that_never_listen_do_not_listen(pg_url):
