@@ -8,22 +8,24 @@ from pathlib import Path
 from cuectl.sched.store import FrameResult, open_store
 
 
-def finish_all(db: Path | str, exit_code: int = 0) -> None:
-    """Claim and complete every runnable frame through the store API, each with ``exit_code``."""
+def finish_all(db: Path | str, exit_code: int = 0, *, ago: float = 0.0) -> None:
+    """Claim and complete every runnable frame through the store API, each with ``exit_code``;
+    ``ago``: claimed that many seconds in the past and ended half-way since (inside a
+    report's recent window, not at its edge)."""
     store = open_store(str(db))
     try:
         while True:
             claimed = None
             for layer in store.runnable_layers():
-                claimed = store.claim_frame(layer.layer_id, host="h", worker="h-w", gpu_uuids=[], now=time.time(),
-                                            lease_s=60.0)
+                claimed = store.claim_frame(layer.layer_id, host="h", worker="h-w", gpu_uuids=[],
+                                            now=time.time() - ago, lease_s=60.0 + ago)
                 if claimed:
                     break
             if claimed is None:
                 return
-            now = time.time()
+            start, end = time.time() - ago, time.time() - ago / 2
             store.complete_frame(claimed.frame_id, claimed.attempt,
-                                 FrameResult(exit_code=exit_code, started_at=now, ended_at=now), now=now)
+                                 FrameResult(exit_code=exit_code, started_at=start, ended_at=end), now=end)
     finally:
         store.close()
 

@@ -4,13 +4,12 @@ store file, so it is an admin there)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from cliresults import ok as _ok  # tests/cliresults.py (tests/ is on sys.path)
 from cliresults import one_error as _one_error
-from cuectl.sched.store import FrameResult, open_store
+from storedriver import finish_all  # tests/storedriver.py
+from cuectl.sched.store import open_store
 
 
 @pytest.fixture(autouse=True)
@@ -157,19 +156,7 @@ def test_job_level_flags_replace_a_specs_own(cli, tmp_path):
 def test_report_by_project(cli, db_path):
     ids = {name: int(_ok(cli("submit", "--name", name, "--range", "1-2", *flags, "--", "true")).stdout)
            for name, flags in (("a", ["--project", "show1"]), ("b", ["--project", "show1"]), ("c", []))}
-    store = open_store(str(db_path))
-    try:
-        now = time.time()
-        while True:
-            layers = store.runnable_layers()
-            if not layers:
-                break
-            c = store.claim_frame(layers[0].layer_id, host="h", worker="h:1", gpu_uuids=[], now=now - 60, lease_s=600)
-            assert c is not None
-            store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=now - 60,
-                                                                    ended_at=now - 30), now=now - 30)
-    finally:
-        store.close()
+    finish_all(db_path, ago=60)
     assert len(ids) == 3
     data = _ok(cli("admin", "report", "--by", "project", "--since", "1h", "--json")).json()
     assert data["by"] == "project"

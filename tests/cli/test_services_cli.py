@@ -4,13 +4,12 @@ SQLite store (the test's user owns the store file, so it is an admin there)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from cliresults import ok as _ok  # tests/cliresults.py (tests/ is on sys.path)
 from cliresults import one_error as _one_error
-from cuectl.sched.store import FrameResult, open_store
+from storedriver import finish_all  # tests/storedriver.py
+from cuectl.sched.store import open_store
 
 GIB = 1024 ** 3
 
@@ -164,16 +163,7 @@ def test_show_shot_flags_job_show_and_list_filter(cli, tmp_path):
 def test_report_by_show(cli, db_path):
     for name, flags in (("a", ["--show", "fx"]), ("b", ["--show", "fx"]), ("c", [])):
         _ok(cli("submit", "--name", name, "--range", "1-2", *flags, "--", "true"))
-    store = open_store(str(db_path))
-    try:
-        now = time.time()
-        while layers := store.runnable_layers():
-            c = store.claim_frame(layers[0].layer_id, host="h", worker="h:1", gpu_uuids=[], now=now - 60, lease_s=600)
-            assert c is not None
-            store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=now - 60,
-                                                                    ended_at=now - 30), now=now - 30)
-    finally:
-        store.close()
+    finish_all(db_path, ago=60)
     data = _ok(cli("admin", "report", "--by", "show", "--since", "1h", "--json")).json()
     assert data["by"] == "show"
     rows = {r["group"]: r["frames"] for r in data["rows"]}
