@@ -30,6 +30,21 @@ def finish_all(db: Path | str, exit_code: int = 0, *, ago: float = 0.0) -> None:
         store.close()
 
 
+def run_job(store, job_id: int, *, now: float, layer: str | None = None, code: int = 0,
+            duration: float = 0.0) -> list[str | None]:
+    """Claim and complete every WAITING frame of one job (or one of its layers) on an open
+    store, each with exit ``code``, ``duration`` seconds after ``now``; the new states."""
+    states = []
+    for lay in store.runnable_layers():
+        if lay.job_id != job_id or (layer is not None and lay.layer != layer):
+            continue
+        while (c := store.claim_frame(lay.layer_id, host="h", worker="h:1", gpu_uuids=[], now=now,
+                                      lease_s=60)) is not None:
+            states.append(store.complete_frame(c.frame_id, c.attempt, FrameResult(
+                exit_code=code, started_at=now, ended_at=now + duration), now=now + duration))
+    return states
+
+
 def pg_roles(store, *names: str) -> None:
     """Roles a store may act as (``Store.acting_as``): created NOLOGIN on a PostgreSQL store,
     with the table rights a user's role has; nothing to do on SQLite (the actor is taken as

@@ -16,6 +16,7 @@ import pytest
 from cuectl.errors import InvalidInput, NotFound
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult
+from storedriver import run_job  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 
@@ -44,13 +45,7 @@ def depend_frames(store, job_id, layer=None):
 
 def run(store, job_id, layer=None, code=0, now=NOW + 10):
     """Claim and complete every WAITING frame of a job (or of one layer) with exit ``code``."""
-    for lay in store.runnable_layers():
-        if lay.job_id != job_id or (layer and lay.layer != layer):
-            continue
-        while (c := store.claim_frame(lay.layer_id, host="h", worker="h:1", gpu_uuids=[], now=now,
-                                      lease_s=60)) is not None:
-            store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=code, started_at=now, ended_at=now),
-                                 now=now)
+    run_job(store, job_id, now=now, layer=layer, code=code)
 
 
 def finish_frames(store, job_id, layer, numbers, code=0):

@@ -14,6 +14,7 @@ from cuectl.sched import notify as nt
 from cuectl.sched.spec import spec_from_flags, spec_from_mapping
 from cuectl.sched.store import FrameResult, open_store
 from cuectl.sched.store import notifications as notes
+from storedriver import run_job  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 HOOK = {"webhook": "http://127.0.0.1:9/hook"}
@@ -27,15 +28,7 @@ def job(notify, *, frames="1-2", retries=0, name="j", user="alice"):
 
 def run_all(store, job_id, code=0, now=NOW):
     """Claim and complete every WAITING frame of the job with exit ``code``."""
-    states = []
-    for layer in store.runnable_layers():
-        if layer.job_id != job_id:
-            continue
-        while (c := store.claim_frame(layer.layer_id, host="h", worker="h:1", gpu_uuids=[], now=now,
-                                      lease_s=60)) is not None:
-            states.append(store.complete_frame(c.frame_id, c.attempt, FrameResult(
-                exit_code=code, started_at=now, ended_at=now + 1), now=now + 1))
-    return states
+    return run_job(store, job_id, now=now, code=code, duration=1)
 
 
 def rows(store, job_id=None):
