@@ -12,7 +12,7 @@ import pytest
 from cuectl.errors import InvalidInput
 from cuectl.sched import notify as nt
 from cuectl.sched.spec import spec_from_flags, spec_from_mapping
-from cuectl.sched.store import FrameResult, open_store
+from cuectl.sched.store import open_store
 from cuectl.sched.store import notifications as notes
 from storedriver import run_job  # tests/storedriver.py (tests/ is on sys.path)
 
