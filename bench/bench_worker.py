@@ -89,7 +89,7 @@ def profile_drain(tmp: Path, frames: int) -> str:
     Supervisor(worker).run()
     prof.disable()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(int(os.environ.get("PROF_N", "15")))
+    pstats.Stats(prof, stream=out).sort_stats(os.environ.get("PROF_SORT", "tottime")).print_stats(int(os.environ.get("PROF_N", "15")))
     return out.getvalue()
 
 

@@ -989,6 +989,18 @@ def _open_log(log_path: Path) -> int:
     return _open_log_fds(log_path, log_path.parent.parent, None, rw=False, create=False)[0]
 
 
+_DEV_NULL = -1
+
+
+def _dev_null() -> int:
+    """A read-only /dev/null for frames' stdin, opened once (close-on-exec: the child gets
+    it as fd 0 only), instead of an open and close per frame."""
+    global _DEV_NULL
+    if _DEV_NULL < 0:
+        _DEV_NULL = os.open(os.devnull, os.O_RDONLY | _CLOEXEC)
+    return _DEV_NULL
+
+
 def _line_bytes(line: str) -> bytes:
     # One line, whatever a hostile name contains: a newline must not forge a second header.
     text = line.replace("\r", " ").replace("\n", " ") + "\n"
@@ -1350,7 +1362,7 @@ class FrameProcess:
             try:
                 popen = subprocess.Popen(
                     argv,
-                    stdin=subprocess.DEVNULL,
+                    stdin=_dev_null(),
                     stdout=fd,
                     stderr=fd,
                     env=dict(env),
