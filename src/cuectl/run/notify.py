@@ -24,8 +24,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -239,6 +237,11 @@ class Deliverer:
 
 
 def _post(url: str, body: bytes, row: dict[str, Any]) -> str | None:
+    # Imported here: urllib.request brings http.client, ssl and email (~20 ms), which every
+    # worker would pay at start-up for webhooks most farms never set.
+    import urllib.error
+    import urllib.request
+
     request = urllib.request.Request(url, data=body, method="POST", headers={
         "Content-Type": "application/json", "User-Agent": "cuectl-notify",
         "X-Cuectl-Event": row["event"], "X-Cuectl-Notification": str(row["id"])})
