@@ -3,8 +3,10 @@
 1,000 no-op jobs through task-spooler (`tsp -S 2`) in the same run.
 
 Both sides are timed end to end: cuectl = one `submit` of a 1,000-frame job plus a worker
-draining it (`--until-idle`); task-spooler = 1,000 `tsp true` enqueues (its only way to
-queue work) while its server runs them, then `tsp -w` for the last one. The worker is
+draining it (`--until-idle`); task-spooler = 1,000 `tsp -n true` enqueues (its only way to
+queue work; `-n`: output thrown away) while its server runs them, then `tsp -w` for the
+last one. Task-spooler is also timed keeping each job's output in a file (plain `tsp true`,
+its default), as cuectl keeps a log per frame. The worker is
 also timed alone (drain only). Runs alternate (cuectl, task-spooler, cuectl, ...) and the
 medians are compared. Goal (issue 19): task-spooler's rate (ratio >= 1.0).
 
@@ -53,15 +55,21 @@ def _no_gpus(tmp: Path) -> Path:
     return path
 
 
-def bench_tsp(tmp: Path, frames: int) -> float | None:
+def bench_tsp(tmp: Path, frames: int, *, keep_output: bool = False) -> float | None:
+    """``tsp -n true`` per job (output thrown away), or with ``keep_output`` plain ``tsp
+    true``: task-spooler's default, each job's output kept in a file of its own, as cuectl
+    keeps each frame's log."""
     tsp = shutil.which("tsp") or shutil.which("ts")
     if tsp is None:
         return None
-    env = dict(os.environ, TS_SOCKET=str(tmp / "ts.sock"), TS_MAXFINISHED="100000", TMPDIR=str(tmp))
+    out = tmp / ("tsp-out" if keep_output else "tsp")
+    out.mkdir()
+    env = dict(os.environ, TS_SOCKET=str(out / "ts.sock"), TS_MAXFINISHED="100000", TMPDIR=str(out))
     subprocess.run([tsp, "-S", "2"], check=True, env=env, stdout=subprocess.DEVNULL)
+    enqueue = [tsp, "true"] if keep_output else [tsp, "-n", "true"]
     t0 = time.perf_counter()
     for _ in range(frames):
-        subprocess.run([tsp, "-n", "true"], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(enqueue, check=True, env=env, stdout=subprocess.DEVNULL)
     subprocess.run([tsp, "-w"], env=env, stdout=subprocess.DEVNULL)
     elapsed = time.perf_counter() - t0
     subprocess.run([tsp, "-K"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -105,7 +113,7 @@ def main() -> None:
         # PYTHONDONTWRITEBYTECODE is set (an installed copy has its bytecode).
         os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
         os.environ["PYTHONPYCACHEPREFIX"] = str(tmpdir / "pycache")
-        totals, drains, tsps = [], [], []
+        totals, drains, tsps, tsps_out = [], [], [], []
         for i in range(max(1, args.runs)):  # alternating: both see the same machine load
             run_dir = tmpdir / f"run{i}"
             run_dir.mkdir()
@@ -115,6 +123,7 @@ def main() -> None:
             tsp = bench_tsp(run_dir, args.frames)
             if tsp is not None:
                 tsps.append(tsp)
+                tsps_out.append(bench_tsp(run_dir, args.frames, keep_output=True) or 0.0)
         total, drain = statistics.median(totals), statistics.median(drains)
         print(f"{args.frames} no-op frames, 2 slots, median of {len(totals)} alternating runs")
         print(f"  cuectl submit + worker     {total:7.2f} s   {args.frames / total:7.1f} frames/s")
@@ -127,6 +136,10 @@ def main() -> None:
             print(f"  ratio cuectl/tsp (rates)   {tsp / total:7.2f}     submit + drain; drain only {tsp / drain:.2f} "
                   "(goal, issue 19: >= 1.0)")
             print("  per run (submit + drain):  " + ", ".join(f"{t / c:.2f}" for c, t in zip(totals, tsps)))
+            out = statistics.median(tsps_out)
+            print(f"  task-spooler keeping output {out:6.2f} s   {args.frames / out:7.1f} jobs/s   (plain `tsp true`, its "
+                  "default: a file per job, as cuectl's log per frame)")
+            print(f"  ratio cuectl/tsp keeping output {out / total:5.2f}     submit + drain; drain only {out / drain:.2f}")
         if args.profile:
             print(profile_drain(tmpdir, args.frames))
 
