@@ -10,7 +10,12 @@ its default), as cuectl keeps a log per frame. The worker is
 also timed alone (drain only). Runs alternate (cuectl, task-spooler, cuectl, ...) and the
 medians are compared. Goal (issue 19): task-spooler's rate (ratio >= 1.0).
 
-Usage: python bench/bench_worker.py [--frames N] [--runs N] [--profile]
+On a filesystem that creates files slowly the figures move with it, task-spooler's
+keeping output as much as cuectl's. This machine's ext4 has no journal, and there, creating a
+file within ~30 s of many deletions makes the kernel scan past the recently freed inodes (a
+previous run's clean-up slows the next one): leave 40 s between runs, or use `--dir /dev/shm`.
+
+Usage: python bench/bench_worker.py [--frames N] [--runs N] [--dir DIR] [--profile]
   --profile  also run the drain in-process under cProfile and print where the time goes.
 """
 
@@ -106,8 +111,10 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=3, help="alternating cuectl / task-spooler runs (medians)")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--dir", help="where the store, logs and task-spooler's files go (default: the system's temporary "
+                                   "directory); e.g. /dev/shm to leave the disk's filesystem out")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmpdir = Path(tmp)
         # The worker process compiles cuectl once, into a cache of the bench's own, even where
         # PYTHONDONTWRITEBYTECODE is set (an installed copy has its bytecode).

@@ -32,3 +32,13 @@ def test_no_per_frame_state_is_left_after_frames_end(tmp_path, monkeypatch):
     # it succeeded or failed (it was kept forever for every successful frame).
     assert worker._oom_counts == {} and worker.running == {}
     store.close()
+
+
+def test_host_memory_is_what_psutil_reports():
+    """The worker's default --memory comes from sysconf, not psutil (kept out of start-up):
+    the same kernel figure."""
+    import psutil
+
+    from cuectl.run.service import host_memory_bytes
+
+    assert host_memory_bytes() == psutil.virtual_memory().total

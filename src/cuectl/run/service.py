@@ -129,8 +129,6 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
     """The worker for this host. ``discovery``: the GPUs found already (``discover_gpus``),
     else found here with ``backend``; the worker finds them again with the same backend
     every ``rediscover_interval`` seconds (0: only on SIGHUP)."""
-    import psutil
-
     from cuectl.gpu import discover
     from cuectl.run.lease import prepare_lock_dir
     from cuectl.run.worker import Worker, WorkerOptions
@@ -143,8 +141,8 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
     state_dir = worker_state_dir(host)
     opts = WorkerOptions(
         name=host, lock_dir=locks, state_dir=state_dir,
-        log_dir=str(store.log_dir), cores=float(cores or psutil.cpu_count() or 1),
-        memory_bytes=int(psutil.virtual_memory().total), poll_s=poll, sample_interval_s=sample_interval,
+        log_dir=str(store.log_dir), cores=float(cores or os.cpu_count() or 1),
+        memory_bytes=host_memory_bytes(), poll_s=poll, sample_interval_s=sample_interval,
         lease_timeout_s=lease_timeout, gpu_only=gpu_only, tags=tuple(tags), max_frames=max_frames,
         until_idle=until_idle, kill_grace_s=config.kill_grace(),
         log_limit_bytes=config.log_limit() if log_limit is None else log_limit,
@@ -231,3 +229,14 @@ def _process_runs(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except (OSError, IndexError):
         return True  # no /proc (macOS): kill(0) is all we can tell
+
+
+def host_memory_bytes() -> int:
+    """The machine's physical memory (what psutil.virtual_memory().total reports: the
+    kernel's total RAM), without importing psutil at every worker's start (~15 ms)."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # a platform without these names
+        import psutil
+
+        return int(psutil.virtual_memory().total)

@@ -291,6 +291,9 @@ class Worker:
                 requeued.append(frame["id"])
         for path, _ in runfiles.values():
             path.unlink(missing_ok=True)
+        if self._runfiles is not None:
+            self._runfiles.close()  # (slots this process opened before recovering: made afresh)
+            self._runfiles = None
         # Notifications a previous worker of this host claimed and may not have delivered:
         # it is dead (we hold the lock), so they are due again now rather than at claim expiry.
         self.store.release_notifications(f"{self.opts.name}:", keep=self.worker_id)
@@ -1068,6 +1071,7 @@ class RunFiles:
         self._free: list[int] = []  # slots blanked, lowest first
         self._slots = 0  # slots this process made
         self._sizes: dict[Path, int] = {}  # bytes in each slot file (it never shrinks)
+        self._fds: dict[Path, int] = {}  # each slot's descriptor, open while this process lives
 
     def write(self, claim: ClaimedFrame) -> Path:
         """Record ``claim`` in a free slot; the slot's path (handed back to ``clear``)."""
@@ -1087,30 +1091,43 @@ class RunFiles:
 
     def clear(self, path: Path) -> None:
         """The frame of ``path`` ended (or never started): blank its slot for the next one."""
-        size = self._sizes.get(path)
-        if size is None:
+        if path not in self._fds:
             return
         with contextlib.suppress(OSError):  # a slot that cannot be blanked is made afresh
             self._put(path, b"")
         heapq.heappush(self._free, int(path.stem.partition("-")[2]))
 
     def _put(self, path: Path, data: bytes) -> None:
-        size = self._sizes.get(path)
-        # A slot this process has not written yet may hold a longer record of an earlier
-        # worker (recovery deletes them, but a worker may run without recovering): truncated
-        # once, when first opened.
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if size is None else 0)
-        fd = os.open(path, flags, 0o644)
+        fd = self._fds.get(path)
+        if fd is None:
+            # First use in this process: a slot may hold a longer record of an earlier worker
+            # (recovery deletes them, but a worker may run without recovering), so it is
+            # truncated once; the descriptor then stays open for the worker's life.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            self._fds[path], self._sizes[path] = fd, 0
+        padded = data.ljust(self._sizes[path], b" ")
         try:
-            padded = data.ljust(size or 0, b" ")
             if os.pwrite(fd, padded, 0) != len(padded):
                 raise OSError(errno.EIO, f"short write to {path}")
         except BaseException:
-            self._sizes.pop(path, None)
+            self._drop(path)
             raise
-        finally:
+        self._sizes[path] = max(self._sizes[path], len(padded))
+
+    def _drop(self, path: Path) -> None:
+        fd = self._fds.pop(path, None)
+        self._sizes.pop(path, None)
+        if fd is not None:
             os.close(fd)
-        self._sizes[path] = max(size or 0, len(padded))
+
+    def close(self) -> None:
+        """Close the slots' descriptors (the files stay, blank or naming a running frame)."""
+        for path in list(self._fds):
+            self._drop(path)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 #: In the state directory: the lock a worker holds for its whole life (and its record).
