@@ -49,3 +49,24 @@ def pg_farm(farm, pg_server):
     yield farm
     farm.cleanup()  # workers first: they hold connections
     pg_server.drop_database(name)
+
+
+@pytest.fixture
+def solo(tmp_path: Path, monkeypatch):
+    """An in-process worker on a GPU-less host "h" (2 CPU slots) over a SQLite store in
+    ``tmp_path``: returns (store, worker); the store is closed afterwards."""
+    from cuectl.run.service import build_worker
+    from cuectl.sched.store import open_store
+
+    monkeypatch.setenv("CUECTL_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("CUECTL_CREATE_LOCK_DIR", "1")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    fake = tmp_path / "gpus.yaml"
+    fake.write_text("host: h\ndevices: []\n")
+    monkeypatch.setenv("CUECTL_FAKE_GPUS", str(fake))
+    monkeypatch.chdir(tmp_path)
+    store = open_store(str(tmp_path / "q.db"))
+    worker, _ = build_worker(store, name="h", until_idle=True, max_frames=None, poll=0.05, sample_interval=10,
+                             lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
+    yield store, worker
+    store.close()

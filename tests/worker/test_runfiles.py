@@ -11,10 +11,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from cuectl import config
-from cuectl.run.service import build_worker
 from cuectl.run.worker import RunFiles, Supervisor
 from cuectl.sched.spec import spec_from_flags
-from cuectl.sched.store import open_store
 
 
 def claim(frame_id: int, log_path: str = "/logs/1/0001-a.1.log") -> SimpleNamespace:
@@ -64,23 +62,13 @@ def test_a_slot_is_never_written_through_a_symlink(tmp_path: Path) -> None:
     assert target.read_text() == "keep"
 
 
-def test_a_drained_worker_leaves_only_blank_slots(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUECTL_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setenv("CUECTL_CREATE_LOCK_DIR", "1")
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    fake = tmp_path / "gpus.yaml"
-    fake.write_text("host: h\ndevices: []\n")
-    monkeypatch.setenv("CUECTL_FAKE_GPUS", str(fake))
-    monkeypatch.chdir(tmp_path)
-    store = open_store(str(tmp_path / "q.db"))
+def test_a_drained_worker_leaves_only_blank_slots(solo):
+    store, worker = solo
     store.submit(spec_from_flags(name="ok", command=["true"], range="1-20", user=config.current_user()),
                  now=time.time())
-    worker, _ = build_worker(store, name="h", until_idle=True, max_frames=None, poll=0.05, sample_interval=10,
-                             lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
     Supervisor(worker).run()
     assert store.list_jobs()[0]["frame_counts"] == {"SUCCEEDED": 20}
     slots = sorted(worker.opts.state_dir.glob("*.json"))
     # Two CPU slots: at most two frames at once, so at most two run files, whatever the count.
     assert 1 <= len(slots) <= 2, slots
     assert all(p.read_text().strip() == "" for p in slots)
-    store.close()

@@ -5,33 +5,21 @@ from __future__ import annotations
 import time
 
 from cuectl import config
-from cuectl.run.service import build_worker
 from cuectl.run.worker import Supervisor
 from cuectl.sched.spec import spec_from_flags
-from cuectl.sched.store import open_store
 
 
-def test_no_per_frame_state_is_left_after_frames_end(tmp_path, monkeypatch):
-    monkeypatch.setenv("CUECTL_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.setenv("CUECTL_CREATE_LOCK_DIR", "1")
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    fake = tmp_path / "gpus.yaml"
-    fake.write_text("host: h\ndevices: []\n")
-    monkeypatch.setenv("CUECTL_FAKE_GPUS", str(fake))
-    monkeypatch.chdir(tmp_path)
-    store = open_store(str(tmp_path / "q.db"))
+def test_no_per_frame_state_is_left_after_frames_end(solo):
+    store, worker = solo
     store.submit(spec_from_flags(name="ok", command=["true"], range="1-6", user=config.current_user()),
                  now=time.time())
     store.submit(spec_from_flags(name="bad", command=["false"], range="1-2", retries=0, user=config.current_user()),
                  now=time.time())
-    worker, _ = build_worker(store, name="h", until_idle=True, max_frames=None, poll=0.05, sample_interval=10,
-                             lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
     Supervisor(worker).run()
     assert store.list_jobs()[0]["frame_counts"] == {"SUCCEEDED": 6}
     # The OOM-counter reading taken at each launch is dropped when the frame ends, whether
     # it succeeded or failed (it was kept forever for every successful frame).
     assert worker._oom_counts == {} and worker.running == {}
-    store.close()
 
 
 def test_host_memory_is_what_psutil_reports():
