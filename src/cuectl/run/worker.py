@@ -1120,6 +1120,17 @@ class RunFiles:
         if fd is not None:
             os.close(fd)
 
+    def remove_free(self) -> None:
+        """The worker is stopping: delete the blank slots (a slot naming a frame that still
+        runs stays, for the next worker's recovery) and close their descriptors."""
+        for slot in self._free:
+            path = self.state_dir / f"run-{slot}.json"
+            if path in self._fds:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                self._drop(path)
+        self._free = []
+
     def close(self) -> None:
         """Close the slots' descriptors (the files stay, blank or naming a running frame)."""
         for path in list(self._fds):
@@ -1304,6 +1315,8 @@ class Supervisor:
             return self._run()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)  # the hung-call watch ends with the loop
+            if self.worker._runfiles is not None:
+                self.worker._runfiles.remove_free()  # (a frame still running keeps its run file)
 
     def _run(self) -> int:
         w = self.worker
