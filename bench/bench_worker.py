@@ -6,9 +6,11 @@ Both sides are timed end to end: cuectl = one `submit` of a 1,000-frame job plus
 draining it (`--until-idle`); task-spooler = 1,000 `tsp -n true` enqueues (its only way to
 queue work; `-n`: output thrown away) while its server runs them, then `tsp -w` for the
 last one. Task-spooler is also timed keeping each job's output in a file (plain `tsp true`,
-its default), as cuectl keeps a log per frame. The worker is
-also timed alone (drain only). Runs alternate (cuectl, task-spooler, cuectl, ...) and the
-medians are compared. Goal (issue 19): task-spooler's rate (ratio >= 1.0).
+its default), as cuectl keeps a log per frame. The worker is also timed alone (drain only),
+and like for like: task-spooler's server is started before its clock, so a worker is too
+(up and idle, then the clock runs from the submit to its exit). Runs alternate (cuectl,
+task-spooler, cuectl, ...) and the medians are compared. Goal (issue 19): task-spooler's
+rate (ratio >= 1.0).
 
 On a filesystem that creates files slowly the figures move with it, task-spooler's
 keeping output as much as cuectl's. This machine's ext4 has no journal, and there, creating a
