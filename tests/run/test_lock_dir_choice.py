@@ -4,6 +4,7 @@ on one machine are pointed out; the default is what the docs and --help say."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,19 @@ def test_another_lock_dir_holding_leases_is_pointed_out(tmp_path, monkeypatch):
         assert locks.other_lock_dirs_in_use(one) == []
     finally:
         held.release()
+
+
+def test_entries_for_lock_dirs_that_are_gone_leave_the_registry(tmp_path):
+    """Every lock directory ever used is noted in the registry; one deleted since (a test's,
+    a CI job's) is dropped by the next look, so a worker's start does not read them forever."""
+    kept, gone = tmp_path / "kept", tmp_path / "gone"
+    locks.prepare_lock_dir(kept, create=True)
+    locks.prepare_lock_dir(gone, create=True)
+    registry = config.lock_dir_registry()
+    assert len(list(registry.iterdir())) == 2
+    shutil.rmtree(gone)
+    assert locks.other_lock_dirs_in_use(tmp_path / "third") == []
+    assert [p.read_text() for p in registry.iterdir()] == [str(kept.resolve())]
 
 
 def test_help_docs_and_code_agree_on_the_default():

@@ -127,7 +127,12 @@ def _note_in_registry(lock_dir: Path) -> None:
 
 def other_lock_dirs_in_use(lock_dir: Path) -> list[Path]:
     """Other lock directories of this machine that hold a lease right now: processes using
-    them do not see this directory's leases, so two of them can use one GPU at once."""
+    them do not see this directory's leases, so two of them can use one GPU at once.
+
+    An entry whose directory no longer exists is removed on the way (where this user may:
+    the registry is sticky), so the registry does not grow with every temporary lock
+    directory ever used: a development machine's had 491 entries, 413 of them for
+    directories long gone, and each worker's start read them all."""
     registry = config.lock_dir_registry()
     mine = _registry_entry(Path(lock_dir))
     found = []
@@ -142,7 +147,13 @@ def other_lock_dirs_in_use(lock_dir: Path) -> list[Path]:
             other = Path(entry.read_text().strip())
         except OSError:
             continue
-        if other.is_dir() and any(_probe_held(p) for p in other.glob(f"*{LOCK_SUFFIX}")):
+        if not other.is_dir():
+            try:
+                entry.unlink()
+            except OSError:
+                pass  # another user's entry (the registry is sticky), or already gone
+            continue
+        if any(_probe_held(p) for p in other.glob(f"*{LOCK_SUFFIX}")):
             found.append(other)
     return found
 
