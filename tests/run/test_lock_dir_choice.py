@@ -78,6 +78,35 @@ def test_entries_for_lock_dirs_that_are_gone_leave_the_registry(tmp_path):
     assert [p.read_text() for p in registry.iterdir()] == [str(kept.resolve())]
 
 
+def test_pruning_never_follows_a_planted_registry_link(tmp_path, monkeypatch):
+    """The registry path is shared (/dev/shm): one planted there as a symbolic link to
+    another directory must not make the look delete the files it finds there."""
+    victim = tmp_path / "etc"
+    victim.mkdir()
+    (victim / "hostname").write_text("not-a-lock-dir\n")
+    (victim / "config").write_text(str(tmp_path / "no-such-dir"))
+    link = tmp_path / "registry-link"
+    link.symlink_to(victim)
+    monkeypatch.setenv("CUECTL_LOCK_REGISTRY", str(link))
+    assert locks.other_lock_dirs_in_use(tmp_path / "mine") == []
+    assert sorted(p.name for p in victim.iterdir()) == ["config", "hostname"]
+
+
+def test_another_users_stale_entry_is_theirs_to_drop(tmp_path, os_users):
+    """Root prunes only its own entries: the registry is sticky, and root could delete
+    anyone's, but an entry that is not root's is left alone."""
+    (alice,) = os_users("alice")
+    registry = config.lock_dir_registry()
+    registry.mkdir(mode=0o1777)
+    os.chmod(registry, 0o1777)
+    theirs, own = registry / "theirs", registry / "own"
+    theirs.write_text(str(tmp_path / "gone-theirs"))
+    os.chown(theirs, alice.uid, alice.gid)
+    own.write_text(str(tmp_path / "gone-own"))
+    assert locks.other_lock_dirs_in_use(tmp_path / "mine") == []
+    assert sorted(p.name for p in registry.iterdir()) == ["theirs"]
+
+
 def test_help_docs_and_code_agree_on_the_default():
     exe = Path(sys.executable).with_name("cuectl")
     for command in (["worker", "--help"], ["run", "--help"]):

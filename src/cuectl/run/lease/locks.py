@@ -129,10 +129,10 @@ def other_lock_dirs_in_use(lock_dir: Path) -> list[Path]:
     """Other lock directories of this machine that hold a lease right now: processes using
     them do not see this directory's leases, so two of them can use one GPU at once.
 
-    An entry whose directory no longer exists is removed on the way (where this user may:
-    the registry is sticky), so the registry does not grow with every temporary lock
-    directory ever used: a development machine's had 491 entries, 413 of them for
-    directories long gone, and each worker's start read them all."""
+    An entry of this user's whose directory no longer exists is removed on the way, so the
+    registry does not grow with every temporary lock directory ever used: a development
+    machine's had 491 entries, 413 of them for directories long gone, and each worker's
+    start read them all."""
     registry = config.lock_dir_registry()
     mine = _registry_entry(Path(lock_dir))
     found = []
@@ -140,6 +140,7 @@ def other_lock_dirs_in_use(lock_dir: Path) -> list[Path]:
         entries = sorted(registry.iterdir())
     except OSError:
         return []
+    prune = _prunable_registry(registry)
     for entry in entries:
         if entry.name == mine:
             continue
@@ -148,14 +149,34 @@ def other_lock_dirs_in_use(lock_dir: Path) -> list[Path]:
         except OSError:
             continue
         if not other.is_dir():
-            try:
-                entry.unlink()
-            except OSError:
-                pass  # another user's entry (the registry is sticky), or already gone
+            if prune and other.is_absolute():
+                _drop_own_entry(entry)
             continue
         if any(_probe_held(p) for p in other.glob(f"*{LOCK_SUFFIX}")):
             found.append(other)
     return found
+
+
+def _prunable_registry(registry: Path) -> bool:
+    """May stale entries be deleted here? Only in a real directory (not a symbolic link,
+    which anyone could have planted at the shared path to aim a root worker's deletions at
+    files elsewhere) that belongs to root or to this user."""
+    try:
+        st = os.lstat(registry)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid in (0, os.geteuid())
+
+
+def _drop_own_entry(entry: Path) -> None:
+    """Delete ``entry`` if it is a plain file of this user's (as _note_in_registry makes
+    them): another user's entry is theirs to drop, even for root."""
+    try:
+        st = os.lstat(entry)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            entry.unlink()
+    except OSError:
+        pass  # gone meanwhile
 
 
 def _make_shared_dir(path: Path) -> None:
