@@ -220,6 +220,16 @@ class Worker:
             self._runfiles = RunFiles(self.opts.state_dir)
         return self._runfiles
 
+    def release_runfiles(self, *, delete_blank: bool = True) -> None:
+        """Close the run files' descriptors and, with ``delete_blank`` (stopping), delete the
+        blank slots: a frame still running keeps its run file, for the next worker's
+        recovery. Recovery, which has just deleted the files itself, only closes them."""
+        if self._runfiles is None:
+            return
+        if delete_blank:
+            self._runfiles.remove_free()
+        self._runfiles.close()  # a later write opens its slot afresh
+
     def vendors(self) -> set[str]:
         return {d.vendor for d in self.devices}
 
@@ -291,9 +301,7 @@ class Worker:
                 requeued.append(frame["id"])
         for path, _ in runfiles.values():
             path.unlink(missing_ok=True)
-        if self._runfiles is not None:
-            self._runfiles.close()  # (slots this process opened before recovering: made afresh)
-            self._runfiles = None
+        self.release_runfiles(delete_blank=False)  # (slots this process opened before recovering: made afresh)
         # Notifications a previous worker of this host claimed and may not have delivered:
         # it is dead (we hold the lock), so they are due again now rather than at claim expiry.
         self.store.release_notifications(f"{self.opts.name}:", keep=self.worker_id)
@@ -1070,8 +1078,9 @@ class RunFiles:
         self.state_dir = state_dir
         self._free: list[int] = []  # slots blanked, lowest first
         self._slots = 0  # slots this process made
-        self._sizes: dict[Path, int] = {}  # bytes in each slot file (it never shrinks)
-        self._fds: dict[Path, int] = {}  # each slot's descriptor, open while this process lives
+        # Each slot this process opened: its descriptor (kept open) and the file's size in
+        # bytes (it never shrinks: shorter records are padded).
+        self._open: dict[Path, tuple[int, int]] = {}
 
     def write(self, claim: ClaimedFrame) -> Path:
         """Record ``claim`` in a free slot; the slot's path (handed back to ``clear``)."""
@@ -1091,33 +1100,32 @@ class RunFiles:
 
     def clear(self, path: Path) -> None:
         """The frame of ``path`` ended (or never started): blank its slot for the next one."""
-        if path not in self._fds:
+        if path not in self._open:
             return
         with contextlib.suppress(OSError):  # a slot that cannot be blanked is made afresh
             self._put(path, b"")
         heapq.heappush(self._free, int(path.stem.partition("-")[2]))
 
     def _put(self, path: Path, data: bytes) -> None:
-        fd = self._fds.get(path)
-        if fd is None:
+        fd, size = self._open.get(path, (-1, 0))
+        if fd < 0:
             # First use in this process: a slot may hold a longer record of an earlier worker
             # (recovery deletes them, but a worker may run without recovering), so it is
             # truncated once; the descriptor then stays open for the worker's life.
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-            self._fds[path], self._sizes[path] = fd, 0
-        padded = data.ljust(self._sizes[path], b" ")
+            self._open[path] = (fd, 0)
+        padded = data.ljust(size, b" ")
         try:
             if os.pwrite(fd, padded, 0) != len(padded):
                 raise OSError(errno.EIO, f"short write to {path}")
         except BaseException:
             self._drop(path)
             raise
-        self._sizes[path] = max(self._sizes[path], len(padded))
+        self._open[path] = (fd, max(size, len(padded)))
 
     def _drop(self, path: Path) -> None:
-        fd = self._fds.pop(path, None)
-        self._sizes.pop(path, None)
-        if fd is not None:
+        fd, _ = self._open.pop(path, (-1, 0))
+        if fd >= 0:
             os.close(fd)
 
     def remove_free(self) -> None:
@@ -1125,7 +1133,7 @@ class RunFiles:
         runs stays, for the next worker's recovery) and close their descriptors."""
         for slot in self._free:
             path = self.state_dir / f"run-{slot}.json"
-            if path in self._fds:
+            if path in self._open:
                 with contextlib.suppress(OSError):
                     path.unlink()
                 self._drop(path)
@@ -1133,7 +1141,7 @@ class RunFiles:
 
     def close(self) -> None:
         """Close the slots' descriptors (the files stay, blank or naming a running frame)."""
-        for path in list(self._fds):
+        for path in list(self._open):
             self._drop(path)
 
     def __del__(self) -> None:
@@ -1315,8 +1323,7 @@ class Supervisor:
             return self._run()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)  # the hung-call watch ends with the loop
-            if self.worker._runfiles is not None:
-                self.worker._runfiles.remove_free()  # (a frame still running keeps its run file)
+            self.worker.release_runfiles()
 
     def _run(self) -> int:
         w = self.worker
