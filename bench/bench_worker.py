@@ -43,10 +43,15 @@ def cuectl() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
 
 
-def bench_cuectl(tmp: Path, frames: int) -> tuple[float, float]:
+def _cuectl_env(tmp: Path) -> tuple[dict[str, str], str]:
+    """The environment of a cuectl run in ``tmp`` (its own locks, state and no GPUs), and its store."""
     env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "state"),
                CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
-    db = str(tmp / "bench.db")
+    return env, str(tmp / "bench.db")
+
+
+def bench_cuectl(tmp: Path, frames: int) -> tuple[float, float]:
+    env, db = _cuectl_env(tmp)
     t0 = time.perf_counter()
     subprocess.run([*cuectl(), "--db", db, "submit", "--name", "noop", "--range", f"1-{frames}", "--", "true"],
                    check=True, env=env, stdout=subprocess.DEVNULL)
@@ -61,9 +66,7 @@ def bench_cuectl_running(tmp: Path, frames: int) -> float:
     """Like task-spooler's figure, whose server is started before its clock: a worker that is
     already up and idle (started, registered, polling every 0.05 s; `--max-frames` makes it
     exit after the last frame), then the clock runs from the `submit` to the worker's exit."""
-    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "state"),
-               CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
-    db = str(tmp / "bench.db")
+    env, db = _cuectl_env(tmp)
     worker = subprocess.Popen([*cuectl(), "--db", db, "worker", "--max-frames", str(frames), "--cores", "2",
                                "--poll", "0.05", "-q"], env=env)
     heartbeat = tmp / "state" / "cuectl" / "worker" / "bench" / "heartbeat"
