@@ -404,7 +404,9 @@ def run_phase(url: str, args: argparse.Namespace, *, frame_seconds: float, secon
             "rate": claims / window, "claims": claims,
             "busy": sum(r["busy_s"] for r in out) / (gpus * window),
             "p50": _pct(lat1, 0.5), "p99": _pct(lat1, 0.99), "multi50": _pct(latn, 0.5), "multi99": _pct(latn, 0.99),
-            "db_cpu_ms": None if db0 is None or db1 is None or not claims else 1000 * (db1 - db0) / claims,
+            # A short run can fall inside one clock tick of the server's CPU time (10 ms): that is no figure.
+            "db_cpu_ms": None if db0 is None or db1 is None or not claims or db1 <= db0
+            else 1000 * (db1 - db0) / claims,
             "client_cpu_ms": 1000 * sum(r["cpu_s"] for r in out) / max(1, sum(r["claims_all"] for r in out)),
             "passes": sum(r["passes"] for r in out), "pages": sum(r["pages"] for r in out),
             "busy_errors": sum(r["busy_errors"] for r in out), "calls": calls,
