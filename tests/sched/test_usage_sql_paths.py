@@ -59,13 +59,13 @@ def test_gpu_model_total_when_an_attempt_is_in_no_group(store, monkeypatch):
     set_models(store, frame, json.dumps([]))
 
     calls: list[str] = []
-    waits = usage_sql._waits
+    read = usage_sql._read_waits
 
     def counted(fetch, dialect, by, *args):
         calls.append(str(by))
-        return waits(fetch, dialect, by, *args)
+        return read(fetch, dialect, by, *args)
 
-    monkeypatch.setattr(usage_sql, "_waits", counted)
+    monkeypatch.setattr(usage_sql, "_read_waits", counted)
     groups, total = store.usage_summary(**WINDOW, by="gpu-model")
     _, window = store.usage_summary(**WINDOW, by=None)
     assert total is not None and window is not None

@@ -5,7 +5,10 @@ placeholders, JSON array functions, whole days) are a ``cuectl.sched.dialect.Dia
 per-attempt work — 100,000 attempts must report in well under a second, and handing each
 one to Python as a record cost more than the whole budget — and returns one row per group
 plus each group's queue waits (only those cross to Python one per attempt, for exact
-percentiles; _waits reads them keyed by what needs no join and names the groups after).
+percentiles; _read_waits reads them keyed by what needs no join, _place_waits names the
+groups after). Where the store has a second reader of the same snapshot (SQLite), the waits
+and the window's extra figures are read on it, on a thread of their own, while the sums run:
+the database works without the GIL, so the report takes both cores.
 What the figures mean is in ``cuectl.report`` and
 docs/accounting.md; this module only has to add them up the way it says:
 
@@ -22,8 +25,9 @@ docs/accounting.md; this module only has to add them up the way it says:
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from cuectl.sched.dialect import POSTGRES, SQLITE, Dialect  # noqa: F401  (re-exported for the stores)
 
@@ -187,7 +191,7 @@ def sums_statements(by: str | None, d: Dialect, hint: str = "") -> list[str]:
     if by == "gpu-model":
         statements.append(_sums_sql(*_base(None, d, hint)))
     elif by is not None and by not in FRAME_PARTITIONS:
-        statements.append(f"SELECT COUNT(DISTINCT a.frame_id) FROM attempts a {hint} WHERE {_window(d, 'a')}")
+        statements.append(_window_frames_sql(d, hint))
     return statements
 
 
@@ -203,31 +207,82 @@ def _sums_sql(base: str, nkeys: int) -> str:
 
 
 def summarise(fetch: Fetch, dialect: Dialect, *, since: float, until: float, by: str | None,
-              hint: str = "", with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
+              hint: str = "", with_total: bool = True,
+              fetch_aside: Fetch | None = None) -> tuple[list[UsageGroup], UsageGroup | None]:
     """The window's groups (in no particular order) and, if asked, the whole window as one
     group. ``fetch(sql, params)`` runs a query and returns its rows as sequences; ``hint``
-    goes after each scan of ``attempts`` (SQLite's ``NOT INDEXED``)."""
+    goes after each scan of ``attempts`` (SQLite's ``NOT INDEXED``).
+
+    ``fetch_aside``, when given, reads the same snapshot as ``fetch`` and may be called from
+    another thread: the queue waits (one row per attempt, the other half of the time) are
+    then read on it while the database adds up the sums on ``fetch``."""
     check_grouping(by)
     params = {"since": since, "until": until}
-    groups = _sums(fetch, dialect, by, hint, params)
+    aside = fetch_aside or fetch
+    want_seen = with_total and by == "gpu-model"
+
+    def read() -> _AsideRead:
+        """What needs no group: the waits, and the window's figures the groups cannot give."""
+        found = _read_waits(aside, dialect, by, hint, params, want_seen)
+        if want_seen:  # an attempt sits in several model groups: the window is added up afresh
+            found.window = _sums(aside, dialect, None, hint, params).get(()) or UsageGroup(())
+        elif with_total and by is not None and by not in FRAME_PARTITIONS:  # a frame can be in two groups
+            found.window_frames = int(aside(_window_frames_sql(dialect, hint), params)[0][0])
+        return found
+
+    if fetch_aside is None:
+        groups = _sums(fetch, dialect, by, hint, params)
+        found = read()
+    else:
+        groups, found = _alongside(lambda: _sums(fetch, dialect, by, hint, params), read)
     # --by gpu-model: each attempt's wait (None if it has none), read with the groups'.
-    seen: dict[Any, float | None] | None = {} if with_total and by == "gpu-model" else None
-    if groups:
-        _waits(fetch, dialect, by, hint, params, groups, seen)
+    seen: dict[Any, float | None] | None = {} if want_seen else None
+    _place_waits(fetch, by, groups, found, seen)
     rows = list(groups.values())
     if not with_total:
         return rows, None
     if by is None:
         return [], rows[0] if rows else UsageGroup(())
-    if by == "gpu-model":  # an attempt sits in several groups: add the window up afresh
+    if found.window is not None:
+        window = found.window
         assert seen is not None
-        total = _sums(fetch, dialect, None, hint, params).get(()) or UsageGroup(())
-        if len(seen) == total.attempts:  # the groups held every attempt of the window
-            total.waits = sorted(w for w in seen.values() if w is not None)
-        elif total.attempts:  # one is in no group (a recorded list without models): read them all
-            _waits(fetch, dialect, None, hint, params, {(): total}, None)
-        return rows, total
-    return rows, _total(rows, by, fetch, dialect, hint, params)
+        if len(seen) == window.attempts:  # the groups held every attempt of the window
+            window.waits = sorted(w for w in seen.values() if w is not None)
+        elif window.attempts:  # one is in no group (a recorded list without models): read them all
+            _waits(fetch, dialect, None, hint, params, {(): window}, None)
+        return rows, window
+    return rows, _total(rows, by, found.window_frames)
+
+
+def _window_frames_sql(d: Dialect, hint: str) -> str:
+    return f"SELECT COUNT(DISTINCT a.frame_id) FROM attempts a {hint} WHERE {_window(d, 'a')}"
+
+
+A = TypeVar("A")
+B = TypeVar("B")
+
+
+def _alongside(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
+    """``first()`` here while ``second()`` runs on a thread of its own (the database works
+    without the GIL, so the two queries take both cores); the first error raised wins."""
+    done: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            done.append((True, second()))
+        except BaseException as exc:  # handed to the caller below
+            done.append((False, exc))
+
+    thread = threading.Thread(target=run, name="cuectl-report-waits", daemon=True)
+    thread.start()
+    try:
+        result = first()
+    finally:
+        thread.join()  # never leave the thread reading a connection the caller closes
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return result, value
 
 
 def _sums(fetch: Fetch, dialect: Dialect, by: str | None, hint: str,
@@ -252,58 +307,107 @@ _WAIT = ("CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WH
          "THEN a.started_at - a.waiting_since ELSE 0.0 END")
 
 
+@dataclass
+class _AsideRead:
+    """What summarise reads beside the sums, before it goes to the groups. The waits:
+    ``keyed`` by job id, (job id, layer id) or the group's key; --by gpu-model's
+    recorded-model attempts as (attempt id, wait) by their list of models, with each list's
+    models; ``seen`` the other attempts' (attempt id, wait), kept only for --by gpu-model's
+    window total. And the window's own figures where the groups cannot give them: --by
+    gpu-model's ``window`` sums, or the distinct frames of a grouping that can hold a frame
+    twice (``window_frames``: host, day)."""
+
+    keyed: dict[Any, list[float]] = field(default_factory=dict)
+    by_list: dict[Any, list[tuple[Any, float | None]]] = field(default_factory=dict)
+    models: dict[Any, list[Any]] = field(default_factory=dict)
+    seen: list[tuple[Any, float | None]] = field(default_factory=list)
+    window: UsageGroup | None = None
+    window_frames: int = 0
+
+
 def _waits(fetch: Fetch, dialect: Dialect, by: str | None, hint: str, params: Mapping[str, Any],
            groups: dict[tuple, UsageGroup], seen: dict[Any, float | None] | None) -> None:
     """Fill in each group's queue waits, sorted. ``seen`` (--by gpu-model only) gets the
     id and wait (None when it has none) of each attempt the groups hold, once."""
+    _place_waits(fetch, by, groups, _read_waits(fetch, dialect, by, hint, params, seen is not None), seen)
+
+
+def _read_waits(fetch: Fetch, dialect: Dialect, by: str | None, hint: str, params: Mapping[str, Any],
+                want_seen: bool) -> _AsideRead:
+    """The waits of the window's attempts, one row each: the heavy half, which needs no
+    group (so it can run beside the sums)."""
     window = _window(dialect, "a")
-    if by in _BY_JOB:
-        per_job: dict[Any, list[float]] = {}
-        for job_id, value in fetch(f"SELECT a.job_id, {_WAIT} AS wait FROM attempts a {hint} WHERE {window} "
-                                   f"AND a.waiting_since IS NOT NULL AND a.started_at IS NOT NULL", params):
-            found = per_job.get(job_id)
-            if found is None:
-                per_job[job_id] = [float(value)]
+    found = _AsideRead()
+    keyed = found.keyed
+    if by in _BY_JOB or by == "layer":
+        # Keyed by ids without the joins the names need; the ids are named afterwards.
+        layer = ", f.layer_id" if by == "layer" else ""
+        join = " JOIN frames f ON f.id = a.frame_id" if by == "layer" else ""
+        for *ids, value in fetch(f"SELECT a.job_id{layer}, {_WAIT} AS wait FROM attempts a {hint}{join} "
+                                 f"WHERE {window} AND a.waiting_since IS NOT NULL AND a.started_at IS NOT NULL",
+                                 params):
+            key = tuple(ids) if by == "layer" else ids[0]
+            values = keyed.get(key)
+            if values is None:
+                keyed[key] = [float(value)]
             else:
-                found.append(float(value))
-        if per_job:
-            ids = ", ".join(str(int(job_id)) for job_id in per_job)  # integers read from the store itself
+                values.append(float(value))
+        return found
+    nkeys = _nkeys(by)
+    if by == "gpu-model":
+        _read_recorded_model_waits(fetch, dialect, hint, params, found)
+    waits, _ = _base(by, dialect, hint, waits_only=True, recorded=by != "gpu-model")
+    keys = "".join(f"k{i}, " for i in range(nkeys))
+    where = "" if want_seen else " WHERE wait IS NOT NULL"
+    for row in fetch(f"SELECT {keys}wait, aid FROM ({waits}) t{where}", params):
+        value = row[nkeys]
+        if value is not None:
+            value = float(value)
+            key = tuple(row[:nkeys])
+            values = keyed.get(key)
+            if values is None:
+                keyed[key] = [value]
+            else:
+                values.append(value)
+        if want_seen:
+            found.seen.append((row[nkeys + 1], value))
+    return found
+
+
+def _place_waits(fetch: Fetch, by: str | None, groups: dict[tuple, UsageGroup], found: _AsideRead,
+                 seen: dict[Any, float | None] | None) -> None:
+    """Each group's waits from what ``_read_waits`` found, sorted (names looked up here)."""
+    if by in _BY_JOB:
+        if found.keyed:
+            ids = ", ".join(str(int(job_id)) for job_id in found.keyed)  # integers read from the store itself
             for job_id, *key in fetch(f"SELECT {_BY_JOB[by]} FROM jobs j WHERE j.id IN ({ids})", {}):
                 group = groups.get((job_id, key[0]) if by == "job" else (key[0],))
                 if group is not None:
-                    group.waits.extend(per_job[job_id])
-    elif by == "layer":  # likewise by (job id, layer id): one join, not three
-        per_layer: dict[tuple[Any, Any], list[float]] = {}
-        for job_id, layer_id, value in fetch(
-                f"SELECT a.job_id, f.layer_id, {_WAIT} AS wait FROM attempts a {hint} JOIN frames f ON f.id = a.frame_id "
-                f"WHERE {window} AND a.waiting_since IS NOT NULL AND a.started_at IS NOT NULL", params):
-            found = per_layer.get((job_id, layer_id))
-            if found is None:
-                per_layer[(job_id, layer_id)] = [float(value)]
-            else:
-                found.append(float(value))
-        if per_layer:
-            jobs = _names(fetch, "jobs", {job_id for job_id, _ in per_layer})
-            layers = _names(fetch, "layers", {layer_id for _, layer_id in per_layer})
-            for (job_id, layer_id), values in per_layer.items():
+                    group.waits.extend(found.keyed[job_id])
+    elif by == "layer":  # named by (job id, layer id): one join, not three
+        if found.keyed:
+            jobs = _names(fetch, "jobs", {job_id for job_id, _ in found.keyed})
+            layers = _names(fetch, "layers", {layer_id for _, layer_id in found.keyed})
+            for (job_id, layer_id), values in found.keyed.items():
                 if job_id in jobs and layer_id in layers:
                     group = groups.get((jobs[job_id], layers[layer_id]))
                     if group is not None:
                         group.waits.extend(values)
     else:
-        nkeys = _nkeys(by)
-        keys = "".join(f"k{i}, " for i in range(nkeys))
-        if by == "gpu-model":
-            _recorded_model_waits(fetch, dialect, hint, params, groups, seen)
-        waits, _ = _base(by, dialect, hint, waits_only=True, recorded=by != "gpu-model")
-        where = "" if seen is not None else " WHERE wait IS NOT NULL"
-        for row in fetch(f"SELECT {keys}wait, aid FROM ({waits}) t{where}", params):
-            value = row[nkeys]
-            if value is not None:
-                value = float(value)
-                groups[tuple(row[:nkeys])].waits.append(value)
-            if seen is not None:
-                seen[row[nkeys + 1]] = value
+        for text, pairs in found.by_list.items():
+            of = [groups[(model,)] for model in found.models.get(text, ())]
+            if not of:  # a list without models ('[]'): in no group, as in the sums
+                continue
+            for aid, value in pairs:
+                if value is not None:
+                    for group in of:
+                        group.waits.append(value)
+                if seen is not None:
+                    seen[aid] = value
+        for key, values in found.keyed.items():
+            groups[key].waits.extend(values)
+        if seen is not None:
+            seen.update(found.seen)
     for group in groups.values():
         group.waits.sort()
 
@@ -316,40 +420,37 @@ def _names(fetch: Fetch, table: str, ids: set[Any]) -> dict[Any, Any]:
     return {row[0]: row[1] for row in fetch(f"SELECT id, name FROM {table} WHERE id IN ({listed})", {})}
 
 
-def _recorded_model_waits(fetch: Fetch, d: Dialect, hint: str, params: Mapping[str, Any],
-                          groups: dict[tuple, UsageGroup], seen: dict[Any, float | None] | None) -> None:
+def _read_recorded_model_waits(fetch: Fetch, d: Dialect, hint: str, params: Mapping[str, Any],
+                               found: _AsideRead) -> None:
     """--by gpu-model's waits of the attempts with recorded models, read once per attempt
     with its list of models (not once per model, nor joined to the lists): each distinct
-    list's models come from the database (the same rows _source joins), the waits go to
-    each of its models in Python."""
+    list's models come from the database (the same rows _source joins), and each wait goes
+    to each of its list's models when placed."""
     window = _window(d, "a2")
     lists = f"SELECT DISTINCT a2.gpu_models FROM attempts a2 {hint} WHERE {window} AND a2.gpu_models IS NOT NULL"
-    models: dict[Any, list[UsageGroup]] = {}
     for text, model in fetch(f"SELECT DISTINCT x.gpu_models, e.value FROM ({lists}) x, {d.each('x.gpu_models')}",
                              params):
-        models.setdefault(text, []).append(groups[(model,)])
+        found.models.setdefault(text, []).append(model)
+    by_list = found.by_list
     for text, value, aid in fetch(f"SELECT a.gpu_models, {_WAIT}, a.id FROM attempts a {hint} "
                                   f"WHERE {_window(d, 'a')} AND a.gpu_models IS NOT NULL", params):
-        of = models.get(text)
-        if of is None:  # a list without models ('[]'): in no group, as in the sums
-            continue
-        if value is not None:
-            value = float(value)
-            for group in of:
-                group.waits.append(value)
-        if seen is not None:
-            seen[aid] = value
+        pair = (aid, None if value is None else float(value))
+        pairs = by_list.get(text)
+        if pairs is None:
+            by_list[text] = [pair]
+        else:
+            pairs.append(pair)
 
 
 def _nkeys(by: str | None) -> int:
     return len(_KEYS[by]) if by != "gpu-model" else 1
 
 
-def _total(rows: list[UsageGroup], by: str, fetch: Fetch, dialect: Dialect, hint: str,
-           params: Mapping[str, Any]) -> UsageGroup:
+def _total(rows: list[UsageGroup], by: str, window_frames: int) -> UsageGroup:
     """Every other grouping puts each attempt in exactly one group, so the window's sums are
     the groups' sums. Distinct frames add up only where a frame cannot be in two groups;
-    elsewhere (a frame retried on another host is in two host groups) they are counted."""
+    elsewhere (a frame retried on another host is in two host groups) they are
+    ``window_frames``, counted by the database."""
     total = UsageGroup(())
     for row in rows:
         for name in ("attempts", "succeeded", "retries", "dead", "wall_seconds", "core_seconds",
@@ -359,9 +460,5 @@ def _total(rows: list[UsageGroup], by: str, fetch: Fetch, dialect: Dialect, hint
             total.gpu_memory_peak_bytes = max(total.gpu_memory_peak_bytes or 0, row.gpu_memory_peak_bytes)
         total.waits.extend(row.waits)
     total.waits.sort()
-    if by in FRAME_PARTITIONS:
-        total.frames = sum(row.frames for row in rows)
-    elif rows:
-        total.frames = int(fetch(f"SELECT COUNT(DISTINCT a.frame_id) FROM attempts a {hint} "
-                                 f"WHERE {_window(dialect, 'a')}", params)[0][0])
+    total.frames = sum(row.frames for row in rows) if by in FRAME_PARTITIONS else window_frames
     return total

@@ -181,6 +181,12 @@ class SQLStore(Store):
     def _snapshot(self, fn: Callable[[Fetch], T]) -> T:
         """Run ``fn(fetch)`` on one read snapshot; ``fetch(sql, named params)`` returns tuples."""
 
+    def _snapshot_pair(self, fn: Callable[[Fetch, Fetch | None], T]) -> T:
+        """Run ``fn(fetch, aside)`` on one read snapshot, ``aside`` a second reader of that
+        same snapshot that another thread may use, or None where the store has none (then
+        everything is read through ``fetch``)."""
+        return self._snapshot(lambda fetch: fn(fetch, None))
+
     def _scan_hint(self, fetch: Fetch, in_window: int) -> str:
         """What goes after each scan of ``attempts`` in the accounting queries."""
         return ""
@@ -1330,15 +1336,16 @@ class SQLStore(Store):
         window = {"since": since, "until": until}
         param = self.dialect.param
 
-        def summarise(fetch: Fetch) -> tuple[list[UsageGroup], UsageGroup | None]:
+        def summarise(fetch: Fetch, aside: Fetch | None) -> tuple[list[UsageGroup], UsageGroup | None]:
             in_window = int(fetch(f"SELECT COUNT(*) FROM attempts WHERE ended_at >= {param('since')} "
                                   f"AND ended_at < {param('until')}", window)[0][0])
             if not in_window:
                 return [], (UsageGroup(()) if with_total else None)
             return usage_sql.summarise(fetch, self.dialect, since=since, until=until, by=by,
-                                       hint=self._scan_hint(fetch, in_window), with_total=with_total)
+                                       hint=self._scan_hint(fetch, in_window), with_total=with_total,
+                                       fetch_aside=aside)
 
-        return self._snapshot(summarise)
+        return self._snapshot_pair(summarise)
 
     def farm_figures(self) -> FarmFigures:
         held = "gpu_uuids IS NOT NULL AND gpu_uuids <> '[]'"

@@ -54,6 +54,20 @@ _CLAIM_SQL = (
 _CLAIM_FAST = _CLAIM_SQL.format(caps="")
 
 
+#: How long a report waits for the write lock that lines its two readers up on one snapshot
+#: (SQLiteStore._begin_pinned) before it reads on one connection instead.
+PIN_WAIT_S = 0.2
+
+
+def _tuple_fetch(conn: sqlite3.Connection) -> Fetch:
+    def fetch(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        cur = conn.cursor()
+        cur.row_factory = None  # plain tuples: the accounting queries return 10^5 rows
+        return cur.execute(sql, params).fetchall()
+
+    return fetch
+
+
 class SQLiteStore(SQLStore):
     dialect = SQLITE
 
@@ -293,19 +307,64 @@ class SQLiteStore(SQLStore):
 
     # -- accounting and maintenance ------------------------------------------------------------
     def _snapshot(self, fn: Callable[[Fetch], T]) -> T:
-        def fetch(sql: str, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
-            cur = self.conn.cursor()
-            cur.row_factory = None  # plain tuples: the accounting queries return 10^5 rows
-            return cur.execute(sql, params).fetchall()
-
         try:
             self.conn.execute("BEGIN")  # deferred: a WAL read snapshot, no write lock
             try:
-                return fn(fetch)
+                return fn(_tuple_fetch(self.conn))
             finally:
                 self.conn.execute("COMMIT")
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
+
+    def _snapshot_pair(self, fn: Callable[[Fetch, Fetch | None], T]) -> T:
+        """A second connection on the very snapshot of this one, for a report's queue waits
+        (read on a thread of their own beside the sums: usage_sql.summarise). The two
+        snapshots are the same because a third connection holds the write lock while both
+        begin, so no commit can fall between them. A store whose write lock stays taken
+        for longer than a moment is read on this connection alone, as before."""
+        self._check_same_file()  # the second connection opens the path: it must still be our file
+        try:
+            aside = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None,
+                                    check_same_thread=False)
+        except sqlite3.DatabaseError:
+            return super()._snapshot_pair(fn)
+        try:
+            if not self._begin_pinned(aside):
+                return super()._snapshot_pair(fn)
+            try:
+                return fn(_tuple_fetch(self.conn), _tuple_fetch(aside))
+            finally:
+                aside.execute("COMMIT")
+                self.conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc) from None
+        finally:
+            aside.close()
+
+    def _begin_pinned(self, aside: sqlite3.Connection) -> bool:
+        """Begin read transactions on this connection and ``aside`` at one snapshot; False
+        (nothing begun) when the write lock could not be had within PIN_WAIT_S."""
+        pin = sqlite3.connect(str(self.path), timeout=PIN_WAIT_S, isolation_level=None)
+        try:
+            try:
+                pin.execute("BEGIN IMMEDIATE")  # writes nothing: it only keeps commits out
+            except sqlite3.OperationalError:
+                return False
+            begun: list[sqlite3.Connection] = []
+            try:
+                for conn in (self.conn, aside):
+                    conn.execute("BEGIN")
+                    begun.append(conn)
+                    conn.execute("SELECT COUNT(*) FROM meta").fetchall()  # the read snapshot starts here
+            except BaseException:
+                for conn in begun:
+                    conn.execute("ROLLBACK")
+                raise
+            finally:
+                pin.execute("ROLLBACK")
+            return True
+        finally:
+            pin.close()
 
     def _scan_hint(self, fetch: Fetch, in_window: int) -> str:
         # A window holding most of the table is cheaper as a table scan than as an index
