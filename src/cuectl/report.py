@@ -30,7 +30,6 @@ import io
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -311,6 +310,8 @@ def write_atomically(path: str | Path, text: str) -> None:
         mode = 0o644
     except OSError as exc:
         raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from None
+    import tempfile  # here: only --output needs it, and every report would import it (~5 ms)
+
     tmp_name: str | None = None
     try:
         fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{target.name}.", suffix=".tmp")

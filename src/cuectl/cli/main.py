@@ -109,15 +109,12 @@ class AppState:
     _store: Any = field(default=None, repr=False)
 
     def store(self, *, create: bool = False) -> Store:
-        """Open the store once per invocation (lazily: `gpu list` needs none). Only commands
-        that add work (``submit``, ``worker``) create a missing one: a mistyped --db or
-        CUECTL_DB must be an error naming the path, not an empty queue forever."""
+        """Open the store once per invocation (lazily: `gpu list` needs none); which one,
+        and whether a missing one is created: ``cuectl.cli.entry.open_cli_store``."""
         if self._store is None:
-            from cuectl import config
-            from cuectl.sched.store import open_store
+            from cuectl.cli.entry import open_cli_store
 
-            self._store = open_store(self.db or config.default_db_url(), busy_timeout_s=config.busy_timeout(),
-                                     create=create)
+            self._store = open_cli_store(self.db, create=create)
         return self._store
 
     def close(self) -> None:
