@@ -1,8 +1,9 @@
-"""A SQLite report reads its queue waits on a second connection, on a thread of its own,
-while the first adds up the sums (``SQLiteStore._snapshot_pair``). Both must read one
-snapshot: a worker committing while the two readers begin must be kept out (it would put an
-attempt's wait in the report without its sums), and a store whose write lock is taken reads
-on one connection instead, with the same figures."""
+"""A report reads its queue waits on a second connection, on a thread of its own, while the
+first adds up the sums (``_snapshot_pair`` of each store). Both must read one snapshot: a
+worker committing meanwhile must be kept out (it would put an attempt's wait in the report
+without its sums). SQLite lines its two readers up by holding the write lock while they
+begin, and a store whose write lock is taken reads on one connection instead; PostgreSQL
+exports the first reader's snapshot to the second."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from cuectl.sched import usage_sql
+from cuectl.sched.store import open_store
 from cuectl.sched.store.sqlite import SQLiteStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # --import-mode=importlib: the helpers beside this file
-from test_usage_sql import NOW, WINDOW, load, random_farm  # noqa: E402
+from test_usage_sql import NOW, WINDOW, add_attempt, add_frames, load, random_farm  # noqa: E402
 
 BYS = [None, "job", "layer", "user", "host", "day", "gpu-model"]
 
@@ -30,6 +32,13 @@ def farm(tmp_path):
     load(store, random_farm(random.Random(11), 60))
     yield store
     store.close()
+
+
+@pytest.fixture
+def any_farm(store):
+    """The same farm in each backend."""
+    load(store, random_farm(random.Random(11), 60))
+    return store
 
 
 def figures(groups, total):
@@ -50,15 +59,37 @@ def threads_reading_waits(monkeypatch) -> list[str]:
 
 
 @pytest.mark.parametrize("by", BYS)
-def test_waits_are_read_beside_the_sums_with_the_same_figures(farm, monkeypatch, by):
+def test_waits_are_read_beside_the_sums_with_the_same_figures(any_farm, monkeypatch, by):
     names = threads_reading_waits(monkeypatch)
-    beside = figures(*farm.usage_summary(**WINDOW, by=by))
+    beside = figures(*any_farm.usage_summary(**WINDOW, by=by))
     assert names[:1] == ["cuectl-report-waits"]  # the second reader was used
-    monkeypatch.setattr(SQLiteStore, "_snapshot_pair", lambda self, fn: self._snapshot(lambda f: fn(f, None)))
+    monkeypatch.setattr(type(any_farm), "_snapshot_pair", lambda self, fn: self._snapshot(lambda f: fn(f, None)))
     names.clear()
-    alone = figures(*farm.usage_summary(**WINDOW, by=by))
+    alone = figures(*any_farm.usage_summary(**WINDOW, by=by))
     assert names[:1] == [threading.current_thread().name]
     assert beside == alone
+
+
+def test_a_commit_after_the_report_began_is_not_in_it(any_farm, store_url, monkeypatch):
+    worker = open_store(store_url)  # a worker finishing a frame, on its own connection
+    (frame,) = add_frames(worker, 1, job="late")
+    want = figures(*any_farm.usage_summary(**WINDOW, by="host"))
+    read = usage_sql._read_waits
+    names: list[str] = []
+
+    def worker_finishes_then_read(*args):
+        if not names:  # the sums' reader has begun: the waits' must not see this
+            add_attempt(worker, frame, host="late", waiting=NOW - 7, start=NOW, end=NOW + 1)
+        names.append(threading.current_thread().name)
+        return read(*args)
+
+    monkeypatch.setattr(usage_sql, "_read_waits", worker_finishes_then_read)
+    got = figures(*any_farm.usage_summary(**WINDOW, by="host"))
+    assert names[:1] == ["cuectl-report-waits"]
+    assert got == want
+    groups, _ = any_farm.usage_summary(**WINDOW, by="host")  # the next report has it
+    assert [g.waits for g in groups if g.key == ("late",)] == [[7.0]]
+    worker.close()
 
 
 def _attempt_ending_now(conn: sqlite3.Connection, frame_id: int) -> None:
@@ -128,3 +159,34 @@ def test_an_error_on_the_second_reader_reaches_the_caller_and_ends_both_snapshot
     assert not farm.conn.in_transaction
     farm.conn.execute("BEGIN IMMEDIATE")  # nobody holds a snapshot or lock behind
     farm.conn.execute("ROLLBACK")
+
+
+def test_postgres_second_reader_imports_the_first_ones_snapshot(pg_url, monkeypatch):
+    # The narrowest window: a worker commits after the report's first reader began and
+    # before the second connects. Only the exported snapshot keeps the commit out of it.
+    from cuectl.sched.store import postgres
+
+    report = open_store(pg_url)
+    load(report, random_farm(random.Random(13), 30))
+    worker = open_store(pg_url)
+    (frame,) = add_frames(worker, 1, job="late")
+    want = figures(*report.usage_summary(**WINDOW, by="host"))
+    names = threads_reading_waits(monkeypatch)
+    connect = postgres.psycopg.connect
+    committed: list[bool] = []
+
+    def worker_commits_then_connect(*args, **kwargs):
+        if not committed:
+            add_attempt(worker, frame, host="late", waiting=NOW - 7, start=NOW, end=NOW + 1)
+            committed.append(True)
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(postgres.psycopg, "connect", worker_commits_then_connect)
+    got = figures(*report.usage_summary(**WINDOW, by="host"))
+    assert committed and names[:1] == ["cuectl-report-waits"]
+    assert got == want
+    monkeypatch.setattr(postgres.psycopg, "connect", connect)
+    groups, _ = report.usage_summary(**WINDOW, by="host")
+    assert [g.waits for g in groups if g.key == ("late",)] == [[7.0]]
+    worker.close()
+    report.close()

@@ -570,14 +570,39 @@ class PostgresStore(SQLStore):
     # -- accounting and maintenance ----------------------------------------------------------------
     def _snapshot(self, fn: Callable[[Fetch], T]) -> T:
         def in_snapshot(conn: Conn) -> T:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            # The accounting sums look expensive to the planner (JSON functions, a subplan per
-            # failed attempt), so PostgreSQL would JIT-compile them, which costs more than it
-            # saves here: the --by user sums query took 630 ms with JIT and 160 ms without,
-            # for 100,000 attempts.
-            conn.execute("SET LOCAL jit = off")
-            cur = conn.cursor(row_factory=tuple_row)  # plain tuples: up to 10^5 rows of waits
-            return fn(lambda sql, params: cur.execute(sql, params).fetchall())
+            _begin_report_snapshot(conn)
+            return fn(_tuple_fetch(conn))
+
+        return self._call(in_snapshot)
+
+    def _snapshot_pair(self, fn: Callable[[Fetch, Fetch | None], T]) -> T:
+        """A second connection that imports this one's snapshot (``pg_export_snapshot``),
+        for a report's queue waits, read on a thread of their own beside the sums
+        (usage_sql.summarise). Held for the one report only; where it cannot be had (the
+        server's connections all taken) the report reads on one connection, as before."""
+
+        def in_snapshot(conn: Conn) -> T:
+            _begin_report_snapshot(conn)
+            row = conn.execute("SELECT pg_export_snapshot() AS id").fetchone()
+            snapshot = str(row["id"]) if row is not None else ""
+            if not _SNAPSHOT_ID.fullmatch(snapshot):  # it goes into SQL text below
+                return fn(_tuple_fetch(conn), None)
+            try:
+                aside = psycopg.connect(self._dsn, autocommit=True, **self._conn_kwargs)
+            except psycopg.Error:
+                return fn(_tuple_fetch(conn), None)
+            try:
+                if self.acting is not None:  # reads what the user it acts for may read, no more
+                    self._set_role(aside, self.acting.name)
+                with aside.transaction():
+                    aside.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    aside.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
+                    aside.execute("SELECT set_config('statement_timeout', %s, true)",
+                                  (f"{STATEMENT_TIMEOUT_S * 1000}ms",))
+                    aside.execute("SET LOCAL jit = off")
+                    return fn(_tuple_fetch(conn), _tuple_fetch(aside))
+            finally:
+                aside.close()
 
         return self._call(in_snapshot)
 
@@ -757,3 +782,22 @@ def _top_level_parts(text: str, start: int) -> list[str]:
             if ch == ")":
                 break
     return parts
+
+
+# What pg_export_snapshot returns: hexadecimal numbers and dashes (e.g. 00000003-0000001B-1).
+_SNAPSHOT_ID = re.compile(r"[0-9A-Fa-f]+(-[0-9A-Fa-f]+)+")
+
+
+def _begin_report_snapshot(conn: Conn) -> None:
+    """The accounting reads' transaction: one snapshot, read only, without JIT."""
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    # The accounting sums look expensive to the planner (JSON functions, a subplan per
+    # failed attempt), so PostgreSQL would JIT-compile them, which costs more than it
+    # saves here: the --by user sums query took 630 ms with JIT and 160 ms without,
+    # for 100,000 attempts.
+    conn.execute("SET LOCAL jit = off")
+
+
+def _tuple_fetch(conn: Conn) -> Fetch:
+    cur = conn.cursor(row_factory=tuple_row)  # plain tuples: up to 10^5 rows of waits
+    return lambda sql, params: cur.execute(sql, params).fetchall()
