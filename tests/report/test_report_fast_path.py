@@ -6,39 +6,22 @@ with ``CUECTL_FULL_CLI=1``. Behaviour only, never timing."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cuectl.cli import entry
+from entryprobe import run_entry
 
 WINDOW = ("--since", "2024-03-01T00:00:00Z", "--until", "2024-03-01T01:00:00Z")
-# The console script's own code, plus a note at exit of whether typer was loaded.
-ENTRY = ("import atexit, os, sys\n"
-         "def _note():\n"
-         "    with open(os.environ['ENTRY_PROBE'], 'a') as fh:\n"
-         "        fh.write('typer\\n' if 'typer' in sys.modules else 'fast\\n')\n"
-         "atexit.register(_note)\n"
-         "from cuectl.cli.entry import run\n"
-         "sys.exit(run())\n")
 GENERATED = re.compile(r'"generated_at": "[^"]*"|(cuectl_report_generated_timestamp_seconds\S*) [0-9.e+]+')
 
 
 def cuectl(tmp_path: Path, args: list[str], *, full: bool, env: dict[str, str] | None = None) -> tuple[Any, str]:
     """``cuectl ARGS`` as a real process; (the result, "fast" or "typer")."""
-    probe = tmp_path / f"probe-{len(list(tmp_path.glob('probe-*')))}"
-    child_env = {**os.environ, **(env or {}), "ENTRY_PROBE": str(probe)}
-    child_env.pop("CUECTL_FULL_CLI", None)
-    if full:
-        child_env["CUECTL_FULL_CLI"] = "1"
-    out = subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, env=child_env, timeout=120)
-    return out, probe.read_text().split()[-1]
+    return run_entry(tmp_path, args, full=full, env=env)
 
 
 def both(tmp_path: Path, args: list[str], *, fast_expected: bool = True,

@@ -10,7 +10,6 @@ import inspect
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,32 +20,15 @@ from typer.testing import CliRunner
 import cuectl
 from cuectl.cli import entry
 
+from entryprobe import run_entry
+
 from .conftest import V100, make_fake_host
 
 SHOW_ENV = ("import json, os, sys; print(json.dumps({k: v for k, v in sorted(os.environ.items()) "
             "if k.startswith(('CUE_', 'CUDA_', 'NVIDIA_', 'ROCR_', 'HIP_'))})); sys.exit(int(sys.argv[1]))")
-# The console script's own code (`cuectl = cuectl.cli.entry:run`), plus a note at exit of
-# whether typer was loaded: the fast path must not load it, the full path does.
-ENTRY = ("import atexit, os, sys\n"
-         "def _note():\n"
-         "    with open(os.environ['ENTRY_PROBE'], 'a') as fh:\n"
-         "        fh.write('typer\\n' if 'typer' in sys.modules else 'fast\\n')\n"
-         "atexit.register(_note)\n"
-         "from cuectl.cli.entry import run\n"
-         "sys.exit(run())\n")
-
-
 def cuectl_run(tmp_path: Path, *args: str, full: bool, env: dict[str, str] | None = None) -> tuple[Any, str]:
     """``cuectl run ARGS`` as a real process; (the result, "fast" or "typer")."""
-    probe = tmp_path / f"probe-{os.getpid()}-{len(list(tmp_path.glob('probe-*')))}"
-    child_env = {**os.environ, **(env or {}), "ENTRY_PROBE": str(probe)}
-    child_env.pop("CUECTL_FULL_CLI", None)
-    if full:
-        child_env["CUECTL_FULL_CLI"] = "1"
-    out = subprocess.run([sys.executable, "-c", ENTRY, "run", *args], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, env=child_env, timeout=120)
-    path = probe.read_text().split() if probe.exists() else ["?"]
-    return out, path[-1]
+    return run_entry(tmp_path, ["run", *args], full=full, env=env)
 
 
 def both(tmp_path: Path, *args: str, fast_expected: bool = True, env: dict[str, str] | None = None) -> Any:
@@ -149,12 +131,8 @@ def test_the_lease_record_names_the_command(gpus4, tmp_path):
     leases = [sys.executable, "-m", "cuectl", "gpu", "leases", "--json"]
     records = []
     for full in (False, True):
-        env = {**os.environ, "ENTRY_PROBE": str(tmp_path / "leases-probe")}
-        if full:
-            env["CUECTL_FULL_CLI"] = "1"
-        out = subprocess.run([sys.executable, "-c", ENTRY, "run", "--gpus", "2", "--label", "lbl", "--",
-                              sys.executable, "-c", show, *leases], capture_output=True, text=True, env=env,
-                             stdin=subprocess.DEVNULL, timeout=120)
+        out, _ = cuectl_run(tmp_path, "--gpus", "2", "--label", "lbl", "--", sys.executable, "-c", show, *leases,
+                            full=full)
         assert out.returncode == 0, out.stderr
         held = [d["lease"] for d in json.loads(out.stdout)["devices"] if d["lease"]]
         records.append([{k: v for k, v in h.items() if k not in ("pid", "since")} for h in held])

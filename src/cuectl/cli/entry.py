@@ -78,18 +78,11 @@ def _parse_run(args: list[str]) -> dict[str, Any] | None:
             key, value = "wait", _RUN_FLAGS[arg]
             i += 1
         else:
-            name, eq, text = arg.partition("=")
-            option = _RUN_VALUE_OPTIONS.get(name)
-            if option is None:
-                return None  # -h, --help, an unknown option, a flag given a value (--no-wait=x)
-            key = option
-            if not eq:
-                if i + 1 >= len(args):
-                    return None  # missing value
-                text = args[i + 1]
-            i += 1 if eq else 2
-            if not text or text.startswith("-"):
+            # None: -h, --help, an unknown option, a flag given a value (--no-wait=x), ...
+            found = _option_value(args, i, _RUN_VALUE_OPTIONS)
+            if found is None:
                 return None
+            key, text, i = found
             value = text
             if key == "gpus":
                 if not set(text) <= _ASCII_DIGITS:
@@ -110,6 +103,24 @@ def _parse_run(args: list[str]) -> dict[str, Any] | None:
         return None  # typer's path says "no command given"
     kw["command"] = command
     return kw
+
+
+def _option_value(args: list[str], i: int, options: dict[str, str]) -> tuple[str, str, int] | None:
+    """(keyword, value, index after it) of the option taking a value at ``args[i]``,
+    ``--name value`` or ``--name=value`` (a short name only as ``-o value``); None where
+    typer should decide: not one of ``options``, no value, an empty one, or one that
+    starts with ``-``."""
+    name, eq, text = args[i].partition("=")
+    key = options.get(name) if not eq or name.startswith("--") else None
+    if key is None:
+        return None
+    if not eq:
+        if i + 1 >= len(args):
+            return None
+        text = args[i + 1]
+    if not text or text.startswith("-"):
+        return None
+    return key, text, i + (1 if eq else 2)
 
 
 def _run_fast(kw: dict[str, Any]) -> int:
@@ -142,26 +153,16 @@ def _parse_report(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
     if args[:2] != ["admin", "report"] or (db is not None and (not db or db.startswith("-"))):
         return None
     kw: dict[str, Any] = {}
-    key: str | None
     value: Any
     i = 2
     while i < len(args):
-        arg = args[i]
-        if arg == "--json":
+        if args[i] == "--json":
             key, value, i = "as_json", True, i + 1
         else:
-            name, eq, text = arg.partition("=")
-            key = _REPORT_VALUE_OPTIONS.get(name) if (eq == "" or name.startswith("--")) else None
-            if key is None:
-                return None  # -h, --help, a positional argument, an unknown option, -oFILE
-            if not eq:
-                if i + 1 >= len(args):
-                    return None  # missing value
-                text = args[i + 1]
-            i += 1 if eq else 2
-            if not text or text.startswith("-"):
-                return None
-            value = text
+            found = _option_value(args, i, _REPORT_VALUE_OPTIONS)
+            if found is None:
+                return None  # -h, --help, a positional argument, an unknown option, -oFILE, ...
+            key, value, i = found
         if key in kw:
             return None  # given twice: typer keeps the last one; leave that to it
         kw[key] = value
