@@ -334,8 +334,10 @@ class SQLiteStore(SQLStore):
             try:
                 return fn(_tuple_fetch(self.conn), _tuple_fetch(aside))
             finally:
-                aside.execute("COMMIT")
-                self.conn.execute("COMMIT")
+                try:
+                    aside.execute("COMMIT")
+                finally:
+                    self.conn.execute("COMMIT")  # whatever became of the second one
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc) from None
         finally:
