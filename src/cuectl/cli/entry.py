@@ -176,8 +176,9 @@ def _report_fast(db: str | None, kw: dict[str, Any]) -> int:
 
     opened: list[Any] = []
 
-    def store() -> Any:
-        opened.append(open_cli_store(db, create=False))
+    def store() -> Any:  # opened once, as AppState.store does
+        if not opened:
+            opened.append(open_cli_store(db, create=False))
         return opened[0]
 
     def call() -> None:
