@@ -64,6 +64,12 @@ _ATTEMPT_COLUMNS = ("frame_id", "attempt", "job_id", "host", "gpu_uuids", "outco
                     "usage", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes", "gpu_seconds",
                     "gpu_busy_seconds", "gpu_models", "failure_kind", "failure")
 # A RUNNING attempt's latest GPU values (``record_live_usage``), cleared when it ends.
+#: Does anything wait on frame ? or on its layer ? (any kind of edge): else completing the
+#: frame has nothing to release (SQLStore._release_dependents).
+_WAITED_ON = ("SELECT 1 WHERE EXISTS (SELECT 1 FROM frame_deps WHERE on_frame_id = ?) "
+              "OR EXISTS (SELECT 1 FROM layer_deps WHERE on_layer_id = ?) "
+              "OR EXISTS (SELECT 1 FROM depend_edges WHERE (on_kind = 'frame' AND on_id = ?) "
+              "OR (on_kind IN ('any', 'layer') AND on_id = ?))")
 _CLEAR_LIVE = "gpu_util_pct = NULL, gpu_memory_used_bytes = NULL, gpu_sampled_at = NULL"
 _UPSERT_SAMPLES = ("INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (?, ?, ?, ?) "
                    "ON CONFLICT (frame_id, attempt, uuid) DO UPDATE SET points = excluded.points")
@@ -665,6 +671,10 @@ class SQLStore(Store):
         Dependency rows are deleted as they are satisfied, so a frame that is retried and
         succeeds again never releases anything twice.
         """
+        # Most frames are waited on by nothing: one indexed probe then stands in for the
+        # three deletes and the scan of the layer below (a third of a completion's cost).
+        if tx.one(_WAITED_ON, (frame_id, layer_id, frame_id, layer_id)) is None:
+            return 0
         released = {int(r["frame_id"]): 1 for r in tx.all(
             "DELETE FROM frame_deps WHERE on_frame_id = ? RETURNING frame_id", (frame_id,))}
         woke = dep.wake_frames(tx, released, now) if released else 0
