@@ -1266,7 +1266,7 @@ class FrameProcess:
         self.pid = popen.pid if popen is not None else 0
         # start_new_session=True: the child called setsid() before exec, so pgid == pid.
         self.pgid = self.pid
-        self.log_path = Path(log_path)
+        self.log_path = _as_path(log_path)
         self._timeout_s = timeout_s
         self._grace = grace
         self._sample_interval = sample_interval
@@ -1352,8 +1352,9 @@ class FrameProcess:
         argv = list(argv)
         if not argv:
             raise InvalidInput("command: empty argv")
-        root = Path(log_root) if log_root is not None else Path(log_path).parent.parent
-        fd, rw_fd = _open_log_fds(Path(log_path), root, run_as, rw=log_limit is not None)
+        log_path = _as_path(log_path)
+        root = _as_path(log_root) if log_root is not None else log_path.parent.parent
+        fd, rw_fd = _open_log_fds(log_path, root, run_as, rw=log_limit is not None)
         log_cap = _LogCap(rw_fd, log_limit) if rw_fd is not None and log_limit is not None else None
         try:
             if header is not None:
@@ -1717,6 +1718,12 @@ class FrameProcess:
 def _maxrss_bytes(ru_maxrss: int) -> int:
     # Linux reports KiB, macOS bytes.
     return int(ru_maxrss) if sys.platform == "darwin" else int(ru_maxrss) * 1024
+
+
+def _as_path(path: str | Path) -> Path:
+    """``path`` as a Path, without the parse of ``Path(p)`` when it is one already (the
+    frame start path makes several a frame)."""
+    return path if isinstance(path, Path) else Path(path)
 
 
 def _self_maxrss_bytes() -> int:

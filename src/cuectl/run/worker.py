@@ -716,13 +716,14 @@ class Worker:
 
     # -- launching -------------------------------------------------------------------------
     def _launch(self, claim: ClaimedFrame, locks: list[DeviceLock], devices: tuple[Device, ...], now: float) -> None:
+        log_path = Path(claim.log_path)  # one Path a frame: each costs a parse (hot path)
         ctx = launch.FrameContext(
             job=claim.job, job_id=str(claim.job_id), layer=claim.layer, layer_id=str(claim.layer_id),
             frame_id=str(claim.frame_id), frame_number=claim.number, frames=claim.frames,
             layer_range=claim.layer_range, chunk=claim.chunk, attempt=claim.attempt, cores=claim.cores,
             memory_bytes=claim.memory_bytes,
             gpu_memory_bytes=min((d.memory_total_bytes or 0 for d in devices), default=None) if devices else None,
-            log_path=Path(claim.log_path), user=claim.user, show=claim.show or "", shot=claim.shot or "")
+            log_path=log_path, user=claim.user, show=claim.show or "", shot=claim.shot or "")
         iso_env = isolation_env(list(devices), all_vendors_present=self.vendors())
         runfile: Path | None = None
         try:
@@ -740,7 +741,7 @@ class Worker:
                 raise _NoDirectory(f"working directory {claim.cwd} does not exist on host {self.opts.name}")
             runfile = self.runfiles.write(claim)
             proc = launch.FrameProcess.start(
-                argv, env=env, log_path=Path(claim.log_path), pass_fds=[lk.fd for lk in locks], cwd=claim.cwd,
+                argv, env=env, log_path=log_path, pass_fds=[lk.fd for lk in locks], cwd=claim.cwd,
                 timeout_s=claim.timeout_s, grace=self.opts.kill_grace_s, run_as=run_as,
                 header=launch.log_header(str(claim.frame_id), claim.attempt, self.opts.name),
                 log_root=self.opts.log_dir, log_limit=claim.log_limit_bytes or self.opts.log_limit_bytes,
