@@ -7,7 +7,9 @@ Sizes follow Slurm: a bare number is MiB; K, M, G, T (optionally followed by ``B
 
 from __future__ import annotations
 
+import math
 import re
+import time
 from datetime import datetime, timezone
 
 from cuectl.errors import InvalidInput
@@ -109,11 +111,35 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+#: The last whole second ``iso`` formatted, and its text: a worker writes a log header and
+#: footer per frame, and a listing many timestamps, mostly within one second of another.
+_iso_second: tuple[float, str] = (-1.0, "")
+
+
 def iso(ts: float | None) -> str | None:
-    """Epoch seconds -> ISO 8601 UTC with a ``Z``, as every ``--json`` timestamp."""
+    """Epoch seconds -> ISO 8601 UTC with a ``Z`` and milliseconds, as every ``--json``
+    timestamp (``2026-12-04T10:20:30.123Z``).
+
+    The same text as ``datetime.fromtimestamp(ts, timezone.utc)`` formatted with
+    ``%Y-%m-%dT%H:%M:%S.%f`` cut to milliseconds — rounded to the microsecond half to
+    even, as datetime does, then truncated — at a fraction of its cost (tested against it).
+    """
+    global _iso_second
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    fraction, whole = math.modf(ts)
+    micros = round(fraction * 1e6)
+    if micros >= 1_000_000:
+        micros -= 1_000_000
+        whole += 1.0
+    elif micros < 0:  # before 1970
+        micros += 1_000_000
+        whole -= 1.0
+    second, text = _iso_second
+    if whole != second:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _iso_second = (whole, text)
+    return f"{text}.{micros // 1000:03d}Z"
 
 
 def parse_time(value: str, *, now: float, field: str = "time") -> float:
