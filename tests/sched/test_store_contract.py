@@ -129,6 +129,68 @@ def test_claim_records_everything_and_completion_is_fenced(store):
     assert [(a["attempt"], a["outcome"], a["exit_code"]) for a in history] == [(1, "failed", 1), (2, "failed", 3)]
 
 
+def test_complete_and_claim_records_reports_then_claims(store):
+    # A worker's slot: the frames that ended are recorded as complete_frame records them,
+    # in order, and then the next frame is claimed; stale reports change nothing.
+    job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-4", "retries": 1,
+                                       "max_running": 2}]), now=NOW)
+    a, b = claim_next(store), claim_next(store)
+    assert claim_next(store) is None  # the layer's max_running is reached
+    layer_id = store.runnable_layers()[0].layer_id
+    states, c = store.complete_and_claim(
+        [(a.frame_id, a.attempt, ok()), (b.frame_id, b.attempt, ok(1)), (a.frame_id, a.attempt + 1, ok())],
+        layer_id, reported_at=NOW + 2, host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 2, lease_s=60)
+    assert states == ["SUCCEEDED", "WAITING", None]  # b has a retry left; the last report is stale
+    # What the reports freed is what the claim sees: b's retry (frame order) runs next.
+    assert c is not None and (c.frame_id, c.attempt) == (b.frame_id, 2)
+    assert store.get_frame(a.frame_id)["state"] == "SUCCEEDED"
+    assert [h["outcome"] for h in store.get_frame(b.frame_id)["attempt_history"]] == ["failed"]
+    assert store.get_frame(c.frame_id)["state"] == "RUNNING"
+    d = claim_next(store, now=NOW + 3)  # frame 3: the layer's two slots are taken again
+    states, f = store.complete_and_claim([(c.frame_id, c.attempt, ok()), (d.frame_id, d.attempt, ok())], layer_id,
+                                         reported_at=NOW + 4, host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 4,
+                                         lease_s=60)
+    assert states == ["SUCCEEDED", "SUCCEEDED"] and f is not None and f.number == 4
+    # Nothing left to claim: the report is recorded all the same, and finishes the job.
+    states, none = store.complete_and_claim([(f.frame_id, f.attempt, ok())], layer_id, reported_at=NOW + 5,
+                                            host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 5, lease_s=60)
+    assert states == ["SUCCEEDED"] and none is None
+    assert store.get_job(job_id)["state"] == "FINISHED"
+
+
+def test_complete_and_claim_without_reports_is_a_claim(store):
+    store.submit(job(), now=NOW)
+    layer_id = store.runnable_layers()[0].layer_id
+    states, c = store.complete_and_claim([], layer_id, reported_at=NOW, host="h1", worker="h1-w",
+                                         gpu_uuids=["GPU-a"], now=NOW, lease_s=60)
+    assert states == [] and c is not None and c.gpu_uuids == ("GPU-a",)
+    assert store.get_frame(c.frame_id)["host"] == "h1"
+
+
+def test_sqlite_complete_and_claim_is_one_transaction(tmp_path):
+    # The point of it on SQLite: one commit for the reports and the claim. And all or
+    # nothing: a claim that fails takes the reports back with it (they stay the worker's).
+    store = open_store(str(tmp_path / "q.db"))
+    store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-3"}]), now=NOW)
+    a = claim_next(store)
+    layer_id = store.runnable_layers()[0].layer_id
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    states, b = store.complete_and_claim([(a.frame_id, a.attempt, ok())], layer_id, reported_at=NOW,
+                                         host="h1", worker="h1-w", gpu_uuids=[], now=NOW, lease_s=60)
+    store.conn.set_trace_callback(None)
+    assert states == ["SUCCEEDED"] and b is not None
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+    # A claim that fails inside the transaction: the report is rolled back too.
+    store.conn.execute("CREATE TRIGGER no_claims BEFORE UPDATE OF attempts ON frames "
+                       "BEGIN SELECT RAISE(ABORT, 'claims refused'); END")
+    with pytest.raises(StoreError, match="claims refused"):
+        store.complete_and_claim([(b.frame_id, b.attempt, ok())], layer_id, reported_at=NOW, host="h1",
+                                 worker="h1-w", gpu_uuids=[], now=NOW, lease_s=60)
+    assert store.get_frame(b.frame_id)["state"] == "RUNNING"
+    assert store.get_frame(b.frame_id)["attempt_history"] == []
+
+
 def test_success_finishes_job(store):
     job_id = store.submit(job(), now=NOW)
     while (c := claim_next(store)) is not None:

@@ -357,6 +357,23 @@ class Store(abc.ABC):
         """Record the end of an attempt (fenced: ignored unless ``attempt`` is current and the
         frame is RUNNING). Returns the new state, or None when the report was stale."""
 
+    def complete_and_claim(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, *,
+                           reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str], now: float,
+                           lease_s: float, log_dir: Path | str | None = None
+                           ) -> tuple[list[str | None], ClaimedFrame | None]:
+        """``complete_frame(frame_id, attempt, result, now=reported_at)`` for each report, in
+        order, then ``claim_frame(layer_id, ...)``: the new states and the claim. A worker's
+        frame that ended and the frame it starts next in the slot go together this way.
+
+        A backend that can writes all of it in one transaction (SQLite: one commit, and
+        the pages the two share written once). Either way, after an error some reports may
+        have been recorded: reporting them again is harmless (fenced), and no frame was
+        claimed unless this returned."""
+        states = [self.complete_frame(frame_id, attempt, result, now=reported_at)
+                  for frame_id, attempt, result in reports]
+        return states, self.claim_frame(layer_id, host=host, worker=worker, gpu_uuids=gpu_uuids, now=now,
+                                        lease_s=lease_s, log_dir=log_dir)
+
     @abc.abstractmethod
     def requeue_frame(self, frame_id: int, attempt: int, *, now: float, reason: str) -> str | None:
         """Give a RUNNING attempt back to the queue (a draining worker's second signal)."""

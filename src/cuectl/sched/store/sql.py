@@ -1033,40 +1033,41 @@ class SQLStore(Store):
         return row
 
     def complete_frame(self, frame_id: int, attempt: int, result: FrameResult, *, now: float) -> str | None:
-        def complete(tx: Tx) -> str | None:
-            row = self._running_frame(tx, frame_id, attempt)
-            if row is None:
-                return None  # a stale report from an older attempt changes nothing
-            new_state, outcome = lifecycle.next_state(result, row["action"], attempt, row["retries"])
-            usage = dict(result.usage)
-            failure = lifecycle.failure_text(result) if outcome in ("failed", "timeout") else None
-            # A failed frame's next attempt waits (back-off); a user's retry does not.
-            delay = m.retry_delay(row["retry_delay_s"], attempt) if new_state == m.WAITING and failure else 0.0
-            retry_at = now + delay if delay > 0 else None
-            tx.run(
-                f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, exit_code = ?, "
-                "retry_at = ?, failure = CASE WHEN ? THEN ? ELSE failure END, exit_signal = ?, "
-                "started_at = COALESCE(?, started_at), ended_at = ?, max_rss_bytes = ?, cpu_seconds = ?, "
-                "gpu_util_mean_pct = ?, gpu_util_max_pct = ?, gpu_memory_peak_bytes = ?, gpu_seconds = ?, "
-                "gpu_busy_seconds = ?, waiting_since = CASE WHEN ? THEN ? ELSE waiting_since END WHERE id = ?",
-                (new_state, result.exit_code, retry_at, outcome in ("succeeded", "failed", "timeout"), failure, result.exit_signal,
-                 result.started_at, result.ended_at or now,
-                 result.max_rss_bytes, result.cpu_seconds, usage.get("gpu_util_mean_pct"),
-                 usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"), usage.get("gpu_seconds"),
-                 usage.get("gpu_busy_seconds"), new_state == m.WAITING, now, frame_id))
-            self._record_attempt(tx, frame_id, attempt, row, outcome, result, now)
-            woke = int(new_state == m.WAITING)
-            if new_state in m.RELEASING_STATES or (new_state == m.EATEN and self._satisfy_on_eaten(tx)):
-                woke += self._release_dependents(tx, frame_id, row["layer_id"], now)
-            elif new_state == m.DEAD:
-                notes.record_dead(tx, row["job_id"], frame_id, now)
-            self._finish_job_if_done(tx, row["job_id"], now)
-            if woke:
-                self._notify(tx)
-            return new_state
-
         # Safe to repeat after a lost COMMIT: the repeat is fenced and returns None.
-        return self._write(complete)
+        return self._write(lambda tx: self._complete(tx, frame_id, attempt, result, now))
+
+    def _complete(self, tx: Tx, frame_id: int, attempt: int, result: FrameResult, now: float) -> str | None:
+        """``complete_frame``'s work, in ``tx``."""
+        row = self._running_frame(tx, frame_id, attempt)
+        if row is None:
+            return None  # a stale report from an older attempt changes nothing
+        new_state, outcome = lifecycle.next_state(result, row["action"], attempt, row["retries"])
+        usage = dict(result.usage)
+        failure = lifecycle.failure_text(result) if outcome in ("failed", "timeout") else None
+        # A failed frame's next attempt waits (back-off); a user's retry does not.
+        delay = m.retry_delay(row["retry_delay_s"], attempt) if new_state == m.WAITING and failure else 0.0
+        retry_at = now + delay if delay > 0 else None
+        tx.run(
+            f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, exit_code = ?, "
+            "retry_at = ?, failure = CASE WHEN ? THEN ? ELSE failure END, exit_signal = ?, "
+            "started_at = COALESCE(?, started_at), ended_at = ?, max_rss_bytes = ?, cpu_seconds = ?, "
+            "gpu_util_mean_pct = ?, gpu_util_max_pct = ?, gpu_memory_peak_bytes = ?, gpu_seconds = ?, "
+            "gpu_busy_seconds = ?, waiting_since = CASE WHEN ? THEN ? ELSE waiting_since END WHERE id = ?",
+            (new_state, result.exit_code, retry_at, outcome in ("succeeded", "failed", "timeout"), failure, result.exit_signal,
+             result.started_at, result.ended_at or now,
+             result.max_rss_bytes, result.cpu_seconds, usage.get("gpu_util_mean_pct"),
+             usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"), usage.get("gpu_seconds"),
+             usage.get("gpu_busy_seconds"), new_state == m.WAITING, now, frame_id))
+        self._record_attempt(tx, frame_id, attempt, row, outcome, result, now)
+        woke = int(new_state == m.WAITING)
+        if new_state in m.RELEASING_STATES or (new_state == m.EATEN and self._satisfy_on_eaten(tx)):
+            woke += self._release_dependents(tx, frame_id, row["layer_id"], now)
+        elif new_state == m.DEAD:
+            notes.record_dead(tx, row["job_id"], frame_id, now)
+        self._finish_job_if_done(tx, row["job_id"], now)
+        if woke:
+            self._notify(tx)
+        return new_state
 
     @staticmethod
     def _record_attempt(tx: Tx, frame_id: int, attempt: int, row: Row, outcome: str, result: FrameResult | None,

@@ -27,7 +27,7 @@ from cuectl.sched import model as m
 from cuectl.sched.dialect import SQLITE
 from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import lifecycle, schema
-from cuectl.sched.store.base import Actor, ClaimedFrame
+from cuectl.sched.store.base import Actor, ClaimedFrame, FrameResult
 from cuectl.sched.store.sql import Row, SQLStore, Tx
 from cuectl.sched.usage_sql import Fetch
 
@@ -291,15 +291,40 @@ class SQLiteStore(SQLStore):
     # -- the claim (hot path) ------------------------------------------------------------------
     def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
                     now: float, lease_s: float, log_dir: Path | str | None = None) -> ClaimedFrame | None:
+        layer, sql, params = self._claim_statement(layer_id, host, worker, gpu_uuids, now, lease_s, log_dir)
+        try:
+            row = self.conn.execute(sql, params).fetchone()  # one statement: its own transaction
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc) from None
+        return self._claimed(layer, row, gpu_uuids)
+
+    def complete_and_claim(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, *,
+                           reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str], now: float,
+                           lease_s: float, log_dir: Path | str | None = None
+                           ) -> tuple[list[str | None], ClaimedFrame | None]:
+        # One transaction: a no-op frame's completion and claim write mostly the same pages
+        # (its layer's and job's index entries), which two commits wrote to the WAL twice.
+        layer, sql, params = self._claim_statement(layer_id, host, worker, gpu_uuids, now, lease_s, log_dir)
+
+        def both(tx: Tx) -> tuple[list[str | None], Any]:
+            states = [self._complete(tx, frame_id, attempt, result, reported_at)
+                      for frame_id, attempt, result in reports]
+            return states, self.conn.execute(sql, params).fetchone()
+
+        states, row = self._write(both)
+        return states, self._claimed(layer, row, gpu_uuids)
+
+    def _claim_statement(self, layer_id: int, host: str, worker: str, gpu_uuids: Sequence[str], now: float,
+                         lease_s: float, log_dir: Path | str | None) -> tuple[Row, str, tuple[Any, ...]]:
+        """The layer's row, and the UPDATE ... RETURNING that claims its next frame."""
         layer = self._layer_row(layer_id)
         condition, cap_params = capsmod.claim_condition(self.layer_caps(layer_id))
         sql = _CLAIM_SQL.format(caps=f" AND {condition}") if condition else _CLAIM_FAST
-        try:
-            row = self.conn.execute(sql, (
-                host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now, str(log_dir or self.log_dir), layer["name"],
-                layer_id, now, host, *cap_params)).fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise self._translate(exc) from None
+        return layer, sql, (host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now,
+                            str(log_dir or self.log_dir), layer["name"], layer_id, now, host, *cap_params)
+
+    @staticmethod
+    def _claimed(layer: Row, row: Any, gpu_uuids: Sequence[str]) -> ClaimedFrame | None:
         if row is None:
             return None
         return lifecycle.claimed_frame(layer, frame_id=row[0], attempt=row[1], number=row[2], frames=row[3],
