@@ -115,11 +115,16 @@ class RunningFrame:
 
 @dataclass
 class Pending:
-    """A finished attempt whose report the store has not accepted yet (store busy)."""
+    """A finished attempt whose report the store has not recorded yet: it goes with the
+    iteration's next claim, else on its own at the iteration's end (``Worker.loop``), and
+    waits for a later iteration while the store is busy or unreachable."""
 
     frame_id: int
     attempt: int
     result: FrameResult
+    # Its place in this iteration's ``LoopStats.ended`` (whose state the report fills in);
+    # None once the iteration that ended it is over.
+    ended: int | None = None
 
 
 @dataclass
@@ -327,7 +332,8 @@ class Worker:
         self.write_heartbeat_file()
         if self._rediscover_due(now):
             self.refresh_inventory(now)
-        self._flush_pending(now)
+        for p in self.pending:
+            p.ended = None  # (last iteration's stats are gone)
         self._collect_finished()
         if self.running and now >= min((r.next_sample for r in self.running.values()), default=now):
             self._sample(now)
@@ -343,6 +349,7 @@ class Worker:
             if not self.draining and not self._reached_max():
                 self._claim_all(now)
                 self._store_ok_at = time.time()
+            self._flush_pending()  # the reports no claim took along
             self._deliver_notifications(now)
             self._live_paused = False
             if self._store_down_since is not None:
@@ -687,9 +694,22 @@ class Worker:
 
     def _claim(self, layer: RunnableLayer, locks: list[DeviceLock], now: float,
                devices: Sequence[Device] = ()) -> bool:
-        claim = self.store.claim_frame(layer.layer_id, host=self.opts.name, worker=self.worker_id,
-                                       gpu_uuids=[d.uuid for d in devices], now=now,
-                                       lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
+        uuids = [d.uuid for d in devices]
+        if not self.pending:
+            claim = self.store.claim_frame(layer.layer_id, host=self.opts.name, worker=self.worker_id,
+                                           gpu_uuids=uuids, now=now, lease_s=self.opts.lease_timeout_s,
+                                           log_dir=self.opts.log_dir)
+        else:
+            # The frames that ended go with this claim: one transaction (one commit on
+            # SQLite) for the slot's old frame and its new one. If it fails they stay pending.
+            reports = list(self.pending)
+            states, claim = self.store.complete_and_claim(
+                [(p.frame_id, p.attempt, p.result) for p in reports], layer.layer_id,
+                reported_at=self.store.clock(), host=self.opts.name, worker=self.worker_id, gpu_uuids=uuids,
+                now=now, lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
+            del self.pending[:len(reports)]
+            for p, state in zip(reports, states):
+                self._reported(p, state)
         if claim is None:
             return False
         self._crash_point("after_claim")
@@ -811,9 +831,10 @@ class Worker:
                              failure_kind=why.kind if why else None, failure=why.text if why else None,
                              permanent=bool(why and why.permanent))
         self._crash_point("before_complete")
-        state = self._report(rf.claim.frame_id, rf.claim.attempt, result)
+        # Recorded with this iteration's next claim, or at its end (``loop``).
+        self.pending.append(Pending(rf.claim.frame_id, rf.claim.attempt, result, ended=len(self.stats.ended)))
         self.stats.finished += 1
-        self.stats.ended.append((rf.claim, info, state))
+        self.stats.ended.append((rf.claim, info, None))
 
     def _why_failed(self, rf: RunningFrame, info: launch.ExitInfo) -> failures.Failure | None:
         """Why the attempt failed, from its exit, its log's tail (GPU out of memory) and the
@@ -840,19 +861,27 @@ class Worker:
             self._oom_read = (clock, failures.oom_kill_count(self._cgroup_dir))
         return self._oom_read[1]
 
-    def _report(self, frame_id: int, attempt: int, result: FrameResult) -> str | None:
+    def _report(self, frame_id: int, attempt: int, result: FrameResult, ended: int | None = None) -> str | None:
         try:
-            return self.store.complete_frame(frame_id, attempt, result, now=self.store.clock())
+            state = self.store.complete_frame(frame_id, attempt, result, now=self.store.clock())
         except StoreError:
             # The store is busy or unreachable: keep the result and retry next iteration
             # (the frame's lease is still extended by our heartbeats meanwhile).
-            self.pending.append(Pending(frame_id, attempt, result))
+            self.pending.append(Pending(frame_id, attempt, result, ended))
             return None
+        self._reported(Pending(frame_id, attempt, result, ended), state)
+        return state
 
-    def _flush_pending(self, now: float) -> None:
+    def _reported(self, p: Pending, state: str | None) -> None:
+        """``p`` is recorded: what this iteration says of its frame gets the new state."""
+        if p.ended is not None:
+            claim, info, _ = self.stats.ended[p.ended]
+            self.stats.ended[p.ended] = (claim, info, state)
+
+    def _flush_pending(self) -> None:
         pending, self.pending = self.pending, []
         for p in pending:
-            self._report(p.frame_id, p.attempt, p.result)
+            self._report(p.frame_id, p.attempt, p.result, p.ended)
 
     # -- heartbeats, user actions, sampling -------------------------------------------------
     def _heartbeat(self, now: float) -> None:
