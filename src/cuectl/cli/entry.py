@@ -1,6 +1,6 @@
 """Console-script entry point, kept import-light.
 
-Three commands are answered here without building the typer command tree (typer, click
+Four commands are answered here without building the typer command tree (typer, click
 and the modules of every command: ~180 ms for `run`, ~45 ms of a report's ~350):
 
 - ``cuectl --version``;
@@ -9,7 +9,10 @@ and the modules of every command: ~180 ms for `run`, ~45 ms of a report's ~350):
   typer command calls, errors printed as ``cuectl.cli.main`` prints them;
 - an ordinary ``cuectl [--db URL] admin report [OPTIONS]`` (``_parse_report``): the same
   ``cuectl.cli.report_view.show_report`` the typer command calls (a report scraped for
-  Prometheus every few seconds, or run from cron).
+  Prometheus every few seconds, or run from cron);
+- an ordinary ``cuectl [--db URL] submit [FLAGS] -- COMMAND...`` (``_parse_submit``): the
+  same ``cuectl.cli.submit_flags.flag_spec`` the typer command calls (a pipeline submitting
+  a job per shot). Spec files, notifications, ``--dry-run`` and ``--json`` go to the full CLI.
 
 Anything else — help, completion, other root options (``--debug``), an unknown or repeated
 option, a value typer would convert or refuse (``--gpus x``, ``--gpus -1``), a value that
@@ -37,6 +40,21 @@ _RUN_FLAGS = {"--wait": True, "--no-wait": False}
 #: `cuectl admin report` options taking one value -> the keyword of ``show_report``.
 _REPORT_VALUE_OPTIONS = {"--since": "since", "--until": "until", "--by": "by", "--format": "format_",
                          "--output": "output", "-o": "output"}
+#: `cuectl submit` flags taking one value -> the keyword of ``submit_flags.flag_spec``, and
+#: how the fast path converts it (None: a string; int and float: plain decimals only, as
+#: typer reads them; anything else goes to typer, which converts it or words its refusal).
+_SUBMIT_VALUE_OPTIONS = {
+    "--name": "name", "--range": "range_", "--chunk": "chunk", "--layer": "layer", "--gpus": "gpus",
+    "--gpu-vendor": "gpu_vendor", "--gpu-model": "gpu_model", "--gpu-memory-min": "gpu_memory_min",
+    "--cores": "cores", "--memory": "memory", "--priority": "priority", "--retries": "retries",
+    "--timeout": "timeout", "--env": "env", "--tag": "tag", "--log-limit": "log_limit", "--project": "project",
+    "--show": "show", "--shot": "shot", "--service": "service", "--max-running": "max_running",
+    "--max-cores": "max_cores", "--max-gpus": "max_gpus", "--limit": "limit", "--retry-delay": "retry_delay",
+    "--chdir": "chdir", "-D": "chdir", "--export": "export",
+}
+_SUBMIT_INTS = frozenset({"chunk", "gpus", "priority", "retries", "max_running", "max_gpus"})
+_SUBMIT_FLOATS = frozenset({"cores", "max_cores"})
+_SUBMIT_LISTS = frozenset({"gpu_model", "env", "tag", "limit"})
 _ASCII_DIGITS = frozenset("0123456789")
 
 
@@ -52,10 +70,13 @@ def run() -> None:
             parsed = _parse_run(args[1:])
             if parsed is not None:
                 sys.exit(_run_fast(parsed))
-        elif "report" in args[:4]:
-            report = _parse_report(args)
+        else:
+            report = _parse_report(args) if "report" in args[:4] else None
             if report is not None:
                 sys.exit(_report_fast(*report))
+            submit = _parse_submit(args) if "submit" in args[:3] else None
+            if submit is not None:
+                sys.exit(_submit_fast(*submit))
     from cuectl.cli.main import app
 
     app()
@@ -142,15 +163,27 @@ def _info(text: str) -> None:
     term.info(text)
 
 
-def _parse_report(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
-    """(``--db``'s value, ``show_report``'s keywords) for ``cuectl [--db URL] admin report
-    [OPTIONS]``, exactly as typer would give them; None unless plainly ordinary."""
+def _split_db(args: list[str]) -> tuple[str | None, list[str]] | None:
+    """(``--db``'s value or None, the arguments after it) of ``cuectl [--db URL] ...``;
+    None where typer should decide (an empty value, or one that starts with ``-``)."""
     db: str | None = None
     if args[:1] == ["--db"] and len(args) > 1:
         db, args = args[1], args[2:]
     elif args[:1] and args[0].startswith("--db="):
         db, args = args[0][len("--db="):], args[1:]
-    if args[:2] != ["admin", "report"] or (db is not None and (not db or db.startswith("-"))):
+    if db is not None and (not db or db.startswith("-")):
+        return None
+    return db, args
+
+
+def _parse_report(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
+    """(``--db``'s value, ``show_report``'s keywords) for ``cuectl [--db URL] admin report
+    [OPTIONS]``, exactly as typer would give them; None unless plainly ordinary."""
+    split = _split_db(args)
+    if split is None:
+        return None
+    db, args = split
+    if args[:2] != ["admin", "report"]:
         return None
     kw: dict[str, Any] = {}
     value: Any
@@ -186,6 +219,73 @@ def _report_fast(db: str | None, kw: dict[str, Any]) -> int:
 
         try:
             show_report(store, **kw)
+        finally:
+            for s in opened:
+                s.close()
+
+    return guarded(call, debug=False)
+
+
+def _parse_submit(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
+    """(``--db``'s value, ``submit_flags.flag_spec``'s keywords with the command as
+    ``args``) for ``cuectl [--db URL] submit [FLAGS] -- COMMAND...``, exactly as typer
+    would give them; None unless plainly ordinary (then the full CLI parses it)."""
+    split = _split_db(args)
+    if split is None:
+        return None
+    db, args = split
+    if args[:1] != ["submit"]:
+        return None
+    kw: dict[str, Any] = {}
+    value: Any
+    i = 1
+    while i < len(args) and args[i] != "--":
+        if args[i] == "--paused":
+            key, value, i = "paused", True, i + 1
+        else:
+            # None: a spec file, -h, --json, --dry-run, notifications, an unknown option, ...
+            found = _option_value(args, i, _SUBMIT_VALUE_OPTIONS)
+            if found is None:
+                return None
+            key, value, i = found
+            if key in _SUBMIT_INTS or key in _SUBMIT_FLOATS:
+                whole, dot, part = value.partition(".")
+                if not (set(whole) <= _ASCII_DIGITS and whole and set(part) <= _ASCII_DIGITS
+                        and (not dot or (key in _SUBMIT_FLOATS and part))):
+                    return None  # typer converts it (or words its refusal)
+                value = float(value) if key in _SUBMIT_FLOATS else int(value)
+            elif key in _SUBMIT_LISTS:
+                kw.setdefault(key, []).append(value)
+                continue
+        if key in kw:
+            return None  # given twice: typer keeps the last one; leave that to it
+        kw[key] = value
+    command = args[i + 1:]
+    from cuectl.cli.submit_flags import is_spec_form
+
+    if i >= len(args) or not command or is_spec_form(command, kw.get("name")):
+        return None  # no `--`, no command, or one word typer's path takes for a spec file
+    kw["args"] = command
+    return db, kw
+
+
+def _submit_fast(db: str | None, kw: dict[str, Any]) -> int:
+    """``submit_flags.submit_flags`` with the CLI's error handling, the store opened (only
+    once the flags are valid) and closed as the full CLI's ``AppState`` does."""
+    from cuectl.cli.guard import guarded
+
+    opened: list[Any] = []
+
+    def store() -> Any:
+        if not opened:
+            opened.append(open_cli_store(db, create=True))
+        return opened[0]
+
+    def call() -> None:
+        from cuectl.cli.submit_flags import submit_flags
+
+        try:
+            submit_flags(store, **kw)
         finally:
             for s in opened:
                 s.close()

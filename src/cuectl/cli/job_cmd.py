@@ -6,7 +6,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from cuectl.cli import term
+from cuectl.cli import submit_flags, term
 from cuectl.errors import InvalidInput
 from cuectl.sched import model as m
 
@@ -22,34 +22,7 @@ def _store(ctx: typer.Context):
 
 
 # -- submit ------------------------------------------------------------------------------
-_SPEC_SUFFIXES = (".yaml", ".yml", ".json")
-# Interpreters: `python3 train.py` is named after train.py, not python3.
-_INTERPRETERS = r"(python|pypy|bash|sh|zsh|dash|ksh|node|perl|ruby|php|lua|julia|rscript)[0-9.]*"
-
-
-def _name_from_command(argv: List[str]) -> str:
-    """The job name of ``cuectl submit -- CMD ARGS`` without --name (docs/job-spec.md):
-    the basename of the command, or of the script when the command is an interpreter
-    (``python3 train.py`` -> ``train.py``); invisible characters become ``_``, a name of
-    only digits gets a ``job-`` prefix (digits mean a job id)."""
-    import re
-
-    from cuectl.sched.fields import invisible_character
-    from cuectl.sched.spec import MAX_JOB_NAME
-
-    def base(word: str) -> str:
-        return word.rstrip("/").rsplit("/", 1)[-1]
-
-    word = base(argv[0])
-    script = argv[1] if len(argv) > 1 else ""
-    if re.fullmatch(_INTERPRETERS, word, re.IGNORECASE) and script and not script.startswith("-"):
-        word = base(script)
-    word = "".join(c if c == " " or invisible_character(c) is None else "_" for c in word).strip()
-    if not word:
-        word = "job"
-    if word.isdigit():
-        word = f"job-{word}"
-    return word[:MAX_JOB_NAME].strip()
+_SPEC_SUFFIXES = submit_flags.SPEC_SUFFIXES
 
 
 def _read_stdin_spec() -> str:
@@ -158,9 +131,9 @@ def submit(
     from cuectl.sched import spec as specs
 
     args = list(args or [])
-    where, environ = config.submit_cwd(), config.submit_environ()
-    if len(args) == 1 and (name is None or args[0] == "-" or args[0].lower().endswith(_SPEC_SUFFIXES)):
+    if submit_flags.is_spec_form(args, name):
         # A spec (a file, or - for standard input); flags given too override it (_spec_flags).
+        where, environ = config.submit_cwd(), config.submit_environ()
         adjust = _spec_flags(ctx, specs)
         notes: List[str] = []  # what an Open Job Description template asks that cuectl cannot honour
         if args[0] == "-":
@@ -194,25 +167,13 @@ def submit(
             term.warn(note)
         if log_limit is not None:  # for every layer that does not set its own
             job_spec = specs.with_log_limit(job_spec, log_limit, "--log-limit")
-    else:
-        if not args:
-            raise InvalidInput("give one job spec file, - for standard input, or a command after --",
-                               hint="cuectl submit job.yaml | cuectl submit - < job.yaml | "
-                                    "cuectl submit [--name N] --range 1-10 -- CMD ARGS")
-        if param:
-            raise InvalidInput("--param: only for Open Job Description templates (a spec file)")
-        if args[0].lower().endswith(_SPEC_SUFFIXES):
-            raise InvalidInput("give one job spec file (one job per submit)",
-                               hint="cuectl submit job.yaml; for a command: cuectl submit -- CMD ARGS")
-        job_spec = specs.spec_from_flags(
-            name=_name_from_command(args) if name is None else name, command=args, range=range_, chunk=chunk,
-            layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
-            gpu_models=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
-            retries=retries, timeout=timeout, env=env, tags=tag, paused=paused, user=config.current_user(),
-            frame_limit=config.frame_limit(), log_limit=log_limit, project=project, show=show, shot=shot,
-            service=service, max_running=max_running,
-            max_cores=max_cores, max_gpus=max_gpus, limits=limit, retry_delay=retry_delay, chdir=chdir,
-            export=export, cwd=where, environ=environ)
+    else:  # one layer from the flags, the command after -- (the console script's fast path too)
+        job_spec = submit_flags.flag_spec(
+            args, name=name, range_=range_, chunk=chunk, layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
+            gpu_model=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
+            retries=retries, timeout=timeout, env=env, tag=tag, paused=paused, log_limit=log_limit,
+            project=project, show=show, shot=shot, service=service, max_running=max_running, max_cores=max_cores,
+            max_gpus=max_gpus, limit=limit, retry_delay=retry_delay, chdir=chdir, export=export, param=param)
     if notify_command or notify_webhook or notify_email or notify_on:  # added to a spec's notify:
         import dataclasses
 
