@@ -665,10 +665,11 @@ class Worker:
 
     def _check_layer(self, claim: ClaimedFrame) -> None:
         """Raise ``Unproven`` unless this layer is what its user submitted (read once per
-        distinct layer content: the digest is recomputed for every frame)."""
-        digest = identity.layer_digest(job_id=claim.job_id, user=claim.user, layer=claim.layer, command=claim.command,
-                                       env=claim.env, frame_range=claim.layer_range, chunk=claim.chunk, cwd=claim.cwd)
-        key = (claim.job_id, claim.user, claim.submitted_by, claim.receipt, claim.layer, digest)
+        distinct layer content: every field the receipt's digest covers is in the key, so
+        a row changed since is checked afresh; the digest itself, a hash of its JSON, is
+        computed only then)."""
+        key = (claim.job_id, claim.user, claim.submitted_by, claim.receipt, claim.layer, claim.command,
+               tuple(sorted(claim.env.items())), claim.layer_range, claim.chunk, claim.cwd)
         if key in self._proven:
             return
         identity.check_layer(user=claim.user, job_id=claim.job_id, layer=claim.layer, command=claim.command,
@@ -1111,6 +1112,7 @@ class RunFiles:
         # Each slot this process opened: its descriptor (kept open) and the file's size in
         # bytes (it never shrinks: shorter records are padded).
         self._open: dict[Path, tuple[int, int]] = {}
+        self._paths: dict[int, Path] = {}  # slot -> its path, made once
 
     def write(self, claim: ClaimedFrame) -> Path:
         """Record ``claim`` in a free slot; the slot's path (handed back to ``clear``)."""
@@ -1118,7 +1120,9 @@ class RunFiles:
             slot = heapq.heappop(self._free)
         else:
             slot, self._slots = self._slots, self._slots + 1
-        path = self.state_dir / f"run-{slot}.json"
+        path = self._paths.get(slot)
+        if path is None:
+            path = self._paths[slot] = self.state_dir / f"run-{slot}.json"
         data = json.dumps({"frame_id": claim.frame_id, "attempt": claim.attempt,
                            "log_path": str(Path(claim.log_path)), "worker_pid": os.getpid()}).encode()
         try:
