@@ -8,6 +8,7 @@ decide nothing of this themselves, so the backends cannot drift apart.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -196,17 +197,32 @@ def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, numb
                   gpu_uuids: Sequence[str], log_path: str) -> ClaimedFrame:
     """What a worker is handed for one claimed attempt: the claimed frame row's values and
     its layer row (with ``job_name`` and ``user`` of its job)."""
-    command = json.loads(layer["command"])
+    # (A layer's frames share its command and environment: each JSON text is parsed once.
+    # A chunk of one frame, the usual case, needs no frameset parser.)
     return ClaimedFrame(
         frame_id=int(frame_id), job_id=layer["job_id"], job=layer["job_name"], user=layer["user"],
         layer_id=layer["id"], layer=layer["name"], number=int(number),
-        frames=tuple(parse_frameset(frames, limit=STORED_CHUNK_LIMIT)), attempt=int(attempt),
-        command=command if isinstance(command, str) else tuple(command), layer_range=layer["range"],
+        frames=(int(frames),) if frames.isascii() and frames.isdigit()
+        else tuple(parse_frameset(frames, limit=STORED_CHUNK_LIMIT)), attempt=int(attempt),
+        command=_command(layer["command"]), layer_range=layer["range"],
         chunk=layer["chunk"], cores=layer["cores"], memory_bytes=layer["memory_bytes"], gpus=layer["gpus"],
         gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
-        timeout_s=layer["timeout_s"], env=json.loads(layer["env"]), retries=layer["retries"],
+        timeout_s=layer["timeout_s"], env=dict(_env_items(layer["env"])), retries=layer["retries"],
         log_path=log_path, log_limit_bytes=layer["log_limit_bytes"], submitted_by=layer["submitted_by"],
         receipt=layer["receipt"], cwd=layer["cwd"], show=layer.get("show"), shot=layer.get("shot"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _command(text: str) -> str | tuple[str, ...]:
+    """A layer's stored command: a shell string, or argv (a tuple: shared between claims)."""
+    command = json.loads(text)
+    return command if isinstance(command, str) else tuple(command)
+
+
+@functools.lru_cache(maxsize=1024)
+def _env_items(text: str) -> tuple[tuple[str, str], ...]:
+    """A layer's stored environment, as items (each claim gets a dict of its own)."""
+    return tuple(json.loads(text).items())
 
 
 def log_path_sql(dialect: Dialect, alias: str = "") -> str:
