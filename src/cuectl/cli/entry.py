@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Callable
 
 #: `cuectl run` options taking one value -> the keyword of ``run_command`` (``--gpus`` is an int).
 _RUN_VALUE_OPTIONS = {
@@ -113,17 +113,25 @@ def _parse_run(args: list[str]) -> dict[str, Any] | None:
                 from pathlib import Path
 
                 value = Path(text)  # what typer makes of a Path option
-            elif key in _RUN_LIST_OPTIONS:
-                kw.setdefault(key, []).append(value)
-                continue
-        if key in kw:
-            return None  # given twice: typer keeps the last one; leave that to it
-        kw[key] = value
+        if not _put_option(kw, key, value, _RUN_LIST_OPTIONS):
+            return None
     command = args[i:]
     if not command:
         return None  # typer's path says "no command given"
     kw["command"] = command
     return kw
+
+
+def _put_option(kw: dict[str, Any], key: str, value: Any, lists: frozenset[str]) -> bool:
+    """Add an option's value to ``kw``, appended for a repeatable one (``lists``); False
+    when any other is given twice: typer keeps the last one, and that is left to it."""
+    if key in lists:
+        kw.setdefault(key, []).append(value)
+        return True
+    if key in kw:
+        return False
+    kw[key] = value
+    return True
 
 
 def _option_value(args: list[str], i: int, options: dict[str, str]) -> tuple[str, str, int] | None:
@@ -196,34 +204,43 @@ def _parse_report(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
             if found is None:
                 return None  # -h, --help, a positional argument, an unknown option, -oFILE, ...
             key, value, i = found
-        if key in kw:
-            return None  # given twice: typer keeps the last one; leave that to it
-        kw[key] = value
+        if not _put_option(kw, key, value, frozenset()):
+            return None
     return db, kw
 
 
 def _report_fast(db: str | None, kw: dict[str, Any]) -> int:
-    """``show_report(**kw)`` with the CLI's error handling, the store opened and closed as
-    the full CLI's ``AppState`` does."""
+    """``show_report(**kw)`` with the CLI's error handling and the store of ``--db``."""
+    def call(store: Callable[[], Any]) -> None:
+        from cuectl.cli.report_view import show_report
+
+        show_report(store, **kw)
+
+    return _with_store(db, call, create=False)
+
+
+def _with_store(db: str | None, call: Callable[[Callable[[], Any]], None], *, create: bool) -> int:
+    """``call(store)`` with the CLI's error handling (``cuectl.cli.guard``; no --debug here:
+    it sends the invocation to the full CLI); ``store()`` opens the store of ``--db`` on
+    first use and hands it back after, as the full CLI's ``AppState.store`` does, and it is
+    closed at the end."""
     from cuectl.cli.guard import guarded
 
     opened: list[Any] = []
 
-    def store() -> Any:  # opened once, as AppState.store does
+    def store() -> Any:
         if not opened:
-            opened.append(open_cli_store(db, create=False))
+            opened.append(open_cli_store(db, create=create))
         return opened[0]
 
-    def call() -> None:
-        from cuectl.cli.report_view import show_report
-
+    def run_call() -> None:
         try:
-            show_report(store, **kw)
+            call(store)
         finally:
             for s in opened:
                 s.close()
 
-    return guarded(call, debug=False)
+    return guarded(run_call, debug=False)
 
 
 def _parse_submit(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
@@ -254,12 +271,8 @@ def _parse_submit(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
                         and (not dot or (key in _SUBMIT_FLOATS and part))):
                     return None  # typer converts it (or words its refusal)
                 value = float(value) if key in _SUBMIT_FLOATS else int(value)
-            elif key in _SUBMIT_LISTS:
-                kw.setdefault(key, []).append(value)
-                continue
-        if key in kw:
-            return None  # given twice: typer keeps the last one; leave that to it
-        kw[key] = value
+        if not _put_option(kw, key, value, _SUBMIT_LISTS):
+            return None
     command = args[i + 1:]
     from cuectl.cli.submit_flags import is_spec_form
 
@@ -270,27 +283,14 @@ def _parse_submit(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
 
 
 def _submit_fast(db: str | None, kw: dict[str, Any]) -> int:
-    """``submit_flags.submit_flags`` with the CLI's error handling, the store opened (only
-    once the flags are valid) and closed as the full CLI's ``AppState`` does."""
-    from cuectl.cli.guard import guarded
-
-    opened: list[Any] = []
-
-    def store() -> Any:
-        if not opened:
-            opened.append(open_cli_store(db, create=True))
-        return opened[0]
-
-    def call() -> None:
+    """``submit_flags.submit_flags(**kw)`` with the CLI's error handling; the store of
+    ``--db`` is opened (created if missing) only once the flags are valid."""
+    def call(store: Callable[[], Any]) -> None:
         from cuectl.cli.submit_flags import submit_flags
 
-        try:
-            submit_flags(store, **kw)
-        finally:
-            for s in opened:
-                s.close()
+        submit_flags(store, **kw)
 
-    return guarded(call, debug=False)
+    return _with_store(db, call, create=True)
 
 
 def open_cli_store(db: str | None, *, create: bool) -> Any:
