@@ -198,16 +198,17 @@ def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, numb
     """What a worker is handed for one claimed attempt: the claimed frame row's values and
     its layer row (with ``job_name`` and ``user`` of its job)."""
     # (A layer's frames share its command and environment: each JSON text is parsed once.
-    # A chunk of one frame, the usual case, needs no frameset parser.)
+    # A chunk of one frame, the usual case, needs no frameset parser: up to 9 digits it is
+    # always within MAX_FRAME; anything longer is the parser's to accept or refuse.)
     return ClaimedFrame(
         frame_id=int(frame_id), job_id=layer["job_id"], job=layer["job_name"], user=layer["user"],
         layer_id=layer["id"], layer=layer["name"], number=int(number),
-        frames=(int(frames),) if frames.isascii() and frames.isdigit()
+        frames=(int(frames),) if frames.isascii() and frames.isdigit() and len(frames) <= 9
         else tuple(parse_frameset(frames, limit=STORED_CHUNK_LIMIT)), attempt=int(attempt),
         command=_command(layer["command"]), layer_range=layer["range"],
         chunk=layer["chunk"], cores=layer["cores"], memory_bytes=layer["memory_bytes"], gpus=layer["gpus"],
         gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
-        timeout_s=layer["timeout_s"], env=dict(_env_items(layer["env"])), retries=layer["retries"],
+        timeout_s=layer["timeout_s"], env=_env(layer["env"]), retries=layer["retries"],
         log_path=log_path, log_limit_bytes=layer["log_limit_bytes"], submitted_by=layer["submitted_by"],
         receipt=layer["receipt"], cwd=layer["cwd"], show=layer.get("show"), shot=layer.get("shot"))
 
@@ -219,10 +220,19 @@ def _command(text: str) -> str | tuple[str, ...]:
     return command if isinstance(command, str) else tuple(command)
 
 
+def _env(text: str) -> Any:
+    """A layer's stored environment: a dict of its own for each claim. A row that holds
+    something else (a hostile writer of the store) is handed on as parsed, as it always
+    was, for the launch to refuse: it must not stop the claim path."""
+    items = _env_items(text)
+    return dict(items) if items is not None else json.loads(text)
+
+
 @functools.lru_cache(maxsize=1024)
-def _env_items(text: str) -> tuple[tuple[str, str], ...]:
-    """A layer's stored environment, as items (each claim gets a dict of its own)."""
-    return tuple(json.loads(text).items())
+def _env_items(text: str) -> tuple[tuple[str, Any], ...] | None:
+    """The items of a layer's stored environment (None: not a JSON object)."""
+    env = json.loads(text)
+    return tuple(env.items()) if isinstance(env, dict) else None
 
 
 def log_path_sql(dialect: Dialect, alias: str = "") -> str:
