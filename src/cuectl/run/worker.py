@@ -710,7 +710,7 @@ class Worker:
                 now=now, lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
             del self.pending[:len(reports)]
             for p, state in zip(reports, states):
-                self._reported(p, state)
+                self._reported(p.ended, state)
         if claim is None:
             return False
         self._crash_point("after_claim")
@@ -870,14 +870,15 @@ class Worker:
             # (the frame's lease is still extended by our heartbeats meanwhile).
             self.pending.append(Pending(frame_id, attempt, result, ended))
             return None
-        self._reported(Pending(frame_id, attempt, result, ended), state)
+        self._reported(ended, state)
         return state
 
-    def _reported(self, p: Pending, state: str | None) -> None:
-        """``p`` is recorded: what this iteration says of its frame gets the new state."""
-        if p.ended is not None:
-            claim, info, _ = self.stats.ended[p.ended]
-            self.stats.ended[p.ended] = (claim, info, state)
+    def _reported(self, ended: int | None, state: str | None) -> None:
+        """A report is recorded: what this iteration says of its frame (``ended``: its place
+        in ``stats.ended``, None if another iteration ended it) gets the new state."""
+        if ended is not None:
+            claim, info, _ = self.stats.ended[ended]
+            self.stats.ended[ended] = (claim, info, state)
 
     def _flush_pending(self) -> None:
         pending, self.pending = self.pending, []
