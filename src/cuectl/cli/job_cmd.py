@@ -22,9 +22,6 @@ def _store(ctx: typer.Context):
 
 
 # -- submit ------------------------------------------------------------------------------
-_SPEC_SUFFIXES = submit_flags.SPEC_SUFFIXES
-
-
 def _read_stdin_spec() -> str:
     """The job spec piped to ``cuectl submit -``: at most MAX_SPEC_BYTES, UTF-8."""
     import sys
@@ -155,7 +152,8 @@ def submit(
                                                 adjust=adjust, openjd_params=param, notes=notes)
             except InvalidInput as exc:
                 word = args[0]
-                if exc.hint is None and not word.lower().endswith(_SPEC_SUFFIXES) and not Path(word).exists():
+                if (exc.hint is None and not word.lower().endswith(submit_flags.SPEC_SUFFIXES)
+                        and not Path(word).exists()):
                     raise InvalidInput(exc.message, hint="one argument is a job spec file; to run a one-word "
                                                          f"command, name the job: cuectl submit --name N -- "
                                                          f"{word}") from None
