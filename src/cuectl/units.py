@@ -122,7 +122,9 @@ def iso(ts: float | None) -> str | None:
 
     The same text as ``datetime.fromtimestamp(ts, timezone.utc)`` formatted with
     ``%Y-%m-%dT%H:%M:%S.%f`` cut to milliseconds — rounded to the microsecond half to
-    even, as datetime does, then truncated — at a fraction of its cost (tested against it).
+    even, as datetime does, then truncated — at a fraction of its cost (tested against it
+    over datetime's range, years 1–9999; beyond it, where datetime raised, the year is
+    printed as it is).
     """
     global _iso_second
     if ts is None:
