@@ -1306,9 +1306,9 @@ class Supervisor:
         store = self.worker.store
         since = store.calling_since
         if since is not None and time.monotonic() - since > self.HUNG_CALL_S:
-            store.stall(self.STALL_S)
-            raise StoreStalled(f"store {store.url} did not answer for {self.HUNG_CALL_S:g} s; abandoned the call "
-                               "to act on a signal")
+            why = f"did not answer for {self.HUNG_CALL_S:g} s; abandoned the call to act on a signal"
+            store.stall(self.STALL_S, why=why)
+            raise StoreStalled(f"store {store.url} {why}")
 
     def install_signals(self, *, hangup_stops: bool = False) -> None:
         """SIGTERM/SIGINT drain (then abort); SIGHUP re-discovers the GPUs, unless

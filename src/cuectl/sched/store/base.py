@@ -515,9 +515,10 @@ class Store(abc.ABC):
         against this cuectl's and the rows against the rules every transaction keeps (the
         server checks its own files). None when a backend can check nothing from a client."""
 
-    def stall(self, seconds: float) -> None:
-        """A call hung and was abandoned: for ``seconds``, fail calls at once (StoreStalled)
-        rather than wait on the server again. No-op for stores without a server."""
+    def stall(self, seconds: float, why: str = "stopped answering") -> None:
+        """A call hung and was abandoned: for ``seconds``, fail calls at once (StoreStalled,
+        saying ``why``) rather than wait on the server again. No-op for stores without a
+        server."""
 
     def clock(self) -> float:
         """Now, on the clock every ``now=`` given to this store should come from: the local

@@ -139,6 +139,7 @@ class PostgresStore(SQLStore):
         self._copy_allowed: bool | None = None  # COPY works unless row-level security applies to us
         self._clock_offset = 0.0  # the server's clock minus ours, measured at each connect
         self._stalled_until = 0.0  # see stall()
+        self._stalled_why = "stopped answering"
         self._dsn = url
         self._secrets = _url_secrets(url)
         self.url = redact_url(url)
@@ -284,7 +285,7 @@ class PostgresStore(SQLStore):
         lost connection for up to ``reconnect_s``. ``idempotent=False``: a connection lost
         during COMMIT is reported instead of retried (the outcome is unknown)."""
         if time.monotonic() < self._stalled_until:
-            raise StoreStalled(f"store {self.url} stopped answering; not asked again for a few seconds")
+            raise StoreStalled(f"store {self.url} {self._stalled_why}; not asked again for a few seconds")
         self.calling_since = time.monotonic()  # a worker's signal handling may abandon a hung call
         try:
             return self._call_retrying(fn, tx=tx, idempotent=idempotent)
@@ -294,8 +295,11 @@ class PostgresStore(SQLStore):
         finally:
             self.calling_since = None
 
-    def stall(self, seconds: float) -> None:
+    def stall(self, seconds: float, why: str = "stopped answering") -> None:
+        # The calls failed meanwhile say why: the abandoned one's own error may have been
+        # caught where nothing reports it (a heartbeat, an idle check).
         self._stalled_until = time.monotonic() + seconds
+        self._stalled_why = why
 
     def _call_retrying(self, fn: Callable[[Conn], T], *, tx: bool, idempotent: bool) -> T:
         deadline: float | None = None
