@@ -5,8 +5,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,postgres,openjd"
 # What the suite drives for real and a fresh Debian machine may lack: Debian's Chromium for
 # the browser tests (tests/web, through Playwright; Playwright's own browser downloads are
-# never used), the PostgreSQL server binaries (initdb, pg_ctl) for the PostgreSQL tests, and
-# systemd-analyze for the unit checks. As root (CI) with apt-get, install what is missing;
+# never used), the PostgreSQL server binaries (initdb, pg_ctl) for the PostgreSQL tests,
+# PgBouncer for the tests through a transaction pooler, and systemd-analyze for the unit checks. As root (CI) with apt-get, install what is missing;
 # otherwise say what to install. Under CI=true a skipped test fails the run (tests/conftest.py),
 # so nothing missing can pass silently; kubectl (with kustomize) has no Debian package recent
 # enough for the Kubernetes checks: install it from the Kubernetes project when it is missing.
@@ -20,6 +20,8 @@ if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev
   missing+=(postgresql)
 fi
 command -v systemd-analyze >/dev/null || missing+=(systemd)
+# PgBouncer (transaction mode) for the pooled-store tests (tests/pgpooler.py).
+command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "scripts/test.sh: installing ${missing[*]} for the tests (apt-get)" >&2

@@ -63,6 +63,25 @@ def pg_url(pg_server):
     pg_server.drop_database(name)
 
 
+@pytest.fixture(scope="session")
+def pg_pooler(pg_server):
+    """PgBouncer in transaction mode in front of the session's server (tests/pgpooler.py)."""
+    import pgpooler
+
+    try:
+        return pgpooler.shared_pooler(pg_server)
+    except pgpooler.PoolerUnavailable as exc:
+        pytest.skip(f"PgBouncer tests skipped: {exc}")
+
+
+@pytest.fixture
+def pooled_url(pg_server, pg_pooler):
+    """A fresh database on the session's server, reached through PgBouncer (pgbouncer=true)."""
+    name = pg_server.create_database()
+    yield pg_pooler.url(name)
+    pg_server.drop_database(name)
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A URL for a new, empty store of each backend."""

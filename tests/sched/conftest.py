@@ -8,12 +8,38 @@ Without server binaries (or psycopg) the PostgreSQL cases are skipped with the r
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import pytest
 
 from cuectl.sched.store import open_store
 
-# store_url (both backends), pg_server and pg_url are in tests/conftest.py.
+# pg_server, pg_url, pg_pooler and pooled_url are in tests/conftest.py.
+
+
+#: Every backend the store tests run on; "pgbouncer" is PostgreSQL through PgBouncer in
+#: transaction mode (``pgbouncer=true``), where nothing may live in a session.
+BACKENDS = ("sqlite", "postgres", "pgbouncer")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Each test that uses a store runs on every backend, except that a test marked
+    ``acts_as_user`` (it uses ``store.acting_as``: SET ROLE, a session setting) does not
+    run through the pooler, where acting is refused on purpose
+    (test_postgres_pooler.py checks that refusal)."""
+    if "store_url" not in metafunc.fixturenames:
+        return
+    backends = [b for b in BACKENDS
+                if b != "pgbouncer" or metafunc.definition.get_closest_marker("acts_as_user") is None]
+    metafunc.parametrize("store_url", backends, indirect=True)
+
+
+@pytest.fixture
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A URL for a new, empty store of the backend ``request.param`` names."""
+    if request.param == "sqlite":
+        return str(tmp_path / "s" / "cuectl.db")
+    return request.getfixturevalue({"postgres": "pg_url", "pgbouncer": "pooled_url"}[request.param])
 
 
 @pytest.fixture

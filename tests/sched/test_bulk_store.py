@@ -77,6 +77,7 @@ def test_bulk_refs_are_checked_before_anything_changes(store):
     assert store.kill_jobs([], now=NOW) == [] and store.set_jobs_paused([], True) == []
 
 
+@pytest.mark.acts_as_user
 def test_bulk_action_over_someone_elses_job_changes_nothing(store):
     pg_roles(store, "bulk_ann", "bulk_bob")
     with store.acting_as(Actor("bulk_ann", False)):

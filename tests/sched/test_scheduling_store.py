@@ -213,6 +213,7 @@ def test_quota_input_errors(store):
     assert store.list_quotas() == []
 
 
+@pytest.mark.acts_as_user
 def test_limits_and_quotas_are_admin_only(store):
     pg_roles(store, "cap_bob")
     store.set_limit("kept", 2)

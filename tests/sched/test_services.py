@@ -72,6 +72,7 @@ def test_bad_values_are_refused_and_change_nothing(store, name, values, message)
                                       "gpu_memory_min_bytes": None, "tags": None, "timeout_s": None}]
 
 
+@pytest.mark.acts_as_user
 def test_only_admins_change_services(store):
     pg_roles(store, "svc_bob")
     store.set_service("render", {"cores": 2})

@@ -750,6 +750,7 @@ def test_frame_attempts_list_each_attempt_with_its_outcome(store):
     assert store.list_frames(job=job_id)[0][0]["attempts"] == 2
 
 
+@pytest.mark.acts_as_user
 def test_acting_as_a_user_is_who_the_store_checks_and_records(store):
     from cuectl.errors import NotOwner
     from cuectl.sched.store import Actor
@@ -803,6 +804,7 @@ def test_a_finished_job_says_how_it_ended(store):
     assert store.get_job(killed_id)["outcome"] == "SUCCEEDED"
 
 
+@pytest.mark.acts_as_user
 def test_forget_host_removes_a_dead_host_and_only_an_admin_may(store):
     """`cuectl host forget` (issue 17): a DOWN, idle host goes (its GPUs with it); an UP one
     or one with RUNNING frames only with force, and those frames are lost as `reap` loses them."""

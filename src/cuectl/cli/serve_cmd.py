@@ -33,7 +33,13 @@ def serve_cmd(
         raise InvalidInput(f"--port: {port} is not a TCP port (1-65535)")
     if cache < 0:
         raise InvalidInput(f"--cache: must be 0 or more, got {cache:g}")
-    ctx.obj.store()  # fail now, with one error line, if the store is missing or unusable
+    store = ctx.obj.store()  # fail now, with one error line, if the store is missing or unusable
+    if getattr(store, "pooled", False):
+        # Each request acts as its caller with SET ROLE, a session setting a transaction
+        # pooler would leave on a server connection that others then use.
+        raise InvalidInput("cuectl serve cannot use a store URL with pgbouncer=true: it acts as each caller "
+                           "with SET ROLE, which a transaction pooler would hand to other clients",
+                           hint="give serve a URL straight to PostgreSQL (docs/postgres.md)")
     from cuectl.serve.app import Settings, create_app
     from cuectl.serve.server import check_tls, serve
 

@@ -27,6 +27,14 @@ How it differs from SQLite, and why:
   that the job may or may not exist rather than submitting it twice. A claim whose
   outcome is unknown is retried; the frame it may have taken is reaped when its lease
   expires (a ``lost`` attempt), so it never runs twice.
+- **Behind a transaction pooler** (PgBouncer, ``pool_mode = transaction``; the URL says
+  so with ``pgbouncer=true``, stripped before libpq sees it): consecutive transactions may
+  run on different server connections, so nothing may live in the session. Statements
+  are not prepared (psycopg's automatic preparing would name statements that another
+  server connection lacks), no session settings are made (lock and statement timeouts come
+  from the role's settings, ``admin doctor`` checks), workers poll instead of LISTENing,
+  a report reads on one connection, and acting for another user (``SET ROLE``: ``cuectl
+  serve``) is refused. Many workers then share a few server connections.
 - **Migrations** are the versions of ``schema`` rendered for PostgreSQL. They run in one
   transaction under an advisory lock, so workers starting together do not race; a newer
   schema is refused untouched. With ``CUECTL_AUTO_MIGRATE=0`` (read by ``open_store``) an
@@ -116,6 +124,37 @@ def _url_secrets(url: str) -> list[str]:
     return sorted(out, key=len, reverse=True)
 
 
+#: The URL's own parameter (not libpq's) that says a transaction pooler sits in between.
+POOLER_PARAM = "pgbouncer"
+_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def split_pooler(url: str) -> tuple[str, bool]:
+    """``(url for libpq, pooled)``: the URL without its ``pgbouncer=`` query parameter
+    (libpq refuses parameters it does not know), and whether that said true. The same
+    spelling as Prisma's, which users of PgBouncer know; any other value is an error."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, False
+    fragment = ""
+    if "#" in query:
+        query, fragment = query.split("#", 1)
+        fragment = "#" + fragment
+    kept, pooled = [], False
+    for part in query.split("&"):
+        name, _, value = part.partition("=")
+        if name != POOLER_PARAM:
+            kept.append(part)
+            continue
+        value = unquote(value).strip().lower()
+        if value not in _TRUE + _FALSE:
+            raise InvalidInput(f"{POOLER_PARAM}={value!r} in the PostgreSQL URL: expected true or false",
+                               hint=f"add ?{POOLER_PARAM}=true when workers connect through PgBouncer in "
+                                    "transaction mode (docs/postgres.md)")
+        pooled = value in _TRUE
+    return base + ("?" + "&".join(kept) if kept else "") + fragment, pooled
+
+
 def _one_line(text: object) -> str:
     return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
@@ -140,7 +179,7 @@ class PostgresStore(SQLStore):
         self._clock_offset = 0.0  # the server's clock minus ours, measured at each connect
         self._stalled_until = 0.0  # see stall()
         self._stalled_why = "stopped answering"
-        self._dsn = url
+        self._dsn, self.pooled = split_pooler(url)
         self._secrets = _url_secrets(url)
         self.url = redact_url(url)
         self.busy_timeout_s = busy_timeout_s
@@ -178,15 +217,27 @@ class PostgresStore(SQLStore):
                     "keepalives_interval": 10, "keepalives_count": 3, "tcp_user_timeout": 30_000}
         return {k: v for k, v in defaults.items() if k not in given}
 
+    def _open(self, **extra: Any) -> Conn:
+        # Behind a transaction pooler a prepared statement lives on one server connection
+        # and our next transaction may run on another: never prepare there.
+        return psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row,
+                               prepare_threshold=None if self.pooled else 5, **{**self._conn_kwargs, **extra})
+
     def _connect(self, **extra: Any) -> Conn:
-        conn = psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row, **{**self._conn_kwargs, **extra})
-        # Row-lock waits give up like SQLite's busy timeout does (-> StoreBusy), and no
-        # statement of ours runs for a minute: one that does is stuck, not working.
-        # The same round trip reads the server's clock: leases and heartbeats are on it.
+        conn = self._open(**extra)
         sent = time.time()
-        row = conn.execute("SELECT set_config('lock_timeout', %s, false), set_config('statement_timeout', %s, false), "
-                           "EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now",
-                           (f"{int(self.busy_timeout_s * 1000)}ms", f"{STATEMENT_TIMEOUT_S * 1000}ms")).fetchone()
+        if self.pooled:
+            # Session settings would stay on whichever server connection ran them, for
+            # other clients: the timeouts come from the role's settings (docs/postgres.md).
+            row = conn.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now").fetchone()
+        else:
+            # Row-lock waits give up like SQLite's busy timeout does (-> StoreBusy), and no
+            # statement of ours runs for a minute: one that does is stuck, not working.
+            # The same round trip reads the server's clock: leases and heartbeats are on it.
+            row = conn.execute("SELECT set_config('lock_timeout', %s, false), "
+                               "set_config('statement_timeout', %s, false), "
+                               "EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now",
+                               (f"{int(self.busy_timeout_s * 1000)}ms", f"{STATEMENT_TIMEOUT_S * 1000}ms")).fetchone()
         if row is not None:
             self._clock_offset = float(row["now"]) - (sent + time.time()) / 2
         if self.acting is not None:  # a reconnect while acting for an API user stays that user
@@ -217,6 +268,11 @@ class PostgresStore(SQLStore):
     def _begin_acting(self, actor: Actor) -> None:
         # SET ROLE: current_user becomes the token's user, so the trigger records them as the
         # submitter and row-level security judges them, not the server's login role.
+        if self.pooled:
+            # A role set on a pooled server connection would stay there for the next client
+            # (a worker, another request) while our next statement ran as the login role.
+            raise NotOwner(f"cannot act as {actor.name!r} through a transaction pooler ({POOLER_PARAM}=true)",
+                           hint="connect `cuectl serve` straight to PostgreSQL (docs/postgres.md)")
         if self._conn is not None and not (self._conn.closed or self._conn.broken):
             self._set_role(self._conn, actor.name)
 
@@ -473,7 +529,11 @@ class PostgresStore(SQLStore):
     def notify_fileno(self) -> int | None:
         """The store connection's socket: readable when work may have been queued. The
         first call LISTENs (and every reconnect LISTENs again); while the connection is
-        down, reconnects at most once a second and answers None until that works."""
+        down, reconnects at most once a second and answers None until that works.
+        None behind a transaction pooler: a LISTEN there would hold for one transaction on
+        one server connection, so workers poll (``--poll``)."""
+        if self.pooled:
+            return None
         if not self._listening:
             self._listening = True
             conn = self._conn
@@ -587,12 +647,16 @@ class PostgresStore(SQLStore):
 
         def in_snapshot(conn: Conn) -> T:
             _begin_report_snapshot(conn)
+            if self.pooled:
+                # The second client would wait for a server connection while this
+                # transaction holds one: with a pool of one, for ever.
+                return fn(_tuple_fetch(conn), None)
             row = conn.execute("SELECT pg_export_snapshot() AS id").fetchone()
             snapshot = str(row["id"]) if row is not None else ""
             if not _SNAPSHOT_ID.fullmatch(snapshot):  # it goes into SQL text below
                 return fn(_tuple_fetch(conn), None)
             try:
-                aside = psycopg.connect(self._dsn, autocommit=True, **self._conn_kwargs)
+                aside = self._open()
             except psycopg.Error:
                 return fn(_tuple_fetch(conn), None)
             try:
@@ -680,14 +744,32 @@ class PostgresStore(SQLStore):
         if int(row["db_limit"]) >= 0 and int(row["db_limit"]) < limit:
             limit, where = int(row["db_limit"]), "the database's CONNECTION LIMIT"
         hosts = int(row["hosts"])
+        if self.pooled:
+            return self._pooled_check(row, limit, where)
         need = hosts * CONNECTIONS_PER_WORKER + CONNECTION_HEADROOM
         detail = (f"{limit} allowed for non-superusers ({where}; max_connections {row['max']}), {row['used']} in "
                   f"use; {hosts} registered host(s) x {CONNECTIONS_PER_WORKER} per worker + "
                   f"{CONNECTION_HEADROOM} for commands and `cuectl serve` = {need}")
         if need > limit:
             return name, "warn", (detail + ": workers will be refused connections (raise max_connections, "
-                                           "or put PgBouncer in front in session mode)")
+                                           f"or let workers share connections through PgBouncer in transaction "
+                                           f"mode, {POOLER_PARAM}=true in their URL: docs/postgres.md)")
         return name, "ok", detail
+
+    @staticmethod
+    def _pooled_check(row: Row, limit: int, where: str) -> tuple[str, str, str]:
+        """Behind a transaction pooler the workers share its server connections, so their
+        number is not the budget; what our sessions no longer set must come from the role."""
+        detail = (f"through a transaction pooler ({POOLER_PARAM}=true): {row['hosts']} registered host(s) share "
+                  f"its server connections, which its pool size bounds; {limit} allowed for non-superusers "
+                  f"({where}; max_connections {row['max']}), {row['used']} in use")
+        unset = [k for k in ("lock_timeout", "statement_timeout") if str(row[k]).strip() in ("0", "")]
+        if unset:
+            return "store connections", "warn", (
+                detail + f"; {' and '.join(unset)} not set for this role, so a stuck lock or statement waits "
+                "for ever (ALTER ROLE … IN DATABASE … SET lock_timeout = '5s', statement_timeout = '60s')")
+        return "store connections", "ok", (detail + f"; lock_timeout {row['lock_timeout']}, "
+                                                    f"statement_timeout {row['statement_timeout']}")
 
 
 # -- doctor: what a sound store never holds ---------------------------------------------------------
@@ -701,7 +783,9 @@ _CONNECTIONS_SQL = """
            COALESCE(NULLIF(current_setting('reserved_connections', true), ''), '0')::int AS reserved,
            (SELECT COUNT(*) FROM pg_stat_activity WHERE backend_type = 'client backend') AS used,
            (SELECT datconnlimit FROM pg_database WHERE datname = current_database()) AS db_limit,
-           (SELECT COUNT(*) FROM hosts) AS hosts
+           (SELECT COUNT(*) FROM hosts) AS hosts,
+           current_setting('lock_timeout') AS lock_timeout,
+           current_setting('statement_timeout') AS statement_timeout
 """
 #: (what is wrong, a query returning the offending rows as (n, id, note), the (table, column)s
 #: it reads). ``n`` is the total count; at most ``_SHOWN`` rows come back.
