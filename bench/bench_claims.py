@@ -11,6 +11,8 @@ Prints:
   2. the store's PostgreSQL claim rate next to a raw psycopg loop on a copy of the same
      frames (``SELECT … FOR UPDATE SKIP LOCKED`` + ``UPDATE`` + COMMIT per claim, by as many
      processes), and their ratio (issue 19: the store at least half the raw loop's rate);
+     With --pgbouncer POOL, section 2 again through PgBouncer in transaction mode
+     (``pgbouncer=true``, POOL server connections shared by the claimers);
   3. how long one 100,000-frame submit takes on each backend;
   4. dispatch latency of an idle `cuectl worker`: submit -> frame process started, on
      PostgreSQL with `--poll 30` (woken by NOTIFY) next to SQLite with `--poll 1` (polling).
@@ -20,7 +22,7 @@ as an unprivileged user when run as root), or --pg-url for an existing database 
 schema of its own per measurement is created in it).
 
 Usage: python bench/bench_claims.py [--frames N] [--submit-frames N] [--wakeups N] [--pg-url URL]
-                                   [--only-raw]   (section 2 alone)
+                                   [--only-raw]   (section 2 alone)  [--pgbouncer POOL]
 """
 
 from __future__ import annotations
@@ -236,6 +238,32 @@ def store_vs_raw(backends: "Backends", frames: int, repeat: int) -> None:
         print(f"{n:>8}  {s:>15,.0f}  {r:>13,.0f}  {s / r:>6.2f}", flush=True)
 
 
+def pooled_vs_direct(backends: "Backends", frames: int, repeat: int, pool_size: int) -> None:
+    """Section 2 again with the store reached through PgBouncer in transaction mode
+    (``pgbouncer=true``, a pool of ``pool_size`` server connections, tests/pgpooler.py):
+    what sharing a few server connections among many workers costs a claim."""
+    if backends.server is None:
+        raise SystemExit("--pgbouncer needs the throwaway server (not --pg-url)")
+    import pgpooler
+
+    pooler = pgpooler.start_pooler(backends.server, pool_size=pool_size)
+    try:
+        print(f"\nPostgreSQL through PgBouncer (transaction mode, {pool_size} server connections), next to the "
+              f"store connected directly and the raw loop (median of {repeat})")
+        print(f"{'claimers':>8}  {'direct claims/s':>16}  {'pooled claims/s':>16}  {'raw claims/s':>13}  "
+              f"{'pooled/raw':>10}")
+        for n in CLAIMERS:
+            direct, pooled, raw = [], [], []
+            for _ in range(repeat):  # interleaved: all three see the same machine load
+                direct.append(claim_rate(backends.postgres(), frames, n)["rate"])
+                pooled.append(claim_rate(pooler.url(backends.server.create_database()), frames, n)["rate"])
+                raw.append(raw_claim_rate(backends.postgres(), frames, n)["rate"])
+            d, p, r = statistics.median(direct), statistics.median(pooled), statistics.median(raw)
+            print(f"{n:>8}  {d:>16,.0f}  {p:>16,.0f}  {r:>13,.0f}  {p / r:>10.2f}", flush=True)
+    finally:
+        pooler.stop()
+
+
 # -- 4. idle worker dispatch latency ---------------------------------------------------------------------
 def cuectl() -> list[str]:
     exe = Path(sys.executable).with_name("cuectl")
@@ -295,6 +323,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure of the unrunnable comparison "
                                                                "(median)")
     parser.add_argument("--only-raw", action="store_true", help="only the store vs raw SKIP LOCKED comparison")
+    parser.add_argument("--pgbouncer", type=int, metavar="POOL", default=0,
+                        help="also section 2 through PgBouncer in transaction mode with POOL server connections "
+                             "(needs pgbouncer installed; with --only-raw: sections 2 and this one)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="cuectl-bench-") as tmp_name:
@@ -303,6 +334,8 @@ def main() -> None:
         if args.only_raw:
             print(f"{os.cpu_count()} CPUs; {args.frames} frames per claim run")
             store_vs_raw(backends, args.frames, args.repeat)
+            if args.pgbouncer:
+                pooled_vs_direct(backends, args.frames, args.repeat, args.pgbouncer)
             return
         print(f"{os.cpu_count()} CPUs; {args.frames} frames per claim run")
         print(f"{'claimers':>8}  {'SQLite claims/s':>16}  {'PostgreSQL claims/s':>20}   per-process min-max, "
@@ -330,6 +363,8 @@ def main() -> None:
                   f"{pair['lite'][1]:.2f} | {pair['post'][1]:.2f}")
 
         store_vs_raw(backends, args.frames, args.repeat)
+        if args.pgbouncer:
+            pooled_vs_direct(backends, args.frames, args.repeat, args.pgbouncer)
 
         lite_s = submit_noop(backends.sqlite(), args.submit_frames)
         post_s = submit_noop(backends.postgres(), args.submit_frames)

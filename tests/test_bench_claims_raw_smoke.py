@@ -32,3 +32,23 @@ def test_store_vs_raw_claims_runs():
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [line.split() for line in res.stdout.splitlines() if re.match(r"\s+\d+\s+[\d,]+\s+[\d,]+\s+[\d.]+$", line)]
     assert [r[0] for r in rows] == ["1", "4", "16"], res.stdout
+
+
+def test_pooled_claims_run_through_pgbouncer():
+    import pgpooler
+
+    try:
+        pgserver.shared_server()
+    except pgserver.PgUnavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    if pgpooler.find_pgbouncer() is None:
+        pytest.skip("PgBouncer tests skipped: no pgbouncer binary found (Debian: apt-get install pgbouncer)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("CUECTL_LOCK_DIR", "CUECTL_CREATE_LOCK_DIR", "CUECTL_LOCK_REGISTRY")}
+    res = subprocess.run([sys.executable, str(BENCH), "--only-raw", "--frames", "30", "--repeat", "1",
+                          "--pgbouncer", "2"], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    pooled = res.stdout.split("through PgBouncer", 1)[1]
+    rows = [line.split() for line in pooled.splitlines()
+            if re.match(r"\s+\d+\s+[\d,]+\s+[\d,]+\s+[\d,]+\s+[\d.]+$", line)]
+    assert [r[0] for r in rows] == ["1", "4", "16"], res.stdout
