@@ -225,43 +225,45 @@ def raw_claim_rate(url: str, frames: int, claimers: int) -> dict[str, float]:
     return _race(frames, [(_raw_claimer, (url, layer_id, f"r{i}")) for i in range(claimers)])
 
 
-def store_vs_raw(backends: "Backends", frames: int, repeat: int) -> None:
+def store_vs_raw(backends: "Backends", frames: int, repeat: int, pool: int = 0) -> None:
+    """Section 2; with ``pool`` also the store through PgBouncer in transaction mode
+    (``pgbouncer=true``, ``pool`` server connections shared by the claimers,
+    tests/pgpooler.py), interleaved with the same runs: what sharing a few server
+    connections among many workers costs a claim."""
+    pooler = None
+    if pool:
+        if backends.server is None:
+            raise SystemExit("--pgbouncer needs the throwaway server (not --pg-url)")
+        import pgpooler
+
+        pooler = pgpooler.start_pooler(backends.server, pool_size=pool)
     print(f"\nPostgreSQL: the store's claims next to a raw SKIP LOCKED loop on a copy of the same frames "
           f"(median of {repeat})")
     print(f"{'claimers':>8}  {'store claims/s':>15}  {'raw claims/s':>13}  {'ratio':>6}")
-    for n in CLAIMERS:
-        store, raw = [], []
-        for _ in range(repeat):  # interleaved: both see the same machine load
-            store.append(claim_rate(backends.postgres(), frames, n)["rate"])
-            raw.append(raw_claim_rate(backends.postgres(), frames, n)["rate"])
-        s, r = statistics.median(store), statistics.median(raw)
-        print(f"{n:>8}  {s:>15,.0f}  {r:>13,.0f}  {s / r:>6.2f}", flush=True)
-
-
-def pooled_vs_direct(backends: "Backends", frames: int, repeat: int, pool_size: int) -> None:
-    """Section 2 again with the store reached through PgBouncer in transaction mode
-    (``pgbouncer=true``, a pool of ``pool_size`` server connections, tests/pgpooler.py):
-    what sharing a few server connections among many workers costs a claim."""
-    if backends.server is None:
-        raise SystemExit("--pgbouncer needs the throwaway server (not --pg-url)")
-    import pgpooler
-
-    pooler = pgpooler.start_pooler(backends.server, pool_size=pool_size)
+    pooled_rows = []
     try:
-        print(f"\nPostgreSQL through PgBouncer (transaction mode, {pool_size} server connections), next to the "
-              f"store connected directly and the raw loop (median of {repeat})")
+        for n in CLAIMERS:
+            store, raw, pooled = [], [], []
+            for _ in range(repeat):  # interleaved: all see the same machine load
+                store.append(claim_rate(backends.postgres(), frames, n)["rate"])
+                raw.append(raw_claim_rate(backends.postgres(), frames, n)["rate"])
+                if pooler is not None and backends.server is not None:
+                    url = pooler.url(backends.server.create_database())
+                    pooled.append(claim_rate(url, frames, n)["rate"])
+            s, r = statistics.median(store), statistics.median(raw)
+            print(f"{n:>8}  {s:>15,.0f}  {r:>13,.0f}  {s / r:>6.2f}", flush=True)
+            if pooled:
+                pooled_rows.append((n, s, statistics.median(pooled), r))
+    finally:
+        if pooler is not None:
+            pooler.stop()
+    if pooled_rows:
+        print(f"\nthe same runs through PgBouncer (transaction mode, {pool} server connections), next to the "
+              "store connected directly and the raw loop")
         print(f"{'claimers':>8}  {'direct claims/s':>16}  {'pooled claims/s':>16}  {'raw claims/s':>13}  "
               f"{'pooled/raw':>10}")
-        for n in CLAIMERS:
-            direct, pooled, raw = [], [], []
-            for _ in range(repeat):  # interleaved: all three see the same machine load
-                direct.append(claim_rate(backends.postgres(), frames, n)["rate"])
-                pooled.append(claim_rate(pooler.url(backends.server.create_database()), frames, n)["rate"])
-                raw.append(raw_claim_rate(backends.postgres(), frames, n)["rate"])
-            d, p, r = statistics.median(direct), statistics.median(pooled), statistics.median(raw)
-            print(f"{n:>8}  {d:>16,.0f}  {p:>16,.0f}  {r:>13,.0f}  {p / r:>10.2f}", flush=True)
-    finally:
-        pooler.stop()
+        for n, d, p, r in pooled_rows:
+            print(f"{n:>8}  {d:>16,.0f}  {p:>16,.0f}  {r:>13,.0f}  {p / r:>10.2f}")
 
 
 # -- 4. idle worker dispatch latency ---------------------------------------------------------------------
@@ -324,8 +326,8 @@ def main() -> None:
                                                                "(median)")
     parser.add_argument("--only-raw", action="store_true", help="only the store vs raw SKIP LOCKED comparison")
     parser.add_argument("--pgbouncer", type=int, metavar="POOL", default=0,
-                        help="also section 2 through PgBouncer in transaction mode with POOL server connections "
-                             "(needs pgbouncer installed; with --only-raw: sections 2 and this one)")
+                        help="section 2 also through PgBouncer in transaction mode with POOL server connections, "
+                             "in the same runs (needs pgbouncer installed)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="cuectl-bench-") as tmp_name:
@@ -333,9 +335,7 @@ def main() -> None:
         backends = Backends(tmp, args.pg_url)
         if args.only_raw:
             print(f"{os.cpu_count()} CPUs; {args.frames} frames per claim run")
-            store_vs_raw(backends, args.frames, args.repeat)
-            if args.pgbouncer:
-                pooled_vs_direct(backends, args.frames, args.repeat, args.pgbouncer)
+            store_vs_raw(backends, args.frames, args.repeat, args.pgbouncer)
             return
         print(f"{os.cpu_count()} CPUs; {args.frames} frames per claim run")
         print(f"{'claimers':>8}  {'SQLite claims/s':>16}  {'PostgreSQL claims/s':>20}   per-process min-max, "
@@ -362,9 +362,7 @@ def main() -> None:
             print(f"{n:>8}  {pair['lite'][0]:>16,.0f}  {pair['post'][0]:>20,.0f}   "
                   f"{pair['lite'][1]:.2f} | {pair['post'][1]:.2f}")
 
-        store_vs_raw(backends, args.frames, args.repeat)
-        if args.pgbouncer:
-            pooled_vs_direct(backends, args.frames, args.repeat, args.pgbouncer)
+        store_vs_raw(backends, args.frames, args.repeat, args.pgbouncer)
 
         lite_s = submit_noop(backends.sqlite(), args.submit_frames)
         post_s = submit_noop(backends.postgres(), args.submit_frames)

@@ -22,16 +22,24 @@ from cuectl.sched.store import open_store
 BACKENDS = ("sqlite", "postgres", "pgbouncer")
 
 
+#: The modules whose tests also run through the pooler. Behind it the store differs in how
+#: it uses connections (no prepared statements, no session settings, no LISTEN, one
+#: reader per report), not in its SQL: the contract suite calls every store method, the
+#: notify tests race claimers and completions, the aside tests read reports. Running every
+#: store test a third time would cost the suite over a minute and test the same SQL again.
+POOLED_MODULES = {"test_store_contract", "test_notify_store", "test_usage_sql_aside", "test_bulk_store"}
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Each test that uses a store runs on every backend, except that a test marked
-    ``acts_as_user`` (it uses ``store.acting_as``: SET ROLE, a session setting) does not
-    run through the pooler, where acting is refused on purpose
-    (test_postgres_pooler.py checks that refusal)."""
+    """Each test that uses a store runs on SQLite and PostgreSQL, and those of
+    POOLED_MODULES also through the pooler, except a test marked ``acts_as_user`` (it uses
+    ``store.acting_as``: SET ROLE, a session setting), as acting is refused there on
+    purpose (test_postgres_pooler.py checks that refusal)."""
     if "store_url" not in metafunc.fixturenames:
         return
-    backends = [b for b in BACKENDS
-                if b != "pgbouncer" or metafunc.definition.get_closest_marker("acts_as_user") is None]
-    metafunc.parametrize("store_url", backends, indirect=True)
+    pooled = (metafunc.module.__name__.rsplit(".", 1)[-1] in POOLED_MODULES
+              and metafunc.definition.get_closest_marker("acts_as_user") is None)
+    metafunc.parametrize("store_url", [b for b in BACKENDS if b != "pgbouncer" or pooled], indirect=True)
 
 
 @pytest.fixture
