@@ -32,7 +32,8 @@ class FakeMig:
     uuid: str
     profile: str
     total: int
-    used: int = 0
+    used: int = 0  # allocated by processes
+    reserved: int = 0  # set aside by the driver: "used" in NVML's first memory struct
     slot: int = 0
     gpu_instance_id: int = 1
     processes: list[tuple[int, int | None]] = field(default_factory=list)
@@ -43,7 +44,8 @@ class FakeGpu:
     uuid: str
     name: str
     total: int
-    used: int = 0
+    used: int = 0  # allocated by processes
+    reserved: int = 0  # set aside by the driver: "used" in NVML's first memory struct
     util: int | None = 0  # None: NOT_SUPPORTED
     bus_id: str = "00000000:1A:00.0"
     cc: tuple[int, int] = (8, 0)
@@ -59,8 +61,10 @@ class FakeNvml:
     NVMLError = NVMLError
 
     def __init__(self, gpus: list[FakeGpu], *, driver: str = "550.54.15", cuda: int = 12040,
-                 init_error: int | None = None, as_bytes: bool = False) -> None:
+                 init_error: int | None = None, as_bytes: bool = False, memory_v2: bool = False) -> None:
         self.gpus = gpus
+        if memory_v2:  # pynvml from 11.510 with a driver from R510: the second memory struct
+            self.nvmlMemory_v2 = 0x02000028
         self.driver = driver
         self.cuda = cuda
         self.init_error = init_error
@@ -120,10 +124,17 @@ class FakeNvml:
             return self._s(f"{gpu.name} MIG {self._target(handle).profile}")
         return self._s(gpu.name)
 
-    def nvmlDeviceGetMemoryInfo(self, handle: tuple):
+    def nvmlDeviceGetMemoryInfo(self, handle: tuple, version: int | None = None):
+        """As the real one: the first struct counts the driver's reserved memory as used;
+        ``version=nvmlMemory_v2`` reports it apart (what the H200 of 2026-12-04 gave)."""
         self._count("nvmlDeviceGetMemoryInfo")
         t = self._target(handle)
-        return SimpleNamespace(total=t.total, used=t.used, free=t.total - t.used)
+        free = t.total - t.used - t.reserved
+        if version is not None:
+            if version != getattr(self, "nvmlMemory_v2", None):
+                raise NVMLError(13)  # FUNCTION_NOT_FOUND: a driver without the second struct
+            return SimpleNamespace(version=2, total=t.total, reserved=t.reserved, used=t.used, free=free)
+        return SimpleNamespace(total=t.total, used=t.used + t.reserved, free=free)
 
     def nvmlDeviceGetUtilizationRates(self, handle: tuple):
         self._count("nvmlDeviceGetUtilizationRates")

@@ -157,3 +157,21 @@ def test_real_auto_discovery_reports_nvml_and_does_not_crash(tools: StubTools, t
         assert by_name["smi"].ok is False and by_name["smi"].error == "nvidia-smi not found on PATH"
         assert all(d.backend != "nvml" for d in found.devices)
     assert found.to_json()["backends"][0]["name"] == "nvml"
+
+
+# What NVML gave on an idle H200 (driver 580.159.04, 2026-12-04), then with a process
+# holding 1 GiB: the first struct counts the driver's 615 MiB as used, the second (and
+# nvidia-smi's memory.used: 0 MiB idle) does not.
+H200_TOTAL, H200_RESERVED, H200_BUSY_USED = 150_754_820_096, 644_939_776, 1_626_144_768
+
+
+@pytest.mark.parametrize("memory_v2, idle_used", [(True, 0), (False, H200_RESERVED)])
+def test_used_memory_leaves_out_what_the_driver_reserves_where_nvml_says(memory_v2, idle_used) -> None:
+    gpu = FakeGpu(uuid="GPU-793a", name="NVIDIA H200", total=H200_TOTAL, reserved=H200_RESERVED, util=0,
+                  cc=(9, 0))
+    backend = NvmlBackend(nvml=FakeNvml([gpu], memory_v2=memory_v2))
+    (device,) = backend.discover()
+    assert device.memory_free_bytes == H200_TOTAL - H200_RESERVED  # free is the same either way
+    assert backend.sample(["GPU-793a"])["GPU-793a"].memory_used_bytes == idle_used
+    gpu.used = H200_BUSY_USED
+    assert backend.sample(["GPU-793a"])["GPU-793a"].memory_used_bytes == idle_used + H200_BUSY_USED

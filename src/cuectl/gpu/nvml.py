@@ -184,7 +184,7 @@ class NvmlBackend(Backend):
 
     def _card(self, handle: Any, index: int, driver: str, api: str | None) -> Device:
         lib = self._lib()
-        mem = self._optional(lambda: lib.nvmlDeviceGetMemoryInfo(handle))
+        mem = self._memory_info(handle)
         util = self._optional(lambda: lib.nvmlDeviceGetUtilizationRates(handle))
         pci = self._optional(lambda: lib.nvmlDeviceGetPciInfo(handle))
         cc = self._optional(lambda: lib.nvmlDeviceGetCudaComputeCapability(handle))
@@ -196,6 +196,21 @@ class NvmlBackend(Backend):
             pci_bus_id=normalize_pci_bus_id(_text(pci.busId)) if pci is not None else None,
             driver_version=driver, compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
             api_version=api, attributes={"vendor_index": index})
+
+    def _memory_info(self, handle: Any) -> Any:
+        """The device's memory, with ``used`` not counting what the driver reserves for
+        itself, as nvidia-smi shows it: NVML's first memory struct counts the reserved
+        memory as used (615 MiB of an idle H200 on driver 580), so a frame that never touched
+        its GPU would record that as its peak. The second struct (drivers from R510,
+        nvidia-ml-py from 11.510) reports it apart; older ones get the first."""
+        lib = self._lib()
+        v2 = getattr(lib, "nvmlMemory_v2", None)
+        if v2 is not None:
+            try:
+                return lib.nvmlDeviceGetMemoryInfo(handle, version=v2)
+            except (lib.NVMLError, TypeError):  # FUNCTION_NOT_FOUND: an older driver
+                pass
+        return self._optional(lambda: lib.nvmlDeviceGetMemoryInfo(handle))
 
     def _mig_devices(self, handle: Any, card: Device) -> list[tuple[Any, Device]]:
         """The MIG instances of a MIG-enabled card (empty slots are skipped)."""
@@ -214,7 +229,7 @@ class NvmlBackend(Backend):
             name = self._optional(lambda: _text(lib.nvmlDeviceGetName(mig))) or ""
             m = _MIG_NAME_RE.search(name)
             profile = m.group(1) if m else None
-            mem = self._optional(lambda: lib.nvmlDeviceGetMemoryInfo(mig))
+            mem = self._memory_info(mig)
             gi = self._optional(lambda: lib.nvmlDeviceGetGpuInstanceId(mig))
             model = f"{card.model} MIG {profile}" if profile else (name or f"{card.model} MIG")
             out.append((mig, Device(
@@ -238,7 +253,7 @@ class NvmlBackend(Backend):
             h = self._handles.get(u)
             if h is None:
                 continue
-            mem = self._optional(lambda: lib.nvmlDeviceGetMemoryInfo(h.handle))
+            mem = self._memory_info(h.handle)
             # Utilisation is not reported for MIG instances (NVML returns NOT_SUPPORTED).
             util = None if h.is_mig else self._optional(lambda: lib.nvmlDeviceGetUtilizationRates(h.handle))
             procs = self._processes(u, h, wanted_pids) if wanted_pids else ()
