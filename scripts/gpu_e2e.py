@@ -20,7 +20,7 @@ Checks:
   overlap    two frames asking for the same single GPU (two workers racing for it) never
              run at the same time
   usage      a frame busy with a matmul loop records utilisation > 50 % and the memory it
-             allocated; an idle GPU frame records ~0 %
+             allocated; an idle GPU frame records ~0 % and at most 256 MiB
   run-lease  ``cuectl run --gpus 1`` and ``cuectl.lease(gpus=1)`` isolate the same way
              (and ``--gpus 0`` hides every device)
   mig        MIG instances listed by ``nvidia-smi -L`` are listed by cuectl and leasable
@@ -539,6 +539,10 @@ def check_overlap(ctx: Ctx, device: str) -> Result:
 # --------------------------------------------------------------------------- 4 usage
 
 
+#: The most GPU memory an idle 1-GPU frame may be charged with (nothing else on the device).
+IDLE_PEAK_MAX = 256 * 1024**2
+
+
 def check_usage(ctx: Ctx, devices: Sequence[str], mig_only: bool = False) -> Result:
     if not ctx.fake and not (_importable("torch") or _importable("cupy")):
         return Result("usage", SKIP, "neither PyTorch nor CuPy is importable: no matmul loop to run")
@@ -573,8 +577,14 @@ def check_usage(ctx: Ctx, devices: Sequence[str], mig_only: bool = False) -> Res
                         f"{' + context' if overhead else ''})")
     if not mig_only and (imean is None or imean >= 10):
         problems.append(f"idle frame utilisation mean {imean} %, expected < 10 %")
+    # A frame that never opens its GPU holds none of its memory. The driver's own reserve
+    # (615 MiB of an H200) counted as the frame's was the first real run's finding.
+    ipeak = i.get("gpu_memory_peak_bytes")
+    if ipeak is not None and ipeak > IDLE_PEAK_MAX:
+        problems.append(f"idle frame memory peak {_gib(ipeak)}, expected at most {_gib(IDLE_PEAK_MAX)}")
     detail = (f"busy: mean {mean} % max {b.get('gpu_util_max_pct')} %, peak {_gib(peak)} vs allocated {_gib(allocated)} "
-              f"({rep.get('busy_lib')}, {sum(len(v) for v in (b.get('samples') or {}).values())} samples); idle: mean {imean} %"
+              f"({rep.get('busy_lib')}, {sum(len(v) for v in (b.get('samples') or {}).values())} samples); idle: mean {imean} %, "
+              f"peak {_gib(ipeak)}"
               + ("; MIG instances only: utilisation not reported by NVIDIA, not checked" if mig_only else ""))
     return Result("usage", FAIL if problems else PASS, "; ".join([*problems, detail]))
 
