@@ -6,10 +6,11 @@ bash scripts/setup.sh "test,postgres,openjd"
 # What the suite drives for real and a fresh Debian machine may lack: Debian's Chromium for
 # the browser tests (tests/web, through Playwright; Playwright's own browser downloads are
 # never used), the PostgreSQL server binaries (initdb, pg_ctl) for the PostgreSQL tests,
-# PgBouncer for the tests through a transaction pooler, and systemd-analyze for the unit checks. As root (CI) with apt-get, install what is missing;
-# otherwise say what to install. Under CI=true a skipped test fails the run (tests/conftest.py),
-# so nothing missing can pass silently; kubectl (with kustomize) has no Debian package recent
-# enough for the Kubernetes checks: install it from the Kubernetes project when it is missing.
+# PgBouncer for the tests through a transaction pooler, and systemd-analyze for the unit
+# checks. As root (CI) with apt-get, install what is missing; otherwise say what to install.
+# Under CI=true a skipped test fails the run (tests/conftest.py), so nothing missing can pass
+# silently; kubectl (with kustomize) has no Debian package recent enough for the Kubernetes
+# checks: install it from the Kubernetes project when it is missing.
 # CUECTL_CHROMIUM points at another Chromium; CUECTL_SKIP_BROWSER=1 skips the browser tests.
 chromium="${CUECTL_CHROMIUM:-/usr/bin/chromium}"
 missing=()

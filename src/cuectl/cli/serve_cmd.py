@@ -34,7 +34,7 @@ def serve_cmd(
     if cache < 0:
         raise InvalidInput(f"--cache: must be 0 or more, got {cache:g}")
     store = ctx.obj.store()  # fail now, with one error line, if the store is missing or unusable
-    if getattr(store, "pooled", False):
+    if store.pooled:
         # Each request acts as its caller with SET ROLE, a session setting a transaction
         # pooler would leave on a server connection that others then use.
         raise InvalidInput("cuectl serve cannot use a store URL with pgbouncer=true: it acts as each caller "

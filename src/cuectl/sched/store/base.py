@@ -213,6 +213,9 @@ class Store(abc.ABC):
     calling_since: float | None = None
     # Whom the calls are made for when not this process's own user (``acting_as``).
     acting: Actor | None = None
+    # True behind a transaction pooler (PostgreSQL with ``pgbouncer=true``): nothing lives
+    # in a session, so acting for another user (``cuectl serve``) is refused.
+    pooled: bool = False
 
     # -- lifecycle ---------------------------------------------------------------------
     @abc.abstractmethod

@@ -220,8 +220,9 @@ class PostgresStore(SQLStore):
     def _open(self, **extra: Any) -> Conn:
         # Behind a transaction pooler a prepared statement lives on one server connection
         # and our next transaction may run on another: never prepare there.
+        unprepared: dict[str, Any] = {"prepare_threshold": None} if self.pooled else {}
         return psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row,
-                               prepare_threshold=None if self.pooled else 5, **{**self._conn_kwargs, **extra})
+                               **{**self._conn_kwargs, **unprepared, **extra})
 
     def _connect(self, **extra: Any) -> Conn:
         conn = self._open(**extra)
@@ -745,7 +746,7 @@ class PostgresStore(SQLStore):
             limit, where = int(row["db_limit"]), "the database's CONNECTION LIMIT"
         hosts = int(row["hosts"])
         if self.pooled:
-            return self._pooled_check(row, limit, where)
+            return self._pooled_check(name, row, limit, where)
         need = hosts * CONNECTIONS_PER_WORKER + CONNECTION_HEADROOM
         detail = (f"{limit} allowed for non-superusers ({where}; max_connections {row['max']}), {row['used']} in "
                   f"use; {hosts} registered host(s) x {CONNECTIONS_PER_WORKER} per worker + "
@@ -757,7 +758,7 @@ class PostgresStore(SQLStore):
         return name, "ok", detail
 
     @staticmethod
-    def _pooled_check(row: Row, limit: int, where: str) -> tuple[str, str, str]:
+    def _pooled_check(name: str, row: Row, limit: int, where: str) -> tuple[str, str, str]:
         """Behind a transaction pooler the workers share its server connections, so their
         number is not the budget; what our sessions no longer set must come from the role."""
         detail = (f"through a transaction pooler ({POOLER_PARAM}=true): {row['hosts']} registered host(s) share "
@@ -765,11 +766,10 @@ class PostgresStore(SQLStore):
                   f"({where}; max_connections {row['max']}), {row['used']} in use")
         unset = [k for k in ("lock_timeout", "statement_timeout") if str(row[k]).strip() in ("0", "")]
         if unset:
-            return "store connections", "warn", (
+            return name, "warn", (
                 detail + f"; {' and '.join(unset)} not set for this role, so a stuck lock or statement waits "
                 "for ever (ALTER ROLE … IN DATABASE … SET lock_timeout = '5s', statement_timeout = '60s')")
-        return "store connections", "ok", (detail + f"; lock_timeout {row['lock_timeout']}, "
-                                                    f"statement_timeout {row['statement_timeout']}")
+        return name, "ok", detail + f"; lock_timeout {row['lock_timeout']}, statement_timeout {row['statement_timeout']}"
 
 
 # -- doctor: what a sound store never holds ---------------------------------------------------------
