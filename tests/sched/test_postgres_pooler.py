@@ -201,3 +201,14 @@ def test_serve_refuses_a_pooled_store(pooled_url, tmp_path):
     assert done.returncode == 2, done
     assert done.stderr.startswith("error: cuectl serve cannot use a store URL with pgbouncer=true"), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_password_from_pgpassword_goes_with_a_pooled_url(pooled_url, tmp_path):
+    # PGPASSWORD is the documented way to keep the password out of the URL; the store then
+    # checks whether the URL has one, which libpq's parser refused to read for pgbouncer=.
+    open_store(pooled_url).close()
+    env = {**os.environ, "CUECTL_DB": pooled_url, "PGPASSWORD": "unused-by-trust", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "cuectl", "job", "list", "--json"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["jobs"] == []

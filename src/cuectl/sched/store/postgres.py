@@ -185,7 +185,7 @@ class PostgresStore(SQLStore):
         self.busy_timeout_s = busy_timeout_s
         self.reconnect_s = reconnect_s
         self._conn_kwargs = self._connection_defaults()
-        if password is not None and "password" not in conninfo_to_dict(url):
+        if password is not None and "password" not in conninfo_to_dict(self._dsn):
             self._conn_kwargs["password"] = password
             self._secrets = sorted({*self._secrets, password}, key=len, reverse=True)
         self._conn: Conn | None = None
