@@ -2,15 +2,21 @@
 
 Everything else receives values as arguments; this keeps the library testable and makes
 every knob discoverable in one place (documented in docs/environment.md).
+
+Import-light: ``cuectl run``'s quick path (``cuectl.run.quick``) reads its settings here,
+and ``pathlib`` (which loads ``re``: ~10 ms of a ~25 ms process) is imported only by the
+functions that hand back a ``Path``.
 """
 
 from __future__ import annotations
 
-import math
 import os
-from pathlib import Path
 
 from cuectl.errors import InvalidInput
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 DEFAULT_FRAME_LIMIT = 100_000
 
@@ -28,6 +34,8 @@ def completion_request(var: str = "_CUECTL_COMPLETE") -> str | None:
 
 
 def state_home() -> Path:
+    from pathlib import Path
+
     xdg = env("XDG_STATE_HOME")
     return Path(xdg) if xdg else Path.home() / ".local" / "state"
 
@@ -39,6 +47,8 @@ def default_db_url() -> str:
 
 def log_root(db_path: Path | None) -> Path:
     """Where frame logs go: ``CUECTL_LOG_DIR``, else ``logs/`` beside a SQLite store."""
+    from pathlib import Path
+
     explicit = env("CUECTL_LOG_DIR")
     if explicit:
         return Path(explicit)
@@ -56,15 +66,23 @@ def lock_dir() -> Path:
     session ends, lock files of still-running work included. Otherwise ``/dev/shm`` (a
     tmpfs: always local, never NFS, cleared at boot), else the temp dir.
     """
+    from pathlib import Path
+
+    found = lock_dir_name()
+    return Path(found) if found is not None else default_lock_dirs()[2]
+
+
+def lock_dir_name() -> str | None:
+    """``lock_dir()`` as text, without loading ``pathlib``; None where it is the temp dir's
+    (found by probing the filesystem: only ``lock_dir()`` does that)."""
     explicit = env("CUECTL_LOCK_DIR")
     if explicit:
-        return Path(explicit)
-    provisioned, shm = _PROVISIONED_LOCK_DIR, _SHM_LOCK_DIR
-    if provisioned.is_dir() and os.access(provisioned, os.W_OK):
-        return provisioned
-    if shm.parent.is_dir() and os.access(shm.parent, os.W_OK):
-        return shm
-    return default_lock_dirs()[2]  # only now: the temp dir is found by probing the filesystem
+        return explicit
+    if os.path.isdir(_PROVISIONED_LOCK_DIR) and os.access(_PROVISIONED_LOCK_DIR, os.W_OK):
+        return _PROVISIONED_LOCK_DIR
+    if os.path.isdir(os.path.dirname(_SHM_LOCK_DIR)) and os.access(os.path.dirname(_SHM_LOCK_DIR), os.W_OK):
+        return _SHM_LOCK_DIR
+    return None
 
 
 # What --help says of the default (keep in step with lock_dir and docs/environment.md).
@@ -75,12 +93,13 @@ def default_lock_dirs() -> tuple[Path, Path, Path]:
     """The documented lock directories, in order of preference: the only ones cuectl
     creates by itself (a mistyped CUECTL_LOCK_DIR must not quietly mean separate locks)."""
     import tempfile  # here: importing it costs every command a few ms, and it is seldom needed
+    from pathlib import Path
 
-    return _PROVISIONED_LOCK_DIR, _SHM_LOCK_DIR, Path(tempfile.gettempdir()) / "cuectl-locks"
+    return Path(_PROVISIONED_LOCK_DIR), Path(_SHM_LOCK_DIR), Path(tempfile.gettempdir()) / "cuectl-locks"
 
 
-_PROVISIONED_LOCK_DIR = Path("/run/cuectl/locks")
-_SHM_LOCK_DIR = Path("/dev/shm/cuectl-locks")
+_PROVISIONED_LOCK_DIR = "/run/cuectl/locks"
+_SHM_LOCK_DIR = "/dev/shm/cuectl-locks"
 
 
 def create_lock_dir() -> bool:
@@ -91,6 +110,8 @@ def create_lock_dir() -> bool:
 def lock_dir_registry() -> Path:
     """Where each lock directory used on this machine is noted, so that two in use at once
     can be told apart (a host-local tmpfs, like the locks; ``CUECTL_LOCK_REGISTRY``)."""
+    from pathlib import Path
+
     explicit = env("CUECTL_LOCK_REGISTRY")
     if explicit:
         return Path(explicit)
@@ -100,6 +121,22 @@ def lock_dir_registry() -> Path:
     import tempfile
 
     return Path(tempfile.gettempdir()) / "cuectl-lockdirs"
+
+
+def run_cache_file() -> str | None:
+    """Where ``cuectl run`` keeps what it found out about this host's devices for its next
+    run (``cuectl.run.quick``): ``CUECTL_RUN_CACHE`` (``0`` turns the cache off), else
+    ``$XDG_RUNTIME_DIR/cuectl-run.cache``, else ``$XDG_CACHE_HOME`` (``~/.cache``)
+    ``/cuectl/run.cache``; None when off or there is no home to keep it in."""
+    explicit = env("CUECTL_RUN_CACHE")
+    if explicit is not None:
+        return None if explicit.strip().lower() in ("0", "off", "false", "no") else explicit
+    runtime = env("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "cuectl-run.cache")
+    home = env("HOME")
+    cache = env("XDG_CACHE_HOME") or (os.path.join(home, ".cache") if home else None)
+    return os.path.join(cache, "cuectl", "run.cache") if cache else None
 
 
 def fake_gpus_file() -> str | None:
@@ -122,6 +159,8 @@ def _env_number(name: str, default: float, *, minimum: float, maximum: float, in
         value = float(int(raw.strip())) if integer else float(raw.strip())
     except ValueError:
         raise _bad(name, raw, f"{kind} from {minimum:g} to {maximum:{fmt}}") from None
+    import math  # here: the quick path of `cuectl run` never reads a number
+
     if not math.isfinite(value) or not minimum <= value <= maximum:
         raise _bad(name, raw, f"{kind} from {minimum:g} to {maximum:{fmt}}")
     return value

@@ -6,7 +6,9 @@ the fast path must not load typer."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+TYPE_CHECKING = False  # ``typing`` costs `cuectl run`'s ~25 ms quick path ~4 ms: annotations only
+if TYPE_CHECKING:
+    from typing import Any, Callable
 
 
 def guarded(call: Callable[[], Any], *, debug: bool) -> int:

@@ -8,14 +8,17 @@ and ``--json`` paths must not pay for it.
 
 from __future__ import annotations
 
-import json
 import sys
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from cuectl import config
 
-if TYPE_CHECKING:  # annotations only: rich is imported lazily, where it is used
+# Annotations only, and no ``typing``/``json`` at import: ``cuectl run``'s quick path prints
+# through ``info`` in a ~25 ms process. Rich is imported lazily, where it is used.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import TracebackType
+    from typing import Any, Iterable, Sequence
+
     from rich.console import Console
     from rich.live import Live
     from rich.text import Text
@@ -40,6 +43,8 @@ def is_terminal() -> bool:
 
 
 def emit_json(obj: Any) -> None:
+    import json
+
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 
