@@ -13,7 +13,6 @@ is held.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
@@ -27,6 +26,8 @@ from typing import Any, Mapping, Sequence
 from cuectl import config, fsutil
 from cuectl.errors import Conflict, LeaseError
 from cuectl.gpu.device import Device
+from cuectl.run.lockfile import (OPEN_FLAGS, encode_record, lock_now, new_record, open_lock_file, unlock,
+                                       write_record)
 from cuectl.units import iso
 
 # The lock directory is shared by every user of the machine, because a GPU is: a worker
@@ -36,20 +37,13 @@ from cuectl.units import iso
 # rename another user's files — deleting a held lock file would let the next comer lock a
 # *new* file of the same name and share the device with the holder.
 SHARED_DIR_MODE = 0o1777
-# Any user must be able to open a lock file to lock the same device; the flock, not the
-# mode, gives exclusivity. The record inside is not secret (pid, label, user).
-LOCK_FILE_MODE = 0o666
 LOCK_SUFFIX = ".lock"
 #: The waiters' tickets (see ``queue``) live in this subdirectory of the lock directory.
 QUEUE_DIRNAME = "queue"
 #: Kinds of holders shown by `gpu leases`.
 KIND_WORKER, KIND_RUN, KIND_API = "worker", "run", "api"
 _RECORD_LIMIT = 16 * 1024
-#: One encoder for every record: ``json.dumps(..., separators=...)`` builds a new one per call.
-_RECORD_ENCODER = json.JSONEncoder(separators=(",", ":"))
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-#: Never follow a symlink planted in the shared directory; never leak an fd into a child.
-OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
 
 # ============================================================================ lock dir
 
@@ -282,89 +276,12 @@ class DeviceLock:
         read only for held locks.
         """
         fd, self._fd = self._fd, -1
-        if fd < 0:
-            return
-        try:
-            if not self.shared:
-                if self.writable:
-                    os.ftruncate(fd, 0)
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        if fd >= 0:
+            unlock(fd, shared=self.shared, writable=self.writable)
 
     def __repr__(self) -> str:
         state = "held" if self.held else "released"
         return f"DeviceLock(gpu {self.index}, {self.uuid}, {state})"
-
-
-def _open_lock_file(path: Path) -> tuple[int, bool]:
-    """Open (creating) a lock file; returns (fd, writable).
-
-    The file usually exists (it is never deleted): open it first and create it only when
-    missing — an exception per lease costs more than the rest of the open.
-    """
-    for _ in range(5):
-        try:
-            return os.open(path, os.O_RDWR | OPEN_FLAGS), True
-        except FileNotFoundError:
-            pass
-        except PermissionError:
-            try:
-                # Another user's file we may not write (made by a umask-less tool): flock
-                # works on a read-only fd, only the record cannot be written.
-                return os.open(path, os.O_RDONLY | OPEN_FLAGS), False
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise _lock_file_error(path, exc) from None
-        except OSError as exc:
-            raise _lock_file_error(path, exc) from None
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, LOCK_FILE_MODE)
-        except FileExistsError:
-            continue  # created between the two opens: open it again
-        except OSError as exc:
-            raise _lock_file_error(path, exc) from None
-        os.fchmod(fd, LOCK_FILE_MODE)  # whatever the umask, other users must be able to open it
-        return fd, True
-    raise LeaseError(f"lock file {path} keeps disappearing; is something cleaning the lock directory?")
-
-
-def _lock_file_error(path: Path, exc: OSError) -> LeaseError:
-    if exc.errno == errno.ELOOP:
-        return LeaseError(f"lock file {path} is a symbolic link; refusing to follow it",
-                          hint="remove it; lock files are plain files created by cuectl")
-    return LeaseError(f"cannot open lock file {path}: {exc.strerror or exc}",
-                      hint="its owner can `chmod 666` it; lock files must be openable by every user")
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """True if ``fd`` is still the file at ``path`` (not unlinked or replaced meanwhile)."""
-    return _file_size_if_same(fd, path) is not None
-
-
-def _file_size_if_same(fd: int, path: Path) -> int | None:
-    """``fd``'s size if it is still the file at ``path``, else None (one fstat serves both)."""
-    try:
-        mine = os.fstat(fd)
-        there = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    if stat.S_ISREG(mine.st_mode) and (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
-        return mine.st_size
-    return None
-
-
-def _identity() -> tuple[str, str]:
-    global _IDENTITY
-    if _IDENTITY is None:
-        _IDENTITY = (config.current_user(), config.hostname())
-    return _IDENTITY
-
-
-_IDENTITY: tuple[str, str] | None = None
 
 
 def try_lock(lock_dir: Path, device: Device, *, holder: str, pid: int | None = None, kind: str = KIND_WORKER,
@@ -376,26 +293,13 @@ def try_lock(lock_dir: Path, device: Device, *, holder: str, pid: int | None = N
     child that should keep the device leased.
     """
     path = lock_path(lock_dir, device.uuid)
-    while True:
-        fd, writable = _open_lock_file(path)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        size = _file_size_if_same(fd, path)
-        if size is not None:
-            break
-        # Locked a file that someone unlinked meanwhile: it guards nothing. Try again.
-        os.close(fd)
-    user, host = _identity()
-    since = time.time()
-    record = {"uuid": device.uuid, "index": device.index, "pid": os.getpid() if pid is None else pid,
-              "holder": holder, "kind": kind, "label": label, "user": user, "host": host, "since": since}
-    lock = DeviceLock(uuid=device.uuid, index=device.index, fd=fd, path=path, since=since, record=record,
+    taken = lock_now(path)
+    if taken is None:
+        return None
+    fd, writable, size = taken
+    record = new_record(device.uuid, device.index, pid=os.getpid() if pid is None else pid, holder=holder, kind=kind,
+                        label=label)
+    lock = DeviceLock(uuid=device.uuid, index=device.index, fd=fd, path=path, since=record["since"], record=record,
                       writable=writable)
     _write_record(lock, old_size=size)
     return lock
@@ -432,19 +336,8 @@ def update_holder(lock: DeviceLock, *, pid: int, holder: str | None = None) -> N
 
 def _write_record(lock: DeviceLock, *, old_size: int | None = None) -> None:
     fd = lock._fd
-    if not lock.writable or fd < 0:
-        return
-    data = _RECORD_ENCODER.encode(lock.record).encode()
-    try:
-        # Write then trim (not trim then write): a reader never sees an empty file for a
-        # lock whose record is being replaced, at worst a torn one, which it re-reads.
-        # ``old_size``: what the file held when we locked it (usually 0: release clears
-        # it); nothing longer to trim then.
-        os.pwrite(fd, data, 0)
-        if old_size is None or old_size > len(data):
-            os.ftruncate(fd, len(data))
-    except OSError:
-        pass  # the record is informational; a full /dev/shm must not fail the lease
+    if lock.writable and fd >= 0:
+        write_record(fd, encode_record(lock.record), old_size=old_size)
 
 
 # ============================================================================ who holds what
@@ -634,7 +527,7 @@ def break_stale(lock_dir: Path, uuid: str) -> bool:
     """
     path = lock_path(Path(lock_dir), uuid)
     try:
-        fd, writable = _open_lock_file(path) if path.exists() else (-1, False)
+        fd, writable = open_lock_file(path) if path.exists() else (-1, False)
     except LeaseError:
         raise
     if fd < 0:

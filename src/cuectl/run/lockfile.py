@@ -1,0 +1,184 @@
+"""One device lock file: open it safely, lock it, write the holder's record into it.
+
+The primitives under ``cuectl.run.lease.locks`` (which adds lock directories, ``DeviceLock``
+and reading records back), kept to ``os``, ``fcntl`` and ``stat`` so that ``cuectl run``'s
+quick path (``cuectl.run.quick``) takes and records a lease exactly as every other holder
+does, without loading ``json``, ``re`` or ``pathlib`` (each a few ms of its process).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+
+from cuectl import config
+from cuectl.errors import LeaseError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Mapping
+
+# Any user must be able to open a lock file to lock the same device; the flock, not the
+# mode, gives exclusivity. The record inside is not secret (pid, label, user).
+LOCK_FILE_MODE = 0o666
+#: Never follow a symlink planted in the shared directory; never leak an fd into a child.
+OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def open_lock_file(path: str | os.PathLike[str]) -> tuple[int, bool]:
+    """Open (creating) a lock file; returns (fd, writable).
+
+    The file usually exists (it is never deleted): open it first and create it only when
+    missing — an exception per lease costs more than the rest of the open.
+    """
+    for _ in range(5):
+        try:
+            return os.open(path, os.O_RDWR | OPEN_FLAGS), True
+        except FileNotFoundError:
+            pass
+        except PermissionError:
+            try:
+                # Another user's file we may not write (made by a umask-less tool): flock
+                # works on a read-only fd, only the record cannot be written.
+                return os.open(path, os.O_RDONLY | OPEN_FLAGS), False
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise lock_file_error(path, exc) from None
+        except OSError as exc:
+            raise lock_file_error(path, exc) from None
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, LOCK_FILE_MODE)
+        except FileExistsError:
+            continue  # created between the two opens: open it again
+        except OSError as exc:
+            raise lock_file_error(path, exc) from None
+        os.fchmod(fd, LOCK_FILE_MODE)  # whatever the umask, other users must be able to open it
+        return fd, True
+    raise LeaseError(f"lock file {path} keeps disappearing; is something cleaning the lock directory?")
+
+
+def lock_file_error(path: str | os.PathLike[str], exc: OSError) -> LeaseError:
+    if exc.errno == errno.ELOOP:
+        return LeaseError(f"lock file {path} is a symbolic link; refusing to follow it",
+                          hint="remove it; lock files are plain files created by cuectl")
+    return LeaseError(f"cannot open lock file {path}: {exc.strerror or exc}",
+                      hint="its owner can `chmod 666` it; lock files must be openable by every user")
+
+
+def file_size_if_same(fd: int, path: str | os.PathLike[str]) -> int | None:
+    """``fd``'s size if it is still the file at ``path``, else None (one fstat serves both)."""
+    try:
+        mine = os.fstat(fd)
+        there = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(mine.st_mode) and (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+        return mine.st_size
+    return None
+
+
+def lock_now(path: str | os.PathLike[str]) -> tuple[int, bool, int] | None:
+    """Take the exclusive lock of the file at ``path`` without waiting: (fd, writable, the
+    file's size when locked), or None when someone else holds it. The fd is close-on-exec."""
+    while True:
+        fd, writable = open_lock_file(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        size = file_size_if_same(fd, path)
+        if size is not None:
+            return fd, writable, size
+        # Locked a file that someone unlinked meanwhile: it guards nothing. Try again.
+        os.close(fd)
+
+
+def new_record(uuid: str, index: int, *, pid: int, holder: str, kind: str, label: str | None) -> dict[str, Any]:
+    """The record a holder writes into a device's lock file once it holds it (shown by
+    `gpu leases`; ``since`` is now)."""
+    global _IDENTITY
+    if _IDENTITY is None:
+        _IDENTITY = (config.current_user(), config.hostname())
+    user, host = _IDENTITY
+    return {"uuid": uuid, "index": index, "pid": pid, "holder": holder, "kind": kind, "label": label, "user": user,
+            "host": host, "since": time.time()}
+
+
+_IDENTITY: tuple[str, str] | None = None
+
+
+def _quote(text: str) -> str:
+    """``text`` as a JSON string, exactly as ``json.dumps`` writes it (ASCII only: other
+    characters as ``\\uXXXX``, beyond the BMP as a surrogate pair)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return '"' + text + '"'  # the usual label or uuid
+    out = []
+    for char in text:
+        code = ord(char)
+        if char in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[char])
+        elif 0x20 <= code < 0x7F:
+            out.append(char)
+        elif code > 0xFFFF:
+            code -= 0x10000
+            out.append(f"\\u{0xD800 | (code >> 10):04x}\\u{0xDC00 | (code & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{code:04x}")
+    return '"' + "".join(out) + '"'
+
+
+def encode_record(record: Mapping[str, Any]) -> bytes:
+    """``record`` as compact JSON, the bytes ``json.dumps(record, separators=(",", ":"))``
+    gives for the values a record holds (text, int, float, bool, None)."""
+    parts = []
+    for key, value in record.items():
+        if value is None:
+            text = "null"
+        elif value is True or value is False:
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value) if isinstance(value, float) else str(int(value))
+        else:
+            text = _quote(str(value))
+        parts.append(_quote(key) + ":" + text)
+    return ("{" + ",".join(parts) + "}").encode()
+
+
+def write_record(fd: int, data: bytes, *, old_size: int | None = None) -> None:
+    """Put ``data`` in the locked file ``fd``. Best effort: the record is informational, and
+    a full /dev/shm must not fail the lease."""
+    try:
+        # Write then trim (not trim then write): a reader never sees an empty file for a
+        # lock whose record is being replaced, at worst a torn one, which it re-reads.
+        # ``old_size``: what the file held when we locked it (usually 0: release clears
+        # it); nothing longer to trim then.
+        os.pwrite(fd, data, 0)
+        if old_size is None or old_size > len(data):
+            os.ftruncate(fd, len(data))
+    except OSError:
+        pass
+
+
+def unlock(fd: int, *, shared: bool, writable: bool) -> None:
+    """Close a lock's fd. Not ``shared`` with a child: clear the record and unlock first
+    (also for copies a plain ``fork()`` child inherited unasked). Shared: only close ours;
+    ``LOCK_UN`` would unlock the child too."""
+    try:
+        if not shared:
+            if writable:
+                os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
