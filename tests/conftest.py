@@ -23,6 +23,9 @@ def _isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUECTL_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.setenv("CUECTL_CREATE_LOCK_DIR", "1")  # a lock dir per test, outside the default places
     monkeypatch.setenv("CUECTL_LOCK_REGISTRY", str(tmp_path / "lock-registry"))
+    # `cuectl run`'s device cache (cuectl.run.quick): per test, so the first run of a test
+    # takes the full path and later ones the quick path, as on a user's machine.
+    monkeypatch.setenv("CUECTL_RUN_CACHE", str(tmp_path / "run.cache"))
     monkeypatch.delenv("CUECTL_DB", raising=False)
     monkeypatch.delenv("CUECTL_FAKE_GPUS", raising=False)
     monkeypatch.delenv("CUECTL_LOG_DIR", raising=False)

@@ -19,129 +19,19 @@ pid) and the other two are merely kept from ending ``cuectl run`` before its com
 from __future__ import annotations
 
 import os
-import shlex
-import signal
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from cuectl import config
-from cuectl.errors import CuectlError, InvalidInput, LeaseError
+from cuectl.errors import InvalidInput, LeaseError
+from cuectl.run.child import Forwarder, child_env, command_label, exit_status, is_interactive, start
+from cuectl.run.child import acquired_message as child_message
 from cuectl.run.lease import KIND_RUN, Lease, LeaseRequest, acquire
 from cuectl.run.subreaper import own_children, set_child_subreaper
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-# Exit statuses of a shell that could not start the command.
-EXIT_NOT_FOUND = 127
-EXIT_CANNOT_EXECUTE = 126
 #: Seconds leftovers of the command get between SIGTERM and SIGKILL (``reap_leftovers``).
 LEFTOVER_GRACE_S = 5.0
-# Variables describing a lease or a frame: never inherited from the caller (a `cuectl run`
-# inside a frame must describe its own lease — a subset of the frame's devices, see
-# cuectl.run.lease.nested — not the frame's).
-_LEASE_VARS = ("CUE_GPUS", "CUE_GPU_CORES", "CUE_GPU_UUIDS", "CUE_GPU_MEMORY", "CUE_LEASE_LEVEL")
-
-
-class CommandNotFound(CuectlError):
-    """The command does not exist (exit 127, as a shell)."""
-
-    exit_code = EXIT_NOT_FOUND
-
-
-class CommandNotExecutable(CuectlError):
-    """The command exists but cannot be executed (exit 126, as a shell)."""
-
-    exit_code = EXIT_CANNOT_EXECUTE
-
-
-def command_label(argv: Sequence[str], limit: int = 80) -> str:
-    """Default `gpu leases` label: the command line, shortened (/proc shows it anyway)."""
-    text = shlex.join(argv)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def child_env(lease_env: Mapping[str, str], base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The command's environment: ours, less inherited lease variables, plus the lease's."""
-    inherited = config.inherited_environ() if base is None else base
-    env = {k: v for k, v in inherited.items() if k not in _LEASE_VARS}
-    env.update(lease_env)
-    return env
-
-
-def is_interactive() -> bool:
-    """True when stdin is a terminal whose foreground process group is ours."""
-    try:
-        return os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp()
-    except OSError:
-        return False
-
-
-def exit_status(returncode: int) -> int:
-    """``Popen.returncode`` -> shell exit status (128 + N for death by signal N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-class _Forwarder:
-    """Relays signals that reach us to the command; remembers those that come too early."""
-
-    def __init__(self, interactive: bool) -> None:
-        self.interactive = interactive
-        self.proc: subprocess.Popen | None = None
-        self.early: list[int] = []
-        self._saved: dict[int, object] = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; nothing to relay
-        for sig in FORWARDED:
-            self._saved[sig] = signal.signal(sig, self._handle)
-
-    def restore(self) -> None:
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self._saved.clear()
-
-    def attach(self, proc: subprocess.Popen) -> None:
-        self.proc = proc
-        for sig in self.early:
-            self._send(sig)
-
-    def _handle(self, signum: int, _frame: object) -> None:
-        if self.proc is None:
-            self.early.append(signum)
-        else:
-            self._send(signum)
-
-    def _send(self, signum: int) -> None:
-        assert self.proc is not None
-        try:
-            if not self.interactive:
-                os.killpg(self.proc.pid, signum)
-            elif signum == signal.SIGTERM:
-                os.kill(self.proc.pid, signum)
-            # Interactive SIGINT/SIGHUP came from the terminal to the whole group: the
-            # command has it already; sending it again would hit it twice.
-        except ProcessLookupError:
-            pass
-
-
-def _spawn(argv: Sequence[str], env: Mapping[str, str], fds: Sequence[int], interactive: bool) -> subprocess.Popen:
-    group: dict[str, object] = {}
-    if not interactive:
-        if sys.version_info >= (3, 11):
-            group["process_group"] = 0
-        else:  # pragma: no cover - 3.10
-            group["preexec_fn"] = os.setpgrp
-    try:
-        return subprocess.Popen(list(argv), env=dict(env), pass_fds=tuple(fds), close_fds=True, **group)  # type: ignore[call-overload]
-    except FileNotFoundError:
-        raise CommandNotFound(f"{argv[0]}: command not found") from None
-    except PermissionError:
-        raise CommandNotExecutable(f"{argv[0]}: permission denied") from None
-    except OSError as exc:
-        raise CommandNotExecutable(f"{argv[0]}: cannot execute: {exc.strerror or exc}") from None
 
 
 def _become_subreaper() -> None:
@@ -165,7 +55,7 @@ def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = N
     TERMed, KILLed after a grace period and reaped, so the devices are free when we return.
     """
     mode = is_interactive() if interactive is None else interactive
-    forwarder = _Forwarder(mode)
+    forwarder = Forwarder(mode)
     forwarder.install()
     try:
         if forwarder.early:  # asked to stop while acquiring: do not start the command at all
@@ -173,20 +63,28 @@ def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = N
         if reap_leftovers:
             _become_subreaper()
         fds = held.fds
-        proc = _spawn(argv, child_env(held.env, base_env), fds, mode)
-        forwarder.attach(proc)
+        proc = start(argv, child_env(held.env, base_env), fds, mode)
+        forwarder.attach(proc.pid)
         held.set_holder_pid(proc.pid)
         status = exit_status(proc.wait())
-        if reap_leftovers and own_children():  # none left (the usual end): launch need not load
-            from cuectl.run import launch
-
-            group = None if mode else proc.pid
-            ids = launch.file_ids(fds)
-            launch.kill_leftovers(lambda pid, pgid, sid: pgid == group or launch.holds_file(pid, ids),
-                                  grace=LEFTOVER_GRACE_S)
+        if reap_leftovers:
+            reap_leftovers_of(proc.pid, fds, interactive=mode)
         return status
     finally:
         forwarder.restore()
+
+
+def reap_leftovers_of(pid: int, fds: Sequence[int], *, interactive: bool) -> None:
+    """After the command ``pid`` exited: TERM, then KILL, and reap what it left behind that
+    still holds the lease — its process group (not interactive), or anything that kept the
+    lock ``fds`` — so that the devices are free when ``cuectl run`` returns."""
+    if not own_children():  # none left (the usual end): launch need not load
+        return
+    from cuectl.run import launch
+
+    group = None if interactive else pid
+    ids = launch.file_ids(fds)
+    launch.kill_leftovers(lambda p, pgid, sid: pgid == group or launch.holds_file(p, ids), grace=LEFTOVER_GRACE_S)
 
 
 def run_command(command: Sequence[str], *, gpus: int | None = None, gpu_vendor: str | None = None,
@@ -208,7 +106,11 @@ def run_command(command: Sequence[str], *, gpus: int | None = None, gpu_vendor: 
     request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_models, gpu_memory_min=gpu_memory_min,
                            gpu_memory_free_min=gpu_memory_free_min, devices=devices, field_label=flag_label)
 
+    quick_key = _quick_key() if lock_dir is None else None
+
     def acquired(held: Lease) -> None:
+        if quick_key is not None:
+            _save_quick(quick_key, held)
         say(acquired_message(held))
 
     def waiting(reason: LeaseError) -> None:
@@ -218,12 +120,31 @@ def run_command(command: Sequence[str], *, gpus: int | None = None, gpu_vendor: 
                           on_acquired=acquired, on_wait=waiting, reap_leftovers=True)
 
 
+def _quick_key() -> tuple[object, ...] | None:
+    """The device part of the quick path's cache key (``cuectl.run.quick``), taken before
+    this run discovers; None where the quick path never runs (inside a frame, not Linux)."""
+    from cuectl.run import quick
+
+    if not sys.platform.startswith("linux") or "CUE_FRAME_ID" in os.environ or config.run_cache_file() is None:
+        return None
+    return quick.device_key()
+
+
+def _save_quick(devices: tuple[object, ...], held: Lease) -> None:
+    """Leave what this run found out for the next one's quick path: the grants of
+    ``--gpus 1`` and ``--gpus 0`` on this host's devices, as ``acquire`` makes them."""
+    from cuectl.run import quick
+    from cuectl.run.lease.acquire import quick_plan
+
+    name = config.lock_dir_name()
+    if name is None or str(held.lock_dir) != str(Path(name)):
+        return  # not the directory the quick path would use
+    quick.save(quick.fingerprint(name, devices), quick_plan(held.lock_dir, fake_file=config.fake_gpus_file()))
+
+
 def acquired_message(held: Lease) -> str:
     """What ``cuectl run`` says once it holds its lease."""
-    if held.devices:
-        names = ", ".join(f"gpu {d.index} ({d.model}, {d.uuid})" for d in held.devices)
-        return f"cuectl run: leased {names}"
-    return "cuectl run: no GPU leased; all GPUs are hidden from the command"
+    return child_message([(d.index, d.model, d.uuid) for d in held.devices])
 
 
 def run_with_lease(argv: Sequence[str], request: LeaseRequest, *, wait: bool = True,

@@ -23,6 +23,7 @@ from cuectl.errors import (DevicesBusy, InsufficientFreeMemory, InvalidInput, Le
                            NoMatchingDevice)
 from cuectl.gpu import Discovery, discover
 from cuectl.gpu.device import Device
+from cuectl.run.child import lease_label
 from cuectl.run.lease.isolation import isolation_env
 from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all, lock_path, prepare_lock_dir,
                                     update_holder)
@@ -144,9 +145,6 @@ class Lease:
         return f"<Lease gpus={gpus} label={self.label!r}{' released' if self.released else ''}>"
 
 
-def _default_label() -> str:
-    argv0 = sys.argv[0] if sys.argv else ""
-    return "python" if argv0 in ("", "-c", "-m") else os.path.basename(argv0)
 
 
 
@@ -444,6 +442,42 @@ async def _drive_async(acq: _Acquirer, steps: Generator[_Step, None, Lease]) -> 
             await asyncio.sleep(step)
 
 
+# ============================================================================ for `cuectl run`'s quick path
+
+#: One device ``cuectl.run.quick`` may lease: uuid, lock file, index, model, lease environment.
+QuickGrant = tuple[str, str, int, str, dict[str, str]]
+
+
+def quick_plan(lock_dir: Path, *, fake_file: str | None = None, backend: str = "auto") -> dict[int, list[QuickGrant]]:
+    """What ``cuectl run --gpus 1`` and ``--gpus 0`` would lease here, worked out by this
+    module's own matcher and isolation so that the quick path (``cuectl.run.quick``) leases
+    exactly as ``acquire`` does without discovering the devices again.
+
+    ``{1: grants in preference order, 0: [the no-device grant]}``: ``select_devices`` takes
+    the first device of that order nobody holds (a busy device never reorders the rest),
+    so the quick path takes the first it can lock. No ``1`` where no device fits (the full
+    path words that refusal). Outside a frame only (no allocation), every device unknown free.
+    """
+    discovery = _discovery(backend, fake_file)
+    out: dict[int, list[QuickGrant]] = {}
+    nothing = _Plan(discovery, make_request(0), None)
+    out[0] = [("", "", -1, "", nothing.grant(())[1])]
+    plan = _Plan(discovery, make_request(1), None)
+    order: list[QuickGrant] = []
+    busy: set[str] = set()
+    while True:
+        result = select_devices(plan.request.gpu, plan.candidates, busy=busy)
+        if not result.devices:
+            break
+        (device,) = result.devices
+        order.append((device.uuid, str(lock_path(lock_dir, device.uuid)), device.index, device.model,
+                      dict(plan.grant((device.uuid,))[1])))
+        busy.add(device.uuid)
+    if order:
+        out[1] = order
+    return out
+
+
 # ============================================================================ the API
 
 
@@ -470,7 +504,7 @@ def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | No
     # prepare_lock_dir answers a directory it checked before from a per-process cache.
     directory = prepare_lock_dir(given if given is not None else config.lock_dir())
     fake = str(opts.fake_file) if opts.fake_file is not None else config.fake_gpus_file()
-    text = (opts.label or "").strip()[:200] or _default_label()
+    text = lease_label(opts.label)
     allocation = Allocation.enclosing()
     if allocation is not None:
         # Inside a frame: its devices are leased already (by the frame: taking their locks
