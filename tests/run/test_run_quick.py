@@ -215,7 +215,9 @@ def test_leftovers_are_put_down_before_it_returns(host, tmp_path, lock_dir):
     quick path, like the full one, ends it so that the device is free when it returns."""
     warm(tmp_path)
     pidfile = tmp_path / "leftover.pid"
-    script = f"setsid sh -c 'echo $$ > {shlex.quote(str(pidfile))}; exec sleep 60' & sleep 0.5"
+    pid_path = shlex.quote(str(pidfile))
+    script = (f"setsid sh -c 'echo $$ > {pid_path}.tmp && mv {pid_path}.tmp {pid_path}; exec sleep 60' & "
+              f"while [ ! -s {pid_path} ]; do sleep 0.01; done")
     out, way = cuectl_run(tmp_path, "--", "sh", "-c", script)
     assert (out.returncode, way) == (0, "quick"), out.stderr
     leftover = int(pidfile.read_text())
