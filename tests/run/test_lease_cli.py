@@ -201,8 +201,23 @@ def test_interactive_command_gets_the_terminal_and_ctrl_c(gpus4, lease_cli):
     assert ctrl_c_at_a_terminal(lease_cli("run", "--", *TERMINAL_COMMAND)) == 128 + signal.SIGINT
 
 
-#: Reads a line from its terminal, echoes it, then waits for another (for Ctrl-C).
-TERMINAL_COMMAND = (sys.executable, "-c", "line = input(); print('echo:' + line, flush=True); input()")
+#: Reads a line from its terminal, echoes it, then waits for Ctrl-C's SIGINT and dies of
+#: it — exiting 99 instead if a second SIGINT follows within 0.3 s (Ctrl-C must arrive once).
+#: SIGINT is blocked before the echo and taken with sigwait: a plain second ``input()``
+#: lost the Ctrl-C now and then on a loaded machine (CPython runs a signal's handler between
+#: bytecodes, and one that arrives after the last check but before ``read()`` blocks waits
+#: for the read to return: a hang, which CI hit twice).
+TERMINAL_COMMAND = (sys.executable, "-c",
+                    "import os, signal\n"
+                    "line = input()\n"
+                    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+                    "print('echo:' + line, flush=True)\n"
+                    "signal.sigwait({signal.SIGINT})\n"
+                    "if signal.sigtimedwait({signal.SIGINT}, 0.3) is not None:\n"
+                    "    os._exit(99)\n"
+                    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+                    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
+                    "os.kill(os.getpid(), signal.SIGINT)\n")
 
 
 def ctrl_c_at_a_terminal(argv: list[str]) -> int:
