@@ -235,28 +235,36 @@ def run(kw: dict[str, Any], say: Any) -> int | None:
         return None
     argv: Sequence[str] = kw["command"]
     label = child.lease_label(kw.get("label") or child.command_label(argv))
+    if gpus and _waiters(lock_dir):
+        return None  # first come, first served: the full path queues behind them
     held: list[tuple[int, bool, dict[str, Any]]] = []
-    grant = grants[0]
-    if gpus:
-        if _waiters(lock_dir):
-            return None  # first come, first served: the full path queues behind them
-        for grant in grants:
-            taken = lock_now(grant[1])
-            if taken is not None:
-                fd, writable, size = taken
-                record = new_record(grant[0], grant[2], pid=os.getpid(), holder=label, kind=KIND_RUN, label=label)
-                if writable:
-                    write_record(fd, encode_record(record), old_size=size)
-                held.append((fd, writable, record))
-                break
-        else:
-            return None  # all held: the full path waits, or refuses naming the holders
     try:
+        grant = _lock_first(grants, label, held) if gpus else grants[0]
+        if grant is None:
+            return None  # all held: the full path waits, or refuses naming the holders
         say(child.acquired_message([(grant[2], grant[3], grant[0])] if gpus else []))
         return _run_held(argv, held, grant[4])
     finally:
         for fd, writable, _ in held:
             unlock(fd, shared=True, writable=writable)  # the command had them: close ours only
+
+
+def _lock_first(grants: Sequence[Any], label: str, held: list[tuple[int, bool, dict[str, Any]]]) -> Any:
+    """Lock the first of ``grants`` nobody holds and record ourselves in it (appended to
+    ``held`` at once, so that the caller releases it whatever happens next); that grant, or
+    None when every one is held."""
+    for grant in grants:
+        taken = lock_now(grant[1])
+        if taken is None:
+            continue
+        fd, writable, size = taken
+        record: dict[str, Any] = {}
+        held.append((fd, writable, record))
+        record.update(new_record(grant[0], grant[2], pid=os.getpid(), holder=label, kind=KIND_RUN, label=label))
+        if writable:
+            write_record(fd, encode_record(record), old_size=size)
+        return grant
+    return None
 
 
 def _waiters(lock_dir: str) -> bool:
