@@ -61,10 +61,12 @@ class FakeNvml:
     NVMLError = NVMLError
 
     def __init__(self, gpus: list[FakeGpu], *, driver: str = "550.54.15", cuda: int = 12040,
-                 init_error: int | None = None, as_bytes: bool = False, memory_v2: bool = False) -> None:
+                 init_error: int | None = None, as_bytes: bool = False, memory_v2: bool | str = False) -> None:
         self.gpus = gpus
-        if memory_v2:  # pynvml from 11.510 with a driver from R510: the second memory struct
+        if memory_v2:  # pynvml from 11.510: it knows the second memory struct
             self.nvmlMemory_v2 = 0x02000028
+        # "old-driver": such a pynvml on a driver before R510, which has no second struct.
+        self.memory_v2_supported = memory_v2 is True
         self.driver = driver
         self.cuda = cuda
         self.init_error = init_error
@@ -131,7 +133,8 @@ class FakeNvml:
         t = self._target(handle)
         free = t.total - t.used - t.reserved
         if version is not None:
-            if version != getattr(self, "nvmlMemory_v2", None):
+            self.calls["nvmlDeviceGetMemoryInfo(version)"] += 1
+            if version != getattr(self, "nvmlMemory_v2", None) or not self.memory_v2_supported:
                 raise NVMLError(13)  # FUNCTION_NOT_FOUND: a driver without the second struct
             return SimpleNamespace(version=2, total=t.total, reserved=t.reserved, used=t.used, free=free)
         return SimpleNamespace(total=t.total, used=t.used + t.reserved, free=free)

@@ -165,7 +165,7 @@ def test_real_auto_discovery_reports_nvml_and_does_not_crash(tools: StubTools, t
 H200_TOTAL, H200_RESERVED, H200_BUSY_USED = 150_754_820_096, 644_939_776, 1_626_144_768
 
 
-@pytest.mark.parametrize("memory_v2, idle_used", [(True, 0), (False, H200_RESERVED)])
+@pytest.mark.parametrize("memory_v2, idle_used", [(True, 0), (False, H200_RESERVED), ("old-driver", H200_RESERVED)])
 def test_used_memory_leaves_out_what_the_driver_reserves_where_nvml_says(memory_v2, idle_used) -> None:
     gpu = FakeGpu(uuid="GPU-793a", name="NVIDIA H200", total=H200_TOTAL, reserved=H200_RESERVED, util=0,
                   cc=(9, 0))
@@ -175,3 +175,16 @@ def test_used_memory_leaves_out_what_the_driver_reserves_where_nvml_says(memory_
     assert backend.sample(["GPU-793a"])["GPU-793a"].memory_used_bytes == idle_used
     gpu.used = H200_BUSY_USED
     assert backend.sample(["GPU-793a"])["GPU-793a"].memory_used_bytes == idle_used + H200_BUSY_USED
+
+
+def test_a_driver_without_the_second_memory_struct_is_asked_once() -> None:
+    """nvidia-ml-py knows ``nvmlMemory_v2`` but the driver (before R510) does not: the first
+    refusal is remembered, and each sample then reads the first struct with one call."""
+    gpus = [FakeGpu(uuid=f"GPU-{i}", name="Tesla V100-SXM2-16GB", total=16 << 30, util=0, cc=(7, 0)) for i in range(2)]
+    nvml = FakeNvml(gpus, memory_v2="old-driver")
+    backend = NvmlBackend(nvml=nvml)
+    backend.discover()
+    for _ in range(5):
+        backend.sample(["GPU-0", "GPU-1"])
+    assert nvml.calls["nvmlDeviceGetMemoryInfo(version)"] == 1
+    assert nvml.calls["nvmlDeviceGetMemoryInfo"] == 1 + 2 + 5 * 2  # the refused one, discovery, samples

@@ -61,6 +61,9 @@ _HINTS = {
                     "restart the container"),
 }
 
+#: NVML errors meaning "this driver has no second memory struct" (FUNCTION_NOT_FOUND,
+#: ARGUMENT_VERSION_MISMATCH): asked once, then the first struct is read directly.
+_NO_MEMORY_V2 = frozenset({13, 25})
 _MIG_NAME_RE = re.compile(r"\bMIG\s+(\S+)\s*$")
 T = TypeVar("T")
 
@@ -88,6 +91,8 @@ class NvmlBackend(Backend):
         self._last_seen: dict[str, int] = {}
         #: Why GPUs that NVML counts were left out of the last discovery.
         self.skipped: list[str] = []
+        #: False once the driver said it has no second memory struct (see _memory_info).
+        self._memory_v2 = True
 
     # -- library access
 
@@ -205,11 +210,14 @@ class NvmlBackend(Backend):
         nvidia-ml-py from 11.510) reports it apart; older ones get the first."""
         lib = self._lib()
         v2 = getattr(lib, "nvmlMemory_v2", None)
-        if v2 is not None:
+        if v2 is not None and self._memory_v2:
             try:
                 return lib.nvmlDeviceGetMemoryInfo(handle, version=v2)
-            except (lib.NVMLError, TypeError):  # FUNCTION_NOT_FOUND: an older driver
-                pass
+            except TypeError:  # an nvidia-ml-py whose call takes no version
+                self._memory_v2 = False
+            except lib.NVMLError as exc:
+                if getattr(exc, "value", None) in _NO_MEMORY_V2:
+                    self._memory_v2 = False  # the driver's answer for every device: not asked again
         return self._optional(lambda: lib.nvmlDeviceGetMemoryInfo(handle))
 
     def _mig_devices(self, handle: Any, card: Device) -> list[tuple[Any, Device]]:
