@@ -634,6 +634,24 @@ def check_run_lease(ctx: Ctx) -> Result:
         else:
             problems += [f"cuectl run --gpus 0: {p}" for p in judge_cpu_view(rep)]
             details.append(f"run --gpus 0: count={rep.get('cuda_count')}")
+    # A plain `cuectl run` twice: the first discovers and leaves its cache, the second takes
+    # the quick path (docs/leases.md, "Start-up"), which must isolate the same way. Under
+    # -X importtime the quick path shows no GPU backend module (nvml, smi, fake) loaded.
+    pair_env = {**ctx.env, "CUECTL_RUN_CACHE": str(ctx.tmp / "run-pair.cache")}  # empty: the first is full
+    for way in ("full", "quick"):
+        out = ctx.out_file(f"run-{way}")
+        cp = subprocess.run([sys.executable, "-X", "importtime", "-m", "cuectl", "run", "--", *ctx.probe_cmd(out)],
+                            env=pair_env, cwd=ctx.tmp, capture_output=True, text=True, timeout=ctx.timeout)
+        if cp.returncode != 0:
+            problems.append(f"plain cuectl run ({way}) exited {cp.returncode}: {cp.stderr.strip()[-300:]}")
+            continue
+        backends = sorted(set(re.findall(r"\| +(cuectl\.gpu\.(?:nvml|smi|fake|amd|apple))$", cp.stderr, re.M)))
+        if (way == "quick") != (not backends):
+            problems.append(f"plain cuectl run: expected the {way} path, loaded {backends or 'no GPU backend'}")
+        rep = read_report(out)
+        leased = [u for u in (rep["env"].get("CUE_GPU_UUIDS") or "").split(",") if u]
+        problems += [f"cuectl run ({way} path): {p}" for p in judge_gpu_view(rep, leased)]
+        details.append(f"run ({way} path): {_fmt_env(rep)} uuid={rep.get('cuda_uuid')} lease={leased}")
     # cuectl.lease(gpus=1) / (gpus=0) in a Python process, the probe as its child
     for gpus in (1, 0):
         out, uuids_out = ctx.out_file(f"lease-{gpus}"), ctx.out_file(f"lease-{gpus}-uuids")
@@ -806,7 +824,7 @@ def make_ctx(args: argparse.Namespace, tmp: Path) -> Ctx:
     (tmp / "locks").mkdir()
     env.update({"CUECTL_DB": str(tmp / "cuectl.db"), "CUECTL_LOCK_DIR": str(tmp / "locks"),
                 "CUECTL_CREATE_LOCK_DIR": "1", "XDG_STATE_HOME": str(tmp / "state"),
-                "CUECTL_LOCK_REGISTRY": str(tmp / "lock-registry")})
+                "CUECTL_LOCK_REGISTRY": str(tmp / "lock-registry"), "CUECTL_RUN_CACHE": str(tmp / "run.cache")})
     # The script's own interpreter must find cuectl in the frames too (a --target install).
     ctx = Ctx(fake=args.fake, tmp=tmp, env=env, alloc_gib=args.alloc_gib, cuda_lib=args.cuda_lib)
     if args.fake:
