@@ -25,24 +25,12 @@ from typing import Callable, Mapping, Sequence
 
 from cuectl import config
 from cuectl.errors import InvalidInput, LeaseError
-from cuectl.run.child import Forwarder, child_env, command_label, exit_status, is_interactive, start
+from cuectl.run.child import child_env, command_label, is_interactive, supervise
 from cuectl.run.child import acquired_message as child_message
 from cuectl.run.lease import KIND_RUN, Lease, LeaseRequest, acquire
-from cuectl.run.subreaper import own_children, set_child_subreaper
 
 #: Seconds leftovers of the command get between SIGTERM and SIGKILL (``reap_leftovers``).
 LEFTOVER_GRACE_S = 5.0
-
-
-def _become_subreaper() -> None:
-    """``launch.become_subreaper()`` where the frame launcher is loaded (it keeps the
-    flag its frames look at), else the bare prctl: no need to load it for this."""
-    if "cuectl.run.launch" in sys.modules:
-        from cuectl.run import launch
-
-        launch.become_subreaper()
-    else:
-        set_child_subreaper()
 
 
 def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = None,
@@ -55,31 +43,19 @@ def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = N
     TERMed, KILLed after a grace period and reaped, so the devices are free when we return.
     """
     mode = is_interactive() if interactive is None else interactive
-    forwarder = Forwarder(mode)
-    forwarder.install()
-    try:
-        if forwarder.early:  # asked to stop while acquiring: do not start the command at all
-            return 128 + forwarder.early[0]
-        if reap_leftovers:
-            _become_subreaper()
-        fds = held.fds
-        proc = start(argv, child_env(held.env, base_env), fds, mode)
-        forwarder.attach(proc.pid)
-        held.set_holder_pid(proc.pid)
-        status = exit_status(proc.wait())
-        if reap_leftovers:
-            reap_leftovers_of(proc.pid, fds, interactive=mode)
-        return status
-    finally:
-        forwarder.restore()
+
+    def leftovers(pid: int, fds: Sequence[int]) -> None:
+        reap_leftovers_of(pid, fds, interactive=mode)
+
+    return supervise(argv, child_env(held.env, base_env), lambda: held.fds, interactive=mode,
+                     on_start=held.set_holder_pid, leftovers=leftovers if reap_leftovers else None)
 
 
 def reap_leftovers_of(pid: int, fds: Sequence[int], *, interactive: bool) -> None:
     """After the command ``pid`` exited: TERM, then KILL, and reap what it left behind that
     still holds the lease — its process group (not interactive), or anything that kept the
-    lock ``fds`` — so that the devices are free when ``cuectl run`` returns."""
-    if not own_children():  # none left (the usual end): launch need not load
-        return
+    lock ``fds`` — so that the devices are free when ``cuectl run`` returns. Called by
+    ``child.supervise`` only when some are left (the usual end leaves none: no launch load)."""
     from cuectl.run import launch
 
     group = None if interactive else pid

@@ -20,6 +20,7 @@ import sys
 
 from cuectl import config
 from cuectl.errors import CuectlError
+from cuectl.run.subreaper import become_subreaper, own_children
 
 try:
     import _signal as _sig  # type: ignore[import-not-found, unused-ignore]  # ``signal`` wraps it in enums (~3 ms)
@@ -28,7 +29,7 @@ except ImportError:  # pragma: no cover - other Pythons
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Mapping, Sequence
+    from typing import Any, Callable, Mapping, Sequence
 
 # Exit statuses of a shell that could not start the command.
 EXIT_NOT_FOUND = 127
@@ -156,6 +157,37 @@ class Forwarder:
                 os.kill(self.pid, signum)
         except ProcessLookupError:
             pass
+
+
+def supervise(argv: Sequence[str], env: Mapping[str, str], fds: Callable[[], Sequence[int]], *, interactive: bool,
+              on_start: Callable[[int], None],
+              leftovers: Callable[[int, Sequence[int]], None] | None = None) -> int:
+    """Run a leased command to its end, relaying signals (``Forwarder``); its shell exit
+    status. Both ways of ``cuectl run`` (``adhoc.run_leased``, ``quick``) run it so.
+
+    ``fds()``: the lock fds the command inherits, asked for only once it will start (a
+    signal that came while acquiring starts nothing: 128 + N). ``on_start(pid)``: it runs
+    (name it in the lease records). ``leftovers``: make this process a child subreaper
+    first, and once the command exited call ``leftovers(pid, fds)`` if any of its
+    descendants are left to us — rarely, so its caller may load what that takes lazily.
+    """
+    forwarder = Forwarder(interactive)
+    forwarder.install()
+    try:
+        if forwarder.early:  # asked to stop while acquiring: do not start the command at all
+            return 128 + forwarder.early[0]
+        if leftovers is not None:
+            become_subreaper()
+        passed = fds()
+        proc = start(argv, env, passed, interactive)
+        forwarder.attach(proc.pid)
+        on_start(proc.pid)
+        status = exit_status(proc.wait())
+        if leftovers is not None and own_children():
+            leftovers(proc.pid, passed)
+        return status
+    finally:
+        forwarder.restore()
 
 
 class Child:

@@ -137,6 +137,30 @@ def _quote(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
+def probe_held(path: str | os.PathLike[str]) -> bool:
+    """Is the lock at ``path`` held? A shared non-blocking lock attempt, released at once.
+
+    The attempt is the only answer that is right for every holder (any user, any pid
+    namespace). It holds a shared lock for a few microseconds, during which a concurrent
+    non-blocking acquirer of that *free* device would see it busy; the acquisition path
+    therefore never probes a device's lock, only reporting does (and the quick path of
+    `cuectl run` probes wait-queue tickets, as ``WaitQueue`` does).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # unreadable (another user's 0600 file): we could not lock it either
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def encode_record(record: Mapping[str, Any]) -> bytes:
     """``record`` as compact JSON, the bytes ``json.dumps(record, separators=(",", ":"))``
     gives for the values a record holds (text, int, float, bool, None)."""

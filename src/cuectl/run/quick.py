@@ -26,7 +26,6 @@ loads ``re``, ``json``, ``pathlib``, ``typing`` or ``dataclasses``.
 
 from __future__ import annotations
 
-import fcntl
 import marshal
 import os
 import stat
@@ -34,8 +33,7 @@ import sys
 
 from cuectl import config
 from cuectl.run import child
-from cuectl.run.lockfile import encode_record, lock_now, new_record, unlock, write_record
-from cuectl.run.subreaper import own_children, set_child_subreaper
+from cuectl.run.lockfile import encode_record, lock_now, new_record, probe_held, unlock, write_record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -279,50 +277,27 @@ def _waiters(lock_dir: str) -> bool:
     for name in names:
         if name.startswith("."):
             continue  # a ticket being written: locked before it is renamed into view
-        if _ticket_live(os.path.join(queue, name)):
+        # Held: its waiter lives. A crashed waiter's ticket lost its lock, and is ignored
+        # (as ``WaitQueue`` ignores it); one we cannot open counts as live.
+        if probe_held(os.path.join(queue, name)):
             return True
-    return False
-
-
-def _ticket_live(path: str) -> bool:
-    """True unless a shared lock on ``path`` can be taken at once (then it is dropped): a
-    crashed waiter's ticket lost its lock and is ignored, as ``WaitQueue`` ignores it."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
     return False
 
 
 def _run_held(argv: Sequence[str], held: list[tuple[int, bool, dict[str, Any]]], lease_env: dict[str, str]) -> int:
     """``adhoc.run_leased`` for locks taken here: same environment, signals, records, reaping."""
     interactive = child.is_interactive()
-    forwarder = child.Forwarder(interactive)
-    forwarder.install()
-    try:
-        if forwarder.early:
-            return 128 + forwarder.early[0]
-        set_child_subreaper()
-        fds = [fd for fd, _, _ in held]
-        proc = child.start(argv, child.child_env(lease_env), fds, interactive)
-        forwarder.attach(proc.pid)
+
+    def started(pid: int) -> None:
         for fd, writable, record in held:  # the command holds the device now: `gpu leases` names it
-            record["pid"] = proc.pid
+            record["pid"] = pid
             if writable:
                 write_record(fd, encode_record(record))
-        status = child.exit_status(proc.wait())
-        if own_children():  # leftovers (rare): the full path's reaper, and what it loads
-            from cuectl.run.adhoc import reap_leftovers_of
 
-            reap_leftovers_of(proc.pid, fds, interactive=interactive)
-        return status
-    finally:
-        forwarder.restore()
+    def leftovers(pid: int, fds: Sequence[int]) -> None:
+        from cuectl.run.adhoc import reap_leftovers_of  # rare: the full path's reaper, and what it loads
+
+        reap_leftovers_of(pid, fds, interactive=interactive)
+
+    return child.supervise(argv, child.child_env(lease_env), lambda: [fd for fd, _, _ in held],
+                           interactive=interactive, on_start=started, leftovers=leftovers)

@@ -60,6 +60,16 @@ def _prctl() -> Any:
         return prctl
 
 
+def become_subreaper() -> bool:
+    """``launch.become_subreaper()`` where the frame launcher is loaded (it keeps the flag
+    its frames look at), else the bare prctl: no need to load it for this."""
+    if "cuectl.run.launch" in sys.modules:
+        from cuectl.run import launch
+
+        return launch.become_subreaper()
+    return set_child_subreaper()
+
+
 def own_children(*, all_threads: bool = False) -> set[int]:
     """Direct children of this process (``/proc/PID/task/TID/children``; empty where that
     cannot be read).

@@ -28,6 +28,7 @@ from cuectl.errors import Conflict, LeaseError
 from cuectl.gpu.device import Device
 from cuectl.run.lockfile import (OPEN_FLAGS, encode_record, lock_now, new_record, open_lock_file, unlock,
                                        write_record)
+from cuectl.run.lockfile import probe_held as _probe_held
 from cuectl.units import iso
 
 # The lock directory is shared by every user of the machine, because a GPU is: a worker
@@ -368,29 +369,6 @@ class LeaseInfo:
         since = f", since {iso(self.since)}" if self.since else ""
         pid = f"pid {self.pid}" if self.pid is not None else "an unknown process"
         return f"gpu {'?' if self.index is None else self.index} held by {pid}" + (f" ({who}{since})" if who else "")
-
-
-def _probe_held(path: Path) -> bool:
-    """Is the lock at ``path`` held? A shared non-blocking lock attempt, released at once.
-
-    The attempt is the only answer that is right for every holder (any user, any pid
-    namespace). It holds a shared lock for a few microseconds, during which a concurrent
-    non-blocking acquirer of that *free* device would see it busy; the acquisition path
-    therefore never probes, only this reporting path does.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True  # unreadable (another user's 0600 file): we could not lock it either
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def read_record(path: Path) -> dict[str, Any] | None:
