@@ -25,34 +25,24 @@ import cuectl
 from cuectl.run import child, lockfile, quick
 from cuectl.run.lease import locks
 
+from entryprobe import ENTRY, noted, run_entry_noting
+
 from .conftest import STEP_TIMEOUT_S, V100, make_fake_host
 
-# Runs the console script's code and notes which path ran: "quick" (no discovery: the fake
-# backend every test here uses was never loaded), "full" or "typer".
-ENTRY = ("import atexit, os, sys\n"
-         "def _note():\n"
-         "    way = 'typer' if 'typer' in sys.modules else 'full' if 'cuectl.gpu.fake' in sys.modules else 'quick'\n"
-         "    with open(os.environ['QUICK_PROBE'], 'a') as fh:\n"
-         "        fh.write(way + '\\n')\n"
-         "atexit.register(_note)\n"
-         "from cuectl.cli.entry import run\n"
-         "sys.exit(run())\n")
 SHOW_ENV = ("import json, os, sys; print(json.dumps({k: v for k, v in sorted(os.environ.items()) "
             "if k.startswith(('CUE_', 'CUDA_', 'NVIDIA_', 'ROCR_', 'HIP_'))}))")
 
 
-def cuectl_run(tmp_path: Path, *args: str, full: bool = False, env: dict[str, str] | None = None,
-               timeout: float = 120) -> tuple[subprocess.CompletedProcess[str], str]:
+def way_of(fast_or_typer: str, discovered: bool) -> str:
+    """"quick" (no discovery: no GPU backend loaded), "full" or "typer"."""
+    return "typer" if fast_or_typer == "typer" else "full" if discovered else "quick"
+
+
+def cuectl_run(tmp_path: Path, *args: str, full: bool = False,
+               env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
     """``cuectl run ARGS`` as a real process; (the result, "quick", "full" or "typer")."""
-    probe = tmp_path / "probe"
-    probe.unlink(missing_ok=True)
-    child_env = {**os.environ, **(env or {}), "QUICK_PROBE": str(probe)}
-    child_env.pop("CUECTL_FULL_CLI", None)
-    if full:
-        child_env["CUECTL_FULL_CLI"] = "1"
-    out = subprocess.run([sys.executable, "-c", ENTRY, "run", *args], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, env=child_env, timeout=timeout)
-    return out, (probe.read_text().split() or ["?"])[-1] if probe.exists() else "?"
+    out, way, discovered = run_entry_noting(tmp_path, ["run", *args], full=full, env=env)
+    return out, way_of(way, discovered)
 
 
 @pytest.fixture
@@ -137,7 +127,7 @@ def test_a_live_waiter_sends_it_to_the_full_path(host, tmp_path):
     warm(tmp_path)
     with cuectl.lease(devices=[3]):
         waiter = subprocess.Popen([sys.executable, "-c", ENTRY, "run", "--gpu-model", "A100", "--", "true"],
-                                  env={**os.environ, "QUICK_PROBE": str(tmp_path / "waiter-probe")},
+                                  env={**os.environ, "ENTRY_PROBE": str(tmp_path / "waiter-probe")},
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         queue = Path(os.environ["CUECTL_LOCK_DIR"]) / "queue"
         deadline = time.monotonic() + STEP_TIMEOUT_S
@@ -231,14 +221,14 @@ def test_signals_reach_the_commands_group(host, tmp_path):
     ready = tmp_path / "ready"
     script = f"trap 'exit 42' TERM; touch {shlex.quote(str(ready))}; while :; do sleep 0.05; done"
     proc = subprocess.Popen([sys.executable, "-c", ENTRY, "run", "--", "sh", "-c", script],
-                            env={**os.environ, "QUICK_PROBE": str(tmp_path / "probe")}, stdin=subprocess.DEVNULL,
+                            env={**os.environ, "ENTRY_PROBE": str(tmp_path / "probe")}, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + STEP_TIMEOUT_S
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=STEP_TIMEOUT_S) == 42
-    assert (tmp_path / "probe").read_text().split()[-1] == "quick"
+    assert way_of(*noted(tmp_path / "probe")) == "quick"
 
 
 def test_inherited_descriptors_do_not_reach_the_command(host, tmp_path):
@@ -251,12 +241,12 @@ def test_inherited_descriptors_do_not_reach_the_command(host, tmp_path):
         show = "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
         probe = tmp_path / "probe"
         out = subprocess.run([sys.executable, "-c", ENTRY, "run", "--", sys.executable, "-c", show],
-                             env={**os.environ, "QUICK_PROBE": str(probe)}, capture_output=True, text=True,
+                             env={**os.environ, "ENTRY_PROBE": str(probe)}, capture_output=True, text=True,
                              pass_fds=(w,), timeout=120)
     finally:
         os.close(r)
         os.close(w)
-    assert probe.read_text().split()[-1] == "quick"
+    assert way_of(*noted(probe)) == "quick"
     fds = json.loads(out.stdout)
     assert w not in fds and len([f for f in fds if f > 2]) == 2  # the lock fd, and listdir's own
 
