@@ -5,12 +5,11 @@ and the typer command) and ``cuectl.run.quick`` (the console script's quick path
 kept to ``os``, ``sys`` and the C ``_signal`` module, so that the quick path loads none of
 ``subprocess``, ``signal`` (its enums), ``shlex`` or ``re``.
 
-The command is started with ``posix_spawnp`` (glibc's is a vfork: no copy of the parent's
-page tables, ~0.3 ms less per command than ``subprocess``'s fork path), as ``subprocess``
-would start it: every inherited descriptor closed but the lease's lock fds, the signals
-Python ignores (SIGPIPE, SIGXFSZ) back to their defaults, a process group of its own when
-not interactive. Where that cannot be done exactly (not glibc 2.29+: earlier ones cannot
-clear close-on-exec in the child), ``subprocess.Popen`` starts it instead.
+The command is started by ``cuectl.run.spawn`` (``posix_spawn``: glibc's is a vfork, and
+the arguments and environment are encoded in C), as ``subprocess`` would start it: every
+inherited descriptor closed but the lease's lock fds, the signals Python ignores (SIGPIPE,
+SIGXFSZ) back to their defaults, a process group of its own when not interactive. Where
+that cannot be done exactly (not glibc 2.29+), ``subprocess.Popen`` starts it instead.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ import sys
 
 from cuectl import config
 from cuectl.errors import CuectlError
+from cuectl.run import spawn
 from cuectl.run.subreaper import become_subreaper, own_children
 
 try:
@@ -39,8 +39,6 @@ FORWARDED = (_sig.SIGINT, _sig.SIGTERM, _sig.SIGHUP)
 # inside a frame must describe its own lease — a subset of the frame's devices, see
 # cuectl.run.lease.nested — not the frame's).
 LEASE_VARS = ("CUE_GPUS", "CUE_GPU_CORES", "CUE_GPU_UUIDS", "CUE_GPU_MEMORY", "CUE_LEASE_LEVEL")
-# What subprocess resets in the child (``restore_signals``): Python ignores these.
-_RESTORED = tuple(getattr(_sig, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(_sig, name))
 # Shell-safe characters (``shlex.quote``'s ``[\w@%+=:,./-]`` with ``re.ASCII``).
 _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_@%+=:,./-")
 
@@ -212,8 +210,8 @@ def start(argv: Sequence[str], env: Mapping[str, str], fds: Sequence[int], inter
     """
     argv = list(argv)
     try:
-        if _spawn_exact():
-            return Child(_posix_spawn(argv, env, fds, interactive))
+        if spawn.usable():
+            return Child(spawn.spawn(argv, env, keep=fds, setpgroup=not interactive))
         return _popen(argv, env, fds, interactive)
     except FileNotFoundError:
         raise CommandNotFound(f"{argv[0]}: command not found") from None
@@ -221,48 +219,6 @@ def start(argv: Sequence[str], env: Mapping[str, str], fds: Sequence[int], inter
         raise CommandNotExecutable(f"{argv[0]}: permission denied") from None
     except OSError as exc:
         raise CommandNotExecutable(f"{argv[0]}: cannot execute: {exc.strerror or exc}") from None
-
-
-def _spawn_exact() -> bool:
-    """Can ``posix_spawnp`` start the command exactly as ``subprocess`` would? glibc 2.29+
-    clears close-on-exec of a descriptor dup2'ed onto itself (how the lock fds are passed)."""
-    global _EXACT
-    if _EXACT is None:
-        _EXACT = False
-        if sys.platform.startswith("linux") and hasattr(os, "posix_spawnp"):
-            try:
-                name, _, version = (os.confstr("CS_GNU_LIBC_VERSION") or "").partition(" ")
-                major, minor = (int(x) for x in version.split(".")[:2])
-                _EXACT = name == "glibc" and (major, minor) >= (2, 29)
-            except (ValueError, OSError):
-                pass
-    return _EXACT
-
-
-_EXACT: bool | None = None
-
-
-def _posix_spawn(argv: list[str], env: Mapping[str, str], fds: Sequence[int], interactive: bool) -> int:
-    keep = set(fds)
-    actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in sorted(keep)]
-    # ``close_fds``: descriptors we inherited without close-on-exec (a CI runner's pipe, a
-    # parent's lock) must not reach the command. Ours are all close-on-exec already.
-    for fd in _open_fds():
-        if fd > 2 and fd not in keep:
-            try:
-                if os.get_inheritable(fd):
-                    actions.append((os.POSIX_SPAWN_CLOSE, fd))
-            except OSError:
-                pass  # closed meanwhile (the listing's own fd)
-    group: dict[str, Any] = {} if interactive else {"setpgroup": 0}
-    return os.posix_spawnp(argv[0], argv, dict(env), file_actions=actions, setsigdef=_RESTORED, **group)
-
-
-def _open_fds() -> list[int]:
-    try:
-        return [int(name) for name in os.listdir("/proc/self/fd")]
-    except (OSError, ValueError):
-        return list(range(3, 256))
 
 
 def _popen(argv: list[str], env: Mapping[str, str], fds: Sequence[int], interactive: bool) -> Child:

@@ -82,8 +82,9 @@ def _run_child(argv: list[str], *, stdin: bytes, env: dict[str, str], timeout: f
     """Run ``argv`` in its own session, feed ``stdin``, wait up to ``timeout``; (exit code or
     None on timeout, the tail of its output)."""
     kwargs = run_as.popen_kwargs() if run_as else {}
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                            cwd=cwd, start_new_session=True, close_fds=True, **kwargs)
+    with launch.CWD_LOCK:  # not while the worker is in a frame's directory for an instant (launch._start_child)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, cwd=cwd, start_new_session=True, close_fds=True, **kwargs)
     launch.hold_child(proc.pid, proc)
     try:
         try:

@@ -1,0 +1,174 @@
+"""Frames started by ``posix_spawn`` (cuectl.run.spawn) behave as ``subprocess.Popen`` started
+them: each test runs on both paths (``popen`` turns spawn off), with real processes."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuectl.run import launch, spawn
+from cuectl.run.launch import ExitInfo, FrameProcess
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="frames read /proc/self")
+
+PY = sys.executable
+# What the frame reports about itself: its session, its open fds, its cwd.
+REPORT = ("import os; print('sid', os.getsid(0) == os.getpid()); "
+          "print('fds', sorted(int(f) for f in os.listdir('/proc/self/fd'))); print('cwd', os.getcwd())")
+
+
+@pytest.fixture(params=["spawn", "popen"])
+def way(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    if request.param == "spawn":
+        if not spawn.usable():
+            pytest.fail("this suite runs on glibc 2.29+ Linux, where frames are spawned")
+    else:
+        monkeypatch.setattr(spawn, "_USABLE", False)
+    return str(request.param)
+
+
+def run(argv: list[str], tmp_path: Path, **kw: object) -> tuple[ExitInfo, str, FrameProcess]:
+    log = tmp_path / "logs" / "job" / "frame.log"
+    kw.setdefault("env", dict(os.environ))
+    proc = FrameProcess.start(argv, log_path=log, **kw)  # type: ignore[arg-type]
+    info = proc.wait(timeout=15)
+    assert info is not None, "frame did not finish"
+    return info, log.read_text(), proc
+
+
+def report(log: str) -> dict[str, str]:
+    return dict(line.split(" ", 1) for line in log.splitlines() if line.split(" ", 1)[0] in ("sid", "fds", "cwd"))
+
+
+def test_the_frame_starts_as_popen_starts_it(tmp_path: Path, way: str) -> None:
+    """A session of its own, only 0-2 and the passed fd open, the asked directory; the
+    worker's own directory unchanged."""
+    passed = os.open(tmp_path / "lease.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    leaked_r, leaked_w = os.pipe()
+    os.set_inheritable(leaked_w, True)  # what a worker may inherit from its parent
+    work = tmp_path / "work"
+    work.mkdir()
+    here = os.getcwd()
+    try:
+        info, log, _ = run([PY, "-c", REPORT], tmp_path, cwd=work, pass_fds=[passed])
+    finally:
+        for fd in (passed, leaked_r, leaked_w):
+            os.close(fd)
+    assert info.exit_code == 0, log
+    seen = report(log)
+    assert seen["sid"] == "True"
+    expected = {0, 1, 2, passed}
+    listing = min(set(range(3, 1024)) - expected)  # the listing's own descriptor, the lowest free one
+    assert set(eval(seen["fds"])) - {listing} == expected, seen
+    assert seen["cwd"] == str(work)
+    assert os.getcwd() == here
+
+
+def test_the_signals_python_ignores_are_restored(tmp_path: Path, way: str) -> None:
+    """SIGPIPE and SIGXFSZ, which the worker (Python) ignores, are back to their defaults in
+    the frame (``restore_signals``), and no other signal a program can see is ignored. (glibc's
+    posix_spawn leaves its two internal signals, 32 and 33, ignored: invisible to programs,
+    whose libc installs its own handlers for them; docs/architecture.md.)"""
+    info, log, _ = run(["sh", "-c", "exec grep SigIgn /proc/self/status"], tmp_path)
+    assert info.exit_code == 0, log
+    ignored = int(log.split("SigIgn:")[1].split()[0], 16)
+    assert ignored & ((1 << 31) - 1) == 0, hex(ignored)  # signals 1-31
+
+
+def test_an_inherited_descriptor_does_not_reach_the_frame(tmp_path: Path, way: str) -> None:
+    """close_fds: a descriptor inherited without close-on-exec stays with the worker. The
+    frame's reader sees end of file only if no other copy of the write end is open."""
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    try:
+        info, log, _ = run([PY, "-c", "import os, sys; os.fstat(int(sys.argv[1]))", str(w)], tmp_path)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert info.exit_code == 1 and "Bad file descriptor" in log, log
+
+
+def test_the_program_is_searched_on_the_frames_path(tmp_path: Path, way: str) -> None:
+    """The layer's PATH, not the worker's, finds the program; a non-executable file of that
+    name earlier on it is passed over, as execvpe does."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    (first / "cuectl-test-tool").write_text("#!/bin/sh\necho wrong\n")  # not executable
+    tool = second / "cuectl-test-tool"
+    tool.write_text("#!/bin/sh\necho found it\n")
+    tool.chmod(0o755)
+    env = dict(os.environ, PATH=f"{first}:{second}:/usr/bin:/bin")
+    info, log, _ = run(["cuectl-test-tool"], tmp_path, env=env)
+    assert info.exit_code == 0 and "found it" in log and "wrong" not in log, log
+
+
+def test_only_a_non_executable_candidate_gives_126(tmp_path: Path, way: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "cuectl-test-tool").write_text("#!/bin/sh\necho hi\n")
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin")
+    info, log, _ = run(["cuectl-test-tool"], tmp_path, env=env)
+    assert info.exit_code == 126 and "Permission denied" in log and "cuectl-test-tool" in log, log
+
+
+def test_a_relative_program_runs_from_the_frames_directory(tmp_path: Path, way: str) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    script = work / "render.sh"
+    script.write_text("#!/bin/sh\necho rendered in \"$PWD\"\n")
+    script.chmod(0o755)
+    info, log, _ = run(["./render.sh"], tmp_path, cwd=work)
+    assert info.exit_code == 0 and f"rendered in {work}" in log, log
+
+
+def test_a_missing_directory_gives_127_and_leaves_the_worker_where_it_was(tmp_path: Path, way: str) -> None:
+    here = os.getcwd()
+    info, log, proc = run(["true"], tmp_path, cwd=tmp_path / "nope")
+    assert info.exit_code == 127 and "nope" in log, log
+    assert proc.pid == 0 and os.getcwd() == here
+
+
+def test_a_missing_program_names_itself(tmp_path: Path, way: str) -> None:
+    info, log, _ = run(["cuectl-no-such-tool"], tmp_path, env=dict(os.environ, PATH=str(tmp_path)))
+    assert info.exit_code == 127 and "No such file or directory: cuectl-no-such-tool" in log, log
+
+
+def test_a_worker_of_another_identity_keeps_popen(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Frames run as another user (setuid) are started by subprocess: posix_spawn cannot."""
+    seen: list[dict] = []
+    real = launch.subprocess.Popen
+
+    def popen(*args: object, **kwargs: object) -> object:
+        seen.append(dict(kwargs))
+        kwargs.pop("user"), kwargs.pop("group"), kwargs.pop("extra_groups")  # we are not root: run as ourselves
+        return real(*args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(launch.subprocess, "Popen", popen)
+    log_fd = os.open(tmp_path / "f.log", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        child = launch._start_child(["true"], dict(os.environ), log_fd, None, (),
+                                    {"user": 12345, "group": 12345, "extra_groups": []})
+        assert isinstance(child, real)
+        child.wait()
+        assert seen and seen[0]["start_new_session"] and seen[0]["close_fds"]
+        assert isinstance(launch._start_child(["true"], dict(os.environ), log_fd, None, (), {}), launch.Spawned)
+    finally:
+        os.close(log_fd)
+
+
+def test_resolve_follows_execvpe(tmp_path: Path) -> None:
+    exe = tmp_path / "tool"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    (tmp_path / "dir.d").mkdir()
+    assert spawn.resolve("./x", {}) == "./x"
+    assert spawn.resolve("tool", {"PATH": f"/nonexistent:{tmp_path}"}) == str(exe)
+    with pytest.raises(PermissionError):
+        spawn.resolve("dir.d", {"PATH": str(tmp_path)})  # a directory: EACCES, as execve says
+    with pytest.raises(FileNotFoundError):
+        spawn.resolve("tool", {"PATH": "/nonexistent"})
+    assert spawn.resolve("sh", {}) in ("/bin/sh", "/usr/bin/sh")  # no PATH: execvpe's default
