@@ -928,14 +928,18 @@ def _open_log_root(root: Path, euid: int) -> int:
 def _open_job_dir(root_fd: int, name: str, shown: Path, allowed: set[int] | None,
                   chown_to: tuple[int, int] | None) -> int:
     created = False
-    if allowed is not None:  # creating: a note never creates the directory
-        try:
-            os.mkdir(name, LOG_DIR_MODE, dir_fd=root_fd)
-            created = True
-        except FileExistsError:
-            pass
     try:
-        fd = os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=root_fd)
+        try:  # opened first: a job's directory exists for all but its first frame here
+            fd = os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=root_fd)
+        except FileNotFoundError:
+            if allowed is None:  # a note never creates the directory
+                raise
+            try:
+                os.mkdir(name, LOG_DIR_MODE, dir_fd=root_fd)
+                created = True
+            except FileExistsError:
+                pass  # made meanwhile by another worker: judged like any other below
+            fd = os.open(name, _DIR_FLAGS | _NOFOLLOW, dir_fd=root_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise UnsafeLogPath(f"log directory {shown} is a symbolic link or not a directory; refusing it") from None

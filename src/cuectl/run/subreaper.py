@@ -86,9 +86,17 @@ def own_children(*, all_threads: bool = False) -> set[int]:
             return set()
     kids: set[int] = set()
     for tid in tids:
+        try:  # os.open/os.read: a third of what the io layers of open() cost (~20 µs a frame)
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
         try:
-            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
-                kids.update(int(x) for x in fh.read().split())
+            data = b""
+            while chunk := os.read(fd, 65536):
+                data += chunk
+            kids.update(int(x) for x in data.split())
         except (OSError, ValueError):
             continue
+        finally:
+            os.close(fd)
     return kids
