@@ -20,6 +20,7 @@ from cuectl.run.launch import (
     ExitInfo,
     FrameContext,
     FrameProcess,
+    frame_base,
     frame_env,
     kill_process_group,
     log_header,
@@ -174,6 +175,16 @@ def test_frame_env_default_base_is_inherited(tmp_path: Path, monkeypatch: pytest
     env = frame_env(make_ctx(tmp_path), layer_env={}, isolation={})
     assert env["CUECTL_TEST_INHERITED"] == "yes"
     assert env["CUE_FRAME"] == "0005-render"
+
+
+def test_a_base_stripped_once_gives_the_same_env(tmp_path: Path) -> None:
+    """The worker strips its environment once (frame_base) instead of once a frame."""
+    inherited = {"PATH": "/bin", "CUE_FRAME": "9999-outer", "CUE_GPUS": "3", "PGPASSWORD": "s3cret", "HOME": "/h"}
+    base = frame_base(inherited)
+    assert dict(base) == {"PATH": "/bin", "HOME": "/h"}
+    once = frame_env(make_ctx(tmp_path), layer_env={"A": "1"}, isolation={"CUE_GPUS": "0"}, base=base)
+    assert once == frame_env(make_ctx(tmp_path), layer_env={"A": "1"}, isolation={"CUE_GPUS": "0"}, base=inherited)
+    assert "PGPASSWORD" not in once and once["CUE_FRAME"] == "0005-render" and dict(base) == {"PATH": "/bin", "HOME": "/h"}
 
 
 @pytest.mark.parametrize("bad", [{"": "x"}, {"A=B": "x"}, {"A": "x\0y"}, {"A": 1}])

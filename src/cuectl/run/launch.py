@@ -355,7 +355,7 @@ def frame_env(
     ========================  ===============================================================
     """
     inherited = config.inherited_environ() if base is None else base
-    env = {k: v for k, v in inherited.items() if not k.startswith("CUE_") and k not in _WORKER_SECRETS}
+    env = dict(inherited) if isinstance(inherited, FrameBase) else frame_base(inherited)
     env.update(_checked_env(layer_env, "layer env"))
     env.update(_cue_vars(ctx))
     env.update(_checked_env(isolation, "isolation env"))
@@ -364,6 +364,16 @@ def frame_env(
 
 # The worker's credentials for the store: never handed to the frames it runs.
 _WORKER_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE"})
+
+
+class FrameBase(dict[str, str]):
+    """An environment already stripped as :func:`frame_env` strips its ``base``."""
+
+
+def frame_base(inherited: Mapping[str, str]) -> FrameBase:
+    """``inherited`` less inherited ``CUE_*`` variables and the worker's store credentials
+    (see :func:`frame_env`); a worker makes it once, not once a frame."""
+    return FrameBase((k, v) for k, v in inherited.items() if not k.startswith("CUE_") and k not in _WORKER_SECRETS)
 
 
 def _cue_vars(ctx: FrameContext) -> dict[str, str]:

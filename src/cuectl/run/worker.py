@@ -754,7 +754,7 @@ class Worker:
             layer_env = {**(run_as.env() if run_as else {}), **claim.env}
             argv = launch.substitute_tokens(claim.command, ctx)
             if self._base_env is None:
-                self._base_env = config.inherited_environ()
+                self._base_env = launch.frame_base(config.inherited_environ())
             env = launch.frame_env(ctx, layer_env=layer_env, isolation=iso_env, base=self._base_env)
             # Before the frame exists: a worker killed at any point after this leaves a run
             # file naming every process the frame will start (by its environment).
