@@ -40,6 +40,7 @@ from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, queued_rese
 from cuectl.run.lease.locks import lock_path, pid_alive, read_record
 from cuectl.run.usage import UsageTracker
 from cuectl.sched import identity
+from cuectl.sched import model as m
 from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, device_fits_statically, select_devices, tags_fit
 from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, HostShape, LiveUsage, RunnableLayer, Store
 from cuectl.units import format_bytes, iso
@@ -386,10 +387,19 @@ class Worker:
             self._deliverer = Deliverer(self.store, deliverer_id=self.worker_id,
                                         run_as_submitter=self.opts.run_as_submitter, warn=self.warn,
                                         on_claimed=lambda: self._crash_point("notify_claimed"))
-        if self.stats.finished:  # its job may have finished after this iteration's `now`
+        if self.stats.finished and self._may_have_notified():  # after this iteration's `now`
             self._deliverer.step(self.store.clock(), claim=not self.draining, force=True)
         else:
             self._deliverer.step(now, claim=not self.draining)
+
+    def _may_have_notified(self) -> bool:
+        """Could the frames that ended this iteration have queued a notification — a frame
+        that died, a job that ended? Not if each succeeded (or waits for a retry) and this
+        worker still runs another frame of its job, which is then not over: no store read for
+        it (one a frame on a busy worker; the regular claim every few seconds still runs)."""
+        running_jobs = {rf.claim.job_id for rf in self.running.values()}
+        return any(state not in (m.SUCCEEDED, m.WAITING) or claim.job_id not in running_jobs
+                   for claim, _info, state in self.stats.ended)
 
     def _delivering(self) -> bool:
         return bool(self._deliverer is not None and self._deliverer.inflight)
@@ -1039,7 +1049,7 @@ def _describe_need(request: GpuRequest) -> str:
     """``4 × NVIDIA 'A100'`` — what a reservation waits for, short."""
     parts = [f"{request.gpus} \u00d7 {request.gpu_vendor or 'GPU'}"]
     if request.gpu_models:
-        parts.append(" or ".join(repr(m) for m in request.gpu_models))
+        parts.append(" or ".join(repr(name) for name in request.gpu_models))
     if request.gpu_memory_min_bytes:
         parts.append(f">= {format_bytes(request.gpu_memory_min_bytes)}")
     return " ".join(parts)
