@@ -846,3 +846,55 @@ def test_forget_host_removes_a_dead_host_and_only_an_admin_may(store):
     # Its worker, started again, registers it anew.
     store.register_host(HostInfo(name="h1", cores=8, memory_bytes=1 << 34, gpus=[GPU]), now=NOW + 30)
     assert store.get_host("h1", now=NOW + 30, down_after=60)["state"] == "UP"
+
+
+def test_the_dispatch_read_follows_every_change_between_reads(store_url):
+    """A worker reads the runnable layers every pass (SQLite keeps the answer while nothing
+    that changes it happened: runnable_layers). Whatever changes it — another connection's
+    submit, pause, priority; this connection's own claims exhausting a layer, a completion
+    that releases a dependent or queues a retry — shows in the next read."""
+    worker, other = open_store(store_url), open_store(store_url)
+    try:
+        def names():
+            return [(layer.job, layer.layer) for layer in worker.runnable_layers()]
+
+        def claim(layer_name, now=NOW):
+            layer = next(x for x in worker.runnable_layers() if x.layer == layer_name)
+            return worker.claim_frame(layer.layer_id, host="h1", worker="h1-w", gpu_uuids=[], now=now, lease_s=60)
+
+        assert names() == [] and names() == []
+        other.submit(job("a", layers=[{"name": "render", "command": ["true"], "range": "1-2", "retries": 1},
+                                      {"name": "comp", "command": ["true"], "range": "1", "depends": ["render"]}]),
+                     now=NOW)
+        assert names() == [("a", "render")]
+        r1, r2 = claim("render"), claim("render")
+        assert r1 is not None and r2 is not None
+        # Its own claims took the layer's last frames: a claim from it finds nothing, and the
+        # next read knows (SQLite's kept answer named it until then).
+        layer_id = r1.layer_id
+        assert worker.claim_frame(layer_id, host="h1", worker="h1-w", gpu_uuids=[], now=NOW, lease_s=60) is None
+        assert names() == []
+        # Its own completion fails r1, whose retry the same transaction claims again.
+        states, again = worker.complete_and_claim([(r1.frame_id, r1.attempt, ok(1))], layer_id, reported_at=NOW + 1,
+                                                  host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 1, lease_s=60)
+        assert states == ["WAITING"] and again is not None and again.frame_id == r1.frame_id
+        assert names() == []
+        # Another connection submits; this one's completions (with a claim from the new job)
+        # finish the layer, which releases its dependent: both are read.
+        other.submit(job("b"), now=NOW + 2)
+        assert names() == [("b", "render")]
+        b_layer = worker.runnable_layers()[0].layer_id
+        states, b1 = worker.complete_and_claim(
+            [(again.frame_id, again.attempt, ok()), (r2.frame_id, r2.attempt, ok())], b_layer, reported_at=NOW + 2,
+            host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 2, lease_s=60)
+        assert states == ["SUCCEEDED", "SUCCEEDED"] and b1 is not None
+        assert names() == [("a", "comp"), ("b", "render")]
+        # Another connection's pause and priority.
+        other.set_job_paused("b", True)
+        assert names() == [("a", "comp")]
+        other.set_job_paused("b", False)
+        other.set_job_priority("b", 10)
+        assert names() == [("b", "render"), ("a", "comp")]
+    finally:
+        worker.close()
+        other.close()

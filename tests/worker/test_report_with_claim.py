@@ -61,3 +61,33 @@ def test_a_finished_frame_and_the_next_claim_are_one_transaction(solo):
     assert stats.claimed == 0 and [(c.frame_id, state) for c, _, state in stats.ended] == [(last, "SUCCEEDED")]
     assert worker.pending == [] and worker.running == {}
     assert store.get_job(job_id)["state"] == "FINISHED"
+
+
+def test_a_busy_iteration_reads_neither_the_queue_nor_notifications_again(solo):
+    """An iteration that ends a frame and starts the next of the same job: the dispatch read
+    is the kept one (nothing changed it: SQLite's data_version), and no notification can be
+    due (the job still runs here). The iteration that ends the job's last frame looks."""
+    store, worker = solo
+    store.submit(spec_from_flags(name="one-slot", command=["true"], range="1-3", cores=2,
+                                 user=config.current_user()), now=time.time())
+    worker.loop()
+    wait_for_exit(worker)
+    worker.loop()  # frame 1 ends, frame 2 starts (the first forced notification read was before)
+    wait_for_exit(worker)
+
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    stats = worker.loop()  # frame 2 ends, frame 3 starts
+    store.conn.set_trace_callback(None)
+    assert stats.finished == 1 and stats.claimed == 1
+    assert not [s for s in statements if "FROM notifications" in s], statements
+    assert not [s for s in statements if "FROM layers l JOIN jobs j" in s], statements
+    assert "PRAGMA data_version" in statements
+
+    wait_for_exit(worker)
+    statements.clear()
+    store.conn.set_trace_callback(statements.append)
+    stats = worker.loop()  # frame 3, the job's last, ends: its job may have finished
+    store.conn.set_trace_callback(None)
+    assert stats.finished == 1 and stats.claimed == 0
+    assert [s for s in statements if "FROM notifications" in s], statements
