@@ -91,3 +91,26 @@ def test_a_busy_iteration_reads_neither_the_queue_nor_notifications_again(solo):
     store.conn.set_trace_callback(None)
     assert stats.finished == 1 and stats.claimed == 0
     assert [s for s in statements if "FROM notifications" in s], statements
+
+
+def test_two_frames_of_a_job_ending_together_check_their_job_once_and_write_it_not(solo):
+    """Both slots' frames end in one iteration: their reports go in one transaction, which
+    asks once whether their job is done (it is not: frames wait) and writes nothing to the
+    job (it is PENDING already)."""
+    store, worker = solo
+    job_id = store.submit(spec_from_flags(name="two-slots", command=["true"], range="1-6",
+                                          user=config.current_user()), now=time.time())
+    worker.loop()
+    assert len(worker.running) == 2
+    wait_for_exit(worker)
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    stats = worker.loop()
+    store.conn.set_trace_callback(None)
+    assert stats.finished == 2 and stats.claimed == 2
+    assert len([s for s in statements if s.startswith("SELECT state, EXISTS")]) == 1, statements
+    assert not [s for s in statements if s.startswith("UPDATE jobs")], statements
+    while worker.running or store.get_job(job_id)["state"] != "FINISHED":
+        wait_for_exit(worker)
+        worker.loop()
+    assert store.get_job(job_id)["frame_counts"] == {"SUCCEEDED": 6}

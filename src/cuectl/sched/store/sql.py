@@ -504,10 +504,18 @@ class SQLStore(Store):
         return self._jobs_json(ids)
 
     def _finish_job_if_done(self, tx: Tx, job_id: int, now: float) -> None:
-        if tx.one("SELECT 1 FROM frames WHERE job_id = ? AND state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1",
-                  (job_id,)):
-            tx.run("UPDATE jobs SET state = 'PENDING', finished_at = NULL WHERE id = ? AND state != 'PENDING'",
-                   (job_id,))
+        # One read says both whether the job has work left and what it is now: a job with
+        # work left is nearly always PENDING already, and then nothing is written (this runs
+        # for every frame that ends).
+        row = tx.one("SELECT state, EXISTS (SELECT 1 FROM frames WHERE job_id = ? "
+                     "AND state IN ('WAITING', 'DEPEND', 'RUNNING')) AS unfinished FROM jobs WHERE id = ?",
+                     (job_id, job_id))
+        if row is None:
+            return
+        if row["unfinished"]:
+            if row["state"] != "PENDING":
+                tx.run("UPDATE jobs SET state = 'PENDING', finished_at = NULL WHERE id = ? AND state != 'PENDING'",
+                       (job_id,))
         else:
             if tx.run("UPDATE jobs SET state = 'FINISHED', finished_at = ? WHERE id = ? AND state != 'FINISHED'",
                       (now, job_id)):
@@ -1036,8 +1044,11 @@ class SQLStore(Store):
         # Safe to repeat after a lost COMMIT: the repeat is fenced and returns None.
         return self._write(lambda tx: self._complete(tx, frame_id, attempt, result, now))
 
-    def _complete(self, tx: Tx, frame_id: int, attempt: int, result: FrameResult, now: float) -> str | None:
-        """``complete_frame``'s work, in ``tx``."""
+    def _complete(self, tx: Tx, frame_id: int, attempt: int, result: FrameResult, now: float,
+                  ended_jobs: set[int] | None = None) -> str | None:
+        """``complete_frame``'s work, in ``tx``. ``ended_jobs``: collect the frame's job
+        there instead of finishing it if done now — the caller does it once per job, after
+        all of a transaction's frames (``_finish_jobs_if_done``)."""
         row = self._running_frame(tx, frame_id, attempt)
         if row is None:
             return None  # a stale report from an older attempt changes nothing
@@ -1064,10 +1075,22 @@ class SQLStore(Store):
             woke += self._release_dependents(tx, frame_id, row["layer_id"], now)
         elif new_state == m.DEAD:
             notes.record_dead(tx, row["job_id"], frame_id, now)
-        self._finish_job_if_done(tx, row["job_id"], now)
+        if ended_jobs is None:
+            self._finish_job_if_done(tx, row["job_id"], now)
+        else:
+            ended_jobs.add(row["job_id"])
         if woke:
             self._notify(tx)
         return new_state
+
+    def _complete_many(self, tx: Tx, reports: Sequence[tuple[int, int, FrameResult]], now: float) -> list[str | None]:
+        """``_complete`` for each report in order, and each of their jobs finished if done,
+        once (a worker's reports often are frames of one job)."""
+        jobs: set[int] = set()
+        states = [self._complete(tx, frame_id, attempt, result, now, jobs) for frame_id, attempt, result in reports]
+        for job_id in sorted(jobs):
+            self._finish_job_if_done(tx, job_id, now)
+        return states
 
     @staticmethod
     def _record_attempt(tx: Tx, frame_id: int, attempt: int, row: Row, outcome: str, result: FrameResult | None,

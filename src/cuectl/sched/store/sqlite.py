@@ -342,9 +342,7 @@ class SQLiteStore(SQLStore):
         layer, sql, params = self._claim_statement(layer_id, host, worker, gpu_uuids, now, lease_s, log_dir)
 
         def both(tx: Tx) -> tuple[list[str | None], Any]:
-            states = [self._complete(tx, frame_id, attempt, result, reported_at)
-                      for frame_id, attempt, result in reports]
-            return states, self.conn.execute(sql, params).fetchone()
+            return self._complete_many(tx, reports, reported_at), self.conn.execute(sql, params).fetchone()
 
         states, row = self._write(both, claiming=True)
         if row is None:
