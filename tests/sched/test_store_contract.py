@@ -898,3 +898,47 @@ def test_the_dispatch_read_follows_every_change_between_reads(store_url):
     finally:
         worker.close()
         other.close()
+
+
+def test_complete_and_claim_many_claims_up_to_count_within_the_caps(store):
+    """A worker whose slots all freed: the reports, then up to ``count`` frames of the layer,
+    as many as it has and its caps allow (each claim counts for the next)."""
+    store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-5", "max_running": 3}]), now=NOW)
+    layer_id = store.runnable_layers()[0].layer_id
+    states, claims = store.complete_and_claim_many([], layer_id, 2, reported_at=NOW, host="h1", worker="h1-w",
+                                                   now=NOW, lease_s=60)
+    assert states == [] and [c.number for c in claims] == [1, 2]
+    # The layer's max_running (3) leaves room for one more, whatever count asks.
+    states, more = store.complete_and_claim_many([], layer_id, 4, reported_at=NOW, host="h1", worker="h1-w",
+                                                 now=NOW, lease_s=60)
+    assert [c.number for c in more] == [3]
+    a, b = claims
+    states, next_ones = store.complete_and_claim_many(
+        [(a.frame_id, a.attempt, ok()), (b.frame_id, b.attempt, ok()), (a.frame_id, a.attempt, ok())], layer_id, 3,
+        reported_at=NOW + 1, host="h1", worker="h1-w", now=NOW + 1, lease_s=60)
+    assert states == ["SUCCEEDED", "SUCCEEDED", None] and [c.number for c in next_ones] == [4, 5]
+    assert all(store.get_frame(c.frame_id)["state"] == "RUNNING" and store.get_frame(c.frame_id)["host"] == "h1"
+               for c in next_ones)
+    c, d, e = more[0], *next_ones
+    states, none = store.complete_and_claim_many(
+        [(x.frame_id, x.attempt, ok()) for x in (c, d, e)], layer_id, 2, reported_at=NOW + 2, host="h1",
+        worker="h1-w", now=NOW + 2, lease_s=60)
+    assert states == ["SUCCEEDED"] * 3 and none == []
+    assert store.get_job(claims[0].job_id)["state"] == "FINISHED"
+
+
+def test_sqlite_complete_and_claim_many_is_one_transaction(tmp_path):
+    store = open_store(str(tmp_path / "q.db"))
+    store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-4"}]), now=NOW)
+    layer_id = store.runnable_layers()[0].layer_id
+    _, (a, b) = store.complete_and_claim_many([], layer_id, 2, reported_at=NOW, host="h1", worker="h1-w", now=NOW,
+                                              lease_s=60)
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    states, claims = store.complete_and_claim_many([(a.frame_id, a.attempt, ok()), (b.frame_id, b.attempt, ok())],
+                                                   layer_id, 2, reported_at=NOW, host="h1", worker="h1-w", now=NOW,
+                                                   lease_s=60)
+    store.conn.set_trace_callback(None)
+    assert states == ["SUCCEEDED", "SUCCEEDED"] and len(claims) == 2
+    assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
+    assert statements[-1] == "COMMIT"  # both claims inside it

@@ -25,6 +25,16 @@ def wait_for_exit(worker, timeout: float = 10.0) -> None:
             time.sleep(0.01)
 
 
+def traced_loop(store, worker):
+    """One worker iteration; its stats and the SQL statements it ran (with their values)."""
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    try:
+        return worker.loop(), statements
+    finally:
+        store.conn.set_trace_callback(None)
+
+
 def test_a_finished_frame_and_the_next_claim_are_one_transaction(solo):
     store, worker = solo
     # Two cores a frame on a two-core host: one slot, so each iteration ends one frame and
@@ -36,10 +46,7 @@ def test_a_finished_frame_and_the_next_claim_are_one_transaction(solo):
     first = next(iter(worker.running))
     wait_for_exit(worker)
 
-    statements: list[str] = []
-    store.conn.set_trace_callback(statements.append)
-    stats = worker.loop()
-    store.conn.set_trace_callback(None)
+    stats, statements = traced_loop(store, worker)
     assert stats.finished == 1 and stats.claimed == 1
     assert [(c.frame_id, state) for c, _, state in stats.ended] == [(first, "SUCCEEDED")]
     writes = [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT") or s.startswith("UPDATE frames SET state")]
@@ -75,20 +82,14 @@ def test_a_busy_iteration_reads_neither_the_queue_nor_notifications_again(solo):
     worker.loop()  # frame 1 ends, frame 2 starts (the first forced notification read was before)
     wait_for_exit(worker)
 
-    statements: list[str] = []
-    store.conn.set_trace_callback(statements.append)
-    stats = worker.loop()  # frame 2 ends, frame 3 starts
-    store.conn.set_trace_callback(None)
+    stats, statements = traced_loop(store, worker)  # frame 2 ends, frame 3 starts
     assert stats.finished == 1 and stats.claimed == 1
     assert not [s for s in statements if "FROM notifications" in s], statements
     assert not [s for s in statements if "FROM layers l JOIN jobs j" in s], statements
     assert "PRAGMA data_version" in statements
 
     wait_for_exit(worker)
-    statements.clear()
-    store.conn.set_trace_callback(statements.append)
-    stats = worker.loop()  # frame 3, the job's last, ends: its job may have finished
-    store.conn.set_trace_callback(None)
+    stats, statements = traced_loop(store, worker)  # frame 3, the job's last, ends: its job may have finished
     assert stats.finished == 1 and stats.claimed == 0
     assert [s for s in statements if "FROM notifications" in s], statements
 
@@ -103,10 +104,7 @@ def test_two_frames_of_a_job_ending_together_check_their_job_once_and_write_it_n
     worker.loop()
     assert len(worker.running) == 2
     wait_for_exit(worker)
-    statements: list[str] = []
-    store.conn.set_trace_callback(statements.append)
-    stats = worker.loop()
-    store.conn.set_trace_callback(None)
+    stats, statements = traced_loop(store, worker)
     assert stats.finished == 2 and stats.claimed == 2
     assert len([s for s in statements if s.startswith("SELECT state, EXISTS")]) == 1, statements
     assert not [s for s in statements if s.startswith("UPDATE jobs")], statements

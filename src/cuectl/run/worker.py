@@ -208,6 +208,7 @@ class Worker:
     # The environment frames start from (config.inherited_environ), copied once: decoding
     # os.environ for every frame cost ~0.8 ms of CPU.
     _base_env: dict[str, str] | None = None
+    _log_root_path: Path | None = None
     _oom_read: tuple[float, int | None] = (-1e18, None)  # (monotonic time, counter) of the last reading
     _deliverer: Any = None  # run/notify.py Deliverer, made on first use
     _runfiles: "RunFiles | None" = None
@@ -486,9 +487,8 @@ class Worker:
                 if not self._accepts(layer) or not self._could_ever_run(layer):
                     continue
                 if layer.gpus <= 0:
-                    while not self._reached_max() and not self.opts.gpu_only and \
-                            cpu_fits(layer.cores, layer.memory_bytes, self._free_cpu()) is None:
-                        if not self._claim(layer, [], now):
+                    while not self._reached_max() and not self.opts.gpu_only and (room := self._cpu_room(layer)):
+                        if not self._claim(layer, [], now, count=room):
                             break
                     continue
                 if devices_now is None:
@@ -703,31 +703,58 @@ class Worker:
                 self.warn(f"not running job {layer.job_id} ({layer.job}) as {layer.user}: {problem}")
         return self.unproven[layer.job_id]
 
+    def _cpu_room(self, layer: RunnableLayer) -> int:
+        """How many frames of this CPU layer fit the free CPU pool now (at most
+        CLAIM_BATCH, and what ``--max-frames`` leaves)."""
+        free = self._free_cpu()
+        limit = CLAIM_BATCH
+        if self.opts.max_frames is not None:
+            limit = min(limit, self.opts.max_frames - self.claimed_total)
+        room = 0
+        while room < limit and cpu_fits(layer.cores, layer.memory_bytes, free) is None:
+            free = CpuPool(cores=free.cores - layer.cores, memory_bytes=free.memory_bytes - max(0, layer.memory_bytes))
+            room += 1
+        return room
+
     def _claim(self, layer: RunnableLayer, locks: list[DeviceLock], now: float,
-               devices: Sequence[Device] = ()) -> bool:
+               devices: Sequence[Device] = (), count: int = 1) -> bool:
+        """Claim a frame of ``layer`` on ``devices`` holding ``locks`` — or, for a CPU layer,
+        up to ``count`` frames — and launch it; whether all were claimed."""
         uuids = [d.uuid for d in devices]
-        if not self.pending:
+        if count > 1 or (self.pending and not devices):
+            # The frames that ended go with these claims: one transaction (one commit on
+            # SQLite) for the slots' old frames and their new ones. If it fails they stay pending.
+            assert not devices and not locks
+            reports = list(self.pending)
+            states, claims = self.store.complete_and_claim_many(
+                [(p.frame_id, p.attempt, p.result) for p in reports], layer.layer_id, count,
+                reported_at=self.store.clock(), host=self.opts.name, worker=self.worker_id, now=now,
+                lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
+            self._took_reports(reports, states)
+        elif not self.pending:
             claim = self.store.claim_frame(layer.layer_id, host=self.opts.name, worker=self.worker_id,
                                            gpu_uuids=uuids, now=now, lease_s=self.opts.lease_timeout_s,
                                            log_dir=self.opts.log_dir)
+            claims = [claim] if claim is not None else []
         else:
-            # The frames that ended go with this claim: one transaction (one commit on
-            # SQLite) for the slot's old frame and its new one. If it fails they stay pending.
             reports = list(self.pending)
             states, claim = self.store.complete_and_claim(
                 [(p.frame_id, p.attempt, p.result) for p in reports], layer.layer_id,
                 reported_at=self.store.clock(), host=self.opts.name, worker=self.worker_id, gpu_uuids=uuids,
                 now=now, lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
-            del self.pending[:len(reports)]
-            for p, state in zip(reports, states):
-                self._reported(p.ended, state)
-        if claim is None:
-            return False
-        self._crash_point("after_claim")
-        self.claimed_total += 1
-        self.stats.claimed += 1
-        self._launch(claim, locks, tuple(devices), now)
-        return True
+            self._took_reports(reports, states)
+            claims = [claim] if claim is not None else []
+        for claim in claims:
+            self._crash_point("after_claim")
+            self.claimed_total += 1
+            self.stats.claimed += 1
+            self._launch(claim, locks, tuple(devices), now)
+        return len(claims) == count
+
+    def _took_reports(self, reports: list[Pending], states: list[str | None]) -> None:
+        del self.pending[:len(reports)]
+        for p, state in zip(reports, states):
+            self._reported(p.ended, state)
 
     def _live_devices(self) -> list[Device]:
         """The inventory with live free memory (one batch sample), so busy cards are skipped."""
@@ -770,12 +797,12 @@ class Worker:
             # file naming every process the frame will start (by its environment).
             if claim.cwd is not None and not os.path.isdir(claim.cwd):
                 raise _NoDirectory(f"working directory {claim.cwd} does not exist on host {self.opts.name}")
-            runfile = self.runfiles.write(claim)
+            runfile = self.runfiles.write(claim, str(log_path))
             proc = launch.FrameProcess.start(
                 argv, env=env, log_path=log_path, pass_fds=[lk.fd for lk in locks], cwd=claim.cwd,
                 timeout_s=claim.timeout_s, grace=self.opts.kill_grace_s, run_as=run_as,
                 header=launch.log_header(str(claim.frame_id), claim.attempt, self.opts.name),
-                log_root=self.opts.log_dir, log_limit=claim.log_limit_bytes or self.opts.log_limit_bytes,
+                log_root=self._log_root(), log_limit=claim.log_limit_bytes or self.opts.log_limit_bytes,
                 footer=(str(claim.frame_id), claim.attempt))
         except Exception as exc:  # bad command/env, unknown user, unwritable log: fail this attempt
             for lock in locks:
@@ -801,6 +828,12 @@ class Worker:
         self.running[claim.frame_id] = rf
         self._oom_counts[claim.frame_id] = self._oom_kills()
         self._crash_point("after_launch")
+
+    def _log_root(self) -> Path:
+        """``--log-dir`` as a Path, made once (each costs a parse; this is the hot path)."""
+        if self._log_root_path is None or str(self._log_root_path) != self.opts.log_dir:
+            self._log_root_path = Path(self.opts.log_dir)
+        return self._log_root_path
 
     def _lookup_run_as(self, user: str) -> launch.RunAs:
         """The account ``user`` (uid, groups, home), as the system said at most
@@ -1039,6 +1072,10 @@ class _NoDirectory(CuectlError):
 #: Runnable layers read per page; a dispatch pass reads on until it has seen them all.
 RUNNABLE_PAGE = 500
 
+#: CPU frames of one layer claimed in one store transaction at most (as many as fit the
+#: free cores; a pass claims on until none fit).
+CLAIM_BATCH = 8
+
 #: How long a root worker trusts what it read of a frame user's account (uid, primary and
 #: supplementary groups, home): a removed user or group membership stops applying to new
 #: frames within this time (nscd and sssd keep such answers for minutes).
@@ -1125,8 +1162,9 @@ class RunFiles:
         self._open: dict[Path, tuple[int, int]] = {}
         self._paths: dict[int, Path] = {}  # slot -> its path, made once
 
-    def write(self, claim: ClaimedFrame) -> Path:
-        """Record ``claim`` in a free slot; the slot's path (handed back to ``clear``)."""
+    def write(self, claim: ClaimedFrame, log_path: str | None = None) -> Path:
+        """Record ``claim`` in a free slot; the slot's path (handed back to ``clear``).
+        ``log_path``: the claim's, normalised as ``str(Path(...))`` makes it, when known."""
         if self._free:
             slot = heapq.heappop(self._free)
         else:
@@ -1135,7 +1173,8 @@ class RunFiles:
         if path is None:
             path = self._paths[slot] = self.state_dir / f"run-{slot}.json"
         data = json.dumps({"frame_id": claim.frame_id, "attempt": claim.attempt,
-                           "log_path": str(Path(claim.log_path)), "worker_pid": os.getpid()}).encode()
+                           "log_path": log_path if log_path is not None else str(Path(claim.log_path)),
+                           "worker_pid": os.getpid()}).encode()
         try:
             self._put(path, data)
         except BaseException:
