@@ -172,3 +172,53 @@ def test_resolve_follows_execvpe(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         spawn.resolve("tool", {"PATH": "/nonexistent"})
     assert spawn.resolve("sh", {}) in ("/bin/sh", "/usr/bin/sh")  # no PATH: execvpe's default
+
+
+def test_the_worker_comes_back_to_wherever_it_is_now(tmp_path: Path, way: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spawning in a frame's directory returns to the directory the process is in at that
+    moment, not to one it was in at an earlier spawn."""
+    work, first, second = tmp_path / "work", tmp_path / "first", tmp_path / "second"
+    for d in (work, first, second):
+        d.mkdir()
+    monkeypatch.chdir(first)
+    run(["true"], tmp_path, cwd=work)
+    assert os.getcwd() == str(first)
+    os.chdir(second)
+    run(["true"], tmp_path, cwd=work)
+    assert os.getcwd() == str(second)
+
+
+def test_a_worker_whose_own_directory_was_removed_still_starts_frames(tmp_path: Path, way: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    work, gone = tmp_path / "work", tmp_path / "gone"
+    work.mkdir()
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    info, log, _ = run([PY, "-c", REPORT], tmp_path, cwd=work)
+    assert info.exit_code == 0 and report(log)["cwd"] == str(work), log
+    assert os.stat(".").st_nlink == 0  # still in the removed directory, as before
+
+
+def test_when_the_way_back_cannot_be_opened_popen_starts_the_frame(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if not spawn.usable():
+        pytest.fail("this suite runs on glibc 2.29+ Linux, where frames are spawned")
+    work = tmp_path / "work"
+    work.mkdir()
+    real_open = os.open
+
+    def no_dot(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if path == ".":
+            raise PermissionError(13, "Permission denied")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(spawn.os, "open", no_dot)
+    log_fd = real_open(tmp_path / "f.log", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        child = launch._start_child([PY, "-c", REPORT], dict(os.environ), log_fd, str(work), (), {})
+    finally:
+        os.close(log_fd)
+    assert isinstance(child, launch.subprocess.Popen)
+    assert child.wait() == 0 and report((tmp_path / "f.log").read_text())["cwd"] == str(work)

@@ -1028,15 +1028,6 @@ class Spawned:
 # (posix_spawn cannot change the child's): whatever else starts processes that inherit
 # the directory, or uses relative paths, in another thread holds this lock (notify.py).
 CWD_LOCK = threading.Lock()
-_HOME_FD = -1
-
-
-def _home_fd() -> int:
-    """A descriptor of this process's own directory, to come back to after a spawn."""
-    global _HOME_FD
-    if _HOME_FD < 0:
-        _HOME_FD = os.open(".", os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
-    return _HOME_FD
 
 
 def _start_child(argv: list[str], env: Mapping[str, str], log_fd: int, cwd: str | None, pass_fds: tuple[int, ...],
@@ -1046,9 +1037,11 @@ def _start_child(argv: list[str], env: Mapping[str, str], log_fd: int, cwd: str 
     less of the worker's CPU a frame) unless the frame runs as another user, which needs
     the setuid that only ``subprocess`` offers."""
     if not identity and spawn.usable():
-        stdin = _dev_null()
-        return Spawned(spawn.spawn(argv, env, keep=pass_fds, stdio=(stdin, log_fd, log_fd), cwd=cwd, setsid=True,
-                                   cwd_lock=CWD_LOCK, home_fd=_home_fd() if cwd is not None else None))
+        try:
+            return Spawned(spawn.spawn(argv, env, keep=pass_fds, stdio=(_dev_null(), log_fd, log_fd), cwd=cwd,
+                                       setsid=True, cwd_lock=CWD_LOCK))
+        except spawn.NoWayBack:
+            pass  # the worker's own directory is gone: Popen changes only the child's
     return subprocess.Popen(argv, stdin=_dev_null(), stdout=log_fd, stderr=log_fd, env=dict(env), cwd=cwd,
                             pass_fds=pass_fds, close_fds=True, start_new_session=True, **identity)
 

@@ -107,21 +107,31 @@ def resolve(program: str, env: Mapping[str, str]) -> str:
     raise FileNotFoundError(2, os.strerror(2), program)
 
 
+class NoWayBack(OSError):
+    """This process's own directory cannot be opened, so it could not come back to it after
+    spawning in another one: start the process some other way (``subprocess``)."""
+
+
+# O_PATH: a directory we may not read (a worker started in one) can still be returned to.
+_HOME_FLAGS = os.O_RDONLY | getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
+
+
 def spawn(argv: Sequence[str], env: Mapping[str, str], *, keep: Sequence[int] = (),
           stdio: tuple[int, int, int] | None = None, cwd: str | None = None, setsid: bool = False,
-          setpgroup: bool = False, cwd_lock: threading.Lock | None = None, home_fd: int | None = None) -> int:
+          setpgroup: bool = False, cwd_lock: threading.Lock | None = None) -> int:
     """Start ``argv`` (the program searched on ``env``'s PATH) with ``env``; its pid.
 
     ``keep``: descriptors besides 0-2 that stay open. ``stdio``: descriptors that become
     the child's 0, 1 and 2 (else it shares ours). ``setsid``/``setpgroup``: a session or a
     process group of its own. ``cwd``: where it runs. ``posix_spawn`` has no way to change
     the child's directory, so this process changes its own around the spawn, under
-    ``cwd_lock``, and goes back to ``home_fd`` (an open descriptor of its own directory);
-    anything else in this process that starts processes or uses relative paths while a
-    ``cwd`` spawn may run must hold the same lock.
+    ``cwd_lock``, and goes back by a descriptor of the directory it was in; anything else
+    in this process that starts processes or uses relative paths while a ``cwd`` spawn may
+    run must hold the same lock.
 
     Raises ``OSError`` as ``subprocess.Popen`` would: ``FileNotFoundError`` naming the
-    program or ``cwd``, ``PermissionError``, ``OSError`` with the exec's errno.
+    program or ``cwd``, ``PermissionError``, ``OSError`` with the exec's errno; and
+    ``NoWayBack`` (nothing started) when our own directory cannot be opened.
     """
     if stdio is not None:
         actions = [(os.POSIX_SPAWN_DUP2, stdio[0], 0), (os.POSIX_SPAWN_DUP2, stdio[1], 1),
@@ -131,14 +141,21 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, keep: Sequence[int] = 
     options: dict[str, Any] = {"setsid": True} if setsid else ({"setpgroup": 0} if setpgroup else {})
     if cwd is None:
         return _spawn(argv, env, actions, options)
-    if cwd_lock is None or home_fd is None:
-        raise ValueError("spawn: cwd needs cwd_lock and home_fd")
+    if cwd_lock is None:
+        raise ValueError("spawn: cwd needs cwd_lock")
     with cwd_lock:
-        os.chdir(cwd)  # FileNotFoundError/PermissionError naming cwd, as Popen's child reports it
+        try:  # opened each time: the process may have changed its directory since the last
+            home = os.open(".", _HOME_FLAGS)
+        except OSError as exc:
+            raise NoWayBack(exc.errno, exc.strerror) from None
         try:
-            return _spawn(argv, env, actions, options)
+            os.chdir(cwd)  # FileNotFoundError/PermissionError naming cwd, as Popen's child reports it
+            try:
+                return _spawn(argv, env, actions, options)
+            finally:
+                os.fchdir(home)
         finally:
-            os.fchdir(home_fd)
+            os.close(home)
 
 
 def _spawn(argv: Sequence[str], env: Mapping[str, str], actions: list[tuple[Any, ...]],
