@@ -152,6 +152,12 @@ def probe_held(path: str | os.PathLike[str]) -> bool:
         return False
     except OSError:
         return True  # unreadable (another user's 0600 file): we could not lock it either
+    return probe_fd(fd)
+
+
+def probe_fd(fd: int) -> bool:
+    """``probe_held``'s attempt on ``fd`` (opened read-only by the caller, who judges a file
+    it cannot open: ``WaitQueue`` counts such a ticket as dead); closes ``fd``."""
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:

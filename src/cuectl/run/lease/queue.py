@@ -20,6 +20,7 @@ from typing import Callable, Collection, Iterable, Sequence
 
 from cuectl.gpu.device import Device
 from cuectl.run.lease.locks import OPEN_FLAGS, QUEUE_DIRNAME, lock_path, pid_alive, read_record
+from cuectl.run.lockfile import probe_fd
 
 TICKET_SUFFIX = ".ticket"
 
@@ -137,12 +138,8 @@ class WaitQueue:
         except OSError:
             self._dead.add(name)
             return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if probe_fd(fd):
             return True
-        finally:
-            os.close(fd)
         # Its waiter died without cleaning up. Remove it if we may (same user; the sticky
         # bit stops us otherwise) — ignored from now on either way.
         self._dead.add(name)
