@@ -721,28 +721,21 @@ class Worker:
         """Claim a frame of ``layer`` on ``devices`` holding ``locks`` — or, for a CPU layer,
         up to ``count`` frames — and launch it; whether all were claimed."""
         uuids = [d.uuid for d in devices]
-        if count > 1 or (self.pending and not devices):
+        if self.pending or count > 1:
             # The frames that ended go with these claims: one transaction (one commit on
             # SQLite) for the slots' old frames and their new ones. If it fails they stay pending.
-            assert not devices and not locks
             reports = list(self.pending)
             states, claims = self.store.complete_and_claim_many(
                 [(p.frame_id, p.attempt, p.result) for p in reports], layer.layer_id, count,
-                reported_at=self.store.clock(), host=self.opts.name, worker=self.worker_id, now=now,
-                lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
-            self._took_reports(reports, states)
-        elif not self.pending:
+                reported_at=self.store.clock(), host=self.opts.name, worker=self.worker_id, gpu_uuids=uuids,
+                now=now, lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
+            del self.pending[:len(reports)]
+            for p, state in zip(reports, states):
+                self._reported(p.ended, state)
+        else:
             claim = self.store.claim_frame(layer.layer_id, host=self.opts.name, worker=self.worker_id,
                                            gpu_uuids=uuids, now=now, lease_s=self.opts.lease_timeout_s,
                                            log_dir=self.opts.log_dir)
-            claims = [claim] if claim is not None else []
-        else:
-            reports = list(self.pending)
-            states, claim = self.store.complete_and_claim(
-                [(p.frame_id, p.attempt, p.result) for p in reports], layer.layer_id,
-                reported_at=self.store.clock(), host=self.opts.name, worker=self.worker_id, gpu_uuids=uuids,
-                now=now, lease_s=self.opts.lease_timeout_s, log_dir=self.opts.log_dir)
-            self._took_reports(reports, states)
             claims = [claim] if claim is not None else []
         for claim in claims:
             self._crash_point("after_claim")
@@ -750,11 +743,6 @@ class Worker:
             self.stats.claimed += 1
             self._launch(claim, locks, tuple(devices), now)
         return len(claims) == count
-
-    def _took_reports(self, reports: list[Pending], states: list[str | None]) -> None:
-        del self.pending[:len(reports)]
-        for p, state in zip(reports, states):
-            self._reported(p.ended, state)
 
     def _live_devices(self) -> list[Device]:
         """The inventory with live free memory (one batch sample), so busy cards are skipped."""
@@ -831,7 +819,7 @@ class Worker:
 
     def _log_root(self) -> Path:
         """``--log-dir`` as a Path, made once (each costs a parse; this is the hot path)."""
-        if self._log_root_path is None or str(self._log_root_path) != self.opts.log_dir:
+        if self._log_root_path is None:  # (the options are frozen)
             self._log_root_path = Path(self.opts.log_dir)
         return self._log_root_path
 

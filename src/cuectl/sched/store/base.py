@@ -378,17 +378,19 @@ class Store(abc.ABC):
                                         lease_s=lease_s, log_dir=log_dir)
 
     def complete_and_claim_many(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, count: int,
-                                *, reported_at: float, host: str, worker: str, now: float, lease_s: float,
-                                log_dir: Path | str | None = None) -> tuple[list[str | None], list[ClaimedFrame]]:
-        """``complete_and_claim`` claiming up to ``count`` CPU frames of the layer (fewer when
-        it has fewer, or its caps allow fewer): a worker whose slots all freed at once. The
-        same guarantees; a backend that can writes it all in one transaction."""
+                                *, reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str] = (),
+                                now: float, lease_s: float, log_dir: Path | str | None = None
+                                ) -> tuple[list[str | None], list[ClaimedFrame]]:
+        """``complete_and_claim`` claiming up to ``count`` frames of the layer (fewer when it
+        has fewer, or its caps allow fewer): a worker whose CPU slots all freed at once
+        (``gpu_uuids``: the devices of a GPU frame, claimed one at a time). The same
+        guarantees; a backend that can writes it all in one transaction."""
         states, claim = self.complete_and_claim(reports, layer_id, reported_at=reported_at, host=host, worker=worker,
-                                                gpu_uuids=[], now=now, lease_s=lease_s, log_dir=log_dir)
+                                                gpu_uuids=gpu_uuids, now=now, lease_s=lease_s, log_dir=log_dir)
         claims = [claim] if claim is not None else []
         while claim is not None and len(claims) < count:
-            claim = self.claim_frame(layer_id, host=host, worker=worker, gpu_uuids=[], now=now, lease_s=lease_s,
-                                     log_dir=log_dir)
+            claim = self.claim_frame(layer_id, host=host, worker=worker, gpu_uuids=gpu_uuids, now=now,
+                                     lease_s=lease_s, log_dir=log_dir)
             if claim is not None:
                 claims.append(claim)
         return states, claims

@@ -337,25 +337,21 @@ class SQLiteStore(SQLStore):
                            reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str], now: float,
                            lease_s: float, log_dir: Path | str | None = None
                            ) -> tuple[list[str | None], ClaimedFrame | None]:
-        # One transaction: a no-op frame's completion and claim write mostly the same pages
-        # (its layer's and job's index entries), which two commits wrote to the WAL twice.
-        layer, sql, params = self._claim_statement(layer_id, host, worker, gpu_uuids, now, lease_s, log_dir)
-
-        def both(tx: Tx) -> tuple[list[str | None], Any]:
-            return self._complete_many(tx, reports, reported_at), self.conn.execute(sql, params).fetchone()
-
-        states, row = self._write(both, claiming=True)
-        if row is None:
-            self._queue_writes += 1  # as in claim_frame
-        return states, self._claimed(layer, row, gpu_uuids)
+        states, claims = self.complete_and_claim_many(reports, layer_id, 1, reported_at=reported_at, host=host,
+                                                      worker=worker, gpu_uuids=gpu_uuids, now=now, lease_s=lease_s,
+                                                      log_dir=log_dir)
+        return states, (claims[0] if claims else None)
 
     def complete_and_claim_many(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, count: int,
-                                *, reported_at: float, host: str, worker: str, now: float, lease_s: float,
-                                log_dir: Path | str | None = None) -> tuple[list[str | None], list[ClaimedFrame]]:
-        # One transaction: a claim outside one costs a commit of its own (~0.25 ms, as much
-        # as the statement's work many times over); each claim sees the ones before it, so
-        # the layer's caps hold.
-        layer, sql, params = self._claim_statement(layer_id, host, worker, [], now, lease_s, log_dir)
+                                *, reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str] = (),
+                                now: float, lease_s: float, log_dir: Path | str | None = None
+                                ) -> tuple[list[str | None], list[ClaimedFrame]]:
+        # One transaction: a no-op frame's completion and claim write mostly the same pages
+        # (its layer's and job's index entries), which two commits wrote to the WAL twice;
+        # and a claim outside one costs a commit of its own (~0.25 ms, as much as the
+        # statement's work many times over). Each claim sees the ones before it, so the
+        # layer's caps hold.
+        layer, sql, params = self._claim_statement(layer_id, host, worker, gpu_uuids, now, lease_s, log_dir)
 
         def all_of_it(tx: Tx) -> tuple[list[str | None], list[Any]]:
             states = self._complete_many(tx, reports, reported_at)
@@ -367,7 +363,7 @@ class SQLiteStore(SQLStore):
         states, rows = self._write(all_of_it, claiming=True)
         if len(rows) < count:
             self._queue_writes += 1  # as in claim_frame
-        return states, [claim for row in rows if (claim := self._claimed(layer, row, [])) is not None]
+        return states, [claim for row in rows if (claim := self._claimed(layer, row, gpu_uuids)) is not None]
 
     def _claim_statement(self, layer_id: int, host: str, worker: str, gpu_uuids: Sequence[str], now: float,
                          lease_s: float, log_dir: Path | str | None) -> tuple[Row, str, tuple[Any, ...]]:
