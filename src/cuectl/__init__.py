@@ -19,6 +19,14 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> "Any":
+    value = _load(name)
+    # Kept as a real attribute: ``cuectl.lease`` in a loop then skips this function (a few
+    # µs of every lease otherwise).
+    globals()[name] = value
+    return value
+
+
+def _load(name: str) -> "Any":
     # ``cuectl.lease`` is the public ad-hoc lease API; load it lazily so that importing
     # cuectl for the CLI does not pull in the lease machinery.
     if name in ("lease", "async_lease"):
