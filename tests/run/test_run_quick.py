@@ -267,6 +267,22 @@ def test_records_encode_as_json_does(record):
     assert lockfile.encode_record(record) == json.dumps(record, separators=(",", ":")).encode()
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.integers(), st.integers(), st.text(), st.text(), st.none() | st.text())
+def test_a_fresh_record_encodes_as_json_does_the_first_time_and_after(uuid, index, pid, holder, kind, label):
+    for _ in range(2):  # the second time from the part remembered
+        record, data = lockfile.fresh_record(uuid, index, pid=pid, holder=holder, kind=kind, label=label)
+        assert data == json.dumps(record, separators=(",", ":")).encode()
+        assert record["pid"] == pid and record["label"] == label
+
+
+def test_a_fresh_records_remembered_part_is_never_taken_for_equal_values_of_another_type():
+    # True == 1 and both hash alike: a head kept for index 1 must not be written for True.
+    for index in (1, True, 1, True):
+        record, data = lockfile.fresh_record("GPU-1", index, pid=7, holder="h", kind="api", label=None)
+        assert data == json.dumps(record, separators=(",", ":")).encode()
+
+
 def test_the_kind_and_queue_names_match_the_lock_module():
     assert quick.KIND_RUN == locks.KIND_RUN and quick.QUEUE_DIRNAME == locks.QUEUE_DIRNAME
 

@@ -117,6 +117,28 @@ def new_record(uuid: str, index: int, *, pid: int, holder: str, kind: str, label
 _IDENTITY: tuple[str, str] | None = None
 
 
+def fresh_record(uuid: str, index: int, *, pid: int, holder: str, kind: str,
+                 label: str | None) -> tuple[dict[str, Any], bytes]:
+    """``new_record`` and its ``encode_record`` bytes. A holder writes the same record but
+    for ``since`` into every lock it takes (``cuectl.lease()`` in a loop, a worker's
+    frames): the rest is encoded once per process, which halves the encoding's cost."""
+    record = new_record(uuid, index, pid=pid, holder=holder, kind=kind, label=label)
+    key = (uuid, index, pid, holder, kind, label)
+    # Exact ints only: True == 1 would otherwise find the head written for 1.
+    head = _FRESH.get(key) if type(index) is int and type(pid) is int else None
+    if head is None:
+        head = encode_record({k: v for k, v in record.items() if k != "since"})[:-1] + b',"since":'
+        if type(index) is int and type(pid) is int:
+            if len(_FRESH) >= 256:
+                _FRESH.clear()
+            _FRESH[key] = head
+    return record, head + float.__repr__(record["since"]).encode() + b"}"
+
+
+#: (uuid, index, pid, holder, kind, label) -> their record's encoding up to ``since``.
+_FRESH: dict[tuple[Any, ...], bytes] = {}
+
+
 def _quote(text: str) -> str:
     """``text`` as a JSON string, exactly as ``json.dumps`` writes it (ASCII only: other
     characters as ``\\uXXXX``, beyond the BMP as a surrogate pair)."""

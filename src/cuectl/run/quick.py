@@ -33,7 +33,7 @@ import sys
 
 from cuectl import config
 from cuectl.run import child
-from cuectl.run.lockfile import encode_record, lock_now, new_record, probe_held, unlock, write_record
+from cuectl.run.lockfile import encode_record, fresh_record, lock_now, probe_held, unlock, write_record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -258,9 +258,10 @@ def _lock_first(grants: Sequence[Any], label: str, held: list[tuple[int, bool, d
         fd, writable, size = taken
         record: dict[str, Any] = {}
         held.append((fd, writable, record))
-        record.update(new_record(grant[0], grant[2], pid=os.getpid(), holder=label, kind=KIND_RUN, label=label))
+        fresh, data = fresh_record(grant[0], grant[2], pid=os.getpid(), holder=label, kind=KIND_RUN, label=label)
+        record.update(fresh)
         if writable:
-            write_record(fd, encode_record(record), old_size=size)
+            write_record(fd, data, old_size=size)
         return grant
     return None
 

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 from cuectl import config, fsutil
 from cuectl.errors import Conflict, LeaseError
 from cuectl.gpu.device import Device
-from cuectl.run.lockfile import (OPEN_FLAGS, encode_record, lock_now, new_record, open_lock_file, unlock,
+from cuectl.run.lockfile import (OPEN_FLAGS, encode_record, fresh_record, lock_now, open_lock_file, unlock,
                                        write_record)
 from cuectl.run.lockfile import probe_held as _probe_held
 from cuectl.units import iso
@@ -294,16 +294,16 @@ def try_lock(lock_dir: Path, device: Device, *, holder: str, pid: int | None = N
     child that should keep the device leased.
     """
     path = lock_path(lock_dir, device.uuid)
-    taken = lock_now(path)
+    taken = lock_now(str(path))  # os calls take a str without two __fspath__ calls
     if taken is None:
         return None
     fd, writable, size = taken
-    record = new_record(device.uuid, device.index, pid=os.getpid() if pid is None else pid, holder=holder, kind=kind,
-                        label=label)
-    lock = DeviceLock(uuid=device.uuid, index=device.index, fd=fd, path=path, since=record["since"], record=record,
+    record, data = fresh_record(device.uuid, device.index, pid=os.getpid() if pid is None else pid, holder=holder,
+                                kind=kind, label=label)
+    if writable:
+        write_record(fd, data, old_size=size)
+    return DeviceLock(uuid=device.uuid, index=device.index, fd=fd, path=path, since=record["since"], record=record,
                       writable=writable)
-    _write_record(lock, old_size=size)
-    return lock
 
 
 def lock_all(lock_dir: Path, devices: Sequence[Device], *, holder: str, pid: int | None = None,
@@ -335,10 +335,10 @@ def update_holder(lock: DeviceLock, *, pid: int, holder: str | None = None) -> N
     _write_record(lock)
 
 
-def _write_record(lock: DeviceLock, *, old_size: int | None = None) -> None:
+def _write_record(lock: DeviceLock) -> None:
     fd = lock._fd
     if lock.writable and fd >= 0:
-        write_record(fd, encode_record(lock.record), old_size=old_size)
+        write_record(fd, encode_record(lock.record))
 
 
 # ============================================================================ who holds what
