@@ -17,7 +17,7 @@ import pytest
 
 import cuectl
 from cuectl.config import lock_dir
-from cuectl.errors import DevicesBusy, NoMatchingDevice
+from cuectl.errors import DevicesBusy, InvalidInput, LeaseError, NoMatchingDevice
 from cuectl.run.lease import forget_discovery, list_leases, lock_path
 from cuectl.run.lease.locks import QUEUE_DIRNAME
 from cuectl.run.lease.queue import QUIET_NS, WaitQueue, _quiet, _ticket_names
@@ -139,3 +139,87 @@ def test_forget_discovery_drops_the_plans(gpus4: FakeHost) -> None:
     assert not acquire_mod._plans
     with cuectl.lease(gpus=1):
         pass
+
+
+# -- a call made before: ``lease()`` remembers what it made of its arguments ----------------------
+
+
+def test_a_remembered_call_follows_the_lock_directory_the_environment_names(
+        gpus4: FakeHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(2):
+        with cuectl.lease(gpus=1) as held:
+            assert held.lock_dir == lock_dir()
+    other = tmp_path / "other-locks"
+    monkeypatch.setenv("CUECTL_LOCK_DIR", str(other))
+    for _ in range(2):
+        with cuectl.lease(gpus=1) as held:
+            assert held.lock_dir == other
+            assert lock_path(other, held.uuids[0]).read_bytes()  # its record is there
+
+
+@pytest.mark.parametrize("valid, invalid", [(dict(gpus=1), dict(gpus=True)), (dict(gpus=1), dict(gpus=1.0)),
+                                            (dict(devices=(1,)), dict(devices=(True,))),
+                                            (dict(wait=True, timeout=1), dict(wait=True, timeout=True))])
+def test_an_argument_equal_to_a_remembered_one_but_of_another_type_is_still_refused(
+        gpus4: FakeHost, valid: dict[str, object], invalid: dict[str, object]) -> None:
+    # True == 1 == 1.0: a key of values alone would find the plan made for the valid call.
+    for _ in range(2):
+        with cuectl.lease(**valid):  # type: ignore[arg-type]
+            pass
+    with pytest.raises(InvalidInput):
+        cuectl.lease(**invalid)  # type: ignore[arg-type]
+
+
+def test_a_remembered_call_notices_a_rewritten_fake_gpu_file(tmp_path: Path, gpus1: FakeHost) -> None:
+    for _ in range(2):
+        with cuectl.lease(gpus=1) as held:
+            assert held.uuids == (gpus1.uuids[0],)
+    other = make_fake_host(tmp_path, [dict(V100, uuid="GPU-00000000-0000-0000-0000-0000000000aa")], name="other")
+    os.replace(other.yaml_path, gpus1.yaml_path)
+    later = time.time_ns() + 5_000_000_000  # a new mtime even on a coarse-clock filesystem
+    os.utime(gpus1.yaml_path, ns=(later, later))
+    with cuectl.lease(gpus=1) as held:
+        assert held.uuids == ("GPU-00000000-0000-0000-0000-0000000000aa",)
+
+
+def test_a_remembered_call_made_inside_a_frame_checks_the_frames_devices(
+        gpus4: FakeHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    for _ in range(2):
+        with cuectl.lease(gpus=1):
+            pass
+    # The environment of a frame that has ended: its device is leased by nobody.
+    monkeypatch.setenv("CUE_FRAME_ID", "f-gone")
+    monkeypatch.setenv("CUE_GPUS", "1")
+    monkeypatch.setenv("CUE_GPU_UUIDS", gpus4.uuids[0])
+    with pytest.raises(LeaseError, match="frame f-gone"):
+        cuectl.lease(gpus=1)
+
+
+def test_a_remembered_call_without_a_label_records_the_programs_name_now(
+        gpus4: FakeHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", ["/opt/tools/first-name"])
+    for _ in range(2):
+        with cuectl.lease(gpus=1) as held:
+            assert _record(held.uuids[0])["label"] == "first-name"
+    monkeypatch.setattr("sys.argv", ["/opt/tools/second-name"])
+    with cuectl.lease(gpus=1) as held:
+        assert _record(held.uuids[0])["label"] == "second-name"
+
+
+def test_a_remembered_call_still_refuses_a_busy_device_naming_its_holder(gpus1: FakeHost) -> None:
+    for _ in range(2):
+        with cuectl.lease(gpus=1, label="mine"):
+            pass
+    with cuectl.lease(gpus=1, label="other holder"):
+        # The same call again, while the device is held: the full path words the refusal.
+        with pytest.raises(DevicesBusy, match="other holder") as refused:
+            cuectl.lease(gpus=1, label="mine")
+        assert refused.value.holders[0]["pid"] == os.getpid()
+
+
+def test_arguments_that_cannot_be_remembered_take_the_full_path_every_time(gpus4: FakeHost) -> None:
+    for _ in range(2):
+        with cuectl.lease(gpus=1, gpu_models=["V100"]) as held:  # a list: no key
+            assert len(held.uuids) == 1
+        with cuectl.lease(devices=(d for d in [0])) as held:  # a generator: never the same
+            assert held.devices[0].index == 0

@@ -28,7 +28,7 @@ from cuectl.run.lease.isolation import isolation_env
 from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all, lock_path, prepare_lock_dir,
                                     update_holder)
 from cuectl.run.lease.nested import LEVEL_VAR, NESTED_DIRNAME, Allocation
-from cuectl.run.lease.queue import WaitQueue, predicted_free
+from cuectl.run.lease.queue import WaitQueue, _ticket_names, predicted_free
 from cuectl.run.lease.request import LeaseRequest, fitting_uuids, make_request, resolve_devices
 from cuectl.sched.match import MatchResult, select_devices
 from cuectl.units import parse_duration
@@ -55,11 +55,7 @@ def _discovery(backend: str, fake_file: str | None) -> Discovery:
 
     A fake file is keyed by its mtime so that a test rewriting it sees the new devices.
     """
-    try:
-        mtime = os.stat(fake_file).st_mtime_ns if fake_file else 0
-    except OSError:
-        mtime = -1
-    key = (backend, fake_file, mtime)
+    key = (backend, fake_file, _fake_mtime(fake_file))
     with _discovery_lock:
         found = _discoveries.get(key)
         if found is None:
@@ -68,11 +64,19 @@ def _discovery(backend: str, fake_file: str | None) -> Discovery:
         return found
 
 
+def _fake_mtime(fake_file: str | None) -> int:
+    try:
+        return os.stat(fake_file).st_mtime_ns if fake_file else 0
+    except OSError:
+        return -1
+
+
 def forget_discovery() -> None:
     """Drop the cached discovery (after hot-plugging, or a MIG reconfiguration)."""
     with _discovery_lock:
         _discoveries.clear()
         _plans.clear()
+        _ready.clear()
 
 
 # ============================================================================ the lease
@@ -90,7 +94,7 @@ class Lease:
                  lock_dir: Path, label: str) -> None:
         self._locks = list(locks)
         self.devices: tuple[Device, ...] = tuple(devices)
-        self._env = dict(env)
+        self._env = env  # never changed here; ``env`` hands out copies
         self.lock_dir = lock_dir
         self.label = label
 
@@ -104,7 +108,10 @@ class Lease:
 
     @property
     def released(self) -> bool:
-        return not any(lock.held for lock in self._locks)
+        for lock in self._locks:
+            if lock.held:
+                return False
+        return True
 
     @property
     def fds(self) -> tuple[int, ...]:
@@ -182,7 +189,8 @@ class _Plan:
         return self._first
 
     def grant(self, uuids: tuple[str, ...]) -> tuple[list[Device], dict[str, str]]:
-        """The devices and the child environment of a lease on ``uuids`` (the env is copied by ``Lease``)."""
+        """The devices and the child environment of a lease on ``uuids`` (shared by every such
+        lease: ``Lease.env`` hands out copies)."""
         known = self._grants.get(uuids)
         if known is None:
             devices = [self._by_uuid[u] for u in uuids]
@@ -495,6 +503,99 @@ class _Options(NamedTuple):
     on_wait: _OnWait | None = None
 
 
+# ============================================================================ a repeated lease
+
+
+#: A ``lease()`` call as ``_quick_key`` sees it: its plain arguments and their types, its
+#: models and devices, the lock directory and fake-GPU file the environment names (None
+#: where an argument names them), and the program's name (the default label).
+_QuickKey = tuple[tuple[Any, ...], tuple[type, ...], Any, Any, Union[str, None], Union[str, None], str]
+#: The types a plain argument may have in a key: values that compare and hash by what they
+#: hold. The types go in the key too: 1 == True == 1.0, and a refused ``gpus=True`` must
+#: not find the plan of ``gpus=1``.
+_PLAIN = frozenset({type(None), str, int, float, bool, type(Path())})
+#: What models and devices may hold in a key (exact types, for the same reason).
+_PLAIN_ITEMS = frozenset({str, int})
+
+
+class _Ready(NamedTuple):
+    """What ``_setup`` made of one ``lease()`` call, kept for the next call with the same
+    arguments in the same environment: a program that leases in a loop (a job runner, a
+    test suite) then pays for the lock and its record, not for validating and planning the
+    same request again (two thirds of an uncontended lease's time otherwise)."""
+
+    plan: _Plan
+    lock_dir: Path
+    queue_dir: Path
+    #: The fake-GPU file the plan's inventory came from, and its mtime then (``_discovery``'s key).
+    fake_file: str | None
+    fake_mtime: int
+    label: str
+    kind: str
+
+
+_ready: dict[_QuickKey, _Ready] = {}
+
+
+def _quick_key(plain: tuple[Any, ...], gpu_models: Any, devices: Any, lock_dir: str | Path | None,
+               fake_file: str | Path | None) -> _QuickKey | None:
+    """The key of ``_ready`` for one call, or None where the call must take the full path:
+    inside a frame (every call checks that the frame still holds its devices) or with an
+    argument that cannot be a key (a list of models, a generator of devices)."""
+    if config.env("CUE_FRAME_ID") is not None and config.env("CUE_GPUS") is not None:
+        return None
+    types = tuple(map(type, plain))
+    if not _PLAIN.issuperset(types):
+        return None
+    for many in (gpu_models, devices):
+        if many is not None and type(many) is not str and not (
+                type(many) is tuple and _PLAIN_ITEMS.issuperset(map(type, many))):
+            return None
+    return (plain, types, gpu_models, devices, config.lock_dir_name() if lock_dir is None else None,
+            config.fake_gpus_file() if fake_file is None else None, sys.argv[0] if sys.argv else "")
+
+
+def _remember(key: _QuickKey, acq: _Acquirer) -> None:
+    """Keep what ``_setup`` made of the call ``key`` (it passed every check), unless its
+    attempts read live free memory: only the full path samples it."""
+    if acq.allocation is not None or acq.needs_sample:
+        return
+    with _discovery_lock:
+        found = [k for k, d in _discoveries.items() if d is acq.discovery]
+    if not found:
+        return  # forgotten meanwhile
+    _, fake_file, mtime = found[0]
+    if len(_ready) >= 256:
+        _ready.clear()
+    _ready[key] = _Ready(acq.plan, acq.lock_dir, acq.queue.dir, fake_file, mtime, acq.label, acq.kind)
+
+
+def _quick_lease(key: _QuickKey) -> Lease | None:
+    """The full path's first attempt for a call seen before, when nobody waits: its first
+    choice, locked. None (the full path decides, and words any refusal) when the call is
+    new, the fake inventory changed, a waiter queued, or a device was busy."""
+    ready = _ready.get(key)
+    if ready is None:
+        return None
+    if ready.fake_file and _fake_mtime(ready.fake_file) != ready.fake_mtime:
+        return None  # rewritten: ``_discovery`` reads it again
+    plan = ready.plan
+    if plan.request.gpu.gpus == 0:
+        return _granted(ready, [])
+    if _ticket_names(ready.queue_dir):
+        return None
+    choice = plan.first_choice(plan.candidates)
+    if choice.devices is None:
+        return None
+    locks, _ = lock_all(ready.lock_dir, choice.devices, holder=ready.label, kind=ready.kind, label=ready.label)
+    return None if locks is None else _granted(ready, locks)
+
+
+def _granted(ready: _Ready, locks: list[DeviceLock]) -> Lease:
+    devices, env = ready.plan.grant(tuple([lock.uuid for lock in locks]))
+    return Lease(locks, devices, env, ready.lock_dir, ready.label)
+
+
 def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | None]:
     """Check the options and do the static check; may discover GPUs (slow the first time)."""
     timeout_s = None if opts.timeout is None else parse_duration(opts.timeout, field="timeout")
@@ -517,8 +618,10 @@ def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | No
     return acquirer, timeout_s
 
 
-def _acquire(request: LeaseRequest, opts: _Options) -> Lease:
+def _acquire(request: LeaseRequest, opts: _Options, quick_key: _QuickKey | None = None) -> Lease:
     acq, timeout_s = _setup(request, opts)
+    if quick_key is not None:
+        _remember(quick_key, acq)
     try:
         return _drive(acq, _attempts(acq, wait=opts.wait, timeout_s=timeout_s, on_wait=opts.on_wait))
     finally:
@@ -553,10 +656,18 @@ def lease(gpus: int | None = None, *, gpu_vendor: str | None = None, gpu_models:
     ever match), ``DevicesBusy`` (with ``.holders``), ``InsufficientFreeMemory``,
     ``InvalidDevice``, ``LeaseTimeout`` — all ``LeaseError``.
     """
+    key = None
+    if not deprecated and on_wait is None:
+        key = _quick_key((gpus, gpu_vendor, gpu_memory_min, gpu_memory_free_min, wait, timeout, label, lock_dir,
+                          backend, fake_file), gpu_models, devices, lock_dir, fake_file)
+        if key is not None:
+            quick = _quick_lease(key)
+            if quick is not None:
+                return quick
     request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_models, gpu_memory_min=gpu_memory_min,
                            gpu_memory_free_min=gpu_memory_free_min, devices=devices, deprecated=deprecated)
     return _acquire(request, _Options(wait=wait, timeout=timeout, label=label, lock_dir=lock_dir, backend=backend,
-                                      fake_file=fake_file, on_wait=on_wait))
+                                      fake_file=fake_file, on_wait=on_wait), key)
 
 
 class async_lease:
