@@ -1,7 +1,7 @@
 """One exception hierarchy for the whole library.
 
 Every error a user can provoke is a ``CuectlError``; the CLI maps ``exit_code`` to the
-process status in one place (``cuectl.cli.main``) and prints ``error: <message>`` plus an
+process status in one place (``cuectl.cli.root``) and prints ``error: <message>`` plus an
 optional hint. Anything that is not a ``CuectlError`` is a bug and shows a traceback only
 with ``--debug``.
 """
