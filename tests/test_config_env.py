@@ -48,3 +48,9 @@ def test_unset_and_empty_give_the_default_and_changes_show_at_once(monkeypatch: 
     assert config.env(NAME) == "two"
     monkeypatch.delenv(NAME)
     assert config.env(NAME) is None
+
+
+def test_an_environ_replaced_by_a_plain_mapping_is_read_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(NAME, "in the real environ")
+    monkeypatch.setattr(os, "environ", {NAME: "in the replacement"})
+    assert config.env(NAME) == "in the replacement"

@@ -23,21 +23,19 @@ DEFAULT_FRAME_LIMIT = 100_000
 
 def env(name: str, default: str | None = None) -> str | None:
     """Read one environment variable (for the few library spots that need one)."""
-    if _RAW is not None:
-        # ``os.environ.get`` of an unset name raises and catches a KeyError inside: ~3 µs,
-        # paid by every ``cuectl.lease()`` for each of the variables it checks. This reads
-        # the dict ``os.environ`` itself reads and writes, as it would.
-        raw = _RAW.get(name.encode(_FS_ENCODING, "surrogateescape"))
+    # ``os.environ.get`` of an unset name raises and catches a KeyError inside: ~3 µs, paid
+    # by every ``cuectl.lease()`` for each of the variables it checks. On POSIX this reads
+    # the dict ``os.environ`` itself reads and writes (``_data``: file-system-encoded
+    # bytes, changed with ``os.environ`` by its every change), as ``os.environ`` would.
+    store = getattr(os.environ, "_data", None) if _POSIX else None
+    if type(store) is dict:
+        raw = store.get(name.encode(_FS_ENCODING, "surrogateescape"))
         return raw.decode(_FS_ENCODING, "surrogateescape") if raw else default
     value = os.environ.get(name)
     return value if value not in (None, "") else default
 
 
-#: ``os.environ``'s own store on POSIX (``os._Environ._data``: file-system-encoded bytes,
-#: kept in step with ``os.environ`` by its every change); None where it is something else.
-_RAW: "dict[bytes, bytes] | None" = getattr(os.environ, "_data", None)
-if type(_RAW) is not dict or os.name != "posix":
-    _RAW = None
+_POSIX = os.name == "posix"
 _FS_ENCODING = __import__("sys").getfilesystemencoding()
 
 

@@ -522,7 +522,7 @@ class _Ready(NamedTuple):
     """What ``_setup`` made of one ``lease()`` call, kept for the next call with the same
     arguments in the same environment: a program that leases in a loop (a job runner, a
     test suite) then pays for the lock and its record, not for validating and planning the
-    same request again (two thirds of an uncontended lease's time otherwise)."""
+    same request again (about half of an uncontended lease's instructions otherwise)."""
 
     plan: _Plan
     lock_dir: Path
