@@ -34,6 +34,7 @@ def test_bench_report_runs():
     ("bench_submit.py", ("--frames", "2000", "--runs", "1"), "store.submit"),
     ("bench_lease.py", ("--iterations", "50", "--runs", "2"), "cuectl run -- true"),
     ("bench_gpu_sample.py", (), "nvml (double), 8 devices"),
+    ("bench_spawn.py", ("--frames", "20", "--runs", "1", "--work-ms", "0.1"), "helper / main"),
     ("bench_worker.py", ("--frames", "30", "--runs", "1"), "cuectl worker drain only"),  # task-spooler optional
     ("bench_bulk.py", ("--jobs", "50", "--sample", "2"), "cuectl job kill --user U --yes"),
     ("bench_depends.py", ("--frames", "200", "--waiting", "20", "--complete-frames", "50", "--repeat", "1"),
