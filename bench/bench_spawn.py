@@ -40,6 +40,14 @@ def _work(seconds: float) -> None:
         pass
 
 
+def _ended(sel: selectors.BaseSelector, key: selectors.SelectorKey, work_s: float) -> None:
+    """A frame's pidfd fired: reap it, then the main thread's work for its completion."""
+    sel.unregister(key.fd)
+    os.close(key.fd)
+    os.waitpid(key.data, 0)
+    _work(work_s)
+
+
 def on_main_thread(frames: int, work_s: float) -> float:
     """Frames per second, each started by ``os.posix_spawn`` on this thread."""
     sel = selectors.DefaultSelector()
@@ -56,11 +64,8 @@ def on_main_thread(frames: int, work_s: float) -> float:
         start()
     while done < frames:
         for key, _ in sel.select():
-            sel.unregister(key.fd)
-            os.close(key.fd)
-            os.waitpid(key.data, 0)
+            _ended(sel, key, work_s)
             done += 1
-            _work(work_s)
             if started < frames:
                 start()
     sel.close()
@@ -113,11 +118,8 @@ def on_helper_thread(frames: int, work_s: float) -> float:
                     pid = pids.get()
                     sel.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
                 continue
-            sel.unregister(key.fd)
-            os.close(key.fd)
-            os.waitpid(key.data, 0)
+            _ended(sel, key, work_s)
             done += 1
-            _work(work_s)
             if requested < frames:
                 requests.put(True)
                 requested += 1
