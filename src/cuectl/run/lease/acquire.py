@@ -55,11 +55,19 @@ def _discovery(backend: str, fake_file: str | None) -> Discovery:
 
     A fake file is keyed by its mtime so that a test rewriting it sees the new devices.
     """
-    key = (backend, fake_file, _fake_mtime(fake_file))
+    return _discovered(_discovery_key(backend, fake_file))
+
+
+def _discovery_key(backend: str, fake_file: str | None) -> tuple[str, str | None, int]:
+    return (backend, fake_file, _fake_mtime(fake_file))
+
+
+def _discovered(key: tuple[str, str | None, int]) -> Discovery:
+    """``_discovery`` of the inventory ``key`` names."""
     with _discovery_lock:
         found = _discoveries.get(key)
         if found is None:
-            found = discover(backend, fake_file=fake_file)
+            found = discover(key[0], fake_file=key[1])
             _discoveries[key] = found
         return found
 
@@ -222,7 +230,8 @@ class _Acquirer:
         self.label = label
         self.kind = kind
         self.allocation = allocation
-        self.discovery = discovery = _discovery(backend, fake_file)
+        self.discovery_key = _discovery_key(backend, fake_file)
+        self.discovery = discovery = _discovered(self.discovery_key)
         key = (id(discovery), request, allocation)
         plan = _plans.get(key)
         if plan is None or plan.discovery is not discovery:
@@ -560,11 +569,9 @@ def _remember(key: _QuickKey, acq: _Acquirer) -> None:
     attempts read live free memory: only the full path samples it."""
     if acq.allocation is not None or acq.needs_sample:
         return
-    with _discovery_lock:
-        found = [k for k, d in _discoveries.items() if d is acq.discovery]
-    if not found:
-        return  # forgotten meanwhile
-    _, fake_file, mtime = found[0]
+    if _discoveries.get(acq.discovery_key) is not acq.discovery:
+        return  # forgotten meanwhile (forget_discovery)
+    _, fake_file, mtime = acq.discovery_key
     if len(_ready) >= 256:
         _ready.clear()
     _ready[key] = _Ready(acq.plan, acq.lock_dir, acq.queue.dir, fake_file, mtime, acq.label, acq.kind)
