@@ -125,10 +125,11 @@ def fresh_record(uuid: str, index: int, *, pid: int, holder: str, kind: str,
     record = new_record(uuid, index, pid=pid, holder=holder, kind=kind, label=label)
     key = (uuid, index, pid, holder, kind, label)
     # Exact ints only: True == 1 would otherwise find the head written for 1.
-    head = _FRESH.get(key) if type(index) is int and type(pid) is int else None
+    keyed = type(index) is int and type(pid) is int
+    head = _FRESH.get(key) if keyed else None
     if head is None:
         head = encode_record({k: v for k, v in record.items() if k != "since"})[:-1] + b',"since":'
-        if type(index) is int and type(pid) is int:
+        if keyed:
             if len(_FRESH) >= 256:
                 _FRESH.clear()
             _FRESH[key] = head
