@@ -927,6 +927,77 @@ def test_complete_and_claim_many_claims_up_to_count_within_the_caps(store):
     assert store.get_job(claims[0].job_id)["state"] == "FINISHED"
 
 
+def test_complete_and_claim_finishes_the_reported_jobs_whatever_is_claimed(store):
+    """Each reported job is finished when its last frame is in: a job of the claimed layer
+    whether or not a frame of it is claimed, and any other job as well."""
+    first = store.submit(job(name="a", layers=[{"name": "r", "command": ["true"], "range": "1-2",
+                                                "max_running": 1, "retries": 0}]), now=NOW)
+    second = store.submit(job(name="b", layers=[{"name": "r", "command": ["true"], "range": "1"}]), now=NOW)
+    layers = {layer.job_id: layer.layer_id for layer in store.runnable_layers()}
+    _, (a1,) = store.complete_and_claim_many([], layers[first], 1, reported_at=NOW, host="h1", worker="h1-w",
+                                             now=NOW, lease_s=60)
+    # a1 ends, a2 is claimed: job a has work left.
+    states, (a2,) = store.complete_and_claim_many([(a1.frame_id, a1.attempt, ok())], layers[first], 1,
+                                                  reported_at=NOW + 1, host="h1", worker="h1-w", now=NOW + 1,
+                                                  lease_s=60)
+    assert states == ["SUCCEEDED"] and store.get_job(first)["state"] == "PENDING"
+    # a2 (a's last frame) ends while a frame of job b is claimed: a is finished all the same.
+    states, (b1,) = store.complete_and_claim_many([(a2.frame_id, a2.attempt, ok(1))], layers[second], 1,
+                                                  reported_at=NOW + 2, host="h1", worker="h1-w", now=NOW + 2,
+                                                  lease_s=60)
+    assert states == ["DEAD"] and store.get_job(first)["state"] == "FINISHED"
+    assert store.get_job(second)["state"] == "PENDING"
+    # b's last frame ends and its layer has nothing left to claim: b is finished.
+    states, none = store.complete_and_claim_many([(b1.frame_id, b1.attempt, ok())], layers[second], 1,
+                                                 reported_at=NOW + 3, host="h1", worker="h1-w", now=NOW + 3,
+                                                 lease_s=60)
+    assert states == ["SUCCEEDED"] and none == [] and store.get_job(second)["state"] == "FINISHED"
+
+
+def test_complete_and_claim_that_claims_nothing_keeps_an_unfinished_job_pending(store):
+    # The claimed layer's caps refuse the claim (max_running), yet frames are left: the job
+    # of the report stays PENDING, and a user's retry of its DEAD frame later runs.
+    job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-3", "max_running": 1,
+                                       "retries": 0}]), now=NOW)
+    layer_id = store.runnable_layers()[0].layer_id
+    _, (a,) = store.complete_and_claim_many([], layer_id, 1, reported_at=NOW, host="h1", worker="h1-w",
+                                            now=NOW, lease_s=60)
+    b = store.claim_frame(layer_id, host="h2", worker="h2-w", gpu_uuids=[], now=NOW, lease_s=60)
+    assert b is None  # max_running 1
+    states, claims = store.complete_and_claim_many([(a.frame_id, a.attempt, ok(1))], layer_id, 1,
+                                                   reported_at=NOW + 1, host="h1", worker="h1-w", now=NOW + 1,
+                                                   lease_s=60)
+    # The report freed the layer's only running slot, so the claim in the same transaction
+    # takes frame 2; the job is unfinished either way.
+    assert states == ["DEAD"] and [c.number for c in claims] == [2]
+    assert store.get_job(job_id)["state"] == "PENDING"
+
+
+def test_sqlite_complete_and_claim_asks_no_job_question_when_it_claims_a_frame_of_that_job(tmp_path):
+    # The job of a report is finished only if done; a frame of that same job claimed in the
+    # same transaction proves it is not, so the question is not asked (a statement a frame).
+    store = open_store(str(tmp_path / "q.db"))
+    store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-3"}]), now=NOW)
+    layer_id = store.runnable_layers()[0].layer_id
+    a = claim_next(store)
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    states, (b,) = store.complete_and_claim_many([(a.frame_id, a.attempt, ok())], layer_id, 1, reported_at=NOW,
+                                                 host="h1", worker="h1-w", now=NOW, lease_s=60)
+    assert states == ["SUCCEEDED"]
+    assert not [s for s in statements if s.startswith("SELECT state, EXISTS")]
+    # With nothing left to claim the question is asked, and finishes the job.
+    c = claim_next(store)
+    statements.clear()
+    states, none = store.complete_and_claim_many([(b.frame_id, b.attempt, ok()), (c.frame_id, c.attempt, ok())],
+                                                 layer_id, 1, reported_at=NOW, host="h1", worker="h1-w", now=NOW,
+                                                 lease_s=60)
+    store.conn.set_trace_callback(None)
+    assert states == ["SUCCEEDED", "SUCCEEDED"] and none == []
+    assert len([s for s in statements if s.startswith("SELECT state, EXISTS")]) == 1
+    assert store.get_job(a.job_id)["state"] == "FINISHED"
+
+
 def test_sqlite_complete_and_claim_many_is_one_transaction(tmp_path):
     store = open_store(str(tmp_path / "q.db"))
     store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-4"}]), now=NOW)

@@ -1083,14 +1083,19 @@ class SQLStore(Store):
             self._notify(tx)
         return new_state
 
-    def _complete_many(self, tx: Tx, reports: Sequence[tuple[int, int, FrameResult]], now: float) -> list[str | None]:
+    def _complete_many(self, tx: Tx, reports: Sequence[tuple[int, int, FrameResult]], now: float,
+                       defer_job: int | None = None) -> tuple[list[str | None], bool]:
         """``_complete`` for each report in order, and each of their jobs finished if done,
-        once (a worker's reports often are frames of one job)."""
+        once (a worker's reports often are frames of one job). ``defer_job``: that job is
+        left to the caller, who is about to claim a frame of it (see ``complete_and_claim_many``);
+        whether one of the reports was of it."""
         jobs: set[int] = set()
         states = [self._complete(tx, frame_id, attempt, result, now, jobs) for frame_id, attempt, result in reports]
+        deferred = defer_job in jobs
         for job_id in sorted(jobs):
-            self._finish_job_if_done(tx, job_id, now)
-        return states
+            if job_id != defer_job:
+                self._finish_job_if_done(tx, job_id, now)
+        return states, deferred
 
     @staticmethod
     def _record_attempt(tx: Tx, frame_id: int, attempt: int, row: Row, outcome: str, result: FrameResult | None,

@@ -354,10 +354,17 @@ class SQLiteStore(SQLStore):
         layer, sql, params = self._claim_statement(layer_id, host, worker, gpu_uuids, now, lease_s, log_dir)
 
         def all_of_it(tx: Tx) -> tuple[list[str | None], list[Any]]:
-            states = self._complete_many(tx, reports, reported_at)
+            # A report of the claimed layer's own job is the usual case (a worker going
+            # through a job's frames): whether that job is done is asked after the claims,
+            # and only if none was made. A frame of it claimed here is RUNNING, so the job
+            # has work left, and it was PENDING already (it had a WAITING frame): asking
+            # would change nothing. One statement less a frame.
+            states, deferred = self._complete_many(tx, reports, reported_at, defer_job=layer["job_id"])
             rows: list[Any] = []
             while len(rows) < count and (row := self.conn.execute(sql, params).fetchone()) is not None:
                 rows.append(row)
+            if deferred and not rows:
+                self._finish_job_if_done(tx, layer["job_id"], reported_at)
             return states, rows
 
         states, rows = self._write(all_of_it, claiming=True)
