@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ def _isolated_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # osusers.py, pgserver.py
+
+# A suite started in the background by a script (`cmd &`) inherits SIGINT ignored, and so
+# would every process it starts: a test that presses Ctrl-C on a child (`frame log --follow`)
+# would wait for an exit that never comes. Ctrl-C as a terminal delivers it, then.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
