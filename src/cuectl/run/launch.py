@@ -4,7 +4,8 @@ This is what the worker uses to turn a claimed frame into a running process (DES
 §5 "Leases", "Failure", "Kill"):
 
 * :func:`substitute_tokens` replaces ``#IFRAME#``-style tokens in a layer's command.
-* :func:`frame_env` builds the environment: inherited < layer env < ``CUE_*`` < isolation.
+* :func:`frame_env` builds the environment: inherited < layer env < ``CUE_*`` < isolation
+  (:func:`env_template`: all of it but the frame's own values, which a layer's frames share).
 * :class:`FrameProcess` spawns the frame in its own session (so its process group is ours to
   kill as a whole), appends stdout+stderr to the frame log, enforces the timeout by TERMing
   the group and KILLing it after a grace period, and reports exit status, peak RSS and CPU
@@ -49,10 +50,12 @@ __all__ = [
     "DEFAULT_SAMPLE_INTERVAL_S",
     "EXIT_CANNOT_EXECUTE",
     "EXIT_NOT_FOUND",
+    "EnvTemplate",
     "ExitInfo",
     "FrameContext",
     "RunAs",
     "FrameProcess",
+    "env_template",
     "frame_env",
     "frame_name",
     "kill_process_group",
@@ -354,12 +357,47 @@ def frame_env(
     ``CUE_LOG_PATH``          the frame's log file (OpenCue gives the job's log directory)
     ========================  ===============================================================
     """
+    return env_template(ctx, layer_env=layer_env, isolation=isolation, base=base).env(ctx)
+
+
+class EnvTemplate:
+    """A frame's environment less the frame's own values (``CUE_FRAME_ID``, ``CUE_IFRAME``,
+    ``CUE_FRAME``, ``CUE_ATTEMPT``, ``CUE_LOG_PATH``): the same for every frame of a layer
+    on the same devices, so a worker makes it once per layer rather than once per frame
+    (validating the layer's environment, formatting a dozen values). :meth:`env` puts the
+    frame's values in, in :func:`frame_env`'s order of precedence."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: dict[str, str], tail: dict[str, str]) -> None:
+        self.head = head  # inherited < layer env < the CUE_* variables every frame of the layer shares
+        self.tail = tail  # the isolation variables, last
+
+    def env(self, ctx: FrameContext) -> dict[str, str]:
+        env = self.head.copy()
+        env["CUE_FRAME_ID"] = str(ctx.frame_id)
+        env["CUE_IFRAME"] = str(ctx.frame_number)
+        env["CUE_FRAME"] = ctx.name
+        env["CUE_ATTEMPT"] = str(ctx.attempt)
+        env["CUE_LOG_PATH"] = str(ctx.log_path)
+        env.update(self.tail)
+        return env
+
+
+def env_template(
+    ctx: FrameContext,
+    *,
+    layer_env: Mapping[str, str],
+    isolation: Mapping[str, str],
+    base: Mapping[str, str] | None = None,
+) -> EnvTemplate:
+    """:func:`frame_env` less the frame's own values, from the values of ``ctx`` that every
+    frame of its layer shares; raises as :func:`frame_env` does."""
     inherited = config.inherited_environ() if base is None else base
-    env = dict(inherited) if isinstance(inherited, FrameBase) else frame_base(inherited)
-    env.update(_checked_env(layer_env, "layer env"))
-    env.update(_cue_vars(ctx))
-    env.update(_checked_env(isolation, "isolation env"))
-    return env
+    head = dict(inherited) if isinstance(inherited, FrameBase) else frame_base(inherited)
+    head.update(_checked_env(layer_env, "layer env"))
+    head.update(_layer_vars(ctx))
+    return EnvTemplate(head, _checked_env(isolation, "isolation env"))
 
 
 # The worker's credentials for the store: never handed to the frames it runs.
@@ -376,9 +414,11 @@ def frame_base(inherited: Mapping[str, str]) -> FrameBase:
     return FrameBase((k, v) for k, v in inherited.items() if not k.startswith("CUE_") and k not in _WORKER_SECRETS)
 
 
-def _cue_vars(ctx: FrameContext) -> dict[str, str]:
+def _layer_vars(ctx: FrameContext) -> dict[str, str]:
     # Cuebot's prepareRqdRunFrame set, less CUE_THREADABLE (no threadable flag); units differ
-    # where noted in frame_env.
+    # where noted in frame_env. These are the ones every frame of a layer shares;
+    # EnvTemplate.env adds the frame's own (CUE_FRAME_ID, CUE_IFRAME, CUE_FRAME,
+    # CUE_ATTEMPT, CUE_LOG_PATH).
     return {
         "CUE3": "1",
         "CUE_USER": ctx.user,
@@ -388,16 +428,11 @@ def _cue_vars(ctx: FrameContext) -> dict[str, str]:
         "CUE_JOB_ID": str(ctx.job_id),
         "CUE_LAYER": ctx.layer,
         "CUE_LAYER_ID": str(ctx.layer_id),
-        "CUE_FRAME_ID": str(ctx.frame_id),
-        "CUE_IFRAME": str(ctx.frame_number),
-        "CUE_FRAME": ctx.name,
         "CUE_RANGE": ctx.layer_range,
         "CUE_CHUNK": str(ctx.chunk),
-        "CUE_ATTEMPT": str(ctx.attempt),
         "CUE_THREADS": str(max(1, math.floor(ctx.cores))),
         "CUE_MEMORY": str(int(ctx.memory_bytes)),
         "CUE_GPU_MEMORY": str(int(ctx.gpu_memory_bytes or 0)),
-        "CUE_LOG_PATH": str(ctx.log_path),
     }
 
 

@@ -35,8 +35,8 @@ from cuectl.run import failure as failures
 from cuectl.run import launch
 from cuectl.run.devicefilter import foreign_use
 from cuectl.run.hostschedule import Schedule
-from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, queued_reservations, try_lock_all,
-                              update_holder)
+from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, isolation_key, queued_reservations,
+                              try_lock_all, update_holder)
 from cuectl.run.lease.locks import lock_path, pid_alive, read_record
 from cuectl.run.usage import UsageTracker
 from cuectl.sched import identity
@@ -208,6 +208,9 @@ class Worker:
     # The environment frames start from (config.inherited_environ), copied once: decoding
     # os.environ for every frame cost ~0.8 ms of CPU.
     _base_env: dict[str, str] | None = None
+    # The environment every frame of a layer shares on the same devices (launch.EnvTemplate),
+    # keyed by everything it is made of (``_frame_env``).
+    _env_templates: dict[tuple[Any, ...], launch.EnvTemplate] = field(default_factory=dict)
     _log_root_path: Path | None = None
     _oom_read: tuple[float, int | None] = (-1e18, None)  # (monotonic time, counter) of the last reading
     _deliverer: Any = None  # run/notify.py Deliverer, made on first use
@@ -770,17 +773,13 @@ class Worker:
             memory_bytes=claim.memory_bytes,
             gpu_memory_bytes=min((d.memory_total_bytes or 0 for d in devices), default=None) if devices else None,
             log_path=log_path, user=claim.user, show=claim.show or "", shot=claim.shot or "")
-        iso_env = isolation_env(list(devices), all_vendors_present=self.vendors())
         runfile: Path | None = None
         try:
             if self.opts.run_as_submitter:
                 self._check_layer(claim)
             run_as = self._lookup_run_as(claim.user) if self.opts.run_as_submitter else None
-            layer_env = {**(run_as.env() if run_as else {}), **claim.env}
             argv = launch.substitute_tokens(claim.command, ctx)
-            if self._base_env is None:
-                self._base_env = launch.frame_base(config.inherited_environ())
-            env = launch.frame_env(ctx, layer_env=layer_env, isolation=iso_env, base=self._base_env)
+            env = self._frame_env(claim, ctx, devices, run_as)
             # Before the frame exists: a worker killed at any point after this leaves a run
             # file naming every process the frame will start (by its environment).
             if claim.cwd is not None and not os.path.isdir(claim.cwd):
@@ -816,6 +815,35 @@ class Worker:
         self.running[claim.frame_id] = rf
         self._oom_counts[claim.frame_id] = self._oom_kills()
         self._crash_point("after_launch")
+
+    def _frame_env(self, claim: ClaimedFrame, ctx: launch.FrameContext, devices: tuple[Device, ...],
+                   run_as: launch.RunAs | None) -> dict[str, str]:
+        """The frame's environment (``launch.frame_env``), from the template its layer's
+        frames share on these devices: made for the first of them, kept under everything
+        it is made of, so a change to any (a layer edited, another account, the inventory)
+        makes a new one. Raises as ``frame_env`` does."""
+        vendors = self.vendors()
+        run_env = run_as.env() if run_as else {}
+        key: tuple[Any, ...] | None
+        try:
+            key = (claim.layer_id, claim.job_id, claim.job, claim.layer, claim.user, ctx.show, ctx.shot,
+                   claim.layer_range, claim.chunk, claim.cores, claim.memory_bytes, ctx.gpu_memory_bytes,
+                   tuple(run_env.items()), tuple(claim.env.items()),
+                   isolation_key(devices, all_vendors_present=vendors))
+            template = self._env_templates.get(key)
+        except (TypeError, AttributeError):  # a hostile row's env (not a mapping of strings): made afresh, refused
+            key, template = None, None
+        if template is None:
+            if self._base_env is None:
+                self._base_env = launch.frame_base(config.inherited_environ())
+            template = launch.env_template(ctx, layer_env={**run_env, **claim.env},
+                                           isolation=isolation_env(list(devices), all_vendors_present=vendors),
+                                           base=self._base_env)
+            if key is not None:
+                if len(self._env_templates) >= ENV_TEMPLATES_KEPT:
+                    self._env_templates.clear()  # many layers over a long life: start again
+                self._env_templates[key] = template
+        return template.env(ctx)
 
     def _log_root(self) -> Path:
         """``--log-dir`` as a Path, made once (each costs a parse; this is the hot path)."""
@@ -1068,6 +1096,9 @@ CLAIM_BATCH = 8
 #: supplementary groups, home): a removed user or group membership stops applying to new
 #: frames within this time (nscd and sssd keep such answers for minutes).
 RUN_AS_TTL_S = 10.0
+# Environment templates a worker keeps (``Worker._frame_env``): one per layer and set of
+# devices it ran frames of lately.
+ENV_TEMPLATES_KEPT = 256
 
 
 def _describe_need(request: GpuRequest) -> str:

@@ -27,7 +27,7 @@ High level (``cuectl.lease`` and ``cuectl run``)::
 """
 
 from cuectl.run.lease.acquire import Lease, acquire, async_lease, forget_discovery, lease
-from cuectl.run.lease.isolation import isolation_env
+from cuectl.run.lease.isolation import isolation_env, isolation_key
 from cuectl.run.lease.locks import (KIND_API, KIND_RUN, KIND_WORKER, DeviceLock, LeaseInfo, break_stale, held_uuids,
                                     list_leases, lock_path, other_lock_dirs_in_use, prepare_lock_dir, try_lock,
                                     try_lock_all, update_holder)
@@ -36,7 +36,7 @@ from cuectl.run.lease.request import LeaseRequest, make_request
 
 __all__ = [
     "KIND_API", "KIND_RUN", "KIND_WORKER", "DeviceLock", "Lease", "LeaseInfo", "LeaseRequest", "acquire",
-    "async_lease", "break_stale", "forget_discovery", "held_uuids", "isolation_env", "lease", "list_leases",
-    "lock_path", "make_request", "other_lock_dirs_in_use", "prepare_lock_dir", "queued_reservations", "try_lock",
-    "try_lock_all", "update_holder",
+    "async_lease", "break_stale", "forget_discovery", "held_uuids", "isolation_env", "isolation_key", "lease",
+    "list_leases", "lock_path", "make_request", "other_lock_dirs_in_use", "prepare_lock_dir", "queued_reservations",
+    "try_lock", "try_lock_all", "update_holder",
 ]
