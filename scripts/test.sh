@@ -40,4 +40,13 @@ command -v kubectl >/dev/null || echo "scripts/test.sh: kubectl is not installed
 # Type-check first (settings and the file list are in pyproject.toml's [tool.mypy]);
 # a type error fails the run before any test starts.
 .venv/bin/python -m mypy
-exec .venv/bin/python -m pytest -q "$@"
+# One pytest worker per core, at most 4 (pytest-xdist): most tests wait on real processes,
+# servers and files rather than compute, and every test is isolated (its own store, lock
+# and state dirs, ports, database). CUECTL_TEST_WORKERS sets the count (1: in-process, as
+# plain pytest).
+workers="${CUECTL_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+[ "$workers" -gt 4 ] && workers=4
+if [ "$workers" -gt 1 ]; then
+  exec .venv/bin/python -m pytest -q -n "$workers" "$@"
+fi
+exec .venv/bin/python -m pytest -q -p no:xdist "$@"
