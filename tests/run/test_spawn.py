@@ -95,6 +95,45 @@ def test_an_inherited_descriptor_does_not_reach_the_frame(tmp_path: Path, way: s
     assert info.exit_code == 1 and "Bad file descriptor" in log, log
 
 
+def _at_least(found: str, wanted: tuple[int, int]) -> bool:
+    major, minor = (int(part) for part in found.split(".")[:2])
+    return (major, minor) >= wanted
+
+
+def test_inherited_descriptors_are_marked_close_on_exec_in_one_call_where_the_system_can() -> None:
+    """Linux 5.11+ with glibc 2.34+: one close_range(2) marks them close-on-exec in the
+    worker, so the file actions hold the kept descriptors only, and no listing is made."""
+    kernel = os.uname().release.split("-")[0]
+    glibc = (os.confstr("CS_GNU_LIBC_VERSION") or "glibc 0.0").split()[1]
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    try:
+        actions = spawn.fd_actions([r])
+        if not (_at_least(kernel, (5, 11)) and _at_least(glibc, (2, 34))):
+            pytest.fail(f"this suite runs where close_range(2) can mark descriptors (Linux {kernel}, glibc {glibc})")
+        assert actions == [(os.POSIX_SPAWN_DUP2, r, r)]
+        assert not os.get_inheritable(w)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_where_descriptors_cannot_be_marked_at_once_they_are_closed_in_the_child(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No close_range (older glibc or kernel): each inherited descriptor gets a close action.
+    monkeypatch.setattr(spawn, "_CLOSE_RANGE", False)
+    r, w = os.pipe()
+    os.set_inheritable(w, True)
+    try:
+        assert (os.POSIX_SPAWN_CLOSE, w) in spawn.fd_actions([])
+        assert os.get_inheritable(w)  # this process's own copy is left as it was
+        info, log, _ = run([PY, "-c", "import os, sys; os.fstat(int(sys.argv[1]))", str(w)], tmp_path)
+    finally:
+        os.close(r)
+        os.close(w)
+    assert info.exit_code == 1 and "Bad file descriptor" in log, log
+
+
 def test_the_program_is_searched_on_the_frames_path(tmp_path: Path, way: str) -> None:
     """The layer's PATH, not the worker's, finds the program; a non-executable file of that
     name earlier on it is passed over, as execvpe does."""
