@@ -17,7 +17,7 @@ The inherited descriptors are kept from the child by marking them close-on-exec 
 parent, all at once with ``close_range(2)`` (Linux 5.11+, glibc 2.34+); elsewhere they are
 found by listing /proc/self/fd, ~30 µs of a no-op frame's CPU, and closed in the child.
 
-Kept to ``os``, ``sys`` and ``_ctypes``: ``cuectl run``'s quick path imports it.
+Kept to ``os``, ``sys`` and ``cuectl.run.libc``: ``cuectl run``'s quick path imports it.
 """
 
 from __future__ import annotations
@@ -73,30 +73,15 @@ _CLOSE_RANGE: Any = None
 
 
 def _close_range() -> Any:
-    """libc's ``close_range(unsigned, unsigned, int)``, or False where libc lacks it.
-    Built on ``_ctypes`` as ``subreaper._prctl`` is (``import ctypes`` costs ~3 ms)."""
+    """libc's ``close_range(unsigned, unsigned, int)``, or False where libc lacks it."""
     global _CLOSE_RANGE
     if _CLOSE_RANGE is None:
         _CLOSE_RANGE = False
         try:
-            import _ctypes
+            from cuectl.run import libc
 
-            class UInt(_ctypes._SimpleCData):  # ctypes.c_uint
-                _type_ = "I"
-
-            class Int(_ctypes._SimpleCData):  # ctypes.c_int
-                _type_ = "i"
-
-            class CloseRange(_ctypes.CFuncPtr):
-                _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-                _argtypes_ = (UInt, UInt, Int)
-                _restype_ = Int
-
-            class Libc:  # what CFuncPtr((name, library)) reads of a library: its dlopen handle
-                _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # NULL: the program and its libc
-
-            _CLOSE_RANGE = CloseRange(("close_range", Libc()))  # type: ignore[arg-type]
-        except (ImportError, AttributeError, TypeError, OSError):  # no such function (glibc < 2.34), no ctypes
+            _CLOSE_RANGE = libc.function("close_range", "IIi", "i")
+        except (ImportError, AttributeError, OSError):  # no such function (glibc < 2.34), no ctypes
             pass
     return _CLOSE_RANGE
 

@@ -27,37 +27,11 @@ def set_child_subreaper() -> bool:
 
 
 def _prctl() -> Any:
-    """libc's ``prctl``, taking five unsigned longs and returning an int.
+    """libc's ``prctl``, taking five unsigned longs and returning an int (cuectl.run.libc:
+    ``import ctypes`` would cost ~3 ms of a ~25 ms ``cuectl run -- true``)."""
+    from cuectl.run import libc
 
-    Built on ``_ctypes`` (ctypes' C core) where it can be: ``import ctypes`` defines its
-    whole type zoo, ~3 ms of a ~25 ms ``cuectl run -- true`` (cuectl.run.quick), for one call.
-    """
-    try:
-        import _ctypes
-
-        class ULong(_ctypes._SimpleCData):  # ctypes.c_ulong
-            _type_ = "L"
-
-        class Int(_ctypes._SimpleCData):  # ctypes.c_int
-            _type_ = "i"
-
-        class Prctl(_ctypes.CFuncPtr):
-            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
-            _argtypes_ = (ULong,) * 5
-            _restype_ = Int
-
-        class Libc:  # what CFuncPtr((name, library)) reads of a library: its dlopen handle
-            _handle = _ctypes.dlopen(None)  # type: ignore[arg-type]  # NULL: the program and its libc
-
-        return Prctl(("prctl", Libc()))  # type: ignore[arg-type]
-    except (ImportError, AttributeError, TypeError):  # another Python's ctypes: the public way
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-        prctl.argtypes = (ctypes.c_ulong,) * 5
-        prctl.restype = ctypes.c_int
-        return prctl
+    return libc.function("prctl", "LLLLL", "i")
 
 
 def become_subreaper() -> bool:
