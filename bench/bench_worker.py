@@ -12,6 +12,11 @@ and like for like: task-spooler's server is started before its clock, so a worke
 task-spooler, cuectl, ...) and the medians are compared. Goal (issue 19): task-spooler's
 rate (ratio >= 1.0).
 
+Each run also drains the same job in process, in a fresh process, and reads the worker's own
+CPU time a frame (``getrusage``, start-up left out), next to task-spooler's wall time a job:
+the worker loop is one thread, so while its CPU a frame is above task-spooler's wall a job,
+no overlapping of its waits (the spawn's, the store's) can reach task-spooler's rate.
+
 On a filesystem that creates files slowly the figures move with it, task-spooler's
 keeping output as much as cuectl's. This machine's ext4 has no journal, and there, creating a
 file within ~30 s of many deletions makes the kernel scan past the recently freed inodes (a
@@ -24,12 +29,14 @@ Usage: python bench/bench_worker.py [--frames N] [--runs N] [--dir DIR] [--profi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
 import os
 import pstats
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -116,22 +123,29 @@ def bench_tsp(tmp: Path, frames: int, *, keep_output: bool = False) -> float | N
     return elapsed
 
 
-def profile_drain(tmp: Path, frames: int) -> str:
-    os.environ.update(CUECTL_LOCK_DIR=str(tmp / "plocks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "pstate"),
-                      CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
+def _in_process_worker(tmp: Path, frames: int, name: str):
+    """A 2-slot worker in this process, with a ``frames``-frame no-op job queued in its own store."""
+    os.environ.update(CUECTL_LOCK_DIR=str(tmp / f"{name}-locks"), CUECTL_CREATE_LOCK_DIR="1",
+                      XDG_STATE_HOME=str(tmp / f"{name}-state"), CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
     from cuectl import config
     from cuectl.run.service import build_worker
-    from cuectl.run.worker import Supervisor
     from cuectl.sched.spec import spec_from_flags
     from cuectl.sched.store import open_store
 
-    store = open_store(str(tmp / "profile.db"))
+    store = open_store(str(tmp / f"{name}.db"))
     store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}",
                                  # The worker's own user: a root worker runs frames as their
                                  # submitter, and an unknown one would fail every frame.
                                  user=config.current_user()), now=time.time())
     worker, _ = build_worker(store, name="bench", until_idle=True, max_frames=None, poll=0.05,
                              sample_interval=10, lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
+    return worker
+
+
+def profile_drain(tmp: Path, frames: int) -> str:
+    from cuectl.run.worker import Supervisor
+
+    worker = _in_process_worker(tmp, frames, "profile")
     prof = cProfile.Profile()
     prof.enable()
     Supervisor(worker).run()
@@ -141,6 +155,40 @@ def profile_drain(tmp: Path, frames: int) -> str:
     return out.getvalue()
 
 
+def cpu_child(tmp: Path, frames: int) -> None:
+    """(``--cpu-child``, in a process of its own) Drain ``frames`` no-op frames in process and
+    print, as JSON, the wall time and the CPU time of the worker itself and of its frames
+    (``getrusage``: this process, and the children it reaped), start-up left out."""
+    import resource
+
+    from cuectl.run.worker import Supervisor
+
+    worker = _in_process_worker(tmp, frames, "cpu")
+    sup = Supervisor(worker)
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    sup.run()
+    wall = time.perf_counter() - t0
+    me2, kids2 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    with contextlib.closing(sqlite3.connect(tmp / "cpu.db")) as db:
+        done = db.execute("SELECT COUNT(*) FROM frames WHERE state = 'SUCCEEDED'").fetchone()[0]
+    if done != frames:
+        sys.exit(f"bench_worker: {frames - done} of {frames} frames did not succeed in the in-process drain")
+    print(json.dumps({"frames": worker.claimed_total, "wall": wall, "user": me2.ru_utime - me.ru_utime,
+                      "system": me2.ru_stime - me.ru_stime,
+                      "frames_cpu": kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime}))
+
+
+def bench_cpu(tmp: Path, frames: int) -> dict[str, float]:
+    """The worker's own CPU time a frame (``cpu_child`` in a fresh process: the bench's
+    process must not become the frames' subreaper, nor share warm caches with a drain)."""
+    out = subprocess.run([sys.executable, __file__, "--cpu-child", str(tmp), "--frames", str(frames)], check=True,
+                         capture_output=True, text=True).stdout
+    doc = json.loads(out.strip().splitlines()[-1])
+    n = max(1, int(doc["frames"]))
+    return {k: float(doc[k]) * 1000 / n for k in ("wall", "user", "system", "frames_cpu")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=1000)
@@ -148,7 +196,11 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--dir", help="where the store, logs and task-spooler's files go (default: the system's temporary "
                                    "directory); e.g. /dev/shm to leave the disk's filesystem out")
+    ap.add_argument("--cpu-child", metavar="DIR", help=argparse.SUPPRESS)  # bench_cpu's own process
     args = ap.parse_args()
+    if args.cpu_child:
+        cpu_child(Path(args.cpu_child), args.frames)
+        return
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmpdir = Path(tmp)
         # The worker process compiles cuectl once, into a cache of the bench's own, even where
@@ -158,7 +210,7 @@ def main() -> None:
         warm = tmpdir / "warm-up"
         warm.mkdir()
         bench_cuectl(warm, 1)  # compiles what submit and the worker import, untimed
-        totals, drains, tsps, tsps_out, running = [], [], [], [], []
+        totals, drains, tsps, tsps_out, running, cpus = [], [], [], [], [], []
         for i in range(max(1, args.runs)):  # alternating: both see the same machine load
             run_dir = tmpdir / f"run{i}"
             run_dir.mkdir()
@@ -168,6 +220,9 @@ def main() -> None:
             up = run_dir / "running"
             up.mkdir()
             running.append(bench_cuectl_running(up, args.frames))
+            cpu = run_dir / "cpu"
+            cpu.mkdir()
+            cpus.append(bench_cpu(cpu, args.frames))
             tsp = bench_tsp(run_dir, args.frames)
             if tsp is not None:
                 tsps.append(tsp)
@@ -193,6 +248,15 @@ def main() -> None:
             print(f"  ratio cuectl/tsp keeping output {out / total:5.2f}     submit + drain; drain only {out / drain:.2f}")
             print(f"  like for like (both servers up before the clock): cuectl / tsp -n {tsp / up:.2f}, "
                   f"cuectl / tsp keeping output {out / up:.2f}")
+        cpu_ms = {k: statistics.median(c[k] for c in cpus) for k in cpus[0]}
+        print(f"  the worker's own CPU a frame {cpu_ms['user'] + cpu_ms['system']:5.2f} ms   (user {cpu_ms['user']:.2f}, "
+              f"system {cpu_ms['system']:.2f}; a drain in process, start-up left out: wall {cpu_ms['wall']:.2f} ms a "
+              f"frame; the frames' own CPU {cpu_ms['frames_cpu']:.2f} ms)")
+        if tsps:
+            per_job = statistics.median(tsps) * 1000 / args.frames
+            print(f"  task-spooler's wall a job    {per_job:5.2f} ms   the worker's own CPU a frame is "
+                  f"{(cpu_ms['user'] + cpu_ms['system']) / per_job:.2f}x it (above 1: out of the one-thread loop's "
+                  "reach)")
         if args.profile:
             print(profile_drain(tmpdir, args.frames))
 
