@@ -439,12 +439,15 @@ def test_peak_rss_does_not_inherit_the_workers_size(tmp_path: Path) -> None:
     # A child's ru_maxrss starts at its parent's peak (exec records the forked address
     # space's high-water mark). Run a "worker" that is 300 MiB big, in its own process so
     # this suite's peak stays untouched, and check a tiny frame is not reported as huge.
+    # Its size then comes from the samples alone, the first taken once it is 0.1 s old at
+    # a poll: it lives long enough for one on a loaded machine too (with 0.3 s, a suite
+    # on both cores once polled it only after it had exited, and nothing was measured).
     worker = textwrap.dedent(f"""
         import os
         from pathlib import Path
         from cuectl.run.launch import FrameProcess
         ballast = b"\\x01" * (300 * 1024 * 1024)
-        info = FrameProcess.start(["sleep", "0.3"], env=dict(os.environ),
+        info = FrameProcess.start(["sleep", "1.5"], env=dict(os.environ),
                                   log_path=Path({str(tmp_path / "f.log")!r})).wait(10)
         print(info.max_rss_bytes)
     """)
