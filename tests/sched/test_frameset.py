@@ -123,7 +123,7 @@ def test_huge_range_is_refused_at_once_with_tiny_memory() -> None:
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 20  # a bound on a blow-up, not a speed measure
     assert peak < 1_000_000
     assert str(info.value) == "frame range '1-1000000000' has 1000000000 frames; the limit is 100000 (CUECTL_FRAME_LIMIT)"
 
@@ -148,7 +148,7 @@ def test_pathological_repeats_are_refused_without_expanding() -> None:
     started = time.perf_counter()
     with pytest.raises(InvalidInput, match="lists 11000 frames counting repeats"):
         parse_frameset(text, limit=1000)
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 20  # a bound on a blow-up, not a speed measure
 
 
 def test_sparse_huge_span_costs_nothing() -> None:
@@ -157,7 +157,7 @@ def test_sparse_huge_span_costs_nothing() -> None:
     assert parse_frameset(f"0-{MAX_FRAME}x1000000000", limit=10) == [0, 1_000_000_000, 2_000_000_000]
     with pytest.raises(InvalidInput, match="has no frames"):  # y1 leaves nothing: no walk of the span
         parse_frameset(f"0-{MAX_FRAME}y1", limit=10)
-    assert time.perf_counter() - started < 0.5
+    assert time.perf_counter() - started < 20  # a bound on a blow-up, not a speed measure
 
 
 def test_default_limit_comes_from_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cuectl.errors import InvalidInput
+from cuectl.sched import spec as spec_module
 from cuectl.sched.model import Dependency, JobSpec, LayerSpec
 from cuectl.sched.spec import (
     LAYER_KEYS,
@@ -372,7 +373,9 @@ def test_many_huge_layers_fail_fast_and_small() -> None:
     layers = [{"name": f"l{i}", "command": "x", "range": "1-90000"} for i in range(1000)]
     started = time.perf_counter()
     assert "across its layers" in mapping_error({"name": "j", "layers": layers})
-    assert time.perf_counter() - started < 2
+    # Refused before expanding 90 million frames (minutes and gigabytes): a bound that tells
+    # the two apart on a loaded machine, not a speed measure (bench/ measures speed).
+    assert time.perf_counter() - started < 20
 
 
 # --------------------------------------------------------------------------------------
@@ -429,7 +432,7 @@ layers: *i
 def test_billion_laughs_is_refused_quickly() -> None:
     started = time.perf_counter()
     message = error(BILLION_LAUGHS)
-    assert time.perf_counter() - started < 1
+    assert time.perf_counter() - started < 20  # refused unexpanded: 9**9 nodes would take far longer
     assert "refused as a YAML bomb" in message
 
 
@@ -445,10 +448,20 @@ def test_recursive_alias_is_refused() -> None:
 
 
 def test_deep_nesting_is_refused_quickly() -> None:
-    started = time.perf_counter()
-    message = error("name: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    text = "name: " + "[" * 100_000 + "]" * 100_000 + "\n"
+    message = error(text)
+    # Refused at the 65th level (unguarded, PyYAML recurses to a RecursionError, its scanner
+    # doing work for every open level on every token: seconds)...
     assert message == "job.yaml: invalid YAML at line 1, column 70: nested more than 64 levels deep"
-    assert time.perf_counter() - started < 2
+    # ... having read only the start of the text: the work is bounded by the limit, not by
+    # the input (counted, not timed: a timing bound fails on a loaded machine).
+    loader = spec_module._guarded_loader()(text)
+    try:
+        with pytest.raises(spec_module._TooDeep):
+            loader.get_single_node()
+        assert loader.pointer < 10_000
+    finally:
+        loader.dispose()
     block = "name:\n" + "".join(" " * i + "-\n" for i in range(100))
     assert "nested more than 64 levels deep" in error(block)
 
