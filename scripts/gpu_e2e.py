@@ -714,12 +714,11 @@ def check_mig(ctx: Ctx) -> Result:
 
 
 def find_fixtures(explicit: str | None) -> Path:
-    candidates = [Path(explicit)] if explicit else [REPO / "shared" / "fixtures" / "gpu",
-                                                   REPO.parent / "shared" / "fixtures" / "gpu"]
+    candidates = [Path(explicit)] if explicit else [REPO / "tests" / "fixtures" / "gpu"]
     for c in candidates:
         if (c / "nvidia-smi" / "query-gpu").is_dir():
             return c
-    raise SystemExit(f"gpu_e2e: --fake needs the real nvidia-smi fixtures (shared/fixtures/gpu); "
+    raise SystemExit(f"gpu_e2e: --fake needs the real nvidia-smi fixtures (tests/fixtures/gpu); "
                      f"not found at {', '.join(map(str, candidates))} (use --fixtures DIR)")
 
 
@@ -797,7 +796,7 @@ def setup_fake(ctx: Ctx, fixtures: Path, *, mig: bool, cuda_order: str) -> None:
     (ctx.tmp / "fake-smi-L.txt").write_text(listing)
     smi = bindir / "nvidia-smi"
     smi.write_text("#!/bin/sh\n"
-                   "# fake nvidia-smi of scripts/gpu_e2e.py --fake (values from shared/fixtures/gpu)\n"
+                   "# fake nvidia-smi of scripts/gpu_e2e.py --fake (values from tests/fixtures/gpu)\n"
                    'case "$*" in\n'
                    f'  "{SMI_QUERY} {SMI_FORMAT}") cat {shlex.quote(str(ctx.tmp / "fake-smi-query.txt"))} ;;\n'
                    f'  "-L") cat {shlex.quote(str(ctx.tmp / "fake-smi-L.txt"))} ;;\n'
@@ -898,7 +897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fake-cuda-order", choices=("pci", "reversed"), default="pci",
                    help="with --fake: how the simulated CUDA numbers devices (reversed: a deliberate mismatch, "
                         "to see the isolation checks fail)")
-    p.add_argument("--fixtures", help="the shared/fixtures/gpu directory (default: found beside the repository)")
+    p.add_argument("--fixtures", help="the GPU fixtures directory (default: tests/fixtures/gpu of this repository)")
     p.add_argument("--only", help=f"comma list of checks to run (default all: {','.join(CHECKS)})")
     p.add_argument("--alloc-gib", type=float, default=4.0, help="GiB the busy frame allocates (default 4)")
     p.add_argument("--busy-seconds", type=float, default=20.0, help="seconds of matmul loop (real mode; default 20)")

@@ -1,4 +1,4 @@
-"""Helpers of the GPU tests: the shared fixtures, stub tools on PATH, sysfs trees.
+"""Helpers of the GPU tests: the real tool outputs of tests/fixtures/gpu, stub tools on PATH, sysfs trees.
 
 Stub tools are real executables (``#!/bin/sh`` scripts) in a temp dir that becomes the
 *only* entry of PATH, so the backends' real subprocess path runs and a real nvidia-smi on
@@ -17,14 +17,9 @@ _HERE = Path(__file__).resolve().parent
 _REPO = _HERE.parents[1]
 
 
-def _find_fixtures() -> Path:
-    for candidate in (_REPO / "shared" / "fixtures" / "gpu", _REPO.parent / "shared" / "fixtures" / "gpu"):
-        if (candidate / "README.md").is_file():
-            return candidate
-    raise RuntimeError(f"GPU fixtures not found beside {_REPO} (expected shared/fixtures/gpu)")
-
-
-FIXTURES = _find_fixtures()
+# Real tool outputs, kept with the tests (their provenance is in the folder's README.md), so
+# a clone with nothing beside it has everything the GPU tests read.
+FIXTURES = _REPO / "tests" / "fixtures" / "gpu"
 
 
 def fixture_path(rel: str) -> Path:

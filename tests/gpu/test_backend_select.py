@@ -7,7 +7,7 @@
 
 NVML is made unavailable with a stand-in ``pynvml`` module on PYTHONPATH whose ``nvmlInit``
 fails as it does without the driver library; nvidia-smi is a stub on PATH printing a real
-capture from the shared fixtures.
+capture from tests/fixtures/gpu.
 """
 
 from __future__ import annotations

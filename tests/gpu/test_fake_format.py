@@ -14,7 +14,7 @@ from cuectl.gpu import discover
 from cuectl.gpu.fake import FakeBackend, default_fake_mig_uuid, default_fake_uuid, load_fake_config
 from cuectl.units import GIB, MIB
 
-# Values of the H100 MIG capture in shared/fixtures (nvidia-smi/table/h100-80gb-hbm3-mig_…).
+# Values of the H100 MIG capture in tests/fixtures/gpu (nvidia-smi/table/h100-80gb-hbm3-mig_…).
 H100 = "NVIDIA H100 80GB HBM3"
 MIG_3G = "MIG-00000000-0000-0000-0000-000000000000"
 MIG_1G = "MIG-00000002-0000-0000-0000-000000000002"

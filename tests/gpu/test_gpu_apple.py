@@ -14,7 +14,7 @@ M3 = fixture_path("macos/apple-m3-max_headless_macos-15.5_joulewise.json")
 MEMSIZE = "137438953472\n"
 
 # The shape of `ioreg -r -d 1 -w 0 -c IOAccelerator` on Apple Silicon, trimmed to the keys
-# read; written for this test (no capture is among the shared fixtures).
+# read; written for this test (no capture is among tests/fixtures/gpu).
 IOREG = """\
 +-o AGXAcceleratorG15X  <class AGXAcceleratorG15X, id 0x1000003f1, registered, matched, active, busy 0 (0 ms), retain 72>
     {

@@ -1,4 +1,4 @@
-"""Every file of shared/fixtures/gpu, fed through the code that reads it, with what it must yield.
+"""Every file of tests/fixtures/gpu, fed through the code that reads it, with what it must yield.
 
 Tool outputs go through the real subprocess path wherever a backend would read them: a
 stub executable on PATH prints the fixture bytes and exits with the code the fixture
