@@ -97,6 +97,25 @@ def test_the_cache_is_shared_and_a_change_through_the_api_empties_it(open_server
     assert names == ["cached-1", "cached-2", "cached-3"]
 
 
+def test_a_poller_slower_than_the_cache_never_reads_an_answer_older_than_the_cache(open_server, store, serve_env):
+    """docs/api.md promises answers at most --cache seconds old (1 s here): a monitor that
+    polls every 1.3 s must see a change made behind the server's back on its next poll,
+    not the page cached before it (a stale page once more while it rebuilds)."""
+    anonymous = open_server.api
+    owner = anonymous.with_token(create_token(store, "slow", "user", env=serve_env))
+    job_id = owner.post(f"{API}/jobs", job_spec("slow-poll", layer_spec("l", range="1-2"))).json()["id"]
+    with store_at(store) as s:
+        for change, state in (("kill", "FINISHED"), ("retry", "PENDING"), ("kill", "FINISHED")):
+            before = anonymous.ok("GET", f"{API}/jobs/{job_id}")["state"]  # cached from here on
+            assert before != state
+            if change == "kill":  # as the CLI or a worker would: the server's cache is not told
+                s.kill_job(job_id, now=time.time(), force=True)
+            else:
+                s.retry_job(job_id, now=time.time(), force=True)
+            time.sleep(1.3)  # the poller's interval, longer than the cache's 1 s
+            assert anonymous.ok("GET", f"{API}/jobs/{job_id}")["state"] == state, change
+
+
 # -- a Unix socket -----------------------------------------------------------------------------------------------
 def test_a_unix_socket_caller_is_the_os_user_the_kernel_names(store, serve_dir, serve_env):
     path = serve_dir / "api.sock"

@@ -1,5 +1,6 @@
-"""The API's shared response cache: one rebuild of an expired page at a time (others get
-the previous page, or wait when there is none), and a change empties it for good."""
+"""The API's shared response cache: one rebuild of an ageing page at a time (others get
+the previous page while it is within the TTL, or wait for the fresh one once it is not),
+never an answer older than the TTL, and a change empties it for good."""
 
 from __future__ import annotations
 
@@ -33,10 +34,21 @@ def test_concurrent_misses_build_once_and_all_get_the_page():
     assert len(calls) == 1 and bodies == [b'{"v":"a"}'] * 8
 
 
-def test_an_expired_page_is_answered_at_once_and_rebuilt_once_in_the_background():
-    cache, calls = ResponseCache(ttl_s=0.05), []
+class Clock:
+    """The cache's clock, moved by the test: ages without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_page_in_the_second_half_of_its_life_is_answered_at_once_and_refreshed_once():
+    clock = Clock()
+    cache, calls = ResponseCache(ttl_s=10, clock=clock), []
     cache.get("k", _slow(calls, "old", 0))
-    time.sleep(0.1)  # expired
+    clock.now += 6  # past half its life, within the promised 10 s
     held = threading.Event()
 
     def rebuild():  # held until every caller has its answer: one that waited for it has none
@@ -54,10 +66,49 @@ def test_an_expired_page_is_answered_at_once_and_rebuilt_once_in_the_background(
     cache.close()
 
 
-def test_a_failed_refresh_is_built_again_by_the_next_caller():
-    cache, calls = ResponseCache(ttl_s=0.05), []
+def test_a_page_older_than_the_ttl_is_never_answered_its_callers_wait_for_a_fresh_one():
+    clock = Clock()
+    cache, calls = ResponseCache(ttl_s=10, clock=clock), []
     cache.get("k", _slow(calls, "old", 0))
-    time.sleep(0.1)
+    clock.now += 10.5  # a poller slower than the cache: the page is past the promise
+    bodies = _run_all(cache, _slow(calls, "new", 0.2))
+    assert bodies == [b'{"v":"new"}'] * 8 and calls == [1, 1]  # one build, every caller waited for it
+    cache.close()
+
+
+def test_a_refresh_that_is_still_running_when_the_page_expires_is_waited_for():
+    clock = Clock()
+    cache, calls = ResponseCache(ttl_s=10, clock=clock), []
+    cache.get("k", _slow(calls, "old", 0))
+    clock.now += 6
+    held, started = threading.Event(), threading.Event()
+
+    def rebuild():
+        calls.append(1)
+        started.set()
+        held.wait(30)
+        return {"v": "new"}
+
+    assert cache.get("k", rebuild)[0] == b'{"v":"old"}'  # refresh ahead started
+    assert started.wait(5)
+    clock.now += 5  # the old page is now 11 s old: not to be answered any more
+    out: list[bytes] = []
+    waiter = threading.Thread(target=lambda: out.append(cache.get("k", _slow(calls, "other", 0))[0]))
+    waiter.start()
+    waiter.join(0.3)
+    assert out == []  # waiting for the refresh, not answered with the old page
+    held.set()
+    waiter.join(10)
+    # The refresh began reading at 1006, so at 1011 its page is 5 s old: fresh, taken as is.
+    assert out == [b'{"v":"new"}'] and calls == [1, 1]
+    cache.close()
+
+
+def test_a_failed_refresh_is_built_again_by_the_next_caller():
+    clock = Clock()
+    cache, calls = ResponseCache(ttl_s=10, clock=clock), []
+    cache.get("k", _slow(calls, "old", 0))
+    clock.now += 6
 
     def broken():
         raise RuntimeError("store gone")

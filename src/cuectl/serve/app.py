@@ -98,41 +98,48 @@ class StorePool:
 
 
 class ResponseCache:
-    """URL -> (body, etag, fresh until): shared by every client, so N monitors polling the
+    """URL -> (body, etag, read at): shared by every client, so N monitors polling the
     same page cost one store read per ``ttl_s``.
 
-    Stale while revalidating: an expired page is still answered at once while one rebuild
-    of it runs on the cache's own thread; only a page never built (or dropped by a change)
-    makes its caller wait, and callers of the same page then wait for that one build.
-    Without this, every request arriving during a slow rebuild rebuilt the same page in its
-    own thread, and the one that found the page expired waited for the rebuild (measured
-    in bench/bench_api.py: seconds per request, then a p99 of one rebuild's time)."""
+    No answer is older than ``ttl_s`` (docs/api.md promises it), counted from when its
+    store read began. Within that bound the cache refreshes ahead: a page past half its
+    life is still answered at once while one rebuild of it runs on the cache's own thread,
+    so a steady poller never waits for a rebuild. A page past its whole life (nobody asked
+    during the second half) is never answered: its callers wait for one fresh build, as
+    for a page never built. Without the refresh ahead, every request arriving during a slow
+    rebuild rebuilt the same page in its own thread (measured in bench/bench_api.py:
+    seconds per request); without the bound, an expired page of any age was served once
+    more while it rebuilt (a poller slower than the cache read a job finished 20 s before
+    as PENDING)."""
 
-    def __init__(self, ttl_s: float, size: int = 512) -> None:
+    def __init__(self, ttl_s: float, size: int = 512, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s = ttl_s
         self._size = size
+        self._clock = clock  # a test's own clock: ages without sleeping
         self._entries: OrderedDict[str, tuple[bytes, str, float]] = OrderedDict()
         self._building: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._generation = 0  # bumped by clear(): a rebuild started before a change is not kept
         self._refresher: ThreadPoolExecutor | None = None
 
+    def _age(self, entry: tuple[bytes, str, float] | None) -> float:
+        return float("inf") if entry is None else self._clock() - entry[2]
+
     def get(self, key: str, build: Callable[[], Any]) -> tuple[bytes, str]:
         if self.ttl_s <= 0:
             return _encode(build())
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry[2] >= time.monotonic():
-                return entry[0], entry[1]
+            age = self._age(entry)
             flight = self._building.setdefault(key, threading.Lock())
-        if entry is not None:  # expired: answer with it, and have it rebuilt once
-            if flight.acquire(blocking=False):
+        if entry is not None and age < self.ttl_s:
+            if age >= self.ttl_s / 2 and flight.acquire(blocking=False):  # refresh ahead, once
                 self._executor().submit(self._rebuild, key, build, flight)
             return entry[0], entry[1]
-        with flight:  # never built: build it, or wait for the caller already building it
+        with flight:  # too old or never built: build it, or wait for the build under way
             with self._lock:
                 done = self._entries.get(key)
-                if done is not None and done[2] >= time.monotonic():
+                if done is not None and self._age(done) < self.ttl_s:
                     return done[0], done[1]
             return self._store(key, build)
 
@@ -149,10 +156,11 @@ class ResponseCache:
     def _store(self, key: str, build: Callable[[], Any]) -> tuple[bytes, str]:
         with self._lock:
             generation = self._generation
+        read_at = self._clock()  # before the read: the page is at least this fresh
         body, etag = _encode(build())
         with self._lock:
             if generation == self._generation:
-                self._entries[key] = (body, etag, time.monotonic() + self.ttl_s)
+                self._entries[key] = (body, etag, read_at)
                 self._entries.move_to_end(key)
                 while len(self._entries) > self._size:
                     self._entries.popitem(last=False)
