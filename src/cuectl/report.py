@@ -120,9 +120,12 @@ def describe(by: str, key: tuple) -> tuple[str, dict[str, str], tuple]:
 
 
 def check_by(by: str) -> str:
-    if by not in GROUPINGS:
+    """The grouping in its canonical spelling: ``gpu_model`` is ``gpu-model`` (the JSON
+    keys are spelled with ``_``, the option's values with ``-``; users type either)."""
+    canonical = by.replace("_", "-")
+    if canonical not in GROUPINGS:
         raise InvalidInput(f"--by: unknown grouping {by!r}", hint="use one of: " + ", ".join(GROUPINGS))
-    return by
+    return canonical
 
 
 def check_format(fmt: str) -> str:

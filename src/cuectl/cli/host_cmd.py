@@ -31,9 +31,10 @@ def host_list(ctx: typer.Context, as_json: bool = JSON_OPT,
                                                                 "(24G; a number is MiB).")) -> None:
     """List registered hosts with UP/DOWN state and devices (with a GPU filter: only the
     hosts, and in --json only the devices, that match it)."""
-    from cuectl.sched.hostfilter import device_matches, parse_memory_min
+    from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor
     from cuectl.units import format_bytes
 
+    vendor = parse_vendor(vendor, "--vendor")  # a misspelt vendor is an error, not an empty list
     memory_min = parse_memory_min(gpu_memory_min, "--gpu-memory-min")
     store = ctx.obj.store()
     hosts = store.list_hosts(now=store.clock(), down_after=m.HOST_DOWN_AFTER_S)

@@ -23,7 +23,7 @@ def show_report(store: Callable[[], Any], *, since: str = "7d", until: str | Non
     from cuectl import report
 
     fmt = _format(format_, as_json)
-    report.check_by(by)
+    by = report.check_by(by)
     if output is not None and fmt == "table":
         raise InvalidInput("--output needs a machine format", hint="add --format csv, json or prometheus")
     now = time.time()

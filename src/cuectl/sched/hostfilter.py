@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from cuectl.errors import InvalidInput
+from cuectl.gpu.device import VENDORS, normalize_vendor
 from cuectl.sched.match import model_matches
 from cuectl.units import memory_satisfies, parse_size
 
@@ -15,6 +17,17 @@ def parse_memory_min(value: str | None, field: str) -> int | None:
     if value is None or value == "":
         return None
     return int(value) * 1024 ** 2 if value.isdigit() else parse_size(value, field=field)
+
+
+def parse_vendor(value: str | None, field: str) -> str | None:
+    """A vendor filter in any spelling (``nvidia``, ``0x10de``) -> ``NVIDIA``; a vendor no
+    device can have is refused, not answered with an empty list. None or "" -> None."""
+    if value is None or value == "":
+        return None
+    vendor = normalize_vendor(value)
+    if vendor is None:
+        raise InvalidInput(f"{field}: unknown vendor {value!r} (expected one of {', '.join(VENDORS)})")
+    return vendor
 
 
 def device_matches(device: Mapping[str, Any], *, vendor: str | None = None, model: str | None = None,

@@ -43,7 +43,7 @@ from cuectl.sched.store import Store
 from cuectl.serve import problems
 from cuectl.serve.auth import ADMIN, USER, VIEWER, Principal, identify, require
 from cuectl.serve.problems import Problem
-from cuectl.sched.hostfilter import device_matches, parse_memory_min
+from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor
 
 API = "/api/v1"
 log = logging.getLogger("cuectl.serve")
@@ -238,6 +238,7 @@ def create_app(settings: Settings) -> FastAPI:
         title="cuectl", version=__version__,
         description="The cuectl REST API: GPU inventory, jobs, frames, leases and reports (docs/api.md).",
         openapi_url=f"{API}/openapi.json", docs_url=None, redoc_url=None,  # the docs pages load JS from a CDN
+        dependencies=[Depends(_known_query)],
     )
     setattr(app, "openapi", lambda: _openapi(app))  # FastAPI's documented way to extend the document
     app.state.pool = pool
@@ -338,7 +339,8 @@ def create_app(settings: Settings) -> FastAPI:
                    state: Optional[str] = Query(None, description="UP or DOWN")) -> Response:
         memory = _memory_param(gpu_memory_min)
         wanted_state = _choice(state, "state", ("UP", "DOWN"))
-        return await cached(request, lambda: _hosts(vendor, model, memory, wanted_state))
+        wanted_vendor = _vendor_param(vendor)
+        return await cached(request, lambda: _hosts(wanted_vendor, model, memory, wanted_state))
 
     @app.get(f"{API}/hosts/{{name}}/gpus", tags=["hosts"], summary="One host's GPUs with live values")
     def host_gpus(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
@@ -435,7 +437,16 @@ def create_app(settings: Settings) -> FastAPI:
             "kill": lambda s: s.kill_job(ref, now=now),
             "retry": lambda s: s.retry_job(ref, now=now),
         }
-        return _public_job(change(who, action, calls[action]))
+
+        def act(store: Store) -> dict[str, Any]:
+            before = store.get_job(ref)
+            after = calls[action](store)  # first: the owner check answers a stranger, not "nothing to do"
+            noop = _job_noop(action, before)
+            if noop and (after["state"], after.get("frame_counts")) == (before["state"], before.get("frame_counts")):
+                raise Problem(409, noop, extra={"state": before["state"]})
+            return after
+
+        return _public_job(change(who, action, act))
 
     # -- frames --------------------------------------------------------------------------------
     def _frames(job: str | int, state: str | None, layer: str | None, limit: int, after: int | None,
@@ -484,8 +495,16 @@ def create_app(settings: Settings) -> FastAPI:
             raise Problem(404, f"no frame action {action!r} (one of {', '.join(FRAME_ACTIONS)})")
         _check_frame_id(frame_id)
         now = time.time()
-        frames = change(who, action, lambda s: s.frame_action([frame_id], action, now=now))
-        return {"frames": [_public_frame(f) for f in frames]}
+
+        def act(store: Store) -> list[dict[str, Any]]:
+            before = store.get_frame(frame_id)
+            frames = store.frame_action([frame_id], action, now=now)
+            noop = _frame_noop(action, before)
+            if noop and frames and all(frames[0].get(k) == before.get(k) for k in _FRAME_ACTION_KEYS):
+                raise Problem(409, noop, extra={"state": before["state"]})
+            return frames
+
+        return {"frames": [_public_frame(f) for f in change(who, action, act)]}
 
     @app.get(f"{API}/frames/{{frame_id}}/log", tags=["frames"], response_class=PlainTextResponse,
              summary="A frame's log (latest attempt): tail=N lines, follow=true streams while it runs")
@@ -598,6 +617,36 @@ def _public_frame(frame: dict[str, Any]) -> dict[str, Any]:
     return frame
 
 
+_FRAME_ACTION_KEYS = ("state", "pending_action", "retry_at")  # what a frame action changes
+
+
+def _frame_noop(action: str, frame: dict[str, Any]) -> str | None:
+    """Why ``action`` leaves this frame as it is (the store's rules), or None: the API says
+    so with a 409 rather than a 200 that reads as done."""
+    state, label = frame["state"], f"frame {frame['id']} ({frame.get('name')})"
+    if action == "kill" and state in m.DONE_STATES:
+        return f"{label} is {state}: nothing to kill"
+    if action == "eat" and state == m.EATEN:
+        return f"{label} is EATEN already"
+    if action == "retry" and state == m.DEPEND:
+        return f"{label} waits on its dependencies (DEPEND): it runs once they are met"
+    if action == "retry" and state == m.WAITING and not frame.get("retry_at"):
+        return f"{label} is WAITING already: it runs when a device or slot frees"
+    return None
+
+
+def _job_noop(action: str, job: dict[str, Any]) -> str | None:
+    """Why a job's ``kill`` or ``retry`` would change nothing, or None (pause and resume are
+    idempotent: the job is in the state asked for either way)."""
+    label = f"job {job['id']} ({job['name']})"
+    counts = job.get("frame_counts") or {}
+    if action == "kill" and job["state"] == m.JOB_FINISHED:
+        return f"{label} is FINISHED: nothing to kill"
+    if action == "retry" and not (counts.get(m.DEAD) or counts.get(m.EATEN)):
+        return f"{label} has no DEAD or EATEN frame: nothing to retry"
+    return None
+
+
 def _job_ref(value: str) -> str | int:
     if not (value.isascii() and value.isdigit()):  # "²" is a digit to str.isdigit, not to int()
         return value
@@ -622,6 +671,40 @@ def _id_list(value: str | None, name: str, *, most: int) -> list[int] | None:
     if any(int(p) > MAX_ID for p in parts):
         raise Problem(422, f"{name}: ids go up to {MAX_ID}", field=name)
     return [int(p) for p in parts]
+
+
+def _vendor_param(value: str | None) -> str | None:
+    try:
+        return parse_vendor(value, "vendor")  # the CLI's own check: `host list --vendor nvidai` is refused too
+    except InvalidInput as exc:
+        raise Problem(422, exc.message, field="vendor") from None
+
+
+def _known_query(request: Request) -> None:
+    """Every route takes only the query parameters it declares: a misspelt filter
+    (``?stat=DEAD``) would otherwise be ignored, and its answer look filtered when it is not."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None:
+        return
+    known: frozenset[str] | None = getattr(route, "_cuectl_query_names", None)
+    if known is None:  # once per route
+        known = _query_names(dependant)
+        setattr(route, "_cuectl_query_names", known)
+    unknown = sorted(set(request.query_params) - known)
+    if unknown:
+        raise Problem(400, f"unknown query parameter{'s' if len(unknown) > 1 else ''} "
+                           f"{', '.join(repr(u) for u in unknown)}",
+                      field=unknown[0],
+                      hint=f"this path takes {', '.join(sorted(known))}" if known else "this path takes none")
+
+
+def _query_names(dependant: Any) -> frozenset[str]:
+    """The query parameters a route declares, its dependencies' included."""
+    found = {param.alias for param in dependant.query_params}
+    for sub in dependant.dependencies:
+        found |= _query_names(sub)
+    return frozenset(found)
 
 
 def _memory_param(value: str | None) -> int | None:

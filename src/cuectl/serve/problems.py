@@ -24,10 +24,11 @@ class Problem(Exception):
     """An HTTP error raised by the API layer itself (auth, malformed requests)."""
 
     def __init__(self, status: int, detail: str, *, field: str | None = None, hint: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
         super().__init__(detail)
         self.status, self.detail, self.field, self.hint = status, detail, field, hint
         self.headers = headers or {}
+        self.extra = extra or {}  # RFC 9457 extension members (a no-op's ``state``)
 
 
 def status_of(exc: e.CuectlError) -> int:
@@ -73,7 +74,7 @@ def response(status: int, detail: str, *, field: str | None = None, hint: str | 
 
 async def on_problem(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, Problem)
-    return response(exc.status, exc.detail, field=exc.field, hint=exc.hint, headers=exc.headers)
+    return response(exc.status, exc.detail, field=exc.field, hint=exc.hint, headers=exc.headers, extra=exc.extra)
 
 
 async def on_cuectl_error(request: Request, exc: Exception) -> JSONResponse:
