@@ -310,6 +310,7 @@ def _command(value: Any, label: str) -> tuple[str, ...] | str:
             raise InvalidInput(f"{label}: must not be empty")
         if "\x00" in value:
             raise InvalidInput(f"{label}: must not contain NUL characters")
+        _check_shell_quotes(value, label)
         return value
     if not isinstance(value, (list, tuple)):
         raise InvalidInput(f"{label}: expected a list of arguments or a shell string, got {describe(value)}")
@@ -329,6 +330,37 @@ def _command(value: Any, label: str) -> tuple[str, ...] | str:
     if not argv[0].strip():
         raise InvalidInput(f"{label}[0]: the program name must not be empty")
     return tuple(argv)
+
+
+# What a #TOKEN# looks like (the worker's tokens, run/launch.py, and any misspelling of one).
+_TOKEN_SHAPE_RE = re.compile(r"#[A-Z][A-Z0-9_]*#")
+
+
+def _check_shell_quotes(text: str, label: str) -> None:
+    """Refuse a shell string whose quotes do not close: ``/bin/sh -c`` would fail every
+    frame with "Unterminated quoted string". The usual cause is YAML cutting the value at
+    an unquoted `` #`` (``sh -c 'echo #IFRAME#'`` reads as ``sh -c 'echo``).
+
+    shlex reads quotes as the shell does. Tokens become a plain word first (a ``#`` at the
+    start of a word is a comment to shlex, as to the shell; the worker replaces tokens
+    before the shell sees them). Here-documents (whose bodies are not shell syntax) and
+    ``$'…'`` (bash's, which shlex does not know) are left to the shell: a refusal must
+    never be wrong, so what shlex cannot judge passes.
+    """
+    import shlex
+
+    if "<<" in text or "$'" in text:
+        return
+    lexer = shlex.shlex(_TOKEN_SHAPE_RE.sub("x", text), posix=True)
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    try:
+        for _ in lexer:
+            pass
+    except ValueError as exc:  # "No closing quotation" / "No escaped character"
+        raise InvalidInput(f"{label}: the shell string's quotes do not close ({str(exc).lower()}): {text!r}",
+                           hint="a string command runs as /bin/sh -c: close the quote; in YAML, quote the whole "
+                                "value when it holds ' #' (a YAML comment starts there)") from None
 
 
 def _range(value: Any, label: str) -> str:
@@ -933,6 +965,54 @@ def _guard_nodes(root: Any, source: str) -> None:
     size(root)
 
 
+# A YAML comment that begins with a token: `` #IFRAME#`` right after an unquoted value.
+_SWALLOWED_RE = re.compile(r"[ \t]+(#[A-Z][A-Z0-9_]*#)")
+
+
+def _check_swallowed_tokens(root: Any, text: str, source: str) -> None:
+    """Refuse an unquoted ``command:`` value that YAML cut at a comment starting with a
+    ``#TOKEN#``: ``command: sh -c 'echo #IFRAME#'`` is ``sh -c 'echo`` to YAML (a space then
+    ``#`` starts a comment), and every frame would run the stump. The hint gives the line
+    with the value quoted. Walks the composed nodes, so the text positions are known."""
+    import yaml
+
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == "command":
+                    values = value.value if isinstance(value, yaml.SequenceNode) else [value]
+                    for item in values:
+                        _refuse_swallowed(item, text, source)
+                stack.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+
+
+def _refuse_swallowed(node: Any, text: str, source: str) -> None:
+    import yaml
+
+    if not isinstance(node, yaml.ScalarNode) or node.style is not None:  # quoted and block values keep '#'
+        return
+    end = node.end_mark.index
+    line_end = text.find("\n", end)
+    rest = text[end:] if line_end < 0 else text[end:line_end]
+    found = _SWALLOWED_RE.match(rest)
+    if found is None:
+        return
+    whole = (node.value + rest).rstrip()
+    quoted = f'"{whole}"' if '"' not in whole and "\\" not in whole else "'" + whole.replace("'", "''") + "'"
+    raise InvalidInput(
+        f"{_at(source, node)}: command: YAML read only {node.value!r}: an unquoted ' #' starts a comment, "
+        f"which swallowed {found.group(1)} and the rest of the line",
+        hint=f"quote the whole value: {quoted}")
+
+
 def _yaml_error(exc: Exception, text: str, source: str) -> InvalidInput:
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     if mark is not None:
@@ -995,6 +1075,7 @@ def _load_yaml(text: str, source: str) -> Any:
         if root is None:
             return None
         _guard_nodes(root, source)
+        _check_swallowed_tokens(root, text, source)
         return loader.construct_document(root)
     except yaml.YAMLError as exc:
         raise _yaml_error(exc, text, source) from None
