@@ -85,6 +85,14 @@ def test_commands_named_or_refused_the_same(tmp_path, command):
     both(tmp_path, ["submit", "--name", "n", "--", *command])
 
 
+@pytest.mark.parametrize("command", [["nvidia-smi"], ["job.yaml"]], ids=lambda c: " ".join(c))
+def test_one_word_after_dashdash_is_a_command_both_ways(tmp_path, command):
+    # After --, always a command (issue 41): even one word, even one named like a spec file.
+    (tmp_path / "job.yaml").write_text("name: y\nlayers:\n  - name: l\n    command: [\"true\"]\n")
+    res = both(tmp_path, ["submit", "--gpus", "1", "--", *command])
+    assert res.returncode == 0 and res.stdout == "1\n", res
+
+
 @pytest.mark.parametrize("args", [
     ["submit", "--range", "x-y", "--", "true", "a"],          # refused by the spec's validation
     ["submit", "--gpus", "99999", "--", "true", "a"],
@@ -110,7 +118,6 @@ def test_bad_flags_are_refused_the_same_and_store_nothing(tmp_path, args):
     ["submit", "--dry-run", "--", "true", "a"],
     ["submit", "--notify-on", "failed", "--notify-command", "true", "--", "true", "a"],
     ["submit", "true", "a"],                                   # no --
-    ["submit", "--", "job.yaml"],                              # a spec file
     ["submit", "--"],                                          # no command
     ["submit", "-Dx", "--", "true", "a"],
     ["--debug", "submit", "--", "true", "a"],

@@ -112,7 +112,7 @@ def test_one_missing_argument_is_a_missing_spec_not_a_command(cli, tmp_path, mon
     assert res.exit_code == 2, res
     assert f"cannot read job spec {arg!r}" in res.stderr and "No such file" in res.stderr, res
     # the hint, for what could be a command: how to run a one-word command
-    assert ("--name N --" in res.stderr) == (arg == "nvidia-smi"), res
+    assert ("cuectl submit -- nvidia-smi" in res.stderr) == (arg == "nvidia-smi"), res
 
 
 def test_one_word_command_with_name(cli):

@@ -322,11 +322,9 @@ def _parse_submit(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
         if not _put_option(kw, key, value, _SUBMIT_LISTS):
             return None
     command = args[i + 1:]
-    from cuectl.cli.submit_flags import is_spec_form
-
-    if i >= len(args) or not command or is_spec_form(command, kw.get("name")):
-        return None  # no `--`, no command, or one word typer's path takes for a spec file
-    kw["args"] = command
+    if i >= len(args) or not command:
+        return None  # no `--` (a spec file, or the command without it), or no command
+    kw["args"] = command  # after `--`, always a command (submit_flags.is_spec_form)
     return db, kw
 
 

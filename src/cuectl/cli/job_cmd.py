@@ -5,6 +5,7 @@ import time
 from typing import Any, List, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from cuectl.cli import submit_flags, term
 from cuectl.errors import InvalidInput
@@ -41,6 +42,23 @@ def _read_stdin_spec() -> str:
     if not text.strip():
         raise InvalidInput("<stdin>: empty; pipe a job spec in: cuectl submit - < job.yaml")
     return text
+
+
+_AFTER_DASHDASH = "cuectl.submit.after_dashdash"
+
+
+class SubmitCommand(TyperCommand):
+    """``cuectl submit``, remembering whether its words came after ``--``: click drops the
+    ``--``, and after it one word is a command (``submit --gpus 1 -- nvidia-smi``), never
+    a spec file. Those words are the last ones given, right after the ``--``."""
+
+    def parse_args(self, ctx: Any, args: List[str]) -> List[str]:
+        given = list(args)  # click consumes the list it parses
+        rest = super().parse_args(ctx, args)
+        words = list(ctx.params.get("args") or [])
+        n = len(words)
+        ctx.meta[_AFTER_DASHDASH] = bool(n) and len(given) > n and given[-n - 1] == "--" and given[-n:] == words
+        return rest
 
 
 def submit(
@@ -128,7 +146,7 @@ def submit(
     from cuectl.sched import spec as specs
 
     args = list(args or [])
-    if submit_flags.is_spec_form(args, name):
+    if submit_flags.is_spec_form(args, name, after_dashdash=bool(ctx.meta.get(_AFTER_DASHDASH))):
         # A spec (a file, or - for standard input); flags given too override it (_spec_flags).
         where, environ = config.submit_cwd(), config.submit_environ()
         adjust = _spec_flags(ctx, specs)
@@ -155,8 +173,8 @@ def submit(
                 if (exc.hint is None and not word.lower().endswith(submit_flags.SPEC_SUFFIXES)
                         and not Path(word).exists()):
                     raise InvalidInput(exc.message, hint="one argument is a job spec file; to run a one-word "
-                                                         f"command, name the job: cuectl submit --name N -- "
-                                                         f"{word}") from None
+                                                         f"command, put it after --: cuectl submit -- {word}"
+                                       ) from None
                 raise
         if strict and notes:
             raise InvalidInput(f"{args[0]}: {len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
@@ -981,6 +999,6 @@ def frame_eat(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, job:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("submit")(submit)
+    app.command("submit", cls=SubmitCommand)(submit)
     app.add_typer(job_app, name="job")
     app.add_typer(frame_app, name="frame")

@@ -23,9 +23,13 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 _INTERPRETERS = r"(python|pypy|bash|sh|zsh|dash|ksh|node|perl|ruby|php|lua|julia|rscript)[0-9.]*"
 
 
-def is_spec_form(args: Sequence[str], name: str | None) -> bool:
+def is_spec_form(args: Sequence[str], name: str | None, *, after_dashdash: bool = False) -> bool:
     """Whether ``cuectl submit ARGS`` names a job spec (a file, or - for standard input)
-    rather than a command: one argument, and no --name, or a spec's suffix, or ``-``."""
+    rather than a command: one argument, and no --name, or a spec's suffix, or ``-``.
+    Words after ``--`` are always a command, even one (``submit --gpus 1 -- nvidia-smi``),
+    as for every program that takes ``--`` (POSIX utility syntax guideline 10)."""
+    if after_dashdash:
+        return False
     return len(args) == 1 and (name is None or args[0] == "-" or args[0].lower().endswith(SPEC_SUFFIXES))
 
 
@@ -74,7 +78,7 @@ def flag_spec(args: Sequence[str], *, name: str | None = None, range_: str = "1"
                                 "cuectl submit [--name N] --range 1-10 -- CMD ARGS")
     if param:
         raise InvalidInput("--param: only for Open Job Description templates (a spec file)")
-    if args[0].lower().endswith(SPEC_SUFFIXES):
+    if len(args) > 1 and args[0].lower().endswith(SPEC_SUFFIXES):  # (one word here came after --: a command)
         raise InvalidInput("give one job spec file (one job per submit)",
                            hint="cuectl submit job.yaml; for a command: cuectl submit -- CMD ARGS")
     return specs.spec_from_flags(
