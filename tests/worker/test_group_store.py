@@ -83,7 +83,7 @@ def test_a_user_outside_the_group_gets_permission_denied_not_an_internal_error(s
                 "--clear-groups", "--"]
     env = dict(shared_farm.env(), USER=carol.name, LOGNAME=carol.name, HOME="/nonexistent")
     for args in (["job", "list"], ["submit", "--name", "mine", "--", "true"], ["frame", "list", "--json"]):
-        res = subprocess.run([*outsider, *base, *args], env=env, capture_output=True, text=True, timeout=60)
+        res = subprocess.run([*outsider, *osusers.runnable([*base, *args])], env=env, capture_output=True, text=True, timeout=60)
         assert res.returncode == 1, (args, res)
         first = res.stderr.splitlines()[0]
         assert first == f"error: permission denied: {shared_farm.db} (group {osusers.GROUP} can write it)", first
