@@ -75,7 +75,7 @@ def test_submit_flags_and_show(cli):
 
 def test_submit_spec_file_and_json(cli, tmp_path):
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: comp\nlayers:\n  - name: a\n    command: echo #IFRAME#\n    range: 1-3\n"
+    spec.write_text("name: comp\nlayers:\n  - name: a\n    command: \"echo #IFRAME#\"\n    range: 1-3\n"
                     "  - name: b\n    command: [echo, b]\n    range: 1-3\n    depends: [{layer: a, type: frame}]\n")
     res = cli("submit", str(spec), "--json")
     assert res.exit_code == 0, res

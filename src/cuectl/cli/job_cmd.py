@@ -363,8 +363,15 @@ _OPTION_NAMES = {"range_": "--range", "gpu_model": "--gpu-model", "tag": "--tag"
 # -- job ---------------------------------------------------------------------------------
 def _state(job: dict) -> str:
     """A finished job by how it ended (KILLED, FAILED, SUCCEEDED): FINISHED alone said
-    the same of a killed job as of a successful one."""
-    return (job.get("outcome") or job["state"]) + (" (paused)" if job["paused"] else "")
+    the same of a killed job as of a successful one; an unfinished one RUNNING while a
+    frame of it runs (views.job_display_state), else PENDING."""
+    return (job.get("display_state") or job.get("outcome") or job["state"]) + (" (paused)" if job["paused"] else "")
+
+
+def _job_in_state(job: dict, wanted: str) -> bool:
+    """``--state``: PENDING is every unfinished job (OpenCue's word, running or not),
+    RUNNING those with a running frame, FINISHED every finished one, else the outcome."""
+    return wanted in (job["state"], job.get("outcome"), job.get("display_state"))
 
 
 def _counts(job: dict) -> str:
@@ -378,15 +385,16 @@ def _counts(job: dict) -> str:
     return ", ".join(parts)
 
 
-JOB_LIST_STATES = ("PENDING", "FINISHED", "SUCCEEDED", "FAILED", "KILLED")
+JOB_LIST_STATES = ("PENDING", "RUNNING", "FINISHED", "SUCCEEDED", "FAILED", "KILLED")
 
 
 @job_app.command("list")
 def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
              active: bool = typer.Option(False, "--active", help="Hide finished jobs."),
              user: Optional[str] = typer.Option(None, "--user", "-u", help="Only this user's jobs."),
-             state: Optional[str] = typer.Option(None, "--state", help="PENDING or FINISHED, or how a finished "
-                                                                     "job ended: SUCCEEDED, FAILED, KILLED."),
+             state: Optional[str] = typer.Option(None, "--state", help="PENDING (not finished), RUNNING (a frame "
+                                                                     "runs), FINISHED, or how a finished job "
+                                                                     "ended: SUCCEEDED, FAILED, KILLED."),
              name: Optional[str] = typer.Option(None, "--name", help="Only jobs named so (a glob: 'shot010-*')."),
              limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Only the newest N jobs."),
              show: Optional[str] = typer.Option(None, "--show", help="Only jobs of this show."),
@@ -406,7 +414,7 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
     store = _store(ctx)
     jobs = [j for j in store.list_jobs(include_finished=not active, user=user, show=show, shot=shot)
             if (name is None or fnmatch.fnmatchcase(j["name"], name))
-            and (wanted is None or wanted in (j["state"], j.get("outcome")))]
+            and (wanted is None or _job_in_state(j, wanted))]
     if limit is not None:
         jobs = jobs[-limit:]
     add_pending_reasons(store, jobs)
@@ -547,8 +555,9 @@ def _job_change(ctx: typer.Context, as_json: bool, data: dict, message: str) -> 
 JOBS_ARG = typer.Argument(None, metavar="[JOB]...", help="Job ids or unique names (or select with --user, "
                                                           "--state, --name).", show_default=False)
 USER_SEL = typer.Option(None, "--user", "-u", help="Select the jobs of this user.")
-STATE_SEL = typer.Option(None, "--state", help="Select jobs in this state: PENDING, FINISHED, SUCCEEDED, FAILED, "
-                                               "KILLED (default: PENDING; retry: jobs with DEAD or EATEN frames).")
+STATE_SEL = typer.Option(None, "--state", help="Select jobs in this state: PENDING, RUNNING, FINISHED, SUCCEEDED, "
+                                               "FAILED, KILLED (default: PENDING; retry: jobs with DEAD or EATEN "
+                                               "frames).")
 NAME_SEL = typer.Option(None, "--name", help="Select jobs whose name matches this glob ('shot010-*').")
 YES_OPT = typer.Option(False, "--yes", "-y", help="Do not ask before changing several jobs or frames (asked "
                                                   "only when stdin and stdout are a terminal).")
@@ -594,10 +603,10 @@ def _selected_jobs(ctx: typer.Context, action: str, jobs: Optional[List[str]], u
         raise InvalidInput("--name: empty; give a name or a glob ('shot010-*')")
     if jobs:
         return jobs, jobs, False
-    finished = wanted not in ("PENDING", None) or action == "retry"  # by default, kill etc. only touch PENDING jobs
+    finished = wanted not in ("PENDING", "RUNNING", None) or action == "retry"  # by default: PENDING jobs only
     found = [j for j in _store(ctx).list_jobs(user=user, include_finished=finished)
              if (name is None or fnmatch.fnmatchcase(j["name"], name))
-             and (wanted in (j["state"], j.get("outcome")) if wanted is not None
+             and (_job_in_state(j, wanted) if wanted is not None
                   else (j["frame_counts"].get(m.DEAD) or j["frame_counts"].get(m.EATEN)) if action == "retry"
                   else j["state"] == "PENDING")]
     return [str(j["id"]) for j in found], [f"{j['id']} {j['name']}" for j in found], True

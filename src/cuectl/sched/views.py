@@ -48,7 +48,19 @@ def job_outcome(state: str, killed_at: float | None, frame_counts: Mapping[str, 
     return "FAILED" if frame_counts.get("DEAD") else "SUCCEEDED"
 
 
+def job_display_state(state: str, outcome: str | None, frame_counts: Mapping[str, int]) -> str:
+    """The one word text views show for a job: how a finished one ended, RUNNING while any
+    of its frames runs, else PENDING. ``state`` stays OpenCue's (PENDING covers a job with
+    running frames), which read as if nothing ran."""
+    if outcome is not None:
+        return outcome
+    if state != "FINISHED" and frame_counts.get("RUNNING"):
+        return "RUNNING"
+    return state
+
+
 def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[str, Any]:
+    outcome = job_outcome(row["state"], row["killed_at"], frame_counts)
     return {
         "id": row["id"],
         "name": row["name"],
@@ -59,7 +71,8 @@ def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[st
         "paused": bool(row["paused"]),
         "created_at": iso(row["created_at"]),
         "finished_at": iso(row["finished_at"]),
-        "outcome": job_outcome(row["state"], row["killed_at"], frame_counts),
+        "outcome": outcome,
+        "display_state": job_display_state(row["state"], outcome, frame_counts),
         "project": row["project"],
         "show": row["show"],
         "shot": row["shot"],
