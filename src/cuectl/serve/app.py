@@ -52,6 +52,7 @@ MAX_PAGE = 10_000
 MAX_ID = 2 ** 63 - 1  # ids are 64-bit in both databases: a larger number names nothing
 JOB_ACTIONS = ("pause", "resume", "kill", "retry")
 FRAME_ACTIONS = ("retry", "kill", "eat")
+HOST_ACTIONS = ("lock", "unlock")
 
 
 @dataclass(frozen=True)
@@ -350,6 +351,33 @@ def create_app(settings: Settings) -> FastAPI:
                 return {"host": name, "state": host["state"], "locked": host["locked"], "gpus": host["devices"],
                         "at": data["at"]}
         raise NotFound(f"no host {name!r}", hint="GET /api/v1/hosts lists them")
+
+    def _host(name: str) -> dict[str, Any]:
+        """One host as the monitor's host page shows it: the ``/hosts`` entry (devices with
+        live values and holders), its facts (``cuectl host show``) and its RUNNING frames."""
+        store = pool.get()
+        facts = store.get_host(name, now=store.clock(), down_after=m.HOST_DOWN_AFTER_S)  # 404 if unknown
+        entry = next((h for h in _hosts(None, None, None, None)["hosts"] if h["name"] == name), None)
+        if entry is None:  # forgotten between the two reads
+            raise NotFound(f"no host {name!r}", hint="GET /api/v1/hosts lists them")
+        frames, _ = store.list_frames(ids=facts["running_frames"][:1000], limit=1000)
+        keep = ("cores", "memory_bytes", "tags", "version", "worker_pid")
+        return {**entry, **{k: facts[k] for k in keep}, "running_frames": [_public_frame(f) for f in frames]}
+
+    @app.get(f"{API}/hosts/{{name}}", tags=["hosts"],
+             summary="A host: its GPUs with live values and holders, its facts and its RUNNING frames")
+    async def show_host(name: str, request: Request) -> Response:
+        return await cached(request, lambda: _host(name))
+
+    @app.post(f"{API}/hosts/{{name}}/{{action}}", tags=["hosts"],
+              summary="lock (no new frames; running ones finish) or unlock a host: admins only")
+    def host_action(name: str, action: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+        if action not in HOST_ACTIONS:
+            raise Problem(404, f"no host action {action!r} (one of {', '.join(HOST_ACTIONS)})")
+        if not who.can(ADMIN):  # where a farm dispatches is the admins' call, not a job owner's
+            raise Problem(403, f"{action} a host: only an admin may (the {who.role} role of {who.user} may not)")
+        change(who, action, lambda s: s.set_host_locked(name, action == "lock"))
+        return _host(name)
 
     # -- jobs ----------------------------------------------------------------------------------
     def _jobs(user: str | None, state: str | None, name: str | None, active: bool, limit: int,
