@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-FIXTURES = (REPO.parent / "shared" / "fixtures" / "gpu") if (REPO.parent / "shared").is_dir() else None
 
 
 @pytest.fixture(autouse=True)

@@ -123,9 +123,8 @@ def _interpreter() -> Path:
 def _make_venv(dest: Path, repo: Path) -> None:
     python = _interpreter()
     _mirror(VENV, dest, skip={"__pycache__"})
-    (dest / "pyvenv.cfg").write_text(f"home = {python.parent}\ninclude-system-site-packages = false\n"
-                                     f"version = {sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}\n")
-    os.chmod(dest / "pyvenv.cfg", 0o644)
+    _rewrite(dest / "pyvenv.cfg", f"home = {python.parent}\ninclude-system-site-packages = false\n"
+                                  f"version = {sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}\n")
     bindir = dest / "bin"
     for name in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
         (bindir / name).unlink(missing_ok=True)

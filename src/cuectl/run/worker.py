@@ -178,6 +178,7 @@ class Worker:
     _next_rediscover: float | None = None
     _rediscover_asked: bool = False  # SIGHUP: look again at the next iteration
     _register_due: bool = False  # the inventory changed: the store's copy must follow
+    _registered: bool = False  # this process registered its host (so it may sign it off)
     # The first heartbeat always sends the unavailable list (empty or not), so that what a
     # previous worker of this host reported is replaced; later ones only while it matters.
     _unavailable_sent: bool = True
@@ -249,7 +250,20 @@ class Worker:
             gpus=[d.to_json() for d in self.devices], tags=self.opts.tags, worker_pid=os.getpid(),
             version=__version__), now=now)
         self._register_due = False
+        self._registered = True
         self._store_ok_at = time.time()
+
+    def sign_off(self) -> None:
+        """The worker is stopping: mark its host DOWN now, so that `host list` and pending
+        reasons do not show a stopped worker as alive for HOST_DOWN_AFTER_S, and `host
+        forget` need not wait. Best effort: a store that does not answer leaves the host to
+        read DOWN after that silence, as a killed worker's does."""
+        if not self._registered:
+            return
+        try:
+            self.store.sign_off_host(self.opts.name, os.getpid(), now=self.store.clock())
+        except StoreError:
+            pass
 
     def write_heartbeat_file(self, *, force: bool = False) -> None:
         """For ``cuectl worker --probe`` (liveness and readiness probes): at most once a
@@ -1425,6 +1439,10 @@ class Supervisor:
         try:
             return self._run()
         finally:
+            # Whatever ended the loop (idle, drained, a second signal, an error), this
+            # process no longer works for the host: it signs off (still under the hung-call
+            # watch, so a silent store cannot hold a signalled worker's exit).
+            self.worker.sign_off()
             signal.setitimer(signal.ITIMER_REAL, 0)  # the hung-call watch ends with the loop
             self.worker.release_runfiles()
 
