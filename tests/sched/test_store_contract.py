@@ -444,6 +444,30 @@ def test_hosts_register_list_lock(store):
     assert store.get_host("h1", now=NOW + 200, down_after=60)["gpus"] == []
 
 
+def test_a_signed_off_host_is_down_at_once_until_a_worker_registers_again(store):
+    """A worker that stops cleanly signs off (issue 41): its host reads DOWN at once, not
+    HOST_DOWN_AFTER_S later, `host forget` takes it without --force, and only the worker
+    that registered the host may sign it off."""
+    store.register_host(HostInfo(name="h1", cores=8, memory_bytes=1 << 34, gpus=[GPU], worker_pid=4242), now=NOW)
+    store.register_host(HostInfo(name="h2", cores=8, memory_bytes=1 << 34, gpus=[], worker_pid=77), now=NOW)
+    assert store.sign_off_host("h1", 4243, now=NOW + 1) is False  # another process's registration
+    assert store.sign_off_host("h9", 4242, now=NOW + 1) is False  # no such host
+    assert store.get_host("h1", now=NOW + 2, down_after=60)["state"] == "UP"
+    assert store.sign_off_host("h1", 4242, now=NOW + 2) is True
+    h1 = store.get_host("h1", now=NOW + 3, down_after=60)
+    assert (h1["state"], h1["worker_pid"], h1["last_heartbeat"]) == ("DOWN", None, "2023-11-14T22:13:22.000Z")
+    assert [(h["name"], h["state"]) for h in store.list_hosts(now=NOW + 3, down_after=60)] == \
+        [("h1", "DOWN"), ("h2", "UP")]
+    # A heartbeat (with or without a live document) or a registration brings it back UP.
+    store.heartbeat("h1", [], now=NOW + 4, lease_s=60)
+    assert store.get_host("h1", now=NOW + 5, down_after=60)["state"] == "UP"
+    assert store.sign_off_host("h1", 4242, now=NOW + 6) is False  # signed off already: no pid
+    store.register_host(HostInfo(name="h1", cores=8, memory_bytes=1 << 34, gpus=[GPU], worker_pid=5), now=NOW + 7)
+    assert store.get_host("h1", now=NOW + 8, down_after=60)["state"] == "UP"
+    assert store.sign_off_host("h1", 5, now=NOW + 9) is True
+    assert store.forget_host("h1", now=NOW + 10, down_after=60)["state"] == "DOWN"
+
+
 _CLAIMER = """
 import json, sys
 from cuectl.sched.store import open_store

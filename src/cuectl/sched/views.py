@@ -189,8 +189,19 @@ def _live_json(value: Any) -> Any:
     return live
 
 
+# The key of a host's live document that says its worker stopped cleanly and signed off
+# (``Store.sign_off_host``): the host is DOWN from then, not ``down_after`` later.
+SIGNED_OFF = "signed_off"
+
+
 def host_json(row: Mapping[str, Any], *, now: float, down_after: float) -> dict[str, Any]:
-    up = (now - row["last_heartbeat"]) <= down_after
+    raw = _loads(row["live"], None)
+    # Signed off, unless a worker has registered or beaten for the host since (both move
+    # last_heartbeat past the mark's time, whether or not they send a live document).
+    signed_off = (isinstance(raw, dict) and raw.get(SIGNED_OFF) is True
+                  and isinstance(raw.get("at"), (int, float)) and raw["at"] >= row["last_heartbeat"])
+    up = not signed_off and (now - row["last_heartbeat"]) <= down_after
+    live = _live_json(row["live"])
     return {
         "name": row["name"],
         "state": "UP" if up else "DOWN",
@@ -202,5 +213,5 @@ def host_json(row: Mapping[str, Any], *, now: float, down_after: float) -> dict[
         "tags": _loads(row["tags"], []),
         "worker_pid": row["worker_pid"],
         "version": row["version"],
-        "live": _live_json(row["live"]),
+        "live": live,
     }

@@ -324,6 +324,13 @@ class Store(abc.ABC):
     def set_host_locked(self, name: str, locked: bool) -> dict[str, Any]: ...
 
     @abc.abstractmethod
+    def sign_off_host(self, name: str, worker_pid: int | None, *, now: float) -> bool:
+        """A worker that stops cleanly says so: its host reads DOWN at once (not after
+        ``down_after`` of silence), its pid and live sample are dropped. Fenced: only the
+        worker that registered the host (``worker_pid``) signs it off; False if another has
+        registered it since, or it is unknown."""
+
+    @abc.abstractmethod
     def host_inventories(self) -> dict[str, tuple[list[Mapping[str, Any]], bool, list[str]]]:
         """name -> (device dicts, locked, tags) for every registered host (pending reasons)."""
 

@@ -42,6 +42,7 @@ from cuectl.sched.store import notifications as notes
 from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFigures, FrameResult, HostInfo, HostShape,
                                      LiveUsage, RunnableLayer, Store, Token)
 from cuectl.sched.usage_sql import Fetch, UsageGroup
+from cuectl.sched import views
 from cuectl.sched.views import attempt_json, frame_json, host_json, job_json, layer_json, samples_json
 
 T = TypeVar("T")
@@ -922,6 +923,16 @@ class SQLStore(Store):
 
         self._write(update)
         return self.get_host(name, now=time.time(), down_after=float("inf"))
+
+    def sign_off_host(self, name: str, worker_pid: int | None, *, now: float) -> bool:
+        # The mark lives in the live column (views.SIGNED_OFF), which the next registration
+        # or heartbeat of any worker of this host outdates: no column to add, and a host
+        # never reads DOWN while a worker beats for it.
+        mark = json.dumps({"at": now, views.SIGNED_OFF: True})
+        return bool(self._write(lambda tx: tx.run(
+            "UPDATE hosts SET last_heartbeat = ?, live = ?, worker_pid = NULL "
+            "WHERE name = ? AND (worker_pid = ? OR (worker_pid IS NULL AND ? IS NULL))",
+            (now, mark, name, worker_pid, worker_pid))))
 
     def host_inventories(self) -> dict[str, tuple[list[Mapping[str, Any]], bool, list[str]]]:
         return {r["name"]: (json.loads(r["gpus"]), bool(r["locked"]), json.loads(r["tags"]))
