@@ -2,6 +2,7 @@
 //
 //   #/login       token sign-in          #/jobs         jobs with live progress
 //   #/jobs/<id>   layers, frames, logs   #/hosts        GPU inventory with live values
+//   #/hosts/<name> one host: devices, running frames, lock/unlock (admins)
 //   #/submit      a one-layer job spec
 //
 // Each page is a function (main, ctx, ...params) that fills <main> and returns a cleanup
@@ -13,6 +14,7 @@ import {clearError, initBanner, showError} from "./ui.js";
 import {jobsPage} from "./jobs.js";
 import {jobPage} from "./job.js";
 import {hostsPage} from "./hosts.js";
+import {hostPage} from "./host.js";
 import {submitPage} from "./submit.js";
 
 const main = document.getElementById("app");
@@ -37,6 +39,7 @@ const routes = [
   [/^#\/jobs$/, jobsPage],
   [/^#\/jobs\/(\d+)$/, jobPage],
   [/^#\/hosts$/, hostsPage],
+  [/^#\/hosts\/([^/]+)$/, hostPage],
   [/^#\/submit$/, submitPage],
 ];
 

@@ -1,13 +1,16 @@
 // The frames table of a job page, virtualised: a job may have 10,000 frames or more, and
 // building that many rows would take seconds. Rows have one fixed height; only those in
 // view (plus a margin) exist, between two spacer rows that keep the scroll height right.
-// Small lists (ALL_ROWS or fewer) are rendered whole.
+// Small lists (ALL_ROWS or fewer) are rendered whole. Columns sort on a click (the whole
+// list, not the rows in view); rows the caller may change have a checkbox for bulk actions.
 
-import {el, gb, pct, runtime, setText} from "./dom.js";
+import {el, FRAME_STATES, gb, pct, runtime, setText} from "./dom.js";
+import {sortable} from "./table.js";
 
 const ALL_ROWS = 300;
 const OVERSCAN = 20;
-const HEADERS = ["Frame", "State", "Host", "Attempts", "GPU Util %", "GPU Mem (GB)", "Runtime", "Exit", "Actions"];
+const HEADERS = ["", "Frame", "State", "Host", "GPU", "Attempts", "GPU Util %", "GPU Mem (GB)", "Runtime", "Exit", "Actions"];
+const CLASSES = ["select", "frame", "state", "host", "gpu", "attempts", "gpu-util", "gpu-mem", "runtime", "exit", "actions"];
 const NUMERIC = new Set(["Attempts", "GPU Util %", "GPU Mem (GB)", "Runtime", "Exit"]);
 // Which frame actions do something in which state (the store's rules, sql.py _apply_action).
 const ENABLED = {
@@ -16,22 +19,44 @@ const ENABLED = {
   eat: (s) => s !== "EATEN",
 };
 
-/** The table; ``onAction(action, frame)`` for the row buttons (log, retry, kill, eat). */
-export function framesTable(onAction) {
+const seconds = (f) => {
+  if (!f.started_at) return null;
+  const end = f.ended_at ? Date.parse(f.ended_at) : f.state === "RUNNING" ? Date.now() : null;
+  return end === null ? null : (end - Date.parse(f.started_at)) / 1000;
+};
+const live = (f, running, done) => (f.state === "RUNNING" ? f[running] : f[done]) ?? null;
+
+/** The table; ``onAction(action, frame)`` for the row buttons (log, retry, kill, eat);
+ * ``gpuLabel(frame)`` -> {text, title} for the GPU column; ``onSelect(ids)`` after the
+ * selection changes. */
+export function framesTable(onAction, {gpuLabel = () => ({text: "-", title: ""}), onSelect = () => {}} = {}) {
   const spacer = () => el("tr", {class: "spacer", "aria-hidden": "true", hidden: true}, el("td", {colspan: HEADERS.length}));
   const top = spacer();
   const bottom = spacer();
   const tbody = el("tbody", {}, top, bottom);
-  const table = el("table", {id: "frames-table"},
-    el("thead", {}, el("tr", {"aria-rowindex": 1}, HEADERS.map((h) => el("th", {scope: "col", class: NUMERIC.has(h) ? "num" : null, text: h})))), tbody);
+  const ths = HEADERS.map((h, i) => el("th", {scope: "col", class: `${CLASSES[i]}${NUMERIC.has(h) ? " num" : ""}`, text: h}));
+  const all = el("input", {type: "checkbox", id: "frames-select-all", "aria-label": "Select every frame shown", hidden: true});
+  ths[0].append(all);
+  const table = el("table", {id: "frames-table", class: "fixed"},
+    el("thead", {}, el("tr", {"aria-rowindex": 1}, ths)), tbody);
   const wrap = el("div", {class: "table-wrap frames-wrap"}, table);
 
-  let list = [];           // the frames to show, in order (a state filter applied)
+  let source = [];         // the frames to show, in the job's order (a state filter applied)
+  let list = [];           // the same, sorted as the headers say
+  const selected = new Set(); // frame ids
   let byId = new Map();
   let mayChange = false;   // show retry/kill/eat
   let rendered = new Map(); // frame id -> <tr> now in the table
   let rowHeight = 0;       // measured from the first row drawn
   let queued = false;
+
+  const sorter = sortable(ths, [null, (f) => f.id, (f) => FRAME_STATES.indexOf(f.state), (f) => f.host,
+    (f) => gpuLabel(f).text, (f) => f.attempts, (f) => live(f, "gpu_util_pct", "gpu_util_mean_pct"),
+    (f) => live(f, "gpu_memory_used_bytes", "gpu_memory_peak_bytes"), seconds,
+    (f) => f.exit_code ?? (f.exit_signal ? 1000 + f.exit_signal : null), null], () => {
+    list = sorter.sort(source);
+    draw();
+  });
 
   function build(frame) {
     const buttons = [el("button", {type: "button", class: "small", "data-action": "log", text: "Log",
@@ -43,8 +68,11 @@ export function framesTable(onAction) {
                                    "aria-label": `${action} frame ${frame.name}`}));
       }
     }
+    const box = el("input", {type: "checkbox", class: "select-row", "aria-label": `Select frame ${frame.name}`, hidden: !mayChange});
     return el("tr", {"data-frame-id": frame.id},
-      el("td", {class: "frame", text: frame.name}), el("td", {class: "state"}), el("td", {class: "host"}),
+      el("td", {class: "select"}, box),
+      el("td", {class: "frame", text: frame.name, title: frame.name}), el("td", {class: "state"}), el("td", {class: "host"}),
+      el("td", {class: "gpu"}),
       el("td", {class: "attempts num"}), el("td", {class: "gpu-util num"}), el("td", {class: "gpu-mem num"}),
       el("td", {class: "runtime num"}), el("td", {class: "exit num"}), el("td", {class: "actions"}, el("span", {class: "buttons"}, buttons)));
   }
@@ -55,15 +83,19 @@ export function framesTable(onAction) {
     tr.dataset.state = f.state;
     if (f.pending_action) tr.dataset.pending = f.pending_action;
     else delete tr.dataset.pending;
-    setText(cells[1], f.state);
-    setText(cells[2], f.host || "-");
-    setText(cells[3], f.attempts);
+    cells[0].firstChild.checked = selected.has(f.id);
+    setText(cells[2], f.state);
+    setText(cells[3], f.host || "-");
+    const gpu = gpuLabel(f);
+    setText(cells[4], gpu.text);
+    if (cells[4].title !== gpu.title) cells[4].title = gpu.title;
+    setText(cells[5], f.attempts);
     // Live values while it runs; the finished attempt's mean and peak afterwards.
-    setText(cells[4], pct(running ? f.gpu_util_pct : f.gpu_util_mean_pct));
-    setText(cells[5], gb(running ? f.gpu_memory_used_bytes : f.gpu_memory_peak_bytes));
-    setText(cells[6], runtime(f, now));
-    setText(cells[7], f.exit_code ?? (f.exit_signal ? `sig ${f.exit_signal}` : "-"));
-    for (const button of cells[8].firstChild.children) {
+    setText(cells[6], pct(running ? f.gpu_util_pct : f.gpu_util_mean_pct));
+    setText(cells[7], gb(running ? f.gpu_memory_used_bytes : f.gpu_memory_peak_bytes));
+    setText(cells[8], runtime(f, now));
+    setText(cells[9], f.exit_code ?? (f.exit_signal ? `sig ${f.exit_signal}` : "-"));
+    for (const button of cells[10].firstChild.children) {
       const enabled = ENABLED[button.dataset.action];
       if (enabled) button.disabled = !enabled(f.state);
     }
@@ -118,6 +150,25 @@ export function framesTable(onAction) {
   };
   wrap.addEventListener("scroll", schedule, {passive: true});
   window.addEventListener("resize", schedule);
+  function selectionChanged() {
+    all.hidden = !mayChange || !list.length;
+    all.checked = list.length > 0 && list.every((f) => selected.has(f.id));
+    all.indeterminate = !all.checked && list.some((f) => selected.has(f.id));
+    onSelect(selected);
+  }
+  all.addEventListener("change", () => {
+    for (const f of list) (all.checked ? selected.add(f.id) : selected.delete(f.id));
+    draw();
+    selectionChanged();
+  });
+  tbody.addEventListener("change", (event) => {
+    const box = event.target.closest("input.select-row");
+    const tr = box && box.closest("tr[data-frame-id]");
+    if (!tr) return;
+    if (box.checked) selected.add(Number(tr.dataset.frameId));
+    else selected.delete(Number(tr.dataset.frameId));
+    selectionChanged();
+  });
   tbody.addEventListener("click", (event) => {
     const button = event.target.closest("button[data-action]");
     const tr = button && button.closest("tr[data-frame-id]");
@@ -132,11 +183,21 @@ export function framesTable(onAction) {
       if (canChange !== mayChange) {
         mayChange = canChange;
         rendered = new Map(); // rebuild the rows with or without the action buttons
+        if (!mayChange) selected.clear();
       }
-      list = frames;
+      source = frames;
+      list = sorter.sort(frames);
       byId = new Map(frames.map((f) => [f.id, f]));
       if (reset) wrap.scrollTop = 0;
       draw();
+      selectionChanged();
+    },
+    /** The selected frames' ids (of any state filter: a chip hides rows, not the choice). */
+    selected: () => selected,
+    clearSelection() {
+      selected.clear();
+      draw();
+      selectionChanged();
     },
     /** Redraw the rows in view (live values and runtimes changed in place). */
     redraw: draw,

@@ -15,7 +15,9 @@ import {api, poll} from "./api.js";
 import {commandText, el, FRAME_STATES, localTime, progressBar, setText, size, updateProgress} from "./dom.js";
 import {framesTable} from "./frames.js";
 import {framePanel} from "./panel.js";
+import {bulkBar, bulkFailure, postAll} from "./table.js";
 import {clearError, confirmDialog, showError} from "./ui.js";
+import {deviceNames, gpuLabel} from "./hosts.js";
 
 const TICK_MS = 1000;
 const FULL_MS = 5000;
@@ -41,6 +43,14 @@ function gpuText(layer) {
   return parts.join(" \u00b7 ");
 }
 
+const BULK = [["retry", "Retry"], ["kill", "Kill", true], ["eat", "Eat", true]];
+// Which frames each bulk action is sent to (the rest would be a no-op: frames.js ENABLED).
+const APPLIES = {
+  retry: (f) => f.state !== "WAITING" && f.state !== "DEPEND",
+  kill: (f) => f.state === "RUNNING" || f.state === "WAITING" || f.state === "DEPEND",
+  eat: (f) => f.state !== "EATEN",
+};
+
 export function jobPage(main, ctx, idText) {
   const id = Number(idText);
   const title = el("h1", {id: "job-title", text: `Job ${id}`});
@@ -52,7 +62,28 @@ export function jobPage(main, ctx, idText) {
   const chips = el("div", {id: "state-chips", role: "group", "aria-label": "Show only frames in these states"},
     FRAME_STATES.map((s) => el("button", {type: "button", class: "chip", "data-state": s, "aria-pressed": "false"},
       el("span", {class: "label", text: s}), " ", el("span", {class: "n", text: "0"}))));
-  const table = framesTable(frameAction);
+  // GPU uuid -> {host, index, model}: frames name their devices by uuid; a person reads
+  // "render-01 gpu 1 (A100)". From GET /hosts, again (at most every NAMES_MS) when a frame
+  // names a device not yet known.
+  let names = new Map();
+  let namesAt = 0;
+  const NAMES_MS = 10000;
+  async function loadNames() {
+    namesAt = Date.now();
+    try {
+      names = deviceNames((await api("/hosts")).data.hosts);
+      if (!stopped && job) showFrames();
+    } catch (err) {
+      // Only the labels are missing (uuids are shown instead): not worth a banner.
+    }
+  }
+  const label = (f) => {
+    const uuids = f.gpu_uuids || [];
+    if (uuids.some((u) => !names.has(u)) && Date.now() - namesAt > NAMES_MS) loadNames();
+    return gpuLabel(uuids, names, f.host);
+  };
+  const bar = bulkBar("frames-bulk", BULK, bulk, () => table.clearSelection());
+  const table = framesTable(frameAction, {gpuLabel: label, onSelect: () => updateBar()});
   main.append(
     el("div", {class: "toolbar"}, title, stateBadge, actions),
     meta,
@@ -62,6 +93,7 @@ export function jobPage(main, ctx, idText) {
       el("thead", {}, el("tr", {}, ["Layer", "Command", "Range", "Chunk", "GPUs", "Cores", "Memory", "Tags", "Depends"]
         .map((h) => el("th", {scope: "col", text: h})))), layersBody)),
     el("div", {class: "toolbar"}, el("h2", {text: "Frames"}), chips),
+    bar.element,
     table.element);
 
   let job = null;
@@ -82,9 +114,36 @@ export function jobPage(main, ctx, idText) {
     .map((c) => c.dataset.state));
   const canChange = () => !!job && ctx.canChange(job);
 
+  function updateBar() {
+    const picked = [...table.selected()].map((i) => byId.get(i)).filter(Boolean);
+    bar.update(picked.length, "frame", (action) => picked.some(APPLIES[action]));
+  }
+
+  async function bulk(action) {
+    const picked = [...table.selected()].map((i) => byId.get(i)).filter(Boolean);
+    const apply = picked.filter(APPLIES[action]);
+    if (!apply.length) return;
+    const [verb, effect] = FRAME_CONFIRM[action];
+    const list = apply.slice(0, 5).map((f) => f.name).join(", ") + (apply.length > 5 ? ", \u2026" : "");
+    const skipped = picked.length - apply.length;
+    const noun = `${apply.length} frame${apply.length === 1 ? "" : "s"}`;
+    const text = `${verb} ${noun} of job \u201c${job.name}\u201d (${list})?` +
+      (skipped ? ` ${skipped} selected frame${skipped === 1 ? " is" : "s are"} left alone (nothing to ${action}).` : "") +
+      ` ${effect.replace(/^It is/, "Each is").replace(/^It /, "Each ")}`;
+    if (!(await confirmDialog(text, {ok: `${verb.split(" ")[0]} ${noun}`}))) return;
+    const {done, failed} = await postAll(apply.map((f) => `/frames/${f.id}/${action}`), {parallel: 6});
+    if (stopped) return;
+    for (const answer of done) merge(answer.frames);
+    if (failed.length) showError(bulkFailure(action, apply.length, failed, "frame"));
+    showFrames();
+    jobEtag = null;
+    if (ticker) ticker.now();
+  }
+
   function showFrames(reset = false) {
     const wanted = selected();
     table.show(wanted.size ? frames.filter((f) => wanted.has(f.state)) : frames, {reset, canChange: canChange()});
+    updateBar();
   }
 
   function showJob() {
@@ -239,7 +298,7 @@ export function jobPage(main, ctx, idText) {
       panel = framePanel(main, frame, () => {
         panel = null;
         if (button.isConnected) button.focus();
-      });
+      }, label);
       return;
     }
     const [verb, effect] = FRAME_CONFIRM[action];
@@ -274,6 +333,7 @@ export function jobPage(main, ctx, idText) {
     }
     showError(err);
   };
+  loadNames();
   const first = Promise.all([api(`/jobs/${id}`), ctx.ready()]).then(([res]) => {
     if (stopped) return;
     job = res.data;

@@ -1,32 +1,56 @@
 // #/jobs: every job with its frame progress, refreshed each second (ETag: a 304 while
-// nothing changed costs no body and no DOM work).
+// nothing changed costs no body and no DOM work). Columns sort on a click; jobs the caller
+// may change have a checkbox, and the selected ones are paused, resumed, retried or killed
+// together (one request each: the server applies the owner and admin rules to each).
 
 import {api, poll} from "./api.js";
 import {el, progressBar, setText, updateProgress} from "./dom.js";
-import {clearError, showError} from "./ui.js";
+import {clearError, confirmDialog, showError} from "./ui.js";
+import {bulkBar, bulkFailure, postAll, sortable} from "./table.js";
 
 const PAGE = 1000;
 const TICK_MS = 1000;
 
-export function jobsPage(main) {
+const BULK = [["pause", "Pause"], ["resume", "Resume"], ["retry", "Retry dead"], ["kill", "Kill", true]];
+const BULK_CONFIRM = {
+  kill: ["Kill", "Their running frames are stopped and every unfinished frame is eaten."],
+  retry: ["Retry", "Their DEAD and EATEN frames run again."],
+};
+
+export function jobsPage(main, ctx) {
   const filter = el("input", {id: "jobs-filter", type: "search", placeholder: "Filter by name or user",
                               "aria-label": "Filter jobs by name or user", autocomplete: "off"});
   const active = el("input", {id: "jobs-active", type: "checkbox"});
   const count = el("span", {class: "muted count", "aria-live": "polite"});
   const tbody = el("tbody");
   const empty = el("p", {class: "muted empty", hidden: true});
+  const all = el("input", {type: "checkbox", id: "jobs-select-all", "aria-label": "Select every job shown that you may change"});
+  const ths = ["", "ID", "Name", "State", "Progress", "User", "Priority", "Pending"]
+    .map((h, i) => el("th", {scope: "col", class: ["select", "id", "name", "state", "progress", "user", "priority num", "pending"][i], text: h}));
+  ths[0].append(all);
+  const selected = new Set(); // job ids
+  const bar = bulkBar("jobs-bulk", BULK, bulk, () => {
+    selected.clear();
+    render();
+  });
   main.append(
     el("div", {class: "toolbar"}, el("h1", {text: "Jobs"}), filter,
        el("label", {class: "check"}, active, " Active only"), count),
-    el("div", {class: "table-wrap"}, el("table", {id: "jobs-table"},
-      el("thead", {}, el("tr", {},
-        ["ID", "Name", "State", "Progress", "User", "Priority", "Pending"]
-          .map((h, i) => el("th", {scope: "col", class: ["id", null, null, null, null, "num", null][i], text: h})))),
-      tbody)),
+    bar.element,
+    el("div", {class: "table-wrap"}, el("table", {id: "jobs-table", class: "fixed"},
+      el("thead", {}, el("tr", {}, ths)), tbody)),
     empty);
+  const done = (j) => {
+    const c = j.frame_counts || {};
+    const total = Object.values(c).reduce((a, b) => a + b, 0);
+    return total ? ((c.SUCCEEDED || 0) + (c.EATEN || 0)) / total : 0;
+  };
+  const sorter = sortable(ths, [null, (j) => j.id, (j) => j.name, (j) => j.outcome || j.state, done, (j) => j.user,
+                                (j) => j.priority, (j) => j.pending_reason || null], () => render());
 
   const rows = new Map(); // job id -> <tr>
   let jobs = [];
+  let shown = [];
   let etag = null;
   let stopped = false;
 
@@ -35,7 +59,14 @@ export function jobsPage(main) {
     if (!tr) {
       const link = el("a", {href: `#/jobs/${job.id}`});
       const progress = progressBar();
+      const box = el("input", {type: "checkbox", class: "select-row", "aria-label": `Select job ${job.name}`});
+      box.addEventListener("change", () => {
+        if (box.checked) selected.add(job.id);
+        else selected.delete(job.id);
+        render();
+      });
       tr = el("tr", {"data-job-id": job.id},
+        el("td", {class: "select"}, box),
         el("td", {class: "id num", text: job.id}), el("td", {class: "name"}, link), el("td", {class: "state"}),
         el("td", {class: "progress"}, progress), el("td", {class: "user"}), el("td", {class: "priority num"}),
         el("td", {class: "pending"}));
@@ -43,6 +74,11 @@ export function jobsPage(main) {
     }
     const cell = (name) => tr.querySelector(`.${name}`);
     setText(cell("name").firstChild, job.name);
+    cell("name").title = job.name; // the whole name, where the column cuts it short
+    const box = cell("select").firstChild;
+    box.hidden = !ctx.canChange(job); // the server checks again; a box only where it may work
+    if (box.hidden) selected.delete(job.id);
+    box.checked = selected.has(job.id);
     setText(cell("user"), job.user);
     setText(cell("priority"), job.priority);
     // A finished job by how it ended (KILLED, FAILED, SUCCEEDED), as `cuectl job list` shows it.
@@ -54,18 +90,30 @@ export function jobsPage(main) {
     else delete tr.dataset.outcome;
     updateProgress(cell("progress").firstChild, job.frame_counts);
     setText(cell("pending"), job.pending_reason || "");
+    cell("pending").title = job.pending_reason || "";
     return tr;
   }
 
   function render() {
     const needle = filter.value.trim().toLowerCase();
-    const shown = jobs.filter((j) => !needle || j.name.toLowerCase().includes(needle) || j.user.toLowerCase().includes(needle));
+    shown = sorter.sort(jobs.filter((j) => !needle || j.name.toLowerCase().includes(needle) || j.user.toLowerCase().includes(needle)));
     const wanted = shown.map(row);
     // Reorder only when the order changed: moving a row would drop the keyboard focus.
     const current = [...tbody.children];
     if (current.length !== wanted.length || current.some((tr, i) => tr !== wanted[i])) tbody.replaceChildren(...wanted);
     const ids = new Set(jobs.map((j) => j.id));
     for (const id of rows.keys()) if (!ids.has(id)) rows.delete(id);
+    for (const id of selected) if (!ids.has(id)) selected.delete(id);
+    const mine = shown.filter((j) => ctx.canChange(j));
+    all.hidden = !mine.length;
+    all.checked = mine.length > 0 && mine.every((j) => selected.has(j.id));
+    all.indeterminate = !all.checked && mine.some((j) => selected.has(j.id));
+    const picked = jobs.filter((j) => selected.has(j.id));
+    bar.update(selected.size, "job", (action) =>
+      action === "pause" ? picked.some((j) => !j.paused && j.state !== "FINISHED")
+        : action === "resume" ? picked.some((j) => j.paused)
+        : action === "kill" ? picked.some((j) => j.state !== "FINISHED")
+        : picked.some((j) => (j.frame_counts.DEAD || 0) + (j.frame_counts.EATEN || 0) > 0));
     const noun = jobs.length === 1 ? "job" : "jobs";
     setText(count, shown.length === jobs.length ? `${jobs.length} ${noun}` : `${shown.length} of ${jobs.length} ${noun}`);
     empty.hidden = shown.length > 0;
@@ -88,12 +136,33 @@ export function jobsPage(main) {
     }
   }
 
+  async function bulk(action) {
+    const picked = jobs.filter((j) => selected.has(j.id));
+    if (!picked.length) return;
+    const names = picked.slice(0, 5).map((j) => `\u201c${j.name}\u201d (#${j.id})`).join(", ") + (picked.length > 5 ? ", \u2026" : "");
+    const noun = `${picked.length} job${picked.length === 1 ? "" : "s"}`;
+    if (BULK_CONFIRM[action]) {
+      const [verb, effect] = BULK_CONFIRM[action];
+      if (!(await confirmDialog(`${verb} ${noun}: ${names}? ${effect}`, {ok: `${verb} ${noun}`}))) return;
+    }
+    const {failed} = await postAll(picked.map((j) => `/jobs/${j.id}/${action}`));
+    if (stopped) return;
+    if (failed.length) showError(bulkFailure(action, picked.length, failed, "job"));
+    etag = null;
+    ticker.now();
+  }
+
+  all.addEventListener("change", () => {
+    for (const j of shown) if (ctx.canChange(j)) (all.checked ? selected.add(j.id) : selected.delete(j.id));
+    render();
+  });
   filter.addEventListener("input", render);
   active.addEventListener("change", () => {
     etag = null;
     ticker.now();
   });
   const ticker = poll(refresh, TICK_MS);
+  ctx.ready().then(() => !stopped && jobs.length && render(), () => {}); // the checkboxes follow the role
   return () => {
     stopped = true;
     ticker.stop();

@@ -11,8 +11,9 @@ const MAX_CHARS = 4_000_000;   // and keep at most this much of a followed log i
 const USAGE_MS = 2000;         // the worker samples every few seconds; no need to ask more often
 const ANSI = /\x1b\[[0-9;?]*[ -/]*[@-~]/g; // colour codes: noise in a <pre>
 
-/** Open the panel for ``frame`` in ``host`` (an element); ``onClose`` runs after it closes. */
-export function framePanel(host, frame, onClose) {
+/** Open the panel for ``frame`` in ``host`` (an element); ``onClose`` runs after it closes;
+ * ``gpuLabel(frame)`` -> {text, title} names its devices ("render-01 gpu 1 (A100)"). */
+export function framePanel(host, frame, onClose, gpuLabel = (f) => ({text: (f.gpu_uuids || []).join(", ") || "-", title: ""})) {
   const close = el("button", {id: "frame-panel-close", type: "button", class: "icon", text: "\u00d7",
                               "aria-label": "Close the frame panel"});
   const state = el("span", {class: "badge state"});
@@ -49,8 +50,9 @@ export function framePanel(host, frame, onClose) {
     const items = [["Host", f.host || "-"], ["Attempts", f.attempts], ["Runtime", runtime(f)],
       ["GPU util %", pct(f.state === "RUNNING" ? f.gpu_util_pct : f.gpu_util_mean_pct)],
       ["GPU mem (GB)", gb(f.state === "RUNNING" ? f.gpu_memory_used_bytes : f.gpu_memory_peak_bytes)],
-      ["GPUs", (f.gpu_uuids || []).join(", ") || "-"]];
-    facts.replaceChildren(...items.map(([k, v]) => el("div", {}, el("dt", {text: k}), el("dd", {text: v}))));
+      ["GPUs", gpuLabel(f)]];
+    facts.replaceChildren(...items.map(([k, v]) => el("div", {}, el("dt", {text: k}),
+      el("dd", typeof v === "object" ? {text: v.text, title: v.title} : {text: v}))));
     setText(state, f.state);
     state.dataset.state = f.state;
   }
