@@ -91,8 +91,12 @@ def test_bad_input_exit_2(db_path, args, needle):
     assert res.returncode == 2 and res.stderr.startswith("error:") and needle in res.stderr
 
 
-def test_unknown_job_is_an_error_at_once(db_path):
+def test_unknown_job_is_bad_input_at_once(db_path):
+    # 2, not 1 (a job failed): `job wait $ID || page-oncall` must not page for a typo.
     _submit(db_path, "known")
     res = subprocess.run([*_exe(), "--db", str(db_path), "job", "wait", "known", "nope"], capture_output=True,
                          text=True, timeout=30)
-    assert res.returncode == 1 and "nope" in res.stderr
+    assert res.returncode == 2 and res.stderr.startswith("error:") and "nope" in res.stderr
+    res = subprocess.run([*_exe(), "--db", str(db_path), "job", "wait", "999"], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 2 and "999" in res.stderr

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from cuectl.errors import CuectlError, InvalidInput
+from cuectl.errors import CuectlError, InvalidInput, NotFound
 from cuectl.sched import model as m
 from cuectl.sched.store import Store
 
@@ -24,16 +24,24 @@ class JobsFailed(CuectlError):
     """Some of the jobs waited for finished without succeeding."""
 
 
+class UnknownJob(NotFound):
+    """A job to wait for does not exist: bad input (exit 2), never the status of a job that
+    failed (1), so that ``job wait $ID || page-oncall`` does not page for a typo."""
+
+    exit_code = 2
+
+
 def wait_jobs(store: Store, refs: Sequence[str | int], *, timeout_s: float | None = None, poll_s: float = 1.0,
               clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> list[dict[str, Any]]:
     """Block until every job of ``refs`` is finished; return them (``get_job`` shapes).
-    Raises ``NotFound`` at once for an unknown job and ``WaitTimeout`` after ``timeout_s``."""
+    Raises ``UnknownJob`` (a ``NotFound``, exit status 2) at once for an unknown job and
+    ``WaitTimeout`` after ``timeout_s``."""
     if not refs:
         raise InvalidInput("give at least one job (id or name)")
     if poll_s <= 0:
         raise InvalidInput(f"--poll: must be more than 0, got {poll_s:g}")
-    ids = list(dict.fromkeys(int(store.get_job(ref)["id"]) for ref in refs))
+    ids = list(dict.fromkeys(_job_id(store, ref) for ref in refs))
     deadline = None if timeout_s is None else clock() + timeout_s
     while True:
         jobs = [store.get_job(job_id) for job_id in ids]
@@ -44,6 +52,13 @@ def wait_jobs(store: Store, refs: Sequence[str | int], *, timeout_s: float | Non
             names = ", ".join(f"{j['id']} {j['name']}" for j in waiting)
             raise WaitTimeout(f"timed out after {timeout_s:g} s; still running: {names}")
         sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - clock())))
+
+
+def _job_id(store: Store, ref: str | int) -> int:
+    try:
+        return int(store.get_job(ref)["id"])
+    except NotFound as exc:
+        raise UnknownJob(exc.message, hint=exc.hint) from None
 
 
 def check_succeeded(jobs: Sequence[dict[str, Any]]) -> None:
