@@ -53,6 +53,8 @@ def test_job_columns_sort_both_ways_and_back(farm, page, farmstate):
     login(page, farm, farmstate["ada"])
     page.fill("#jobs-filter", "tbl ")  # only this test's three jobs (and the render job)
     expect(page.locator("#jobs-table tr[data-job-id]")).to_have_count(4)
+    # A job with a frame running reads RUNNING, as in `cuectl job list` (its JSON state stays PENDING).
+    expect(page.locator(f'#jobs-table tr[data-job-id="{farmstate["render"]["id"]}"] .state')).to_have_text("RUNNING")
 
     def ours_in_order() -> list[int]:
         return [i for i in job_ids_shown(page) if i in ours]

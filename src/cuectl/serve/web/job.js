@@ -131,7 +131,10 @@ export function jobPage(main, ctx, idText) {
       (skipped ? ` ${skipped} selected frame${skipped === 1 ? " is" : "s are"} left alone (nothing to ${action}).` : "") +
       ` ${effect.replace(/^It is/, "Each is").replace(/^It /, "Each ")}`;
     if (!(await confirmDialog(text, {ok: `${verb.split(" ")[0]} ${noun}`}))) return;
-    const {done, failed} = await postAll(apply.map((f) => `/frames/${f.id}/${action}`), {parallel: 6});
+    const ing = {retry: "Retrying", kill: "Killing", eat: "Eating"}[action];
+    const {done, failed} = await postAll(apply.map((f) => `/frames/${f.id}/${action}`), {
+      parallel: 6, onProgress: (n, total) => bar.progress(`${ing}\u2026 ${n} of ${total}`)});
+    bar.progress(null);
     if (stopped) return;
     for (const answer of done) merge(answer.frames);
     if (failed.length) showError(bulkFailure(action, apply.length, failed, "frame"));
@@ -149,9 +152,10 @@ export function jobPage(main, ctx, idText) {
   function showJob() {
     setText(title, job.name);
     document.title = `${job.name} \u00b7 cuectl`;
-    const shown = job.outcome || job.state; // a finished job by how it ended
+    const shown = job.display_state || job.outcome || job.state; // RUNNING while a frame runs; a finished job by how it ended
     setText(stateBadge, job.paused && job.state !== "FINISHED" ? `${shown} \u00b7 paused` : shown);
     stateBadge.dataset.state = job.state;
+    stateBadge.dataset.display = shown;
     setText(meta, [`#${job.id}`, `user ${job.user}`, `priority ${job.priority}`, `submitted ${localTime(job.created_at)}`,
       job.finished_at ? `finished ${localTime(job.finished_at)}` : null, job.pending_reason].filter(Boolean).join(" \u00b7 "));
     updateProgress(progress, job.frame_counts);

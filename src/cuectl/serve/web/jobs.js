@@ -45,7 +45,7 @@ export function jobsPage(main, ctx) {
     const total = Object.values(c).reduce((a, b) => a + b, 0);
     return total ? ((c.SUCCEEDED || 0) + (c.EATEN || 0)) / total : 0;
   };
-  const sorter = sortable(ths, [null, (j) => j.id, (j) => j.name, (j) => j.outcome || j.state, done, (j) => j.user,
+  const sorter = sortable(ths, [null, (j) => j.id, (j) => j.name, (j) => j.display_state || j.outcome || j.state, done, (j) => j.user,
                                 (j) => j.priority, (j) => j.pending_reason || null], () => render());
 
   const rows = new Map(); // job id -> <tr>
@@ -81,8 +81,10 @@ export function jobsPage(main, ctx) {
     box.checked = selected.has(job.id);
     setText(cell("user"), job.user);
     setText(cell("priority"), job.priority);
-    // A finished job by how it ended (KILLED, FAILED, SUCCEEDED), as `cuectl job list` shows it.
-    setText(cell("state"), job.outcome || job.state);
+    // As `cuectl job list` shows it: RUNNING while a frame runs (display_state), a finished
+    // job by how it ended (KILLED, FAILED, SUCCEEDED).
+    setText(cell("state"), job.display_state || job.outcome || job.state);
+    tr.dataset.display = job.display_state || job.outcome || job.state;
     // "paused" is shown by CSS from this attribute, so .state keeps exactly the job state.
     tr.toggleAttribute("data-paused", job.paused);
     tr.dataset.state = job.state;
@@ -145,8 +147,11 @@ export function jobsPage(main, ctx) {
       const [verb, effect] = BULK_CONFIRM[action];
       if (!(await confirmDialog(`${verb} ${noun}: ${names}? ${effect}`, {ok: `${verb} ${noun}`}))) return;
     }
-    const {failed} = await postAll(picked.map((j) => `/jobs/${j.id}/${action}`));
+    const {failed} = await postAll(picked.map((j) => `/jobs/${j.id}/${action}`), {
+      onProgress: (n, total) => bar.progress(`${action}: ${n} of ${total}\u2026`)});
+    bar.progress(null);
     if (stopped) return;
+    render();
     if (failed.length) showError(bulkFailure(action, picked.length, failed, "job"));
     etag = null;
     ticker.now();

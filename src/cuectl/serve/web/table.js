@@ -68,10 +68,19 @@ export function bulkBar(id, actions, onAction, onClear) {
     if (button.dataset.bulk === "clear") onClear();
     else onAction(button.dataset.bulk);
   });
+  let busy = false;
   return {
     element: bar,
+    /** While a bulk action runs: its progress instead of the count, and no other action. */
+    progress(text) {
+      busy = text !== null;
+      if (!busy) return;
+      count.textContent = text;
+      for (const button of bar.querySelectorAll("button[data-bulk]")) button.disabled = true;
+    },
     /** Show ``n`` selected (hidden at none); ``enabled(action)`` says which buttons apply. */
     update(n, noun, enabled = () => true) {
+      if (busy) return; // the bar shows the action's progress until it ends
       bar.hidden = n === 0;
       count.textContent = `${n} ${noun}${n === 1 ? "" : "s"} selected`;
       for (const button of bar.querySelectorAll("button[data-bulk]")) {
@@ -84,7 +93,7 @@ export function bulkBar(id, actions, onAction, onClear) {
 /** POST ``paths`` (each a separate request of the public API, so the server applies the
  * owner and admin rules to each) a few at a time. Resolves to {done: [answers], failed:
  * [[path, ApiError]]}; one refusal does not stop the others. */
-export async function postAll(paths, {parallel = 4} = {}) {
+export async function postAll(paths, {parallel = 4, onProgress = () => {}} = {}) {
   const done = [];
   const failed = [];
   let next = 0;
@@ -96,6 +105,7 @@ export async function postAll(paths, {parallel = 4} = {}) {
       } catch (err) {
         failed.push([path, err]);
       }
+      onProgress(done.length + failed.length, paths.length);
     }
   }
   await Promise.all(Array.from({length: Math.min(parallel, paths.length)}, lane));
