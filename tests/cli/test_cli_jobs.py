@@ -164,7 +164,7 @@ def test_bad_specs_exit_2_and_change_nothing(cli, tmp_path, db_path, name):
     (("submit", str(Path("/nonexistent/spec.yaml"))), "spec.yaml"),
     (("frame", "list", "--state", "BOGUS"), "BOGUS"),
     (("frame", "list", "--limit", "0"), "--limit"),
-    (("frame", "retry", "abc"), "frames"),
+    (("frame", "retry", "abc"), "frame 'abc': expected a frame id or JOB/FRAME"),
     (("job", "priority", "1", "high"), "priority"),
     (("job", "bogus",), "bogus"),
 ])

@@ -84,8 +84,8 @@ def test_frame_ids_hosts_and_states(farm, db_path):
     assert "shots 0001-main (waiting)" in res.stdout
     assert values("bash", complete("bash", "cuectl host lock ", db=db_path).stdout) == ["render-01", "render-02"]
     assert values("bash", complete("bash", "cuectl frame list --state w", db=db_path).stdout) == ["WAITING"]
-    assert values("bash", complete("bash", "cuectl job list --state ", db=db_path).stdout)[:2] == ["PENDING",
-                                                                                                  "FINISHED"]
+    assert values("bash", complete("bash", "cuectl job list --state ", db=db_path).stdout)[:3] == [
+        "PENDING", "RUNNING", "FINISHED"]
 
 
 def test_fixed_choices_and_subcommands(tmp_path):

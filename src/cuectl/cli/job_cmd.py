@@ -843,10 +843,15 @@ def frame_list(ctx: typer.Context,
                footer=f"showing {len(frames)} of {total} frames (use --limit)" if truncated else None)
 
 
+FRAME_ARG = typer.Argument(..., metavar="FRAME", help="Frame id, or JOB/FRAME: the job's id or unique name and the "
+                                                       "frame's name as `job show` prints it (sweep2/0003-main).")
+
+
 @frame_app.command("show")
-def frame_show(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame id."), as_json: bool = JSON_OPT) -> None:
+def frame_show(ctx: typer.Context, frame: str = FRAME_ARG, as_json: bool = JSON_OPT) -> None:
     """Show one frame with its attempts and GPU usage."""
-    data = _store(ctx).get_frame(frame)
+    store = _store(ctx)
+    data = store.get_frame(store.frame_id(frame))
     if as_json:
         term.emit_json(data)
         return
@@ -896,7 +901,7 @@ def _print_samples(data: dict) -> None:
 
 
 @frame_app.command("log")
-def frame_log(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame id."),
+def frame_log(ctx: typer.Context, frame: str = FRAME_ARG,
               follow: bool = typer.Option(False, "--follow", "-f",
                                           help="Keep printing until the frame is done: wait for a waiting frame "
                                                "to start, go on into each retry."),
@@ -912,18 +917,20 @@ def frame_log(ctx: typer.Context, frame: int = typer.Argument(..., help="Frame i
     from cuectl.run import logs
 
     store = _store(ctx)
+    frame_id = store.frame_id(frame)
     out = sys.stdout.buffer
     if not follow:
-        logs.show_log(store, frame, out=out, attempt=attempt, tail=tail)
+        logs.show_log(store, frame_id, out=out, attempt=attempt, tail=tail)
         return
     try:
-        logs.follow_log(store, frame, out=out, note=term.info, attempt=attempt, tail=tail)
+        logs.follow_log(store, frame_id, out=out, note=term.info, attempt=attempt, tail=tail)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None  # Ctrl-C: quietly, as tail -f
 
 
-FRAMES_ARG = typer.Argument(None, help="Frame ids (or select with --job and --layer, --state, --range).",
-                            show_default=False)
+FRAMES_ARG = typer.Argument(None, metavar="[FRAME]...",
+                            help="Frame ids or JOB/FRAME names (sweep2/0003-main), or select with --job and "
+                                 "--layer, --state, --range.", show_default=False)
 JOB_SEL = typer.Option(None, "--job", help="Select frames of this job (id or unique name).")
 LAYER_SEL = typer.Option(None, "--layer", help="With --job: only frames of this layer.")
 FSTATE_SEL = typer.Option(None, "--state", help="With --job: only frames in this state (WAITING, DEPEND, "
@@ -932,19 +939,19 @@ RANGE_SEL = typer.Option(None, "--range", help="With --job: only frames whose nu
                                                "(1-100, 1-100x2, 5,7,9; a chunk by its first frame).")
 
 
-def _frame_action(ctx: typer.Context, frames: Optional[List[int]], action: str, as_json: bool, force: bool,
+def _frame_action(ctx: typer.Context, refs: Optional[List[str]], action: str, as_json: bool, force: bool,
                   job: Optional[str] = None, layer: Optional[str] = None, state: Optional[str] = None,
                   range_: Optional[str] = None, yes: bool = False) -> None:
     """FRAME ids, or the frames --job (and --layer, --state, --range) select — not both.
     More than one frame asks on a terminal unless --yes; one transaction for them all."""
-    frames = list(frames or [])
+    given = list(refs or [])
     usage = f"cuectl frame {action} FRAME... | cuectl frame {action} --job J [--layer L] [--state S] [--range R]"
     selectors = [flag for flag, value in (("--job", job), ("--layer", layer), ("--state", state),
                                           ("--range", range_)) if value is not None]
-    if frames and selectors:
+    if given and selectors:
         raise InvalidInput(f"give FRAME ids or selectors ({', '.join(selectors)}), not both", hint=usage)
-    if not frames and not selectors:
-        raise InvalidInput("which frames? give FRAME ids, or select with --job (and --layer, --state, --range)",
+    if not given and not selectors:
+        raise InvalidInput("which frames? give FRAME ids or JOB/FRAME names, or select with --job (and --layer, --state, --range)",
                            hint=usage)
     if selectors and job is None:
         raise InvalidInput(f"{selectors[0]}: select frames of one job: add --job J", hint=usage)
@@ -960,6 +967,7 @@ def _frame_action(ctx: typer.Context, frames: Optional[List[int]], action: str, 
         except InvalidInput as exc:
             raise InvalidInput(f"--range: {exc.message}", hint=exc.hint) from None
     store = _store(ctx)
+    frames = [store.frame_id(ref) for ref in given]  # every one checked before anything changes
     if job is not None:
         frames = store.select_frames(job, layer=layer, state=wanted, numbers=numbers)
         if not frames:
@@ -979,7 +987,7 @@ def _frame_action(ctx: typer.Context, frames: Optional[List[int]], action: str, 
 
 
 @frame_app.command("retry")
-def frame_retry(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
+def frame_retry(ctx: typer.Context, frames: Optional[List[str]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
                 layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
                 range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
                 as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
@@ -989,7 +997,7 @@ def frame_retry(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, jo
 
 
 @frame_app.command("kill")
-def frame_kill(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
+def frame_kill(ctx: typer.Context, frames: Optional[List[str]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
                layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
                range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
                as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
@@ -999,7 +1007,7 @@ def frame_kill(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, job
 
 
 @frame_app.command("eat")
-def frame_eat(ctx: typer.Context, frames: Optional[List[int]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
+def frame_eat(ctx: typer.Context, frames: Optional[List[str]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
               layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
               range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
               as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:

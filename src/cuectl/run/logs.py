@@ -45,6 +45,9 @@ def attempt_log_path(frame: Mapping[str, Any], attempt: int | None = None) -> st
     latest = int(frame.get("attempts") or 0)
     path = frame.get("log_path")
     if attempt is None:
+        if latest < 1:  # (not a bad --attempt: the user gave none)
+            raise NotFound(f"frame {frame.get('id')} has not run yet ({frame.get('state')}): it has no log",
+                           hint="`cuectl frame log -f` waits for it to start")
         attempt = latest
     if attempt < 1:
         raise InvalidInput(f"--attempt: attempts count from 1, got {attempt}")

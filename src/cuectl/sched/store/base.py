@@ -296,6 +296,13 @@ class Store(abc.ABC):
     def get_frame(self, frame_id: int) -> dict[str, Any]: ...
 
     @abc.abstractmethod
+    def frame_id(self, ref: str | int) -> int:
+        """The id of the frame ``ref`` names: its id (ASCII digits), or ``JOB/FRAME`` — the
+        job's id or unique name, ``/``, the frame's name as ``job show`` and ``frame list``
+        print it (``sweep2/0003-main``; the number alone where one layer has it).
+        ``NotFound`` for no such job or frame, ``Conflict`` for an ambiguous one."""
+
+    @abc.abstractmethod
     def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float,
                      force: bool = False) -> list[dict[str, Any]]:
         """``retry``, ``kill`` or ``eat`` frames; running ones are flagged for their worker."""

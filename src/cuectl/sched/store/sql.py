@@ -23,6 +23,7 @@ import abc
 import functools
 import hashlib
 import json
+import re
 import secrets
 import time
 from pathlib import Path
@@ -43,7 +44,7 @@ from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFi
                                      LiveUsage, RunnableLayer, Store, Token)
 from cuectl.sched.usage_sql import Fetch, UsageGroup
 from cuectl.sched import views
-from cuectl.sched.views import attempt_json, frame_json, host_json, job_json, layer_json, samples_json
+from cuectl.sched.views import attempt_json, frame_json, frame_name, host_json, job_json, layer_json, samples_json
 
 T = TypeVar("T")
 Row = Any  # sqlite3.Row or a psycopg dict row: both are read by column name only
@@ -52,6 +53,8 @@ _FRAME_SELECT = """
     SELECT f.*, j.name AS job_name, l.name AS layer_name
     FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id
 """
+# A frame's name as views.frame_name writes it (``0003-main``, ``-001-main``), or its number alone.
+_FRAME_NAME_RE = re.compile(r"(-?[0-9]+)(?:-([A-Za-z0-9_.-]+))?")
 # How stale the claim path's copy of the limits and quotas tables may be (seconds).
 CAPS_TTL_S = 2.0
 SETTINGS_TTL_S = 2.0
@@ -582,6 +585,30 @@ class SQLStore(Store):
         data["samples_attempt"] = int(series[0]["attempt"]) if series else None
         data["attempt_history"] = self.frame_attempts([frame_id]).get(frame_id, [])
         return data
+
+    def frame_id(self, ref: str | int) -> int:
+        text = str(ref).strip()
+        frame_id = _as_id(text)
+        if frame_id is not None:
+            return frame_id
+        # Job names may hold '/', frame names never do (layer names are [A-Za-z0-9_.-]).
+        job_ref, slash, name = text.rpartition("/")
+        named = _FRAME_NAME_RE.fullmatch(name)
+        if not slash or not job_ref.strip() or named is None:
+            raise InvalidInput(f"frame {text!r}: expected a frame id or JOB/FRAME, the frame named as `job show` "
+                               "prints it (sweep2/0003-main)", hint="see `cuectl frame list`")
+        job = self._job_row(job_ref)
+        number, layer = int(named.group(1)), named.group(2)
+        rows = self._read("SELECT f.id, f.number, l.name FROM frames f JOIN layers l ON l.id = f.layer_id "
+                          "WHERE f.job_id = ? AND f.number = ?" + (" AND l.name = ?" if layer else "") + " ORDER BY f.id",
+                          (job["id"], number, layer) if layer else (job["id"], number))
+        if not rows:
+            raise NotFound(f"job {job['id']} ({job['name']}) has no frame {name!r}",
+                           hint=f"see `cuectl frame list --job {job['id']}`")
+        if len(rows) > 1:
+            names = ", ".join(f"{job['name']}/{frame_name(int(r['number']), r['name'])}" for r in rows[:10])
+            raise Conflict(f"frame {text!r} is in {len(rows)} layers ({names})", hint="add the layer to the name")
+        return int(rows[0]["id"])
 
     def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float,
                      force: bool = False) -> list[dict[str, Any]]:
