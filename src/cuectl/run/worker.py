@@ -524,6 +524,8 @@ class Worker:
                     if not self._claim_gpu(layer, result.devices, now):
                         break
         if reserving is None:
+            if self._reservation is not None:
+                self._next_heartbeat = min(self._next_heartbeat, now)  # and as it ends
             self._reservation = None
         if devices_now is None and self.devices and now >= self._next_device_view:
             # No GPU layer looked at the devices this pass: look anyway, at the heartbeat's
@@ -613,6 +615,9 @@ class Worker:
             if self.store.cap_reached(layer.layer_id):
                 return None  # a limit or quota stops it whatever is free: holding devices helps nobody
             held = {"layer_id": layer.layer_id, "since": now}
+            # Pending reasons name a reservation from the heartbeat: publish it as it
+            # starts (as inventory changes are), not up to a quarter lease later.
+            self._next_heartbeat = min(self._next_heartbeat, now)
         if now - held["since"] > timeout:
             self._reserve_cooldown[layer.layer_id] = now + timeout
             return None
