@@ -471,7 +471,7 @@ class PostgresStore(SQLStore):
         if version > schema.SCHEMA_VERSION:
             raise self._too_new(version)
         if version == 0 and not create:
-            raise NotFound(f"no cuectl store in {self.url}", hint="submit a job first, or run `cuectl admin migrate`")
+            raise NotFound(f"no cuectl store in {self.url}", hint="create it with `cuectl admin migrate` (or submit a job)")
         if version == schema.SCHEMA_VERSION:
             return
         if migrate:

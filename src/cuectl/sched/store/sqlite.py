@@ -126,7 +126,7 @@ class SQLiteStore(SQLStore):
                              hint="use PostgreSQL for workers on several hosts: --db postgresql://…")
         if not self.path.exists():
             if not create:
-                raise NotFound(f"no store at {self.path}", hint="submit a job first, or pass --db")
+                raise NotFound(f"no store at {self.path}", hint=f"create it with `cuectl --db {self.path} admin migrate` (or submit a job), or pass --db")
             fsutil.ensure_private_dir(self.path.parent)
             fsutil.create_private_file(self.path)
         elif not os.access(self.path, os.R_OK | os.W_OK):
