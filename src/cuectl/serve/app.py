@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Path as PathParam  # pathlib.Path is the other Path here
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -371,7 +372,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post(f"{API}/hosts/{{name}}/{{action}}", tags=["hosts"],
               summary="lock (no new frames; running ones finish) or unlock a host: admins only")
-    def host_action(name: str, action: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+    def host_action(name: str, action: str = PathParam(json_schema_extra={"enum": list(HOST_ACTIONS)}),
+                    who: Principal = Depends(caller)) -> dict[str, Any]:
         if action not in HOST_ACTIONS:
             raise Problem(404, f"no host action {action!r} (one of {', '.join(HOST_ACTIONS)})")
         if not who.can(ADMIN):  # where a farm dispatches is the admins' call, not a job owner's
@@ -419,12 +421,8 @@ def create_app(settings: Settings) -> FastAPI:
         ref = _job_ref(job)  # polled every second by the monitor's job page: cached, with an ETag
         return await cached(request, lambda: _public_job(describe_job(pool.get(), ref)))
 
-    @app.post(f"{API}/jobs", tags=["jobs"], summary="Submit a job (the YAML spec's schema, as JSON)", status_code=201,
-              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {
-                  "type": "object", "required": ["name", "layers"],
-                  "description": "The job spec of docs/job-spec.md: name, priority, paused, env, layers[] "
-                                 "(name, command, range, chunk, gpus, gpu_vendor, gpu_models, gpu_memory_min, "
-                                 "cores, memory, retries, timeout, env, tags, depends, log_limit)."}}}}})
+    # The body (JobSpec) and every answer's schema: serve/openapi.py.
+    @app.post(f"{API}/jobs", tags=["jobs"], summary="Submit a job (the YAML spec's schema, as JSON)", status_code=201)
     async def submit_job(request: Request) -> Response:
         who = await run_in_threadpool(caller, request)
         data = await _json_body(request)
@@ -454,7 +452,8 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse(_public_job(out))
 
     @app.post(f"{API}/jobs/{{job}}/{{action}}", tags=["jobs"], summary="pause, resume, kill or retry a job")
-    def job_action(job: str, action: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+    def job_action(job: str, action: str = PathParam(json_schema_extra={"enum": list(JOB_ACTIONS)}),
+                   who: Principal = Depends(caller)) -> dict[str, Any]:
         if action not in JOB_ACTIONS:
             raise Problem(404, f"no job action {action!r} (one of {', '.join(JOB_ACTIONS)}, priority)")
         ref = _job_ref(job)
@@ -518,7 +517,8 @@ def create_app(settings: Settings) -> FastAPI:
         return _public_frame(store.get_frame(frame_id))
 
     @app.post(f"{API}/frames/{{frame_id}}/{{action}}", tags=["frames"], summary="retry, kill or eat a frame")
-    def frame_action(frame_id: int, action: str, who: Principal = Depends(caller)) -> dict[str, Any]:
+    def frame_action(frame_id: int, action: str = PathParam(json_schema_extra={"enum": list(FRAME_ACTIONS)}),
+                     who: Principal = Depends(caller)) -> dict[str, Any]:
         if action not in FRAME_ACTIONS:
             raise Problem(404, f"no frame action {action!r} (one of {', '.join(FRAME_ACTIONS)})")
         _check_frame_id(frame_id)
@@ -609,20 +609,15 @@ def create_app(settings: Settings) -> FastAPI:
 
 # -- helpers outside the app: pure, testable -------------------------------------------------------
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """The generated document plus the bearer-token scheme every /api/v1 route uses, so
-    generated clients send the token."""
+    """The generated document, typed by serve/openapi.py: answer and request bodies, errors
+    as problems, the bearer-token scheme every /api/v1 route uses."""
     if app.openapi_schema is None:
         from fastapi.openapi.utils import get_openapi
 
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        schema.setdefault("components", {})["securitySchemes"] = {
-            "bearer": {"type": "http", "scheme": "bearer",
-                       "description": "A token from `cuectl admin token create USER --role ROLE`"}}
-        for path, operations in schema.get("paths", {}).items():
-            if path.startswith(API) or path == "/metrics":
-                for operation in operations.values():
-                    operation["security"] = [{"bearer": []}]
-        app.openapi_schema = schema
+        from cuectl.serve.openapi import typed
+
+        app.openapi_schema = typed(get_openapi(title=app.title, version=app.version, description=app.description,
+                                               routes=app.routes))
     return app.openapi_schema
 
 
