@@ -5,8 +5,13 @@ their live GPU values, waiting jobs with their pending reasons, and totals.
 ``cuectl top --json`` prints it as is. Who holds a device, in order of trust: the RUNNING
 frame the store says has it (``frame``); else a lease in the local lock directory
 (``worker``/``run``/``api``, from ``cuectl gpu leases``); else, when the host's last
-heartbeat saw the device busy (memory used or utilisation above a small floor) with
-neither, a process cuectl does not know about (``foreign``); else nobody (``None``).
+sample of the device, fresh and taken while no frame of its worker held it, saw it busy
+(memory used or utilisation above a small floor), a process cuectl does not know about
+(``foreign``); else nobody (``None``).
+
+A worker samples every device each ``--sample-interval`` and publishes each device's values
+with the time they were read (``live_values``). A value older than two intervals is not
+shown as current: the device reads ``null`` with its ``sampled_at`` and ``sample_age_s``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,54 @@ if TYPE_CHECKING:
 # A device that idles with a little memory in use (driver context, display) is not "held".
 FOREIGN_MEMORY_FLOOR_BYTES = 256 * 1024 ** 2
 FOREIGN_UTIL_FLOOR_PCT = 5.0
+# The sampling interval of a worker that does not publish its own (``cuectl worker
+# --sample-interval``'s default), and how many intervals old a value may be and still be
+# shown as current.
+DEFAULT_SAMPLE_INTERVAL_S = 10.0
+FRESH_INTERVALS = 2
+
+
+def _epoch(value: Any) -> float | None:
+    """A published time: epoch seconds, or ISO 8601 text (``...Z``); None when unreadable."""
+    from cuectl.errors import InvalidInput
+    from cuectl.units import parse_time
+
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            return parse_time(value, now=0.0)
+        except InvalidInput:
+            return None
+    return None
+
+
+def live_values(live_doc: Mapping[str, Any] | None, *, now: float) -> dict[str, dict[str, Any]]:
+    """Each device's published values judged at ``now`` (uuid -> ``utilization_pct``,
+    ``memory_used_bytes``, ``memory_free_bytes``, ``sampled_at`` (ISO), ``sample_age_s``,
+    ``fresh``, ``frame_id``). A value read more than FRESH_INTERVALS of the worker's
+    sampling interval ago is None (unknown now), its time and age kept so a view can say how
+    old the last one is. A device without its own time (an older worker) has the doc's."""
+    doc = live_doc if isinstance(live_doc, Mapping) else {}
+    interval = doc.get("sample_interval_s")
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
+        interval = DEFAULT_SAMPLE_INTERVAL_S
+    doc_at = _epoch(doc.get("at"))
+    out: dict[str, dict[str, Any]] = {}
+    for d in doc.get("devices") or []:
+        if not isinstance(d, Mapping) or not isinstance(d.get("uuid"), str):
+            continue
+        at = _epoch(d["sampled_at"]) if "sampled_at" in d else doc_at
+        age = None if at is None else max(0.0, now - at)  # clocks may disagree by a little
+        fresh = age is not None and age <= FRESH_INTERVALS * interval
+        frame_id = d.get("frame_id")
+        out[d["uuid"]] = {
+            "utilization_pct": d.get("utilization_pct") if fresh else None,
+            "memory_used_bytes": d.get("memory_used_bytes") if fresh else None,
+            "memory_free_bytes": d.get("memory_free_bytes") if fresh else None,
+            "sampled_at": iso(at), "sample_age_s": None if age is None else round(age, 3), "fresh": fresh,
+            "frame_id": frame_id if isinstance(frame_id, int) and not isinstance(frame_id, bool) else None}
+    return out
 
 
 def _local_leases(lock_dir: Path | None) -> list[Any]:
@@ -48,7 +101,9 @@ def _holder(uuid: str, frames_by_uuid: Mapping[str, Mapping[str, Any]], leases: 
     if info is not None:
         return {"kind": info.kind or "lease", "frame_id": None, "label": info.label or info.holder,
                 "pid": info.pid, "user": info.user}
-    if live is not None:
+    # Only a fresh sample taken while no frame of its worker held the device tells of another
+    # program: a frame's own use, read just before it ended, is not a stranger's.
+    if live is not None and live["fresh"] and live["frame_id"] is None:
         used = live.get("memory_used_bytes") or 0
         util = live.get("utilization_pct") or 0.0
         if used >= FOREIGN_MEMORY_FLOOR_BYTES or util >= FOREIGN_UTIL_FLOOR_PCT:
@@ -70,6 +125,10 @@ def _device(gpu: Mapping[str, Any], live: Mapping[str, Any] | None, holder: dict
         "utilization_pct": live.get("utilization_pct") if live else None,
         "memory_used_bytes": used,
         "memory_total_bytes": total,
+        # When those values were read (None: never); past two sampling intervals the values
+        # above are None and these say how old the last ones are.
+        "sampled_at": live["sampled_at"] if live else None,
+        "sample_age_s": live["sample_age_s"] if live else None,
         "holder": holder,
     }
 
@@ -108,7 +167,7 @@ def snapshot(store: Store, *, lock_dir: Path | None = None, now: float | None = 
     hosts = []
     for h in store.list_hosts(now=now, down_after=down_after):
         live_doc = h.get("live") or {}
-        live_by_uuid = {d.get("uuid"): d for d in (live_doc.get("devices") or []) if isinstance(d, Mapping)}
+        live_by_uuid = live_values(live_doc, now=now)
         devices = []
         for gpu in sorted(h.get("gpus") or [], key=lambda g: (g.get("index") is None, g.get("index") or 0)):
             live = live_by_uuid.get(gpu.get("uuid"))

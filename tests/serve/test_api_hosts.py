@@ -123,10 +123,10 @@ def test_leases_are_the_devices_held_now(farm):
 
 def test_readyz_counts_gpus(farm):
     data = farm.server.api.ok("GET", "/readyz")  # a health check: no token needed
-    # 5 devices; an A100 and the 4090 are held by RUNNING frames; free: the other A100 (the
-    # MI210's host is locked, the V100's is DOWN).
-    assert data == {"status": "ready", "gpus": {"total": 5, "leased": 2, "available": 1, "active_jobs": 2},
-                    "active_jobs": 2}
+    # 5 devices, each counted once; an A100 and the 4090 are held by RUNNING frames; free:
+    # the other A100 (the MI210's host is locked, the V100's is DOWN).
+    assert data == {"status": "ready", "gpus": {"total": 5, "leased": 2, "foreign_busy": 0, "available": 1,
+                                                "unavailable": 2, "active_jobs": 2}, "active_jobs": 2}
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

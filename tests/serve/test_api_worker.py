@@ -84,7 +84,7 @@ def test_a_running_frame_live_then_its_log_followed_to_the_end(run):
                                                                                 frame["id"])
     gpus = run["server"].api.ok("GET", "/readyz")["gpus"]
     assert gpus.pop("active_jobs") in (1, 2)  # the flaky CPU job may be done already
-    assert gpus == {"total": 1, "leased": 1, "available": 0}
+    assert gpus == {"total": 1, "leased": 1, "foreign_busy": 0, "available": 0, "unavailable": 0}
     wait_for(lambda: api.get(f"{API}/frames/{frame['id']}/log").status == 200, what="the log file")
     chunks = list(api.stream(f"{API}/frames/{frame['id']}/log?follow=true"))
     ended = api.ok("GET", f"{API}/frames/{frame['id']}")

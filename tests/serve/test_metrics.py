@@ -207,15 +207,48 @@ def test_gpu_stats(store: Store, api_lease: Path) -> None:
     make_farm(store)
     snap = scrape(store, api_lease)[2]
     # a (frame) and c (api lease) are leased; b is busy with a foreign process; d is free
-    # on an UP host; z is free on a DOWN host
-    assert gpu_stats(snap, active_jobs=7) == {"total": 5, "leased": 2, "available": 1, "active_jobs": 7}
+    # on an UP host; z is free on a DOWN host: each device in exactly one state
+    assert gpu_stats(snap, active_jobs=7) == {"total": 5, "leased": 2, "foreign_busy": 1, "available": 1,
+                                              "unavailable": 1, "active_jobs": 7}
     store.set_host_locked(UP_HOST, True)
     assert gpu_stats(scrape(store, api_lease)[2], active_jobs=2)["available"] == 0
     # without the local lease, c is free too
     assert gpu_stats(scrape(store, api_lease.parent / "no-locks")[2], active_jobs=2) == \
-        {"total": 5, "leased": 1, "available": 0, "active_jobs": 2}
+        {"total": 5, "leased": 1, "foreign_busy": 1, "available": 0, "unavailable": 3, "active_jobs": 2}
     store.set_host_locked(UP_HOST, False)
     assert gpu_stats(scrape(store, api_lease.parent / "no-locks")[2], active_jobs=2)["available"] == 2
+    samples, _ = parse(scrape(store, api_lease)[0])
+    assert series(samples, "cuectl_gpus") == {lbl(state="leased"): 2, lbl(state="foreign_busy"): 1,
+                                              lbl(state="available"): 1, lbl(state="unavailable"): 1}
+
+
+def test_a_device_two_hosts_list_is_counted_once(store: Store, api_lease: Path) -> None:
+    """A host registered again under another name leaves its old row behind (DOWN) with the
+    same devices: the farm's device count must not double."""
+    make_farm(store)
+    store.register_host(HostInfo(name="renamed", cores=16, memory_bytes=64 * GIB, gpus=[gpu(0, "GPU-z")]),
+                        now=SCRAPE_AT)
+    stats = gpu_stats(scrape(store, api_lease)[2], active_jobs=0)
+    # GPU-z once, from the UP host "renamed" (free there), not from the silent DOWN_HOST
+    assert stats == {"total": 5, "leased": 2, "foreign_busy": 1, "available": 2, "unavailable": 0,
+                     "active_jobs": 0}
+
+
+def test_stale_samples_are_not_current(store: Store, api_lease: Path) -> None:
+    """Values older than two of the worker's sampling intervals are left out (unknown now),
+    the sample's age stays; a stale busy reading makes no device foreign."""
+    make_farm(store)
+    live = {"at": NOW + 600, "sample_interval_s": 1.0, "devices": [
+        {"uuid": "GPU-b", "utilization_pct": 50.0, "memory_used_bytes": 5 * GIB, "sampled_at": NOW + 600},
+        {"uuid": "GPU-d", "utilization_pct": 7.0, "memory_used_bytes": 0, "sampled_at": NOW + 609.5}]}
+    store.heartbeat(UP_HOST, [], now=NOW + 600, lease_s=3600.0, live=live)
+    samples, _ = parse(scrape(store, api_lease)[0])  # at NOW + 610: b is 10 s old, d 0.5 s
+    b, d = device(UP_HOST, "GPU-b", 1), device(UP_HOST, "GPU-d", 3)
+    assert series(samples, "cuectl_gpu_utilization_ratio") == {lbl(**d): pytest.approx(0.07)}
+    assert series(samples, "cuectl_gpu_sample_age_seconds") == {lbl(**b): pytest.approx(10.0),
+                                                                lbl(**d): pytest.approx(0.5)}
+    held = series(samples, "cuectl_gpu_held")
+    assert held[lbl(**b, kind="")] == 0 and held[lbl(**d, kind="foreign")] == 1
 
 
 def test_user_names_cannot_break_the_format(store: Store, api_lease: Path) -> None:

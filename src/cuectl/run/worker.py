@@ -157,7 +157,14 @@ class Worker:
     _next_heartbeat: float = 0.0
     _next_reap: float = 0.0
     _nothing_fits: bool = False
-    _last_live: dict[str, Any] | None = None
+    # Every local device's latest values and when they were read (uuid -> entry of the live
+    # doc, ``sampled_at`` in epoch seconds until published), from whichever sample saw it
+    # last: the interval's sample of all devices, a frame's own, a dispatch pass's.
+    _device_values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _next_device_sample: float = 0.0  # when the next sample of every device is due
+    # What readers cannot check against the store in the dispatch state last published (see
+    # ``_dispatch_news``); None: no dispatch state published yet.
+    _dispatch_sent: tuple[Any, ...] | None = None
     # The store failed the last call (live write, heartbeat, claim): no live-usage write, an
     # optional extra, until a call gets through.
     _live_paused: bool = False
@@ -354,7 +361,7 @@ class Worker:
         for p in self.pending:
             p.ended = None  # (last iteration's stats are gone)
         self._collect_finished()
-        if self.running and now >= min((r.next_sample for r in self.running.values()), default=now):
+        if self._sample_due(now):
             self._sample(now)
         if now >= self._next_heartbeat:
             self._heartbeat(now)
@@ -368,6 +375,8 @@ class Worker:
             if not self.draining and not self._reached_max():
                 self._claim_all(now)
                 self._store_ok_at = time.time()
+                if self._dispatch_news():
+                    self._heartbeat(now)  # what readers cannot check changed: publish it now
             self._flush_pending()  # the reports no claim took along
             self._deliver_notifications(now)
             self._live_paused = False
@@ -470,9 +479,17 @@ class Worker:
             self._next_heartbeat = now  # and the unavailable list, at once
 
     def _live_doc(self) -> dict[str, Any] | None:
-        """What the heartbeat stores as the host's live values: the last sample, and the
-        devices that are unavailable now (while there are any, and once after)."""
-        doc = dict(self._last_live or {})
+        """What the heartbeat stores as the host's live values: every device's latest sample
+        with its own time (each device always, never only the last tick's), the sampling
+        interval that readers judge their age by, the dispatch state, and the devices that
+        are unavailable now (while there are any, and once after)."""
+        doc: dict[str, Any] = {}
+        if self._device_values:
+            wanted = {d.uuid for d in self.devices} | {u for r in self.running.values() for u in r.claim.gpu_uuids}
+            entries = [v for u, v in self._device_values.items() if u in wanted]
+            if entries:
+                doc = {"at": max(v["sampled_at"] for v in entries), "sample_interval_s": self.opts.sample_interval_s,
+                       "devices": [{**v, "sampled_at": iso(v["sampled_at"])} for v in entries]}
         if self._dispatch:
             doc["dispatch"] = self._dispatch
         if not self.unavailable and not self._unavailable_sent:
@@ -509,7 +526,7 @@ class Worker:
                             break
                     continue
                 if devices_now is None:
-                    devices_now = self._live_devices()
+                    devices_now = self._live_devices(now)
                 while not self._reached_max():
                     busy, foreign = self._busy(devices_now)
                     result = select_devices(GpuRequest.from_record(layer), devices_now, busy=busy | reserved)
@@ -530,7 +547,7 @@ class Worker:
         if devices_now is None and self.devices and now >= self._next_device_view:
             # No GPU layer looked at the devices this pass: look anyway, at the heartbeat's
             # pace, so what the host publishes (NIMBY, leases) stays true while idle.
-            devices_now = self._live_devices()
+            devices_now = self._live_devices(now)
             busy, foreign = self._busy(devices_now)
         if devices_now is not None:
             self._next_device_view = now + max(1.0, self.opts.lease_timeout_s / 4)
@@ -668,23 +685,44 @@ class Worker:
             busy = busy - set(frames)
             self._last_look = (devices, busy, foreign)
         for d in devices:
-            state, holder = "free", None
+            state, holder, frame_id = "free", None, None
             if d.uuid in frames:
                 claim = frames[d.uuid]
                 state, holder = "frame", f"frame {claim.frame_id} (job {claim.job})"
+                frame_id = claim.frame_id
             elif d.uuid in foreign:
                 state, holder = "nimby", foreign[d.uuid]
             elif d.uuid in busy:
                 state, holder = "lease", _lease_holder(self.opts.lock_dir, d.uuid)
             elif d.uuid in held:
                 state = "reserved"
-            states[d.uuid] = {"state": state, "holder": holder, "memory_free_bytes": d.memory_free_bytes}
+            # frame_id: readers drop a holder whose frame is no longer RUNNING (it ended since).
+            states[d.uuid] = {"state": state, "holder": holder, "frame_id": frame_id,
+                              "memory_free_bytes": d.memory_free_bytes}
         self._dispatch = {
             "at": now, "accepting": closed is None and not self.draining, "schedule": schedule,
             "allowed_users": list(self.opts.allowed_users), "gpu_only": self.opts.gpu_only,
+            # A root worker runs only jobs proven their user's (readers say so for unproven ones).
+            "run_as_submitter": self.opts.run_as_submitter,
             "cores": self.opts.cores, "cores_free": free_cpu.cores, "memory_bytes": self.opts.memory_bytes,
             "memory_free_bytes": free_cpu.memory_bytes, "devices": states,
             "reservation": dict(reservation) if reservation else None}
+
+    def _dispatch_news(self) -> bool:
+        """Is this the first dispatch state, or did the pass change what a reader cannot
+        check against the store (a lease, another program on a device)? Then the heartbeat
+        publishes it now, not up to a quarter lease later: a pending reason must not name a
+        `cuectl run` that has ended. Frames starting and ending are no news: readers check
+        those holders against the store's RUNNING frames."""
+        states = self._dispatch.get("devices")
+        if not isinstance(states, Mapping):
+            return False
+        key = tuple(sorted((u, x["state"], str(x["holder"])) for u, x in states.items()
+                           if x["state"] in ("lease", "nimby")))
+        if key == self._dispatch_sent:
+            return False
+        self._dispatch_sent = key
+        return True
 
     def _accepts(self, layer: RunnableLayer) -> bool:
         """Tags, the users whose work this worker agreed to run, and (a root worker) proof
@@ -766,14 +804,16 @@ class Worker:
             self._launch(claim, locks, tuple(devices), now)
         return len(claims) == count
 
-    def _live_devices(self) -> list[Device]:
-        """The inventory with live free memory (one batch sample), so busy cards are skipped."""
+    def _live_devices(self, now: float) -> list[Device]:
+        """The inventory with live free memory (one batch sample), so busy cards are skipped;
+        the sample is also what the host publishes of each device until a later one."""
         if not self.devices or self.sampler is None:
             return list(self.devices)
         try:
             samples = self.sampler([d.uuid for d in self.devices], [])
         except Exception:  # a flaky backend must not stop dispatch: use static values
             return list(self.devices)
+        self._note_samples(samples, now)
         out = []
         for d in self.devices:
             s = samples.get(d.uuid)
@@ -990,12 +1030,29 @@ class Worker:
                 rf.user_action = action
                 rf.proc.kill(grace=self.opts.kill_grace_s, reason=f"user asked to {action}")
 
+    def _sample_due(self, now: float) -> bool:
+        """Is a sample due: every device's (each interval, frames or not), or a frame's first?"""
+        if self.devices and self.sampler is not None and now >= self._next_device_sample:
+            return True
+        return bool(self.running) and now >= min(r.next_sample for r in self.running.values())
+
     def _sample(self, now: float) -> None:
-        due = [rf for rf in self.running.values() if now >= rf.next_sample]
+        """Each interval, one sampler call reads every local device and the processes of
+        every running frame (so idle devices, and what others run on them, are seen too), and
+        the heartbeat publishes the result at once; in between, a frame just started gets one
+        sample of its own devices (short frames get data too)."""
+        interval = self.opts.sample_interval_s
+        tick = bool(self.devices) and self.sampler is not None and now >= self._next_device_sample
+        due = [rf for rf in self.running.values() if tick or now >= rf.next_sample]
         for rf in due:
-            rf.next_sample = now + self.opts.sample_interval_s
+            rf.next_sample = now + interval
         sampled = [rf for rf in due if rf.devices]
-        self._sample_frames(sampled, now)
+        if tick:
+            self._next_device_sample = now + interval
+            self._sample_frames(sampled, now, every_device=True)
+            self._next_heartbeat = min(self._next_heartbeat, now)  # readers judge values by this interval
+        else:
+            self._sample_frames(sampled, now)
         self._publish_live(sampled, now)
 
     def _publish_live(self, frames: Sequence[RunningFrame], now: float) -> None:
@@ -1020,10 +1077,15 @@ class Worker:
             # waits for it, and the loop must keep noticing frames that end.
             self._live_paused = True
 
-    def _sample_frames(self, frames: Sequence[RunningFrame], now: float) -> None:
-        if not frames or self.sampler is None:
+    def _sample_frames(self, frames: Sequence[RunningFrame], now: float, *, every_device: bool = False) -> None:
+        """Sample the devices of ``frames`` (and, ``every_device``, all local devices) with
+        the frames' processes, in one sampler call."""
+        if (not frames and not every_device) or self.sampler is None:
             return
-        uuids = sorted({u for rf in frames for u in rf.claim.gpu_uuids})
+        uuids = sorted({u for rf in frames for u in rf.claim.gpu_uuids}
+                       | ({d.uuid for d in self.devices} if every_device else set()))
+        if not uuids:
+            return
         pids: set[int] = set()
         frame_pids = {}
         table = launch.process_table() if any(not rf.proc.finished for rf in frames) else {}
@@ -1038,9 +1100,17 @@ class Worker:
             return
         for rf in frames:
             rf.usage.add(samples, frame_pids[rf.claim.frame_id], now)
-        self._last_live = {"at": now, "devices": [
-            {"uuid": s.uuid, "utilization_pct": s.utilization_pct, "memory_used_bytes": s.memory_used_bytes,
-             "memory_free_bytes": s.memory_free_bytes} for s in samples.values()]}
+        self._note_samples(samples, now)
+
+    def _note_samples(self, samples: Mapping[str, Any], now: float) -> None:
+        """Keep each sampled device's values with the time they were read and the frame of
+        this worker that held the device then (a reader must not take a frame's own use, seen
+        just before it ended, for another program's)."""
+        holders = {u: fid for fid, r in self.running.items() for u in r.claim.gpu_uuids}
+        for s in samples.values():
+            self._device_values[s.uuid] = {
+                "uuid": s.uuid, "utilization_pct": s.utilization_pct, "memory_used_bytes": s.memory_used_bytes,
+                "memory_free_bytes": s.memory_free_bytes, "sampled_at": now, "frame_id": holders.get(s.uuid)}
 
     # -- stopping --------------------------------------------------------------------------
     def drain(self, why: str = "asked to stop") -> None:
@@ -1493,6 +1563,8 @@ class Supervisor:
         timeout = max(0.0, min(timeout, w._next_heartbeat - now))
         if w.running:
             timeout = min(timeout, max(0.0, min(rf.next_sample for rf in w.running.values()) - now))
+        if w.devices and w.sampler is not None:  # every device is sampled each interval
+            timeout = min(timeout, max(0.0, w._next_device_sample - now))
         fds = [self._wake_r]
         # PostgreSQL: the store's connection turns readable on NOTIFY, so new work is
         # dispatched at once instead of at the next poll (None: the store cannot tell).

@@ -64,29 +64,51 @@ def render(store: Store, *, snapshot: dict[str, Any]) -> tuple[bytes, str]:
     return generate_latest(registry), CONTENT_TYPE
 
 
-def gpu_stats(snapshot: Mapping[str, Any], *, active_jobs: int) -> dict[str, int]:
-    """The GPU figures of ``GET /readyz``, from a ``cuectl.top.snapshot``:
+# How ``device_states`` files each device: exactly one of these.
+DEVICE_STATES = ("leased", "foreign_busy", "available", "unavailable")
 
-    - ``total``: every device of every registered host, UP or DOWN;
-    - ``leased``: devices held by cuectl — a RUNNING frame's claim or a local lease
-      (holder kind frame/worker/run/api/lease);
-    - ``available``: devices with no holder at all on hosts that are UP and not locked.
-      A device busy with a process cuectl does not know (holder ``foreign``) is neither
-      leased nor available, so ``total - leased - available`` is not zero in general: it
-      counts foreign-held devices and free devices of DOWN or locked hosts;
-    - ``active_jobs``: passed through (``FarmFigures.active_jobs``: jobs not FINISHED).
-    """
-    total = leased = available = 0
-    for host in snapshot.get("hosts") or []:
-        usable = host.get("state") == "UP" and not host.get("locked")
-        for device in host.get("devices") or []:
-            total += 1
-            kind = _holder_kind(device)
-            if kind is None:
-                available += int(usable)
-            elif kind != FOREIGN:
-                leased += 1
-    return {"total": total, "leased": leased, "available": available, "active_jobs": active_jobs}
+
+def device_states(snapshot: Mapping[str, Any]) -> Iterator[tuple[Mapping[str, Any], Mapping[str, Any], str]]:
+    """Every device of the snapshot once, as (host, device, state), state one of
+    DEVICE_STATES: ``leased`` (held by cuectl: a RUNNING frame's claim or a local lease,
+    holder kind frame/worker/run/api/lease), ``foreign_busy`` (a process cuectl does not
+    know uses it, holder ``foreign``), ``available`` (no holder, on a host that is UP and
+    not locked), ``unavailable`` (no holder, on a DOWN or locked host). A device listed by
+    two hosts (a host registered again under another name keeps its old, silent row) is
+    counted once, from the UP host if either is."""
+    chosen: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = {}
+    order: list[tuple[Mapping[str, Any], Mapping[str, Any]]] = []
+    for host, device in _all_devices(snapshot):
+        uuid = device.get("uuid")
+        if not isinstance(uuid, str) or not uuid:
+            order.append((host, device))
+            continue
+        seen = chosen.get(uuid)
+        if seen is None:
+            chosen[uuid] = (host, device)
+            order.append((host, device))
+        elif seen[0].get("state") != "UP" and host.get("state") == "UP":
+            order[order.index(seen)] = chosen[uuid] = (host, device)
+    for host, device in order:
+        kind = _holder_kind(device)
+        if kind == FOREIGN:
+            yield host, device, "foreign_busy"
+        elif kind is not None:
+            yield host, device, "leased"
+        elif host.get("state") == "UP" and not host.get("locked"):
+            yield host, device, "available"
+        else:
+            yield host, device, "unavailable"
+
+
+def gpu_stats(snapshot: Mapping[str, Any], *, active_jobs: int) -> dict[str, int]:
+    """The GPU figures of ``GET /readyz``, from a ``cuectl.top.snapshot``: ``total``, every
+    device once, and how many of them are in each of DEVICE_STATES (``device_states``), so
+    ``total == leased + foreign_busy + available + unavailable``; ``active_jobs`` is passed
+    through (``FarmFigures.active_jobs``: jobs not FINISHED)."""
+    counts = Counter(state for _host, _device, state in device_states(snapshot))
+    return {"total": sum(counts.values()), **{state: counts.get(state, 0) for state in DEVICE_STATES},
+            "active_jobs": active_jobs}
 
 
 class _FarmCollector:
@@ -103,6 +125,7 @@ class _FarmCollector:
         yield GaugeMetricFamily("cuectl_jobs_active", "Jobs not FINISHED (pending or running).",
                                 value=fig.active_jobs)
         yield from _devices(snap)
+        yield _device_counts(snap)
         yield from _hosts(snap)
         yield CounterMetricFamily("cuectl_lease_acquisitions", "Frame attempts that were given GPUs "
                                   "(finished ones plus RUNNING frames holding devices).",
@@ -131,21 +154,37 @@ def _queue_depth(fig: FarmFigures) -> GaugeMetricFamily:
 
 
 def _devices(snap: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
-    util = GaugeMetricFamily("cuectl_gpu_utilization_ratio", "GPU utilisation at the host's last heartbeat, 0-1.",
+    util = GaugeMetricFamily("cuectl_gpu_utilization_ratio", "GPU utilisation at the device's last live sample, 0-1.",
                              labels=DEVICE_LABELS)
-    used = GaugeMetricFamily("cuectl_gpu_memory_used_bytes", "GPU memory in use at the host's last heartbeat.",
+    used = GaugeMetricFamily("cuectl_gpu_memory_used_bytes", "GPU memory in use at the device's last live sample.",
                              labels=DEVICE_LABELS)
     total = GaugeMetricFamily("cuectl_gpu_memory_total_bytes", "GPU memory of the device.", labels=DEVICE_LABELS)
     held = GaugeMetricFamily("cuectl_gpu_held", "1 when the device has a holder (kind: frame, worker, run, api, "
                              "lease, foreign), else 0 with kind=\"\".", labels=[*DEVICE_LABELS, "kind"])
+    age = GaugeMetricFamily("cuectl_gpu_sample_age_seconds", "Seconds since the device's last live sample (the "
+                            "values above are left out once it is older than two sampling intervals).",
+                            labels=DEVICE_LABELS)
     for host, device in _all_devices(snap):
         labels = _device_labels(host, device)
         _add_known(util, labels, _ratio(device.get("utilization_pct")))
         _add_known(used, labels, device.get("memory_used_bytes"))
         _add_known(total, labels, device.get("memory_total_bytes"))
+        _add_known(age, labels, device.get("sample_age_s"))
         kind = _holder_kind(device)
         held.add_metric([*labels, kind or ""], 0 if kind is None else 1)
-    yield from (util, used, total, held)
+    yield from (util, used, total, held, age)
+
+
+def _device_counts(snap: Mapping[str, Any]) -> GaugeMetricFamily:
+    # Every device once, in exactly one state (the figures of /readyz): sum by (state) is the
+    # farm's device count, and a dashboard's series do not vanish at 0.
+    counts = Counter(state for _host, _device, state in device_states(snap))
+    family = GaugeMetricFamily("cuectl_gpus", "GPU devices by state: leased (held by cuectl), foreign_busy (used by "
+                               "a process cuectl does not know), available, unavailable (DOWN or locked host); "
+                               "each device counted once.", labels=["state"])
+    for state in DEVICE_STATES:
+        family.add_metric([state], counts.get(state, 0))
+    return family
 
 
 def _hosts(snap: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
