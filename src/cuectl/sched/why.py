@@ -36,7 +36,7 @@ from cuectl.sched.match import (CpuPool, GpuRequest, cpu_fits, device_fits_now, 
 from cuectl.units import format_bytes, format_duration, iso
 
 # Host line kinds (``check`` in JSON), in the order they are tested.
-AVAILABILITY = ("down", "locked", "closed", "user")   # could fit, but will not take work now
+AVAILABILITY = ("down", "locked", "closed", "user", "proof")  # could fit, but will not take work now
 STATIC = ("tags", "gpu_only", "devices", "size")       # can never run the layer
 RUNTIME = ("cap", "reserving", "reserved", "busy", "memory", "cpu", "unknown", "ok")
 
@@ -111,6 +111,9 @@ class Farm:
         return cls(store, now, store.list_hosts(now=now, down_after=m.HOST_DOWN_AFTER_S))
 
     def frame_holders(self) -> dict[str, str]:
+        """Device uuid -> the RUNNING frame holding it, as the store says now: the truth a
+        worker's published holders are checked against (a frame that ended since its last
+        heartbeat holds nothing, however the worker last described it)."""
         if self._holders is None:
             frames, _ = self.store.list_frames(state=m.RUNNING, limit=100_000)
             self._holders = {u: f"frame {f['id']} (job {f['job']})" for f in frames for u in f.get("gpu_uuids") or []}
@@ -165,7 +168,18 @@ def _cap_list(items: Sequence[str], sep: str = "; ") -> str:
 # --------------------------------------------------------------------------- one host
 
 
-def _availability(host: Mapping[str, Any], user: str, now: float) -> tuple[str, str] | None:
+def no_dispatch_state(host: Mapping[str, Any]) -> str:
+    """Why a host publishes no dispatch state, in words: a worker of this version publishes
+    it after its first dispatch pass (moments after it registers), an older cuectl never."""
+    from cuectl import __version__
+
+    if host.get("version") == __version__:
+        return "its worker has not published its dispatch state yet (it started moments ago)"
+    return "its worker publishes no dispatch state (an older cuectl)"
+
+
+def _availability(host: Mapping[str, Any], user: str, now: float,
+                  unproven: str | None = None) -> tuple[str, str] | None:
     name = host["name"]
     if host.get("state") == "DOWN":
         return "down", f"DOWN (last heartbeat {_ago(host, now)} ago)"
@@ -182,6 +196,10 @@ def _availability(host: Mapping[str, Any], user: str, now: float) -> tuple[str, 
     allowed = [str(u) for u in d.get("allowed_users") or []]
     if allowed and user not in allowed:
         return "user", f"runs only the work of {', '.join(allowed)} (worker --allow-user), not {user}'s"
+    if unproven and d.get("run_as_submitter"):
+        # A root worker runs frames as their user, and only what that user provably
+        # submitted (docs/security.md): it will never claim this job as it stands.
+        return "proof", f"runs frames as their users and will not run it as {user} (nothing proves {user} submitted it)"
     return None
 
 
@@ -215,7 +233,10 @@ def _static(layer: Mapping[str, Any], host: Mapping[str, Any]) -> tuple[str, str
 def _live_free(host: Mapping[str, Any]) -> dict[str, int | None]:
     live = host.get("live")
     devs = live.get("devices") if isinstance(live, Mapping) else None
-    return {str(d.get("uuid")): d.get("memory_free_bytes") for d in devs or [] if isinstance(d, Mapping)}
+    # A reading taken while a frame of the worker held the device tells nothing of it now: that
+    # frame is RUNNING (the device is busy) or has ended (its memory is free again).
+    return {str(d.get("uuid")): d.get("memory_free_bytes") for d in devs or []
+            if isinstance(d, Mapping) and d.get("frame_id") is None}
 
 
 def _gpu_now(layer: Mapping[str, Any], host: Mapping[str, Any], farm: Farm) -> tuple[str, str]:
@@ -226,7 +247,10 @@ def _gpu_now(layer: Mapping[str, Any], host: Mapping[str, Any], farm: Farm) -> t
     res = res if isinstance(res, Mapping) else None
     mine = res is not None and res.get("layer_id") == layer["id"]
     res_uuids = set(res.get("uuids") or []) if res is not None else set()
-    holders = farm.frame_holders() if d is None else {}
+    # The store's RUNNING frames are the truth about frames: the published state is as old
+    # as the last heartbeat, and a frame named there may have ended (or be this job's own,
+    # back in its retry back-off), another started.
+    holders = farm.frame_holders()
     live_free = _live_free(host)
 
     devices = _devices(host)
@@ -242,9 +266,13 @@ def _gpu_now(layer: Mapping[str, Any], host: Mapping[str, Any], farm: Farm) -> t
         info: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         state = info.get("state")
         parent_holder = holders.get(dev.mig_parent_uuid or "")
-        if state in ("frame", "lease", "nimby") or (d is None and (dev.uuid in holders or parent_holder)):
-            holder = info.get("holder") or holders.get(dev.uuid) or parent_holder or {
-                "frame": "a frame", "lease": "a lease", "nimby": "another process"}.get(str(state), "in use")
+        if dev.uuid in holders or parent_holder:
+            busy.append(f"gpu {dev.index} held by {holders.get(dev.uuid) or parent_holder}")
+            continue
+        if state == "frame":  # that frame has ended since: the device is free as far as anyone knows
+            info, state = {}, "free"
+        if state in ("lease", "nimby"):
+            holder = info.get("holder") or {"lease": "a lease", "nimby": "another process"}[str(state)]
             busy.append(f"gpu {dev.index} held by {holder}")
             continue
         if not mine and (state == "reserved" or dev.uuid in res_uuids):
@@ -260,8 +288,7 @@ def _gpu_now(layer: Mapping[str, Any], host: Mapping[str, Any], farm: Farm) -> t
     need = request.gpus
     if len(free) >= need:
         if d is None:
-            return "unknown", ("fits; its worker publishes no dispatch state (an older cuectl), "
-                               "so whether it is free now is unknown")
+            return "unknown", f"fits; {no_dispatch_state(host)}, so whether it is free now is unknown"
         return "ok", "could run now (a worker will claim it at its next poll)"
     if mine and res is not None:
         text = (f"holding {_plural(int(res.get('free') or len(free)), 'free GPU')} on host {host['name']} "
@@ -296,7 +323,7 @@ def reserved_text(res: Mapping[str, Any]) -> str:
 def _cpu_now(layer: Mapping[str, Any], host: Mapping[str, Any]) -> tuple[str, str]:
     d = dispatch_of(host)
     if d is None or not isinstance(d.get("cores_free"), (int, float)):
-        return "unknown", "fits; its worker publishes no dispatch state (an older cuectl), so its free cores are unknown"
+        return "unknown", f"fits; {no_dispatch_state(host)}, so its free cores are unknown"
     mem = d.get("memory_free_bytes")
     why = cpu_fits(layer["cores"], layer["memory_bytes"],
                    CpuPool(float(d["cores_free"]), int(mem) if isinstance(mem, int) else 1 << 62))
@@ -306,9 +333,11 @@ def _cpu_now(layer: Mapping[str, Any], host: Mapping[str, Any]) -> tuple[str, st
 
 
 def explain_host(layer: Mapping[str, Any], host: Mapping[str, Any], *, user: str, farm: Farm,
-                 cap: str | None) -> HostLine:
+                 cap: str | None, unproven: str | None = None) -> HostLine:
+    """``unproven``: why nothing proves that ``user`` submitted the job (root workers will
+    not run it), or None."""
     state = str(host.get("state") or "UP")
-    for check in (_availability(host, user, farm.now), _static(layer, host)):
+    for check in (_availability(host, user, farm.now, unproven), _static(layer, host)):
         if check is not None:
             return HostLine(host["name"], state, *check)
     if cap:
@@ -382,7 +411,7 @@ def waiting_reason(layer: Mapping[str, Any], lines: Sequence[HostLine], farm: Fa
 
 def _as_state(line: HostLine) -> str:
     # "is DOWN (...)", "is locked by ...", "is outside the host's schedule ...", "runs only the work of ..."
-    return line.reason if line.check == "user" else f"is {line.reason}"
+    return line.reason if line.check in ("user", "proof") else f"is {line.reason}"
 
 
 def _waits_of(job: Mapping[str, Any], layer: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -498,7 +527,8 @@ def explain_loaded(store: Any, job: Mapping[str, Any], farm: Farm, *, unproven: 
         waiting, depend = c.get(m.WAITING, 0), c.get(m.DEPEND, 0)
         if waiting or depend:
             out.cap = _cap_reached(store, layer["id"]) if waiting else None
-            out.hosts = [explain_host(layer, h, user=job["user"], farm=farm, cap=out.cap) for h in farm.hosts]
+            out.hosts = [explain_host(layer, h, user=job["user"], farm=farm, cap=out.cap, unproven=unproven)
+                         for h in farm.hosts]
             if waiting:
                 out.waiting_reason = waiting_reason(layer, out.hosts, farm, out.cap)
             else:  # only DEPEND frames: still say what would stop them once released
@@ -546,9 +576,12 @@ def frame_reasons(store: Any, frames: list[dict[str, Any]], *, now: float | None
             f.setdefault("pending_reason", None)
             continue
         if f["job_id"] not in by_job:
+            from cuectl.sched.pending import unproven
+
             job = store.get_job(f["job_id"])
             farm = farm or Farm.read(store, when)
-            by_job[f["job_id"]] = {x.name: x for x in explain_loaded(store, job, farm, hosts_lines=False).layers}
+            by_job[f["job_id"]] = {x.name: x for x in explain_loaded(store, job, farm, hosts_lines=False,
+                                                                     unproven=unproven(store, job)).layers}
             paused[f["job_id"]] = bool(job["paused"])
         if paused[f["job_id"]]:
             f["pending_reason"] = "job is paused (`cuectl job resume`)"
