@@ -443,7 +443,7 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
         return
     caps = [f"{key} {data[key]:g}" for key in ("max_running", "max_gpus", "max_cores") if data.get(key) is not None]
     term.fields([("job", f"{data['id']} {data['name']}"), ("user", data["user"]), ("priority", data["priority"]),
-                 ("state", _state(data)),
+                 ("state", _state(data) + (f": {data['outcome_reason']}" if data.get("outcome_reason") else "")),
                  *([("project", data["project"])] if data.get("project") else []),
                  *([(key, data[key]) for key in ("show", "shot") if data.get(key)]),
                  *([("caps", ", ".join(caps))] if caps else []),
@@ -705,7 +705,8 @@ def job_wait(ctx: typer.Context,
         term.emit_json({"jobs": done, "succeeded": all(j.get("outcome") == "SUCCEEDED" for j in done)})
     else:
         for j in done:
-            term.line(f"job {j['id']} {j['name']}: {j.get('outcome')} ({_counts(j)})")
+            why = f": {j['outcome_reason']}" if j.get("outcome_reason") else ""  # "1 frame killed by alice"
+            term.line(f"job {j['id']} {j['name']}: {j.get('outcome')}{why} ({_counts(j)})")
     check_succeeded(done)
 
 

@@ -73,6 +73,8 @@ def job_json(row: Mapping[str, Any], frame_counts: Mapping[str, int]) -> dict[st
         "finished_at": iso(row["finished_at"]),
         "outcome": outcome,
         "display_state": job_display_state(row["state"], outcome, frame_counts),
+        # Why a FAILED job failed ("1 frame killed by alice"); the store fills it in.
+        "outcome_reason": None,
         "project": row["project"],
         "show": row["show"],
         "shot": row["shot"],

@@ -72,4 +72,5 @@ def check_succeeded(jobs: Sequence[dict[str, Any]]) -> None:
 
 def _dead(job: dict[str, Any]) -> str:
     dead = (job.get("frame_counts") or {}).get(m.DEAD, 0)
-    return f" ({dead} DEAD frame{'s' if dead != 1 else ''})" if dead else ""
+    why = f": {job['outcome_reason']}" if job.get("outcome_reason") else ""  # who killed frames, how many failed
+    return f" ({dead} DEAD frame{'s' if dead != 1 else ''}{why})" if dead else ""

@@ -59,6 +59,36 @@ def failure_text(result: FrameResult) -> str | None:
 
 LOST_FAILURE = "worker lost (no heartbeat)"
 
+# What a user's kill leaves on a frame as its failure: who ended it, so a job that ends
+# FAILED for it says so ("1 frame killed by alice"), not only that a frame is DEAD.
+_KILLED_BY = " (frame kill)"
+
+
+def killed_by(user: str) -> str:
+    return f"killed by {user}{_KILLED_BY}"
+
+
+def outcome_reason(dead: Mapping[str | None, int]) -> str | None:
+    """Why a job ended FAILED, from its DEAD frames counted by their failure: the users
+    who killed frames by name, then the rest as failed (``1 frame killed by alice, 2 frames
+    failed``); None without DEAD frames."""
+    killers: dict[str, int] = {}
+    failed = 0
+    for failure, count in dead.items():
+        if failure and failure.startswith("killed by ") and failure.endswith(_KILLED_BY):
+            user = failure[len("killed by "):-len(_KILLED_BY)]
+            killers[user] = killers.get(user, 0) + count
+        else:
+            failed += count
+    parts = [f"{_frames(n)} killed by {user}" for user, n in sorted(killers.items(), key=lambda kv: (-kv[1], kv[0]))]
+    if failed:
+        parts.append(f"{_frames(failed)} failed")
+    return ", ".join(parts) or None
+
+
+def _frames(count: int) -> str:
+    return f"{count} frame{'' if count == 1 else 's'}"
+
 
 def reaped_state(action: str | None, attempt: int, retries: int) -> str:
     """The state of a RUNNING frame whose worker went silent (its lease expired): the

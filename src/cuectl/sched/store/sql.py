@@ -298,7 +298,23 @@ class SQLStore(Store):
                 return []
             where, params = f"j.id IN ({marks(len(rows))})", [r["id"] for r in rows]
         counts = self._frame_counts(where, params)
-        return [job_json(r, counts.get(r["id"], {})) for r in rows]
+        jobs = [job_json(r, counts.get(r["id"], {})) for r in rows]
+        failed = [j["id"] for j in jobs if j["outcome"] == "FAILED"]
+        if failed:
+            reasons = self._outcome_reasons(failed)
+            for j in jobs:
+                j["outcome_reason"] = reasons.get(j["id"], j["outcome_reason"])
+        return jobs
+
+    def _outcome_reasons(self, job_ids: Sequence[int]) -> dict[int, str | None]:
+        """Why each of these jobs ended FAILED (lifecycle.outcome_reason), from their DEAD
+        frames counted by failure: only DEAD frames are read."""
+        dead: dict[int, dict[str | None, int]] = {}
+        for batch in batches(sorted(set(job_ids))):
+            for r in self._read("SELECT job_id, failure, COUNT(*) AS n FROM frames WHERE state = 'DEAD' AND "
+                                f"job_id IN ({marks(len(batch))}) GROUP BY job_id, failure", batch):
+                dead.setdefault(int(r["job_id"]), {})[r["failure"]] = int(r["n"])
+        return {job_id: lifecycle.outcome_reason(counts) for job_id, counts in dead.items()}
 
     def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
                    name: str | None = None, show: str | None = None, shot: str | None = None) -> int:
@@ -319,6 +335,8 @@ class SQLStore(Store):
     def get_job(self, ref: str | int) -> dict[str, Any]:
         row = self._job_row(ref)
         data = job_json(row, self._frame_counts("j.id = ?", (row["id"],)).get(row["id"], {}))
+        if data["outcome"] == "FAILED":
+            data["outcome_reason"] = self._outcome_reasons([row["id"]]).get(row["id"])
         data["receipt"] = row["receipt"]
         data["notify"] = [nt.masked(n) for n in nt.from_json(row["notify"])]
         data["layers"] = [layer_json(r) for r in self._read(
@@ -673,8 +691,13 @@ class SQLStore(Store):
         woke = 0
         if state == m.RUNNING:
             # The worker owning it sees the flag on its next heartbeat, kills the process
-            # group and reports; the final state is decided in complete_frame.
-            tx.run("UPDATE frames SET action = ? WHERE id = ?", (action, frame_id))
+            # group and reports; the final state is decided in complete_frame, which keeps
+            # the failure of a killed attempt: who killed it.
+            if action == "kill":
+                tx.run("UPDATE frames SET action = ?, failure = ? WHERE id = ?",
+                       (action, lifecycle.killed_by(self.actor().name), frame_id))
+            else:
+                tx.run("UPDATE frames SET action = ? WHERE id = ?", (action, frame_id))
             return 0
         if action == "retry":
             if state == m.WAITING:  # waiting out a retry back-off: a user's retry means now
@@ -689,7 +712,8 @@ class SQLStore(Store):
             woke = int(new == m.WAITING)
         elif action == "kill":
             if state in (m.WAITING, m.DEPEND):
-                tx.run("UPDATE frames SET state = 'DEAD', ended_at = ? WHERE id = ?", (now, frame_id))
+                tx.run("UPDATE frames SET state = 'DEAD', ended_at = ?, failure = ? WHERE id = ?",
+                       (now, lifecycle.killed_by(self.actor().name), frame_id))
                 notes.record_dead(tx, row["job_id"], frame_id, now)
         elif state != m.EATEN:  # eat
             tx.run("UPDATE frames SET state = 'EATEN', ended_at = ? WHERE id = ?", (now, frame_id))
