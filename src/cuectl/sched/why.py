@@ -9,7 +9,8 @@ A host is checked in this order (the first that applies is its line):
 
 1. DOWN (no heartbeat for ``model.HOST_DOWN_AFTER_S``), locked by an admin, not accepting
    work (draining, or outside its schedule), ``worker --allow-user`` excluding the job's
-   user — the host could run the layer, but will not now;
+   user, a root worker and a job nothing proves its user submitted — the host could run
+   the layer, but will not now;
 2. the layer's tags, ``--gpu-only`` for CPU layers, the GPU request against the host's
    inventory (``select_devices(...).could_ever_fit``), cores or memory larger than the
    host has — the host can never run the layer;
@@ -19,8 +20,10 @@ A host is checked in this order (the first that applies is its line):
    full CPU pool — else "could run now".
 
 Steps 1 and 4 read what each worker publishes with its heartbeat (``live["dispatch"]``,
-docs/scheduling.md); a host whose worker publishes none (an older cuectl) gets no claim
-about those: it is never blamed for what is unknown.
+docs/scheduling.md), except frames: which frame holds a device is the store's RUNNING
+frames now, whatever the worker last published. A host whose worker publishes none (an
+older cuectl, or one that started moments ago) gets no claim about the rest: it is never
+blamed for what is unknown.
 """
 
 from __future__ import annotations
