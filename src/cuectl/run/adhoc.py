@@ -83,17 +83,27 @@ def run_command(command: Sequence[str], *, gpus: int | None = None, gpu_vendor: 
                            gpu_memory_free_min=gpu_memory_free_min, devices=devices, field_label=flag_label)
 
     quick_key = _quick_key() if lock_dir is None else None
+    import warnings
 
-    def acquired(held: Lease) -> None:
-        if quick_key is not None:
-            _save_quick(quick_key, held)
-        say(acquired_message(held))
+    from cuectl.run.lease.acquire import LeaseWarning
 
-    def waiting(reason: LeaseError) -> None:
-        say(f"cuectl run: waiting — {reason.message}")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", LeaseWarning)
 
-    return run_with_lease(command, request, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
-                          on_acquired=acquired, on_wait=waiting, reap_leftovers=True)
+        def acquired(held: Lease) -> None:
+            if quick_key is not None:
+                _save_quick(quick_key, held)
+            for w in said:
+                if issubclass(w.category, LeaseWarning):
+                    say(f"warning: {w.message}")  # (a GPU held through another lock directory)
+            said.clear()
+            say(acquired_message(held))
+
+        def waiting(reason: LeaseError) -> None:
+            say(f"cuectl run: waiting — {reason.message}")
+
+        return run_with_lease(command, request, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
+                              on_acquired=acquired, on_wait=waiting, reap_leftovers=True)
 
 
 def _quick_key() -> tuple[object, ...] | None:

@@ -257,3 +257,77 @@ def unlock(fd: int, *, shared: bool, writable: bool) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# ============================================================================ other lock directories
+
+
+def held_elsewhere(lock_dir: str, names: "list[str] | tuple[str, ...]") -> list[tuple[str, str, int]]:
+    """The lock files of ``names`` (base names, ``GPU-….lock``) held right now through another
+    lock directory of this machine (one the registry of ``config.lock_dir_registry`` notes):
+    ``(name, that directory, holder pid)`` for each. Leases there and here do not see each
+    other, so each such device is now used twice. Judged by the holder's record (a live
+    pid), never by a probe, which would make a concurrent acquirer there see it busy; a
+    directory inside this one or holding it (nested leases of a frame) is not another."""
+    registry = config.lock_dir_registry_name()
+    try:
+        entries = os.listdir(registry)
+    except OSError:
+        return []
+    mine = os.path.realpath(lock_dir)
+    found = []
+    for entry in entries:
+        try:
+            with open(os.path.join(registry, entry), "rb") as f:
+                other = os.fsdecode(f.read(4096)).strip()
+        except OSError:
+            continue
+        if not other.startswith("/") or _related(os.path.realpath(other), mine):
+            continue
+        for name in names:
+            pid = _live_holder(os.path.join(other, name))
+            if pid:
+                found.append((name, other, pid))
+    return found
+
+
+def _related(a: str, b: str) -> bool:
+    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
+
+
+def _live_holder(path: str) -> int:
+    """The pid a lock file's record names when that process lives, else 0."""
+    try:
+        fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
+    except OSError:
+        return 0
+    try:
+        data = os.pread(fd, 4096, 0)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    if not data:
+        return 0  # released cleanly: the record is cleared
+    import json  # only here: a record of another directory's lease is rare
+
+    try:
+        pid = json.loads(data).get("pid")
+    except (ValueError, AttributeError):
+        return 0
+    if not isinstance(pid, int) or pid <= 0:
+        return 0
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return 0
+    except OSError:
+        pass  # another user's live process
+    return pid
+
+
+def elsewhere_warning(uuid: str, other: str, pid: int, lock_dir: str) -> str:
+    """What every lease path says of a device it leased that another lock directory holds."""
+    return (f"GPU {uuid} is also leased through another lock directory, {other} (pid {pid}): its leases "
+            f"and this one's ({lock_dir}) do not see each other, so the GPU is now used twice; use one "
+            "lock directory on a machine (CUECTL_LOCK_DIR)")

@@ -33,7 +33,8 @@ import sys
 
 from cuectl import config
 from cuectl.run import child
-from cuectl.run.lockfile import encode_record, fresh_record, lock_now, probe_held, unlock, write_record
+from cuectl.run.lockfile import (elsewhere_warning, encode_record, fresh_record, held_elsewhere, lock_now, probe_held,
+                                 unlock, write_record)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -240,6 +241,9 @@ def run(kw: dict[str, Any], say: Any) -> int | None:
         grant = _lock_first(grants, label, held) if gpus else grants[0]
         if grant is None:
             return None  # all held: the full path waits, or refuses naming the holders
+        if gpus:  # as every lease path: a device held through another lock directory too
+            for _, other, pid in held_elsewhere(lock_dir, (os.path.basename(grant[1]),)):
+                say("warning: " + elsewhere_warning(grant[0], other, pid, lock_dir))
         say(child.acquired_message([(grant[2], grant[3], grant[0])] if gpus else []))
         return _run_held(argv, held, grant[4])
     finally:

@@ -28,6 +28,7 @@ from cuectl.run.lease.isolation import isolation_env
 from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all, lock_path, prepare_lock_dir,
                                     update_holder)
 from cuectl.run.lease.nested import LEVEL_VAR, NESTED_DIRNAME, Allocation
+from cuectl.run.lockfile import elsewhere_warning, held_elsewhere
 from cuectl.run.lease.queue import WaitQueue, _ticket_names, predicted_free
 from cuectl.run.lease.request import LeaseRequest, fitting_uuids, make_request, resolve_devices
 from cuectl.sched.match import MatchResult, select_devices
@@ -334,6 +335,7 @@ class _Acquirer:
 
     def _lease(self, locks: list[DeviceLock]) -> Lease:
         devices, env = self.plan.grant(tuple(lock.uuid for lock in locks))
+        warn_if_held_elsewhere(self.lock_dir, locks)
         return Lease(locks, devices, env, self.lock_dir, self.label)
 
     def _refusal(self, devices: list[Device], busy: set[str], failed: list[Device], waiters: int,
@@ -600,7 +602,23 @@ def _quick_lease(key: _QuickKey) -> Lease | None:
 
 def _granted(ready: _Ready, locks: list[DeviceLock]) -> Lease:
     devices, env = ready.plan.grant(tuple([lock.uuid for lock in locks]))
+    warn_if_held_elsewhere(ready.lock_dir, locks)
     return Lease(locks, devices, env, ready.lock_dir, ready.label)
+
+
+class LeaseWarning(UserWarning):
+    """A lease was granted, but something outside this lock directory uses its device."""
+
+
+def warn_if_held_elsewhere(lock_dir: Path, locks: Sequence[DeviceLock]) -> None:
+    """Every lease path says when a device it just leased is held through another lock
+    directory of this machine (leases there never see ours: the GPU is used twice), as
+    the worker does at start. A ``LeaseWarning``; `cuectl run` prints it as a warning line."""
+    if not locks:
+        return
+    uuids = {lock_path(lock_dir, lock.uuid).name: lock.uuid for lock in locks}
+    for name, other, pid in held_elsewhere(str(lock_dir), tuple(uuids)):
+        warnings.warn(elsewhere_warning(uuids[name], other, pid, str(lock_dir)), LeaseWarning, stacklevel=4)
 
 
 def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | None]:
