@@ -58,15 +58,24 @@ def default_db_url() -> str:
 
 
 def log_root(db_path: Path | None) -> Path:
-    """Where frame logs go: ``CUECTL_LOG_DIR``, else ``logs/`` beside a SQLite store."""
+    """Where frame logs go: ``CUECTL_LOG_DIR``, else ``<store file>-logs/`` beside a SQLite
+    store (named after it, as SQLite names its ``-wal`` file: two stores in one directory
+    would otherwise write into the same ``<job id>/`` files), else the state directory's."""
     from pathlib import Path
 
     explicit = env("CUECTL_LOG_DIR")
     if explicit:
         return Path(explicit)
     if db_path is not None:
-        return db_path.parent / "logs"
+        return db_path.parent / f"{db_path.name}-logs"
     return state_home() / "cuectl" / "logs"
+
+
+def legacy_log_root(db_path: Path) -> Path | None:
+    """``logs/`` beside a SQLite store, where logs went before each store had its own
+    (shared by every store of the directory): still read, never written. None when
+    ``CUECTL_LOG_DIR`` chooses the log directory."""
+    return None if env("CUECTL_LOG_DIR") else db_path.parent / "logs"
 
 
 def lock_dir() -> Path:

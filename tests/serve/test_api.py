@@ -343,7 +343,7 @@ def test_a_frames_log_whole_and_tail(site):
     frame_id = claimed.frame_id
     check_problem(alice.get(f"{API}/frames/{frame_id}/log"), 404)  # the worker has not written it (here)
     log = Path(claimed.log_path)
-    assert log.is_relative_to(site.db.parent / "logs")
+    assert log.is_relative_to(site.db.parent / f"{site.db.name}-logs")
     log.parent.mkdir(parents=True, exist_ok=True)
     lines = [f"line {i} é" for i in range(50)]
     log.write_text("\n".join(lines) + "\n")
@@ -364,7 +364,7 @@ def test_the_log_endpoint_never_reads_outside_the_log_directory(site, serve_dir)
     """Frame rows are written by clients: a log path that leads elsewhere, by a layer
     name, the column itself, or a link planted in the log directory, is a 404."""
     alice = site.api("alice")
-    logs = site.db.parent / "logs"
+    logs = site.db.parent / f"{site.db.name}-logs"
     secret_dir = serve_dir / "private"
     secret_dir.mkdir(exist_ok=True)
     secret_file = secret_dir / "secret.txt"

@@ -71,7 +71,7 @@ def test_hostile_names_never_reach_a_shell_or_escape_the_log_dir(farm):
     assert not canary.exists()
     frames = farm.frames(job)
     assert {f["state"] for f in frames} == {"SUCCEEDED"}
-    logs_root = (farm.db.parent / "logs").resolve()
+    logs_root = (farm.db.parent / f"{farm.db.name}-logs").resolve()
     for f in frames:
         path = Path(json.loads(farm.cuectl("frame", "show", str(f["id"]), "--json").stdout)["log_path"]).resolve()
         assert logs_root in path.parents

@@ -179,7 +179,8 @@ def show_log(store: Store, frame_id: int, *, out: BinaryIO, attempt: int | None 
              tail: int | None = None) -> None:
     """Copy one attempt's log (default: the latest) to ``out``; with ``tail``, its last lines."""
     frame = store.get_frame(frame_id)
-    fd = open_log(store.log_dir, attempt_log_path(frame, attempt), frame_id)
+    path = attempt_log_path(frame, attempt)
+    fd = open_log(store.log_dir_of(path), path, frame_id)
     try:
         if tail is not None:
             _write(out, tail_bytes(fd, tail))
@@ -276,7 +277,8 @@ def follow_log(store: Store, frame_id: int, *, out: BinaryIO, note: Callable[[st
         missing_since = time.monotonic()
         while reader is None:
             try:
-                fd = open_log(store.log_dir, attempt_log_path(frame, target), frame_id)
+                path = attempt_log_path(frame, target)
+                fd = open_log(store.log_dir_of(path), path, frame_id)
             except NotFound as exc:
                 over = _attempt_over(frame, target)
                 if first and ((over and not said_waiting) or time.monotonic() - missing_since > missing_s):

@@ -542,7 +542,11 @@ def create_app(settings: Settings) -> FastAPI:
         lines = _int_param(tail, "tail", low=0, high=100_000)
         _check_frame_id(frame_id)
         # In the thread pool: the first call on a thread opens its store (a connection).
-        frame, log_dir = await run_in_threadpool(lambda: (pool.get().get_frame(frame_id), pool.get().log_dir))
+        def frame_and_log_dir() -> tuple[dict[str, Any], Path]:
+            frame = pool.get().get_frame(frame_id)
+            return frame, pool.get().log_dir_of(frame.get("log_path"))
+
+        frame, log_dir = await run_in_threadpool(frame_and_log_dir)
         fd = _open_log(log_dir, frame)
         if not follow:
             try:

@@ -26,7 +26,8 @@ def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
     ``CUECTL_AUTO_MIGRATE`` (default on; off makes an old schema an error), True migrates,
     False opens an old schema untouched (for ``cuectl admin migrate``, which then calls
     ``Store.migrate()``). ``log_dir``: where frame logs go; None follows ``CUECTL_LOG_DIR``,
-    else ``logs/`` beside a SQLite store or under the state directory."""
+    else ``<file>-logs/`` beside a SQLite store (and its older ``logs/`` still read) or
+    under the state directory."""
     from cuectl import config
     from cuectl.errors import InvalidInput
 
@@ -53,8 +54,12 @@ def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
     from cuectl.sched.store.sqlite import SQLiteStore
 
     file = Path(path).expanduser()
-    return SQLiteStore(file, create=create, busy_timeout_s=busy_timeout_s,
-                       log_dir=Path(log_dir) if log_dir else config.log_root(file))
+    store = SQLiteStore(file, create=create, busy_timeout_s=busy_timeout_s,
+                        log_dir=Path(log_dir) if log_dir else config.log_root(file))
+    legacy = None if log_dir else config.legacy_log_root(file)
+    if legacy is not None and legacy != store.log_dir:  # frame logs written before the store had its own
+        store.older_log_dirs = (legacy,)
+    return store
 
 
 def roles_sql() -> str:

@@ -216,6 +216,22 @@ class Store(abc.ABC):
     # True behind a transaction pooler (PostgreSQL with ``pgbouncer=true``): nothing lives
     # in a session, so acting for another user (``cuectl serve``) is refused.
     pooled: bool = False
+    # Log directories this store once wrote to and still reads, never writes (a SQLite
+    # store's shared ``logs/`` of releases before each store had its own; ``open_store``).
+    older_log_dirs: tuple[Path, ...] = ()
+
+    def log_dir_of(self, path: str | None) -> Path:
+        """The log directory that holds the log ``path`` (a frame's ``log_path``): this
+        store's, or an older one it still reads; its own when neither does (reading a log
+        outside it is then refused: run/logs.open_log)."""
+        import os
+
+        if path:
+            for root in (self.log_dir, *self.older_log_dirs):
+                rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+                if rel != ".." and not rel.startswith(".." + os.sep):
+                    return Path(root)
+        return self.log_dir
 
     # -- lifecycle ---------------------------------------------------------------------
     @abc.abstractmethod

@@ -74,7 +74,7 @@ class SQLiteStore(SQLStore):
     def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_s: float = 5.0,
                  log_dir: Path | None = None) -> None:
         self.path = Path(path).expanduser()
-        super().__init__(log_dir=log_dir or self.path.parent / "logs")
+        super().__init__(log_dir=log_dir or self.path.parent / f"{self.path.name}-logs")  # (config.log_root)
         self.url = str(self.path)
         self.local_path = self.path
         self.receipt_dir = self.path.parent / identity.SPOOL
