@@ -9,9 +9,10 @@ GPUs, waiting for a GPU no host has, and one with a dead frame. Then Debian's Ch
 (/usr/bin/chromium, or $CUECTL_CHROMIUM) takes, at 1280x800 unless said otherwise:
 
   login.png            the login page
-  jobs.png             the jobs page of an admin
+  jobs.png             the jobs page of an admin, sorted by priority, two jobs selected
   job.png              a running job with a frame's log and GPU chart open
   hosts.png            the hosts page
+  host.png             a host's page: its GPUs with holders, its running frames, Lock
   submit-error.png     the submit form refusing gpus = -1 beside the field
   viewer.png           a job as a viewer sees it (read-only badge, no action buttons)
   phone-jobs-dark.png  the jobs page on a 390x844 phone in dark mode
@@ -204,8 +205,13 @@ def main() -> int:
             shot(page, "login.png")
 
             page = page_for(ada)
-            expect(page.locator(f'#jobs-table tr[data-job-id="{comp}"] .state')).to_have_text("FINISHED",
+            expect(page.locator(f'#jobs-table tr[data-job-id="{comp}"] .state')).to_have_text("SUCCEEDED",
                                                                                               timeout=30_000)
+            priority = page.locator('#jobs-table th button.sort:text-is("Priority")')
+            priority.click()
+            priority.click()  # highest first
+            for job in (fx, comp):
+                page.check(f'#jobs-table tr[data-job-id="{job}"] input.select-row')
             shot(page, "jobs.png")
 
             page.goto(f"{farm.url}/#/jobs/{fx}")
@@ -220,6 +226,10 @@ def main() -> int:
             page.goto(farm.url + "/#/hosts")
             page.wait_for_selector('#hosts-table tr[data-host="render-01"]')
             shot(page, "hosts.png")
+
+            page.goto(farm.url + "/#/hosts/render-01")
+            page.wait_for_selector("#host-frames tr[data-frame-id]")
+            shot(page, "host.png")
 
             page.goto(farm.url + "/#/submit")
             form = page.locator("form#submit-form")

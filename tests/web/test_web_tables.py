@@ -151,7 +151,8 @@ def test_a_frame_names_its_gpu_as_host_index_and_model(farm, page, farmstate):
     login(page, farm, farmstate["alice"])
     page.goto(f"{farm.url}/#/jobs/{farmstate['render']['id']}")
     running = page.locator(f'#frames-table tr[data-frame-id="{farmstate["claimed"].frame_id}"]')
-    expect(running.locator(".gpu")).to_have_text("tbl-node gpu 1 (A100-SXM4-80GB)")
+    expect(running.locator(".host")).to_have_text("tbl-node")
+    expect(running.locator(".gpu")).to_have_text("gpu 1 (A100-SXM4-80GB)")  # beside its host
     expect(running.locator(".gpu")).to_have_attribute("title", "tbl-node gpu 1 (NVIDIA A100-SXM4-80GB) GPU-tbl-node-1")
     running.locator('button[data-action="log"]').click()
     facts = page.locator("#frame-panel .facts")

@@ -87,7 +87,8 @@ export function framesTable(onAction, {gpuLabel = () => ({text: "-", title: ""})
     setText(cells[2], f.state);
     setText(cells[3], f.host || "-");
     const gpu = gpuLabel(f);
-    setText(cells[4], gpu.text);
+    // The host is in the column before: "render-01 | gpu 1 (A100-SXM4-80GB)".
+    setText(cells[4], f.host && gpu.text.startsWith(`${f.host} gpu `) ? gpu.text.slice(f.host.length + 1) : gpu.text);
     if (cells[4].title !== gpu.title) cells[4].title = gpu.title;
     setText(cells[5], f.attempts);
     // Live values while it runs; the finished attempt's mean and peak afterwards.
@@ -180,6 +181,7 @@ export function framesTable(onAction, {gpuLabel = () => ({text: "-", title: ""})
     element: wrap,
     /** Show these frames (already filtered); ``reset`` scrolls back to the top. */
     show(frames, {reset = false, canChange = mayChange} = {}) {
+      table.classList.toggle("no-select", !canChange);
       if (canChange !== mayChange) {
         mayChange = canChange;
         rendered = new Map(); // rebuild the rows with or without the action buttons

@@ -3,7 +3,7 @@
 // its ETag (a 304 while nothing changed).
 
 import {api, poll} from "./api.js";
-import {el, gb, localTime, pct, runtime, setText, size} from "./dom.js";
+import {el, gb, localTime, pct, runtime, setText} from "./dom.js";
 import {deviceNames, gpuLabel} from "./hosts.js";
 import {clearError, confirmDialog, showError} from "./ui.js";
 
@@ -41,7 +41,7 @@ export function hostPage(main, ctx, nameText) {
     setText(state, host.state + (host.locked ? " \u00b7 locked" : ""));
     state.dataset.state = host.state;
     state.toggleAttribute("data-locked", host.locked);
-    setText(meta, [`${host.cores} cores`, `${size(host.memory_bytes)} memory`,
+    setText(meta, [`${host.cores} cores`, `${gb(host.memory_bytes)} GB memory`,
       host.tags && host.tags.length ? `tags ${host.tags.join(", ")}` : null,
       host.version ? `cuectl ${host.version}` : null, host.worker_pid ? `worker pid ${host.worker_pid}` : null,
       `last heartbeat ${localTime(host.last_heartbeat)}`].filter(Boolean).join(" \u00b7 "));

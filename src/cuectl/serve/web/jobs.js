@@ -28,6 +28,7 @@ export function jobsPage(main, ctx) {
   const ths = ["", "ID", "Name", "State", "Progress", "User", "Priority", "Pending"]
     .map((h, i) => el("th", {scope: "col", class: ["select", "id", "name", "state", "progress", "user", "priority num", "pending"][i], text: h}));
   ths[0].append(all);
+  const table = el("table", {id: "jobs-table", class: "fixed no-select"}, el("thead", {}, el("tr", {}, ths)), tbody);
   const selected = new Set(); // job ids
   const bar = bulkBar("jobs-bulk", BULK, bulk, () => {
     selected.clear();
@@ -37,8 +38,7 @@ export function jobsPage(main, ctx) {
     el("div", {class: "toolbar"}, el("h1", {text: "Jobs"}), filter,
        el("label", {class: "check"}, active, " Active only"), count),
     bar.element,
-    el("div", {class: "table-wrap"}, el("table", {id: "jobs-table", class: "fixed"},
-      el("thead", {}, el("tr", {}, ths)), tbody)),
+    el("div", {class: "table-wrap"}, table),
     empty);
   const done = (j) => {
     const c = j.frame_counts || {};
@@ -107,6 +107,7 @@ export function jobsPage(main, ctx) {
     for (const id of rows.keys()) if (!ids.has(id)) rows.delete(id);
     for (const id of selected) if (!ids.has(id)) selected.delete(id);
     const mine = shown.filter((j) => ctx.canChange(j));
+    table.classList.toggle("no-select", !ctx.me || ctx.me.read_only);
     all.hidden = !mine.length;
     all.checked = mine.length > 0 && mine.every((j) => selected.has(j.id));
     all.indeterminate = !all.checked && mine.some((j) => selected.has(j.id));
