@@ -247,12 +247,12 @@ def _app_routes() -> list[tuple[str, str, set[str]]]:
 
 def _expanded_routes() -> list[tuple[str, str, set[str]]]:
     """Routes with their {action} placeholder replaced by each action the app accepts."""
-    from cuectl.serve.app import FRAME_ACTIONS, JOB_ACTIONS
+    from cuectl.serve.app import FRAME_ACTIONS, HOST_ACTIONS, JOB_ACTIONS
 
     out = []
     for method, path, query in _app_routes():
         if path.endswith("/{action}"):
-            actions = JOB_ACTIONS if "/jobs/" in path else FRAME_ACTIONS
+            actions = JOB_ACTIONS if "/jobs/" in path else HOST_ACTIONS if "/hosts/" in path else FRAME_ACTIONS
             out += [(method, path[:-len("{action}")] + a, query) for a in actions]
         else:
             out.append((method, path, query))
