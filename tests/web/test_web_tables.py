@@ -258,3 +258,29 @@ def test_a_bad_filter_is_shown_beside_its_field_and_empties_the_table(farm, page
     expect(page.locator('#hosts-table tr[data-gpu-uuid="GPU-tbl-node-0"]')).to_be_visible()
     expect(error).to_be_hidden()
     expect(page.locator("#filter-memory")).not_to_have_attribute("aria-invalid", "true")
+
+
+def test_host_rows_sort_by_host_and_gpu(farm, page, farmstate):
+    farm.register_host("tbl-cpu", [])  # no GPU: its one row's index is "-"
+    login(page, farm, farmstate["ada"])
+    page.click('nav a[href="#/hosts"]')
+    expect(page.locator('#hosts-table tr[data-gpu-uuid="GPU-tbl-node-1"]')).to_be_visible()
+
+    def shown() -> list[tuple[str, str]]:
+        return [tuple(r) for r in page.locator("#hosts-table tr[data-host]").evaluate_all(
+            "rows => rows.map(r => [r.dataset.host, r.querySelector('.index').textContent])")]
+
+    gpu = page.locator('#hosts-table th button.sort:text-is("GPU")')
+    gpu.click()
+    gpu.click()  # descending: every host's gpu 1 before any gpu 0, the GPU-less host ("-") last
+    expect(page.locator("#hosts-table th.index")).to_have_attribute("aria-sort", "descending")
+    expect(page.locator('#hosts-table tr[data-host="tbl-cpu"]')).to_be_visible()
+    indexes = [i for _, i in shown()]
+    assert "-" in indexes and "1" in indexes, indexes
+    numbers = [int(i) for i in indexes if i != "-"]
+    assert numbers == sorted(numbers, reverse=True) and indexes[len(numbers):] == ["-"] * (len(indexes) - len(numbers)), \
+        indexes
+    page.locator('#hosts-table th button.sort:text-is("Host")').click()
+    expect(page.locator("#hosts-table th.host")).to_have_attribute("aria-sort", "ascending")
+    hosts = [h for h, _ in shown()]
+    assert hosts == sorted(hosts, key=str.lower), hosts
