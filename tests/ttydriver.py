@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import select
+import struct
 import subprocess
+import termios
 import time
 
 
-def on_terminal(argv: list[str], *, answer: bytes | None) -> tuple[int, str]:
-    """Run ``argv`` with a pty as its stdin, stdout and stderr; type ``answer`` when it asks
-    a ``[y/N]`` question. Its exit code and everything it printed (newlines as ``\\n``)."""
+def on_terminal(argv: list[str], *, answer: bytes | None, prompt: bytes = b"[y/N]", columns: int | None = None,
+                env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``argv`` with a pty as its stdin, stdout and stderr; type ``answer`` once it has
+    printed ``prompt`` (a ``[y/N]`` question unless told). ``columns``: the terminal's width,
+    set on the pty itself as a resized window would (the caller's env should not carry
+    ``COLUMNS``). Its exit code and everything it printed (newlines as ``\\n``)."""
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        if columns is not None:
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, env=env)
         out = bytearray()
         answered = False
         deadline = time.monotonic() + 60
@@ -27,7 +35,7 @@ def on_terminal(argv: list[str], *, answer: bytes | None) -> tuple[int, str]:
                     break
             elif proc.poll() is not None:
                 break
-            if answer is not None and not answered and b"[y/N]" in out:
+            if answer is not None and not answered and prompt in out:
                 os.write(master, answer)
                 answered = True
         if proc.poll() is None:

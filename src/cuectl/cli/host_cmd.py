@@ -46,7 +46,9 @@ def host_list(ctx: typer.Context, as_json: bool = JSON_OPT,
     if as_json:
         term.emit_json({"hosts": hosts})
         return
-    term.table(["NAME", "STATE", "LOCKED", "CORES", "MEMORY", "GPUS", "LAST HEARTBEAT"],
+    C = term.Col  # on a narrow terminal: LOCKED goes first, then CORES, MEMORY
+    term.table([C("NAME", fit="name"), C("STATE", "state"), C("LOCKED", drop=3), C("CORES", drop=2),
+                C("MEMORY", drop=1), C("GPUS", fit="free"), C("LAST HEARTBEAT", "time")],
                [[h["name"], h["state"], "yes" if h["locked"] else "no", h["cores"], format_bytes(h["memory_bytes"]),
                  _gpu_summary(h["gpus"]), h["last_heartbeat"]] for h in hosts])
 

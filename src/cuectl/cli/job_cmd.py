@@ -421,7 +421,9 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
     if as_json:
         term.emit_json({"jobs": jobs})
         return
-    term.table(["ID", "NAME", "USER", "PRI", "STATE", "FRAMES", "PENDING REASON"],
+    C = term.Col  # on a narrow terminal: the reason is cut first, then PRI goes
+    term.table([C("ID"), C("NAME", fit="name"), C("USER", fit="name"), C("PRI", drop=1), C("STATE", "state"),
+                C("FRAMES", fit="free"), C("PENDING REASON", fit="free")],
                [[j["id"], j["name"], j["user"], j["priority"],
                  _state(j), _counts(j), j["pending_reason"]] for j in jobs])
 
@@ -836,8 +838,10 @@ def frame_list(ctx: typer.Context,
     if as_json:
         term.emit_json({"frames": frames, "total": total, "truncated": truncated})
         return
-    term.table(["ID", "JOB", "FRAME", "STATE", "TRIES", "HOST", "GPUS", "GPU UTIL/MEM", "EXIT", "STARTED",
-                "PENDING REASON"],
+    C = term.Col  # on a narrow terminal: GPUS goes first, then TRIES, EXIT, GPU UTIL/MEM, HOST
+    term.table([C("ID"), C("JOB", fit="name"), C("FRAME", fit="name"), C("STATE", "state"), C("TRIES", drop=4),
+                C("HOST", fit="name", drop=1), C("GPUS", drop=5), C("GPU UTIL/MEM", "util", drop=2),
+                C("EXIT", drop=3), C("STARTED", "time"), C("PENDING REASON", fit="free")],
                [[f["id"], f["job"], f["name"], f["state"], f["attempts"], f["host"], len(f["gpu_uuids"]) or "-",
                  _gpu_cell(f), f["exit_code"] if f["exit_signal"] is None else f"sig {f['exit_signal']}",
                  f["started_at"], f.get("pending_reason")] for f in frames],

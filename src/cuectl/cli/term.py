@@ -115,30 +115,213 @@ def plain(text: str) -> "Text":
     return Text(text)
 
 
+class Col:
+    """A table column: its header, how its cells look on a terminal, and what gives way
+    when the terminal is too narrow. Piped output uses only the header (cells as they are).
+    (A plain class: ``typing.NamedTuple`` would import ``typing`` on the quick paths.)"""
+
+    __slots__ = ("name", "kind", "fit", "drop")
+
+    def __init__(self, name: str, kind: str = "text", fit: str = "keep", drop: int = 0) -> None:
+        self.name = name
+        #: "text"; "time": an ISO 8601 time, shortened (``short_time``); "state": coloured by
+        #: its first word (``state_style``); "util": coloured by its leading percentage.
+        self.kind = kind
+        #: "keep": elided only as a last resort; "name": elided in the middle with … after
+        #: the free text; "free": free text (pending reasons, holders), cut at the end with …,
+        #: the first to give way.
+        self.fit = fit
+        #: 0: always shown; otherwise hidden on a narrow terminal, the highest number first.
+        self.drop = drop
+
+
+class Cell:
+    """A cell with its own style on a terminal (``text`` alone when piped)."""
+
+    __slots__ = ("text", "style")
+
+    def __init__(self, text: str, style: str | None = None) -> None:
+        self.text = text
+        self.style = style
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
+    if isinstance(value, Cell):
+        return value.text
     return str(value)
 
 
-def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], *, title: str | None = None,
-          footer: str | None = None) -> None:
-    """A rich table on a terminal; tab-separated lines with a header row when piped."""
-    rows = [[_cell(v) for v in row] for row in rows]
-    if is_terminal():
-        from rich.table import Table
+def _column(col: str | Col) -> Col:
+    return col if isinstance(col, Col) else Col(col)
 
-        t = Table(title=plain(title) if title else None, header_style="bold", box=None, pad_edge=False)
-        for col in columns:
-            t.add_column(col, overflow="fold")
-        for row in rows:
-            t.add_row(*(plain(cell) for cell in row))
-        console().print(t)
+
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_RECENT_S = 183 * 86400  # ls(1)'s "recent": half a year either side of now
+
+
+def short_time(value: str | float | None, *, now: float | None = None) -> str:
+    """A time as a table on a terminal shows it, in local time as ls(1) and ps(1) do:
+    today's as ``21:34:34``, within half a year as ``Dec 05``, else ``2025-12-05``.
+    ``value`` is an ISO 8601 time (what the store's rows carry) or seconds since the epoch;
+    anything else is returned as it is."""
+    import time as _time
+
+    if value is None:
+        return "-"
+    at: float
+    if isinstance(value, (int, float)):
+        at = float(value)
     else:
-        out = sys.stdout
-        out.write("\t".join(columns) + "\n")
+        from datetime import datetime
+
+        try:
+            at = datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return value
+    now = _time.time() if now is None else now
+    local, today = _time.localtime(at), _time.localtime(now)
+    if local[:3] == today[:3]:
+        return _time.strftime("%H:%M:%S", local)
+    if abs(now - at) < _RECENT_S:
+        return f"{_MONTHS[local.tm_mon - 1]} {local.tm_mday:02d}"
+    return _time.strftime("%Y-%m-%d", local)
+
+
+# The colours of OpenCue's CueGUI for frame and job states; hosts as UP/DOWN read.
+_STATE_STYLES = {"SUCCEEDED": "green", "RUNNING": "yellow", "DEAD": "red", "FAILED": "red", "KILLED": "red",
+                 "UP": "green", "DOWN": "red"}
+
+
+def state_style(text: str) -> str | None:
+    """The colour of a state cell, by its first word (``FAILED (paused)`` is FAILED)."""
+    return _STATE_STYLES.get(text.split(" ", 1)[0])
+
+
+def util_style(text: str) -> str | None:
+    """The colour of a utilisation cell (``42%``, ``42% 3.0 GiB``) by its leading
+    percentage, with nvitop's thresholds: light green below 10 %, moderate yellow below
+    75 %, heavy red from 75 %."""
+    head = text.split("%", 1)[0] if "%" in text else ""
+    try:
+        pct = float(head)
+    except ValueError:
+        return None
+    return util_colour(pct)
+
+
+def util_colour(pct: float | None) -> str | None:
+    if pct is None:
+        return None
+    return "green" if pct < 10 else "yellow" if pct < 75 else "red"
+
+
+_GAP = 2  # rich puts one space each side of a cell: two between columns, none at the edges
+# How far each kind of elidable column gives way: to the first floor before any column is
+# hidden, to the second once the hideable ones are gone.
+_FLOORS = {"free": (24, 12), "name": (16, 8)}
+
+
+def fit_widths(columns: Sequence[Col], rows: Sequence[Sequence[str]], width: int) -> list[int | None]:
+    """Each column's width for a terminal ``width`` cells wide (None: hidden), so that a
+    table never wraps: free text is elided first, then columns are hidden (the highest
+    ``drop`` first), then free text and names go further, and only then anything else."""
+    from rich.cells import cell_len
+
+    natural = [max([cell_len(col.name), *(cell_len(row[i]) for row in rows)]) for i, col in enumerate(columns)]
+    hideable = sorted((i for i, col in enumerate(columns) if col.drop), key=lambda i: (-columns[i].drop, -i))
+    shown = list(range(len(columns)))
+
+    def squeeze(widths: list[int], fit: str | None, floor: int | None) -> bool:
+        """Narrow the widest of the columns of ``fit`` (all when None) one cell at a time
+        down to ``floor`` until the table fits; whether it fits."""
+        while sum(widths[i] for i in shown) + _GAP * (len(shown) - 1) > width:
+            can = [i for i in shown if (fit is None or columns[i].fit == fit)
+                   and widths[i] > min(natural[i], floor if floor is not None else _FLOORS[columns[i].fit][0])]
+            if not can:
+                return False
+            widest = max(can, key=lambda i: (widths[i], i))
+            widths[widest] -= 1
+        return True
+
+    while True:
+        widths = list(natural)
+        if squeeze(widths, "free", _FLOORS["free"][0]) or squeeze(widths, "name", _FLOORS["name"][0]):
+            break
+        if not hideable:
+            _ = (squeeze(widths, "free", _FLOORS["free"][1]) or squeeze(widths, "name", _FLOORS["name"][1])
+                 or squeeze(widths, None, 1))
+            break
+        shown.remove(hideable.pop(0))
+    return [widths[i] if i in shown else None for i in range(len(columns))]
+
+
+def elide_middle(text: str, width: int) -> str:
+    """``text`` in at most ``width`` cells, its middle replaced by ``…``: names differ at
+    both ends (``shot010-comp-v003``, ``0001-render-left``), so both ends stay."""
+    from rich.cells import cell_len
+
+    if cell_len(text) <= width:
+        return text
+    if width <= 1:
+        return "…"[:width]
+    room = width - 1
+    head, tail = "", ""
+    for ch in text:  # the head takes the odd cell
+        if cell_len(head + ch) > (room + 1) // 2:
+            break
+        head += ch
+    for ch in reversed(text[len(head):]):
+        if cell_len(head + tail + ch) > room:
+            break
+        tail = ch + tail
+    return head + "…" + tail
+
+
+def _styled(col: Col, text: str, cell: Any) -> Text:
+    from rich.text import Text
+
+    style = cell.style if isinstance(cell, Cell) else (
+        state_style(text) if col.kind == "state" else util_style(text) if col.kind == "util" else None)
+    return Text(text, style=style or "")
+
+
+def fitted_table(columns: Sequence[str | Col], rows: Iterable[Sequence[Any]], *, width: int,
+                 title: str | None = None, title_left: bool = False) -> Any:
+    """A rich ``Table`` that fits ``width`` cells: one line a row, no word ever split
+    (``fit_widths``), times shortened, states and utilisation coloured (none with
+    ``NO_COLOR``: the console drops them). Cells are never read as markup."""
+    from rich.table import Table
+
+    cols = [_column(c) for c in columns]
+    raw = [list(row) for row in rows]
+    texts = [[short_time(v) if col.kind == "time" and isinstance(v, (str, float, int)) and v != "" else _cell(v)
+              for col, v in zip(cols, row)] for row in raw]
+    widths = fit_widths(cols, texts, width)
+    table = Table(title=plain(title) if title else None, title_justify="left" if title_left else "center",
+                  title_style="bold" if title_left else None, header_style="bold", box=None, pad_edge=False)
+    keep = [i for i, w in enumerate(widths) if w is not None]
+    for i in keep:
+        table.add_column(cols[i].name, width=widths[i], no_wrap=True, overflow="ellipsis")
+    for row, text in zip(raw, texts):
+        table.add_row(*(_styled(cols[i], elide_middle(text[i], widths[i] or 0) if cols[i].fit == "name" else text[i],
+                                row[i]) for i in keep))
+    return table
+
+
+def table(columns: Sequence[str | Col], rows: Iterable[Sequence[Any]], *, title: str | None = None,
+          footer: str | None = None) -> None:
+    """A table that fits the terminal (``fitted_table``); piped, tab-separated lines with a
+    header row, every cell whole (full times and names: what scripts read)."""
+    if is_terminal():
+        out = console()
+        out.print(fitted_table(columns, rows, width=out.width, title=title))
+    else:
+        stream = sys.stdout
+        stream.write("\t".join(_column(c).name for c in columns) + "\n")
         for row in rows:
-            out.write("\t".join(row) + "\n")
+            stream.write("\t".join(_cell(v) for v in row) + "\n")
     if footer:
         info(footer)
     sys.stdout.flush()

@@ -23,7 +23,7 @@ from cuectl.cli import term
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-Section = tuple[str, list[str], list[list[str]]]
+Section = tuple[str, list[term.Col], list[list[Any]]]  # cells: str, or term.Cell (a coloured bar)
 
 
 def _pct(value: float | None) -> str:
@@ -61,9 +61,11 @@ def _holder(holder: dict[str, Any] | None) -> str:
     return f"{name}{pid}" + (f" ({who})" if who else "")
 
 
-def header(snap: dict[str, Any]) -> str:
+def header(snap: dict[str, Any], *, short: bool = False) -> str:
+    """The summary line; ``short``: its time as the tables show times (the live view)."""
     t = snap["totals"]
-    return (f"cuectl top  {snap['at']}  hosts {t['hosts_up']}/{t['hosts']} up  "
+    at = term.short_time(snap["at"]) if short else snap["at"]
+    return (f"cuectl top  {at}  hosts {t['hosts_up']}/{t['hosts']} up  "
             f"gpus {t['gpus_held']}/{t['gpus']} held  running {t['running']}  "
             f"waiting {t['waiting_frames']} frames in {t['waiting_jobs']} job{'' if t['waiting_jobs'] == 1 else 's'}")
 
@@ -72,7 +74,7 @@ def sections(snap: dict[str, Any]) -> list[Section]:
     """The view as (title, columns, rows of strings): the one source for both renderings."""
     from cuectl.units import format_duration
 
-    hosts: list[list[str]] = []
+    hosts: list[list[Any]] = []
     for h in snap["hosts"]:
         state = h["state"] + (" locked" if h["locked"] else "")
         if not h["devices"]:
@@ -80,7 +82,8 @@ def sections(snap: dict[str, Any]) -> list[Section]:
         for i, d in enumerate(h["devices"]):
             hosts.append([h["name"] if i == 0 else "", state if i == 0 else "",
                           "-" if d["index"] is None else str(d["index"]), d["model"] or "?",
-                          _bar(d["utilization_pct"]), _pct(d["utilization_pct"]),
+                          term.Cell(_bar(d["utilization_pct"]), term.util_colour(d["utilization_pct"])),
+                          _pct(d["utilization_pct"]),
                           _memory(d["memory_used_bytes"], d["memory_total_bytes"]), _holder(d["holder"])])
     frames = [[f"{f['id']} {f['name']}", f["job"], f["host"] or "-", str(len(f["gpu_uuids"])),
                _pct(f["gpu_util_pct"]), _memory(f["gpu_memory_used_bytes"], None),
@@ -88,11 +91,18 @@ def sections(snap: dict[str, Any]) -> list[Section]:
     waiting = [[f"{w['id']} {w['name']}", w["user"], str(w["priority"]),
                 str(w["waiting"]) + (f" (+{w['depend']} depend)" if w["depend"] else ""),
                 ("paused" if w["paused"] else "") or (w["pending_reason"] or "-")] for w in snap["waiting"]]
+    # On a narrow terminal free text (holders, reasons) is cut first, then the columns with
+    # a ``drop`` go, highest first: a name is never cut to keep a reason whole.
+    C = term.Col
     return [
-        ("Hosts and GPUs", ["HOST", "STATE", "GPU", "MODEL", "", "UTIL", "MEMORY", "HELD BY"], hosts),
+        ("Hosts and GPUs", [C("HOST", fit="name"), C("STATE", "state"), C("GPU"), C("MODEL", fit="name", drop=2),
+                            C("", drop=3), C("UTIL", "util"), C("MEMORY", drop=1), C("HELD BY", fit="free")], hosts),
         (f"Running frames ({snap['totals']['running']})",
-         ["FRAME", "JOB", "HOST", "GPUS", "UTIL", "MEMORY", "ELAPSED", "ATTEMPT"], frames),
-        (f"Waiting jobs ({len(snap['waiting'])})", ["JOB", "USER", "PRI", "WAITING", "REASON"], waiting),
+         [C("FRAME", fit="name"), C("JOB", fit="name"), C("HOST", fit="name"), C("GPUS", drop=2), C("UTIL", "util"),
+          C("MEMORY", drop=1), C("ELAPSED"), C("ATTEMPT", drop=3)], frames),
+        (f"Waiting jobs ({len(snap['waiting'])})",
+         [C("JOB", fit="name"), C("USER", fit="name"), C("PRI", drop=1), C("WAITING"), C("REASON", fit="free")],
+         waiting),
     ]
 
 
@@ -104,34 +114,30 @@ def plain_text(snap: dict[str, Any]) -> str:
         if not rows:
             out.append("  (none)")
             continue
-        widths = [max(len(r[i]) for r in [columns, *rows]) for i in range(len(columns))]
-        for row in [columns, *rows]:
+        texts = [[c.name for c in columns], *([v if isinstance(v, str) else v.text for v in row] for row in rows)]
+        widths = [max(len(r[i]) for r in texts) for i in range(len(columns))]
+        for row in texts:
             out.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
     return "\n".join(out) + "\n"
 
 
-def renderable(snap: dict[str, Any] | None, problem: str | None = None) -> RenderableType:
+def renderable(snap: dict[str, Any] | None, problem: str | None = None, *, width: int = 80) -> RenderableType:
+    """The live view for a terminal ``width`` cells wide: each table fits it (term.fitted_table)."""
     from rich.console import Group
-    from rich.table import Table
     from rich.text import Text
 
     parts: list[Any] = []
     if snap is not None:
-        parts.append(Text(header(snap) + "   (q quits)", style="bold"))
+        # Wrapped between words (the console soft-wraps, which the screen would crop).
+        parts.append(Text(header(snap, short=True) + "   (q quits)", style="bold", no_wrap=False, overflow="fold"))
     if problem:
-        parts.append(Text(problem, style="red"))
+        parts.append(Text(problem, style="red", no_wrap=False, overflow="fold"))
     for title, columns, rows in (sections(snap) if snap is not None else []):
         parts.append(Text(""))
         if not rows:
             parts.append(Text(f"{title}: none", style="bold"))
             continue
-        table = Table(title=Text(title), title_justify="left", title_style="bold", header_style="bold",
-                      box=None, pad_edge=False)
-        for col in columns:
-            table.add_column(col, no_wrap=True, overflow="ellipsis")
-        for row in rows:
-            table.add_row(*(term.plain(cell) for cell in row))
-        parts.append(table)
+        parts.append(term.fitted_table(columns, rows, width=width, title=title, title_left=True))
     return Group(*parts)
 
 
@@ -192,7 +198,7 @@ def live_loop(take: Callable[[], dict[str, Any]], interval: float) -> None:
                 snap = take()
             except StoreError as exc:  # ride out a busy or unreachable store; show the last view
                 problem = f"store: {exc.message} (retrying)"
-            live.update(renderable(snap, problem), refresh=True)
+            live.update(renderable(snap, problem, width=live.console.width), refresh=True)
             if keys.wait_for_quit(interval):
                 return
 
