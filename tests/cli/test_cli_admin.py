@@ -33,7 +33,7 @@ def test_prune_deletes_old_finished_jobs_and_logs(cli, db_path):
     store = open_store(str(db_path))
     layer = [l for l in store.runnable_layers() if l.job_id == job_id][0]
     c = store.claim_frame(layer.layer_id, host="h", worker="w", gpu_uuids=[], now=time.time() - 90000, lease_s=60)
-    log_dir = db_path.parent / "logs" / str(job_id)
+    log_dir = db_path.parent / f"{db_path.name}-logs" / str(job_id)
     log_dir.mkdir(parents=True)
     (log_dir / "0001-main.1.log").write_text("hello\n")
     store.complete_frame(c.frame_id, 1, FrameResult(exit_code=0), now=time.time() - 86400 * 2)
