@@ -26,6 +26,10 @@ class StallingProxy:
         """From now on nothing passes, and nothing is closed."""
         self.stalled.set()
 
+    def resume(self) -> None:
+        """Forward again what was held and what comes next (a server that answers again)."""
+        self.stalled.clear()
+
     def close(self) -> None:
         self.closing.set()
         for s in [self.listener, *self._sockets]:

@@ -1357,6 +1357,9 @@ class FrameProcess:
         self._result = immediate
         # Leader status once reaped: (raw wait status or None if lost, rusage or None, time).
         self._reaped: tuple[int | None, object | None, float] | None = None
+        # When another thread saw the leader exit (``note_exit``) before the owner reaped
+        # it: a worker held up in a store call reaps late, and the frame's end is this.
+        self.exit_seen_at: float | None = None
         self._killed = False
         self._timed_out = False
         self._kill_reason: str | None = None
@@ -1496,6 +1499,24 @@ class FrameProcess:
             self._result = self._build_result()
             self._close_log()
             return self._result
+
+    def note_exit(self) -> None:
+        """From another thread, while the owner is busy elsewhere: if the leader has exited
+        (a zombie, not reaped: ``WNOWAIT``), note the time, which ``poll`` then records as
+        the frame's end instead of the later time it reaps it. Never blocks on the owner."""
+        if self.exit_seen_at is not None or self._reaped is not None or self._popen is None:
+            return
+        if not self._lock.acquire(blocking=False):
+            return  # the owner is polling right now: it reaps at once
+        try:
+            if self._reaped is None and self.exit_seen_at is None:
+                seen = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if seen is not None:
+                    self.exit_seen_at = time.time()
+        except (ChildProcessError, OSError):
+            pass
+        finally:
+            self._lock.release()
 
     def wait(self, timeout: float | None = None) -> ExitInfo | None:
         """Poll until finished (the result) or ``timeout`` s passed (None)."""
@@ -1651,7 +1672,7 @@ class FrameProcess:
             return
         if pid == 0:
             return
-        self._reaped = (status, rusage, time.time())
+        self._reaped = (status, rusage, self.exit_seen_at or time.time())
         if _LEADERS.get(self.pid) is self:
             del _LEADERS[self.pid]
         # Tell Popen the child is reaped, so it never waits on a pid that may be reused.

@@ -23,6 +23,7 @@ import json
 import os
 import select
 import signal
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -186,6 +187,8 @@ class Worker:
     _rediscover_asked: bool = False  # SIGHUP: look again at the next iteration
     _register_due: bool = False  # the inventory changed: the store's copy must follow
     _registered: bool = False  # this process registered its host (so it may sign it off)
+    # Monotonic start of the loop iteration under way, None between them (ExitWatch).
+    busy_since: float | None = None
     # The first heartbeat always sends the unavailable list (empty or not), so that what a
     # previous worker of this host reported is replaced; later ones only while it matters.
     _unavailable_sent: bool = True
@@ -1416,6 +1419,34 @@ def _same_process(info: dict) -> bool:
         return True
 
 
+# -- frames' real end times -----------------------------------------------------------------------
+class ExitWatch:
+    """Notes when running frames end while the loop is held up (a store call that waits on a
+    silent server, a slow pass): the loop reaps a frame only when it gets back, and the end
+    it records must be the frame's, not that (a 2 s frame read 8.4 s after an 8 s stall).
+    A thread that looks every ``every`` s, and only while one iteration has lasted longer
+    than ``after`` s: an idle or quick worker pays a timer wake-up, nothing per frame."""
+
+    def __init__(self, worker: Worker, *, after: float = 0.2, every: float = 0.1) -> None:
+        self.worker, self.after, self.every = worker, after, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cuectl-exit-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            since = self.worker.busy_since
+            if since is None or time.monotonic() - since < self.after:
+                continue
+            for rf in list(self.worker.running.values()):
+                rf.proc.note_exit()
+
+
 # -- the supervisor ----------------------------------------------------------------------------
 class Supervisor:
     """Drives ``Worker.loop()``: sleeps between iterations, wakes on child exit or signal,
@@ -1511,9 +1542,12 @@ class Supervisor:
             return False  # cannot tell now; look again next iteration
 
     def run(self) -> int:
+        watch = ExitWatch(self.worker)
+        watch.start()
         try:
             return self._run()
         finally:
+            watch.stop()
             # Whatever ended the loop (idle, drained, a second signal, an error), this
             # process no longer works for the host: it signs off (still under the hung-call
             # watch, so a silent store cannot hold a signalled worker's exit).
@@ -1535,10 +1569,13 @@ class Supervisor:
                     w.abort()
                     return 130
             try:
+                w.busy_since = time.monotonic()
                 stats = w.loop()
             except StoreGone:
                 w.abort()  # its frames' results could never be recorded: stop them now
                 raise
+            finally:
+                w.busy_since = None
             if self.on_iteration:
                 self.on_iteration(w)
             if self._finished():
