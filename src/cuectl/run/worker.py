@@ -379,7 +379,7 @@ class Worker:
                 self._claim_all(now)
                 self._store_ok_at = time.time()
                 if self._dispatch_news():
-                    self._heartbeat(now)  # what readers cannot check changed: publish it now
+                    self._publish(now)  # what readers cannot check changed: publish it now
             self._flush_pending()  # the reports no claim took along
             self._deliver_notifications(now)
             self._live_paused = False
@@ -1033,6 +1033,19 @@ class Worker:
                 rf.user_action = action
                 rf.proc.kill(grace=self.opts.kill_grace_s, reason=f"user asked to {action}")
 
+    def _publish(self, now: float) -> None:
+        """Store the live doc now, between heartbeats: the host row alone (the frames'
+        leases keep the heartbeat's pace), so publishing each sampling tick or a dispatch
+        change costs one row."""
+        live = self._live_doc()
+        try:
+            self.store.heartbeat(self.opts.name, [], now=now, lease_s=self.opts.lease_timeout_s, live=live)
+        except StoreError:
+            self._live_paused = True  # the next heartbeat tries again
+            return
+        self._store_ok_at = time.time()
+        self._unavailable_sent = bool(live and live.get("unavailable"))
+
     def _sample_due(self, now: float) -> bool:
         """Is a sample due: every device's (each interval, frames or not), or a frame's first?"""
         if self.devices and self.sampler is not None and now >= self._next_device_sample:
@@ -1053,7 +1066,10 @@ class Worker:
         if tick:
             self._next_device_sample = now + interval
             self._sample_frames(sampled, now, every_device=True)
-            self._next_heartbeat = min(self._next_heartbeat, now)  # readers judge values by this interval
+            # Readers judge the values by this interval: published now, by the heartbeat if
+            # it is due anyway, else on their own (the host row only).
+            if now < self._next_heartbeat and not self._live_paused:
+                self._publish(now)
         else:
             self._sample_frames(sampled, now)
         self._publish_live(sampled, now)
