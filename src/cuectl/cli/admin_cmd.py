@@ -56,7 +56,8 @@ def prune(ctx: typer.Context,
             return
         jobs = preview["jobs"]
         if jobs:
-            term.table(["ID", "NAME", "USER", "FINISHED", "LOG DIR"],
+            term.table(["ID", term.Col("NAME", fit="name"), "USER", term.Col("FINISHED", "time"),
+                        term.Col("LOG DIR", fit="free")],
                        [[j["id"], j["name"], j["user"], j["finished_at"], j["log_dir"] or "-"] for j in jobs])
         term.line(f"would prune {len(jobs)} finished job(s) and {sum(1 for j in jobs if j['log_dir'])} "
                   f"log dir(s) (dry run: nothing deleted)")
@@ -138,7 +139,9 @@ def token_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     if as_json:
         term.emit_json({"tokens": tokens})
         return
-    term.table(["ID", "USER", "ROLE", "LABEL", "CREATED", "BY", "REVOKED", "LAST USED"],
+    C = term.Col
+    term.table(["ID", "USER", "ROLE", C("LABEL", fit="free"), C("CREATED", "time"), "BY", C("REVOKED", "time"),
+                C("LAST USED", "time")],
                [[t["id"], t["user"], t["role"], t["label"] or "-", t["created_at"], t["created_by"],
                  t["revoked_at"] or "-", t["last_used_at"] or "-"] for t in tokens])
 
@@ -459,7 +462,9 @@ def notify_history(ctx: typer.Context, job: Optional[str] = typer.Option(None, "
     if not rows:
         term.info("no notifications recorded")
         return
-    term.table(["ID", "JOB", "EVENT", "FRAME", "KIND", "TARGET", "TRIES", "DELIVERED", "ERROR"],
+    C = term.Col
+    term.table(["ID", "JOB", "EVENT", "FRAME", "KIND", C("TARGET", fit="name"), "TRIES", C("DELIVERED", "time"),
+                C("ERROR", fit="free")],
                [[r["id"], r["job_id"], r["event"], r["frame_id"] or "-", r["kind"], r["target"], r["attempts"],
                  r["delivered_at"] or "-",
                  r["error"] or ""] for r in rows])

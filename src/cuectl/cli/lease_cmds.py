@@ -94,7 +94,9 @@ def leases_cmd(
     # Locks of devices this discovery does not list (another fake file, a MIG change).
     rows += [_row(i.index, "?", i.uuid, i) for i in leases if i.uuid not in known]
     footer = None if devices or leases else f"no GPU found and no lease held in {directory}"
-    term.table(["GPU", "MODEL", "UUID", "HOLDER", "KIND", "PID", "USER", "SINCE"], rows, footer=footer)
+    C = term.Col  # on a narrow terminal the UUID goes first (the index and model name the device)
+    term.table(["GPU", C("MODEL", fit="name"), C("UUID", drop=1), C("HOLDER", fit="free"), "KIND", "PID",
+                C("USER", fit="name"), C("SINCE", "time")], rows, footer=footer)
 
 
 def _row(index: int | None, model: str, uuid: str, info: LeaseInfo | None) -> list[object]:
