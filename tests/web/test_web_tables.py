@@ -110,6 +110,9 @@ def test_a_user_selects_own_jobs_only_and_pauses_then_kills_them_together(farm, 
                          for k in ("a1", "a2")), timeout=15, what="both selected jobs killed")
     assert farm.api("GET", f"/jobs/{jobs['b1']['id']}", token=alice)["state"] != "FINISHED"
     expect(row("a1").locator(".state")).to_have_text("KILLED")
+    # Still selected, but finished: nothing left to kill (the server would answer 409).
+    expect(page.locator("#jobs-bulk .selected-count")).to_have_text("2 jobs selected")
+    expect(page.locator('#jobs-bulk button[data-bulk="kill"]')).to_be_disabled()
 
 
 def test_frames_are_selected_and_eaten_or_killed_together_and_sort(farm, page, farmstate):

@@ -13,10 +13,12 @@ const HEADERS = ["", "Frame", "State", "Host", "GPU", "Attempts", "GPU Util %", 
 const CLASSES = ["select", "frame", "state", "host", "gpu", "attempts", "gpu-util", "gpu-mem", "runtime", "exit", "actions"];
 const NUMERIC = new Set(["Attempts", "GPU Util %", "GPU Mem (GB)", "Runtime", "Exit"]);
 // Which frame actions do something in which state (the store's rules, sql.py _apply_action).
-const ENABLED = {
-  retry: (s) => s !== "WAITING" && s !== "DEPEND",
-  kill: (s) => s === "RUNNING" || s === "WAITING" || s === "DEPEND",
-  eat: (s) => s !== "EATEN",
+// Anything else is a no-op, which the server answers 409. A WAITING frame in its retry
+// back-off (retry_at) may be retried now. Also which frames a bulk action is sent to.
+export const ENABLED = {
+  retry: (f) => f.state !== "DEPEND" && (f.state !== "WAITING" || !!f.retry_at),
+  kill: (f) => f.state === "RUNNING" || f.state === "WAITING" || f.state === "DEPEND",
+  eat: (f) => f.state !== "EATEN",
 };
 
 const seconds = (f) => {
@@ -98,7 +100,7 @@ export function framesTable(onAction, {gpuLabel = () => ({text: "-", title: ""})
     setText(cells[9], f.exit_code ?? (f.exit_signal ? `sig ${f.exit_signal}` : "-"));
     for (const button of cells[10].firstChild.children) {
       const enabled = ENABLED[button.dataset.action];
-      if (enabled) button.disabled = !enabled(f.state);
+      if (enabled) button.disabled = !enabled(f);
     }
   }
 

@@ -13,7 +13,7 @@
 
 import {api, poll} from "./api.js";
 import {commandText, el, FRAME_STATES, localTime, progressBar, setText, size, updateProgress} from "./dom.js";
-import {framesTable} from "./frames.js";
+import {ENABLED as APPLIES, framesTable} from "./frames.js";
 import {framePanel} from "./panel.js";
 import {bulkBar, bulkFailure, postAll} from "./table.js";
 import {clearError, confirmDialog, showError} from "./ui.js";
@@ -44,12 +44,6 @@ function gpuText(layer) {
 }
 
 const BULK = [["retry", "Retry"], ["kill", "Kill", true], ["eat", "Eat", true]];
-// Which frames each bulk action is sent to (the rest would be a no-op: frames.js ENABLED).
-const APPLIES = {
-  retry: (f) => f.state !== "WAITING" && f.state !== "DEPEND",
-  kill: (f) => f.state === "RUNNING" || f.state === "WAITING" || f.state === "DEPEND",
-  eat: (f) => f.state !== "EATEN",
-};
 
 export function jobPage(main, ctx, idText) {
   const id = Number(idText);

@@ -12,6 +12,14 @@ const PAGE = 1000;
 const TICK_MS = 1000;
 
 const BULK = [["pause", "Pause"], ["resume", "Resume"], ["retry", "Retry dead"], ["kill", "Kill", true]];
+// Which jobs each bulk action is sent to: the rest would be a no-op (the server answers
+// those 409), such as resuming a job that is not paused.
+const APPLIES = {
+  pause: (j) => !j.paused && j.state !== "FINISHED",
+  resume: (j) => j.paused,
+  kill: (j) => j.state !== "FINISHED",
+  retry: (j) => (j.frame_counts.DEAD || 0) + (j.frame_counts.EATEN || 0) > 0,
+};
 const BULK_CONFIRM = {
   kill: ["Kill", "Their running frames are stopped and every unfinished frame is eaten."],
   retry: ["Retry", "Their DEAD and EATEN frames run again."],
@@ -112,11 +120,7 @@ export function jobsPage(main, ctx) {
     all.checked = mine.length > 0 && mine.every((j) => selected.has(j.id));
     all.indeterminate = !all.checked && mine.some((j) => selected.has(j.id));
     const picked = jobs.filter((j) => selected.has(j.id));
-    bar.update(selected.size, "job", (action) =>
-      action === "pause" ? picked.some((j) => !j.paused && j.state !== "FINISHED")
-        : action === "resume" ? picked.some((j) => j.paused)
-        : action === "kill" ? picked.some((j) => j.state !== "FINISHED")
-        : picked.some((j) => (j.frame_counts.DEAD || 0) + (j.frame_counts.EATEN || 0) > 0));
+    bar.update(selected.size, "job", (action) => picked.some(APPLIES[action]));
     const noun = jobs.length === 1 ? "job" : "jobs";
     setText(count, shown.length === jobs.length ? `${jobs.length} ${noun}` : `${shown.length} of ${jobs.length} ${noun}`);
     empty.hidden = shown.length > 0;
@@ -140,13 +144,16 @@ export function jobsPage(main, ctx) {
   }
 
   async function bulk(action) {
-    const picked = jobs.filter((j) => selected.has(j.id));
+    const chosen = jobs.filter((j) => selected.has(j.id));
+    const picked = chosen.filter(APPLIES[action]);
     if (!picked.length) return;
+    const skipped = chosen.length - picked.length;
     const names = picked.slice(0, 5).map((j) => `\u201c${j.name}\u201d (#${j.id})`).join(", ") + (picked.length > 5 ? ", \u2026" : "");
     const noun = `${picked.length} job${picked.length === 1 ? "" : "s"}`;
     if (BULK_CONFIRM[action]) {
       const [verb, effect] = BULK_CONFIRM[action];
-      if (!(await confirmDialog(`${verb} ${noun}: ${names}? ${effect}`, {ok: `${verb} ${noun}`}))) return;
+      const alone = skipped ? ` ${skipped} selected job${skipped === 1 ? " is" : "s are"} left alone (nothing to ${action}).` : "";
+      if (!(await confirmDialog(`${verb} ${noun}: ${names}?${alone} ${effect}`, {ok: `${verb} ${noun}`}))) return;
     }
     const {failed} = await postAll(picked.map((j) => `/jobs/${j.id}/${action}`), {
       onProgress: (n, total) => bar.progress(`${action}: ${n} of ${total}\u2026`)});
