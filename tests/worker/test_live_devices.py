@@ -156,9 +156,15 @@ def test_stale_values_are_not_current_and_a_left_device_is_not_foreign(tmp_path)
             {"uuid": "GPU-1", **busy, "sampled_at": now + 0.9, "frame_id": None},  # another program
             {"uuid": "GPU-2", **busy, "sampled_at": now - 10.0, "frame_id": None}]}  # stale: 11 s > 2 × 2 s
         store.heartbeat("n1", [], now=now + 1, lease_s=600.0, live=live)
-        left, other, stale = snapshot(store, lock_dir=tmp_path / "no-locks", now=now + 1)["hosts"][0]["devices"]
+        snap = snapshot(store, lock_dir=tmp_path / "no-locks", now=now + 1)
+        left, other, stale = snap["hosts"][0]["devices"]
     finally:
         store.close()
+    from cuectl.cli.top_cmd import plain_text
+
+    rows = [line.split() for line in plain_text(snap).splitlines() if "Tesla" in line]
+    assert "11s" in rows[2] and "ago" in rows[2] and "free" in rows[2], rows  # the age, not a value
+    assert "90%" in rows[0] and "90%" in rows[1], rows
     assert left["holder"] is None and left["utilization_pct"] == 90.0
     assert other["holder"]["kind"] == "foreign"
     assert stale["holder"] is None

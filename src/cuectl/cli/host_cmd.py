@@ -1,7 +1,7 @@
 """``cuectl host …``: registered hosts, their devices, locking."""
 
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -56,6 +56,7 @@ def host_list(ctx: typer.Context, as_json: bool = JSON_OPT,
 @host_app.command("show")
 def host_show(ctx: typer.Context, host: str = typer.Argument(..., help="Host name."), as_json: bool = JSON_OPT) -> None:
     """Show a host, its devices (with live values from the last heartbeat) and running frames."""
+    from cuectl.top import live_values
     from cuectl.units import format_bytes
 
     store = ctx.obj.store()
@@ -68,13 +69,15 @@ def host_show(ctx: typer.Context, host: str = typer.Argument(..., help="Host nam
                  ("tags", ", ".join(data["tags"]) or "-"), ("last heartbeat", data["last_heartbeat"]),
                  ("running frames", ", ".join(map(str, data["running_frames"])) or "-")])
     live_doc = data.get("live") or {}
-    live = {d.get("uuid"): d for d in (live_doc.get("devices") or [])}
+    # Each device's last sample as `top` judges it: none older than two of the worker's
+    # sampling intervals is shown as current (SAMPLED says how old it is).
+    live = live_values(live_doc, now=store.clock())
     term.line()
     if data["gpus"]:
-        term.table(["IDX", "UUID", "VENDOR", "MODEL", "MEMORY", "FREE", "UTIL"],
+        term.table(["IDX", "UUID", "VENDOR", "MODEL", "MEMORY", "FREE", "UTIL", "SAMPLED"],
                    [[d["index"], d["uuid"], d["vendor"], d["model"], format_bytes(d.get("memory_total_bytes")),
-                     format_bytes(live.get(d["uuid"], {}).get("memory_free_bytes", d.get("memory_free_bytes"))),
-                     live.get(d["uuid"], {}).get("utilization_pct", d.get("utilization_pct"))]
+                     format_bytes(live.get(d["uuid"], {}).get("memory_free_bytes")),
+                     live.get(d["uuid"], {}).get("utilization_pct"), _sampled(live.get(d["uuid"]))]
                     for d in data["gpus"]])
     else:
         term.line("no GPUs")
@@ -85,6 +88,15 @@ def host_show(ctx: typer.Context, host: str = typer.Argument(..., help="Host nam
     for gone in unavailable:
         why = f" ({gone['reason']})" if gone.get("reason") else ""
         term.line(f"  {gone.get('uuid')} ({gone.get('model')}): gone since {gone.get('since')}{why}")
+
+
+def _sampled(value: dict[str, Any] | None) -> str:
+    """``3s ago``, ``5m12s ago (stale)`` or ``-`` (never sampled)."""
+    from cuectl.units import format_duration
+
+    if not value or value.get("sample_age_s") is None:
+        return "-"
+    return f"{format_duration(value['sample_age_s'])} ago" + ("" if value["fresh"] else " (stale)")
 
 
 @host_app.command("lock")

@@ -30,6 +30,16 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}%"
 
 
+def _util(device: dict[str, Any]) -> str:
+    """A device's utilisation; once its last sample is too old to be current, how old it is."""
+    from cuectl.units import format_duration
+
+    if device["utilization_pct"] is None and device.get("sample_age_s") is not None and \
+            device.get("memory_used_bytes") is None:
+        return f"{format_duration(device['sample_age_s'])} ago"
+    return _pct(device["utilization_pct"])
+
+
 def _bar(value: float | None, width: int = 10) -> str:
     if value is None:
         return " " * width
@@ -83,7 +93,7 @@ def sections(snap: dict[str, Any]) -> list[Section]:
             hosts.append([h["name"] if i == 0 else "", state if i == 0 else "",
                           "-" if d["index"] is None else str(d["index"]), d["model"] or "?",
                           term.Cell(_bar(d["utilization_pct"]), term.util_colour(d["utilization_pct"])),
-                          _pct(d["utilization_pct"]),
+                          _util(d),
                           _memory(d["memory_used_bytes"], d["memory_total_bytes"]), _holder(d["holder"])])
     frames = [[f"{f['id']} {f['name']}", f["job"], f["host"] or "-", str(len(f["gpu_uuids"])),
                _pct(f["gpu_util_pct"]), _memory(f["gpu_memory_used_bytes"], None),
