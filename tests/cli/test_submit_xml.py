@@ -82,3 +82,41 @@ def test_opencue_gpu_spec_runs_end_to_end_on_fake_gpus(tmp_path):
                 assert len(frame["gpu_uuids"]) == 1
     finally:
         farm.cleanup()
+
+
+def test_frame_level_depends_are_honoured_at_submit(cli, tmp_path):
+    """FRAME_ON_JOB, FRAME_ON_LAYER and FRAME_ON_FRAME, within and across jobs (issue 41 §7):
+    each waiting frame is DEPEND from the start (never runnable early), the rest of its
+    layer runs on, and the jobs are not left paused."""
+    a, b = "pipe-dev.cue-testuser_depend_test_a", "pipe-dev.cue-testuser_depend_test_b"
+
+    def depend(kind, er, er_frame, on, on_layer="", on_frame=""):
+        parts = [f"<depjob>{er}</depjob>", f"<depframe>{er_frame}</depframe>", f"<onjob>{on}</onjob>"]
+        parts += [f"<{tag}>{value}</{tag}>" for tag, value in (("onlayer", on_layer), ("onframe", on_frame)) if value]
+        return f'<depend type="{kind}">{"".join(parts)}</depend>'
+
+    depends = "".join([
+        depend("FRAME_ON_JOB", b, "0001-pass_1", a),
+        depend("FRAME_ON_LAYER", b, "0002-pass_1", a, on_layer="pass_2"),
+        depend("FRAME_ON_FRAME", a, "0003-pass_2", a, on_frame="0001-pass_1"),
+        depend("FRAME_ON_FRAME", b, "0004-pass_2", a, on_frame="0005-pass_1")])
+    spec = tmp_path / "job.xml"
+    spec.write_text((FIXTURES / "jobspec_depend_test.xml").read_text()
+                    .replace("</spec>", f"<depends>{depends}</depends></spec>"))
+    res = cli("submit", str(spec))
+    assert res.exit_code == 0, res
+    assert "<depend" not in res.stderr and "FRAME_ON" not in res.stderr, res.stderr  # honoured, not noted
+    id_a, id_b = res.stdout.split()
+    waiting = {}
+    for job_id in (id_a, id_b):
+        job = cli("job", "show", job_id, "--json").json()
+        assert job["paused"] is False
+        frames = cli("frame", "list", "--job", job_id, "--json").json()["frames"]
+        waiting[job["name"]] = sorted(f["name"] for f in frames if f["state"] == "DEPEND")
+        assert {f["state"] for f in frames} == {"WAITING", "DEPEND"}
+        if job["name"] == b:
+            assert sorted((d["type"], d["frame"], d["on_layer"], d["on_frame"]) for d in job["depends"]) == [
+                ("frame-on-frame", 4, "pass_1", 5), ("frame-on-job", 1, None, None),
+                ("frame-on-layer", 2, "pass_2", None)]
+            assert all(d["on_job"]["name"] == a and d["state"] == "waiting" for d in job["depends"])
+    assert waiting == {a: ["0003-pass_2"], b: ["0001-pass_1", "0002-pass_1", "0004-pass_2"]}

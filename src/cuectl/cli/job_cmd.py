@@ -240,8 +240,9 @@ def _submit_opencue(ctx: typer.Context, text: str, source: str, adjust: Any, log
     imported = [imported[i] for i in opencue_xml.order_jobs(imported, source)]  # each after those it waits on
     if strict and notes:
         raise opencue_xml.strict_error(source, notes)
-    job_specs = []
+    job_specs, frame_waits = [], []
     for mapping, _ in imported:
+        frame_waits.append(opencue_xml.take_frame_depends(mapping))  # added after submit (submit_jobs)
         if adjust is not None:
             mapping = adjust(mapping)
         try:
@@ -257,17 +258,7 @@ def _submit_opencue(ctx: typer.Context, text: str, source: str, adjust: Any, log
     if dry_run:
         return _print_dry_run(job_specs, as_json)
     store = ctx.obj.store(create=True)
-    ids: List[int] = []
-    by_name: dict = {}  # a job of this spec that others wait on -> its id (not any older job of that name)
-    for job_spec in job_specs:
-        try:
-            ids.append(store.submit(m.with_job_ids(job_spec, by_name), now=time.time()))
-            by_name.setdefault(job_spec.name, str(ids[-1]))
-        except Exception:
-            if ids:
-                term.warn(f"{source}: submitted {len(ids)} of {len(job_specs)} jobs before this error: "
-                          + ", ".join(str(i) for i in ids))
-            raise
+    ids = opencue_xml.submit_jobs(store, job_specs, frame_waits, now=time.time(), warn=term.warn, source=source)
     if as_json:
         from cuectl.sched.pending import describe_job
 

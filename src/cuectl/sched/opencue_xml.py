@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from cuectl.errors import InvalidInput
 
@@ -439,8 +439,9 @@ def _depends(root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: di
              source: str) -> list[Note]:
     """``<depends>``: every type Cuebot has becomes a ``depends`` entry of the waiting job
     (job-on-*) or layer, naming the other job of the spec (``job``: its name; the submit
-    swaps in its id, see ``order_jobs``) when it is not the same job. Frame-on-* types have
-    no place in a spec (a single frame waits): they are noted, with the command to add them."""
+    swaps in its id, see ``order_jobs``) when it is not the same job. Frame-on-* types (a
+    single frame waits) have no key in a spec: they go under ``FRAME_DEPENDS`` of the
+    waiting job's mapping, which ``take_frame_depends`` hands to ``submit_jobs``."""
     notes: list[Note] = []
     for depends in root.findall("depends"):
         for index, dep in enumerate(depends.findall("depend")):
@@ -462,9 +463,8 @@ def _depends(root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: di
                 continue
             mapping, target_job = built[er][0], built[on][0]
             if waiter == "frame":
-                notes.append(Note(mapping["name"], what, "a single frame's wait has no place in a job spec; add it "
-                                                         "after submitting with `cuectl job depend JOB --layer L "
-                                                         "--frame N --on-job ...`"))
+                mapping.setdefault(FRAME_DEPENDS, []).append(
+                    _frame_wait(dep, kind, deplayer, onlayer, mapping, target_job, same_job=er == on, label=label))
                 continue
             _, er_layer = _frame_ref(_text(dep.find("depframe")), deplayer, f"{label}: <depframe>")
             on_frame, on_layer = _frame_ref(_text(dep.find("onframe")), onlayer, f"{label}: <onframe>")
@@ -503,6 +503,85 @@ def _depends(root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: di
                 continue
             entries.append(entry)
     return notes
+
+
+#: The key of a job's mapping (from ``parse_opencue_xml``) under which its frames' own
+#: waits (FRAME_ON_JOB, FRAME_ON_LAYER, FRAME_ON_FRAME) travel to ``submit_jobs``: no job
+#: spec key holds a single frame's wait, so ``take_frame_depends`` removes it first.
+FRAME_DEPENDS = "opencue_frame_depends"
+
+
+def _frame_wait(dep: Any, kind: str, deplayer: str | None, onlayer: str | None, mapping: dict[str, Any],
+                target_job: dict[str, Any], *, same_job: bool, label: str) -> dict[str, Any]:
+    """One frame-on-* ``<depend>`` as ``Store.add_depend``'s arguments (jobs by name)."""
+    er_frame, er_layer = _frame_ref(_text(dep.find("depframe")), deplayer, f"{label}: <depframe>")
+    on_frame, on_layer = _frame_ref(_text(dep.find("onframe")), onlayer, f"{label}: <onframe>")
+    if er_frame is None or not er_layer:
+        raise InvalidInput(f"{label}: {dep.get('type')} needs <depframe> (a frame name like 0001-render, or a "
+                           "number with <deplayer>)")
+
+    def layer_of(job: dict[str, Any], name: str) -> str:
+        by_name = {conform_name(layer["name"]): layer["name"] for layer in job["layers"]}
+        if conform_name(name) not in by_name:
+            raise InvalidInput(f"{label}: no layer {name!r} in job {job['name']!r}")
+        return str(by_name[conform_name(name)])
+
+    wait: dict[str, Any] = {"type": {"FRAMEONJOB": "frame-on-job", "FRAMEONLAYER": "frame-on-layer",
+                                     "FRAMEONFRAME": "frame-on-frame"}[kind],
+                            "layer": layer_of(mapping, er_layer), "frame": er_frame,
+                            "on_job": None if same_job else target_job["name"], "on_layer": None, "on_frame": None}
+    if kind != "FRAMEONJOB":
+        if not on_layer:
+            raise InvalidInput(f"{label}: {dep.get('type')} needs <onlayer> (or an <onframe> naming it)")
+        wait["on_layer"] = layer_of(target_job, on_layer)
+    if kind == "FRAMEONFRAME":
+        if on_frame is None:
+            raise InvalidInput(f"{label}: {dep.get('type')} needs <onframe>")
+        wait["on_frame"] = on_frame
+    return wait
+
+
+def take_frame_depends(mapping: dict[str, Any]) -> list[dict[str, Any]]:
+    """Remove and return the frame-level waits ``parse_opencue_xml`` put in ``mapping``."""
+    return list(mapping.pop(FRAME_DEPENDS, None) or [])
+
+
+def submit_jobs(store: Any, job_specs: Sequence[Any], frame_waits: Sequence[Sequence[Mapping[str, Any]]], *,
+                now: float, warn: Callable[[str], None], source: str) -> list[int]:
+    """Submit an OpenCue spec's jobs (in ``order_jobs`` order), each waiting on the jobs of
+    this spec it names by id (not any older job of that name), and then make their frames
+    wait as their frame-on-* ``<depend>``s say, through ``Store.add_depend`` (what `cuectl
+    job depend` calls). A job with such waits is submitted paused and resumed once they are
+    in (unless the spec paused it), so none of its frames can start before its wait exists."""
+    from dataclasses import replace
+
+    from cuectl.sched import model as m
+
+    ids: list[int] = []
+    by_name: dict[str, str] = {}  # a job of this spec that others wait on -> its id
+    held: list[int] = []  # jobs paused here until their frames' waits are in
+    try:
+        for job_spec, waits in zip(job_specs, frame_waits, strict=True):
+            hold = bool(waits) and not job_spec.paused
+            spec = replace(job_spec, paused=True) if hold else job_spec
+            ids.append(store.submit(m.with_job_ids(spec, by_name), now=now))
+            by_name.setdefault(job_spec.name, str(ids[-1]))
+            if hold:
+                held.append(ids[-1])
+        for job_id, waits in zip(ids, frame_waits):
+            for w in waits:
+                on_job = by_name.get(w["on_job"], w["on_job"]) if w["on_job"] is not None else job_id
+                store.add_depend(job_id, layer=w["layer"], frame=w["frame"], on_job=on_job, on_layer=w["on_layer"],
+                                 on_frame=w["on_frame"], kind=w["type"], now=now)
+        for job_id in held:
+            store.set_job_paused(job_id, False)
+    except Exception:
+        if ids:
+            left = f"; still paused (resume with `cuectl job resume`): {', '.join(map(str, held))}" if held else ""
+            warn(f"{source}: submitted {len(ids)} of {len(job_specs)} jobs before this error: "
+                 + ", ".join(str(i) for i in ids) + left)
+        raise
+    return ids
 
 
 def order_jobs(jobs: Sequence[tuple[dict[str, Any], list[Note]]], source: str) -> list[int]:
