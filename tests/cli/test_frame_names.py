@@ -16,7 +16,7 @@ from cuectl.errors import Conflict, InvalidInput, NotFound
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import open_store
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "worker"))
+sys.path.append(str(Path(__file__).resolve().parent.parent / "worker"))  # (last: conftest stays tests/conftest.py)
 
 from farmlib import Farm  # noqa: E402
 
@@ -121,3 +121,15 @@ def test_frame_log_of_a_frame_not_run_yet_says_so(cli, sweep):
     res = cli("frame", "log", "sweep2/0001-main")
     assert res.exit_code == 1, res
     assert "has not run yet (WAITING): it has no log" in res.stderr and "--attempt" not in res.stderr
+
+
+def test_completion_offers_frame_names_after_the_job(db_path, sweep):
+    from cli.test_completion import complete, values
+
+    job, _ = sweep
+    assert values("bash", complete("bash", "cuectl frame log sweep2/000", db=db_path).stdout) == [
+        "sweep2/0001-main", "sweep2/0002-main", "sweep2/0003-main", "sweep2/0004-main", "sweep2/0003-comp",
+        "sweep2/0004-comp"]
+    assert values("bash", complete("bash", f"cuectl frame kill {job}/0004-c", db=db_path).stdout) == [
+        f"{job}/0004-comp"]
+    assert values("bash", complete("bash", "cuectl frame show nope/0", db=db_path).stdout) == []

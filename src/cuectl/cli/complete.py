@@ -342,7 +342,8 @@ def _jobs(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionIte
     ids: list[tuple[str, str | None]] = []
     names: dict[str, list[int]] = {}
     for job in jobs:
-        state = str(job.get("outcome") or job.get("state") or "").lower() + (", paused" if job.get("paused") else "")
+        state = (str(job.get("display_state") or job.get("outcome") or job.get("state") or "").lower()
+                 + (", paused" if job.get("paused") else ""))
         if str(job["id"]) not in given:
             ids.append((str(job["id"]), f"{job['name']} ({state})"))
         names.setdefault(str(job["name"]), []).append(job["id"])
@@ -353,10 +354,13 @@ def _jobs(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionIte
 
 def _frames(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionItem]:
     """Frame ids: running, waiting and depend frames first, then dead ones (what `frame retry`
-    and `frame log` are for), at most LIMIT, each with its job, name and state as help."""
+    and `frame log` are for), at most LIMIT, each with its job, name and state as help.
+    After ``JOB/``: that job's frames by name (``sweep2/0003-main``)."""
     from cuectl.sched import model as m
 
     given = _given(ctx, param)
+    if "/" in incomplete:
+        return _frame_names(ctx, incomplete, given)
     found: list[tuple[str, str | None]] = []
     with _store(ctx) as store:
         for state in (m.RUNNING, m.WAITING, m.DEPEND, m.DEAD):
@@ -366,6 +370,21 @@ def _frames(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionI
             found += [(str(f["id"]), f"{f.get('job')} {f.get('name')} ({str(f.get('state')).lower()})")
                       for f in frames if str(f["id"]) not in given]
     return _matching(found, incomplete)
+
+
+def _frame_names(ctx: Context, incomplete: str, given: set[str]) -> list[CompletionItem]:
+    """``JOB/FRAME`` for the frames of the job before the last ``/`` (nothing for an unknown
+    or ambiguous job: a <TAB> never prints an error)."""
+    from cuectl.errors import CuectlError
+
+    job = incomplete.rpartition("/")[0]
+    try:
+        with _store(ctx) as store:
+            frames, _total = store.list_frames(job=job, limit=LIMIT)
+    except CuectlError:
+        return []
+    return _matching(((f"{job}/{f['name']}", str(f.get("state")).lower()) for f in frames
+                      if f"{job}/{f['name']}" not in given), incomplete)
 
 
 def _hosts(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionItem]:
