@@ -189,7 +189,8 @@ def short_time(value: str | float | None, *, now: float | None = None) -> str:
     return _time.strftime("%Y-%m-%d", local)
 
 
-# The colours of OpenCue's CueGUI for frame and job states; hosts as UP/DOWN read.
+# SUCCEEDED, RUNNING and DEAD in the colours CueGUI gives them; a finished job's bad
+# outcomes as DEAD; hosts as UP/DOWN read (docs/terminal.md).
 _STATE_STYLES = {"SUCCEEDED": "green", "RUNNING": "yellow", "DEAD": "red", "FAILED": "red", "KILLED": "red",
                  "UP": "green", "DOWN": "red"}
 
