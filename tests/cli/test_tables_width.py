@@ -255,3 +255,23 @@ def test_frame_show_attempts_fit(farm):
     started = datetime.fromisoformat(dead["started_at"]).timestamp()
     assert attempt.split()[:2] == ["1", HOST] and attempt.endswith("exit 1")
     assert _today(started) in attempt and _today(started + 5) in attempt
+
+
+def test_worker_live_view_fits(tmp_path):
+    """`cuectl worker` on a terminal: its table of running frames fits a 60-column window
+    (the job's 41-character name elided in the middle, never folded onto a second line)."""
+    db, gpus = tmp_path / "store.db", tmp_path / "gpus.yaml"
+    gpus.write_text("host: h1\ndevices:\n  - {model: NVIDIA A100-SXM4-80GB, vendor: NVIDIA, memory: 80G}\n")
+    name = LONG + "-with-more"
+    env = _env(CUECTL_FAKE_GPUS=str(gpus))
+    res = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "--name", name, "--gpus", "1", "--", "sleep", "1"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode == 0, res.stderr
+    code, raw = on_terminal([*cuectl_cmd(), "--db", str(db), "worker", "--until-idle", "--poll", "0.05"],
+                            answer=None, columns=60, env=env)
+    assert code == 0, raw
+    lines = _lines(raw.replace("\r", "\n"))
+    rows = [line for line in lines if line.startswith("1 0001-")]
+    assert rows and all(_elided(name, row) and cell_len(row) <= 60 for row in rows), rows
+    heads = [line for line in lines if line.startswith("FRAME ")]
+    assert heads and all(head.split() == ["FRAME", "JOB", "ATTEMPT", "GPUS", "ELAPSED"] for head in heads)

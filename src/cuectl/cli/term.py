@@ -413,17 +413,16 @@ class WorkerProgress:
                           f"attempt {rf.claim.attempt} gpus {gpus}")
         if self._live is not None:
             from rich.console import Group
-            from rich.table import Table
             from rich.text import Text
 
             title = Text(f"{worker.opts.name}: {len(worker.running)} running, {self.done} done, "
-                         f"{self.failed} failed" + (" (draining)" if worker.draining else ""), style="bold")
-            table = Table(box=None, header_style="bold")
-            for col in ("FRAME", "JOB", "ATTEMPT", "GPUS", "ELAPSED"):
-                table.add_column(col)
+                         f"{self.failed} failed" + (" (draining)" if worker.draining else ""), style="bold",
+                         no_wrap=False, overflow="fold")
             now = _time.time()
-            for fid, rf in sorted(worker.running.items()):
-                table.add_row(*(plain(cell) for cell in (
-                    f"{fid} {rf.claim.number:04d}-{rf.claim.layer}", rf.claim.job, str(rf.claim.attempt),
-                    ",".join(str(d.index) for d in rf.devices) or "-", f"{now - rf.usage.started_at:.0f}s")))
+            rows = [[f"{fid} {rf.claim.number:04d}-{rf.claim.layer}", rf.claim.job, str(rf.claim.attempt),
+                     ",".join(str(d.index) for d in rf.devices) or "-", f"{now - rf.usage.started_at:.0f}s"]
+                    for fid, rf in sorted(worker.running.items())]
+            width = self._console.width if self._console is not None else 80
+            table = fitted_table([Col("FRAME", fit="name"), Col("JOB", fit="name"), Col("ATTEMPT", drop=1), "GPUS",
+                                  "ELAPSED"], rows, width=width)
             self._live.update(Group(title, table))
