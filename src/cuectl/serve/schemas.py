@@ -59,7 +59,11 @@ PROBLEM: Schema = _obj({
 }, ("type", "title", "status", "detail"), description="An RFC 9457 problem (application/problem+json).")
 
 HEALTH: Schema = _obj({"status": {"const": "ok"}, "version": STR}, ("status", "version"))
-READY: Schema = _obj({"status": {"const": "ready"}, "gpus": COUNTS, "active_jobs": INT},
+READY: Schema = _obj({"status": {"const": "ready"}, "gpus": _obj(
+    {k: INT for k in ("total", "leased", "foreign_busy", "available", "unavailable", "active_jobs")},
+    ("total", "leased", "foreign_busy", "available", "unavailable", "active_jobs"),
+    description="Each device once: total = leased + foreign_busy + available + unavailable (docs/monitoring.md)."),
+    "active_jobs": INT},
                      ("status", "gpus", "active_jobs"))
 WHOAMI: Schema = _obj({"user": STR, "role": {"enum": ["viewer", "user", "admin"]},
                        "via": {"enum": ["token", "peer", "anonymous"]}, "token_id": INT_N, "read_only": BOOL},
@@ -71,8 +75,11 @@ HOLDER: Schema = _obj({"kind": STR, "frame_id": INT_N, "label": STR_N, "pid": IN
                                   "that is not cuectl's.")
 HOST_DEVICE: Schema = _obj({
     "index": INT_N, "uuid": STR, "vendor": STR_N, "model": STR_N, "memory_total_bytes": INT_N,
-    "utilization_pct": NUM_N, "memory_used_bytes": INT_N, "holder": _or_null(ref("Holder")),
-}, ("uuid",), description="A device with the live values of its host's last heartbeat (docs/json.md, device).")
+    "utilization_pct": NUM_N, "memory_used_bytes": INT_N, "sampled_at": TIME_N, "sample_age_s": NUM_N,
+    "holder": _or_null(ref("Holder")),
+}, ("uuid",), description="A device with its last live sample (docs/api.md, hosts): utilization_pct and "
+                          "memory_used_bytes are null once that is older than two of its worker's sampling "
+                          "intervals; sampled_at and sample_age_s say when it was read.")
 HOST: Schema = _obj({
     "name": STR, "state": {"enum": ["UP", "DOWN"]}, "locked": BOOL, "last_heartbeat": TIME_N,
     "devices": {"type": "array", "items": ref("HostDevice")},
