@@ -128,7 +128,7 @@ def test_precedence_timeout_over_oom_and_gpu() -> None:
 
 def test_every_kind_is_listed() -> None:
     assert set(failure.KINDS) == {"exit", "signal", "timeout", "oom-killed", "gpu-oom", "lost", "not-found",
-                                  "not-executable", "launch", "killed"}
+                                  "not-executable", "launch", "killed", "log-lost"}
 
 
 # -- GPU out of memory, as the frameworks print it -----------------------------------------

@@ -19,6 +19,7 @@ kind                  text                                                    pe
 ``not-executable``    ``command not executable (exit 126)``                   yes
 ``signal``            ``killed by signal 9 (SIGKILL)``                        no
 ``exit``              ``exit 1``                                              no
+``log-lost``          ``the log's filesystem was full: output was lost …``    no
 ====================  ======================================================  =========
 
 ``permanent``: the same command on the same farm cannot succeed by running again, so the
@@ -47,6 +48,7 @@ __all__ = [
     "classify",
     "find_gpu_oom",
     "is_permanent_exit",
+    "log_lost",
     "oom_kill_count",
     "own_cgroup_dir",
     "read_log_tail",
@@ -59,7 +61,7 @@ __all__ = [
 DEFAULT_TAIL_BYTES = 65536
 
 KINDS = ("exit", "signal", "timeout", "oom-killed", "gpu-oom", "lost", "not-found", "not-executable",
-         "launch", "killed")
+         "launch", "killed", "log-lost")
 
 # Shell conventions (launch.EXIT_NOT_FOUND / EXIT_CANNOT_EXECUTE): the command is missing or
 # cannot be executed. Running it again on the same farm gives the same answer.
@@ -95,6 +97,13 @@ def worker_lost() -> Failure:
     """The attempt of a worker that stopped heartbeating (its lease expired; the reaper
     has no exit status). Not permanent: another host may well run it."""
     return Failure("lost", "worker lost (no heartbeat)", False)
+
+
+def log_lost() -> Failure:
+    """An attempt that exited 0 while its log's filesystem was full: part of its output
+    never reached the log (a frame's log is its record), so it is not a clean success.
+    Not permanent: cuectl freed the log's space, and another run may well fit."""
+    return Failure("log-lost", "the log's filesystem was full: output was lost from the log", False)
 
 
 def classify(

@@ -35,7 +35,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -1219,15 +1219,33 @@ class _LogCap:
             os.pwrite(self.fd, chunk, dst + done)
             done += len(chunk)
 
-    def finish(self, footer: str | None = None) -> None:
+    def space_lost(self) -> bool:
+        """Did output of this attempt probably never reach the log? Its filesystem is full
+        (under the floor that stops a running frame) and the log grew since the last check:
+        a frame can flood a small disk between two once-a-second checks, its writes then
+        failing (ENOSPC) while it exits 0."""
+        try:
+            size = os.fstat(self.fd).st_size
+            st = os.fstatvfs(self.fd)
+        except OSError:
+            return False
+        return size > self.last_size and st.f_bavail * st.f_frsize < _free_space_floor(st)
+
+    def finish(self, footer: str | None = None, *, lost: bool = False) -> None:
         """The frame is gone: cut to the limit with as much tail as fits, note what was cut,
         then add ``footer`` (one line, see :func:`log_footer`): the limit counts the frame's
-        output, so the notes after the cut are always there."""
+        output, so the notes after the cut are always there. ``lost`` (``space_lost``): cut
+        to what a full disk gets, freeing the rest, and say that output was lost."""
         try:
             try:
-                self.shrink(self.limit)
+                self.shrink(min(self.limit, _FULL_DISK_LOG) if lost else self.limit)
             except OSError:
                 pass  # disk full: the footer may still fit
+            if lost:
+                note = ("\n=== cuectl: the log's filesystem was full when this attempt ended: some of its "
+                        f"output never reached this log, and the log was cut to {os.fstat(self.fd).st_size} "
+                        "bytes to free the disk; the attempt is not counted a success (log-lost) ===\n").encode()
+                os.pwrite(self.fd, note, os.fstat(self.fd).st_size)
             if self.dropped:
                 note = (f"=== cuectl: {self.dropped} bytes of output were cut from the middle of this log "
                         f"(limit {self.limit} bytes) ===\n").encode()
@@ -1305,6 +1323,9 @@ class ExitInfo:
     max_rss_bytes: int | None
     cpu_seconds: float | None
     kill_reason: str | None = None
+    # The log's filesystem was full when the attempt ended: some of its output never
+    # reached the log (``_LogCap.space_lost``), whatever the exit status says.
+    log_lost: bool = False
 
     @property
     def succeeded(self) -> bool:
@@ -1624,6 +1645,9 @@ class FrameProcess:
 
     def _close_log(self) -> None:
         """The attempt is over: finish the log's cap, and end the log with the footer."""
+        lost = self._log_cap is not None and self._result is not None and self._log_cap.space_lost()
+        if lost and self._result is not None:
+            self._result = replace(self._result, log_lost=True)
         footer = None
         if self._footer is not None and self._result is not None:
             grace = self._grace
@@ -1633,7 +1657,7 @@ class FrameProcess:
                                 grace=grace, sigkilled=self._kill_sent_at is not None)
         if self._log_cap is not None:
             cap, self._log_cap = self._log_cap, None
-            cap.finish(footer)
+            cap.finish(footer, lost=lost)
         elif footer is not None:
             _append_log(self.log_path, footer)
 

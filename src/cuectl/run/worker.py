@@ -963,12 +963,15 @@ class Worker:
         kernel's OOM-kill counter (it rose while the frame ran: the OOM killer)."""
         before = self._oom_counts.pop(rf.claim.frame_id, None)  # (popped for every frame: no leak)
         if info.exit_code == 0 and not info.timed_out and not info.exit_signal and rf.user_action is None:
-            return None
+            return failures.log_lost() if info.log_lost else None
         after = self._oom_kills(fresh=True) if before is not None else None
         oom = before is not None and after is not None and after > before
-        return failures.classify(exit_code=info.exit_code, exit_signal=info.exit_signal, timed_out=info.timed_out,
-                                 user_action=rf.user_action, oom_killed=oom, timeout_s=rf.claim.timeout_s,
-                                 log_tail=failures.read_log_tail(Path(rf.claim.log_path)))
+        why = failures.classify(exit_code=info.exit_code, exit_signal=info.exit_signal, timed_out=info.timed_out,
+                                user_action=rf.user_action, oom_killed=oom, timeout_s=rf.claim.timeout_s,
+                                log_tail=failures.read_log_tail(Path(rf.claim.log_path)))
+        if why is not None and info.log_lost:  # the attempt says so too, not only its log
+            why = failures.Failure(why.kind, f"{why.text}; {failures.log_lost().text}", why.permanent)
+        return why
 
     def _oom_kills(self, *, fresh: bool = False) -> int | None:
         """The kernel's OOM-kill counter of this worker's memory cgroup (None: none). Frames

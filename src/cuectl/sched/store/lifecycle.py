@@ -27,6 +27,12 @@ STORED_CHUNK_LIMIT = 2**31
 ACTIONS = ("retry", "kill", "eat")
 
 
+def _succeeded(result: FrameResult) -> bool:
+    """Exit 0 in time, and no failure the worker found beside the exit status (``log-lost``:
+    the log's filesystem was full, so output was lost)."""
+    return result.exit_code == 0 and not result.timed_out and result.failure_kind is None
+
+
 def next_state(result: FrameResult, action: str | None, attempt: int, retries: int) -> tuple[str, str]:
     """The frame's state after an attempt ends, and the attempt's outcome label."""
     if action == "eat":
@@ -35,7 +41,7 @@ def next_state(result: FrameResult, action: str | None, attempt: int, retries: i
         return m.DEAD, "killed"
     if action == "retry":
         return m.WAITING, "retried"
-    if result.exit_code == 0 and not result.timed_out:
+    if _succeeded(result):
         return m.SUCCEEDED, "succeeded"
     outcome = "timeout" if result.timed_out else "failed"
     # A failure that can never succeed (command not found, no such user here) would only
@@ -46,7 +52,7 @@ def next_state(result: FrameResult, action: str | None, attempt: int, retries: i
 def failure_text(result: FrameResult) -> str | None:
     """The line a failed attempt is remembered by: the worker's reason, else one from the
     exit status (a worker older than the reasons)."""
-    if result.exit_code == 0 and not result.timed_out:
+    if _succeeded(result):
         return None
     if result.failure:
         return result.failure
