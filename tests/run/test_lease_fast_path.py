@@ -20,7 +20,7 @@ from cuectl.config import lock_dir
 from cuectl.errors import DevicesBusy, InvalidInput, LeaseError, NoMatchingDevice
 from cuectl.run.lease import forget_discovery, list_leases, lock_path
 from cuectl.run.lease.locks import QUEUE_DIRNAME
-from cuectl.run.lease.queue import QUIET_NS, WaitQueue, _quiet, _ticket_names
+from cuectl.run.lease.queue import QUIET_NS, WaitQueue, _quiet, ticket_names
 
 from .conftest import V100, FakeHost, make_fake_host
 
@@ -117,14 +117,14 @@ def test_a_waiter_ticket_still_blocks_a_younger_no_wait_caller_after_a_quiet_lis
 def test_quiet_listing_is_remembered_only_for_an_old_directory(tmp_path: Path) -> None:
     queue_dir = tmp_path / "queue"
     queue_dir.mkdir()
-    assert _ticket_names(queue_dir) == []
+    assert ticket_names(queue_dir) == []
     assert str(queue_dir) not in _quiet  # modified just now: a ticket may land in the same tick
     past = time.time_ns() - 10 * QUIET_NS
     os.utime(queue_dir, ns=(past, past))
-    assert _ticket_names(queue_dir) == []
+    assert ticket_names(queue_dir) == []
     assert str(queue_dir) in _quiet
     (queue_dir / "00000000000000000001-1-abcdef.ticket").write_text("{}")
-    assert _ticket_names(queue_dir) == ["00000000000000000001-1-abcdef.ticket"]
+    assert ticket_names(queue_dir) == ["00000000000000000001-1-abcdef.ticket"]
     assert str(queue_dir) not in _quiet
 
 

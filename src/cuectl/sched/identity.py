@@ -123,6 +123,13 @@ def read_receipt(spool: Path | None, name: str | None, *, user: str, job_id: int
     return data
 
 
+def job_proof_problem(job: Mapping[str, Any], spool: Path | None) -> str | None:
+    """``proof_problem`` of a job as ``Store.get_job`` returns it (``spool``: the store's
+    ``receipt_dir``): why nothing proves that its user submitted it, for pending reasons."""
+    return proof_problem(user=job["user"], job_id=job["id"], submitted_by=job.get("submitted_by"),
+                         receipt=job.get("receipt"), spool=spool)
+
+
 def proof_problem(*, user: str, job_id: int, submitted_by: str | None, receipt: str | None,
                   spool: Path | None) -> str | None:
     """Why the store cannot prove that ``user`` submitted the job (None: it can)."""

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 from cuectl.gpu.device import Device
 from cuectl.sched import model as m
 from cuectl.sched import identity
+from cuectl.sched import why  # (why never imports this module: no cycle)
 from cuectl.sched.match import GpuRequest, explain_hosts, tags_fit
 from cuectl.sched.store import Store
 
@@ -38,8 +39,6 @@ def pending_reason(store: Store, job: Mapping[str, Any], unproven: str | None = 
                    farm: Any = None) -> str | None:
     """Why the job's waiting frames are not running (``job`` from ``store.get_job``);
     ``unproven``: why nothing proves that its user submitted it (``identity.proof_problem``)."""
-    from cuectl.sched import why
-
     counts = job["frame_counts"]
     if not counts.get(m.WAITING) and not counts.get(m.DEPEND):
         return None
@@ -79,8 +78,6 @@ def describe_jobs(store: Store, *, include_finished: bool = True) -> list[dict[s
 def add_pending_reasons(store: Store, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Fill in ``pending_reason`` of ``list_jobs`` rows (in place; returned): only jobs with
     waiting frames need one, and only unpaused ones their layers and the hosts."""
-    from cuectl.sched import why
-
     farm = None
     for job in jobs:
         counts = job["frame_counts"]
@@ -96,5 +93,4 @@ def add_pending_reasons(store: Store, jobs: list[dict[str, Any]]) -> list[dict[s
 
 
 def unproven(store: Store, job: Mapping[str, Any]) -> str | None:
-    return identity.proof_problem(user=job["user"], job_id=job["id"], submitted_by=job.get("submitted_by"),
-                                  receipt=job.get("receipt"), spool=store.receipt_dir)
+    return identity.job_proof_problem(job, store.receipt_dir)

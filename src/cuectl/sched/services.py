@@ -90,15 +90,15 @@ def check_values(values: Mapping[str, Any]) -> dict[str, Any]:
         if value is None:
             out[field_name] = None
         elif field_name == "cores":
-            out[field_name] = specs._cores(value, option)
+            out[field_name] = specs.cores_field(value, option)
         elif field_name == "gpus":
             out[field_name] = whole_number(value, option, minimum=0, maximum=MAX_GPUS)
         elif field_name in ("memory_bytes", "gpu_memory_min_bytes"):
             out[field_name] = size_bytes(value, option)
         elif field_name == "tags":
-            out[field_name] = list(specs._tags(value, option))
+            out[field_name] = list(specs.tags_field(value, option))
         else:
-            seconds = specs._timeout(value, option)
+            seconds = specs.timeout_field(value, option)
             if not math.isfinite(seconds):
                 raise InvalidInput(f"{option}: must be a finite duration")
             out[field_name] = seconds

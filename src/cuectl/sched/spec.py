@@ -132,7 +132,8 @@ def _boolean(value: Any, label: str) -> bool:
     return value
 
 
-def _cores(value: Any, label: str) -> float:
+def cores_field(value: Any, label: str) -> float:
+    """A ``cores`` value (a layer's, a cap's, a service's): a positive, finite number."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidInput(f"{label}: expected a number of cores, got {describe(value)}")
     if not math.isfinite(value) or value <= 0:
@@ -152,7 +153,8 @@ def _mib_if_number(value: Any) -> Any:
     return value
 
 
-def _timeout(value: Any, label: str) -> float:
+def timeout_field(value: Any, label: str) -> float:
+    """A ``timeout`` value (a layer's or a service's): a duration, in seconds."""
     if not isinstance(value, (str, int, float)):
         raise InvalidInput(f"{label}: expected a duration like 2h, got {describe(value)}")
     seconds = parse_duration(value, field=label)
@@ -276,7 +278,7 @@ def _job_caps(get: Callable[[str], Any], label: Label) -> dict[str, Any]:
     if get("max_running") is not None:
         caps["max_running"] = whole_number(get("max_running"), label("max_running"), minimum=1, maximum=MAX_RUNNING)
     if get("max_cores") is not None:
-        caps["max_cores"] = _cores(get("max_cores"), label("max_cores"))
+        caps["max_cores"] = cores_field(get("max_cores"), label("max_cores"))
     if get("max_gpus") is not None:
         caps["max_gpus"] = whole_number(get("max_gpus"), label("max_gpus"), minimum=0, maximum=MAX_GPUS_CAP)
     if get("notify") is not None:  # spec: notify[0].webhook; flags: already checked entries
@@ -372,7 +374,8 @@ def _range(value: Any, label: str) -> str:
     return text
 
 
-def _tags(value: Any, label: str) -> tuple[str, ...]:
+def tags_field(value: Any, label: str) -> tuple[str, ...]:
+    """A ``tags`` value (a layer's or a service's): a list of tag names, or one."""
     tags: list[str] = []
     for index, item in enumerate(as_list(value, label)):
         where = item_label(label, index)
@@ -545,19 +548,19 @@ def _build_layer(
     fields.update(gpus=gpu.gpus, gpu_vendor=gpu.gpu_vendor, gpu_models=gpu.gpu_models,
                   gpu_memory_min_bytes=gpu.gpu_memory_min_bytes)
     if get("cores") is not None:
-        fields["cores"] = _cores(get("cores"), label("cores"))
+        fields["cores"] = cores_field(get("cores"), label("cores"))
     if get("memory") is not None:
         fields["memory_bytes"] = size_bytes(_mib_if_number(get("memory")), label("memory"))
     if get("retries") is not None:
         fields["retries"] = whole_number(get("retries"), label("retries"), minimum=0, maximum=MAX_RETRIES)
     if get("timeout") is not None:
-        fields["timeout_s"] = _timeout(get("timeout"), label("timeout"))
+        fields["timeout_s"] = timeout_field(get("timeout"), label("timeout"))
     env = dict(job_env)  # the layer's own variables win over the job's
     if get("env") is not None:
         env.update(parse_env(get("env"), label("env")))
     fields["env"] = tuple(env.items())
     if get("tags") is not None:
-        fields["tags"] = _tags(get("tags"), label("tags"))
+        fields["tags"] = tags_field(get("tags"), label("tags"))
     if get("log_limit") is not None:
         fields["log_limit_bytes"] = log_limit_bytes(_mib_if_number(get("log_limit")), label("log_limit"))
     if get("max_running") is not None:

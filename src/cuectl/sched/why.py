@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from cuectl.gpu.device import Device
+from cuectl.sched import identity
 from cuectl.sched import model as m
 from cuectl.sched.match import (CpuPool, GpuRequest, cpu_fits, device_fits_now, device_fits_statically,
                                 explain_hosts, select_devices, tags_fit)
@@ -559,11 +560,9 @@ def short_reason(job: Mapping[str, Any], layers: Sequence[LayerExplanation], unp
 
 def explain_job(store: Any, ref: str | int, *, now: float | None = None) -> JobExplanation:
     """Why each layer of job ``ref`` (id or unique name) waits, per host. NotFound/Conflict."""
-    from cuectl.sched.pending import unproven
-
     job = store.get_job(ref)
     farm = Farm.read(store, store.clock() if now is None else now)
-    return explain_loaded(store, job, farm, unproven=unproven(store, job))
+    return explain_loaded(store, job, farm, unproven=identity.job_proof_problem(job, store.receipt_dir))
 
 
 def frame_reasons(store: Any, frames: list[dict[str, Any]], *, now: float | None = None) -> list[dict[str, Any]]:
@@ -579,12 +578,11 @@ def frame_reasons(store: Any, frames: list[dict[str, Any]], *, now: float | None
             f.setdefault("pending_reason", None)
             continue
         if f["job_id"] not in by_job:
-            from cuectl.sched.pending import unproven
-
             job = store.get_job(f["job_id"])
             farm = farm or Farm.read(store, when)
+            unproven = identity.job_proof_problem(job, store.receipt_dir)
             by_job[f["job_id"]] = {x.name: x for x in explain_loaded(store, job, farm, hosts_lines=False,
-                                                                     unproven=unproven(store, job)).layers}
+                                                                     unproven=unproven).layers}
             paused[f["job_id"]] = bool(job["paused"])
         if paused[f["job_id"]]:
             f["pending_reason"] = "job is paused (`cuectl job resume`)"

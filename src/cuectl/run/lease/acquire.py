@@ -29,7 +29,7 @@ from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all,
                                     update_holder)
 from cuectl.run.lease.nested import LEVEL_VAR, NESTED_DIRNAME, Allocation
 from cuectl.run.lockfile import elsewhere_warning, held_elsewhere
-from cuectl.run.lease.queue import WaitQueue, _ticket_names, predicted_free
+from cuectl.run.lease.queue import WaitQueue, ticket_names, predicted_free
 from cuectl.run.lease.request import LeaseRequest, fitting_uuids, make_request, resolve_devices
 from cuectl.sched.match import MatchResult, select_devices
 from cuectl.units import parse_duration
@@ -591,7 +591,7 @@ def _quick_lease(key: _QuickKey) -> Lease | None:
     plan = ready.plan
     if plan.request.gpu.gpus == 0:
         return _granted(ready, [])
-    if _ticket_names(ready.queue_dir):
+    if ticket_names(ready.queue_dir):
         return None
     choice = plan.first_choice(plan.candidates)
     if choice.devices is None:

@@ -28,7 +28,7 @@ from cuectl.errors import Conflict, LeaseError
 from cuectl.gpu.device import Device
 from cuectl.run.lockfile import (OPEN_FLAGS, encode_record, fresh_record, lock_now, open_lock_file, unlock,
                                        write_record)
-from cuectl.run.lockfile import probe_held as _probe_held
+from cuectl.run.lockfile import probe_held
 from cuectl.units import iso
 
 # The lock directory is shared by every user of the machine, because a GPU is: a worker
@@ -147,7 +147,7 @@ def other_lock_dirs_in_use(lock_dir: Path) -> list[Path]:
             if prune and other.is_absolute():
                 _drop_own_entry(entry)
             continue
-        if any(_probe_held(p) for p in other.glob(f"*{LOCK_SUFFIX}")):
+        if any(probe_held(p) for p in other.glob(f"*{LOCK_SUFFIX}")):
             found.append(other)
     return found
 
@@ -486,13 +486,13 @@ def list_leases(lock_dir: Path, devices: Sequence[Device] | None = None) -> list
         targets = [(p, None) for p in sorted(lock_dir.glob("*" + LOCK_SUFFIX))]
     else:
         targets = []
-    out = [holder_info(path, device) for path, device in targets if _probe_held(path)]
+    out = [holder_info(path, device) for path, device in targets if probe_held(path)]
     return sorted(out, key=lambda i: (i.index is None, i.index if i.index is not None else 0, i.uuid))
 
 
 def held_uuids(lock_dir: Path, devices: Sequence[Device]) -> set[str]:
     """UUIDs of ``devices`` whose lock someone holds right now (a hint: it may change at once)."""
-    return {d.uuid for d in devices if _probe_held(lock_path(Path(lock_dir), d.uuid))}
+    return {d.uuid for d in devices if probe_held(lock_path(Path(lock_dir), d.uuid))}
 
 
 def break_stale(lock_dir: Path, uuid: str) -> bool:

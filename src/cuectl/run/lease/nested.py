@@ -31,7 +31,8 @@ from typing import Sequence
 from cuectl import config
 from cuectl.errors import InvalidDevice, LeaseError, NoMatchingDevice
 from cuectl.gpu.device import Device
-from cuectl.run.lease.locks import _probe_held, lock_path
+from cuectl.run.lease.locks import lock_path
+from cuectl.run.lockfile import probe_held
 
 #: Sub-locks of a frame's devices live in ``<lock dir>/nested/<level>/``.
 NESTED_DIRNAME = "nested"
@@ -97,7 +98,7 @@ class Allocation:
         """Each of the frame's devices must be leased now (by the frame): otherwise the
         environment outlived its frame, and sub-locks would guard nothing."""
         for uuid in self.uuids:
-            if not _probe_held(lock_path(lock_dir, uuid)):
+            if not probe_held(lock_path(lock_dir, uuid)):
                 raise LeaseError(f"the environment says this runs inside frame {self.frame}, but its device {uuid} "
                                  f"is not leased: the frame has ended, or this environment was copied from it",
                                  hint="unset CUE_FRAME_ID and CUE_GPUS to take a lease of your own")

@@ -90,7 +90,7 @@ class WaitQueue:
         Stops once nothing is left: with 100 waiters for 4 devices each waiter looks at
         about 4 tickets.
         """
-        names = _ticket_names(self.dir)
+        names = ticket_names(self.dir)
         pool: list[str] | None = None
         taken: set[str] = set()
         waiters = 0
@@ -159,13 +159,13 @@ def _queue_dir(lock_dir: Path) -> Path:
 
 
 #: Queue directories this process listed and found without tickets, with the directory's
-#: identity and timestamps then; see ``_ticket_names``.
+#: identity and timestamps then; see ``ticket_names``.
 _quiet: dict[str, tuple[int, int, int, int, int]] = {}
 #: A directory counts as quiet only if its mtime was this much older than our look at it.
 QUIET_NS = 1_000_000_000
 
 
-def _ticket_names(directory: Path) -> list[str]:
+def ticket_names(directory: Path) -> list[str]:
     """The tickets in ``directory``, oldest first — usually none, found by one ``stat``.
 
     Adding or removing a ticket (a create, rename or unlink in the directory) sets the
