@@ -48,7 +48,7 @@ def test_a_planted_log_symlink_never_gets_root_writing_through_it(shared_farm, o
             {"name": "w", "command": frame_cmd, "retries": 0}]})
         moved = submit_as(alice, shared_farm, {"name": "dir", "layers": [
             {"name": "w", "command": frame_cmd, "retries": 0}]})
-        logs = shared_farm.tmp / "logs"
+        logs = shared_farm.tmp / f"{shared_farm.db.name}-logs"  # the store's own log root (config.log_root)
         res = bob.run(["sh", "-c", f"mkdir -m 2770 {logs} && ln -s {victim_dir} {logs}/{moved}"])
         assert res.returncode == 0, res.stderr
         res = alice.run(["sh", "-c", f"mkdir -p {logs}/{linked} && ln -s {victim} {logs}/{linked}/0001-w.1.log"])
