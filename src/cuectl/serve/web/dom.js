@@ -50,6 +50,15 @@ export function pct(value) {
   return value === null || value === undefined ? "-" : String(Math.round(value));
 }
 
+/** A device's utilisation as "37%"; when its last sample is too old to be current (the API
+ * then gives null and the sample's age), how old it is, as `cuectl top` says: "25s ago". */
+export function utilText(device) {
+  if (!device) return "-";
+  if (device.utilization_pct !== null && device.utilization_pct !== undefined) return `${pct(device.utilization_pct)}%`;
+  if (device.sample_age_s !== null && device.sample_age_s !== undefined) return `${duration(device.sample_age_s)} ago`;
+  return "-";
+}
+
 /** Seconds as the CLI prints them: 42s, 3m07s, 2h05m. */
 export function duration(seconds) {
   if (seconds === null || seconds === undefined || !isFinite(seconds)) return "-";

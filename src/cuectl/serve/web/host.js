@@ -3,7 +3,7 @@
 // its ETag (a 304 while nothing changed).
 
 import {api, poll} from "./api.js";
-import {el, gb, localTime, pct, runtime, setText} from "./dom.js";
+import {el, gb, localTime, pct, runtime, setText, utilText} from "./dom.js";
 import {deviceNames, gpuLabel} from "./hosts.js";
 import {clearError, confirmDialog, showError} from "./ui.js";
 
@@ -64,7 +64,7 @@ export function hostPage(main, ctx, nameText) {
       return el("tr", {"data-gpu-uuid": d.uuid || ""},
         el("td", {class: "index num", text: d.index ?? "-"}),
         el("td", {class: "model", text: d.model || "-", title: `${d.model || ""} ${d.uuid || ""}`.trim()}),
-        el("td", {class: "util num"}, d.utilization_pct !== null ? `${pct(d.utilization_pct)}%` : "-", bar),
+        el("td", {class: "util num", title: d.sampled_at ? `sampled ${d.sampled_at}` : null}, utilText(d), bar),
         el("td", {class: "mem num", text: `${gb(d.memory_used_bytes)} / ${gb(d.memory_total_bytes)} GB`}),
         el("td", {class: "holder", "data-kind": h ? h.kind : null, title: h ? [h.kind, h.user, h.pid && `pid ${h.pid}`].filter(Boolean).join(" ") : null},
           frame ? el("a", {href: `#/jobs/${frame.job_id}`, text: holder}) : holder));

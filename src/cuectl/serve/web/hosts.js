@@ -5,7 +5,7 @@
 // rows the filter no longer describes.
 
 import {api, poll} from "./api.js";
-import {el, gb, pct} from "./dom.js";
+import {el, gb, utilText} from "./dom.js";
 import {sortable} from "./table.js";
 import {clearError, showError} from "./ui.js";
 
@@ -113,7 +113,7 @@ export function hostsPage(main) {
       const tr = el("tr", {"data-host": host.name, "data-gpu-uuid": d ? d.uuid || "" : "", "data-state": host.state},
         el("td", {class: "host", title: host.name}, el("a", {href: `#/hosts/${encodeURIComponent(host.name)}`, text: host.name})),
         el("td", {class: "index num", text: d ? d.index ?? "-" : "-"}),
-        el("td", {class: "util num"}, d && d.utilization_pct !== null ? `${pct(d.utilization_pct)}%` : "-", d ? bar : null),
+        el("td", {class: "util num", title: d && d.sampled_at ? `sampled ${d.sampled_at}` : null}, utilText(d), d ? bar : null),
         el("td", {class: "mem num", text: d ? `${gb(used)} / ${gb(total)} GB` : "-"}),
         el("td", {class: "holder", text: holder,
                   "data-kind": d && d.holder ? d.holder.kind : null,
