@@ -79,18 +79,39 @@ def farm(tmp_path_factory) -> dict:
         _finish(store, _claim_one(store, main, NOW - 50, "GPU-0"), NOW - 50, 0)
         _finish(store, _claim_one(store, main, NOW - 40, "GPU-0"), NOW - 40, 1)
         running = _claim_one(store, main, NOW - 30, "GPU-1")
-        store.record_live_usage(HOST, [LiveUsage(running.frame_id, running.attempt, NOW, 90.0, 3 * GIB)], now=NOW)
-        store.heartbeat(HOST, [running.frame_id], now=NOW, lease_s=3600.0, attempts={running.frame_id: 1}, live={
-            "at": NOW, "devices": [
-                {"uuid": "GPU-0", "utilization_pct": 0.0, "memory_used_bytes": 0, "memory_free_bytes": 80 * GIB},
-                {"uuid": "GPU-1", "utilization_pct": 90.0, "memory_used_bytes": 3 * GIB,
-                 "memory_free_bytes": 77 * GIB}]})
+        _BEATS[db] = (running.frame_id, running.attempt)
+        _beat(db, store)
         store.submit(spec_from_mapping({"name": SHORT, "layers": [
             {"name": f"big-layer-{i}", "command": ["true"], "range": "1-2", "gpus": 8}
             for i in range(4)]}, user=user), now=NOW)
     finally:
         store.close()
     return {"db": db, "running": running.frame_id}
+
+
+# The host's heartbeat and live values, written anew before each command: the module's tests
+# may run minutes after the fixture on a loaded machine (pytest-xdist), and a host whose
+# heartbeat is a minute old reads DOWN, a sample older than two intervals reads its age.
+_BEATS: dict[Path, tuple[int, int]] = {}
+
+
+def _beat(db: Path, store=None) -> None:
+    if db not in _BEATS:
+        return
+    if store is None:
+        store = open_store(str(db))
+        try:
+            return _beat(db, store)
+        finally:
+            store.close()
+    frame_id, attempt = _BEATS[db]
+    now = time.time()
+    store.record_live_usage(HOST, [LiveUsage(frame_id, attempt, now, 90.0, 3 * GIB)], now=now)
+    store.heartbeat(HOST, [frame_id], now=now, lease_s=3600.0, attempts={frame_id: 1}, live={
+        "at": now, "devices": [
+            {"uuid": "GPU-0", "utilization_pct": 0.0, "memory_used_bytes": 0, "memory_free_bytes": 80 * GIB},
+            {"uuid": "GPU-1", "utilization_pct": 90.0, "memory_used_bytes": 3 * GIB,
+             "memory_free_bytes": 77 * GIB}]})
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -118,6 +139,7 @@ def _today(at: float) -> str:
 
 
 def _json(db: Path, *args: str) -> dict:
+    _beat(db)
     res = subprocess.run([*cuectl_cmd(), "--db", str(db), *args, "--json"], capture_output=True, text=True,
                          timeout=60, env=_env())
     assert res.returncode == 0, res.stderr
@@ -127,6 +149,7 @@ def _json(db: Path, *args: str) -> dict:
 def _show(db: Path, width: int, *args: str, **env: str) -> tuple[str, list[str]]:
     """What ``cuectl args`` shows on a terminal ``width`` wide, and its lines, each of
     which fits (a table's row, or a `key: value` line short enough)."""
+    _beat(db)
     code, raw = on_terminal([*cuectl_cmd(), "--db", str(db), *args], answer=None, columns=width, env=_env(**env))
     assert code == 0, raw
     lines = _lines(raw)
@@ -202,6 +225,7 @@ def test_host_list_fits(farm, width):
 def test_top_fits_and_keeps_the_job_name(farm, width):
     """`cuectl top` live: every line fits; a 12-character job name stays whole beside a
     ~400-character pending reason, which is cut instead (it used to be the other way)."""
+    _beat(farm["db"])
     code, raw = on_terminal([*cuectl_cmd(), "--db", str(farm["db"]), "top", "--interval", "0.2"],
                             answer=b"q", prompt=b"Waiting jobs", columns=width, env=_env())
     assert code == 0, raw

@@ -39,6 +39,15 @@ def dispatch(**changes: Any) -> dict[str, Any]:
     return doc
 
 
+@pytest.fixture(autouse=True)
+def _now() -> None:
+    """NOW is each test's own start: describe_job reads the real clock, and a test may run
+    minutes after this module was imported (pytest-xdist on a loaded machine), when a
+    heartbeat stamped at import reads as a dead worker."""
+    global NOW
+    NOW = time.time()
+
+
 @pytest.fixture
 def store(tmp_path: Path):
     s = open_store(str(tmp_path / "why.db"))
