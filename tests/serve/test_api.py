@@ -177,6 +177,13 @@ def test_list_jobs_filters_globs_and_pages(site):
     assert names("name=lj-*&state=FINISHED") == ["lj-render-a2"]
     assert names("name=lj-*&state=pending") == ["lj-render-a1", "lj-comp-a3", "lj-render-b1"]
     assert names("name=lj-*&active=true") == ["lj-render-a1", "lj-comp-a3", "lj-render-b1"]
+    # RUNNING (issue 41 §4): the unfinished jobs with a running frame, as `job list --state running`.
+    assert names("name=lj-*&state=running") == []
+    layer = val.ok("GET", f"{API}/jobs/{a3}")["layers"][0]
+    claim(site.db, layer["id"], host="lj-host")
+    assert names("name=lj-*&state=RUNNING") == ["lj-comp-a3"]
+    assert val.ok("GET", f"{API}/jobs/{a3}")["display_state"] == "RUNNING"
+    assert "lj-comp-a3" in names("name=lj-*&state=pending")  # PENDING stays OpenCue's: running or not
     assert names("name=no-such-job") == []
     listed = {j["id"]: j for j in val.ok("GET", f"{API}/jobs?name=lj-*")["jobs"]}
     assert listed[a2]["frame_counts"] == {"EATEN": 2} and listed[a1]["frame_counts"] == {"WAITING": 1}

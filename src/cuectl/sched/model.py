@@ -50,6 +50,8 @@ def retry_delay(first_s: float | None, failures: int) -> float:
 
 JOB_PENDING = "PENDING"
 JOB_FINISHED = "FINISHED"
+# Never stored: what views show for a PENDING job with a running frame (views.job_display_state).
+JOB_RUNNING = "RUNNING"
 
 # How a layer waits on a layer: ``layer`` for all its frames, ``frame`` frame by frame (frame N
 # on frame N), ``previous`` frame N on the frame before N's place (OpenCue's previous-frame),

@@ -388,10 +388,15 @@ def create_app(settings: Settings) -> FastAPI:
 
         store = pool.get()
         exact = name if name is not None and not any(c in name for c in "*?[") else None
-        filters: dict[str, Any] = {"include_finished": not active, "user": user, "state": state, "name": exact}
-        if name is not None and exact is None:  # a glob: filter here, page after
+        # RUNNING is not a stored state (a PENDING job with a running frame, views.job_display_state):
+        # like a glob name, it is filtered here and paged after.
+        running = state == m.JOB_RUNNING
+        filters: dict[str, Any] = {"include_finished": not active, "user": user,
+                                   "state": m.JOB_PENDING if running else state, "name": exact}
+        if (name is not None and exact is None) or running:
             rows = [j for j in store.list_jobs(**filters, newest_first=newest_first)
-                    if fnmatch.fnmatchcase(j["name"], name)]
+                    if (exact is not None or name is None or fnmatch.fnmatchcase(j["name"], name))
+                    and (not running or j["display_state"] == m.JOB_RUNNING)]
             total, page = len(rows), rows[offset:offset + limit]
         else:
             total = store.count_jobs(**filters)
@@ -401,7 +406,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get(f"{API}/jobs", tags=["jobs"], summary="Jobs with frame counts and pending reasons")
     async def list_jobs(request: Request,
-                  user: Optional[str] = Query(None), state: Optional[str] = Query(None, description="PENDING or FINISHED"),
+                  user: Optional[str] = Query(None), state: Optional[str] = Query(None, description="PENDING (not finished, running or not), "
+                                                                     "RUNNING (a frame runs) or FINISHED"),
                   name: Optional[str] = Query(None, description="Exact name or glob (render-*)"),
                   active: bool = Query(False, description="Hide finished jobs"),
                   limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
@@ -410,7 +416,7 @@ def create_app(settings: Settings) -> FastAPI:
                                                                  "(newest first)")) -> Response:
         page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
         start = _int_param(offset, "offset", low=0, high=MAX_ID) or 0
-        wanted = _choice(state, "state", (m.JOB_PENDING, m.JOB_FINISHED))
+        wanted = _choice(state, "state", (m.JOB_PENDING, m.JOB_RUNNING, m.JOB_FINISHED))
         newest_first = _choice(order, "order", ("ASC", "DESC")) == "DESC"
         return await cached(request, lambda: _jobs(user, wanted, name, active, page, start, newest_first))
 

@@ -52,7 +52,7 @@ PARAMETERS: dict[tuple[str, str], dict[str, Any]] = {
     (f"{API}/hosts", "vendor"): {"type": "string", "examples": ["NVIDIA", "AMD", "Apple", "Intel"]},
     (f"{API}/hosts", "state"): {"enum": ["UP", "DOWN"]},
     (f"{API}/hosts", "gpu_memory_min"): {"type": "string", "examples": ["24G", "80GiB", "24576"]},
-    (f"{API}/jobs", "state"): {"enum": [m.JOB_PENDING, m.JOB_FINISHED]},
+    (f"{API}/jobs", "state"): {"enum": [m.JOB_PENDING, m.JOB_RUNNING, m.JOB_FINISHED]},
     (f"{API}/jobs", "limit"): _PAGE,
     (f"{API}/jobs", "offset"): {"type": "integer", "minimum": 0},
     (f"{API}/jobs", "order"): {"enum": ["asc", "desc"]},

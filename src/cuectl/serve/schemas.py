@@ -105,7 +105,8 @@ JOB_SUMMARY: Schema = _obj({
     "state": {"enum": [m.JOB_PENDING, m.JOB_FINISHED]}, "paused": BOOL, "created_at": TIME, "finished_at": TIME_N,
     "outcome": {"enum": ["KILLED", "FAILED", "SUCCEEDED", None]}, "project": STR_N, "show": STR_N, "shot": STR_N,
     "max_running": INT_N, "max_cores": NUM_N, "max_gpus": INT_N, "frame_counts": COUNTS, "pending_reason": STR_N,
-}, ("id", "name", "user", "priority", "state", "paused", "created_at", "frame_counts"),
+    "display_state": {"enum": ["PENDING", "RUNNING", "KILLED", "FAILED", "SUCCEEDED"]}, "outcome_reason": STR_N,
+}, ("id", "name", "user", "priority", "state", "paused", "created_at", "frame_counts", "display_state"),
     description="A job as `cuectl job list --json` shows it (docs/json.md, job).")
 JOB: Schema = {"allOf": [ref("JobSummary"), _obj({
     "layers": {"type": "array", "items": ref("Layer")}, "notify": {"type": "array", "items": {"type": "object"}},
