@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,3 +72,19 @@ def solo(tmp_path: Path, monkeypatch):
                              lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
     yield store, worker
     store.close()
+
+
+@pytest.fixture
+def small_log_fs(tmp_path: Path):
+    """A 2 MiB tmpfs for the logs (the store stays on the normal disk). Root only; skipped
+    where mounting is not allowed (unprivileged containers)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small filesystem needs root")
+    mount = tmp_path / "logfs"
+    mount.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(mount)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], capture_output=True)

@@ -7,32 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 FLOOD = ("import os\n"
          "for _ in range(64):  # 4 MiB at once onto a 2 MiB filesystem; failed writes are ignored\n"
          "    try: os.write(1, b'x' * 65536)\n"
          "    except OSError: pass\n")
-
-
-@pytest.fixture
-def small_log_fs(tmp_path: Path):
-    """A 2 MiB tmpfs for the logs (the store stays on the normal disk). Root only; skipped
-    where mounting is not allowed (unprivileged containers)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
-    mount = tmp_path / "logfs"
-    mount.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(mount)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
 def test_a_log_lost_to_a_full_disk_is_not_a_clean_success(farm, small_log_fs: Path) -> None:

@@ -101,22 +101,6 @@ def test_log_limits_from_the_layer_the_submit_flag_the_worker_flag_and_the_envir
     assert bad.returncode == 2 and bad.stderr.startswith("error: --log-limit: must be at least 4K")
 
 
-@pytest.fixture
-def small_log_fs(tmp_path: Path):
-    """A 2 MiB tmpfs for the logs (the store stays on the normal disk). Root only; skipped
-    where mounting is not allowed (unprivileged containers)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small filesystem needs root")
-    mount = tmp_path / "logfs"
-    mount.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(mount)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], capture_output=True)
-
-
 def test_a_full_disk_fails_the_frame_with_a_reason_and_leaves_the_store_alone(farm, small_log_fs):
     """The frame keeps writing although its writes fail with ENOSPC: the worker stops it,
     says why in its log, and the store records the failure."""
