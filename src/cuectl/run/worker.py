@@ -1587,9 +1587,13 @@ class Supervisor:
                 else:
                     w.abort()
                     return 130
+            # Every store call of an iteration, `_finished`'s look at the queue too, runs
+            # marked busy: a frame that ends while one waits on a silent server keeps its
+            # real end time (ExitWatch).
+            w.busy_since = time.monotonic()
             try:
-                w.busy_since = time.monotonic()
                 stats = w.loop()
+                finished = self._finished()
             except StoreGone:
                 w.abort()  # its frames' results could never be recorded: stop them now
                 raise
@@ -1597,7 +1601,7 @@ class Supervisor:
                 w.busy_since = None
             if self.on_iteration:
                 self.on_iteration(w)
-            if self._finished():
+            if finished:
                 if w.opts.until_idle and w.too_big and not w.draining and not w._reached_max():
                     # Idle, but work is left that no frame here could ever take: say so
                     # rather than exit 0 as if the queue were done.
@@ -1629,8 +1633,12 @@ class Supervisor:
         store_fd = w.store.notify_fileno()
         if store_fd is not None:
             fds.append(store_fd)
-            if w.store.drain_notifications():
-                timeout = 0.0
+            w.busy_since = time.monotonic()  # a store call (ExitWatch)
+            try:
+                if w.store.drain_notifications():
+                    timeout = 0.0
+            finally:
+                w.busy_since = None
         pidfds = []
         for rf in w.running.values():
             if rf.proc.pid and hasattr(os, "pidfd_open"):
