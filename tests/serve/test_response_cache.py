@@ -44,11 +44,11 @@ class Clock:
         return self.now
 
 
-def test_a_page_in_the_second_half_of_its_life_is_answered_at_once_and_refreshed_once():
+def test_a_page_near_the_end_of_its_life_is_answered_at_once_and_refreshed_once():
     clock = Clock()
     cache, calls = ResponseCache(ttl_s=10, clock=clock), []
     cache.get("k", _slow(calls, "old", 0))
-    clock.now += 6  # past half its life, within the promised 10 s
+    clock.now += 9.5  # past its refresh point (a quick build: the last tenth), within the promised 10 s
     held = threading.Event()
 
     def rebuild():  # held until every caller has its answer: one that waited for it has none
@@ -66,6 +66,37 @@ def test_a_page_in_the_second_half_of_its_life_is_answered_at_once_and_refreshed
     cache.close()
 
 
+def test_a_page_is_refreshed_three_of_its_builds_before_its_end_at_most_at_half_its_life():
+    """A quick page is rebuilt only in the last tenth of its life, not from half of it (that
+    doubled the store reads of N pollers); a slow one early enough for its rebuild to end
+    in time; never before half its life."""
+    clock = Clock()
+    cache, calls = ResponseCache(ttl_s=10, clock=clock), []
+
+    def build(value: str, took: float):
+        def run():
+            calls.append(value)
+            clock.now += took  # the build's own duration, on the cache's clock
+            return {"v": value}
+        return run
+
+    cache.get("quick", build("q", 0.1))
+    clock.now += 6  # past half its life, not yet within three builds (0.3 s) or a tenth of it of its end
+    assert cache.get("quick", build("q2", 0.1))[0] == b'{"v":"q"}'
+    time.sleep(0.2)
+    assert calls == ["q"]  # nothing rebuilt
+    cache.get("slow", build("s", 2.0))  # three builds: 6 s, more than half: refreshed at half its life
+    clock.now += 2.9  # 4.9 s since its read began
+    assert cache.get("slow", build("s2", 0.0))[0] == b'{"v":"s"}' and calls == ["q", "s"]
+    clock.now += 0.2
+    assert cache.get("slow", build("s2", 0.0))[0] == b'{"v":"s"}'
+    deadline = time.monotonic() + 5
+    while calls[-1] != "s2" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert calls == ["q", "s", "s2"]
+    cache.close()
+
+
 def test_a_page_older_than_the_ttl_is_never_answered_its_callers_wait_for_a_fresh_one():
     clock = Clock()
     cache, calls = ResponseCache(ttl_s=10, clock=clock), []
@@ -80,7 +111,7 @@ def test_a_refresh_that_is_still_running_when_the_page_expires_is_waited_for():
     clock = Clock()
     cache, calls = ResponseCache(ttl_s=10, clock=clock), []
     cache.get("k", _slow(calls, "old", 0))
-    clock.now += 6
+    clock.now += 9.5
     held, started = threading.Event(), threading.Event()
 
     def rebuild():
@@ -91,7 +122,7 @@ def test_a_refresh_that_is_still_running_when_the_page_expires_is_waited_for():
 
     assert cache.get("k", rebuild)[0] == b'{"v":"old"}'  # refresh ahead started
     assert started.wait(5)
-    clock.now += 5  # the old page is now 11 s old: not to be answered any more
+    clock.now += 1  # the old page is now 10.5 s old: not to be answered any more
     out: list[bytes] = []
     waiter = threading.Thread(target=lambda: out.append(cache.get("k", _slow(calls, "other", 0))[0]))
     waiter.start()
@@ -99,7 +130,7 @@ def test_a_refresh_that_is_still_running_when_the_page_expires_is_waited_for():
     assert out == []  # waiting for the refresh, not answered with the old page
     held.set()
     waiter.join(10)
-    # The refresh began reading at 1006, so at 1011 its page is 5 s old: fresh, taken as is.
+    # The refresh began reading at 1009.5, so at 1010.5 its page is 1 s old: fresh, taken as is.
     assert out == [b'{"v":"new"}'] and calls == [1, 1]
     cache.close()
 
@@ -108,7 +139,7 @@ def test_a_failed_refresh_is_built_again_by_the_next_caller():
     clock = Clock()
     cache, calls = ResponseCache(ttl_s=10, clock=clock), []
     cache.get("k", _slow(calls, "old", 0))
-    clock.now += 6
+    clock.now += 9.5
 
     def broken():
         raise RuntimeError("store gone")
