@@ -100,3 +100,12 @@ def test_unknown_job_is_bad_input_at_once(db_path):
     res = subprocess.run([*_exe(), "--db", str(db_path), "job", "wait", "999"], capture_output=True,
                          text=True, timeout=30)
     assert res.returncode == 2 and "999" in res.stderr
+
+
+def test_a_name_several_jobs_have_is_bad_input_too(db_path):
+    """A name two jobs share names no one job: exit 2 with the ids to choose from, not 1."""
+    first, second = _submit(db_path, "twice"), _submit(db_path, "twice")
+    res = subprocess.run([*_exe(), "--db", str(db_path), "job", "wait", "twice"], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 2 and res.stderr.startswith("error:"), res.stderr
+    assert "twice" in res.stderr and f"{first}, {second}" in res.stderr and "Traceback" not in res.stderr

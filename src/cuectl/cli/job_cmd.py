@@ -687,7 +687,7 @@ def job_wait(ctx: typer.Context,
              poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the store."),
              as_json: bool = JSON_OPT) -> None:
     """Wait until the jobs finish: exit 0 if every frame succeeded (or was eaten), 1 if a job
-    has DEAD frames, was killed, or --timeout passed, 2 for bad input (an unknown job, a bad
+    has DEAD frames, was killed, or --timeout passed, 2 for bad input (an unknown or ambiguous job, a bad
     --timeout or --poll)."""
     from cuectl.sched.wait import check_succeeded, wait_jobs
     from cuectl.units import parse_duration

@@ -177,7 +177,8 @@ def short_time(value: str | float | None, *, now: float | None = None) -> str:
         from datetime import datetime
 
         try:
-            at = datetime.fromisoformat(value).timestamp()
+            # Python 3.10's fromisoformat takes no "Z" (the store's times end in it).
+            at = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
         except ValueError:
             return value
     now = _time.time() if now is None else now

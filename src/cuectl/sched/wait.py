@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Sequence
 
-from cuectl.errors import CuectlError, InvalidInput, NotFound
+from cuectl.errors import Conflict, CuectlError, InvalidInput, NotFound
 from cuectl.sched import model as m
 from cuectl.sched.store import Store
 
@@ -25,7 +25,8 @@ class JobsFailed(CuectlError):
 
 
 class UnknownJob(NotFound):
-    """A job to wait for does not exist: bad input (exit 2), never the status of a job that
+    """A job to wait for does not exist, or its name is several jobs': bad input (exit 2),
+    never the status of a job that
     failed (1), so that ``job wait $ID || page-oncall`` does not page for a typo."""
 
     exit_code = 2
@@ -55,9 +56,11 @@ def wait_jobs(store: Store, refs: Sequence[str | int], *, timeout_s: float | Non
 
 
 def _job_id(store: Store, ref: str | int) -> int:
+    """The job ``ref`` names; a name that names none, or several, is bad input (exit 2):
+    `job wait NAME || page-oncall` must not page for a typo."""
     try:
         return int(store.get_job(ref)["id"])
-    except NotFound as exc:
+    except (NotFound, Conflict) as exc:
         raise UnknownJob(exc.message, hint=exc.hint) from None
 
 
