@@ -170,7 +170,7 @@ def run_report(store: Any, *, by: str, since: float, until: float,
                with_total: bool = True) -> tuple[list[ReportRow], ReportRow | None]:
     """The window's rows (and the ``total`` row over all of it: distinct frames and
     percentiles over the whole window, which adding the rows up cannot give) from any store."""
-    check_by(by)
+    by = check_by(by)  # the library's callers may spell it gpu_model too
     groups, total = store.usage_summary(since=since, until=until, by=by, with_total=with_total)
     return build_rows(groups, by=by), (report_row(total, "total") if total is not None else None)
 

@@ -97,3 +97,18 @@ def test_report_cli_names_the_model_of_a_lost_attempt(cli, db_path):
     assert res.exit_code == 0, res
     rows = res.json()["rows"]
     assert [(r["group"], r["gpu_seconds_allocated"], r["dead"]) for r in rows] == [(V100, 100.0, 1)]
+
+
+def test_the_library_takes_gpu_model_spelt_as_the_json_keys_are(store_url):
+    """`run_report(by="gpu_model")` groups as `by="gpu-model"` (report.check_by's canonical
+    spelling reaches the store, not the caller's)."""
+    from cuectl.report import run_report
+
+    store = open_store(store_url)
+    try:
+        build(store)
+        rows, _total = run_report(store, by="gpu_model", **WINDOW)
+        dashed, _ = run_report(store, by="gpu-model", **WINDOW)
+    finally:
+        store.close()
+    assert [r.group for r in rows] == [r.group for r in dashed] and {V100, A100} <= {r.group for r in rows}

@@ -65,6 +65,15 @@ def test_an_unknown_query_parameter_is_a_400_naming_it_on_every_route(site):
     assert [j["id"] for j in listed["jobs"]] == [job_id]
 
 
+def test_the_monitors_page_and_files_take_a_links_query_as_any_web_page(site):
+    """The strictness is the API's: a link with ?utm_source= or a proxy's cache-buster
+    still opens the web monitor."""
+    sam = _api(site, "sam")
+    for path, kind in (("/?utm_source=mail", "text/html"), ("/static/app.js?v=2", "javascript")):
+        resp = sam.get(path)
+        assert resp.status == 200 and kind in resp.headers.get("content-type", ""), (path, resp)
+
+
 # -- vendor and by ----------------------------------------------------------------------------------------------
 def test_an_unknown_vendor_is_refused_with_the_vendors_there_are(site):
     sam = _api(site, "sam")

@@ -734,7 +734,9 @@ async def _known_query(request: Request) -> None:
     request (the hot reads are async to avoid just that)."""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
-    if dependant is None:
+    # The API's routes only: the monitor's page and files (not in the schema) ignore a
+    # link's ?utm_source= or a proxy's cache-buster, as any web page does.
+    if dependant is None or not getattr(route, "include_in_schema", False):
         return
     known: frozenset[str] | None = getattr(route, "_cuectl_query_names", None)
     if known is None:  # once per route

@@ -9,8 +9,18 @@ import {clearError, confirmDialog, showError} from "./ui.js";
 
 const TICK_MS = 1000;
 
+/** A host name from the address bar: a malformed escape (#/hosts/%E0) is taken as typed,
+ * not left to throw and blank the page. */
+function hostName(text) {
+  try {
+    return decodeURIComponent(text);
+  } catch {
+    return text;
+  }
+}
+
 export function hostPage(main, ctx, nameText) {
-  const name = decodeURIComponent(nameText);
+  const name = hostName(nameText);
   const title = el("h1", {id: "host-title", text: name});
   const state = el("span", {id: "host-state", class: "badge state"});
   const actions = el("div", {id: "host-actions", class: "actions"});
