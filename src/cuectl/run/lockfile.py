@@ -24,8 +24,11 @@ if TYPE_CHECKING:
 # Any user must be able to open a lock file to lock the same device; the flock, not the
 # mode, gives exclusivity. The record inside is not secret (pid, label, user).
 LOCK_FILE_MODE = 0o666
-#: Never follow a symlink planted in the shared directory; never leak an fd into a child.
-OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+#: Never follow a symlink planted in the shared directory; never leak an fd into a child;
+#: never wait in open(2) for a FIFO planted there (its reader would block until a writer
+#: came: any user could hang every lease of the machine, root's too). On a regular file
+#: O_NONBLOCK changes nothing.
+OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
 
 _SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -277,11 +280,18 @@ def held_elsewhere(lock_dir: str, names: "list[str] | tuple[str, ...]") -> list[
     mine = os.path.realpath(lock_dir)
     found = []
     for entry in entries:
+        # The registry is writable by every user: a link or a FIFO there is read as
+        # nothing (OPEN_FLAGS), as is a file that is not a regular one.
         try:
-            with open(os.path.join(registry, entry), "rb") as f:
-                other = os.fsdecode(f.read(4096)).strip()
+            fd = os.open(os.path.join(registry, entry), os.O_RDONLY | OPEN_FLAGS)
         except OSError:
             continue
+        try:
+            other = os.fsdecode(os.pread(fd, 4096, 0)).strip() if stat.S_ISREG(os.fstat(fd).st_mode) else ""
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
         if not other.startswith("/") or _related(os.path.realpath(other), mine):
             continue
         for name in names:
