@@ -35,19 +35,27 @@ DEFAULT_SAMPLE_INTERVAL_S = 10.0
 FRESH_INTERVALS = 2
 
 
+# The published times a view can print: from the epoch to the end of year 9999 (``iso``
+# cannot write a later one, nor NaN or an infinity, which Python's json also reads).
+_LAST_EPOCH = 253402300800.0
+
+
 def _epoch(value: Any) -> float | None:
-    """A published time: epoch seconds, or ISO 8601 text (``...Z``); None when unreadable."""
+    """A published time: epoch seconds, or ISO 8601 text (``...Z``); None when unreadable.
+    Any member of a shared store's group can write a host's live document: a time no view
+    can print is unreadable, not an error that breaks `top`, `host show` and the API."""
     from cuectl.errors import InvalidInput
     from cuectl.units import parse_time
 
+    at: float | None = None
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str) and value:
+        at = float(value)
+    elif isinstance(value, str) and value:
         try:
-            return parse_time(value, now=0.0)
+            at = parse_time(value, now=0.0)
         except InvalidInput:
             return None
-    return None
+    return at if at is not None and 0.0 <= at < _LAST_EPOCH else None
 
 
 def live_values(live_doc: Mapping[str, Any] | None, *, now: float) -> dict[str, dict[str, Any]]:
@@ -58,8 +66,8 @@ def live_values(live_doc: Mapping[str, Any] | None, *, now: float) -> dict[str, 
     old the last one is. A device without its own time (an older worker) has the doc's."""
     doc = live_doc if isinstance(live_doc, Mapping) else {}
     interval = doc.get("sample_interval_s")
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval <= 0:
-        interval = DEFAULT_SAMPLE_INTERVAL_S
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not 0 < interval < 86400:
+        interval = DEFAULT_SAMPLE_INTERVAL_S  # (NaN fails the comparison too)
     doc_at = _epoch(doc.get("at"))
     out: dict[str, dict[str, Any]] = {}
     for d in doc.get("devices") or []:

@@ -170,3 +170,34 @@ def test_stale_values_are_not_current_and_a_left_device_is_not_foreign(tmp_path)
     assert stale["holder"] is None
     assert (stale["utilization_pct"], stale["memory_used_bytes"]) == (None, None)
     assert stale["sample_age_s"] == 11.0 and stale["sampled_at"].endswith("Z")
+
+
+def test_a_live_document_with_times_no_view_can_print_breaks_no_view(tmp_path):
+    """Any member of a shared store's group can write a host's live document: times of
+    1e20, NaN or -Infinity (Python's json reads those) and an infinite interval read as
+    unknown, and `top`, `host show` and the API's readers go on for every host."""
+    import math
+    import subprocess
+
+    from farmlib import cuectl_cmd
+
+    db = tmp_path / "store.db"
+    store = open_store(str(db))
+    try:
+        gpus = [{"index": i, "uuid": f"GPU-{i}", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB",
+                 "backend": "fake", "memory_total_bytes": 16 * GIB} for i in range(3)]
+        now = store.clock()
+        store.register_host(HostInfo(name="h1", cores=8, memory_bytes=64 * GIB, gpus=gpus), now=now)
+        values = {"utilization_pct": 50.0, "memory_used_bytes": GIB, "memory_free_bytes": 15 * GIB}
+        store.heartbeat("h1", [], now=now, lease_s=600.0, live={"at": 1e20, "sample_interval_s": math.inf, "devices": [
+            {"uuid": "GPU-0", **values, "sampled_at": 1e20}, {"uuid": "GPU-1", **values, "sampled_at": math.nan},
+            {"uuid": "GPU-2", **values, "sampled_at": -math.inf}]})
+        snap = snapshot(store, lock_dir=tmp_path / "no-locks", now=now)
+        assert gpu_stats(snap, active_jobs=0)["total"] == 3  # the metrics' reading of the same
+    finally:
+        store.close()
+    devices = snap["hosts"][0]["devices"]
+    assert [(d["sampled_at"], d["utilization_pct"]) for d in devices] == [(None, None)] * 3
+    for args in (["top", "--once"], ["top", "--json"], ["host", "show", "h1"], ["host", "list", "--json"]):
+        res = subprocess.run([*cuectl_cmd(), "--db", str(db), *args], capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0 and "internal error" not in res.stderr, (args, res.stderr)
