@@ -98,6 +98,9 @@ def test_a_shell_string_whose_quotes_do_not_close_is_refused(command: str) -> No
     "cat <<EOF\nit's\nEOF",                           # here-documents are left to the shell
     "printf $'it\\'s\\n'",                            # as is bash's $'...'
     "echo 'multi\nline'",
+    "n=${F#0}; echo \"frame\n$n\"",                # a `#` inside a word is no comment to the shell
+    "x=$((16#ff)); echo \"v\n$x\"",
+    "echo a#b 'c'",
 ])
 def test_balanced_shell_strings_pass(command: str) -> None:
     spec = spec_from_mapping({"name": "t", "layers": [{"name": "a", "command": command}]}, user="alice")

@@ -336,6 +336,8 @@ def _command(value: Any, label: str) -> tuple[str, ...] | str:
 
 # What a #TOKEN# looks like (the worker's tokens, run/launch.py, and any misspelling of one).
 _TOKEN_SHAPE_RE = re.compile(r"#[A-Z][A-Z0-9_]*#")
+# A `#` that does not start a word (it follows a character that is not a blank or an operator).
+_MID_WORD_HASH_RE = re.compile(r"(?<=[^\s;&|()<>])#")
 
 
 def _check_shell_quotes(text: str, label: str) -> None:
@@ -353,7 +355,10 @@ def _check_shell_quotes(text: str, label: str) -> None:
 
     if "<<" in text or "$'" in text:
         return
-    lexer = shlex.shlex(_TOKEN_SHAPE_RE.sub("x", text), posix=True)
+    # shlex takes a `#` inside a word for a comment too; the shell only one that starts a
+    # word (`${F#0}`, `$((16#ff))`, `a#b` are words): those become a plain letter first.
+    plain = _MID_WORD_HASH_RE.sub("_", _TOKEN_SHAPE_RE.sub("x", text))
+    lexer = shlex.shlex(plain, posix=True)
     lexer.whitespace_split = True
     lexer.commenters = "#"
     try:
