@@ -84,6 +84,7 @@ def test_a_bad_name_changes_nothing(cli, sweep):
 @pytest.mark.parametrize("ref,error", [
     ("sweep2", InvalidInput), ("sweep2/", InvalidInput), ("/0001-main", InvalidInput), ("sweep2/main", InvalidInput),
     ("nope/0001-main", NotFound), ("sweep2/0001-render", NotFound), ("sweep2/3", Conflict),
+    ("sweep2/99999999999999999999-main", NotFound), ("sweep2/-99999999999999999999", NotFound),
 ])
 def test_store_frame_id_refusals(db_path, sweep, ref, error):
     store = open_store(str(db_path))

@@ -617,6 +617,9 @@ class SQLStore(Store):
                                "prints it (sweep2/0003-main)", hint="see `cuectl frame list`")
         job = self._job_row(job_ref)
         number, layer = int(named.group(1)), named.group(2)
+        if abs(number) > _MAX_ID:  # no frame has it, and neither database could compare it
+            raise NotFound(f"job {job['id']} ({job['name']}) has no frame {name!r}",
+                           hint=f"see `cuectl frame list --job {job['id']}`")
         rows = self._read("SELECT f.id, f.number, l.name FROM frames f JOIN layers l ON l.id = f.layer_id "
                           "WHERE f.job_id = ? AND f.number = ?" + (" AND l.name = ?" if layer else "") + " ORDER BY f.id",
                           (job["id"], number, layer) if layer else (job["id"], number))
