@@ -7,6 +7,8 @@ import shutil
 import sys
 from pathlib import Path
 
+import pytest
+
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "opencue"
 sys.path.insert(0, str(Path(__file__).parents[1] / "worker"))
 
@@ -120,3 +122,23 @@ def test_frame_level_depends_are_honoured_at_submit(cli, tmp_path):
                 ("frame-on-layer", 2, "pass_2", None)]
             assert all(d["on_job"]["name"] == a and d["state"] == "waiting" for d in job["depends"])
     assert waiting == {a: ["0003-pass_2"], b: ["0001-pass_1", "0002-pass_1", "0004-pass_2"]}
+
+
+@pytest.mark.parametrize("kind,er,er_frame,on,on_layer,on_frame,needle", [
+    ("FRAME_ON_FRAME", "b", "0004-pass_2", "a", "", "0999-pass_1", "has no frame 999"),
+    ("FRAME_ON_LAYER", "b", "0999-pass_1", "a", "pass_2", "", "has no frame 999"),
+    ("FRAME_ON_JOB", "a", "0001-pass_1", "a", "", "", "its own job"),
+])
+def test_a_frame_level_depend_that_cannot_be_met_is_refused_before_anything_is_submitted(
+        cli, db_path, tmp_path, kind, er, er_frame, on, on_layer, on_frame, needle):
+    """One `error:` line and exit 2, and no job in the store: the store would refuse the
+    wait only after the spec's jobs were in, leaving them there paused."""
+    names = {"a": "pipe-dev.cue-testuser_depend_test_a", "b": "pipe-dev.cue-testuser_depend_test_b"}
+    parts = [f"<depjob>{names[er]}</depjob>", f"<depframe>{er_frame}</depframe>", f"<onjob>{names[on]}</onjob>"]
+    parts += [f"<{tag}>{value}</{tag}>" for tag, value in (("onlayer", on_layer), ("onframe", on_frame)) if value]
+    spec = tmp_path / "job.xml"
+    spec.write_text((FIXTURES / "jobspec_depend_test.xml").read_text().replace(
+        "</spec>", f'<depends><depend type="{kind}">{"".join(parts)}</depend></depends></spec>'))
+    res = cli("submit", str(spec))
+    assert res.exit_code == 2 and res.stderr.count("error:") == 1 and needle in res.stderr, res
+    assert not db_path.exists() or cli("job", "list", "--json").json()["jobs"] == []

@@ -520,15 +520,27 @@ def _frame_wait(dep: Any, kind: str, deplayer: str | None, onlayer: str | None, 
         raise InvalidInput(f"{label}: {dep.get('type')} needs <depframe> (a frame name like 0001-render, or a "
                            "number with <deplayer>)")
 
-    def layer_of(job: dict[str, Any], name: str) -> str:
-        by_name = {conform_name(layer["name"]): layer["name"] for layer in job["layers"]}
-        if conform_name(name) not in by_name:
+    def layer_of(job: dict[str, Any], name: str, frame: int | None = None) -> str:
+        """The layer's name as the spec writes it; with ``frame``, a frame of its range.
+        Checked here, before anything is submitted: the store would refuse it only after
+        the spec's jobs were in (bad input changes nothing)."""
+        from cuectl.sched.frameset import parse_frameset
+
+        by_name = {conform_name(layer["name"]): layer for layer in job["layers"]}
+        layer = by_name.get(conform_name(name))
+        if layer is None:
             raise InvalidInput(f"{label}: no layer {name!r} in job {job['name']!r}")
-        return str(by_name[conform_name(name)])
+        if frame is not None and frame not in set(parse_frameset(str(layer.get("range") or "1"))):
+            raise InvalidInput(f"{label}: layer {layer['name']!r} of job {job['name']!r} has no frame {frame} "
+                               f"(its range is {layer.get('range') or '1'})")
+        return str(layer["name"])
+
+    if kind == "FRAMEONJOB" and same_job:
+        raise InvalidInput(f"{label}: a frame of job {mapping['name']!r} waiting on its own job would never run")
 
     wait: dict[str, Any] = {"type": {"FRAMEONJOB": "frame-on-job", "FRAMEONLAYER": "frame-on-layer",
                                      "FRAMEONFRAME": "frame-on-frame"}[kind],
-                            "layer": layer_of(mapping, er_layer), "frame": er_frame,
+                            "layer": layer_of(mapping, er_layer, er_frame), "frame": er_frame,
                             "on_job": None if same_job else target_job["name"], "on_layer": None, "on_frame": None}
     if kind != "FRAMEONJOB":
         if not on_layer:
@@ -537,6 +549,7 @@ def _frame_wait(dep: Any, kind: str, deplayer: str | None, onlayer: str | None, 
     if kind == "FRAMEONFRAME":
         if on_frame is None:
             raise InvalidInput(f"{label}: {dep.get('type')} needs <onframe>")
+        layer_of(target_job, wait["on_layer"], on_frame)
         wait["on_frame"] = on_frame
     return wait
 
