@@ -98,6 +98,17 @@ def _document_of_the_code() -> dict[str, Any]:
 schema = schemathesis.openapi.from_dict(_document_of_the_code())
 
 
+def test_the_spec_schemas_have_every_key_the_library_takes():
+    """The request schemas forbid keys they do not list, and Schemathesis only sends what
+    they list: a spec key added to the library and not here would be refused by the
+    document while the server takes it, and no other test would notice."""
+    from cuectl.sched import spec
+    from cuectl.serve import schemas
+
+    assert set(schemas.LAYER_SPEC["properties"]) == set(spec.LAYER_KEYS)
+    assert set(schemas.JOB_SPEC["properties"]) == set(spec.JOB_KEYS)
+
+
 def test_the_document_served_is_the_one_schemathesis_tests(document):
     assert document == _document_of_the_code()
 
