@@ -83,8 +83,11 @@ def runtime() -> Path:
     if _runtime is None:
         top = Path(tempfile.mkdtemp(prefix="cuectl-runtime-", dir="/tmp"))
         os.chmod(top, 0o755)
-        _mirror(REPO, top / "repo", skip={".git", ".venv", ".demo", ".mypy_cache", ".pytest_cache",
-                                           ".hypothesis", "__pycache__"})
+        # Only what another user runs: the package, the script and the tests' helpers (an
+        # untracked file elsewhere in the clone, a private store say, is not copied out).
+        for part in ("src", "bin", "tests"):
+            _mirror(REPO / part, top / "repo" / part, skip={"__pycache__", ".hypothesis"})
+        os.chmod(top / "repo", 0o755)
         _make_venv(top / "venv", top / "repo")
         _runtime = top
     return _runtime
