@@ -132,6 +132,15 @@ def test_an_idle_gpu_another_program_uses_reads_busy_not_free(farm):
     worker.wait(30)
 
 
+def _three_gpu_host(store, name: str) -> float:
+    """Register ``name`` with three V100s (GPU-0..2) as its worker would; the store's now."""
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB",
+             "backend": "fake", "memory_total_bytes": 16 * GIB} for i in range(3)]
+    now = store.clock()
+    store.register_host(HostInfo(name=name, cores=8, memory_bytes=64 * GIB, gpus=gpus), now=now)
+    return now
+
+
 def test_stale_values_are_not_current_and_a_left_device_is_not_foreign(tmp_path):
     """The reader's rules, on a real store: values older than two of the worker's
     intervals read null with their age; a busy reading taken while a frame of the worker
@@ -139,10 +148,7 @@ def test_stale_values_are_not_current_and_a_left_device_is_not_foreign(tmp_path)
     db = tmp_path / "store.db"
     store = open_store(str(db))
     try:
-        gpus = [{"index": i, "uuid": f"GPU-{i}", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB",
-                 "backend": "fake", "memory_total_bytes": 16 * GIB} for i in range(3)]
-        now = store.clock()
-        store.register_host(HostInfo(name="n1", cores=8, memory_bytes=64 * GIB, gpus=gpus), now=now)
+        now = _three_gpu_host(store, "n1")
         store.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"], "gpus": 1}]},
                                        user="alice"), now=now)
         claimed = store.claim_frame(store.runnable_layers()[0].layer_id, host="n1", worker="n1:1",
@@ -184,10 +190,7 @@ def test_a_live_document_with_times_no_view_can_print_breaks_no_view(tmp_path):
     db = tmp_path / "store.db"
     store = open_store(str(db))
     try:
-        gpus = [{"index": i, "uuid": f"GPU-{i}", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB",
-                 "backend": "fake", "memory_total_bytes": 16 * GIB} for i in range(3)]
-        now = store.clock()
-        store.register_host(HostInfo(name="h1", cores=8, memory_bytes=64 * GIB, gpus=gpus), now=now)
+        now = _three_gpu_host(store, "h1")
         values = {"utilization_pct": 50.0, "memory_used_bytes": GIB, "memory_free_bytes": 15 * GIB}
         store.heartbeat("h1", [], now=now, lease_s=600.0, live={"at": 1e20, "sample_interval_s": math.inf, "devices": [
             {"uuid": "GPU-0", **values, "sampled_at": 1e20}, {"uuid": "GPU-1", **values, "sampled_at": math.nan},
