@@ -65,11 +65,11 @@ def test_two_frames_started_apart_both_devices_fresh_the_whole_run(farm):
     the heartbeat's own pace (a quarter of --lease-timeout, 10 s here) is much slower."""
     fake = farm.host("two", [V100, V100], state=True)
     state_dir = farm.tmp / "two-state"
-    first = farm.submit(_job("first", state_dir, 61, 6.0))
+    first = farm.submit(_job("first", state_dir, 61, 12.0))  # long enough to overlap on a loaded machine
     worker = farm.start_worker(fake, "--sample-interval", str(INTERVAL), lease="40")
     farm.wait_for(lambda: any(f["state"] == "RUNNING" for f in farm.frames(first)), what="the first frame")
     time.sleep(0.6)
-    second = farm.submit(_job("second", state_dir, 37, 4.0))
+    second = farm.submit(_job("second", state_dir, 37, 9.0))
     # Until the second frame has written its device's values, a sample may read it idle.
     farm.wait_for(lambda: 37.0 in [d["utilization_pct"] for d in _snap(farm.db, farm.tmp)["hosts"][0]["devices"]],
                   what="the second frame's values")
