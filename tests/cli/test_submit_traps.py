@@ -4,6 +4,7 @@ with exit 2, one error line, and no store created."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -24,6 +25,23 @@ def test_one_word_after_dashdash_is_a_command_whatever_it_looks_like(cli, word):
     res = cli("submit", "--json", "--", word)
     assert res.exit_code == 0, res
     assert res.json()["layers"][0]["command"] == [word]
+
+
+@pytest.mark.parametrize("full_cli", ["", "1"])  # the console script's fast path, and typer's
+def test_a_spec_named_word_and_its_arguments_after_dashdash_are_a_command(tmp_path, full_cli):
+    """`submit -- run.json arg` runs the program run.json; only without `--` are two
+    words that start with a spec's name two spec files (refused: one job per submit)."""
+    db = tmp_path / "real.db"
+    env = subprocess_env(CUECTL_FULL_CLI=full_cli)
+    proc = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "--", "run.json", "arg"],
+                          capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = subprocess.run([*cuectl_cmd(), "--db", str(db), "job", "show", proc.stdout.strip(), "--json"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    assert json.loads(shown.stdout)["layers"][0]["command"] == ["run.json", "arg"], shown
+    two = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "a.yaml", "b.yaml"],
+                         capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    assert two.returncode == 2 and "one job spec file" in two.stderr, two.stderr
 
 
 def test_one_word_without_dashdash_is_still_a_spec_file_with_a_hint(cli, tmp_path, monkeypatch):

@@ -325,6 +325,7 @@ def _parse_submit(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
     if i >= len(args) or not command:
         return None  # no `--` (a spec file, or the command without it), or no command
     kw["args"] = command  # after `--`, always a command (submit_flags.is_spec_form)
+    kw["after_dashdash"] = True
     return db, kw
 
 

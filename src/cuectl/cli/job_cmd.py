@@ -189,7 +189,8 @@ def submit(
             gpu_model=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
             retries=retries, timeout=timeout, env=env, tag=tag, paused=paused, log_limit=log_limit,
             project=project, show=show, shot=shot, service=service, max_running=max_running, max_cores=max_cores,
-            max_gpus=max_gpus, limit=limit, retry_delay=retry_delay, chdir=chdir, export=export, param=param)
+            max_gpus=max_gpus, limit=limit, retry_delay=retry_delay, chdir=chdir, export=export, param=param,
+            after_dashdash=bool(ctx.meta.get(_AFTER_DASHDASH)))
     if notify_command or notify_webhook or notify_email or notify_on:  # added to a spec's notify:
         import dataclasses
 

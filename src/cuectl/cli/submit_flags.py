@@ -66,9 +66,11 @@ def flag_spec(args: Sequence[str], *, name: str | None = None, range_: str = "1"
               project: str | None = None, show: str | None = None, shot: str | None = None,
               service: str | None = None, max_running: int | None = None, max_cores: float | None = None,
               max_gpus: int | None = None, limit: Sequence[str] = (), retry_delay: str | None = None,
-              chdir: str | None = None, export: str | None = None, param: Sequence[str] = ()) -> "JobSpec":
+              chdir: str | None = None, export: str | None = None, param: Sequence[str] = (),
+              after_dashdash: bool = False) -> "JobSpec":
     """The job of ``cuectl submit [FLAGS] -- ARGS`` (keywords named as the typer command's
-    parameters), validated; ``InvalidInput`` names the flag at fault."""
+    parameters), validated; ``InvalidInput`` names the flag at fault. ``after_dashdash``:
+    the words came after ``--``, so they are a command whatever they look like."""
     from cuectl import config
     from cuectl.sched import spec as specs
 
@@ -78,7 +80,8 @@ def flag_spec(args: Sequence[str], *, name: str | None = None, range_: str = "1"
                                 "cuectl submit [--name N] --range 1-10 -- CMD ARGS")
     if param:
         raise InvalidInput("--param: only for Open Job Description templates (a spec file)")
-    if len(args) > 1 and args[0].lower().endswith(SPEC_SUFFIXES):  # (one word here came after --: a command)
+    # Two words without `--`, the first a spec's name: two spec files, not a command.
+    if not after_dashdash and len(args) > 1 and args[0].lower().endswith(SPEC_SUFFIXES):
         raise InvalidInput("give one job spec file (one job per submit)",
                            hint="cuectl submit job.yaml; for a command: cuectl submit -- CMD ARGS")
     return specs.spec_from_flags(
