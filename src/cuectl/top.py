@@ -162,9 +162,11 @@ def _at(value: Any) -> str | None:
 
 def snapshot(store: Store, *, lock_dir: Path | None = None, now: float | None = None,
              down_after: float = m.HOST_DOWN_AFTER_S, frame_limit: int = 500,
-             local_leases: bool = True) -> dict[str, Any]:
+             local_leases: bool = True, waiting: bool = True) -> dict[str, Any]:
     """The farm right now, as one JSON-ready dict (keys: ``at``, ``hosts``, ``frames``,
-    ``waiting``, ``totals``; see docs/accounting.md, "cuectl top")."""
+    ``waiting``, ``totals``; see docs/accounting.md, "cuectl top"). ``waiting=False``: no
+    waiting jobs (``[]``, their totals None), for views of the hosts alone: each waiting
+    job's pending reason is the most of the work (93 ms against 5 ms with 300 of them)."""
     from cuectl.sched.pending import describe_jobs
 
     now = store.clock() if now is None else now  # heartbeats are on the store's clock
@@ -198,12 +200,12 @@ def snapshot(store: Store, *, lock_dir: Path | None = None, now: float | None = 
         "gpu_sampled_at": f.get("gpu_sampled_at"),
     } for f in frames]
 
-    waiting = []
-    for j in describe_jobs(store, include_finished=False):
+    queue: list[dict[str, Any]] = []
+    for j in describe_jobs(store, include_finished=False) if waiting else ():
         counts = j.get("frame_counts") or {}
         if not (counts.get(m.WAITING) or counts.get(m.DEPEND)):
             continue
-        waiting.append({"id": j["id"], "name": j["name"], "user": j["user"], "priority": j["priority"],
+        queue.append({"id": j["id"], "name": j["name"], "user": j["user"], "priority": j["priority"],
                         "paused": j["paused"], "waiting": counts.get(m.WAITING, 0),
                         "depend": counts.get(m.DEPEND, 0), "pending_reason": j.get("pending_reason")})
 
@@ -212,14 +214,14 @@ def snapshot(store: Store, *, lock_dir: Path | None = None, now: float | None = 
         "at": iso(now),
         "hosts": hosts,
         "frames": running,
-        "waiting": waiting,
+        "waiting": queue,
         "totals": {
             "hosts": len(hosts),
             "hosts_up": sum(1 for h in hosts if h["state"] == "UP"),
             "gpus": len(all_devices),
             "gpus_held": sum(1 for d in all_devices if d["holder"] is not None),
             "running": frames_total,
-            "waiting_jobs": len(waiting),
-            "waiting_frames": sum(w["waiting"] for w in waiting),
+            "waiting_jobs": len(queue) if waiting else None,
+            "waiting_frames": sum(w["waiting"] for w in queue) if waiting else None,
         },
     }

@@ -204,3 +204,21 @@ def test_a_live_document_with_times_no_view_can_print_breaks_no_view(tmp_path):
     for args in (["top", "--once"], ["top", "--json"], ["host", "show", "h1"], ["host", "list", "--json"]):
         res = subprocess.run([*cuectl_cmd(), "--db", str(db), *args], capture_output=True, text=True, timeout=60)
         assert res.returncode == 0 and "internal error" not in res.stderr, (args, res.stderr)
+
+
+def test_a_snapshot_of_the_hosts_alone_has_the_same_hosts_and_no_queue(tmp_path):
+    """`snapshot(waiting=False)` (the API's host views, /readyz, /metrics): the hosts and
+    their devices as the full snapshot has them, without computing each waiting job's
+    pending reason (the most of a full snapshot's work)."""
+    store = open_store(str(tmp_path / "store.db"))
+    try:
+        now = _three_gpu_host(store, "h1")
+        store.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"], "gpus": 9}]},
+                                       user="alice"), now=now)
+        full = snapshot(store, lock_dir=tmp_path / "no-locks", now=now)
+        hosts_only = snapshot(store, lock_dir=tmp_path / "no-locks", now=now, waiting=False)
+    finally:
+        store.close()
+    assert full["waiting"] and full["totals"]["waiting_jobs"] == 1
+    assert hosts_only["hosts"] == full["hosts"] and hosts_only["frames"] == full["frames"]
+    assert hosts_only["waiting"] == [] and hosts_only["totals"]["waiting_jobs"] is None

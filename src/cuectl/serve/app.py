@@ -309,7 +309,7 @@ def create_app(settings: Settings) -> FastAPI:
 
         try:
             store = pool.get()
-            snap = snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE)
+            snap = snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE, waiting=False)
             active = store.count_jobs(include_finished=False)
             store.authenticate("cuectl_readiness-probe", now=time.time())  # every request reads the tokens
         except CuectlError as exc:
@@ -322,7 +322,7 @@ def create_app(settings: Settings) -> FastAPI:
         from cuectl.top import snapshot
 
         store = pool.get()
-        body, content_type = render(store, snapshot=snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE))
+        body, content_type = render(store, snapshot=snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE, waiting=False))
         return Response(body, media_type=content_type)
 
     # -- who am I ------------------------------------------------------------------------------
@@ -334,7 +334,7 @@ def create_app(settings: Settings) -> FastAPI:
     def _hosts(vendor: str | None, model: str | None, memory_min: int | None, state: str | None) -> dict[str, Any]:
         from cuectl.top import snapshot
 
-        snap = snapshot(pool.get(), lock_dir=settings.lock_dir, frame_limit=MAX_PAGE)
+        snap = snapshot(pool.get(), lock_dir=settings.lock_dir, frame_limit=MAX_PAGE, waiting=False)
         hosts = []
         for host in snap["hosts"]:
             if state is not None and host["state"] != state:
@@ -598,7 +598,7 @@ def create_app(settings: Settings) -> FastAPI:
     def leases(who: Principal = Depends(caller)) -> dict[str, Any]:
         from cuectl.top import snapshot
 
-        snap = snapshot(pool.get(), lock_dir=settings.lock_dir, frame_limit=MAX_PAGE)
+        snap = snapshot(pool.get(), lock_dir=settings.lock_dir, frame_limit=MAX_PAGE, waiting=False)
         held = []
         for host in snap["hosts"]:
             for device in host["devices"]:
