@@ -41,6 +41,7 @@ from cuectl import __version__
 from cuectl.errors import CuectlError, InvalidInput, NotFound
 from cuectl.sched import model as m
 from cuectl.sched.store import Store
+from cuectl.sched.store.pool import StorePool
 from cuectl.serve import problems
 from cuectl.serve.auth import ADMIN, USER, VIEWER, Principal, identify, require
 from cuectl.serve.problems import Problem
@@ -65,38 +66,6 @@ class Settings:
     lock_dir: Optional[Path] = None   # this host's device locks (``GET /leases``, who holds a device)
     frame_limit: Optional[int] = None  # frames per submitted job (the CLI's CUECTL_FRAME_LIMIT)
     log_poll_s: float = 0.5
-
-
-class StorePool:
-    """One store connection per thread: SQLite connections may not cross threads, and a
-    PostgreSQL connection carries the role it acts as."""
-
-    def __init__(self, settings: Settings) -> None:
-        self._settings = settings
-        self._local = threading.local()
-        self._all: list[Store] = []
-        self._lock = threading.Lock()
-
-    def get(self) -> Store:
-        store = getattr(self._local, "store", None)
-        if store is None:
-            from cuectl.sched.store import open_store
-
-            store = open_store(self._settings.db_url, busy_timeout_s=self._settings.busy_timeout_s, create=False)
-            store.reconnect_s = 2.0  # a request waits a little for a restarting server, not minutes
-            self._local.store = store
-            with self._lock:
-                self._all.append(store)
-        return store
-
-    def close(self) -> None:
-        with self._lock:
-            stores, self._all = self._all, []
-        for store in stores:
-            try:
-                store.close()
-            except Exception:
-                pass
 
 
 class ResponseCache:
@@ -248,7 +217,7 @@ def _choice(value: str | None, name: str, allowed: tuple[str, ...]) -> str | Non
 
 
 def create_app(settings: Settings) -> FastAPI:
-    pool = StorePool(settings)
+    pool = StorePool(settings.db_url, busy_timeout_s=settings.busy_timeout_s)
     cache = ResponseCache(settings.cache_s)
     app = FastAPI(
         title="cuectl", version=__version__,

@@ -248,10 +248,12 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
                   name: str | None = None, limit: int | None = None, offset: int = 0,
-                  newest_first: bool = False, show: str | None = None, shot: str | None = None
-                  ) -> list[dict[str, Any]]:
+                  newest_first: bool = False, show: str | None = None, shot: str | None = None,
+                  ids: Sequence[int] | None = None, keep_failed: bool = False) -> list[dict[str, Any]]:
         """Jobs (oldest first, or ``newest_first``) with their frame counts, filtered by exact
-        ``user``, ``state``, ``name``, ``show`` and ``shot``; ``limit``/``offset``: one page."""
+        ``user``, ``state``, ``name``, ``show`` and ``shot`` (and ``ids``: only these, at
+        most 1000); ``limit``/``offset``: one page. ``keep_failed`` with ``include_finished``
+        False: also the FINISHED jobs with DEAD frames, not killed (OpenCue's cue keeps them)."""
 
     @abc.abstractmethod
     def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
@@ -428,6 +430,19 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def requeue_frame(self, frame_id: int, attempt: int, *, now: float, reason: str) -> str | None:
         """Give a RUNNING attempt back to the queue (a draining worker's second signal)."""
+
+    @abc.abstractmethod
+    def layer_frame_counts(self, job_id: int) -> dict[int, dict[str, int]]:
+        """Frames per state of each layer of the job ``job_id`` (layer id -> {state: n});
+        layers without frames are absent."""
+
+    @abc.abstractmethod
+    def running_bookings(self, host: str | None = None) -> list[dict[str, Any]]:
+        """Every RUNNING frame (on ``host`` only, when given) with what it books: its
+        layer's ``cores``, ``memory_bytes``, ``gpus`` and ``gpu_memory_min_bytes``, its
+        ``gpu_uuids``, and its job's ``job_name``, ``job_user`` and ``job_show`` — what a
+        host's free share and a process list are computed from, in one query. Times are
+        epoch seconds (``started_at``, ``lease_expires``)."""
 
     @abc.abstractmethod
     def running_on_host(self, host: str) -> list[dict[str, Any]]:

@@ -55,6 +55,10 @@ _FRAME_SELECT = """
 """
 # A frame's name as views.frame_name writes it (``0003-main``, ``-001-main``), or its number alone.
 _FRAME_NAME_RE = re.compile(r"(-?[0-9]+)(?:-([A-Za-z0-9_.-]+))?")
+# Jobs OpenCue would still list as in the cue: unfinished, or finished (not killed) with DEAD
+# frames, which Cuebot keeps PENDING ("Failing") until they are retried or eaten.
+_IN_CUE = ("(j.state != 'FINISHED' OR (j.killed_at IS NULL AND EXISTS "
+           "(SELECT 1 FROM frames fd WHERE fd.job_id = j.id AND fd.state = 'DEAD')))")
 # How stale the claim path's copy of the limits and quotas tables may be (seconds).
 CAPS_TTL_S = 2.0
 SETTINGS_TTL_S = 2.0
@@ -288,8 +292,19 @@ class SQLStore(Store):
 
     def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
                   name: str | None = None, limit: int | None = None, offset: int = 0,
-                  newest_first: bool = False, show: str | None = None, shot: str | None = None) -> list[dict[str, Any]]:
+                  newest_first: bool = False, show: str | None = None, shot: str | None = None,
+                  ids: Sequence[int] | None = None, keep_failed: bool = False) -> list[dict[str, Any]]:
         where, params = self._job_filter(include_finished, user, state, name, show, shot)
+        if keep_failed and not include_finished:
+            where = where.replace("j.state != 'FINISHED'", _IN_CUE, 1)
+        if ids is not None:
+            wanted = sorted({int(i) for i in ids})
+            if len(wanted) > IN_BATCH * 2:
+                raise InvalidInput(f"ids: at most {IN_BATCH * 2} jobs at once, got {len(wanted)}")
+            if not wanted:
+                return []
+            where += f" AND j.id IN ({marks(len(wanted))})"
+            params = [*params, *wanted]
         page = f" LIMIT {int(limit)} OFFSET {int(offset)}" if limit is not None else ""
         order = "id DESC" if newest_first else "id"
         rows = self._read(f"SELECT * FROM jobs j WHERE {where} ORDER BY {order}{page}", params)
@@ -1193,6 +1208,24 @@ class SQLStore(Store):
             return m.WAITING
 
         return self._write(requeue)
+
+    def layer_frame_counts(self, job_id: int) -> dict[int, dict[str, int]]:
+        counts: dict[int, dict[str, int]] = {}
+        for row in self._read("SELECT layer_id, state, COUNT(*) AS n FROM frames WHERE job_id = ? "
+                              "GROUP BY layer_id, state", (int(job_id),)):
+            counts.setdefault(int(row["layer_id"]), {})[row["state"]] = int(row["n"])
+        return counts
+
+    def running_bookings(self, host: str | None = None) -> list[dict[str, Any]]:
+        clause, params = ("AND f.host = ?", (host,)) if host is not None else ("", ())
+        rows = self._read(
+            "SELECT f.id, f.job_id, j.name AS job_name, j.\"user\" AS job_user, j.show AS job_show, "
+            "f.layer_id, l.name AS layer_name, f.number, f.host, f.gpu_uuids, f.attempts, f.started_at, "
+            "f.lease_expires, f.max_rss_bytes, f.gpu_memory_used_bytes, f.log_path, "
+            "l.cores, l.memory_bytes, l.gpus, l.gpu_memory_min_bytes "
+            "FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id "
+            f"WHERE f.state = 'RUNNING' {clause} ORDER BY f.id", params)
+        return [{**dict(r), "gpu_uuids": json.loads(r["gpu_uuids"]) if r["gpu_uuids"] else []} for r in rows]
 
     def running_on_host(self, host: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self._read(
