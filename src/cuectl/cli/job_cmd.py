@@ -236,24 +236,11 @@ def _submit_opencue(ctx: typer.Context, text: str, source: str, adjust: Any, log
     from cuectl.sched import spec as specs
 
     user = config.current_user()
-    imported = opencue_xml.parse_opencue_xml(text, source=source, submitter=user)
-    notes = [note for _, job_notes in imported for note in job_notes]
-    imported = [imported[i] for i in opencue_xml.order_jobs(imported, source)]  # each after those it waits on
-    if strict and notes:
-        raise opencue_xml.strict_error(source, notes)
-    job_specs, frame_waits = [], []
-    for mapping, _ in imported:
-        frame_waits.append(opencue_xml.take_frame_depends(mapping))  # added after submit (submit_jobs)
-        if adjust is not None:
-            mapping = adjust(mapping)
-        try:
-            job_spec = specs.spec_from_mapping(mapping, user=user, frame_limit=config.frame_limit(),
-                                               cwd=config.submit_cwd(), environ=config.submit_environ())
-        except InvalidInput as exc:
-            raise InvalidInput(f"{source}: job {mapping.get('name')!r}: {exc.message}", hint=exc.hint) from None
-        if log_limit is not None:
-            job_spec = specs.with_log_limit(job_spec, log_limit, "--log-limit")
-        job_specs.append(job_spec)
+    job_specs, frame_waits, notes = opencue_xml.import_jobs(
+        text, source=source, user=user, frame_limit=config.frame_limit(), cwd=config.submit_cwd(),
+        environ=config.submit_environ(), adjust=adjust, strict=strict)
+    if log_limit is not None:
+        job_specs = [specs.with_log_limit(job_spec, log_limit, "--log-limit") for job_spec in job_specs]
     for note in notes:
         term.warn(f"{source}: {note}")
     if dry_run:

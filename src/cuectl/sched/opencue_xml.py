@@ -621,3 +621,45 @@ def strict_error(source: str, notes: Iterable[Note]) -> InvalidInput:
     lines = [str(n) for n in notes]
     return InvalidInput(f"{source}: {len(lines)} element(s) cannot be honoured: " + "; ".join(lines),
                         hint="drop --strict to submit anyway (each is a warning then)")
+
+
+def spec_user(text: str, source: str = "<job spec>") -> str:
+    """The ``<user>`` an OpenCue spec names ("" for none)."""
+    return _text(_parse(text, source).find("user"))
+
+
+def import_jobs(text: str, *, source: str, user: str, frame_limit: int | None, cwd: str | None = None,
+                environ: Mapping[str, str] | None = None, adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+                strict: bool = False) -> tuple[list[Any], list[list[dict[str, Any]]], list[Note]]:
+    """An OpenCue spec as cuectl job specs, validated, in submit order (``order_jobs``),
+    with each job's frame-level waits (for ``submit_jobs``) and the notes of what cannot be
+    honoured. ``adjust``: a change to each job's mapping before validation (CLI flags);
+    ``strict``: any note is an error, raised before anything is validated."""
+    from cuectl.sched import spec as specs
+
+    imported = parse_opencue_xml(text, source=source, submitter=user)
+    notes = [note for _, job_notes in imported for note in job_notes]
+    imported = [imported[i] for i in order_jobs(imported, source)]  # each after those it waits on
+    if strict and notes:
+        raise strict_error(source, notes)
+    job_specs, frame_waits = [], []
+    for mapping, _ in imported:
+        frame_waits.append(take_frame_depends(mapping))  # added after submit (submit_jobs)
+        if adjust is not None:
+            mapping = adjust(mapping)
+        try:
+            job_specs.append(specs.spec_from_mapping(mapping, user=user, frame_limit=frame_limit, cwd=cwd,
+                                                     environ=environ))
+        except InvalidInput as exc:
+            raise InvalidInput(f"{source}: job {mapping.get('name')!r}: {exc.message}", hint=exc.hint) from None
+    return job_specs, frame_waits, notes
+
+
+def import_and_submit(store: Any, text: str, *, source: str, user: str, now: float,
+                      frame_limit: int | None = None, warn: Callable[[str], None]) -> list[int]:
+    """Validate every job of an OpenCue spec, then submit them (``submit_jobs``) as
+    ``user``; each note goes to ``warn`` first. Returns the ids, in submit order."""
+    job_specs, frame_waits, notes = import_jobs(text, source=source, user=user, frame_limit=frame_limit)
+    for note in notes:
+        warn(f"{source}: {note}")
+    return submit_jobs(store, job_specs, frame_waits, now=now, warn=warn, source=source)
