@@ -2,7 +2,7 @@
 # Set up and run the whole test suite (installs what it needs into .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "test,postgres,openjd"
+bash scripts/setup.sh "test,postgres,openjd,opencue"
 # What the suite drives for real and a fresh Debian machine may lack: Debian's Chromium for
 # the browser tests (tests/web, through Playwright; Playwright's own browser downloads are
 # never used), the PostgreSQL server binaries (initdb, pg_ctl) for the PostgreSQL tests,

@@ -68,6 +68,10 @@ def run() -> None:
 
         sys.stdout.write(f"cuectl {__version__}\n")
         return
+    if "--opencue" in args and _command_word(args) == "serve":
+        from cuectl.cli.serve_cmd import serve_args
+
+        sys.argv[1:] = args = serve_args(args)
     if not os.environ.get("CUECTL_FULL_CLI") and "_CUECTL_COMPLETE" not in os.environ:
         if args[:1] == ["run"]:
             parsed = _parse_run(args[1:])

@@ -52,7 +52,8 @@ def _bearer(headers: Mapping[str, str]) -> str | None:
     return secret.strip()
 
 
-def _peer(uid: int, store: Store) -> Principal:
+def peer_principal(uid: int, store: Store) -> Principal:
+    """The local user with this uid, as the CLI would see them on this store."""
     try:
         name = pwd.getpwuid(uid).pw_name
     except KeyError:
@@ -80,7 +81,7 @@ def identify(headers: Mapping[str, str], scope: Mapping[str, Any], store: Store,
         return Principal(token.user, token.role, "token", token.id)
     uid = scope.get(PEER_UID_KEY)
     if isinstance(uid, int):
-        return _peer(uid, store)
+        return peer_principal(uid, store)
     if anonymous_read:
         return Principal("anonymous", VIEWER, "anonymous")
     raise Problem(401, "authentication required: send 'Authorization: Bearer <token>'",
