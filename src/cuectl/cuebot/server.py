@@ -47,7 +47,7 @@ class Settings:
 def parse_address(text: str) -> tuple[str, int]:
     """``HOST:PORT``, ``[::1]:PORT`` or ``:PORT`` -> (host, port); InvalidInput otherwise."""
     host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) < 65536:  # 0: the kernel picks (logged)
         raise InvalidInput(f"--opencue: {text!r} is not HOST:PORT (e.g. {DEFAULT_ADDRESS})")
     host = host.strip("[]") or "127.0.0.1"
     try:
