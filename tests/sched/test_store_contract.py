@@ -1037,3 +1037,49 @@ def test_sqlite_complete_and_claim_many_is_one_transaction(tmp_path):
     assert states == ["SUCCEEDED", "SUCCEEDED"] and len(claims) == 2
     assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
     assert statements[-1] == "COMMIT"  # both claims inside it
+
+
+# -- what OpenCue's clients read (cuectl serve --opencue, src/cuectl/cuebot) ----------------------
+def test_list_jobs_by_ids_and_in_the_cue_with_failed_ones(store):
+    ok_id = store.submit(job("ok", layers=[{"name": "l", "command": ["true"], "range": "1"}]), now=NOW)
+    bad_id = store.submit(job("bad", layers=[{"name": "l", "command": ["false"], "range": "1", "retries": 0}]),
+                          now=NOW)
+    killed_id = store.submit(job("killed", layers=[{"name": "l", "command": ["false"], "range": "1-2",
+                                                     "retries": 0}]), now=NOW)
+    open_id = store.submit(job("open"), now=NOW)
+    for expected in (ok_id, bad_id, killed_id):
+        c = claim_next(store)
+        assert c.job_id == expected
+        store.complete_frame(c.frame_id, c.attempt, ok(0 if expected == ok_id else 1), now=NOW)
+    store.kill_job(killed_id, now=NOW, force=True)
+    assert {j["id"]: j["state"] for j in store.list_jobs()}[bad_id] == "FINISHED"
+    assert [j["id"] for j in store.list_jobs(ids=[open_id, ok_id, 999])] == [ok_id, open_id]
+    assert store.list_jobs(ids=[]) == []
+    # OpenCue keeps a job with DEAD frames in the cue; one killed, or that succeeded, leaves it.
+    assert [j["id"] for j in store.list_jobs(include_finished=False)] == [open_id]
+    assert [j["id"] for j in store.list_jobs(include_finished=False, keep_failed=True)] == [bad_id, open_id]
+    assert [j["id"] for j in store.list_jobs(include_finished=False, keep_failed=True, name="bad")] == [bad_id]
+    with pytest.raises(InvalidInput):
+        store.list_jobs(ids=range(5000))
+
+
+def test_layer_frame_counts_and_running_bookings(store):
+    job_id = store.submit(job("j", layers=[
+        {"name": "render", "command": ["true"], "range": "1-3", "gpus": 1, "cores": 2, "memory": "1G",
+         "gpu_memory_min": "8G"},
+        {"name": "comp", "command": ["true"], "range": "1-2"}]), now=NOW)
+    layers = {layer["name"]: layer["id"] for layer in store.get_job(job_id)["layers"]}
+    layer = next(lay for lay in store.runnable_layers() if lay.layer_id == layers["render"])
+    c = store.claim_frame(layer.layer_id, host="h1", worker="h1-w", gpu_uuids=["GPU-a"], now=NOW, lease_s=60)
+    assert store.layer_frame_counts(job_id) == {layers["render"]: {"RUNNING": 1, "WAITING": 2},
+                                                layers["comp"]: {"WAITING": 2}}
+    [booked] = store.running_bookings()
+    assert (booked["id"], booked["job_id"], booked["job_name"], booked["job_user"], booked["layer_name"],
+            booked["number"], booked["host"], booked["gpu_uuids"]) == \
+        (c.frame_id, job_id, "j", "alice", "render", 1, "h1", ["GPU-a"])
+    assert (booked["cores"], booked["memory_bytes"], booked["gpus"], booked["gpu_memory_min_bytes"]) == \
+        (2.0, 1024**3, 1, 8 * 1024**3)
+    assert booked["started_at"] == NOW and booked["lease_expires"] == NOW + 60
+    assert store.running_bookings("h1") == [booked] and store.running_bookings("h2") == []
+    store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW)
+    assert store.running_bookings() == []
