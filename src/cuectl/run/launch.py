@@ -881,7 +881,8 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 
 
-def open_frame_log(log_path: Path, *, log_root: str | Path | None = None, owner: "RunAs | None" = None) -> int:
+def open_frame_log(log_path: Path, *, log_root: str | Path | None = None, owner: "RunAs | None" = None,
+                   rqlog: "RqlogLink | None" = None) -> int:
     """Open (append; create ``0640``) an attempt's log ``<log root>/<job id>/<file>`` and
     return the fd (close-on-exec), without ever following a link planted by someone else.
 
@@ -901,17 +902,30 @@ def open_frame_log(log_path: Path, *, log_root: str | Path | None = None, owner:
     worker is root, what is created here is handed to that user (``fchown`` on the handle),
     so a frame never writes into a root-owned file. Raises :class:`UnsafeLogPath` for
     anything refused and ``OSError`` for other failures (disk full, permissions).
+
+    ``rqlog``: once the file is open, the job's OpenCue-named link is pointed at it
+    (:func:`_link_rqlog`); that never raises.
     """
     log_path = Path(log_path)
     root = Path(log_root) if log_root is not None else log_path.parent.parent
     job_dir, name = log_path.parent.name, log_path.name
     if log_path.parent.parent != root or job_dir in ("", ".", "..") or name in ("", ".", ".."):
         raise UnsafeLogPath(f"log path {log_path} is not a file of a job directory under {root}")
-    return _open_log_fds(log_path, root, owner, rw=False)[0]
+    return _open_log_fds(log_path, root, owner, rw=False, rqlog=rqlog)[0]
+
+
+@dataclass(frozen=True)
+class RqlogLink:
+    """The OpenCue-named link to make for an attempt's log (``logs.rqlog_name``), and whom to
+    tell when it cannot be made (the worker says so once per job): a missing link costs
+    CueGUI its view of the log, never the frame its run."""
+
+    name: str
+    on_error: Callable[[str], None] | None = None
 
 
 def _open_log_fds(log_path: Path, root: Path, owner: "RunAs | None", *, rw: bool,
-                  create: bool = True) -> tuple[int, int | None]:
+                  create: bool = True, rqlog: RqlogLink | None = None) -> tuple[int, int | None]:
     """(append fd, and with ``rw`` a second, non-append read-write fd of the same file).
 
     The second descriptor is what the worker keeps to cap the log: ``pwrite`` on an
@@ -920,7 +934,10 @@ def _open_log_fds(log_path: Path, root: Path, owner: "RunAs | None", *, rw: bool
 
     ``create=False`` (notes on a running frame): nothing is created, and the file is
     accepted when it belongs to the worker's user or to the owner of its job directory —
-    a note then lands only in a file that user could write anyway."""
+    a note then lands only in a file that user could write anyway.
+
+    ``rqlog`` (with ``create``): the link is made from the job directory's handle once the
+    file is open, with the job directory's rules (:func:`_link_rqlog`)."""
     euid = os.geteuid()
     chown_to = None
     root_fd = _open_log_root(root, euid)
@@ -935,6 +952,8 @@ def _open_log_fds(log_path: Path, root: Path, owner: "RunAs | None", *, rw: bool
     try:
         file_owners = {euid, os.fstat(dir_fd).st_uid}
         fd = _open_log_file(dir_fd, log_path.name, log_path, file_owners, chown_to, create=create)
+        if rqlog is not None and create and dir_owners is not None:
+            _link_rqlog(dir_fd, log_path, rqlog, dir_owners, chown_to)
         if not rw:
             return fd, None
         try:
@@ -1000,6 +1019,42 @@ def _open_job_dir(root_fd: int, name: str, shown: Path, allowed: set[int] | None
         os.close(fd)
         raise
     return fd
+
+
+def _link_rqlog(job_fd: int, log_path: Path, link: RqlogLink, allowed: set[int],
+                chown_to: tuple[int, int] | None) -> None:
+    """Point ``<job dir>/rqlog/<link.name>`` at ``../<attempt log>`` (relative, so it resolves
+    wherever the log share is mounted); never raises: problems go to ``link.on_error``.
+
+    The job directory may belong to the frame's user, so ``rqlog/`` is judged exactly like
+    the job directory itself (:func:`_open_job_dir`: opened with ``O_NOFOLLOW`` from the
+    job directory's handle, created ``0750`` and handed to the frame's user, refused unless
+    a real directory of the worker's or the frame's user): a link planted in its place is
+    never followed. The link is made under a temporary name in that directory and renamed
+    over the old one (``rename`` replaces a link, it never follows it), so a reader sees the
+    previous attempt's log or this one's, never nothing."""
+    shown = log_path.parent / "rqlog"
+    tmp = f".tmp.{os.getpid()}.{os.urandom(4).hex()}"  # short: link.name may be near NAME_MAX
+    try:
+        rq_fd = _open_job_dir(job_fd, "rqlog", shown, allowed, chown_to)
+        try:
+            os.symlink(f"../{log_path.name}", tmp, dir_fd=rq_fd)
+            try:
+                if chown_to is not None:  # like the log itself: what a root worker makes is the user's
+                    os.chown(tmp, *chown_to, dir_fd=rq_fd, follow_symlinks=False)
+                os.replace(tmp, link.name, src_dir_fd=rq_fd, dst_dir_fd=rq_fd)
+            except BaseException:
+                try:
+                    os.unlink(tmp, dir_fd=rq_fd)
+                except OSError:
+                    pass  # what the rename refused is reported; a stray temp link harms nobody
+                raise
+        finally:
+            os.close(rq_fd)
+    except (OSError, ValueError) as exc:
+        if link.on_error is not None:
+            why = exc.message if isinstance(exc, UnsafeLogPath) else str(getattr(exc, "strerror", None) or exc)
+            link.on_error(f"no OpenCue log link {shown / link.name} for {log_path.name}: {why}")
 
 
 def _open_log_file(dir_fd: int, name: str, shown: Path, allowed: set[int],
@@ -1106,12 +1161,12 @@ def _append_log(log_path: Path, line: str) -> None:
 
 
 def append_log_note(log_path: Path, line: str, *, log_root: str | Path | None = None,
-                    owner: "RunAs | None" = None) -> None:
+                    owner: "RunAs | None" = None, rqlog: RqlogLink | None = None) -> None:
     """Best effort, never raises: say in a frame's log why it never started (the worker's
     ``_log_failure``). Opened exactly like the frame's own log, so a planted link is not
     followed here either."""
     try:
-        fd = open_frame_log(log_path, log_root=log_root, owner=owner)
+        fd = open_frame_log(log_path, log_root=log_root, owner=owner, rqlog=rqlog)
     except OSError:
         return
     try:
@@ -1432,6 +1487,7 @@ class FrameProcess:
         log_root: str | Path | None = None,
         log_limit: int | None = DEFAULT_LOG_LIMIT,
         footer: tuple[str, int] | None = None,
+        rqlog: RqlogLink | None = None,
     ) -> "FrameProcess":
         """Spawn ``argv`` with stdin from /dev/null and stdout+stderr appended to ``log_path``.
 
@@ -1451,14 +1507,15 @@ class FrameProcess:
         directory; links are never followed) and handed to ``run_as``. ``log_limit``: bytes
         this attempt's log may keep (head and tail, see ``_LogCap``); None: no cap.
         ``footer`` (frame id, attempt): when the attempt ends, :func:`log_footer` is appended
-        to the log, after any cut, saying how it ended.
+        to the log, after any cut, saying how it ended. ``rqlog``: the OpenCue-named link
+        pointed at this log once it is open (CueGUI's view of it; never fails the start).
         """
         argv = list(argv)
         if not argv:
             raise InvalidInput("command: empty argv")
         log_path = _as_path(log_path)
         root = _as_path(log_root) if log_root is not None else log_path.parent.parent
-        fd, rw_fd = _open_log_fds(log_path, root, run_as, rw=log_limit is not None)
+        fd, rw_fd = _open_log_fds(log_path, root, run_as, rw=log_limit is not None, rqlog=rqlog)
         log_cap = _LogCap(rw_fd, log_limit) if rw_fd is not None and log_limit is not None else None
         try:
             if header is not None:

@@ -37,6 +37,55 @@ _CHUNK = 1 << 16
 _RESYNC_BYTES = 8192
 
 
+# OpenCue's log names (CueGUI). CueGUI opens a frame's log by a path it builds itself,
+# ``<Job.log_dir>/<job name>.<frame name>.rqlog`` (RQD's naming), and reads whatever file is
+# there. cuectl keeps one file per attempt instead, so each job directory gets an ``rqlog/``
+# subdirectory of links by RQD's names, each pointing at the frame's latest attempt's log;
+# the worker replaces a link when it opens an attempt's log (run/launch.py, ``_link_rqlog``).
+# The gRPC server fills ``Job.log_dir`` with :func:`rqlog_dir` and ``Proc.log_path`` with
+# :func:`rqlog_path`: these functions are the one definition of that layout.
+RQLOG_DIR = "rqlog"
+RQLOG_SUFFIX = ".rqlog"
+_NAME_MAX = 255  # bytes in one file name on Linux filesystems (NAME_MAX)
+
+
+def job_log_dir(log_dir: str | Path, job_id: int | str) -> Path:
+    """A job's directory of attempt logs, ``<log dir>/<job id>`` (as ``lifecycle.log_path_sql``
+    writes the attempts' paths; a frame's ``log_path`` has it as its parent)."""
+    return Path(log_dir) / str(job_id)
+
+
+def rqlog_dir(job_log_dir: str | Path) -> Path:
+    """The directory of a job's OpenCue-named log links (OpenCue's ``Job.log_dir``)."""
+    return Path(job_log_dir) / RQLOG_DIR
+
+
+def rqlog_name(job_name: str, frame_name: str) -> str | None:
+    """``<job name>.<frame name>.rqlog`` (``frame_name``: ``views.frame_name``, ``0001-render``),
+    or None when that cannot be one file name, so no link is made for it.
+
+    Job names are free text (sched/spec.py ``_job_name``: no control characters, at most 200
+    characters): one may hold ``/`` or be ``.``/``..``, and CueGUI would then build a path
+    with more components than ours. A name with ``/`` (or NUL) or longer than NAME_MAX gets
+    no link; ``.`` and ``..`` need no rule of their own, since the whole name ends in
+    ``.rqlog`` and is therefore never ``.`` or ``..`` itself."""
+    name = f"{job_name}.{frame_name}{RQLOG_SUFFIX}"
+    if "/" in name or "\0" in name:
+        return None
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeError:  # a lone surrogate: no file name the GUI could build either
+        return None
+    return name if size <= _NAME_MAX else None
+
+
+def rqlog_path(job_log_dir: str | Path, job_name: str, frame_name: str) -> Path | None:
+    """Where CueGUI looks for a frame's log (OpenCue's ``Proc.log_path``); None when the job's
+    name cannot be a file name (:func:`rqlog_name`)."""
+    name = rqlog_name(job_name, frame_name)
+    return None if name is None else rqlog_dir(job_log_dir) / name
+
+
 def attempt_log_path(frame: Mapping[str, Any], attempt: int | None = None) -> str:
     """The log path of ``attempt`` of ``frame`` (``store.get_frame``; None: its latest).
 

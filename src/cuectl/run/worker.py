@@ -33,7 +33,7 @@ from cuectl import __version__, config
 from cuectl.errors import Conflict, CuectlError, StoreError, StoreGone, StoreStalled
 from cuectl.gpu.device import Device
 from cuectl.run import failure as failures
-from cuectl.run import launch
+from cuectl.run import launch, logs
 from cuectl.run.devicefilter import foreign_use
 from cuectl.run.hostschedule import Schedule
 from cuectl.run.lease import (DeviceLock, held_uuids, isolation_env, isolation_key, queued_reservations,
@@ -233,6 +233,9 @@ class Worker:
     # Accounts frames run as (RunAs.lookup), looked up again after RUN_AS_TTL_S: reading
     # /etc/passwd and /etc/group for every frame was ~5 % of a no-op frame's cost.
     _run_as: dict[str, tuple[float, launch.RunAs]] = field(default_factory=dict)
+    # Jobs whose OpenCue log link (logs.rqlog_name) could not be made, already warned about:
+    # one line per job, not one per frame.
+    _rqlog_warned: set[int] = field(default_factory=set)
 
     # -- start-up ------------------------------------------------------------------------
     @property
@@ -851,19 +854,20 @@ class Worker:
             if claim.cwd is not None and not os.path.isdir(claim.cwd):
                 raise _NoDirectory(f"working directory {claim.cwd} does not exist on host {self.opts.name}")
             runfile = self.runfiles.write(claim, str(log_path))
+            rqlog = self._rqlog(claim)
             proc = launch.FrameProcess.start(
                 argv, env=env, log_path=log_path, pass_fds=[lk.fd for lk in locks], cwd=claim.cwd,
                 timeout_s=claim.timeout_s, grace=self.opts.kill_grace_s, run_as=run_as,
                 header=launch.log_header(str(claim.frame_id), claim.attempt, self.opts.name),
                 log_root=self._log_root(), log_limit=claim.log_limit_bytes or self.opts.log_limit_bytes,
-                footer=(str(claim.frame_id), claim.attempt))
+                footer=(str(claim.frame_id), claim.attempt), rqlog=rqlog)
         except Exception as exc:  # bad command/env, unknown user, unwritable log: fail this attempt
             for lock in locks:
                 lock.release()
             if runfile is not None:
                 self.runfiles.clear(runfile)
             message = getattr(exc, "message", None) or str(exc)
-            _log_failure(Path(claim.log_path), f"cuectl: frame not started: {message}")
+            _log_failure(Path(claim.log_path), f"cuectl: frame not started: {message}", self._rqlog(claim))
             why = failures.classify(exit_code=126, exit_signal=None, timed_out=False, launch_error=message)
             # A directory missing here may exist on another host (a share not mounted yet):
             # a failure like any other, retried, rather than one that never could succeed.
@@ -910,6 +914,26 @@ class Worker:
                     self._env_templates.clear()  # many layers over a long life: start again
                 self._env_templates[key] = template
         return template.env(ctx)
+
+    def _rqlog(self, claim: ClaimedFrame) -> launch.RqlogLink | None:
+        """The OpenCue-named link for the claim's log (CueGUI opens logs by those names); None
+        when the job's name cannot be a file name (logs.rqlog_name): that job has no links."""
+        name = logs.rqlog_name(claim.job, launch.frame_name(claim.number, claim.layer))
+        if name is None:
+            return None
+        job_id = claim.job_id
+        return launch.RqlogLink(name, lambda message: self._warn_rqlog(job_id, message))
+
+    def _warn_rqlog(self, job_id: int, message: str) -> None:
+        """Say once per job that its OpenCue log links cannot be made (a link planted in place
+        of ``rqlog/``, a full disk): the frames run on, only CueGUI cannot show their logs."""
+        if job_id in self._rqlog_warned:
+            return
+        if len(self._rqlog_warned) >= 4096:  # a worker lives for months: keep the memory bounded
+            self._rqlog_warned.clear()
+        self._rqlog_warned.add(job_id)
+        if self.warn:
+            self.warn(f"job {job_id}: {message} (CueGUI cannot open its logs; the frames run as ever)")
 
     def _log_root(self) -> Path:
         """``--log-dir`` as a Path, made once (each costs a parse; this is the hot path)."""
@@ -1267,9 +1291,10 @@ def write_heartbeat(path: Path, *, name: str, store_ok_at: float | None) -> None
             tmp.unlink(missing_ok=True)
 
 
-def _log_failure(path: Path, line: str) -> None:
-    """Best effort: say in the frame's log why it never started (never following a link)."""
-    launch.append_log_note(path, line)
+def _log_failure(path: Path, line: str, rqlog: launch.RqlogLink | None = None) -> None:
+    """Best effort: say in the frame's log why it never started (never following a link);
+    ``rqlog``: so that CueGUI shows that note as the frame's latest log."""
+    launch.append_log_note(path, line, rqlog=rqlog)
 
 
 def proc_started(proc: launch.FrameProcess, default: float) -> float:
