@@ -14,6 +14,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from opencue_proto import cue_pb2, depend_pb2, facility_pb2, host_pb2, job_pb2, limit_pb2, service_pb2, show_pb2
 
+from cuectl.sched.views import frame_name
+
 #: The show of a job submitted without one (cuectl's own specs need none; OpenCue's do).
 DEFAULT_SHOW = "default"
 #: Every host's allocation: OpenCue's sandbox default, so ``cueadmin -la`` and CueCommander
@@ -211,7 +213,7 @@ def host(host: Mapping[str, Any], bookings: Sequence[Mapping[str, Any]], leased:
 def proc(booking: Mapping[str, Any], *, log_path: str = "") -> host_pb2.Proc:
     """A running frame as OpenCue's Proc (a booked slot on a host). Its id is the frame's."""
     cores, gpus = float(booking.get("cores") or 0.0), int(booking.get("gpus") or 0)
-    name = f"{int(booking['number']):04d}-{booking['layer_name']}"
+    name = frame_name(int(booking["number"]), str(booking["layer_name"]))
     started = epoch(booking.get("started_at"))
     per_device = int(booking.get("gpu_memory_min_bytes") or 0)
     return host_pb2.Proc(
@@ -302,9 +304,9 @@ def depend(row: Mapping[str, Any]) -> depend_pb2.Depend:
         target=depend_pb2.INTERNAL if job.get("id") == on_job.get("id") else depend_pb2.EXTERNAL,
         any_frame=bool(row.get("any_frame")), active=row.get("state") == "waiting",
         depend_er_job=str(job.get("name") or ""), depend_er_layer=layer,
-        depend_er_frame=f"{int(number):04d}-{layer}" if number is not None and layer else "",
+        depend_er_frame=frame_name(int(number), layer) if number is not None and layer else "",
         depend_on_job=str(on_job.get("name") or ""), depend_on_layer=on_layer,
-        depend_on_frame=f"{int(on_number):04d}-{on_layer}" if on_number is not None and on_layer else "")
+        depend_on_frame=frame_name(int(on_number), on_layer) if on_number is not None and on_layer else "")
 
 
 def system_stats() -> cue_pb2.SystemStats:

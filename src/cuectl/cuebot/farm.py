@@ -18,6 +18,7 @@ from cuectl.cuebot import convert, jobs
 from cuectl.cuebot.call import Call, Refused
 from cuectl.errors import InvalidInput, NotFound
 from cuectl.sched import model as m
+from cuectl.sched.views import frame_name
 
 HOST = "/host.HostInterface/"
 PROC = "/host.ProcInterface/"
@@ -78,7 +79,7 @@ def _log_path(call: Call, booking: Mapping[str, Any]) -> str:
     """Where CueGUI opens the proc's log: the link run/logs.py keeps to its attempt's log."""
     from cuectl.run.logs import rqlog_path
 
-    name = f"{int(booking['number']):04d}-{booking['layer_name']}"
+    name = frame_name(int(booking["number"]), str(booking["layer_name"]))
     path = rqlog_path(call.store.log_dir / str(booking["job_id"]), str(booking["job_name"]), name)
     return str(path) if path is not None else ""
 
