@@ -210,3 +210,63 @@ def test_bad_values_name_the_element():
                               ("<paused>False</paused>", "<paused>maybe</paused>", "<paused>: expected True")]:
         with pytest.raises(InvalidInput, match=message):
             parse_opencue_xml(text.replace(old, new))
+
+
+# -- cuectl's extension elements (docs/opencue-xml.md): a layer's per-device GPU request ----------
+def _gpu_layer(elements: str, gpus: str = "<gpus>2</gpus>") -> str:
+    return (f"<spec><show>demo</show><job name='shot'><layers><layer name='beauty' type='Render'>"
+            f"<cmd>render #IFRAME#</cmd><range>1-4</range>{gpus}{elements}</layer></layers></job></spec>")
+
+
+def test_extension_elements_are_the_layers_gpu_request():
+    ((mapping, notes),) = parse_opencue_xml(_gpu_layer(
+        "<gpu_vendor>nvidia</gpu_vendor><gpu_models_allowed>A100, RTX 4090 ,</gpu_models_allowed>"
+        f"<min_gpu_memory_bytes>{24 * GIB}</min_gpu_memory_bytes>"), source="job.xml")
+    assert notes == []  # known elements: no "not an element of any CJSL version" warning
+    (layer,) = spec_from_mapping(mapping, user="u").layers
+    assert (layer.gpus, layer.gpu_vendor, layer.gpu_models, layer.gpu_memory_min_bytes) == (
+        2, "NVIDIA", ("A100", "RTX 4090"), 24 * GIB)
+
+
+def test_min_gpu_memory_and_opencues_gpu_memory_both_hold():
+    # <gpu_memory> is OpenCue's total over the frame's devices (8 GiB / 2 = 4 GiB each): a
+    # device must meet it and the per-device minimum, so the larger of the two wins.
+    for per_device, expected in ((6 * GIB, 6 * GIB), (GIB, 4 * GIB)):
+        ((mapping, _),) = parse_opencue_xml(_gpu_layer(
+            f"<gpu_memory>8g</gpu_memory><min_gpu_memory_bytes>{per_device}</min_gpu_memory_bytes>"))
+        assert spec_from_mapping(mapping, user="u").layers[0].gpu_memory_min_bytes == expected
+
+
+def test_empty_extension_elements_ask_nothing():
+    ((mapping, notes),) = parse_opencue_xml(_gpu_layer(
+        "<gpu_vendor/><gpu_models_allowed> </gpu_models_allowed><min_gpu_memory_bytes>0</min_gpu_memory_bytes>",
+        gpus=""))
+    assert notes == []
+    (layer,) = spec_from_mapping(mapping, user="u").layers
+    assert (layer.gpus, layer.gpu_vendor, layer.gpu_models, layer.gpu_memory_min_bytes) == (0, None, (), 0)
+
+
+@pytest.mark.parametrize("elements,gpus,message", [
+    ("<gpu_vendor>NVIDA</gpu_vendor>", "<gpus>1</gpus>", "(beauty): <gpu_vendor>: unknown vendor 'NVIDA'"),
+    ("<gpu_models_allowed>A100," + "x" * 201 + "</gpu_models_allowed>", "<gpus>1</gpus>",
+     "(beauty): <gpu_models_allowed>[1]: invalid GPU model"),
+    ("<gpu_models_allowed><gpu_model>A100</gpu_model></gpu_models_allowed>", "<gpus>1</gpus>",
+     "(beauty): <gpu_models_allowed>: expected model names separated by commas"),
+    ("<min_gpu_memory_bytes>24G</min_gpu_memory_bytes>", "<gpus>1</gpus>",
+     "(beauty): <min_gpu_memory_bytes>: expected a whole number, got '24G'"),
+    ("<min_gpu_memory_bytes>-1</min_gpu_memory_bytes>", "<gpus>1</gpus>",
+     "(beauty): <min_gpu_memory_bytes>: must be 0 or more"),
+    ("<gpu_vendor>AMD</gpu_vendor>", "",
+     "(beauty): <gpu_vendor>: only applies to GPU requests; set <gpus> to 1 or more"),
+])
+def test_bad_extension_elements_name_the_element(elements, gpus, message):
+    with pytest.raises(InvalidInput) as err:
+        parse_opencue_xml(_gpu_layer(elements, gpus=gpus), source="job.xml")
+    assert err.value.message.startswith("job.xml: job[0] (shot): layer[0] (beauty): "), err.value.message
+    assert message in err.value.message, err.value.message
+
+
+def test_unknown_layer_elements_still_warn_beside_the_extension():
+    ((_, notes),) = parse_opencue_xml(_gpu_layer("<gpu_vendor>NVIDIA</gpu_vendor><gpu_colour>green</gpu_colour>"))
+    assert [str(n) for n in notes] == ["shot: layer beauty: <gpu_colour>: not honoured: not an element of any "
+                                       "CJSL version"]

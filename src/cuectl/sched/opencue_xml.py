@@ -6,7 +6,8 @@ one per element whose effect cuectl does not reproduce. Units are OpenCue's (Cue
 ``JobSpec``): ``<cores>`` in core points unless it has a decimal point (``100`` and ``1.0``
 are one core), ``<memory>``/``<gpu_memory>`` a bare number in GB or with ``m``/``g``,
 ``<gpu_memory>`` the total across the frame's GPUs, ``<timeout>`` in minutes. The mapping
-is documented in docs/opencue-xml.md.
+is documented in docs/opencue-xml.md. A ``<layer>`` may also hold cuectl's extension
+elements (``EXTENSION_ELEMENTS``): the per-device GPU request CJSL cannot say.
 
 The XML is read with the standard library's expat parser, guarded as defusedxml does: no
 ``<!ENTITY`` declarations (so no "billion laughs", no external entities), the DOCTYPE's DTD
@@ -37,6 +38,9 @@ _JOB_CHILDREN = ("paused", "priority", "maxretries", "maxcores", "maxgpus", "aut
                  "layers")
 _LAYER_CHILDREN = ("cmd", "range", "chunk", "cores", "threadable", "memory", "gpus", "gpu", "gpu_memory", "timeout",
                    "timeout_llu", "tags", "limits", "env", "services", "outputs")
+# cuectl's extension of the spec (docs/opencue-xml.md, "cuectl's extension elements"): a
+# layer's per-device GPU request as a YAML spec has it, which no CJSL version can say.
+EXTENSION_ELEMENTS = ("gpu_vendor", "gpu_models_allowed", "min_gpu_memory_bytes")
 _LAYER_TYPES = ("RENDER", "UTIL", "POST")
 _PROJECT_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}", re.ASCII)
 _TRUE = ("true", "1", "yes", "y", "on", "t")
@@ -335,7 +339,7 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
     if kind not in _LAYER_TYPES:
         raise InvalidInput(f"{label}: type must be Render, Util or Post, got {element.get('type')!r}")
     for child in element:
-        if child.tag not in _LAYER_CHILDREN:
+        if child.tag not in _LAYER_CHILDREN and child.tag not in EXTENSION_ELEMENTS:
             note(f"<{child.tag}>", "not an element of any CJSL version")
     cmd = (element.find("cmd").text or "").strip() if element.find("cmd") is not None else ""
     if not cmd:
@@ -374,6 +378,7 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
         elif total:
             # OpenCue's figure is the frame's total across its GPUs; cuectl's is per device.
             layer["gpu_memory_min"] = f"{-(-total // gpus)}K"
+    _gpu_extension(element, layer, gpus, label)
     timeout = _text(element.find("timeout"))
     if timeout:
         minutes = _int(timeout, f"{label}: <timeout>")
@@ -409,6 +414,43 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
     if outputs:
         note("<outputs>", "cuectl does not register output paths")
     return layer, kind
+
+
+def _gpu_extension(element: Any, layer: dict[str, Any], gpus: int, label: str) -> None:
+    """cuectl's extension elements of ``<layer>`` into the layer's ``gpu_vendor``,
+    ``gpu_models`` and ``gpu_memory_min``, validated as a YAML spec's keys are (the same
+    rules and messages, each naming its element). An empty element, or a minimum of 0, is
+    the same as none: a spec writer may emit every element whatever the layer asks."""
+    from cuectl.sched.gpu_request import GpuRequest
+
+    vendor = _text(element.find("gpu_vendor")) or None
+    models_element = element.find("gpu_models_allowed")
+    if models_element is not None and len(models_element):
+        raise InvalidInput(f"{label}: <gpu_models_allowed>: expected model names separated by commas "
+                           f"(A100, RTX 4090), not child elements (<{models_element[0].tag}>)")
+    models = [m.strip() for m in _text(models_element).split(",") if m.strip()] or None
+    memory_text = _text(element.find("min_gpu_memory_bytes"))
+    memory = _int(memory_text, f"{label}: <min_gpu_memory_bytes>") if memory_text else 0
+    if memory < 0:
+        raise InvalidInput(f"{label}: <min_gpu_memory_bytes>: must be 0 or more, got {memory_text!r}")
+    if vendor is None and models is None and not memory:
+        return
+    elements = {"gpu_vendor": "<gpu_vendor>", "gpu_models": "<gpu_models_allowed>",
+                "gpu_memory_min": "<min_gpu_memory_bytes>"}
+    # The field at fault leads the message with the layer's label; <gpus> is named within it.
+    request = GpuRequest.parse(gpus=gpus, gpu_vendor=vendor, gpu_models=models, gpu_memory_min=memory or None,
+                               label=lambda field: f"{label}: {elements[field]}" if field in elements else f"<{field}>")
+    if request.gpu_vendor is not None:
+        layer["gpu_vendor"] = request.gpu_vendor
+    if request.gpu_models:
+        layer["gpu_models"] = list(request.gpu_models)
+    if request.gpu_memory_min_bytes:
+        # With <gpu_memory> too, a device must meet both: the larger minimum per device.
+        from cuectl.units import parse_size
+
+        total_share = parse_size(layer["gpu_memory_min"]) if "gpu_memory_min" in layer else 0
+        if request.gpu_memory_min_bytes > total_share:
+            layer["gpu_memory_min"] = f"{request.gpu_memory_min_bytes}B"
 
 
 # Cuebot's DependType names (spaces, underscores and case aside): who waits, on what, and how
