@@ -355,3 +355,23 @@ def test_the_example_client_reads_a_host_a_frame_and_a_layer(served: Served) -> 
     assert "peak 4.0 GiB" in lines[1], lines
     assert lines[2] == "layer main: 1 gpus, vendor NVIDIA, models A100, at least 40 GiB each", lines
     assert len(lines) == 3, lines
+
+
+def test_cuectl_serve_opencue_serves_the_gpu_service_beside_opencues(cuebot: Any, db_path: Path) -> None:
+    """The GPU service is not only a class: `cuectl serve --opencue` answers it on the same
+    port as OpenCue's services, from the same store."""
+    server = cuebot()
+    store = open_store(str(db_path), create=False)
+    try:
+        store.register_host(HostInfo("gpu-01", cores=8.0, memory_bytes=32 * 1024**3, gpus=[
+            {"index": 0, "uuid": "GPU-x", "vendor": "NVIDIA", "model": "NVIDIA L40S", "backend": "fake",
+             "memory_total_bytes": 48 * 1024**3}]), now=time.time())
+    finally:
+        store.close()
+    with grpc.insecure_channel(server.target) as channel:
+        stub = pb_grpc.GpuInterfaceStub(channel)
+        [device] = stub.GetHostGpus(pb.GetHostGpusRequest(host="gpu-01"), timeout=10).devices
+        assert (device.uuid, device.model, device.memory_bytes) == ("GPU-x", "NVIDIA L40S", 48 * 1024**3)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.GetHostGpus(pb.GetHostGpusRequest(host="nope"), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.NOT_FOUND

@@ -18,7 +18,7 @@ import logging
 import pkgutil
 import time
 from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import grpc
@@ -41,7 +41,6 @@ class Settings:
     busy_timeout_s: float = 10.0
     trusted_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     threads: int = 16
-    extra_services: tuple[Any, ...] = field(default=())
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -122,6 +121,10 @@ class Dispatcher(grpc.GenericRpcHandler):
         self._handlers = dict(implemented() if handlers is None else handlers)
         self._clock = clock
 
+    def store(self) -> Any:
+        """The calling thread's store connection."""
+        return self._pool.get()
+
     def close(self) -> None:
         self._pool.close()
 
@@ -189,9 +192,16 @@ def build_server(settings: Settings, address: str) -> tuple[grpc.Server, Dispatc
         raise InvalidInput(f"--opencue: cannot listen on {address} (in use, or not an address of this host)")
     dispatcher = Dispatcher(settings, (host, bound))
     server.add_generic_rpc_handlers([dispatcher])
-    for add in settings.extra_services:
-        add(server, dispatcher)
+    _add_gpu_service(server, dispatcher)
     return server, dispatcher, bound
+
+
+def _add_gpu_service(server: grpc.Server, dispatcher: Dispatcher) -> None:
+    """cuectl's own GPU messages (cuectl.gpu.v1, read-only), beside OpenCue's services."""
+    from cuectl.cuebot.gpu_service import GpuServicer
+    from cuectl.cuebot.proto import cuectl_gpu_pb2_grpc
+
+    cuectl_gpu_pb2_grpc.add_GpuInterfaceServicer_to_server(GpuServicer(dispatcher.store), server)
 
 
 def serve(settings: Settings, address: str, *, ready: Callable[[int], None] | None = None) -> None:
