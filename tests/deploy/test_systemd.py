@@ -1,6 +1,7 @@
 """deploy/systemd: the worker units parse as unit files with the settings the drain relies
 on, their ExecStart uses real `cuectl worker` options, the API unit runs `cuectl serve`
-with real options and the environment its example file describes, and
+with real options and the environment its example file describes, the OpenCue unit runs
+`cuectl serve --opencue` with an address whatever its environment file sets, and
 `systemd-analyze verify` accepts them all where it is installed."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ SYSTEMD = DEPLOY / "systemd"
 UNITS = {"single": SYSTEMD / "cuectl-worker.service", "template": SYSTEMD / "cuectl-worker@.service"}
 SERVE = SYSTEMD / "cuectl-serve.service"
 SERVE_ENV = SYSTEMD / "serve.env.example"
+OPENCUE = SYSTEMD / "cuectl-opencue.service"
+OPENCUE_ENV = SYSTEMD / "opencue.env.example"
 
 
 def parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
@@ -197,7 +200,7 @@ def test_systemd_analyze_verify(tmp_path: Path):
     exe = shutil.which("true")
     assert exe
     checked = []
-    for path in [*UNITS.values(), SERVE]:
+    for path in [*UNITS.values(), SERVE, OPENCUE]:
         # verify insists that ExecStart's program exists; a template needs an instance name.
         name = path.name.replace("@.", "@gpu.")
         text = path.read_text().replace("/usr/local/bin/cuectl", exe)
@@ -207,3 +210,132 @@ def test_systemd_analyze_verify(tmp_path: Path):
     complaints = [ln for ln in (proc.stdout + proc.stderr).splitlines()
                   if any(p.name in ln for p in checked)]
     assert proc.returncode == 0 and not complaints, proc.stdout + proc.stderr
+
+
+# -- cuectl-opencue.service -------------------------------------------------------------------
+
+
+def systemd_expand(exec_start: str, env: dict[str, str]) -> list[str]:
+    """ExecStart's argv as systemd builds it: a word that is only $VAR becomes the value's
+    whitespace-separated words (none when empty or unset); ${VAR} is replaced by the exact
+    value, inside one word."""
+    argv: list[str] = []
+    for word in shlex.split(exec_start):
+        m = re.fullmatch(r"\$(\w+)", word)
+        if m:
+            argv += env.get(m.group(1), "").split()
+        else:
+            argv.append(re.sub(r"\$\{(\w+)\}", lambda v: env.get(v.group(1), ""), word))
+    return argv
+
+
+def serve_params(argv: list[str], monkeypatch) -> dict:
+    """What `cuectl serve` makes of argv (after the program and `serve`), the way entry.py
+    hands it to click (serve_args first), without running it."""
+    from cuectl.cli.serve_cmd import serve_args
+    from deploylib import cli_tree
+
+    monkeypatch.delenv("CUECTL_OPENCUE", raising=False)
+    return cli_tree().commands["serve"].make_context("serve", serve_args(argv)).params
+
+
+def unit_env(path: Path) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in parse_unit(path)["Service"].get("Environment", []))
+
+
+def test_opencue_unit_sections_and_restart():
+    u = parse_unit(OPENCUE)
+    assert set(u) == {"Unit", "Service", "Install"}
+    assert "--opencue" in u["Unit"]["Description"][0]
+    assert "network-online.target" in u["Unit"]["After"][0].split()
+    assert "network-online.target" in u["Unit"]["Wants"][0].split()
+    assert u["Install"]["WantedBy"] == ["multi-user.target"]
+    svc = u["Service"]
+    assert svc["Restart"] == ["on-failure"]
+    assert svc["EnvironmentFile"] == ["-/etc/cuectl/opencue.env"]
+    # Root by default, for the REST API's reason: on SQLite only root can hand the receipt of
+    # a LaunchSpec to the caller's uid. The unit says so, and how to run it as another user.
+    assert "User" not in svc
+    text = OPENCUE.read_text()
+    for needle in ("receipt", "SET ROLE", "User=cuectl-api", "systemctl edit cuectl-opencue",
+                   "--opencue-trust-network", "cuectl[opencue]", "opencue.env.example"):
+        assert needle in text, needle
+
+
+def test_opencue_unit_always_passes_the_address_and_defaults_to_cuebots_port_on_loopback(monkeypatch):
+    from cuectl.cli.serve_cmd import OPENCUE_DEFAULT
+    from cuectl.cuebot.server import parse_address
+
+    (exec_start,) = parse_unit(OPENCUE)["Service"]["ExecStart"]
+    argv = shlex.split(exec_start)
+    # --opencue with its address as the next word, braced: one argument whatever it holds.
+    assert argv[:4] == ["/usr/local/bin/cuectl", "serve", "--opencue", "${CUECTL_OPENCUE}"]
+    assert "$CUECTL_OPENCUE_ARGS" in argv
+    words = [a for a in argv[1:] if not a.startswith("$")]
+    resolved = resolve_command(words)
+    assert resolved is not None and resolved[0] == ["serve"]
+    for opt in options_used(words):
+        assert opt in resolved[1], f"`cuectl serve` has no option {opt}"
+    env = unit_env(OPENCUE)
+    assert env["CUECTL_OPENCUE"] == OPENCUE_DEFAULT
+    assert parse_address(env["CUECTL_OPENCUE"]) == ("127.0.0.1", 8443)
+    # As systemd runs it without an env file: the default address, nothing else.
+    params = serve_params(systemd_expand(exec_start, env)[2:], monkeypatch)
+    assert params["opencue"] == OPENCUE_DEFAULT and params["trust_network"] == ()
+
+
+def test_opencue_unit_with_each_example_setting_serves_opencue(monkeypatch):
+    from cuectl.cuebot.server import parse_address, parse_networks
+    from cuectl.errors import InvalidInput
+
+    (exec_start,) = parse_unit(OPENCUE)["Service"]["ExecStart"]
+    addresses = env_example_values(OPENCUE_ENV, "CUECTL_OPENCUE")
+    extra = env_example_values(OPENCUE_ENV, "CUECTL_OPENCUE_ARGS")
+    assert addresses and len(extra) >= 2
+    for address in [unit_env(OPENCUE)["CUECTL_OPENCUE"], *addresses]:
+        parse_address(address)
+        for args in ["", *extra]:
+            env = {**unit_env(OPENCUE), "CUECTL_OPENCUE": address, "CUECTL_OPENCUE_ARGS": args}
+            params = serve_params(systemd_expand(exec_start, env)[2:], monkeypatch)
+            assert params["opencue"] == address
+            assert list(params["trust_network"]) == args.split()[1::2]
+            parse_networks(list(params["trust_network"]))
+    # Set empty, the address is still one (empty) argument: the server refuses it, rather
+    # than serving the REST API or the default.
+    env = {**unit_env(OPENCUE), "CUECTL_OPENCUE": ""}
+    params = serve_params(systemd_expand(exec_start, env)[2:], monkeypatch)
+    assert params["opencue"] == ""
+    with pytest.raises(InvalidInput, match="not HOST:PORT"):
+        parse_address(params["opencue"])
+
+
+def test_opencue_env_example_names_the_variables_the_unit_uses():
+    resolved = resolve_command(["serve"])
+    assert resolved is not None
+    for var in ("CUECTL_DB", "PGPASSWORD", "CUECTL_LOG_DIR", "CUECTL_OPENCUE", "CUECTL_OPENCUE_ARGS"):
+        assert env_example_values(OPENCUE_ENV, var), var
+    for value in env_example_values(OPENCUE_ENV, "CUECTL_OPENCUE_ARGS"):
+        used = options_used(value.split())
+        assert used and set(used) == {"--opencue-trust-network"}, value
+        for opt in used:
+            assert opt in resolved[1], f"`cuectl serve` has no option {opt} ({value})"
+    assert "export " not in OPENCUE_ENV.read_text()
+    # The variable would turn the REST API service into this one (`cuectl serve` reads it).
+    assert not env_example_values(SERVE_ENV, "CUECTL_OPENCUE")
+    assert "CUECTL_OPENCUE" not in unit_env(SERVE)
+
+
+def test_opencue_unit_hardening_matches_the_rest_api_and_keeps_the_socket_tables():
+    svc = parse_unit(OPENCUE)["Service"]
+    rest = parse_unit(SERVE)["Service"]
+    for key in ("NoNewPrivileges", "PrivateTmp", "ProtectSystem", "ProtectKernelTunables", "ProtectKernelModules",
+                "ProtectControlGroups", "CapabilityBoundingSet"):
+        assert svc[key] == rest[key], key
+    assert "ProtectHome" not in svc
+    # Who calls is read from the kernel's socket tables: netlink sock_diag, else /proc/net.
+    families = set(svc["RestrictAddressFamilies"][0].split())
+    assert {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"} <= families
+    for hiding in ("PrivateNetwork", "ProcSubset", "PrivateUsers"):
+        assert hiding not in svc, hiding
+    assert "RuntimeDirectory" not in svc          # no socket of its own to keep
+
