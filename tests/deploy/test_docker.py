@@ -60,11 +60,19 @@ def test_base_image_is_nvidia_cuda_on_ubuntu():
     assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-(base|runtime)-ubuntu2[24]\.04", image), image
 
 
-def test_installs_cuectl_from_the_checkout_with_the_postgres_extra():
+def test_installs_cuectl_from_the_checkout_with_the_postgres_and_opencue_extras():
     runs = [rest for kw, rest in instructions() if kw == "RUN"]
     installs = [r for r in runs if "pip install" in r]
     assert len(installs) == 1
-    assert re.search(r"\[postgres\]", installs[0])
+    (extras,) = re.findall(r"/tmp/cuectl-src\[([\w,]+)\]", installs[0])
+    # postgres: a farm's store; opencue: `cuectl serve --opencue` (components/opencue-grpc).
+    assert {"postgres", "opencue"} <= set(extras.split(","))
+    pyproject = (REPO / "pyproject.toml").read_text()
+    section = pyproject[pyproject.index("[project.optional-dependencies]"):]
+    section = section[:section.index("\n[", 1)]
+    declared = set(re.findall(r"^(\w[\w-]*) = \[", section, re.M))
+    assert {"postgres", "opencue"} <= declared
+    assert set(extras.split(",")) <= declared, "an extra pyproject.toml does not declare"
     copies = [rest for kw, rest in instructions() if kw == "COPY"]
     sources = [s for c in copies for s in c.split()[:-1] if not s.startswith("--")]
     for src in sources:

@@ -701,3 +701,186 @@ def test_docs_give_the_real_node_maintenance_procedure():
     assert "node drains wait for frames" not in doc.lower()
     assert "rollout or `kubectl drain`" not in comment
     assert "cuectl worker --probe" in doc
+
+
+# -- components/opencue-grpc: OpenCue's gRPC protocol (cuectl serve --opencue) ------------------
+
+OPENCUE_PORT = 8443
+
+
+@pytest.fixture(params=sorted(BUILDS), ids=sorted(BUILDS))
+def opencue_build(request, tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:
+    """Each build with the component added as its header says: in the overlay's (or the
+    base's) own kustomization.yaml, so that its images, namespace and labels apply."""
+    import shutil
+
+    import yaml
+
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(K8S, tree)
+    directory = tree / BUILDS[request.param].relative_to(K8S)
+    path = directory / "kustomization.yaml"
+    k = yaml.safe_load(path.read_text())
+    k["components"] = [*k.get("components", []), posixpath.relpath(tree / "components" / "opencue-grpc", directory)]
+    path.write_text(yaml.safe_dump(k))
+    return request.param, kustomize(directory)
+
+
+def opencue_parts(docs):
+    deploy = one(docs, "Deployment", "cuectl-opencue")
+    spec = pod_spec(deploy)
+    return deploy, spec, container(spec, "opencue")
+
+
+def _names(docs) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_opencue_component_adds_only_its_own_objects(opencue_build):
+    name, docs = opencue_build
+    plain = kustomize(BUILDS[name])
+    assert _names(docs) - _names(plain) == {("ServiceAccount", "cuectl-opencue"), ("Deployment", "cuectl-opencue"),
+                                            ("Service", "cuectl-opencue")}
+    # Nothing else is changed.
+    added = [d for d in docs if d["metadata"]["name"] == "cuectl-opencue"]
+    assert sorted((d for d in docs if d not in added), key=str) == sorted(plain, key=str)
+
+
+def test_opencue_component_keeps_every_build_rule(opencue_build):
+    """The rules every build keeps, with the component in it."""
+    for rule in (test_everything_lives_in_the_cuectl_namespace, test_selectors_match_their_pod_labels,
+                 test_volume_mounts_and_claims_resolve, test_no_privileged_containers_and_no_api_tokens, test_images):
+        rule(opencue_build)
+
+
+def test_opencue_serves_on_the_pods_ip_with_real_serve_options(opencue_build, monkeypatch):
+    from cuectl.cli.serve_cmd import serve_args
+    from cuectl.cuebot.server import parse_address
+    from deploylib import cli_tree
+
+    _, docs = opencue_build
+    _, _, opencue = opencue_parts(docs)
+    args = opencue["args"]
+    assert "command" not in opencue, "keep the image's ENTRYPOINT (tini -- cuectl)"
+    assert args[:2] == ["serve", "--opencue"]
+    resolved = resolve_command(args)
+    assert resolved is not None and resolved[0] == ["serve"]
+    for opt in options_used(args):
+        assert opt in resolved[1], f"`cuectl serve` has no option {opt}"
+    # The pod's own IP (downward API), never 0.0.0.0: a caller on the pod's loopback would be
+    # proven by its socket's uid, and `kubectl port-forward` connects there as the runtime's
+    # root. Other pods only read: no network is trusted by default.
+    address = args[2]
+    assert address == f"$(POD_IP):{OPENCUE_PORT}"
+    assert env_of(opencue)["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert "--opencue-trust-network" not in args
+    for pod_ip in ("10.244.1.7", "fd00:10:244::7"):           # IPv4 and IPv6 clusters
+        expanded = [a.replace("$(POD_IP)", pod_ip) for a in args]
+        assert parse_address(expanded[2]) == (pod_ip, OPENCUE_PORT)
+        monkeypatch.delenv("CUECTL_OPENCUE", raising=False)
+        params = cli_tree().commands["serve"].make_context("serve", serve_args(expanded[1:])).params
+        assert params["opencue"] == expanded[2]
+    (port,) = opencue["ports"]
+    assert port == {"name": "grpc", "containerPort": OPENCUE_PORT}
+
+
+def test_opencue_component_says_what_trusting_the_pod_network_gives_away():
+    text = (COMPONENTS / "opencue-grpc" / "opencue.yaml").read_text()
+    for needle in ("--opencue-trust-network", "pod network", "EVERY pod in EVERY namespace", "never taken",
+                   "read", "port-forward", "ClusterIP"):
+        assert needle in text, needle
+
+
+def test_opencue_probes_are_tcp_the_server_has_no_health_service(opencue_build):
+    _, docs = opencue_build
+    _, _, opencue = opencue_parts(docs)
+    ready, live = opencue["readinessProbe"], opencue["livenessProbe"]
+    for probe in (ready, live):
+        # No grpc.health.v1 in the server: neither httpGet nor Kubernetes' grpc probe.
+        assert set(probe) & {"httpGet", "grpc", "exec", "tcpSocket"} == {"tcpSocket"}
+        assert probe["tcpSocket"]["port"] == "grpc"
+    assert live["failureThreshold"] * live["periodSeconds"] >= 60
+
+
+def test_opencue_server_has_no_health_service(tmp_path: Path):
+    """What the probes rely on: a real server answers grpc.health.v1's Check UNIMPLEMENTED
+    (if it ever implements it, the probes may become Kubernetes' grpc ones)."""
+    import grpc
+
+    from cuectl.cuebot.server import Settings, build_server
+
+    server, dispatcher, port = build_server(Settings(db_url=str(tmp_path / "store.db")), "127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            check = channel.unary_unary("/grpc.health.v1.Health/Check")
+            with pytest.raises(grpc.RpcError) as failed:
+                check(b"", timeout=10)
+        assert failed.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        server.stop(0).wait()
+        dispatcher.close()
+
+
+def test_opencue_store_env_and_no_gpu(opencue_build):
+    _, docs = opencue_build
+    _, spec, opencue = opencue_parts(docs)
+    _, _, worker = worker_parts(docs)
+    env = env_of(opencue)
+    assert env["CUECTL_DB"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "url"}
+    assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "password", "optional": True}
+    # The log paths it hands CueGUI are the workers'; it reads none, so mounts none.
+    assert env["CUECTL_LOG_DIR"]["value"] == env_of(worker)["CUECTL_LOG_DIR"]["value"]
+    assert {m["mountPath"] for m in opencue["volumeMounts"]} == {"/tmp"}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"
+    assert "nvidia.com/gpu" not in opencue["resources"].get("limits", {})
+    assert opencue["resources"]["requests"] and opencue["resources"]["limits"]["memory"]
+    for item in env.values():
+        assert "postgresql://" not in str(item.get("value", "")), "the store URL belongs in the Secret"
+
+
+def test_opencue_runs_unprivileged_and_fits_restricted_v2_everywhere(opencue_build):
+    _, docs = opencue_build
+    _, spec, opencue = opencue_parts(docs)
+    sc = spec["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    # The image's numeric USER, not a fixed uid: OpenShift's restricted-v2 assigns one, and
+    # the component is the same on every build.
+    assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(sc)
+    assert "runAsUser" not in opencue["securityContext"]
+    assert opencue["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not any("hostPath" in v for v in spec["volumes"])
+    assert "tolerations" not in spec and "nvidia.com/gpu.present" not in spec.get("nodeSelector", {})
+    assert spec["serviceAccountName"] == "cuectl-opencue"
+
+
+def test_opencue_service_is_internal_and_selects_only_its_pod(opencue_build):
+    _, docs = opencue_build
+    deploy, _, opencue = opencue_parts(docs)
+    service = one(docs, "Service", "cuectl-opencue")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+    (port,) = service["spec"]["ports"]
+    assert port["port"] == OPENCUE_PORT and port["name"] == "grpc" and port["targetPort"] == "grpc"
+    assert port["targetPort"] in {p["name"] for p in opencue["ports"]}
+    for obj in all_pod_objects(docs):
+        selected = service["spec"]["selector"].items() <= pod_labels(obj).items()
+        assert selected == (obj is deploy), obj["metadata"]["name"]
+    assert not one(docs, "Service", "cuectl-api")["spec"]["selector"].items() <= pod_labels(deploy).items()
+
+
+def test_opencue_commented_trust_network_args_are_real_when_uncommented():
+    import re
+
+    import yaml
+
+    from cuectl.cuebot.server import parse_networks
+
+    text = (COMPONENTS / "opencue-grpc" / "opencue.yaml").read_text()
+    uncommented = re.sub(r"^(\s*)# (- (?:--opencue-trust-network|[0-9a-f.:]+/\d+))$", r"\1\2", text, flags=re.M)
+    assert uncommented != text
+    deployment = next(d for d in yaml.safe_load_all(uncommented) if d["kind"] == "Deployment")
+    args = container(pod_spec(deployment), "opencue")["args"]
+    resolved = resolve_command(args)
+    assert resolved is not None and "--opencue-trust-network" in resolved[1]
+    cidr = args[args.index("--opencue-trust-network") + 1]
+    assert parse_networks([cidr])[0].is_private
