@@ -163,6 +163,55 @@ def test_kubernetes_doc_covers_the_api():
         assert needle in text, needle
 
 
+def test_deploy_doc_covers_the_opencue_service():
+    from cuectl.cuebot.server import parse_address
+
+    text = DOCS["deploy"].read_text()
+    section = text[text.index("## OpenCue's gRPC protocol"):]
+    for needle in ["deploy/systemd/cuectl-opencue.service", "deploy/systemd/opencue.env.example", "opencue-grpc.md",
+                   "CUECTL_OPENCUE", "CUECTL_OPENCUE_ARGS", "cuectl[opencue]", "--opencue-trust-network", "receipt",
+                   "SET ROLE", "User=cuectl-api", "systemctl edit cuectl-opencue", "AF_NETLINK",
+                   "deploy/kubernetes/components/opencue-grpc", "serve.env"]:
+        assert needle in section, needle
+    # What it quotes of the unit is the unit.
+    unit = (REPO / "deploy" / "systemd" / "cuectl-opencue.service").read_text()
+    (exec_start,) = re.findall(r"`(ExecStart=[^`]+)`", section)
+    assert re.search(rf"^{re.escape(exec_start)}$", unit, re.M)
+    (default,) = re.findall(r"`(Environment=CUECTL_OPENCUE=[^`]+)`", section)
+    assert re.search(rf"^{re.escape(default)}$", unit, re.M)
+    # The settings it quotes are real.
+    resolved = resolve_command(["serve"])
+    assert resolved is not None
+    addresses = re.findall(r"^CUECTL_OPENCUE=(.*)$", section, re.M)
+    assert addresses
+    for value in addresses:
+        parse_address(value)
+    quoted = re.findall(r"^CUECTL_OPENCUE_ARGS=(.*)$", section, re.M)
+    assert quoted
+    for value in quoted:
+        for word in value.split():
+            if word.startswith("--"):
+                assert word in resolved[1], word
+
+
+def test_kubernetes_doc_covers_the_opencue_component():
+    text = DOCS["kubernetes"].read_text()
+    section = text[text.index("### OpenCue's tools"):text.index("## 10. Operations")]
+    for needle in ["components/opencue-grpc", "cuectl-opencue", "8443", "opencue-grpc.md", "--opencue-trust-network",
+                   "every pod in every namespace", "port-forward", "tcpSocket", "restricted-v2", "SET ROLE",
+                   "CUEBOT_HOSTS=cuectl-opencue.cuectl.svc:8443"]:
+        assert needle in section, needle
+    # The command it names is the component's.
+    manifest = yaml.safe_load_all((K8S / "components" / "opencue-grpc" / "opencue.yaml").read_text())
+    deployment = next(d for d in manifest if d["kind"] == "Deployment")
+    command = " ".join(["cuectl", *container(pod_spec(deployment), "opencue")["args"]])
+    assert f"`{command}`" in section
+    (components,) = [yaml.safe_load(body) for lang, body in code_blocks(section) if lang == "yaml"]
+    assert components == {"components": ["../../components/opencue-grpc"]}
+    for overlay in OVERLAYS.values():                    # the path as an overlay writes it
+        assert (overlay / components["components"][0]).resolve() == (K8S / "components" / "opencue-grpc").resolve()
+
+
 def test_quoted_api_db_secret_patch_applies(tmp_path: Path):
     import os
     import subprocess
