@@ -227,7 +227,8 @@ def proc(booking: Mapping[str, Any], *, log_path: str = "") -> host_pb2.Proc:
 
 
 # -- shows, groups, allocations, services, limits ------------------------------------------
-def show(name: str, jobs: Sequence[Mapping[str, Any]]) -> show_pb2.Show:
+def show(name: str, jobs: Sequence[Mapping[str, Any]], reserved: tuple[float, int] = (0.0, 0)) -> show_pb2.Show:
+    """``reserved``: (cores, gpus) the running frames of the show's jobs hold now."""
     counts: dict[str, int] = {}
     for j in jobs:
         for state, n in (j.get("frame_counts") or {}).items():
@@ -237,15 +238,17 @@ def show(name: str, jobs: Sequence[Mapping[str, Any]]) -> show_pb2.Show:
                                pending_jobs=sum(1 for j in jobs if in_cue(j)), created_job_count=len(jobs),
                                created_frame_count=sum(counts.values()),
                                rendered_frame_count=counts.get("SUCCEEDED", 0),
-                               failed_frame_count=counts.get("DEAD", 0))
+                               failed_frame_count=counts.get("DEAD", 0),
+                               reserved_cores=reserved[0], reserved_gpus=reserved[1])
     return show_pb2.Show(id=name, name=name, active=True, booking_enabled=True, dispatch_enabled=True,
                          show_stats=stats)
 
 
-def group(name: str, jobs: Sequence[Mapping[str, Any]]) -> job_pb2.Group:
-    counts = show(name, jobs).show_stats
+def group(name: str, jobs: Sequence[Mapping[str, Any]], reserved: tuple[float, int] = (0.0, 0)) -> job_pb2.Group:
+    counts = show(name, jobs, reserved).show_stats
     stats = job_pb2.GroupStats(running_frames=counts.running_frames, dead_frames=counts.dead_frames,
-                               waiting_frames=counts.pending_frames, pending_jobs=counts.pending_jobs)
+                               waiting_frames=counts.pending_frames, pending_jobs=counts.pending_jobs,
+                               reserved_cores=counts.reserved_cores, reserved_gpus=counts.reserved_gpus)
     return job_pb2.Group(id=name, name=name, department="Unknown", level=0, group_stats=stats)
 
 

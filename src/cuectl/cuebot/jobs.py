@@ -271,6 +271,12 @@ def layer_get_frames(call: Call, request: job_pb2.LayerGetFramesRequest) -> job_
     return job_pb2.LayerGetFramesResponse(frames=job_pb2.FrameSeq(frames=frames_pb(call, job, frames)))
 
 
+def frame_get_frames(call: Call, request: job_pb2.FrameGetFramesRequest) -> job_pb2.FrameGetFramesResponse:
+    """pycue's ``opencue.api.getFrames(job_name, ...)``: a job's frame search by the job's name."""
+    job, frames = _search_frames(call, int(_find_job(call, request.job)["id"]), request.r)
+    return job_pb2.FrameGetFramesResponse(frames=job_pb2.FrameSeq(frames=frames_pb(call, job, frames)))
+
+
 def _frame(call: Call, frame_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     frame = call.store.get_frame(_frame_id(frame_id))
     return call.store.get_job(int(frame["job_id"])), frame
@@ -430,10 +436,14 @@ def _frames_action(call: Call, job: Mapping[str, Any], ids: list[int], action: s
             store.frames_action(ids[start:start + 1000], action, now=call.now)
 
 
-def _searched_ids(call: Call, job_pb: job_pb2.Job, r: job_pb2.FrameSearchCriteria) -> tuple[dict[str, Any], list[int]]:
+def _searched_ids(call: Call, job_pb: job_pb2.Job, r: job_pb2.FrameSearchCriteria, *,
+                  running_only: bool = False) -> tuple[dict[str, Any], list[int]]:
+    """The job's frames the search matches; ``running_only``: of those, the running ones
+    (Cuebot's KillFrames kills the procs of the matched frames: a waiting frame has none)."""
     job = _one_job(call, _job_id(job_pb.id))
     keep = _frame_filter(r)
-    return job, [int(f["id"]) for f in _frames(call, int(job["id"])) if keep(f)]
+    return job, [int(f["id"]) for f in _frames(call, int(job["id"]))
+                 if keep(f) and (not running_only or f["state"] == "RUNNING")]
 
 
 #: The frames each action applies to, as Cuebot picks them (retry: DEAD and EATEN ones
@@ -443,7 +453,7 @@ _ACTION_STATES = {"retry": {"DEAD", "EATEN", "SUCCEEDED", "WAITING", "DEPEND"},
 
 
 def _job_frames_action(call: Call, request: Any, action: str, claimed: str = "") -> None:
-    job, ids = _searched_ids(call, request.job, request.req)
+    job, ids = _searched_ids(call, request.job, request.req, running_only=action == "kill")
     _frames_action(call, job, ids, action, claimed)
 
 
@@ -486,6 +496,8 @@ def layer_kill(call: Call, request: Any) -> Any:
 
 def _frame_action(call: Call, request: Any, action: str, claimed: str = "") -> None:
     job, frame = _frame(call, request.frame.id)
+    if action == "kill" and frame["state"] != "RUNNING":
+        return  # Cuebot kills a frame's proc: a frame not running has none, and stays as it is
     _frames_action(call, job, [int(frame["id"])], action, claimed)
 
 
@@ -547,27 +559,45 @@ def _show_jobs(call: Call, name: str) -> list[dict[str, Any]]:
     return shows[name]
 
 
+def _reserved_by_show(call: Call, shows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, tuple[float, int]]:
+    """(cores, gpus) the running frames of each show's jobs hold now (Cuebot's reserved cores)."""
+    if not any((j.get("frame_counts") or {}).get("RUNNING") for jobs in shows.values() for j in jobs):
+        return {}
+    by_job = _reserved(call.store.running_bookings(), "job_id")
+    held = {name: [by_job.get(j["id"], (0.0, 0)) for j in jobs] for name, jobs in shows.items()}
+    return {name: (sum(c for c, _ in pairs), sum(g for _, g in pairs)) for name, pairs in held.items()}
+
+
+def _shows_pb(call: Call, shows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[show_pb2.Show]:
+    reserved = _reserved_by_show(call, shows)
+    return [convert.show(name, jobs, reserved.get(name, (0.0, 0))) for name, jobs in sorted(shows.items())]
+
+
+def _group_pb(call: Call, name: str) -> job_pb2.Group:
+    jobs = _show_jobs(call, name)
+    return convert.group(name, jobs, _reserved_by_show(call, {name: jobs}).get(name, (0.0, 0)))
+
+
 def get_shows(call: Call, request: Any) -> Any:
-    shows = [convert.show(name, jobs) for name, jobs in sorted(_by_show(call).items())]
+    shows = _shows_pb(call, _by_show(call))
     return show_pb2.ShowGetShowsResponse(shows=show_pb2.ShowSeq(shows=shows))
 
 
 def get_active_shows(call: Call, request: Any) -> Any:
-    shows = [convert.show(name, jobs) for name, jobs in sorted(_by_show(call).items())]
+    shows = _shows_pb(call, _by_show(call))
     return show_pb2.ShowGetActiveShowsResponse(shows=show_pb2.ShowSeq(shows=shows))
 
 
 def find_show(call: Call, request: Any) -> Any:
-    return show_pb2.ShowFindShowResponse(show=convert.show(request.name, _show_jobs(call, request.name)))
+    return show_pb2.ShowFindShowResponse(show=_shows_pb(call, {request.name: _show_jobs(call, request.name)})[0])
 
 
 def get_root_group(call: Call, request: Any) -> Any:
-    return show_pb2.ShowGetRootGroupResponse(group=convert.group(request.show.name,
-                                                                 _show_jobs(call, request.show.name)))
+    return show_pb2.ShowGetRootGroupResponse(group=_group_pb(call, request.show.name))
 
 
 def show_get_groups(call: Call, request: Any) -> Any:
-    group = convert.group(request.show.name, _show_jobs(call, request.show.name))
+    group = _group_pb(call, request.show.name)
     return show_pb2.ShowGetGroupsResponse(groups=job_pb2.GroupSeq(groups=[group]))
 
 
@@ -581,13 +611,13 @@ def get_whiteboard(call: Call, request: Any) -> Any:
 
 
 def get_group(call: Call, request: Any) -> Any:
-    return job_pb2.GroupGetGroupResponse(group=convert.group(request.id, _show_jobs(call, request.id)))
+    return job_pb2.GroupGetGroupResponse(group=_group_pb(call, request.id))
 
 
 def find_group(call: Call, request: Any) -> Any:
     if request.name != request.show:
         raise NotFound(f"show {request.show!r} has one group, {request.show!r}")
-    return job_pb2.GroupFindGroupResponse(group=convert.group(request.show, _show_jobs(call, request.show)))
+    return job_pb2.GroupFindGroupResponse(group=_group_pb(call, request.show))
 
 
 def group_get_jobs(call: Call, request: Any) -> Any:
@@ -613,8 +643,9 @@ METHODS: dict[str, Callable[[Call, Any], Any]] = {
     LAYER + "GetWhatThisDependsOn": layer_depends_on, LAYER + "GetWhatDependsOnThis": layer_dependents,
     LAYER + "DropDepends": layer_drop_depends, LAYER + "RetryFrames": layer_retry, LAYER + "EatFrames": layer_eat,
     LAYER + "KillFrames": layer_kill,
-    FRAME + "GetFrame": get_frame, FRAME + "FindFrame": find_frame, FRAME + "Retry": frame_retry,
-    FRAME + "Eat": frame_eat, FRAME + "Kill": frame_kill, FRAME + "MarkAsWaiting": frame_mark_as_waiting,
+    FRAME + "GetFrame": get_frame, FRAME + "FindFrame": find_frame, FRAME + "GetFrames": frame_get_frames,
+    FRAME + "Retry": frame_retry, FRAME + "Eat": frame_eat, FRAME + "Kill": frame_kill,
+    FRAME + "MarkAsWaiting": frame_mark_as_waiting,
     FRAME + "GetWhatThisDependsOn": frame_depends_on, FRAME + "GetWhatDependsOnThis": frame_dependents,
     FRAME + "DropDepends": frame_drop_depends,
     GROUP + "GetGroup": get_group, GROUP + "FindGroup": find_group, GROUP + "GetJobs": group_get_jobs,
