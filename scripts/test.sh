@@ -3,6 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh "test,postgres,openjd,opencue"
+# CueGUI and CueSubmit (tests/cuebot/test_cuegui.py runs scripts/cuegui-check.sh): Xvfb and
+# the X libraries Qt needs (apt-get, as root), and PySide6 with the GUI clients in their own
+# venv, .venv-cuegui, never in .venv. A clean clone pays it once: about 30 s (pip, ~210 MB).
+bash scripts/cuegui-check.sh --install-only || echo "scripts/test.sh: the CueGUI check's packages could" \
+  "not be installed (above): tests/cuebot/test_cuegui.py will fail" >&2
 # What the suite drives for real and a fresh Debian machine may lack: Debian's Chromium for
 # the browser tests (tests/web, through Playwright; Playwright's own browser downloads are
 # never used), the PostgreSQL server binaries (initdb, pg_ctl) for the PostgreSQL tests,

@@ -103,3 +103,16 @@ def test_depend_types_by_name():
         (depend_pb2.FRAME_BY_FRAME, depend_pb2.EXTERNAL, True, "0003-beauty", "")
     assert convert.depend({**row, "state": "dropped", "type": "layer-on-sim-frame"}).type == \
         depend_pb2.LAYER_ON_SIM_FRAME
+
+
+def test_whiteboard_holds_the_jobs_as_job_messages_and_the_groups_counts():
+    # opencue-proto's NestedGroup.inline_jobs is `repeated Job`: CueGUI's Monitor Cue shows
+    # them as they are (a NestedJob there could not even be built), and the group row its stats.
+    jobs = [convert.job(job_dict()), convert.job(job_dict(id=8, name="show-shot-alice_comp"))]
+    stats = convert.group("show", [job_dict(), job_dict(id=8)], reserved=(2.0, 2)).group_stats
+    pb = convert.nested_group("show", jobs, stats)
+    back = job_pb2.NestedGroup.FromString(pb.SerializeToString())
+    assert (back.id, back.name, list(back.jobs)) == ("show", "show", ["7", "8"])
+    assert [j.name for j in back.inline_jobs] == ["show-shot-alice_lighting", "show-shot-alice_comp"]
+    assert back.inline_jobs[0].job_stats.running_frames == 2
+    assert (back.stats.running_frames, back.stats.waiting_frames, back.stats.reserved_gpus) == (4, 2, 2)

@@ -252,13 +252,14 @@ def group(name: str, jobs: Sequence[Mapping[str, Any]], reserved: tuple[float, i
     return job_pb2.Group(id=name, name=name, department="Unknown", level=0, group_stats=stats)
 
 
-def nested_group(name: str, jobs: Sequence[job_pb2.Job]) -> job_pb2.NestedGroup:
+def nested_group(name: str, jobs: Sequence[job_pb2.Job], stats: job_pb2.GroupStats | None = None
+                 ) -> job_pb2.NestedGroup:
     """A show's whiteboard: one group (the show's) holding its jobs, as CueGUI's Cuetopia
-    and CueCommander read them."""
-    nested = [job_pb2.NestedJob(**{f.name: getattr(j, f.name) for f in job_pb2.Job.DESCRIPTOR.fields
-                                   if f.name not in ("job_stats", "loki_url")}, stats=j.job_stats) for j in jobs]
+    and CueCommander read them: ``inline_jobs`` the Job messages themselves (opencue-proto's
+    field is ``repeated Job``; CueGUI's Monitor Cue shows them instead of a GetJobs per
+    group), ``stats`` the group's counts (the group row's Run, Wait, ...)."""
     return job_pb2.NestedGroup(id=name, name=name, department="Unknown", level=0,
-                               jobs=[j.id for j in jobs], inline_jobs=nested)
+                               jobs=[j.id for j in jobs], inline_jobs=jobs, stats=stats)
 
 
 def allocation(hosts: Sequence[host_pb2.Host]) -> facility_pb2.Allocation:

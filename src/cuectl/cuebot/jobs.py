@@ -606,8 +606,10 @@ def show_get_jobs(call: Call, request: Any) -> Any:
 
 
 def get_whiteboard(call: Call, request: Any) -> Any:
-    jobs = jobs_pb(call, _show_jobs(call, request.show.name))
-    return show_pb2.ShowGetJobWhiteboardResponse(whiteboard=convert.nested_group(request.show.name, jobs))
+    name = request.show.name
+    jobs = _show_jobs(call, name)
+    stats = convert.group(name, jobs, _reserved_by_show(call, {name: jobs}).get(name, (0.0, 0))).group_stats
+    return show_pb2.ShowGetJobWhiteboardResponse(whiteboard=convert.nested_group(name, jobs_pb(call, jobs), stats))
 
 
 def get_group(call: Call, request: Any) -> Any:
