@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import pwd
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import grpc
 
+from cuectl.errors import NotOwner
 from cuectl.sched.store.base import Actor, Store
 from cuectl.serve.auth import Principal
 
@@ -63,6 +64,18 @@ class Call:
     @property
     def user(self) -> str:
         return self.who.user
+
+
+def owner_only(store: Store, job: Mapping[str, Any]) -> None:
+    """``NotOwner`` unless the store's actor owns ``job`` or is an admin: the store's own rule
+    (the proven submitter where the server records one, else the job's user), for a request
+    that turns out to change nothing, so that its answer never depends on the job's state
+    (a kill of a job with no running frame, a retry of a layer with no dead one)."""
+    actor = store.actor()
+    owner = job.get("submitted_by") or job["user"]
+    if not actor.admin and owner != actor.name:
+        raise NotOwner(f"job {job['id']} ({job['name']}) belongs to {owner}, not {actor.name}: only its owner "
+                       "or an admin may change it")
 
 
 def _is_root(name: str) -> bool:

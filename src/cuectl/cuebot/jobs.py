@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from opencue_proto import comment_pb2, depend_pb2, job_pb2, show_pb2
 
 from cuectl.cuebot import convert
-from cuectl.cuebot.call import Call
+from cuectl.cuebot.call import Call, owner_only
 from cuectl.errors import InvalidInput, NotFound
 from cuectl.sched.frameset import parse_frameset
 
@@ -371,9 +371,10 @@ def _drop(call: Call, job: Mapping[str, Any], layer: str | None = None, number: 
     if layer is not None:
         ids = [int(d["id"]) for d in call.store.list_depends(int(job["id"]))["depends"]
                if d.get("layer") in (None, layer) and (number is None or d.get("frame") in (None, number))]
-        if not ids:
-            return
     with call.acting(owner=str(job["user"])) as store:
+        if ids == []:  # nothing to drop: still the owner's or an admin's to ask
+            owner_only(store, job)
+            return
         store.drop_depends(int(job["id"]), ids, now=call.now)
 
 
@@ -429,9 +430,9 @@ def set_priority(call: Call, request: Any) -> Any:
 
 
 def _frames_action(call: Call, job: Mapping[str, Any], ids: list[int], action: str, claimed: str = "") -> None:
-    if not ids:
-        return
     with call.acting(owner=str(job["user"]), claimed=claimed or None) as store:
+        if not ids:  # nothing matched: still the owner's or an admin's to ask, never an empty success
+            owner_only(store, job)
         for start in range(0, len(ids), 1000):
             store.frames_action(ids[start:start + 1000], action, now=call.now)
 
@@ -496,9 +497,10 @@ def layer_kill(call: Call, request: Any) -> Any:
 
 def _frame_action(call: Call, request: Any, action: str, claimed: str = "") -> None:
     job, frame = _frame(call, request.frame.id)
-    if action == "kill" and frame["state"] != "RUNNING":
-        return  # Cuebot kills a frame's proc: a frame not running has none, and stays as it is
-    _frames_action(call, job, [int(frame["id"])], action, claimed)
+    # Cuebot kills a frame's proc: a frame not running has none, and stays as it is
+    # (asked by its owner or an admin all the same: _frames_action with nothing to change).
+    ids = [] if action == "kill" and frame["state"] != "RUNNING" else [int(frame["id"])]
+    _frames_action(call, job, ids, action, claimed)
 
 
 def frame_retry(call: Call, request: Any) -> Any:

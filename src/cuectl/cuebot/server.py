@@ -19,6 +19,7 @@ import pkgutil
 import time
 from concurrent import futures
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import grpc
@@ -172,12 +173,28 @@ class Dispatcher(grpc.GenericRpcHandler):
                 raise Refused(grpc.StatusCode.UNAUTHENTICATED,
                               "cannot prove who is calling: no local socket of this connection was found "
                               "(a name the client sends is never taken on its own)")
+            if uid == _overflow_uid():
+                # One uid for every user unmapped in this server's user namespace (peer.py):
+                # taken for a person, they would all be one, and the admin where the store's
+                # file is unmapped too (it reads as the same uid).
+                raise Refused(grpc.StatusCode.UNAUTHENTICATED,
+                              f"cannot tell who is calling: the kernel shows the caller as uid {uid}, the overflow "
+                              "uid of users with no mapping in this server's user namespace (or nobody), which "
+                              "names no one in particular")
             principal = peer_principal(uid, store)
             return Principal(principal.user, principal.role, PROVEN)
         client = ipaddress.ip_address(address[0])
         if any(client in network for network in self._settings.trusted_networks):
             return Principal("", USER, CLAIMED)
         return Principal("anonymous", VIEWER, REMOTE)
+
+
+def _overflow_uid() -> int:
+    """The uid the kernel shows for one it cannot map into the reader's user namespace."""
+    try:
+        return int(Path("/proc/sys/kernel/overflowuid").read_text())
+    except (OSError, ValueError):
+        return 65534  # the kernel's default
 
 
 def build_server(settings: Settings, address: str) -> tuple[grpc.Server, Dispatcher, int]:
