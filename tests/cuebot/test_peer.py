@@ -275,23 +275,43 @@ def test_two_owners_fitting_a_port_only_server_is_no_one(tmp_path):
     assert socket_owner(("127.0.0.1", 54321), ("127.0.0.1", 8080), root) == 1001
     assert socket_owner(("127.0.0.1", 54321), ("127.0.0.2", 8080), root) == 1002
     # The same socket listed twice (a table read in several chunks can repeat a row) is one owner.
-    assert socket_owner(("127.0.0.1", 54321), (None, 8080), proc(tmp_path / "b", [rows[0], rows[0]])) == 1001
+    accepted = row(2, "0100007F:1F90", "0100007F:D431", "01", 0)  # the server's end of it
+    assert socket_owner(("127.0.0.1", 54321), (None, 8080),
+                        proc(tmp_path / "b", [rows[0], rows[0], accepted])) == 1001
+
+
+def test_a_port_only_match_needs_one_server_end(tmp_path):
+    # A listener on every address matches the client by port only. A second connection to
+    # the server's port from the same address and port (one from the network spoofing
+    # 127.0.0.1, the replies routed away) is a second server end: no one, not the local user.
+    client = row(0, "0100007F:D431", "0100007F:1F90", "01", 1001)
+    ours = row(1, "0100007F:1F90", "0100007F:D431", "01", 0)
+    spoofed = row(2, "0500000A:1F90", "0100007F:D431", "01", 0)
+    assert socket_owner(("127.0.0.1", 54321), (None, 8080), proc(tmp_path / "a", [client, ours])) == 1001
+    assert socket_owner(("127.0.0.1", 54321), (None, 8080), proc(tmp_path / "b", [client, ours, spoofed])) is None
+    assert socket_owner(("127.0.0.1", 54321), (None, 8080), proc(tmp_path / "c", [client])) is None
+    # With the server's address known the connection is pinned by its four values.
+    assert socket_owner(("127.0.0.1", 54321), ("127.0.0.1", 8080),
+                        proc(tmp_path / "d", [client, ours, spoofed])) == 1001
 
 
 def test_ipv6_rows_and_a_missing_tcp6(tmp_path):
     one = "00000000000000000000000001000000"  # ::1
-    root = proc(tmp_path, [], [row(0, f"{one}:D431", f"{one}:1F90", "01", 1003)])
+    root = proc(tmp_path, [], [row(0, f"{one}:D431", f"{one}:1F90", "01", 1003),
+                               row(1, f"{one}:1F90", f"{one}:D431", "01", 0)])
     assert socket_owner(("::1", 54321), ("::1", 8080), root) == 1003
     assert peer_uid("ipv6:%5B::1%5D:54321", (None, 8080), root) == 1003
     # No tcp6 (a kernel without IPv6): IPv4 lookups still work, IPv6 ones find no one.
-    bare = proc(tmp_path / "bare", [row(0, "0100007F:D431", "0100007F:1F90", "01", 1004)])
+    bare = proc(tmp_path / "bare", [row(0, "0100007F:D431", "0100007F:1F90", "01", 1004),
+                                    row(1, "0100007F:1F90", "0100007F:D431", "01", 0)])
     assert socket_owner(("127.0.0.1", 54321), (None, 8080), bare) == 1004
     assert socket_owner(("::1", 54321), (None, 8080), bare) is None
 
 
 def test_a_remote_peer_is_not_looked_up_even_when_listed(tmp_path):
     # 10.0.0.5:54321 -> 10.0.0.5:8080 is a local process too, but not on loopback: refused.
-    root = proc(tmp_path, [row(0, "0500000A:D431", "0500000A:1F90", "01", 1005)])
+    root = proc(tmp_path, [row(0, "0500000A:D431", "0500000A:1F90", "01", 1005),
+                           row(1, "0500000A:1F90", "0500000A:D431", "01", 0)])
     assert socket_owner(("10.0.0.5", 54321), (None, 8080), root) == 1005
     assert peer_uid("ipv4:10.0.0.5:54321", (None, 8080), root) is None
 

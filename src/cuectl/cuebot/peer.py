@@ -176,7 +176,34 @@ def socket_owner(client: tuple[str, int], server: tuple[str | None, int],
             uid = None  # netlink cannot answer here: the tables can
         if uid is not None:
             return uid
-    return _table_owners(local, client[1], remote, server[1], proc_root)
+    uid = _table_owners(local, client[1], remote, server[1], proc_root)
+    if uid is not None and remote is None and _server_ends(local, client[1], server[1], proc_root) != 1:
+        # Only the port was matched: a second connection to this port from the same address
+        # and port (one from the network spoofing 127.0.0.1, with route_localnet and a
+        # route sending the replies away) would otherwise be taken for the local user's.
+        # The server's own accepted sockets tell: exactly one may come from that address.
+        return None
+    return uid
+
+
+def _server_ends(client: IPAddress, client_port: int, server_port: int, proc_root: Path) -> int:
+    """How many ESTABLISHED sockets listen-side (local port ``server_port``, any address)
+    are connected to ``client``:``client_port``, in both tables."""
+    count = 0
+    for table, remote_ip, _ in _tables(client, None):
+        try:
+            text = (proc_root / "net" / table).read_text()
+        except OSError:
+            continue
+        wanted = f"{_proc_hex(remote_ip)}:{client_port:04X}"
+        for line in text.splitlines()[1:]:
+            if wanted not in line:
+                continue
+            fields = line.split()
+            if (len(fields) > _UID_COLUMN and fields[2] == wanted and fields[3] == _ESTABLISHED
+                    and fields[1].rpartition(":")[2] == f"{server_port:04X}"):
+                count += 1
+    return count
 
 
 def peer_uid(peer: str, server: tuple[str | None, int], proc_root: Path = Path("/proc")) -> int | None:
