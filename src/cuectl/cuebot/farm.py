@@ -236,18 +236,20 @@ def limits_get_all(call: Call, request: Any) -> Any:
     return limit_pb2.LimitGetAllResponse(limits=[convert.limit(e) for e in call.store.list_limits()])
 
 
-def limit_find(call: Call, request: Any) -> Any:
+def _limit(call: Call, name: str) -> limit_pb2.Limit:
+    """A limit by name (cuectl's limits are named; OpenCue's id is the name here)."""
     for entry in call.store.list_limits():
-        if entry["name"] in (request.name,):
-            return limit_pb2.LimitFindResponse(limit=convert.limit(entry))
-    raise NotFound(f"no limit {request.name!r}")
+        if entry["name"] == name:
+            return convert.limit(entry)
+    raise NotFound(f"no limit {name!r}")
+
+
+def limit_find(call: Call, request: Any) -> Any:
+    return limit_pb2.LimitFindResponse(limit=_limit(call, request.name))
 
 
 def limit_get(call: Call, request: Any) -> Any:
-    for entry in call.store.list_limits():
-        if entry["name"] == request.id:
-            return limit_pb2.LimitGetResponse(limit=convert.limit(entry))
-    raise NotFound(f"no limit {request.id!r}")
+    return limit_pb2.LimitGetResponse(limit=_limit(call, request.id))
 
 
 def limit_holds(call: Call, request: Any) -> Any:
