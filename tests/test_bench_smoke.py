@@ -64,6 +64,22 @@ def test_bench_api_runs():
     assert " x 200" in out  # the clients were answered (how fast is not checked here)
 
 
+def test_bench_opencue_runs():
+    # A real `cuectl serve --opencue`, two REST servers and a worker on fake GPUs at toy sizes:
+    # 200 jobs, a 300-frame job, 3 CueGUI sessions polling every 0.25 s.
+    out = run("bench_opencue.py", "--jobs", "200", "--frames", "300", "--calls", "2", "--sessions", "3",
+              "--periods", "0.25", "--drain-frames", "40", "--pairs", "1")
+    for line in ("store: 200 one-frame jobs", "GetJobs include_finished, 2 calls each",
+                 "GetJobs (in the cue), 2 calls each", "GetFrames page 1 limit 1000, 2 calls each",
+                 "GetFrames limit 10000, 2 calls each", "cuectl serve --opencue ", "peer REST --cache 1",
+                 "peer REST --cache 0", "one session alone", "GetUpdatedFrames", "HostInterface.GetHosts",
+                 "ProcInterface.GetProcs", "[target p99 < 100 ms:", "drain rate polling/idle",
+                 "[target drop <= 10 %:"):
+        assert line in out, line
+    # Every call was answered, in every block (how fast is not checked here).
+    assert out.count("errors: none") == out.count("errors: ") == 2
+
+
 def test_bench_web_runs():
     # Headless Chromium against a real server (like tests/web, it needs /usr/bin/chromium:
     # scripts/test.sh installs it; CUECTL_SKIP_BROWSER=1 skips on purpose).

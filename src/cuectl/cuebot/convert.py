@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import calendar
 import time
+from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from opencue_proto import cue_pb2, depend_pb2, facility_pb2, host_pb2, job_pb2, limit_pb2, service_pb2, show_pb2
@@ -23,6 +24,7 @@ DEFAULT_SHOW = "default"
 FACILITY = "local"
 ALLOCATION = "local.general"
 KIB = 1024
+_EPOCH = datetime(1970, 1, 1)
 
 
 def epoch(value: Any) -> int:
@@ -33,6 +35,11 @@ def epoch(value: Any) -> int:
         return int(value)
     text = str(value).rstrip("Z")
     whole, _, _fraction = text.partition(".")
+    if len(whole) == 19:  # the store's own form, parsed in C: 0.7 us against strptime's 7 (a frame has 2-4)
+        try:
+            return int((datetime.fromisoformat(whole) - _EPOCH).total_seconds())
+        except ValueError:
+            pass  # anything else strptime takes (a leap second) or refuses, as before
     try:
         return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S"))
     except ValueError:

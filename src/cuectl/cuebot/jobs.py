@@ -10,6 +10,7 @@ without a lookup), a show's and a group's are the show's name.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -51,10 +52,12 @@ def _frame_id(text: str) -> int:
 
 
 def log_dir(call: Call, job_id: int, job_name: str = "") -> str:
-    """The directory CueGUI opens ``<job>.<frame>.rqlog`` in (run/logs.py keeps it)."""
-    from cuectl.run.logs import rqlog_dir
+    """The directory CueGUI opens ``<job>.<frame>.rqlog`` in (run/logs.py keeps it:
+    ``rqlog_dir`` of the job's log directory, joined as strings: a ``Path`` per job was a
+    quarter of GetJobs over 10,000 jobs)."""
+    from cuectl.run.logs import RQLOG_DIR
 
-    return str(rqlog_dir(call.store.log_dir / str(job_id)))
+    return os.path.join(str(call.store.log_dir), str(job_id), RQLOG_DIR)
 
 
 def _reserved(bookings: Iterable[Mapping[str, Any]], key: str) -> dict[Any, tuple[float, int]]:
@@ -203,13 +206,16 @@ def get_output_paths(call: Call, request: Any) -> job_pb2.LayerGetOutputPathsRes
 
 
 # -- frames -----------------------------------------------------------------------------------
-def _frames(call: Call, job_id: int, *, layer: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
+def _frames(call: Call, job_id: int, *, layer: str | None = None, state: str | None = None,
+            cap: int = MAX_FRAMES) -> list[dict[str, Any]]:
+    """The job's frames in dispatch order, the first ``cap`` at most."""
     frames: list[dict[str, Any]] = []
     after = None
-    while len(frames) < MAX_FRAMES:
-        page, _total = call.store.list_frames(job=job_id, layer=layer, state=state, limit=10_000, after=after)
+    while len(frames) < cap:
+        want = min(10_000, cap - len(frames))
+        page, _total = call.store.list_frames(job=job_id, layer=layer, state=state, limit=want, after=after)
         frames.extend(page)
-        if len(page) < 10_000:
+        if len(page) < want:
             break
         after = page[-1]["id"]
     return frames
@@ -230,6 +236,19 @@ def _frame_filter(r: job_pb2.FrameSearchCriteria) -> Callable[[Mapping[str, Any]
                 and (not layers or f["layer"] in layers) and (not states or f["state"] in states)
                 and (numbers is None or int(f["number"]) in numbers))
     return keep
+
+
+def _page_end(r: job_pb2.FrameSearchCriteria, only_layer: str | None, only_state: str | None) -> int:
+    """How many frames of the store's answer (already filtered by ``only_layer`` and
+    ``only_state``) the page needs at most: its end when nothing else filters them, or
+    every frame. CueGUI's first page of a 10,000-frame job reads 1,000, not 10,000."""
+    others = len(r.ids) or len(r.frames) or r.frame_range or len(r.layers) > 1 or len(r.states.frame_states) > 1
+    if (others or (len(r.layers) == 1 and r.layers[0] != only_layer)
+            or (len(r.states.frame_states) == 1 and only_state is None) or min(r.offset, r.limit, r.max_results) < 0):
+        return MAX_FRAMES
+    if r.max_results or r.offset:
+        return min(r.offset + (r.max_results or FRAME_PAGE), MAX_FRAMES)
+    return min(max(r.page, 1) * (r.limit or FRAME_PAGE), MAX_FRAMES)
 
 
 def _page(frames: list[dict[str, Any]], r: job_pb2.FrameSearchCriteria) -> list[dict[str, Any]]:
@@ -256,7 +275,9 @@ def _search_frames(call: Call, job_id: int, r: job_pb2.FrameSearchCriteria,
     only_layer = layer or (r.layers[0] if len(r.layers) == 1 else None)
     wanted = r.states.frame_states
     only_state = convert.STATE_NAMES.get(wanted[0]) if len(wanted) == 1 else None
-    frames = [f for f in _frames(call, job_id, layer=only_layer, state=only_state) if _frame_filter(r)(f)]
+    keep = _frame_filter(r)  # once, not once a frame
+    frames = [f for f in _frames(call, job_id, layer=only_layer, state=only_state,
+                                 cap=_page_end(r, only_layer, only_state)) if keep(f)]
     return job, _page(frames, r)
 
 
