@@ -1083,3 +1083,28 @@ def test_layer_frame_counts_and_running_bookings(store):
     assert store.running_bookings("h1") == [booked] and store.running_bookings("h2") == []
     store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW)
     assert store.running_bookings() == []
+
+
+def test_list_frames_changed_since(store):
+    """What changed since a moment: started, ended, made WAITING again (a retry), and every
+    RUNNING frame (OpenCue's GetUpdatedFrames)."""
+    job_id = store.submit(job("j", layers=[{"name": "l", "command": ["true"], "range": "1-4", "retries": 0}]),
+                          now=NOW)
+    first = claim_next(store, now=NOW + 10)
+    store.complete_frame(first.frame_id, first.attempt, FrameResult(exit_code=1, started_at=NOW + 10,
+                                                                    ended_at=NOW + 20), now=NOW + 20)  # DEAD at +20
+    running = claim_next(store, now=NOW + 30)                                   # RUNNING since +30
+
+    def changed(since):
+        return sorted(f["number"] for f in store.list_frames(job=job_id, changed_since=since)[0])
+
+    assert changed(NOW) == [1, 2, 3, 4]        # submitted: all WAITING since NOW
+    assert changed(NOW + 1) == [1, 2]
+    assert changed(NOW + 25) == [2]            # the running one, always
+    assert changed(NOW + 100) == [2]
+    store.frame_action([first.frame_id], "retry", now=NOW + 200, force=True)
+    assert changed(NOW + 150) == [1, 2]        # retried: WAITING again at +200
+    store.complete_frame(running.frame_id, running.attempt, FrameResult(exit_code=0, started_at=NOW + 30,
+                                                                        ended_at=NOW + 300), now=NOW + 300)
+    assert changed(NOW + 250) == [2]           # ended at +300
+    assert changed(NOW + 400) == []

@@ -40,14 +40,14 @@ def serve_cmd(
     from cuectl import config
     from cuectl.errors import InvalidInput
 
+    if cache < 0:
+        raise InvalidInput(f"--cache: must be 0 or more, got {cache:g}")
     if opencue is not None:
-        return _serve_opencue(ctx, opencue, trust_network)
+        return _serve_opencue(ctx, opencue, trust_network, cache)
     if trust_network:
         raise InvalidInput("--opencue-trust-network goes with --opencue")
     if not 0 < port < 65536:
         raise InvalidInput(f"--port: {port} is not a TCP port (1-65535)")
-    if cache < 0:
-        raise InvalidInput(f"--cache: must be 0 or more, got {cache:g}")
     store = ctx.obj.store()  # fail now, with one error line, if the store is missing or unusable
     if store.pooled:
         # Each request acts as its caller with SET ROLE, a session setting a transaction
@@ -67,7 +67,7 @@ def serve_cmd(
           access_log=access_log)
 
 
-def _serve_opencue(ctx: typer.Context, address: str, trust_network: list[str]) -> None:
+def _serve_opencue(ctx: typer.Context, address: str, trust_network: list[str], cache: float) -> None:
     import logging
 
     from cuectl import config
@@ -80,7 +80,7 @@ def _serve_opencue(ctx: typer.Context, address: str, trust_network: list[str]) -
                            hint="pip install 'cuectl[opencue]'") from None
     server.parse_address(address)  # one error line for a bad address, before anything else
     settings = server.Settings(db_url=ctx.obj.db or config.default_db_url(), busy_timeout_s=config.busy_timeout(),
-                               trusted_networks=server.parse_networks(trust_network))
+                               trusted_networks=server.parse_networks(trust_network), cache_s=cache)
     store = ctx.obj.store()  # fail now, with one error line, if the store is missing or unusable
     if store.pooled:
         raise InvalidInput("cuectl serve --opencue cannot use a store URL with pgbouncer=true: it acts as each "

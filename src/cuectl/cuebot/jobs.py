@@ -207,13 +207,14 @@ def get_output_paths(call: Call, request: Any) -> job_pb2.LayerGetOutputPathsRes
 
 # -- frames -----------------------------------------------------------------------------------
 def _frames(call: Call, job_id: int, *, layer: str | None = None, state: str | None = None,
-            cap: int = MAX_FRAMES) -> list[dict[str, Any]]:
+            cap: int = MAX_FRAMES, changed_since: float | None = None) -> list[dict[str, Any]]:
     """The job's frames in dispatch order, the first ``cap`` at most."""
     frames: list[dict[str, Any]] = []
     after = None
     while len(frames) < cap:
         want = min(10_000, cap - len(frames))
-        page, _total = call.store.list_frames(job=job_id, layer=layer, state=state, limit=want, after=after)
+        page, _total = call.store.list_frames(job=job_id, layer=layer, state=state, limit=want, after=after,
+                                              changed_since=changed_since)
         frames.extend(page)
         if len(page) < want:
             break
@@ -316,17 +317,14 @@ def find_frame(call: Call, request: job_pb2.FrameFindFrameRequest) -> job_pb2.Fr
 
 def get_updated_frames(call: Call, request: job_pb2.JobGetUpdatedFramesRequest
                        ) -> job_pb2.JobGetUpdatedFramesResponse:
-    """Frames that started, ended or went back to waiting since ``last_check`` (CueGUI's
-    frame view polls this between full reads)."""
+    """Frames that started, ended or went back to waiting since ``last_check``, and every
+    running one (its memory and GPU use change all the time): CueGUI's frame view polls
+    this between full reads. The store selects them (``list_frames(changed_since=)``), so a
+    poll of a big job with little happening reads little."""
     job_record = _one_job(call, _job_id(request.job.id))
     layers = {layer.name for layer in request.layer_filter.layers}
-    since = request.last_check
-    # A running frame changes all the time (its memory, its GPU use), and a waiting one may
-    # have just been retried (the store keeps no per-frame change time): both always sent.
-    changed = [f for f in _frames(call, int(job_record["id"]))
-               if (not layers or f["layer"] in layers)
-               and (f["state"] in ("RUNNING", "WAITING")
-                    or max(convert.epoch(f.get("started_at")), convert.epoch(f.get("ended_at"))) >= since)]
+    changed = [f for f in _frames(call, int(job_record["id"]), changed_since=float(request.last_check))
+               if not layers or f["layer"] in layers]
     bookings = {b["id"]: b for b in call.store.running_bookings()} if changed else {}
     updated = [convert.updated_frame(f, bookings.get(f["id"])) for f in changed]
     return job_pb2.JobGetUpdatedFramesResponse(state=convert.job_state(job_record), server_time=int(call.now),

@@ -26,6 +26,7 @@ import grpc
 from google.protobuf import message_factory
 
 from cuectl.cuebot import peer
+from cuectl.cuebot.cache import ReadCache, is_read
 from cuectl.cuebot.call import CLAIMED, PROVEN, REMOTE, Call, Refused
 from cuectl.errors import Conflict, CuectlError, InvalidInput, NotFound, NotOwner, StoreError, Unproven
 from cuectl.sched.store.pool import StorePool
@@ -42,6 +43,7 @@ class Settings:
     busy_timeout_s: float = 10.0
     trusted_networks: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
     threads: int = 16
+    cache_s: float = 1.0  # how long an identical read is shared between clients (0: off)
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -120,6 +122,7 @@ class Dispatcher(grpc.GenericRpcHandler):
         self._pool = StorePool(settings.db_url, busy_timeout_s=settings.busy_timeout_s)
         self._methods = _all_methods()
         self._handlers = dict(implemented() if handlers is None else handlers)
+        self._cache = ReadCache(settings.cache_s)
         self._clock = clock
 
     def store(self) -> Any:
@@ -151,7 +154,12 @@ class Dispatcher(grpc.GenericRpcHandler):
                               f"cuectl does not implement {name} (docs/opencue-grpc.md lists what it does)")
             store = self._pool.get()
             call = Call(store=store, who=self._identify(context, store), now=self._clock())
-            return handler(call, request)
+            if is_read(path):
+                return self._cache.get(path, request.SerializeToString(deterministic=True),
+                                       lambda: handler(call, request))
+            answer = handler(call, request)
+            self._cache.clear()  # a change: no client may read the state from before it
+            return answer
         except Refused as exc:
             context.abort(exc.code, exc.message)
         except CuectlError as exc:

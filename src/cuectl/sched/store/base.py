@@ -301,10 +301,13 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
                     state: str | None = None, limit: int = 1000, after: int | None = None,
-                    ids: Sequence[int] | None = None) -> tuple[list[dict[str, Any]], int]:
+                    ids: Sequence[int] | None = None, changed_since: float | None = None
+                    ) -> tuple[list[dict[str, Any]], int]:
         """Frames in dispatch order, at most ``limit`` (only ids above ``after``: the next
         page; only ``ids``, when given: at most 1000); also the total that matched (ignoring
-        ``after``)."""
+        ``after``). ``changed_since`` (epoch seconds): only frames that started, ended or
+        became WAITING/DEPEND again (a retry, a released dependency) at or after it, and
+        every RUNNING frame (its usage changes all the time)."""
 
     @abc.abstractmethod
     def frame_attempts(self, frame_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:

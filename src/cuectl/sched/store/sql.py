@@ -564,9 +564,13 @@ class SQLStore(Store):
     # -- frames --------------------------------------------------------------------------------
     def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
                     state: str | None = None, limit: int = 1000, after: int | None = None,
-                    ids: Sequence[int] | None = None) -> tuple[list[dict[str, Any]], int]:
+                    ids: Sequence[int] | None = None, changed_since: float | None = None
+                    ) -> tuple[list[dict[str, Any]], int]:
         where: list[str] = []
         params: list[Any] = []
+        if changed_since is not None:
+            where.append("(f.state = 'RUNNING' OR f.started_at >= ? OR f.ended_at >= ? OR f.waiting_since >= ?)")
+            params.extend([changed_since] * 3)
         if ids is not None:
             wanted = sorted({int(i) for i in ids})
             if len(wanted) > IN_BATCH * 2:
