@@ -12,6 +12,7 @@ kernel (cuebot/peer.py), elsewhere by the admin's choice of network.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import ipaddress
 import logging
@@ -197,8 +198,10 @@ class Dispatcher(grpc.GenericRpcHandler):
         return Principal("anonymous", VIEWER, REMOTE)
 
 
+@functools.lru_cache(maxsize=1)
 def _overflow_uid() -> int:
-    """The uid the kernel shows for one it cannot map into the reader's user namespace."""
+    """The uid the kernel shows for one it cannot map into the reader's user namespace
+    (read once: it is fixed while the server runs, and every loopback call asks)."""
     try:
         return int(Path("/proc/sys/kernel/overflowuid").read_text())
     except (OSError, ValueError):
