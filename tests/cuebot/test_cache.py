@@ -100,3 +100,4 @@ def test_the_server_shares_reads_and_a_pause_through_it_is_seen_at_once(cuebot, 
         stub.Resume(job_pb2.JobResumeRequest(job=job_pb2.Job(id=str(job_id))), timeout=10)
         assert not stub.GetJobs(ask, timeout=10).jobs.jobs[0].is_paused  # a change through it: seen at once
     store.close()
+

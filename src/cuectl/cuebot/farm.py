@@ -7,6 +7,7 @@ never the totals. A proc is a running frame (its id is the frame's id).
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Callable, Mapping, Sequence
 
@@ -80,7 +81,8 @@ def _log_path(call: Call, booking: Mapping[str, Any]) -> str:
     from cuectl.run.logs import rqlog_path
 
     name = frame_name(int(booking["number"]), str(booking["layer_name"]))
-    path = rqlog_path(call.store.log_dir / str(booking["job_id"]), str(booking["job_name"]), name)
+    path = rqlog_path(os.path.join(os.path.abspath(call.store.log_dir), str(booking["job_id"])),
+                      str(booking["job_name"]), name)
     return str(path) if path is not None else ""
 
 

@@ -57,7 +57,9 @@ def log_dir(call: Call, job_id: int, job_name: str = "") -> str:
     quarter of GetJobs over 10,000 jobs)."""
     from cuectl.run.logs import RQLOG_DIR
 
-    return os.path.join(str(call.store.log_dir), str(job_id), RQLOG_DIR)
+    # Absolute: CueGUI opens it from its own working directory (a store named by a relative
+    # --db has a relative log dir).
+    return os.path.join(os.path.abspath(call.store.log_dir), str(job_id), RQLOG_DIR)
 
 
 def _reserved(bookings: Iterable[Mapping[str, Any]], key: str) -> dict[Any, tuple[float, int]]:
