@@ -479,19 +479,7 @@ def _job_frames_action(call: Call, request: Any, action: str, claimed: str = "")
     _frames_action(call, job, ids, action, claimed)
 
 
-def retry_frames(call: Call, request: Any) -> Any:
-    _job_frames_action(call, request, "retry")
-    return job_pb2.JobRetryFramesResponse()
 
-
-def eat_frames(call: Call, request: Any) -> Any:
-    _job_frames_action(call, request, "eat")
-    return job_pb2.JobEatFramesResponse()
-
-
-def kill_frames(call: Call, request: Any) -> Any:
-    _job_frames_action(call, request, "kill", request.username)
-    return job_pb2.JobKillFramesResponse()
 
 
 def _layer_action(call: Call, request: Any, action: str, claimed: str = "") -> None:
@@ -501,19 +489,7 @@ def _layer_action(call: Call, request: Any, action: str, claimed: str = "") -> N
     _frames_action(call, job, ids, action, claimed)
 
 
-def layer_retry(call: Call, request: Any) -> Any:
-    _layer_action(call, request, "retry")
-    return job_pb2.LayerRetryFramesResponse()
 
-
-def layer_eat(call: Call, request: Any) -> Any:
-    _layer_action(call, request, "eat")
-    return job_pb2.LayerEatFramesResponse()
-
-
-def layer_kill(call: Call, request: Any) -> Any:
-    _layer_action(call, request, "kill", request.username)
-    return job_pb2.LayerKillFramesResponse()
 
 
 def _frame_action(call: Call, request: Any, action: str, claimed: str = "") -> None:
@@ -524,19 +500,7 @@ def _frame_action(call: Call, request: Any, action: str, claimed: str = "") -> N
     _frames_action(call, job, ids, action, claimed)
 
 
-def frame_retry(call: Call, request: Any) -> Any:
-    _frame_action(call, request, "retry")
-    return job_pb2.FrameRetryResponse()
 
-
-def frame_eat(call: Call, request: Any) -> Any:
-    _frame_action(call, request, "eat")
-    return job_pb2.FrameEatResponse()
-
-
-def frame_kill(call: Call, request: Any) -> Any:
-    _frame_action(call, request, "kill", request.username)
-    return job_pb2.FrameKillResponse()
 
 
 # -- submitting --------------------------------------------------------------------------------------
@@ -654,6 +618,16 @@ def group_get_groups(call: Call, request: Any) -> Any:
     return job_pb2.GroupGetGroupsResponse(groups=job_pb2.GroupSeq())  # no subgroups
 
 
+def _frames_method(action: str, scope: Callable[..., None], response: Callable[[], Any],
+                   claims: bool = False) -> Callable[[Call, Any], Any]:
+    """A retry/eat/kill method over ``scope``'s frames (a job's search, a layer's, one
+    frame); ``claims``: the request carries a user name (OpenCue's kill requests do)."""
+    def method(call: Call, request: Any) -> Any:
+        scope(call, request, action, request.username if claims else "")
+        return response()
+    return method
+
+
 METHODS: dict[str, Callable[[Call, Any], Any]] = {
     JOB + "GetJobs": get_jobs, JOB + "GetJobNames": get_job_names, JOB + "FindJob": find_job,
     JOB + "GetJob": get_job, JOB + "GetCurrent": get_current, JOB + "IsJobPending": is_job_pending,
@@ -662,14 +636,20 @@ METHODS: dict[str, Callable[[Call, Any], Any]] = {
     JOB + "GetDepends": job_get_depends, JOB + "DropDepends": job_drop_depends, JOB + "GetComments": get_comments,
     JOB + "LaunchSpec": launch_spec, JOB + "LaunchSpecAndWait": launch_spec_and_wait,
     JOB + "Pause": pause, JOB + "Resume": resume, JOB + "Kill": kill, JOB + "SetPriority": set_priority,
-    JOB + "RetryFrames": retry_frames, JOB + "EatFrames": eat_frames, JOB + "KillFrames": kill_frames,
+    JOB + "RetryFrames": _frames_method("retry", _job_frames_action, job_pb2.JobRetryFramesResponse),
+    JOB + "EatFrames": _frames_method("eat", _job_frames_action, job_pb2.JobEatFramesResponse),
+    JOB + "KillFrames": _frames_method("kill", _job_frames_action, job_pb2.JobKillFramesResponse, claims=True),
     LAYER + "GetLayer": get_layer, LAYER + "FindLayer": find_layer, LAYER + "GetFrames": layer_get_frames,
     LAYER + "GetOutputPaths": get_output_paths,
     LAYER + "GetWhatThisDependsOn": layer_depends_on, LAYER + "GetWhatDependsOnThis": layer_dependents,
-    LAYER + "DropDepends": layer_drop_depends, LAYER + "RetryFrames": layer_retry, LAYER + "EatFrames": layer_eat,
-    LAYER + "KillFrames": layer_kill,
+    LAYER + "DropDepends": layer_drop_depends,
+    LAYER + "RetryFrames": _frames_method("retry", _layer_action, job_pb2.LayerRetryFramesResponse),
+    LAYER + "EatFrames": _frames_method("eat", _layer_action, job_pb2.LayerEatFramesResponse),
+    LAYER + "KillFrames": _frames_method("kill", _layer_action, job_pb2.LayerKillFramesResponse, claims=True),
     FRAME + "GetFrame": get_frame, FRAME + "FindFrame": find_frame, FRAME + "GetFrames": frame_get_frames,
-    FRAME + "Retry": frame_retry, FRAME + "Eat": frame_eat, FRAME + "Kill": frame_kill,
+    FRAME + "Retry": _frames_method("retry", _frame_action, job_pb2.FrameRetryResponse),
+    FRAME + "Eat": _frames_method("eat", _frame_action, job_pb2.FrameEatResponse),
+    FRAME + "Kill": _frames_method("kill", _frame_action, job_pb2.FrameKillResponse, claims=True),
     FRAME + "MarkAsWaiting": frame_mark_as_waiting,
     FRAME + "GetWhatThisDependsOn": frame_depends_on, FRAME + "GetWhatDependsOnThis": frame_dependents,
     FRAME + "DropDepends": frame_drop_depends,
