@@ -113,10 +113,10 @@ def build_store(db: Path, jobs: int, frames: int) -> int:
     return big
 
 
-def submit_drain_job(db: Path, frames: int) -> int:
+def submit_drain_job(db: Path, frames: int, gpus: int = 0) -> int:
     store = open_store(str(db))
     # The worker's own user: a root worker runs frames as their submitter (bench_worker.py).
-    job_id = store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}",
+    job_id = store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}", gpus=gpus,
                                           user=config.current_user(), frame_limit=frames), now=time.time())
     store.close()
     return job_id

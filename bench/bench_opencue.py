@@ -57,10 +57,8 @@ from typing import Any, Awaitable, Callable
 import grpc
 from opencue_proto import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc
 
-from bench_api import (_PROFILED, HOST, Conn, Server, build_store, cuectl, free_port, pct, print_profile,
-                      start_server)
-from cuectl import config
-from cuectl.sched.spec import spec_from_flags
+from bench_api import (_PROFILED, HOST, Conn, Server, build_store, check_drained, cuectl, free_port, pct,
+                       print_profile, start_server, submit_drain_job)
 from cuectl.sched.store import open_store
 
 P99_TARGET_MS = 100.0
@@ -275,27 +273,11 @@ def session_lines(tally: Tally, target: bool) -> list[str]:
 
 
 # -- part 3: the drain ---------------------------------------------------------------------------------
-def submit_drain_job(db: Path, frames: int) -> int:
-    store = open_store(str(db))
-    job_id = store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}", gpus=1,
-                                          user=config.current_user(), frame_limit=frames), now=time.time())
-    store.close()
-    return job_id
-
-
-def check_drained(db: Path, job_id: int, frames: int) -> None:
-    store = open_store(str(db))
-    done = store.get_job(job_id)["frame_counts"].get("SUCCEEDED", 0)
-    store.close()
-    if done != frames:
-        raise SystemExit(f"the worker exited with {done} of the {frames} frames of job {job_id} done")
-
-
 async def drain_run(db: Path, env: dict[str, str], frames: int, port: int | None, count: int,
                     monitored: list[list[str]], period: float,
                     server_cpu: Callable[[], float] = lambda: 0.0) -> tuple[float, float, Tally | None]:
     """The drain's seconds, the server's CPU seconds while the worker ran, the sessions' calls."""
-    job_id = submit_drain_job(db, frames)
+    job_id = submit_drain_job(db, frames, gpus=1)
     stop = asyncio.Event()
     tally = Tally(recording=False)  # counted from the worker's start
     load = (asyncio.create_task(sessions(port, count, job_id, [[str(job_id), *m] for m in monitored], period, stop,
@@ -370,7 +352,7 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> None:
               f"GetLayers and GetFrames (page 1, limit 1000; first tick and every {FULL_EVERY}th) or "
               f"GetUpdatedFrames of the job being drained, GetHosts, GetProcs; every P s +-10 % (CueGUI: 10 s)")
         # Peer: one session alone, no worker, on a job of the drain's size (none of its frames done).
-        alone_job = submit_drain_job(db, args.drain_frames)
+        alone_job = submit_drain_job(db, args.drain_frames, gpus=1)
         store = open_store(str(db))
         store.set_job_paused(alone_job, True)
         store.close()
