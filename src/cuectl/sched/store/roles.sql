@@ -32,27 +32,47 @@ END $grant$;
 -- Who acts is current_user: the login role, or the role an API server switched to with
 -- SET ROLE for a token's user (allowed only to members of that role: docs/api.md).
 -- Workers and admins may change anything. The ownership checks run as the owner (SECURITY
--- DEFINER, with this search_path fixed) so that they see every job whatever its policies;
--- inside them current_user is the owner, so the policies pass the caller in.
+-- DEFINER) so that they see every job whatever its policies; inside them current_user is
+-- the owner, so the policies pass the caller in.
+-- Each function has a fixed search_path (pg_catalog, this schema, pg_temp last) and names
+-- its tables with their schema: a caller's temporary table (pg_temp is searched first
+-- unless it is named) or a same-named object elsewhere cannot stand in for ours. Running
+-- this script again replaces the functions of older versions, which read jobs through the
+-- caller's search_path (issue 35).
 -- (Versions before schema 4 had one-argument checks on session_user: dropped with the
 -- policies that used them, which are all created again below.)
 DROP FUNCTION IF EXISTS cuectl_owns(bigint) CASCADE;
 DROP FUNCTION IF EXISTS cuectl_owns_frame(bigint) CASCADE;
 DROP FUNCTION IF EXISTS cuectl_owns_layer(bigint) CASCADE;
-CREATE OR REPLACE FUNCTION cuectl_privileged() RETURNS boolean LANGUAGE sql STABLE SET search_path FROM CURRENT AS $f$
-    SELECT pg_has_role(current_user, 'cuectl_worker', 'MEMBER') OR pg_has_role(current_user, 'cuectl_admin', 'MEMBER')
-$f$;
-CREATE OR REPLACE FUNCTION cuectl_owns(job bigint, who name) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
-    SELECT EXISTS (SELECT 1 FROM jobs WHERE id = job AND submitted_by = who)
-$f$;
-CREATE OR REPLACE FUNCTION cuectl_owns_frame(frame bigint, who name) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
-    SELECT EXISTS (SELECT 1 FROM frames f JOIN jobs j ON j.id = f.job_id
-                   WHERE f.id = frame AND j.submitted_by = who)
-$f$;
-CREATE OR REPLACE FUNCTION cuectl_owns_layer(layer bigint, who name) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
-    SELECT EXISTS (SELECT 1 FROM layers l JOIN jobs j ON j.id = l.job_id
-                   WHERE l.id = layer AND j.submitted_by = who)
-$f$;
+DO $functions$
+DECLARE
+    fixed text := format('SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    definer text := 'LANGUAGE sql STABLE SECURITY DEFINER ' || fixed;
+    s text := quote_ident(current_schema());
+BEGIN
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %s.cuectl_privileged() RETURNS boolean LANGUAGE sql STABLE %s AS $b$
+        SELECT pg_catalog.pg_has_role(current_user, 'cuectl_worker', 'MEMBER')
+            OR pg_catalog.pg_has_role(current_user, 'cuectl_admin', 'MEMBER') $b$$f$, s, fixed);
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_owns(job bigint, who name) RETURNS boolean %2$s AS $b$
+        SELECT EXISTS (SELECT 1 FROM %1$s.jobs WHERE id = job AND submitted_by = who) $b$$f$, s, definer);
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_owns_frame(frame bigint, who name) RETURNS boolean %2$s AS $b$
+        SELECT EXISTS (SELECT 1 FROM %1$s.frames f JOIN %1$s.jobs j ON j.id = f.job_id
+                       WHERE f.id = frame AND j.submitted_by = who) $b$$f$, s, definer);
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_owns_layer(layer bigint, who name) RETURNS boolean %2$s AS $b$
+        SELECT EXISTS (SELECT 1 FROM %1$s.layers l JOIN %1$s.jobs j ON j.id = l.job_id
+                       WHERE l.id = layer AND j.submitted_by = who) $b$$f$, s, definer);
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_owns_depend(depend bigint, who name) RETURNS boolean %2$s AS $b$
+        SELECT EXISTS (SELECT 1 FROM %1$s.depends d JOIN %1$s.jobs j ON j.id = d.job_id
+                       WHERE d.id = depend AND j.submitted_by = who) $b$$f$, s, definer);
+    -- The job a layer, frame or dependency belongs to (NULL: none): policies compare it with
+    -- the row's own job, so that no row of one job points into another's.
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_layer_job(layer bigint) RETURNS bigint %2$s AS $b$
+        SELECT job_id FROM %1$s.layers WHERE id = layer $b$$f$, s, definer);
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_frame_job(frame bigint) RETURNS bigint %2$s AS $b$
+        SELECT job_id FROM %1$s.frames WHERE id = frame $b$$f$, s, definer);
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_depend_job(depend bigint) RETURNS bigint %2$s AS $b$
+        SELECT job_id FROM %1$s.depends WHERE id = depend $b$$f$, s, definer);
+END $functions$;
 
 ALTER TABLE jobs ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON jobs;
@@ -81,8 +101,12 @@ DROP POLICY IF EXISTS cuectl_submit ON frames;
 DROP POLICY IF EXISTS cuectl_change ON frames;
 DROP POLICY IF EXISTS cuectl_remove ON frames;
 CREATE POLICY cuectl_read ON frames FOR SELECT USING (true);
-CREATE POLICY cuectl_submit ON frames FOR INSERT WITH CHECK (cuectl_owns(job_id, current_user));
-CREATE POLICY cuectl_change ON frames FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+-- A frame's layer belongs to the frame's job: else a user's frame numbers would run another
+-- user's layer (its command, as its owner).
+CREATE POLICY cuectl_submit ON frames FOR INSERT
+    WITH CHECK (cuectl_owns(job_id, current_user) AND cuectl_layer_job(layer_id) = job_id);
+CREATE POLICY cuectl_change ON frames FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user))
+    WITH CHECK (cuectl_privileged() OR (cuectl_owns(job_id, current_user) AND cuectl_layer_job(layer_id) = job_id));
 CREATE POLICY cuectl_remove ON frames FOR DELETE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user));
 
 ALTER TABLE frame_deps ENABLE ROW LEVEL SECURITY;
@@ -90,29 +114,31 @@ DROP POLICY IF EXISTS cuectl_read ON frame_deps;
 DROP POLICY IF EXISTS cuectl_write ON frame_deps;
 CREATE POLICY cuectl_read ON frame_deps FOR SELECT USING (true);
 CREATE POLICY cuectl_write ON frame_deps FOR ALL USING (cuectl_privileged() OR cuectl_owns_frame(frame_id, current_user))
-    WITH CHECK (cuectl_privileged() OR cuectl_owns_frame(frame_id, current_user));
+    WITH CHECK (cuectl_privileged() OR (cuectl_owns_frame(frame_id, current_user)
+                                        AND (depend_id IS NULL OR cuectl_depend_job(depend_id) = cuectl_frame_job(frame_id))));
 
 ALTER TABLE layer_deps ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON layer_deps;
 DROP POLICY IF EXISTS cuectl_write ON layer_deps;
 CREATE POLICY cuectl_read ON layer_deps FOR SELECT USING (true);
 CREATE POLICY cuectl_write ON layer_deps FOR ALL USING (cuectl_privileged() OR cuectl_owns_layer(layer_id, current_user))
-    WITH CHECK (cuectl_privileged() OR cuectl_owns_layer(layer_id, current_user));
+    WITH CHECK (cuectl_privileged() OR (cuectl_owns_layer(layer_id, current_user)
+                                        AND (depend_id IS NULL OR cuectl_depend_job(depend_id) = cuectl_layer_job(layer_id))));
 
--- What only workers and admins write: attempts, samples, hosts.
+-- What only workers and admins write (insert, update, delete): attempts, samples, hosts.
+-- A job's owner neither changes nor deletes its accounting; pruning her finished job
+-- removes them with its frames (the foreign key's cascade).
 ALTER TABLE attempts ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON attempts;
 DROP POLICY IF EXISTS cuectl_write ON attempts;
 CREATE POLICY cuectl_read ON attempts FOR SELECT USING (true);
-CREATE POLICY cuectl_write ON attempts FOR ALL USING (cuectl_privileged() OR cuectl_owns(job_id, current_user))
-    WITH CHECK (cuectl_privileged());
+CREATE POLICY cuectl_write ON attempts FOR ALL USING (cuectl_privileged()) WITH CHECK (cuectl_privileged());
 
 ALTER TABLE samples ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON samples;
 DROP POLICY IF EXISTS cuectl_write ON samples;
 CREATE POLICY cuectl_read ON samples FOR SELECT USING (true);
-CREATE POLICY cuectl_write ON samples FOR ALL USING (cuectl_privileged() OR cuectl_owns_frame(frame_id, current_user))
-    WITH CHECK (cuectl_privileged());
+CREATE POLICY cuectl_write ON samples FOR ALL USING (cuectl_privileged()) WITH CHECK (cuectl_privileged());
 
 ALTER TABLE hosts ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON hosts;
@@ -125,23 +151,24 @@ CREATE POLICY cuectl_write ON hosts FOR ALL USING (cuectl_privileged()) WITH CHE
 -- releasing one when its target finishes changes the waiting job's rows, which workers and
 -- admins may do for any job (a worker's sweep releases those a user's transaction could not).
 GRANT SELECT, INSERT, UPDATE, DELETE ON depends, depend_edges TO cuectl_user, cuectl_worker, cuectl_admin;
-CREATE OR REPLACE FUNCTION cuectl_owns_depend(depend bigint, who name) RETURNS boolean LANGUAGE sql STABLE SECURITY DEFINER SET search_path FROM CURRENT AS $f$
-    SELECT EXISTS (SELECT 1 FROM depends d JOIN jobs j ON j.id = d.job_id
-                   WHERE d.id = depend AND j.submitted_by = who)
-$f$;
 ALTER TABLE depends ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON depends;
 DROP POLICY IF EXISTS cuectl_write ON depends;
 CREATE POLICY cuectl_read ON depends FOR SELECT USING (true);
+-- The waiting layer or frame a dependency names belongs to its job, and so do its edges'.
 CREATE POLICY cuectl_write ON depends FOR ALL USING (cuectl_privileged() OR cuectl_owns(job_id, current_user))
-    WITH CHECK (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+    WITH CHECK (cuectl_privileged() OR (cuectl_owns(job_id, current_user)
+                                        AND (layer_id IS NULL OR cuectl_layer_job(layer_id) = job_id)
+                                        AND (frame_id IS NULL OR cuectl_frame_job(frame_id) = job_id)));
 ALTER TABLE depend_edges ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON depend_edges;
 DROP POLICY IF EXISTS cuectl_write ON depend_edges;
 CREATE POLICY cuectl_read ON depend_edges FOR SELECT USING (true);
 CREATE POLICY cuectl_write ON depend_edges FOR ALL
     USING (cuectl_privileged() OR cuectl_owns_depend(depend_id, current_user))
-    WITH CHECK (cuectl_privileged() OR cuectl_owns_depend(depend_id, current_user));
+    WITH CHECK (cuectl_privileged() OR (cuectl_owns_depend(depend_id, current_user)
+                                        AND (layer_id IS NULL OR cuectl_layer_job(layer_id) = cuectl_depend_job(depend_id))
+                                        AND (frame_id IS NULL OR cuectl_frame_job(frame_id) = cuectl_depend_job(depend_id))));
 
 -- Named limits and quotas (schema 6): everyone reads them (claims and pending reasons
 -- check them); only admins change them. Which limits a layer holds is written once, at
@@ -174,10 +201,13 @@ DROP POLICY IF EXISTS cuectl_submit ON notifications;
 DROP POLICY IF EXISTS cuectl_change ON notifications;
 DROP POLICY IF EXISTS cuectl_remove ON notifications;
 CREATE POLICY cuectl_read ON notifications FOR SELECT USING (true);
+-- A frame's row (frame_id 0: the job's) names a frame of the row's job.
 CREATE POLICY cuectl_submit ON notifications FOR INSERT
-    WITH CHECK (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+    WITH CHECK (cuectl_privileged() OR (cuectl_owns(job_id, current_user)
+                                        AND (frame_id = 0 OR cuectl_frame_job(frame_id) = job_id)));
 CREATE POLICY cuectl_change ON notifications FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user))
-    WITH CHECK (cuectl_privileged() OR cuectl_owns(job_id, current_user));
+    WITH CHECK (cuectl_privileged() OR (cuectl_owns(job_id, current_user)
+                                        AND (frame_id = 0 OR cuectl_frame_job(frame_id) = job_id)));
 CREATE POLICY cuectl_remove ON notifications FOR DELETE USING (cuectl_privileged());
 
 -- The farm's notification defaults (key notify_defaults) and the store settings
