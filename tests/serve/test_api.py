@@ -238,6 +238,24 @@ def test_secret_looking_env_values_never_leave_the_server(site):
     assert "s3cr3t" not in alice.get(f"{API}/jobs?name=secrets").text
 
 
+def test_credential_values_are_masked_whatever_their_name(site):
+    """Issue 35 item 14: masking goes by value too: a URL's password (only the password: the
+    value still says where it points), a private key, a token of a known shape; and CREDS is
+    a credential's name. Viewers, owners and the monitor (which reads this API) see the same."""
+    alice = site.api("alice")
+    key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
+    env = {"DATABASE_URL": "postgresql://u:pw-s3cr3t@db.example:5432/farm", "CREDS": "s3cr3t-creds",
+           "SSH_ID": key, "GH": "ghp_" + "s3cr3t" * 6, "MODE": "fast", "PAGE": "https://example.com/a?page=2"}
+    out = submit(alice, job_spec("value-secrets", layer_spec("l", env=env)))
+    for who in ("val", "alice", "boss"):
+        shown = job(site.api(who), out["id"])["layers"][0]["env"]
+        assert shown == {"DATABASE_URL": "postgresql://u:***@db.example:5432/farm", "CREDS": "***", "SSH_ID": "***",
+                         "GH": "***", "MODE": "fast", "PAGE": "https://example.com/a?page=2"}, (who, shown)
+    assert out["layers"][0]["env"]["DATABASE_URL"] == "postgresql://u:***@db.example:5432/farm"
+    assert "s3cr3t" not in json.dumps(out) and "PRIVATE KEY" not in json.dumps(out)
+    assert "s3cr3t" not in site.api("val").get(f"{API}/jobs?name=value-secrets").text
+
+
 def test_job_actions_and_priority_as_the_owner(site):
     alice = site.api("alice")
     job_id = submit(alice, job_spec("actions", layer_spec("l", range="1-3")))["id"]
@@ -543,6 +561,44 @@ def test_bad_bodies_are_400_and_415(site):
     assert alice.ok("GET", f"{API}/jobs?name=typed")["jobs"] == []
     check_problem(alice.post(f"{API}/jobs", b"[]", headers={"Content-Type": "application/json"}), 422)
     check_problem(alice.post(f"{API}/jobs", b"", headers={"Content-Type": "application/json"}), 422)
+
+
+def test_deeply_nested_json_is_a_400_not_a_500(site):
+    """Issue 35 item 14: a body nested past the parser's recursion limit (RecursionError)
+    and one nested deeper than any spec needs are one-line 400 problems."""
+    alice = site.api("alice")
+    json_type = {"Content-Type": "application/json"}
+    for depth in (100_000, 1000, 65):
+        for path in (f"{API}/jobs", f"{API}/jobs/1/priority"):
+            body = check_problem(alice.post(path, b"[" * depth + b"]" * depth, headers=json_type), 400, field="body")
+            assert "nested" in body["detail"] and "\n" not in body["detail"], body
+    deep = {"x": 1}
+    for _ in range(70):
+        deep = {"x": deep}
+    check_problem(alice.post(f"{API}/jobs", job_spec("too-deep", layer_spec("l"), labels=deep)), 400, field="body")
+    assert alice.ok("GET", f"{API}/jobs?name=too-deep")["jobs"] == []
+    # A real spec, with nesting to spare, is fine.
+    assert submit(alice, job_spec("nested-ok", layer_spec("l", env={"A": "1"})))["name"] == "nested-ok"
+
+
+def test_a_nul_or_control_character_in_a_path_is_refused_without_a_traceback(site):
+    """Issue 35 item 14: ``GET /static/a%00.js`` was a 500 with a traceback, to anyone. A NUL
+    (or another control character) in a path or query names nothing: 404 for the monitor's
+    files, 400 for the API, before authentication and before the store or filesystem."""
+    anonymous = site.server.api.with_token(None)
+    for path in ("/static/a%00.js", "/static/app.js%00", "/static/%00", "/static/a%0a.js", "/static/a%1b.js",
+                 "/static/a%7f.js"):
+        check_problem(anonymous.get(path), 404)
+    alice = site.api("alice")
+    for who in (anonymous, alice, site.api("val")):
+        for method, path in (("GET", "/jobs/%00"), ("GET", "/jobs/a%00b"), ("GET", "/jobs/%00/frames"),
+                             ("POST", "/jobs/%00/pause"), ("POST", "/jobs/%00/priority"), ("GET", "/hosts/%00"),
+                             ("GET", "/hosts/%00/gpus"), ("POST", "/hosts/%00/lock"), ("GET", "/frames/1%00"),
+                             ("GET", "/jobs?name=%00"), ("GET", "/jobs?user=a%00"), ("GET", "/hosts?model=%00"),
+                             ("GET", "/jobs/%0a"), ("GET", "/hosts/a%0db")):
+            body = check_problem(who.request(method, API + path), 400)
+            assert "control character" in body["detail"], (path, body)
+    assert alice.get("/static/app.js").status == 200  # the monitor's files are still served
 
 
 @pytest.mark.parametrize("path, field", [

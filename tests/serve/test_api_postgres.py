@@ -111,3 +111,14 @@ def test_a_login_role_not_granted_the_user_cannot_act_for_them(pg):
         assert "Traceback" not in out and "unexpected error" not in out, out[-3000:]
     finally:
         server.stop()
+
+
+def test_a_nul_in_a_name_or_filter_is_a_400_not_a_database_error(pg):
+    """Issue 35 item 14: PostgreSQL cannot take a NUL in a text parameter (psycopg raises), so
+    a NUL in a job or host name or a filter must be refused before the store sees it."""
+    alice = pg["server"].api.with_token(pg["tokens"]["alice"])
+    for method, path in (("GET", "/jobs/a%00b"), ("GET", "/jobs/%00/frames"), ("POST", "/jobs/%00/pause"),
+                         ("GET", "/hosts/%00"), ("GET", "/hosts/%00/gpus"), ("GET", "/jobs?name=%00"),
+                         ("GET", "/jobs?user=a%00"), ("GET", "/hosts?model=%00")):
+        check_problem(alice.request(method, API + path), 400, detail="control character")
+    assert "Traceback" not in pg["server"].output()

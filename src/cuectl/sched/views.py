@@ -16,20 +16,68 @@ from cuectl.units import iso
 # Environment variables whose values are masked in output unless asked (--show-secrets):
 # names containing one of these words, the usual spellings of credentials.
 # Case-insensitive; PAT (a personal access token: GITHUB_PAT) only as a whole word between
-# underscores, so PATH and PATTERN stay visible.
-_SECRET_WORDS = re.compile(r"PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|(?:^|_)PAT(?:_|$)",
-                           re.IGNORECASE)
+# underscores, so PATH and PATTERN stay visible; CRED (CREDS, AWS_CREDS, DB_CRED_FILE,
+# dbCreds) only as the start of a word, so CREDIT and INCREDIBLE stay visible.
+_SECRET_WORDS = re.compile(r"PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|(?:^|_)PAT(?:_|$)"
+                           r"|(?<![A-Z0-9])CREDS?(?![A-Z])", re.IGNORECASE)
+_SECRET_CAMEL = re.compile(r"(?<=[a-z0-9])Creds?(?![a-z])")  # dbCreds, awsCred: case matters here
 MASK = "***"
+
+# Values that carry a credential whatever their variable's name (DATABASE_URL=postgresql://
+# u:pw@db/x). Each rule is a shape no ordinary value has:
+# - a URL's password (scheme://user:PASSWORD@host): only the password is masked, so the
+#   value still says where it points (postgresql://u:***@db/x);
+# - a URL's query parameter named by a credential's word (?access_token=, ?key=, ?apiKey=,
+#   &X-Amz-Credential=, &X-Amz-Signature=, &sig=): only its value is masked;
+# - a PEM private key (-----BEGIN ... PRIVATE KEY-----): the whole value is masked;
+# - tokens with a vendor's documented prefix: GitHub (ghp_, gho_, ghu_, ghs_, ghr_,
+#   github_pat_), AWS access key ids (AKIA/ASIA + 16), Slack (xoxb-, xoxp-, ...), Hugging
+#   Face (hf_), and JSON Web Tokens (eyJ....eyJ....sig): the token is masked, text around it stays.
+# Bounded where a value could make a pattern retry from many places (values are the
+# submitter's, and masked by the API server): each stays linear in the value's length.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/?#@]*):(?P<pw>[^\s/?#]+)@")
+_URL_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>[^&#;\s]+)")
+_PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
+_TOKENS = re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"
+                     r"|(?:AKIA|ASIA)[A-Z0-9]{16}|xox[abposr]-[A-Za-z0-9-]{10,}|hf_[A-Za-z0-9]{30,}"
+                     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+)(?![A-Za-z0-9_])")
 
 
 def looks_secret(name: str) -> bool:
     """Does an environment variable's name look like it holds a secret (``*_TOKEN``, …)?"""
-    return bool(_SECRET_WORDS.search(name))
+    return bool(_SECRET_WORDS.search(name) or _SECRET_CAMEL.search(name))
+
+
+_PARAM_WORDS = frozenset({"password", "passwd", "pwd", "pass", "secret", "token", "key", "apikey", "credential",
+                          "credentials", "cred", "creds", "auth", "authorization", "signature", "sig"})
+
+
+def _secret_param(name: str) -> bool:
+    """A URL query parameter that holds a credential: one of its words (split at ``_``, ``-``,
+    ``.`` and camelCase) is a credential's (``access_token``, ``apiKey``, ``X-Amz-Signature``,
+    ``sig``). Whole words, unlike the name rule: ``?author=`` and ``?monkey=`` are ordinary."""
+    words = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name).replace("_", " ").replace("-", " ").replace(".", " ")
+    return any(word in _PARAM_WORDS for word in words.lower().split())
+
+
+def mask_value(value: Any) -> Any:
+    """``value`` with the credentials it carries masked (the value rules above); anything
+    else, and a value that is not a string, as it is."""
+    if not isinstance(value, str):
+        return value
+    if _PEM_PRIVATE.search(value):
+        return MASK
+    if "://" in value:
+        value = _URL_PASSWORD.sub(lambda mt: f"{mt['head']}:{MASK}@", value)
+        value = _URL_PARAM.sub(lambda mt: mt["head"] + MASK if _secret_param(mt["name"]) else mt[0], value)
+    return _TOKENS.sub(MASK, value)
 
 
 def mask_env(env: Mapping[str, Any]) -> dict[str, Any]:
-    """The env with secret-looking values replaced by ``***`` (names stay visible)."""
-    return {k: (MASK if _SECRET_WORDS.search(k) else v) for k, v in env.items()}
+    """The env with secret values masked (names stay visible): the whole value of a
+    secret-looking name is ``***``; any other value has the credentials it carries masked
+    (``mask_value``)."""
+    return {k: (MASK if looks_secret(k) else mask_value(v)) for k, v in env.items()}
 
 
 def _loads(value: Any, default: Any) -> Any:
@@ -113,7 +161,11 @@ def layer_json(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def frame_name(number: int, layer: str) -> str:
-    """OpenCue frame names: zero-padded number, dash, layer (``0001-render``)."""
+    """OpenCue frame names: zero-padded number, dash, layer (``0001-render``). A number that
+    is not an integer (SQLite keeps any value in an INTEGER column: a hostile writer of the
+    store) is shown as it is (``x-render``), never an error that breaks every listing."""
+    if type(number) is not int:
+        return f"{number}-{layer}"
     return f"{number:04d}-{layer}"
 
 

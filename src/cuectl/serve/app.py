@@ -20,13 +20,16 @@ import fnmatch
 import hashlib
 import json
 import logging
+import operator
 import os
+import re
 import stat
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import accumulate, count
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
@@ -50,6 +53,7 @@ from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vend
 API = "/api/v1"
 log = logging.getLogger("cuectl.serve")
 MAX_BODY_BYTES = 4 * 1024 * 1024   # a job spec; 10,000 frames of a range are a few bytes
+MAX_JSON_DEPTH = 64  # a job spec nests about 6 levels; deeper is refused (400), never a RecursionError
 MAX_PAGE = 10_000
 MAX_ID = 2 ** 63 - 1  # ids are 64-bit in both databases: a larger number names nothing
 JOB_ACTIONS = ("pause", "resume", "kill", "retry")
@@ -216,6 +220,33 @@ def _choice(value: str | None, name: str, allowed: tuple[str, ...]) -> str | Non
     return value.upper()
 
 
+# A control character (a NUL above all) in a path or a query value names nothing the API
+# has: no job, host, layer or user name holds one. PostgreSQL cannot even take a NUL in a
+# text parameter (psycopg raises), and a filesystem call raises ValueError on one, so such a
+# request is refused before authentication, the store or the filesystem see it.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_ESCAPE = re.compile(rb"%(?:[01][0-9A-Fa-f]|7[Ff])|[\x00-\x1f\x7f]")  # in the raw query string
+
+
+class RefuseControlCharacters:
+    """ASGI middleware: a request whose decoded path or query holds a control character is a
+    400 problem. The monitor's files (``/static/...``) are left to web.py, which answers 404
+    for any name that is not one of its files."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not scope.get("path", "").startswith("/static/") and (
+                _CONTROL.search(scope.get("path", "")) or _CONTROL_ESCAPE.search(scope.get("query_string", b""))):
+            where = "path" if _CONTROL.search(scope.get("path", "")) else "query"
+            resp = problems.response(400, f"the request's {where} holds a control character (a NUL, a newline...)",
+                                     hint="names and values here never hold one")
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(settings: Settings) -> FastAPI:
     pool = StorePool(settings.db_url, busy_timeout_s=settings.busy_timeout_s)
     cache = ResponseCache(settings.cache_s)
@@ -234,6 +265,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(StarletteHTTPException, problems.on_http_error)
     app.add_exception_handler(RequestValidationError, problems.on_validation_error)
     app.add_exception_handler(Exception, problems.on_unexpected)
+    app.add_middleware(RefuseControlCharacters)
     app.router.add_event_handler("shutdown", cache.close)
     app.router.add_event_handler("shutdown", pool.close)
     from cuectl.serve import web
@@ -743,9 +775,33 @@ async def _json_body(request: Request) -> Any:
         if len(body) > MAX_BODY_BYTES:
             raise Problem(413, f"the body is larger than {MAX_BODY_BYTES} bytes", field="body")
     try:
-        return json.loads(body or b"null")
+        data = json.loads(body or b"null")
+    except RecursionError:  # the parser's own recursion, past the interpreter's limit
+        raise Problem(400, f"the body is nested more than {MAX_JSON_DEPTH} levels deep", field="body") from None
     except ValueError as exc:
         raise Problem(400, f"the body is not valid JSON: {exc}", field="body") from None
+    if _too_deep(bytes(body), MAX_JSON_DEPTH):  # what reads it next (the spec's checks) need not recurse far
+        raise Problem(400, f"the body is nested more than {MAX_JSON_DEPTH} levels deep", field="body")
+    return data
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_OPEN_TWO = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+_NOT_BRACKET = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def _too_deep(body: bytes, most: int) -> bool:
+    """Do arrays and objects nest more than ``most`` levels in ``body``, a valid JSON text?
+    Without recursing: strings out, brackets only, then the running count of open ones, all
+    in C (a 4 MiB body of brackets takes about as long as parsing it)."""
+    encoding = json.detect_encoding(body)
+    if encoding != "utf-8":  # json.loads takes UTF-16 and UTF-32 too
+        body = body.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    if body.count(b"[") + body.count(b"{") <= most:  # a spec's few brackets: nothing more to do
+        return False
+    marks = _JSON_STRING.sub(b"", body).translate(_OPEN_TWO, _NOT_BRACKET)  # opening 2, closing 0
+    # After i brackets, o of them opening, the depth is o - (i - o) = 2o - i.
+    return max(map(operator.sub, accumulate(marks), count(1)), default=0) > most
 
 
 def _open_log(log_dir: Path, frame: dict[str, Any]) -> int:

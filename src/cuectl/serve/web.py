@@ -14,6 +14,7 @@ hostile input, and the code only ever inserts them as text), ``nosniff``, no ref
 from __future__ import annotations
 
 import hashlib
+import re
 import stat
 from pathlib import Path
 
@@ -47,13 +48,21 @@ TYPES = {
 _cache: dict[str, tuple[int, int, bytes, str]] = {}
 
 
+# The directory's names: letters, digits, ``-``, ``_`` and ``.``. Anything else (a NUL, which
+# the filesystem calls would raise on, another control character, a separator, a space)
+# names no file of it and is refused before the filesystem is asked.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", re.ASCII)
+
+
 def _load(name: str) -> tuple[bytes, str] | None:
+    if not _NAME.fullmatch(name):
+        return None
     path = WEB_DIR / name
-    if TYPES.get(path.suffix) is None or "/" in name or "\\" in name or name.startswith("."):
+    if TYPES.get(path.suffix) is None:
         return None
     try:
         st = path.lstat()
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name the OS cannot take (the check above keeps them out)
         return None
     if not stat.S_ISREG(st.st_mode):  # no links, directories or devices
         return None
@@ -71,7 +80,7 @@ def _asset(request: Request, name: str) -> Response:
     directory's own regular files with a known type), revalidated by ``ETag``."""
     found = _load(name)
     if found is None:
-        return problem(404, f"no page asset {name!r}")
+        return problem(404, f"no page asset {name[:100]!r}")
     body, etag = found
     headers = {**HEADERS, "ETag": etag}
     if etag in (tag.strip().removeprefix("W/") for tag in request.headers.get("if-none-match", "").split(",")):
