@@ -749,13 +749,17 @@ class Worker:
         a row changed since is checked afresh; the digest itself, a hash of its JSON, is
         computed only then)."""
         key = (claim.job_id, claim.user, claim.submitted_by, claim.receipt, claim.layer, claim.command,
-               tuple(sorted(claim.env.items())), claim.layer_range, claim.chunk, claim.cwd)
+               tuple(sorted(claim.env.items())), claim.layer_range, claim.chunk, claim.cwd, claim.job,
+               claim.show, claim.shot)
         if key in self._proven:
             return
+        # The frame's tokens and CUE_* values are made of this claim's fields: once they
+        # match the receipt, the worker runs what its user submitted (a job renamed in
+        # the store to `$(...)` is refused, never expanded into `sh -c '... #JOB#'`).
         identity.check_layer(user=claim.user, job_id=claim.job_id, layer=claim.layer, command=claim.command,
                              env=claim.env, frame_range=claim.layer_range, chunk=claim.chunk,
                              submitted_by=claim.submitted_by, receipt=claim.receipt, spool=self.store.receipt_dir,
-                             cwd=claim.cwd)
+                             cwd=claim.cwd, job_name=claim.job, show=claim.show, shot=claim.shot)
         self._proven.add(key)
 
     def _unproven(self, layer: RunnableLayer) -> str | None:

@@ -8,11 +8,15 @@ worker switches to that user only on proof (docs/security.md has the threat mode
   is proven to be U's when that role is named U.
 - **SQLite**: at submit the client writes a *receipt* into the store's spool directory
   (``receipts/`` beside the store, sticky, like /tmp): a file the kernel marks as owned by
-  the submitting uid, holding a digest of each layer's command, environment and frames.
-  The job row names the receipt. A job is proven to be U's when its receipt is a regular
-  file with one link, owned by U's uid, read without following links, and its digests
-  match the layer the worker is about to run — so neither relabelling a job nor editing
-  another user's command in the shared file gets anything run as someone else.
+  the submitting uid, holding a digest of each layer's command, environment and frames —
+  and (receipts of version 2) of every value a command token expands into, so the job's
+  name, show and shot too. The job row names the receipt. A job is proven to be U's when
+  its receipt is a regular file with one link, owned by U's uid, read without following
+  links, and its digests match the layer the worker is about to run — so neither
+  relabelling a job nor editing another user's command, or the name its ``#JOB#`` token
+  puts into the command, in the shared file gets anything run as someone else.
+  A version-1 receipt (cuectl before receipts were versioned) does not cover the job's
+  name: it still proves a layer whose command uses no ``#JOB#`` token, never one that does.
 
 Without proof, a root worker does not run the job, and its pending reason says why.
 """
@@ -33,20 +37,45 @@ from cuectl.errors import Unproven
 
 SPOOL = "receipts"
 _MAX_RECEIPT_BYTES = 1 << 20
+# The receipt body's "v": 2 adds the job's name, show and shot to each layer's digest. A
+# receipt without "v" is version 1 (written before versions: its digests lack them).
+RECEIPT_VERSION = 2
+# Command tokens (run/launch.py, ``_TOKEN_RE``) whose value comes from a store field a
+# version-1 digest does not cover: ``#JOB#`` (the job's name). The others expand from the
+# layer's name, its range and chunk (the digest's own fields) and the claimed frame's
+# numbers (integers, never text).
+_V1_UNCOVERED_TOKENS = ("#JOB#",)
 
 
 def layer_digest(*, job_id: int, user: str, layer: str, command: Sequence[str] | str, env: Mapping[str, str],
-                 frame_range: str, chunk: int, cwd: str | None = None) -> str:
+                 frame_range: str, chunk: int, cwd: str | None = None, version: int = RECEIPT_VERSION,
+                 job_name: str | None = None, show: str | None = None, shot: str | None = None) -> str:
     """What a receipt vouches for, per layer: everything that decides what runs as the user
-    — the directory too: `python train.py` run in someone else's directory runs their code.
+    — the directory too: `python train.py` run in someone else's directory runs their code
+    — and (``version`` 2) every value a command token expands into that is not one of those
+    already: the job's name (``#JOB#``), with its show and shot (``CUE_SHOW``/``CUE_SHOT``).
+    ``version`` 1 is the digest of receipts written before versions, checked as it was.
     (Without a directory the digest is what it was before directories were recorded, so
     receipts of older jobs still match.)"""
-    body = {"job": int(job_id), "user": user, "layer": layer,
-            "command": command if isinstance(command, str) else list(command),
-            "env": dict(sorted(env.items())), "range": frame_range, "chunk": int(chunk)}
+    body: dict[str, Any] = {"job": int(job_id), "user": user, "layer": layer,
+                            "command": command if isinstance(command, str) else list(command),
+                            "env": dict(sorted(env.items())), "range": frame_range, "chunk": int(chunk)}
     if cwd is not None:
         body["cwd"] = cwd
+    if version >= 2:
+        if job_name is None:
+            raise ValueError("a version-2 layer digest needs the job's name")
+        body.update(v=int(version), job_name=job_name, show=show, shot=shot)
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _uses_v1_uncovered_token(command: Sequence[str] | str) -> str | None:
+    """The first token of ``command`` whose value a version-1 receipt does not prove."""
+    parts = [command] if isinstance(command, str) else command
+    for token in _V1_UNCOVERED_TOKENS:
+        if any(isinstance(part, str) and token in part for part in parts):
+            return token
+    return None
 
 
 def ensure_spool(store_dir: Path) -> Path:
@@ -79,7 +108,8 @@ def write_receipt(spool: Path, *, job_id: int, user: str, digests: Mapping[str, 
                 os.fchown(fd, pwd.getpwnam(owner).pw_uid, -1)
             except KeyError:
                 pass
-        body: dict[str, Any] = {"job": job_id, "user": user, "layers": dict(digests)}
+        # ``digests``: made by ``layer_digest`` of this version (the default).
+        body: dict[str, Any] = {"v": RECEIPT_VERSION, "job": job_id, "user": user, "layers": dict(digests)}
         if notify_commands:  # the job's notification command hooks run as the user too
             body["notify_commands"] = sorted(set(notify_commands))
         os.write(fd, json.dumps(body).encode())
@@ -120,6 +150,12 @@ def read_receipt(spool: Path | None, name: str | None, *, user: str, job_id: int
         os.close(fd)
     if not isinstance(data, dict) or data.get("job") != job_id or data.get("user") != user:
         raise Unproven(f"the job's receipt {name} was written for another job or user")
+    version = data.get("v", 1)
+    if type(version) is not int or version < 1:
+        raise Unproven(f"the job's receipt {name} is not a cuectl receipt (version {version!r})")
+    if version > RECEIPT_VERSION:
+        raise Unproven(f"the job's receipt {name} is of version {version}, newer than this cuectl reads "
+                       f"({RECEIPT_VERSION}): upgrade the worker")
     return data
 
 
@@ -146,19 +182,29 @@ def proof_problem(*, user: str, job_id: int, submitted_by: str | None, receipt: 
 
 def check_layer(*, user: str, job_id: int, layer: str, command: Sequence[str] | str, env: Mapping[str, str],
                 frame_range: str, chunk: int, submitted_by: str | None, receipt: str | None,
-                spool: Path | None, cwd: str | None = None) -> None:
-    """Raise ``Unproven`` unless the layer about to run as ``user`` is what ``user`` submitted."""
+                spool: Path | None, job_name: str, cwd: str | None = None, show: str | None = None,
+                shot: str | None = None) -> None:
+    """Raise ``Unproven`` unless the layer about to run as ``user`` is what ``user`` submitted:
+    each value given is the one the proof covers (``job_name``, ``show``, ``shot`` too, on a
+    version-2 receipt), so the caller may use them as they are. A version-1 receipt proves
+    a layer only if its command uses no token whose value it does not cover (``#JOB#``)."""
     if submitted_by is not None:
         problem = proof_problem(user=user, job_id=job_id, submitted_by=submitted_by, receipt=None, spool=None)
         if problem:
             raise Unproven(problem)
         return
     data = read_receipt(spool, receipt, user=user, job_id=job_id)
+    version = data.get("v", 1)
     want = layer_digest(job_id=job_id, user=user, layer=layer, command=command, env=env, frame_range=frame_range,
-                        chunk=chunk, cwd=cwd)
+                        chunk=chunk, cwd=cwd, version=version, job_name=job_name, show=show, shot=shot)
     if (data.get("layers") or {}).get(layer) != want:
-        raise Unproven(f"layer {layer!r} is not what {user} submitted (its command, environment, directory or "
-                       "frames were changed in the store after submission)")
+        covered = "environment, directory, frames, or the job's name, show or shot" if version >= 2 else \
+            "environment, directory or frames"
+        raise Unproven(f"layer {layer!r} is not what {user} submitted (its command, {covered} were changed in "
+                       "the store after submission)")
+    if version < 2 and (token := _uses_v1_uncovered_token(command)) is not None:
+        raise Unproven(f"layer {layer!r} was submitted by an older cuectl whose receipt does not cover the job's "
+                       f"name, and its command uses the {token} token, which expands to it: resubmit the job")
 
 
 def check_notify_command(*, user: str, job_id: int, command: str, submitted_by: str | None, receipt: str | None,

@@ -270,7 +270,8 @@ class SQLiteStore(SQLStore):
         # transaction fail, the receipt names a job id that is never committed.
         digests = {layer.name: identity.layer_digest(
             job_id=job_id, user=spec.user, layer=layer.name, command=layer.command, env=dict(layer.env),
-            frame_range=layer.range, chunk=layer.chunk, cwd=layer.cwd) for layer in spec.layers}
+            frame_range=layer.range, chunk=layer.chunk, cwd=layer.cwd, job_name=spec.name, show=spec.show,
+            shot=spec.shot) for layer in spec.layers}
         try:
             spool = identity.ensure_spool(self.path.parent)
             name = identity.write_receipt(spool, job_id=job_id, user=spec.user, digests=digests,
