@@ -46,6 +46,7 @@ from cuectl.run.subreaper import own_children, set_child_subreaper
 from cuectl.units import iso
 
 __all__ = [
+    "CannotEnter",
     "DEFAULT_GRACE_S",
     "DEFAULT_SAMPLE_INTERVAL_S",
     "EXIT_CANNOT_EXECUTE",
@@ -1125,15 +1126,66 @@ def _start_child(argv: list[str], env: Mapping[str, str], log_fd: int, cwd: str 
     """Start a frame's command: stdin /dev/null, stdout and stderr ``log_fd``, a session of
     its own, only ``pass_fds`` inherited. ``posix_spawn`` (``cuectl.run.spawn``: ~0.25 ms
     less of the worker's CPU a frame) unless the frame runs as another user, which needs
-    the setuid that only ``subprocess`` offers."""
+    the setuid that only ``subprocess`` offers; that user enters ``cwd`` (``_start_entering``)."""
     if not identity and spawn.usable():
         try:
             return Spawned(spawn.spawn(argv, env, keep=pass_fds, stdio=(_dev_null(), log_fd, log_fd), cwd=cwd,
                                        setsid=True, cwd_lock=CWD_LOCK))
         except spawn.NoWayBack:
             pass  # the worker's own directory is gone: Popen changes only the child's
+    if identity and cwd is not None:
+        return _start_entering(argv, env, log_fd, cwd, pass_fds, identity)
     return subprocess.Popen(argv, stdin=_dev_null(), stdout=log_fd, stderr=log_fd, env=dict(env), cwd=cwd,
                             pass_fds=pass_fds, close_fds=True, start_new_session=True, **identity)
+
+
+class CannotEnter(InvalidInput):
+    """The frame's user may not enter (or there is no) working directory: not started."""
+
+
+# The step that enters a frame's directory as its user (issue 35): ``subprocess`` changes
+# directory in the child *before* it drops to the user, as root, so that any directory on
+# the host could be a frame's. The child runs this instead, already as the user: it enters
+# the directory with the user's own permissions, says so on fd 0 (a pipe to the worker)
+# when it cannot, then gives the command /dev/null as stdin, puts back PWD and OLDPWD as the
+# frame's environment had them (``cd`` sets both) and execs it, as subprocess would have.
+# $1 the directory, $2 PWD, $3 OLDPWD; one text for each of the four ways the two are set.
+_ENTER = ('cd -P -- "$1" 2>/dev/null || {{ echo >&0; exit 125; }}; exec </dev/null; {}; {}; shift 3; exec "$@"')
+_ENTER_SCRIPTS = {(pwd, old): _ENTER.format("PWD=$2" if pwd else "unset PWD", "OLDPWD=$3" if old else "unset OLDPWD")
+                  for pwd in (False, True) for old in (False, True)}
+
+
+def _start_entering(argv: list[str], env: Mapping[str, str], log_fd: int, cwd: str, pass_fds: tuple[int, ...],
+                    identity: dict) -> "subprocess.Popen[bytes]":
+    """Start a frame as another user in ``cwd``, entered by that user (``_ENTER``): the
+    worker waits until it is in (~1 ms of /bin/sh) and raises ``CannotEnter`` when it could
+    not get in. No directory of the worker's changes, so ``CWD_LOCK`` is not needed."""
+    script = _ENTER_SCRIPTS["PWD" in env, "OLDPWD" in env]
+    where = cwd if cwd.startswith("/") else "./" + cwd  # never searched on a CDPATH
+    wrapped = ["/bin/sh", "-c", script, "cuectl", where, env.get("PWD", ""), env.get("OLDPWD", ""), *argv]
+    report, told = os.pipe()
+    try:
+        try:
+            popen = subprocess.Popen(wrapped, stdin=told, stdout=log_fd, stderr=log_fd, env=dict(env),
+                                     pass_fds=pass_fds, close_fds=True, start_new_session=True, **identity)
+        finally:
+            os.close(told)
+        refused = os.read(report, 1)  # end of file once it is in the directory (or gone)
+    finally:
+        os.close(report)
+    if not refused:
+        return popen
+    popen.wait()
+    user = identity.get("user")
+    try:
+        import pwd
+
+        user = pwd.getpwuid(int(user)).pw_name if user is not None else user
+    except (KeyError, ValueError, TypeError):
+        pass
+    if os.path.isdir(cwd):  # it is there, as root sees it: the user may not get in
+        raise CannotEnter(f"user {user} may not enter working directory {cwd} (permission denied)")
+    raise CannotEnter(f"working directory {cwd} does not exist")
 
 
 def _line_bytes(line: str) -> bytes:
@@ -1501,7 +1553,7 @@ class FrameProcess:
         returned process has already finished with 127 (command or ``cwd`` not found) or 126
         (anything else: permission denied, not an executable, fork failure), as a shell
         would report it. Failing to open the log itself raises ``OSError``: there would be
-        nowhere to say why.
+        nowhere to say why. ``CannotEnter``: ``run_as`` may not enter ``cwd`` (in the log too).
 
         The log is opened by :func:`open_frame_log` (``log_root``: the worker's log
         directory; links are never followed) and handed to ``run_as``. ``log_limit``: bytes
@@ -1525,6 +1577,11 @@ class FrameProcess:
                 popen = _start_child(argv, env, fd, None if cwd is None else str(cwd), tuple(pass_fds),
                                      run_as.popen_kwargs() if run_as else {})
                 spawner_maxrss = _self_maxrss_bytes()
+            except CannotEnter as exc:
+                # Raised to the worker ("frame not started"), whose own note could not open
+                # a log that already belongs to the frame's user: said here, once.
+                _write_line(fd, f"cuectl: frame not started: {exc}")
+                raise
             except (OSError, ValueError) as exc:
                 code = _exec_failure_code(exc)
                 _write_line(fd, f"cuectl: cannot run {argv[0]!r}: {_describe(exc)}")
