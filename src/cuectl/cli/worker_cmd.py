@@ -159,7 +159,7 @@ def worker(
         term.warn(message)
     from cuectl.run.lease import other_lock_dirs_in_use
 
-    for other in other_lock_dirs_in_use(w.opts.lock_dir):
+    for other in other_lock_dirs_in_use(w.opts.lock_dir, warn=term.warn):
         term.warn(f"lock directory {other} is also in use on this machine: its leases and this worker's "
                   f"({w.opts.lock_dir}) do not see each other, so a GPU could be used twice; use one")
     if not quiet:

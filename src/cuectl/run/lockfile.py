@@ -280,18 +280,10 @@ def held_elsewhere(lock_dir: str, names: "list[str] | tuple[str, ...]") -> list[
     mine = os.path.realpath(lock_dir)
     found = []
     for entry in entries:
-        # The registry is writable by every user: a link or a FIFO there is read as
-        # nothing (OPEN_FLAGS), as is a file that is not a regular one.
         try:
-            fd = os.open(os.path.join(registry, entry), os.O_RDONLY | OPEN_FLAGS)
+            other = read_registry_entry(os.path.join(registry, entry)) or ""
         except OSError:
             continue
-        try:
-            other = os.fsdecode(os.pread(fd, 4096, 0)).strip() if stat.S_ISREG(os.fstat(fd).st_mode) else ""
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
         if not other.startswith("/") or _related(os.path.realpath(other), mine):
             continue
         for name in names:
@@ -299,6 +291,20 @@ def held_elsewhere(lock_dir: str, names: "list[str] | tuple[str, ...]") -> list[
             if pid:
                 found.append((name, other, pid))
     return found
+
+
+def read_registry_entry(path: str) -> str | None:
+    """The lock directory a registry entry names, as written (stripped); None when the entry
+    is not a regular file. The registry is writable by every user: a link there is not
+    followed and a FIFO does not block the open (``OPEN_FLAGS``), so nothing planted there
+    can hang the reader. Raises ``OSError``."""
+    fd = os.open(path, os.O_RDONLY | OPEN_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.fsdecode(os.pread(fd, 4096, 0)).strip()
+    finally:
+        os.close(fd)
 
 
 def _related(a: str, b: str) -> bool:

@@ -21,14 +21,14 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from cuectl import config, fsutil
 from cuectl.errors import Conflict, LeaseError
 from cuectl.gpu.device import Device
 from cuectl.run.lockfile import (OPEN_FLAGS, encode_record, fresh_record, lock_now, open_lock_file, unlock,
                                        write_record)
-from cuectl.run.lockfile import probe_held
+from cuectl.run.lockfile import probe_held, read_registry_entry
 from cuectl.units import iso
 
 # The lock directory is shared by every user of the machine, because a GPU is: a worker
@@ -120,34 +120,70 @@ def _note_in_registry(lock_dir: Path) -> None:
         pass  # the warning below is a courtesy; locking works without it
 
 
-def other_lock_dirs_in_use(lock_dir: Path) -> list[Path]:
+def other_lock_dirs_in_use(lock_dir: Path, warn: Callable[[str], None] | None = None) -> list[Path]:
     """Other lock directories of this machine that hold a lease right now: processes using
     them do not see this directory's leases, so two of them can use one GPU at once.
 
     An entry of this user's whose directory no longer exists is removed on the way, so the
     registry does not grow with every temporary lock directory ever used: a development
     machine's had 491 entries, 413 of them for directories long gone, and each worker's
-    start read them all."""
+    start read them all.
+
+    The registry is writable by every user: an entry that is not a regular file, cannot be
+    read, or names a directory this user cannot look at (another user's, under a 0700
+    directory) is skipped, with one line to ``warn`` naming it; nothing found there is an
+    error (a ``PermissionError`` stopped every non-root worker's start, issue 35) or makes
+    this wait (a FIFO entry hung it)."""
     registry = config.lock_dir_registry()
     mine = _registry_entry(Path(lock_dir))
     found = []
     try:
-        entries = sorted(registry.iterdir())
+        entries = sorted(os.listdir(registry))
     except OSError:
         return []
     prune = _prunable_registry(registry)
-    for entry in entries:
-        if entry.name == mine:
+
+    def skip(entry: Path, why: str) -> None:
+        if warn is not None:
+            warn(f"lock-directory registry entry {entry} {why}: skipped")
+
+    for name in entries:
+        if name == mine:
             continue
+        entry = registry / name
         try:
-            other = Path(entry.read_text().strip())
-        except OSError:
+            text = read_registry_entry(str(entry))
+        except FileNotFoundError:
+            continue  # dropped meanwhile
+        except OSError as exc:
+            skip(entry, f"cannot be read ({exc.strerror or exc})")
             continue
-        if not other.is_dir():
-            if prune and other.is_absolute():
+        if text is None:
+            skip(entry, "is not a regular file")
+            continue
+        if not text:
+            continue  # being written (_note_in_registry creates it, then writes)
+        if not text.startswith("/"):
+            skip(entry, f"does not name an absolute path ({text[:80]!r})")
+            continue
+        other = Path(text)
+        try:
+            st = os.stat(other)
+        except (FileNotFoundError, NotADirectoryError):
+            st = None
+        except OSError as exc:
+            skip(entry, f"names {other}, which this user cannot look at ({exc.strerror or exc})")
+            continue
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            if prune:
                 _drop_own_entry(entry)
             continue
-        if any(probe_held(p) for p in other.glob(f"*{LOCK_SUFFIX}")):
+        try:
+            names = os.listdir(other)
+        except OSError as exc:
+            skip(entry, f"names {other}, which this user cannot list ({exc.strerror or exc})")
+            continue
+        if any(probe_held(other / n) for n in names if n.endswith(LOCK_SUFFIX) and not n.startswith(".")):
             found.append(other)
     return found
 
