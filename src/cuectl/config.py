@@ -308,10 +308,16 @@ def take_pg_password() -> str | None:
     environment the process was started with, and a frame running as the worker's user
     could read the password there (``tr '\\0' '\\n' </proc/$PPID/environ``). So the
     original string is overwritten in place before it is unset; the caller keeps the value
-    in memory only (libpq gets it as a connection parameter)."""
+    in memory only (libpq gets it as a connection parameter), and this process is made
+    undumpable (``cuectl.run.libc.set_undumpable``), so that memory cannot be read either."""
     value = os.environ.get("PGPASSWORD")
     if value is None:
         return None
+    # The value stays in this process's memory: no other process of this user (a frame
+    # of this worker, say) may read it through /proc/PID/mem or ptrace (issue 35).
+    from cuectl.run.libc import set_undumpable
+
+    set_undumpable()
     _wipe_initial_environ(b"PGPASSWORD=")
     del os.environ["PGPASSWORD"]
     return value

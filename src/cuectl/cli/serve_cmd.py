@@ -39,7 +39,11 @@ def serve_cmd(
     --opencue OpenCue's gRPC protocol (docs/opencue-grpc.md)."""
     from cuectl import config
     from cuectl.errors import InvalidInput
+    from cuectl.run.libc import set_undumpable
 
+    # A long-lived holder of the store's password and of every caller's token: no other
+    # process of this user may read its memory (/proc/PID/mem, ptrace; issue 35).
+    set_undumpable()
     if cache < 0:
         raise InvalidInput(f"--cache: must be 0 or more, got {cache:g}")
     if opencue is not None:

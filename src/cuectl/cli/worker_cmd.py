@@ -90,6 +90,11 @@ def worker(
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
     _refuse_unsupported_platform()
+    from cuectl.run.libc import set_undumpable
+
+    # Before the store is opened: its password (PGPASSWORD, ~/.pgpass, the URL) must not
+    # be readable through /proc/PID/mem by the frames, which run as this user (issue 35).
+    set_undumpable()
     if probe:
         from cuectl.run.service import probe as probe_worker
 

@@ -4,6 +4,8 @@ a ~25 ms ``cuectl run -- true`` (cuectl.run.quick), for a call or two. Built her
 
 from __future__ import annotations
 
+import sys
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -54,3 +56,34 @@ def _public(name: str, argtypes: str, restype: str) -> Any:
     func.argtypes = tuple(types[code] for code in argtypes)
     func.restype = types[restype]
     return func
+
+
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+
+
+def set_undumpable() -> bool:
+    """``prctl(PR_SET_DUMPABLE, 0)`` (Linux): no other process of this uid can read this
+    one's memory (``/proc/PID/mem``, ``ptrace``), environment or other private ``/proc``
+    files any more, even on a kernel without Yama (``ptrace_scope`` 0), and no core file
+    is written. For every long-lived process that may hold a secret (a PostgreSQL password,
+    API tokens): a frame runs as its worker's user, and read the password from
+    ``/proc/$PPID/mem`` (issue 35). The process's own ``/proc/self`` stays usable (its fds,
+    its children, its status); its ``/proc/PID`` files become root's. Children get the flag
+    too, and lose it again when they ``exec`` (a frame stays an ordinary process).
+    False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return bool(function("prctl", "LLLLL", "i")(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
+def is_dumpable() -> bool | None:
+    """``prctl(PR_GET_DUMPABLE)``; None where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return bool(function("prctl", "LLLLL", "i")(_PR_GET_DUMPABLE, 0, 0, 0, 0))
+    except (OSError, AttributeError, TypeError):
+        return None
