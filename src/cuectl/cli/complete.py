@@ -159,7 +159,11 @@ def _fish_words() -> tuple[list[str], str]:
 
 
 def _format(shell: str, item: CompletionItem) -> str:
-    value, help_ = str(item.value), " ".join(str(item.help or "").split())
+    from cuectl.cli.term import safe
+
+    # The help (a job's name, a frame's): shown by zsh and fish, its control characters
+    # escaped as every view escapes them (term.safe).
+    value, help_ = str(item.value), safe(" ".join(str(item.help or "").split()))
     if shell == "bash":
         return f"{item.type},{value}"
     if shell == "zsh":
@@ -275,7 +279,10 @@ def _quiet(completer: Completer) -> Completer:
 
 def _matching(values: Iterable[tuple[str, str | None]], incomplete: str) -> list[CompletionItem]:
     low = incomplete.lower()
-    return [CompletionItem(value, help=help_) for value, help_ in values if value.lower().startswith(low)]
+    # A value with control characters (a name edited into the store) would forge an answer
+    # line or reach the shell's line raw: not offered (its id still is).
+    return [CompletionItem(value, help=help_) for value, help_ in values
+            if value.lower().startswith(low) and value.isprintable()]
 
 
 def _choices(values: Sequence[str]) -> Completer:

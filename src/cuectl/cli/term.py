@@ -38,6 +38,34 @@ def console() -> Console:
     return _console
 
 
+# Terminal control characters, rendered visibly escaped wherever text from the store (or
+# anything else from users) is printed for a human: C0 (tab and newline too: inside a cell or
+# a name they would forge columns and lines), DEL, C1, and the bidi overrides and isolates
+# that reorder what a line shows (U+202A-U+202E, U+2066-U+2069). An ESC-based sequence
+# (OSC 0/52, CSI 2J) is harmless once its ESC is ``\x1b``. The table is made on first use.
+_SAFE: dict[int, str] = {}
+
+
+def _safe_table() -> dict[int, str]:
+    if not _SAFE:
+        named = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+        for code in (*range(0x20), *range(0x7F, 0xA0)):
+            _SAFE[code] = named.get(code, f"\\x{code:02x}")
+        for code in (*range(0x202A, 0x202F), *range(0x2066, 0x206A)):
+            _SAFE[code] = f"\\u{code:04x}"
+    return _SAFE
+
+
+def safe(text: str) -> str:
+    r"""``text`` with its terminal control characters visibly escaped (``\x1b``, ``\r``,
+    ``\u202e``), never raw: every text printed for a human passes through here (table
+    cells, ``show`` fields, ``line``/``info``/``warn``/``error``, rich ``plain``, `top`).
+    Text without any (``str.isprintable``) is returned as it is, at no cost."""
+    if text.isprintable():
+        return text
+    return text.translate(_safe_table())
+
+
 def is_terminal() -> bool:
     return sys.stdout.isatty()
 
@@ -57,7 +85,7 @@ def write_text(text: str) -> None:
 
 def line(text: str = "") -> None:
     """Plain text to stdout (ids, messages a script may read)."""
-    sys.stdout.write(text + "\n")
+    sys.stdout.write(safe(text) + "\n")
     sys.stdout.flush()
 
 
@@ -89,30 +117,31 @@ def _stamp(on: bool) -> str:
 
 def info(text: str) -> None:
     """A human-facing message on stderr, so that stdout stays parseable."""
-    sys.stderr.write(_stamp(_stamp_messages) + text + "\n")
+    sys.stderr.write(_stamp(_stamp_messages) + safe(text) + "\n")
     sys.stderr.flush()
 
 
 def error(message: str, hint: str | None = None) -> None:
     stamp = _stamp(_stamp_errors)
-    sys.stderr.write(f"{stamp}error: {message}\n")
+    sys.stderr.write(f"{stamp}error: {safe(message)}\n")
     if hint:
-        sys.stderr.write(f"{stamp}hint: {hint}\n")
+        sys.stderr.write(f"{stamp}hint: {safe(hint)}\n")
     sys.stderr.flush()
 
 
 def warn(message: str) -> None:
-    sys.stderr.write(f"{_stamp(_stamp_messages)}warning: {message}\n")
+    sys.stderr.write(f"{_stamp(_stamp_messages)}warning: {safe(message)}\n")
     sys.stderr.flush()
 
 
 def plain(text: str) -> "Text":
     """``text`` as rich shows it literally: names, commands and anything else from users
     are never read as markup (``shot[bold]010`` stays as typed; ``oops[/]`` cannot crash
-    the output). Every string that reaches rich from data goes through here."""
+    the output), and its control characters are escaped (``safe``). Every string that
+    reaches rich from data goes through here."""
     from rich.text import Text
 
-    return Text(text)
+    return Text(safe(text))
 
 
 class Col:
@@ -146,11 +175,13 @@ class Cell:
 
 
 def _cell(value: Any) -> str:
+    """A cell's text, control characters escaped (``safe``): tables and ``fields``, on a
+    terminal and piped alike."""
     if value is None:
         return "-"
     if isinstance(value, Cell):
-        return value.text
-    return str(value)
+        return safe(value.text)
+    return safe(str(value))
 
 
 def _column(col: str | Col) -> Col:
@@ -357,6 +388,12 @@ def sparkline(values: Sequence[float | None], *, top: float = 100.0, width: int 
     return "".join(out)
 
 
+def _number(number: Any) -> str:
+    """A frame number as frame names show it (``0007``); one that is not an integer (a
+    hostile store row, refused at launch) as it is."""
+    return f"{number:04d}" if type(number) is int else str(number)
+
+
 class WorkerProgress:
     """What `cuectl worker` shows while it works.
 
@@ -404,23 +441,23 @@ class WorkerProgress:
             how = f"exit {ended.exit_code}" if ended.exit_signal is None else f"signal {ended.exit_signal}"
             if ended.timed_out:
                 how = "timed out"
-            self._say(f"end    frame {claim.frame_id} {claim.job}/{claim.number:04d}-{claim.layer} "
+            self._say(f"end    frame {claim.frame_id} {claim.job}/{_number(claim.number)}-{claim.layer} "
                       f"{state or 'REPORT PENDING'} ({how}, {ended.ended_at - ended.started_at:.1f}s)")
         for fid, rf in worker.running.items():
             if fid not in self._seen:
                 self._seen.add(fid)
                 gpus = ",".join(str(d.index) for d in rf.devices) or "-"
-                self._say(f"start  frame {fid} {rf.claim.job}/{rf.claim.number:04d}-{rf.claim.layer} "
+                self._say(f"start  frame {fid} {rf.claim.job}/{_number(rf.claim.number)}-{rf.claim.layer} "
                           f"attempt {rf.claim.attempt} gpus {gpus}")
         if self._live is not None:
             from rich.console import Group
             from rich.text import Text
 
-            title = Text(f"{worker.opts.name}: {len(worker.running)} running, {self.done} done, "
-                         f"{self.failed} failed" + (" (draining)" if worker.draining else ""), style="bold",
+            title = Text(safe(f"{worker.opts.name}: {len(worker.running)} running, {self.done} done, "
+                         f"{self.failed} failed" + (" (draining)" if worker.draining else "")), style="bold",
                          no_wrap=False, overflow="fold")
             now = _time.time()
-            rows = [[f"{fid} {rf.claim.number:04d}-{rf.claim.layer}", rf.claim.job, str(rf.claim.attempt),
+            rows = [[f"{fid} {_number(rf.claim.number)}-{rf.claim.layer}", rf.claim.job, str(rf.claim.attempt),
                      ",".join(str(d.index) for d in rf.devices) or "-", f"{now - rf.usage.started_at:.0f}s"]
                     for fid, rf in sorted(worker.running.items())]
             width = self._console.width if self._console is not None else 80

@@ -124,7 +124,9 @@ def plain_text(snap: dict[str, Any]) -> str:
         if not rows:
             out.append("  (none)")
             continue
-        texts = [[c.name for c in columns], *([v if isinstance(v, str) else v.text for v in row] for row in rows)]
+        # Store text (names, holders, reasons) with its control characters escaped (term.safe).
+        texts = [[c.name for c in columns], *([term.safe(v if isinstance(v, str) else v.text) for v in row]
+                                              for row in rows)]
         widths = [max(len(r[i]) for r in texts) for i in range(len(columns))]
         for row in texts:
             out.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -141,7 +143,7 @@ def renderable(snap: dict[str, Any] | None, problem: str | None = None, *, width
         # Wrapped between words (the console soft-wraps, which the screen would crop).
         parts.append(Text(header(snap, short=True) + "   (q quits)", style="bold", no_wrap=False, overflow="fold"))
     if problem:
-        parts.append(Text(problem, style="red", no_wrap=False, overflow="fold"))
+        parts.append(Text(term.safe(problem), style="red", no_wrap=False, overflow="fold"))
     for title, columns, rows in (sections(snap) if snap is not None else []):
         parts.append(Text(""))
         if not rows:

@@ -848,6 +848,9 @@ class Worker:
             log_path=log_path, user=claim.user, show=claim.show or "", shot=claim.shot or "")
         runfile: Path | None = None
         try:
+            if type(claim.number) is not int:  # SQLite keeps any value in an INTEGER column
+                raise _BadRow(f"frame {claim.frame_id} of job {claim.job_id} has the number {claim.number!r} "
+                              "in the store, not an integer (the row was edited): refused")
             if self.opts.run_as_submitter:
                 self._check_layer(claim)
             run_as = self._lookup_run_as(claim.user) if self.opts.run_as_submitter else None
@@ -871,6 +874,8 @@ class Worker:
             if runfile is not None:
                 self.runfiles.clear(runfile)
             message = getattr(exc, "message", None) or str(exc)
+            if isinstance(exc, _BadRow) and self.warn:
+                self.warn(message)
             _log_failure(Path(claim.log_path), f"cuectl: frame not started: {message}", self._rqlog(claim))
             why = failures.classify(exit_code=126, exit_signal=None, timed_out=False, launch_error=message)
             # A directory missing here may exist on another host (a share not mounted yet):
@@ -922,6 +927,8 @@ class Worker:
     def _rqlog(self, claim: ClaimedFrame) -> launch.RqlogLink | None:
         """The OpenCue-named link for the claim's log (CueGUI opens logs by those names); None
         when the job's name cannot be a file name (logs.rqlog_name): that job has no links."""
+        if type(claim.number) is not int:  # a hostile row, refused at launch: no name to link
+            return None
         name = logs.rqlog_name(claim.job, launch.frame_name(claim.number, claim.layer))
         if name is None:
             return None
@@ -1233,6 +1240,11 @@ class Worker:
 
 class _NoDirectory(CuectlError):
     """The frame's working directory does not exist on this host."""
+
+
+class _BadRow(CuectlError):
+    """A claimed row holds what no cuectl writes (a hostile writer of the store): the frame
+    fails, the worker goes on."""
 
 
 #: Runnable layers read per page; a dispatch pass reads on until it has seen them all.

@@ -235,10 +235,13 @@ def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, numb
     its layer row (with ``job_name`` and ``user`` of its job)."""
     # (A layer's frames share its command and environment: each JSON text is parsed once.
     # A chunk of one frame, the usual case, needs no frameset parser: up to 9 digits it is
-    # always within MAX_FRAME; anything longer is the parser's to accept or refuse.)
+    # always within MAX_FRAME; anything longer is the parser's to accept or refuse.
+    # ``number`` is an integer as every writer but a hostile one stores it; SQLite keeps any
+    # value in an INTEGER column (``UPDATE frames SET number = 'x'``), and such a value is
+    # handed on as it is, for the launch to refuse, as ``_env`` does: never an error here.)
     return ClaimedFrame(
         frame_id=int(frame_id), job_id=layer["job_id"], job=layer["job_name"], user=layer["user"],
-        layer_id=layer["id"], layer=layer["name"], number=int(number),
+        layer_id=layer["id"], layer=layer["name"], number=number,
         frames=(int(frames),) if frames.isascii() and frames.isdigit() and len(frames) <= 9
         else tuple(parse_frameset(frames, limit=STORED_CHUNK_LIMIT)), attempt=int(attempt),
         command=_command(layer["command"]), layer_range=layer["range"],
