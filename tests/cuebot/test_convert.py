@@ -116,3 +116,13 @@ def test_whiteboard_holds_the_jobs_as_job_messages_and_the_groups_counts():
     assert [j.name for j in back.inline_jobs] == ["show-shot-alice_lighting", "show-shot-alice_comp"]
     assert back.inline_jobs[0].job_stats.running_frames == 2
     assert (back.stats.running_frames, back.stats.waiting_frames, back.stats.reserved_gpus) == (4, 2, 2)
+
+
+def test_a_frame_number_that_is_no_integer_does_not_break_a_listing():
+    """SQLite keeps any value in frames.number: a hostile edit shows, it never raises."""
+    pb = convert.frame(frame_dict(number="x", name="x-render"))
+    assert (pb.number, pb.name) == (0, "x-render")
+    assert convert.frame(frame_dict(number=2**40)).number == 0
+    booking = {"id": 5, "number": "x", "layer_name": "render", "job_name": "j", "host": "h", "cores": 1.0,
+               "gpus": 0, "memory_bytes": 0}
+    assert convert.proc(booking).frame_name == "x-render"

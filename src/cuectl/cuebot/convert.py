@@ -128,6 +128,13 @@ FRAME_STATES = {"WAITING": job_pb2.WAITING, "RUNNING": job_pb2.RUNNING, "SUCCEED
 STATE_NAMES = {value: name for name, value in FRAME_STATES.items()}
 
 
+def frame_number(value: Any) -> int:
+    """A frame's number for an int32 field: what the store holds, or 0 for a value that is no
+    whole number an int32 holds (a hostile edit of a SQLite store: its name shows the value
+    as stored, views.frame_name; one bad row must not break a whole listing)."""
+    return value if type(value) is int and -2**31 <= value < 2**31 else 0
+
+
 def exit_status(frame: Mapping[str, Any]) -> int:
     """Cuebot's: -1 until an attempt ends; a signal's death is 128 + signal, as RQD reports it."""
     if frame.get("exit_code") is not None:
@@ -158,7 +165,7 @@ def frame(frame: Mapping[str, Any], *, booking: Mapping[str, Any] | None = None,
         gpu_seconds = max(gpu_seconds, (now - started) * gpus)
     return job_pb2.Frame(
         id=str(frame["id"]), name=str(frame["name"]), layer_name=str(frame["layer"]),
-        number=int(frame["number"]), state=FRAME_STATES.get(str(frame.get("state")), job_pb2.WAITING),
+        number=frame_number(frame["number"]), state=FRAME_STATES.get(str(frame.get("state")), job_pb2.WAITING),
         retry_count=max(int(frame.get("attempts") or 0) - 1, 0), exit_status=exit_status(frame),
         dispatch_order=int(frame["id"]), start_time=started, stop_time=0 if running else stopped,
         max_rss=kib(frame.get("max_rss_bytes")), used_memory=kib(frame.get("max_rss_bytes")) if running else 0,
@@ -220,7 +227,7 @@ def host(host: Mapping[str, Any], bookings: Sequence[Mapping[str, Any]], leased:
 def proc(booking: Mapping[str, Any], *, log_path: str = "") -> host_pb2.Proc:
     """A running frame as OpenCue's Proc (a booked slot on a host). Its id is the frame's."""
     cores, gpus = float(booking.get("cores") or 0.0), int(booking.get("gpus") or 0)
-    name = frame_name(int(booking["number"]), str(booking["layer_name"]))
+    name = frame_name(booking["number"], str(booking["layer_name"]))
     started = epoch(booking.get("started_at"))
     per_device = int(booking.get("gpu_memory_min_bytes") or 0)
     return host_pb2.Proc(

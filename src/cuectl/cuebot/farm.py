@@ -80,7 +80,7 @@ def _log_path(call: Call, booking: Mapping[str, Any]) -> str:
     """Where CueGUI opens the proc's log: the link run/logs.py keeps to its attempt's log."""
     from cuectl.run.logs import rqlog_path
 
-    name = frame_name(int(booking["number"]), str(booking["layer_name"]))
+    name = frame_name(booking["number"], str(booking["layer_name"]))
     path = rqlog_path(os.path.join(os.path.abspath(call.store.log_dir), str(booking["job_id"])),
                       str(booking["job_name"]), name)
     return str(path) if path is not None else ""

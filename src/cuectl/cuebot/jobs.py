@@ -237,7 +237,7 @@ def _frame_filter(r: job_pb2.FrameSearchCriteria) -> Callable[[Mapping[str, Any]
     def keep(f: Mapping[str, Any]) -> bool:
         return ((not ids or str(f["id"]) in ids) and (not names or f["name"] in names)
                 and (not layers or f["layer"] in layers) and (not states or f["state"] in states)
-                and (numbers is None or int(f["number"]) in numbers))
+                and (numbers is None or f["number"] in numbers))
     return keep
 
 
