@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from cuectl.sched.store import postgres as pg  # noqa: E402
 from cuectl.sched.store import schema  # noqa: E402
 from cuectl.sched.spec import spec_from_mapping  # noqa: E402
 from cuectl.sched.store import FrameResult, open_store  # noqa: E402
+from pgroles import as_role, login_roles  # noqa: E402  (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 
@@ -408,28 +408,14 @@ def test_large_submit_keeps_dispatch_order_and_dependencies(pg_url):
 
 
 # -- who submitted, and who may change a job ------------------------------------------------------
-def _role_url(pg_url: str, role: str) -> str:
-    return pg_url.replace("postgres@", f"{role}@", 1)
+_role_url = as_role
 
 
 @pytest.fixture
 def roles(pg_url):
     """Per-user roles set up with `cuectl admin pg-roles`, cluster-wide: unique names."""
-    from cuectl.sched.store import roles_sql
-
-    open_store(pg_url).close()  # the schema, owned by the superuser (the migrating role)
-    suffix = uuid.uuid4().hex[:6]
-    names = {who: f"{who}_{suffix}" for who in ("alice", "bob", "worker", "boss")}
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(roles_sql())  # no parameters: the script's own % signs stay as they are
-    for who, role in names.items():
-        sql(pg_url, f"CREATE ROLE {role} LOGIN")
-        group = {"worker": "cuectl_worker", "boss": "cuectl_admin"}.get(who, "cuectl_user")
-        sql(pg_url, f"GRANT {group} TO {role}")
-    yield names
-    for role in names.values():
-        sql(pg_url, f"REASSIGN OWNED BY {role} TO postgres; DROP OWNED BY {role}")
-        sql(pg_url, f"DROP ROLE {role}")
+    with login_roles(pg_url, ("alice", "bob", "worker", "boss")) as names:
+        yield names
 
 
 def test_the_server_records_who_submitted_and_nobody_changes_it(pg_url, roles):

@@ -6,7 +6,6 @@ token expands into are the submitter's (docs/security.md, "Tokens expand only pr
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 
@@ -14,36 +13,15 @@ psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) 
 
 from cuectl.sched.spec import spec_from_mapping  # noqa: E402
 from cuectl.sched.store import open_store  # noqa: E402
+from pgroles import as_role, login_roles, sql  # noqa: E402  (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 
 
-def sql(url: str, statement: str, params=()):
-    with psycopg.connect(url, autocommit=True) as conn:
-        cur = conn.execute(statement, params)
-        return cur.fetchall() if cur.description else None
-
-
-def as_role(pg_url: str, role: str) -> str:
-    return pg_url.replace("postgres@", f"{role}@", 1)
-
-
 @pytest.fixture
 def roles(pg_url):
-    from cuectl.sched.store import roles_sql
-
-    open_store(pg_url).close()
-    suffix = uuid.uuid4().hex[:6]
-    names = {who: f"{who}_{suffix}" for who in ("alice", "mallory")}
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(roles_sql())
-    for role in names.values():
-        sql(pg_url, f"CREATE ROLE {role} LOGIN")
-        sql(pg_url, f"GRANT cuectl_user TO {role}")
-    yield names
-    for role in names.values():
-        sql(pg_url, f"REASSIGN OWNED BY {role} TO postgres; DROP OWNED BY {role}")
-        sql(pg_url, f"DROP ROLE {role}")
+    with login_roles(pg_url, ("alice", "mallory")) as names:
+        yield names
 
 
 def test_another_user_cannot_rename_a_job_or_its_layer(pg_url, roles):

@@ -12,19 +12,10 @@ psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) 
 
 from cuectl.sched.spec import spec_from_mapping  # noqa: E402
 from cuectl.sched.store import FrameResult, open_store, roles_sql  # noqa: E402
+from pgroles import as_role, login_roles, sql  # noqa: E402  (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 Refused = psycopg.errors.InsufficientPrivilege
-
-
-def sql(url: str, statement: str, params=()):
-    with psycopg.connect(url, autocommit=True) as conn:
-        cur = conn.execute(statement, params)
-        return cur.fetchall() if cur.description else cur.rowcount
-
-
-def as_role(pg_url: str, role: str) -> str:
-    return pg_url.replace("postgres@", f"{role}@", 1)
 
 
 # What versions before issue 35 installed: ownership checks on the caller's search_path
@@ -43,21 +34,8 @@ CREATE POLICY cuectl_write ON attempts FOR ALL USING (cuectl_privileged() OR cue
 def roles(pg_url):
     """alice and bob (cuectl_user), a worker and an admin, on a database set up by an older
     `cuectl admin pg-roles` and then this version's, as an upgrade does."""
-    open_store(pg_url).close()  # the schema, owned by the superuser (the migrating role)
-    suffix = uuid.uuid4().hex[:6]
-    names = {who: f"{who}_{suffix}" for who in ("alice", "bob", "worker", "boss")}
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(roles_sql())
-        conn.execute(LEGACY)
-        conn.execute(roles_sql())  # the upgrade: the same script, run again
-    for who, role in names.items():
-        sql(pg_url, f"CREATE ROLE {role} LOGIN")
-        group = {"worker": "cuectl_worker", "boss": "cuectl_admin"}.get(who, "cuectl_user")
-        sql(pg_url, f"GRANT {group} TO {role}")
-    yield names
-    for role in names.values():
-        sql(pg_url, f"REASSIGN OWNED BY {role} TO postgres; DROP OWNED BY {role}")
-        sql(pg_url, f"DROP ROLE {role}")
+    with login_roles(pg_url, ("alice", "bob", "worker", "boss"), scripts=(LEGACY, roles_sql())) as names:
+        yield names
 
 
 def submit(pg_url: str, role: str, name: str, command=("true",), frames="1-2") -> int:
