@@ -142,12 +142,43 @@ class CliResult:
 
 
 @pytest.fixture
-def cli(db_path: Path, capsys: pytest.CaptureFixture[str]):
+def store_way(request: pytest.FixtureRequest) -> str:
+    """How the ``cli`` fixture reaches its store: "file" (``--db PATH``), or "socket"
+    (``--db unix:...``: the same store behind a real ``cuectl serve --socket``, as the users
+    of a shared machine reach a store only its service may write). tests/cli/conftest.py
+    runs its tests both ways."""
+    return getattr(request, "param", "file")
+
+
+@pytest.fixture
+def cli_db(db_path: Path, store_way: str, tmp_path: Path):
+    """The ``--db`` value of the ``cli`` fixture: the store's path, or its socket's URL."""
+    if store_way == "file":
+        yield str(db_path)
+        return
+    import shutil
+    import tempfile
+
+    import storesocket
+
+    from cuectl.sched.store import open_store
+
+    open_store(str(db_path), create=True).close()  # the service makes the store; users submit through it
+    short = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))  # a socket's path is at most 107 bytes
+    try:
+        with storesocket.serving(str(db_path), short / "api.sock") as url:
+            yield url
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
+@pytest.fixture
+def cli(cli_db: str, capsys: pytest.CaptureFixture[str]):
     """Run ``cuectl --db <tmp store> ARGS`` in-process; returns exit code, stdout, stderr."""
     from cuectl.cli.main import app
 
     def invoke(*args: str, db: bool = True) -> CliResult:
-        argv = (["--db", str(db_path)] if db else []) + [str(a) for a in args]
+        argv = (["--db", cli_db] if db else []) + [str(a) for a in args]
         capsys.readouterr()
         try:
             code = app(args=argv, prog_name="cuectl", standalone_mode=False)

@@ -34,6 +34,7 @@ def store_digest(db: Path) -> str:
     return h.hexdigest()
 
 
+@pytest.mark.store_file  # asserts that the file was never created
 def test_reading_commands_never_create_a_store(cli, db_path):
     """A mistyped --db/CUECTL_DB is an error naming the path, not an empty queue forever."""
     for args in (["job", "list"], ["frame", "list"], ["host", "list"], ["job", "show", "1"],

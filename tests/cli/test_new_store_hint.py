@@ -22,6 +22,7 @@ def hint_of(res) -> str:
 COMMANDS = [("admin", "limit", "set", "nuke", "10"), ("admin", "quota", "set", "user", "alice", "--gpus", "8")]
 
 
+@pytest.mark.store_file  # asserts that the file was never created
 @pytest.mark.parametrize("args", COMMANDS)
 def test_sqlite_new_store_names_admin_migrate(cli, db_path: Path, args) -> None:
     res = cli(*args)

@@ -64,6 +64,7 @@ def test_one_word_after_dashdash_through_the_real_executable(tmp_path, full_cli)
     assert '"nvidia-smi"' in shown.stdout, shown
 
 
+@pytest.mark.store_file  # asserts that the file was never created
 def test_a_command_cut_by_a_yaml_comment_is_refused_at_submit(cli, db_path, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text("name: sweep\nlayers:\n  - name: main\n    range: 1-3\n"
@@ -78,6 +79,7 @@ def test_a_command_cut_by_a_yaml_comment_is_refused_at_submit(cli, db_path, tmp_
     assert not db_path.exists()  # nothing changed
 
 
+@pytest.mark.store_file  # asserts that the file was never created
 def test_unbalanced_quotes_are_refused_at_submit(cli, db_path, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text("name: q\nlayers:\n  - name: main\n    command: 'echo \"unclosed'\n")

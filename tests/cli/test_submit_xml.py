@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "worker"))
 from farmlib import Farm  # noqa: E402
 
 
+@pytest.mark.store_file  # asserts that the file was never created
 def test_dry_run_json_creates_no_store(cli, db_path, tmp_path):
     spec = tmp_path / "job.xml"
     shutil.copy(FIXTURES / "jobspec_gpus_test.xml", spec)
@@ -29,6 +30,7 @@ def test_dry_run_json_creates_no_store(cli, db_path, tmp_path):
     assert not Path(db_path).exists()
 
 
+@pytest.mark.store_file  # asserts that the file was never created
 def test_dry_run_yaml_too(cli, db_path, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text("name: y\nlayers:\n  - {name: a, command: [echo, x], range: 1-3}\n")
@@ -48,6 +50,7 @@ def test_submit_creates_every_job(cli, tmp_path):
     assert names == ["pipe-dev.cue-testuser_depend_test_a", "pipe-dev.cue-testuser_depend_test_b"]
 
 
+@pytest.mark.store_file  # asserts that the file was never created
 def test_strict_refuses_and_submits_nothing(cli, db_path, tmp_path):
     spec = tmp_path / "job.xml"
     shutil.copy(FIXTURES / "autoeat.xml", spec)

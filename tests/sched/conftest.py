@@ -19,7 +19,7 @@ from cuectl.sched.store import open_store
 
 #: Every backend the store tests run on; "pgbouncer" is PostgreSQL through PgBouncer in
 #: transaction mode (``pgbouncer=true``), where nothing may live in a session.
-BACKENDS = ("sqlite", "postgres", "pgbouncer")
+BACKENDS = ("sqlite", "postgres", "pgbouncer", "socket")
 
 
 #: The modules whose tests also run through the pooler. Behind it the store differs in how
@@ -29,6 +29,11 @@ BACKENDS = ("sqlite", "postgres", "pgbouncer")
 #: store test a third time would cost the suite over a minute and test the same SQL again.
 POOLED_MODULES = {"test_store_contract", "test_notify_store", "test_usage_sql_aside", "test_bulk_store"}
 
+#: The modules whose tests also run on "socket": a SQLite store reached through
+#: ``cuectl serve --socket`` (``unix:PATH``, sched/store/remote.py) as its owner, so every
+#: store method and record crosses the wire both ways. The other modules test SQL.
+SOCKET_MODULES = {"test_store_contract", "test_bulk_store", "test_depends_store", "test_notify_store"}
+
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Each test that uses a store runs on SQLite and PostgreSQL, and those of
@@ -37,9 +42,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     purpose (test_postgres_pooler.py checks that refusal)."""
     if "store_url" not in metafunc.fixturenames:
         return
-    pooled = (metafunc.module.__name__.rsplit(".", 1)[-1] in POOLED_MODULES
-              and metafunc.definition.get_closest_marker("acts_as_user") is None)
-    metafunc.parametrize("store_url", [b for b in BACKENDS if b != "pgbouncer" or pooled], indirect=True)
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    sessionless = metafunc.definition.get_closest_marker("acts_as_user") is None
+    internal = metafunc.definition.get_closest_marker("sql_internals") is not None
+    wanted = {"pgbouncer": module in POOLED_MODULES and sessionless,
+              "socket": module in SOCKET_MODULES and sessionless and not internal}
+    metafunc.parametrize("store_url", [b for b in BACKENDS if wanted.get(b, True)], indirect=True)
 
 
 @pytest.fixture
@@ -47,7 +55,28 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A URL for a new, empty store of the backend ``request.param`` names."""
     if request.param == "sqlite":
         return str(tmp_path / "s" / "cuectl.db")
+    if request.param == "socket":
+        return request.getfixturevalue("socket_url")
     return request.getfixturevalue({"postgres": "pg_url", "pgbouncer": "pooled_url"}[request.param])
+
+
+@pytest.fixture
+def socket_url(tmp_path: Path):
+    """A new SQLite store served on a Unix socket (tests/storesocket.py); its ``unix:`` URL."""
+    import tempfile
+
+    import storesocket
+
+    db = tmp_path / "s" / "cuectl.db"
+    open_store(str(db)).close()
+    short = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))  # a socket's path is at most 107 bytes
+    try:
+        with storesocket.serving(str(db), short / "api.sock") as url:
+            yield url
+    finally:
+        import shutil
+
+        shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.fixture

@@ -338,6 +338,7 @@ def test_prune_releases_what_waits_on_a_pruned_job(store):
     assert depend_frames(store, a) == [] and store.list_depends(a)["depends"][0]["on_job"]["name"] is None
 
 
+@pytest.mark.sql_internals
 def test_the_sweep_releases_edges_whose_target_is_done(store, ab):
     """What a transaction could not release (another user's rows on PostgreSQL with roles)
     is released by the workers' sweep; simulated by putting an edge back by hand."""

@@ -103,6 +103,7 @@ def test_a_lost_frame_with_no_retries_left_is_dead(store):
     assert rows(store, job_id) == [("dead", claim.frame_id, "webhook", SHOWN)]
 
 
+@pytest.mark.sql_internals
 def test_repeat_safe_and_a_new_finish_rearms(store):
     job_id = store.submit(job([HOOK], frames="1"), now=NOW)
     run_all(store, job_id, code=1)

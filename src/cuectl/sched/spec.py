@@ -1165,3 +1165,31 @@ def with_log_limit(spec: JobSpec, value: str | int, label: str) -> JobSpec:
     layers = tuple(layer if layer.log_limit_bytes is not None else dataclasses.replace(layer, log_limit_bytes=limit)
                    for layer in spec.layers)
     return dataclasses.replace(spec, layers=layers)
+
+
+def recheck(spec: JobSpec, *, user: str, frame_limit: int | None = None) -> JobSpec:
+    """A JobSpec built by another process (a client of the store's socket: cuectl.serve.
+    storecalls) checked again here, as if parsed here, and made ``user``'s: the names,
+    commands, environment and directories each field validator checks, the layers'
+    dependencies, the frame limit and the command size; the chunks are expanded anew from
+    each layer's range (a client's own ``chunks`` are never believed: they become frame rows)."""
+    _job_name(spec.name, "name")
+    for key in ("project", "show", "shot"):
+        if getattr(spec, key) is not None:
+            label_name(getattr(spec, key), key, key)
+    labels: list[Label] = []
+    for index, layer in enumerate(spec.layers):
+        label = _field_of(f"layers[{index}]")
+        _layer_name(layer.name, label("name"))
+        _command(layer.command, label("command"))
+        for key, value in layer.env:
+            _env_value(value, f"{label('env')}.{_env_key(key, label('env'))}")
+        if layer.cwd is not None and not layer.cwd.startswith("/"):
+            raise InvalidInput(f"{label('cwd')}: must be an absolute directory, got {quote(layer.cwd)}")
+        if layer.chunk < 1:
+            raise InvalidInput(f"{label('chunk')}: must be 1 or more, got {layer.chunk}")
+        labels.append(label)
+    deps = [[(d, f"layers[{i}].depends") for d in layer.depends] for i, layer in enumerate(spec.layers)]
+    checked = _finish(name=spec.name, user=user, priority=spec.priority, paused=spec.paused, layers=spec.layers,
+                      deps=deps, layer_labels=labels, frame_limit=frame_limit)
+    return dataclasses.replace(spec, user=checked.user, layers=checked.layers, chunks=checked.chunks)

@@ -629,6 +629,31 @@ def create_app(settings: Settings) -> FastAPI:
                                    total)
         return Response(text, media_type="application/json")
 
+    # -- the store's own calls, for the CLI on a store only this server may write ----------
+    # (cuectl.sched.store.remote; docs/api.md, "The store protocol"). Not in the OpenAPI
+    # document: it is the CLI's, versioned with it, and its bodies are tagged store values.
+    @app.post(f"{API}/store/{{method}}", include_in_schema=False)
+    async def store_call(method: str, request: Request) -> Response:
+        from cuectl.serve import storecalls
+
+        data = await _json_body(request)
+
+        def run() -> Any:
+            store = pool.get()
+            who = caller(request)
+            result = storecalls.call(store, who, method, data, frame_limit=settings.frame_limit)
+            if storecalls.is_change(method):
+                cache.clear()
+            return result
+
+        try:
+            result = await run_in_threadpool(run)
+        except CuectlError as exc:
+            return storecalls.error_response(exc)
+        except Problem as exc:
+            return storecalls.problem_response(exc)
+        return JSONResponse(storecalls.result_body(result))
+
     return app
 
 

@@ -29,6 +29,7 @@ class Principal:
     role: str
     via: str  # token | peer | anonymous
     token_id: int | None = None
+    uid: int | None = None  # the socket peer's uid (via peer): the store's owner may call what workers do
 
     def can(self, role: str) -> bool:
         return _RANK[self.role] >= _RANK[role]
@@ -65,7 +66,7 @@ def peer_principal(uid: int, store: Store) -> Principal:
             owner = os.stat(store.local_path).st_uid
         except OSError:
             pass
-    return Principal(name, ADMIN if uid in (0, owner) else USER, "peer")
+    return Principal(name, ADMIN if uid in (0, owner) else USER, "peer", uid=uid)
 
 
 def identify(headers: Mapping[str, str], scope: Mapping[str, Any], store: Store, *, now: float,

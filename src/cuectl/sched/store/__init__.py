@@ -20,7 +20,10 @@ __all__ = ["Actor", "ClaimedFrame", "FrameResult", "HostInfo", "HostShape", "Liv
 
 def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
                migrate: bool | None = None, log_dir: Path | str | None = None) -> Store:
-    """Open the store named by a path, ``sqlite:///path`` or ``postgresql://…``.
+    """Open the store named by a path, ``sqlite:///path``, ``postgresql://…`` or
+    ``unix:/path`` (the socket of ``cuectl serve --socket`` in front of a store only its
+    service account may write; a path whose store has such a socket beside it,
+    ``<file>.sock``, and that this user may not write, is reached through that socket too).
 
     ``migrate`` (PostgreSQL only; SQLite always migrates when opened): None follows
     ``CUECTL_AUTO_MIGRATE`` (default on; off makes an old schema an error), True migrates,
@@ -30,7 +33,11 @@ def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
     under the state directory."""
     from cuectl import config
     from cuectl.errors import InvalidInput
+    from cuectl.sched.store import remote
 
+    sock = remote.socket_path(url)
+    if sock is not None:  # the store of a service account, through its server (remote.py)
+        return remote.connect(sock)
     if url.startswith(("postgresql://", "postgres://")):
         try:
             import psycopg  # noqa: F401  (only to tell a missing extra from other import errors)
@@ -54,6 +61,9 @@ def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
     from cuectl.sched.store.sqlite import SQLiteStore
 
     file = Path(path).expanduser()
+    beside = remote.beside(file)
+    if beside is not None:  # a store only its service may write: its socket is the way in
+        return remote.connect(beside)
     store = SQLiteStore(file, create=create, busy_timeout_s=busy_timeout_s,
                         log_dir=Path(log_dir) if log_dir else config.log_root(file))
     legacy = None if log_dir else config.legacy_log_root(file)
