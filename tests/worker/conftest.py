@@ -23,19 +23,38 @@ def farm(tmp_path: Path):
 
 @pytest.fixture
 def shared_farm(os_users):
-    """A farm whose store lives in a setgid directory shared by the throwaway users' group
-    (as a studio's group store would), so real users can submit to it. Root only."""
-    import os
+    """A farm as a machine several people use has it (docs/deploy.md): the store and its
+    directory belong to root alone, and a root ``cuectl serve --socket`` beside the store
+    (``farm.db.sock``) is how the throwaway users' commands reach it (found there by
+    ``--db farm.db``). Frames write their ledger into ``out/`` (sticky, like /tmp). Root only."""
     import shutil
     import tempfile
+    import time
 
+    from farmlib import cuectl_cmd
+    from cuectl.sched.store import open_store
 
     path = Path(tempfile.mkdtemp(prefix="cuectl-shared-", dir="/tmp"))
-    os.chown(path, 0, os_users.group_gid)
-    os.chmod(path, 0o2770)
+    os.chmod(path, 0o755)
+    out = path / "out"
+    out.mkdir()
+    os.chmod(out, 0o1777)
     f = Farm(path)
+    f.ledger = out / "ledger.jsonl"
+    open_store(str(f.db)).close()
+    sock = Path(f"{f.db}.sock")
+    server = subprocess.Popen([*cuectl_cmd(), "--db", str(f.db), "serve", "--socket", str(sock), "--no-access-log"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not sock.exists() or not os.stat(sock).st_mode & 0o002:  # uvicorn binds, then opens it to all
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"cuectl serve --socket did not start: {server.stderr.read() if server.stderr else ''}")
+        time.sleep(0.05)
+    f.server_proc = server
     yield f
     f.cleanup()
+    server.terminate()
+    server.wait(10)
     shutil.rmtree(path, ignore_errors=True)
 
 
