@@ -72,6 +72,7 @@ EXIT_NOT_FOUND = 127
 EXIT_CANNOT_EXECUTE = 126
 LOG_FILE_MODE = 0o640  # DESIGN §3: logs readable by owner and group, never the world
 LOG_DIR_MODE = 0o750
+ROOT_LOG_DIR_MODE = 0o711  # a root worker's top log directory: users pass through, never list
 # After SIGKILL, a process in uninterruptible sleep (hung NFS, a wedged driver) can linger.
 # Stop waiting for such stragglers eventually so one stuck process cannot hang the worker.
 _STRAGGLER_GIVE_UP_S = 10.0
@@ -975,7 +976,9 @@ def _open_log_root(root: Path, euid: int) -> int:
     try:
         return os.open(root, _DIR_FLAGS | _NOFOLLOW)
     except FileNotFoundError:
-        root.mkdir(mode=LOG_DIR_MODE, parents=True, exist_ok=True)
+        # Root's log directory serves every user of a shared store (docs/deploy.md): each
+        # may pass through to her own job's directory (0750, hers), none may list the others.
+        root.mkdir(mode=ROOT_LOG_DIR_MODE if euid == 0 else LOG_DIR_MODE, parents=True, exist_ok=True)
         return os.open(root, _DIR_FLAGS | _NOFOLLOW)
     except OSError as exc:
         if exc.errno not in (errno.ELOOP, errno.ENOTDIR):

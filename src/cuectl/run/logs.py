@@ -133,15 +133,17 @@ def open_log(log_dir: str | Path, path: str, frame_id: int) -> int:
     except OSError:
         link = None
     follow = link is not None and stat.S_ISLNK(link.st_mode) and link.st_uid in (0, os.geteuid())
+    # Directories are only passed through (O_PATH: a root worker's log directory is 0711,
+    # which its users may search but not read).
+    walk = flags | getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0)
     try:
-        dir_flags = (flags & ~nofollow if follow else flags) | getattr(os, "O_DIRECTORY", 0)
-        fd = os.open(log_dir, dir_flags)
+        fd = os.open(log_dir, walk & ~nofollow if follow else walk)
     except OSError as exc:
         raise NotFound(f"the log directory {log_dir} cannot be read here: {exc.strerror}",
                        hint=_HINT_ELSEWHERE) from None
     try:
         for part in parts[:-1]:
-            parent, fd = fd, os.open(part, flags | getattr(os, "O_DIRECTORY", 0), dir_fd=fd)
+            parent, fd = fd, os.open(part, walk, dir_fd=fd)
             os.close(parent)
         # O_NONBLOCK: a FIFO planted in place of the log cannot hang the reader.
         parent, fd = fd, os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
