@@ -247,6 +247,13 @@ def no_color() -> bool:
     return env("NO_COLOR") is not None
 
 
+def service_user() -> str | None:
+    """``CUECTL_SERVICE_USER``: the account (not root) that owns a shared store and runs its
+    ``cuectl serve --socket``; a root worker believes the submit receipts it writes for
+    other users (sched/identity.py). Unset: only each user's own receipts prove anything."""
+    return env("CUECTL_SERVICE_USER") or None
+
+
 def current_user() -> str:
     for name in ("CUECTL_USER", "USER", "LOGNAME"):
         value = env(name)

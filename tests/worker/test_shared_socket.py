@@ -118,3 +118,64 @@ def test_another_users_job_is_refused_with_one_line(shared_farm, os_users):
     assert shared_farm.job(job)["state"] == "PENDING"
     mine = alice.run([*cuectl_cmd(), "--db", str(shared_farm.db), "job", "kill", str(job)], env=shared_farm.env())
     assert mine.returncode == 0, mine.stderr
+
+
+def test_a_service_account_vouches_for_its_users_only_when_named(tmp_path, os_users):
+    """The store belongs to a system account (not root) running the socket: the receipts it
+    writes for alice prove alice's jobs to a root worker told that account
+    (CUECTL_SERVICE_USER), and to no other worker; nobody else's receipts speak for others."""
+    import os
+    import subprocess
+    import tempfile
+    import time
+
+    import osusers
+    from farmlib import Farm
+
+    svc, alice = os_users("svc", "alice")
+    base = Path(tempfile.mkdtemp(prefix="cuectl-svc-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    home = base / "store"
+    home.mkdir()
+    os.chown(home, svc.uid, svc.gid)
+    out = base / "out"
+    out.mkdir()
+    os.chmod(out, 0o1777)
+    farm = Farm(home)
+    farm.ledger = out / "ledger.jsonl"
+    made = svc.run([*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "warm", "--paused", "--", "true"],
+                   env=farm.env())  # svc makes its store
+    assert made.returncode == 0, made.stderr
+    sock = Path(f"{farm.db}.sock")
+    server = subprocess.Popen(osusers.as_user(svc, [*cuectl_cmd(), "--db", str(farm.db), "serve", "--socket",
+                                                    str(sock), "--no-access-log"]),
+                              env={**farm.env(), "USER": svc.name, "HOME": "/nonexistent"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not sock.exists() or not os.stat(sock).st_mode & 0o002:
+            assert server.poll() is None and time.monotonic() < deadline, server.stderr.read() if server.stderr else ""
+            time.sleep(0.05)
+        marker = out / "ran"
+        spec = out / "hers.json"
+        spec.write_text(json.dumps({"name": "hers", "layers": [
+            {"name": "w", "command": ["sh", "-c", f"id -u >> {marker}"]}]}))
+        spec.chmod(0o644)
+        res = alice.run([*cuectl_cmd(), "--db", str(farm.db), "submit", str(spec)], env=farm.env(), cwd=out)
+        assert res.returncode == 0, res.stderr
+        job = int(res.stdout)
+        # Not named: the receipt is svc's, not alice's, so nothing proves the job is hers.
+        assert farm.run_worker(None).returncode == 0
+        assert not marker.exists()
+        assert f"belongs to uid {svc.uid}, not to {alice.name}" in farm.job(job)["pending_reason"]
+        # Named: svc's word is proof, and the frame runs as alice.
+        farm_env = {"CUECTL_SERVICE_USER": svc.name}
+        assert farm.run_worker(None, env=farm_env).returncode == 0
+        assert marker.read_text().split() == [str(alice.uid)]
+    finally:
+        server.terminate()
+        server.wait(10)
+        farm.cleanup()
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)

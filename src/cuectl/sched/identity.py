@@ -125,6 +125,26 @@ def _uid_of(user: str) -> int:
         raise Unproven(f"user {user!r} does not exist on this host") from None
 
 
+def _vouches(uid: int, spool: Path) -> bool:
+    """Whether a receipt owned by ``uid`` speaks for whichever user it names: only the
+    service account that the administrator named (``CUECTL_SERVICE_USER``: it runs
+    ``cuectl serve --socket`` for everyone, and only it writes the store), and only in a
+    spool that account alone can write. Root's own API server gives receipts to their users
+    instead; nobody else ever vouches for another user."""
+    from cuectl import config
+
+    name = config.service_user()
+    if not name or uid == 0:
+        return False
+    try:
+        if pwd.getpwnam(name).pw_uid != uid:
+            return False
+        st = os.lstat(spool)
+    except (KeyError, OSError):
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and not st.st_mode & 0o022
+
+
 def read_receipt(spool: Path | None, name: str | None, *, user: str, job_id: int) -> dict[str, Any]:
     """The receipt's content if it proves that ``user`` submitted job ``job_id``."""
     if spool is None or not name:
@@ -141,7 +161,7 @@ def read_receipt(spool: Path | None, name: str | None, *, user: str, job_id: int
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
             raise Unproven(f"the job's receipt {name} is not a plain file with one link")
         expected = _uid_of(user)
-        if info.st_uid != expected:
+        if info.st_uid != expected and not _vouches(info.st_uid, spool):
             raise Unproven(f"the job's receipt {name} belongs to uid {info.st_uid}, not to {user} (uid {expected})")
         data = json.loads(os.read(fd, _MAX_RECEIPT_BYTES))
     except ValueError:
@@ -169,7 +189,9 @@ def job_proof_problem(job: Mapping[str, Any], spool: Path | None) -> str | None:
 def proof_problem(*, user: str, job_id: int, submitted_by: str | None, receipt: str | None,
                   spool: Path | None) -> str | None:
     """Why the store cannot prove that ``user`` submitted the job (None: it can)."""
-    if submitted_by is not None:  # a database server recorded the role
+    # A database server's word (PostgreSQL, where there is no spool). In a SQLite file the
+    # column is only what someone wrote there: never proof.
+    if submitted_by is not None and spool is None:
         if submitted_by == user:
             return None
         return f"it was submitted by the database role {submitted_by!r}, not {user!r}"
@@ -188,7 +210,7 @@ def check_layer(*, user: str, job_id: int, layer: str, command: Sequence[str] | 
     each value given is the one the proof covers (``job_name``, ``show``, ``shot`` too, on a
     version-2 receipt), so the caller may use them as they are. A version-1 receipt proves
     a layer only if its command uses no token whose value it does not cover (``#JOB#``)."""
-    if submitted_by is not None:
+    if submitted_by is not None and spool is None:
         problem = proof_problem(user=user, job_id=job_id, submitted_by=submitted_by, receipt=None, spool=None)
         if problem:
             raise Unproven(problem)
@@ -213,7 +235,7 @@ def check_notify_command(*, user: str, job_id: int, command: str, submitted_by: 
     job (PostgreSQL: the job is the role's, and only it or a worker/admin writes its rows;
     SQLite: the hook is in the user's receipt, so nobody else who can write the file can
     add a command that runs as the user)."""
-    if submitted_by is not None:
+    if submitted_by is not None and spool is None:
         problem = proof_problem(user=user, job_id=job_id, submitted_by=submitted_by, receipt=None, spool=None)
         if problem:
             raise Unproven(problem)
