@@ -24,11 +24,11 @@ ID_U = ["sh", "-c", 'echo "uid=$(id -u) user=$USER"']
 
 @pytest.fixture(scope="module")
 def shared(os_users, serve_dir: Path, serve_env: dict[str, str]):
-    """A group store (setgid directory shared with the throwaway users) served by root."""
+    """A store only root writes, served by root: its users come through the API (issue 35:
+    one writer; a root worker refuses a store others can write)."""
     (user,) = os_users("apiu")
     path = Path(tempfile.mkdtemp(prefix="cuectl-serve-", dir="/tmp"))
-    os.chown(path, 0, os_users.group_gid)
-    os.chmod(path, 0o2770)
+    os.chmod(path, 0o755)
     db = new_store(path / "cuectl.db")
     ghost = f"ghost{os.getpid()}"
     with pytest.raises(KeyError):

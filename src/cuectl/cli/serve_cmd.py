@@ -46,6 +46,9 @@ def serve_cmd(
     set_undumpable()
     if cache < 0:
         raise InvalidInput(f"--cache: must be 0 or more, got {cache:g}")
+    if (ctx.obj.db or config.default_db_url()).startswith("unix:"):
+        raise InvalidInput("cuectl serve needs the store itself (a path or postgresql://...), not another "
+                           "server's socket", hint="run serve as the store's owner with --db PATH")
     if opencue is not None:
         return _serve_opencue(ctx, opencue, trust_network, cache)
     if trust_network:

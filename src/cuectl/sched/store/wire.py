@@ -74,10 +74,10 @@ def decode(data: Any, *, typed: bool = False, depth: int = 0) -> Any:
         return data
     if isinstance(data, list):
         return [decode(v, typed=typed, depth=depth + 1) for v in data]
-    if not isinstance(data, dict) or len(data) not in (1, 2):
-        raise InvalidInput(f"a store call holds a value of no known form: {_short(data)}")
-    if "__dc" in data:
+    if isinstance(data, dict) and set(data) == {"__dc", "f"}:
         return _dataclass(data, typed=typed, depth=depth)
+    if not isinstance(data, dict) or len(data) != 1:
+        raise InvalidInput(f"a store call holds a value of no known form: {_short(data)}")
     (tag, inner), = data.items()
     if tag == "__float" and inner in ("inf", "-inf", "nan"):
         return float(inner)
