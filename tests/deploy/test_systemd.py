@@ -20,6 +20,7 @@ UNITS = {"single": SYSTEMD / "cuectl-worker.service", "template": SYSTEMD / "cue
 SERVE = SYSTEMD / "cuectl-serve.service"
 SERVE_ENV = SYSTEMD / "serve.env.example"
 OPENCUE = SYSTEMD / "cuectl-opencue.service"
+SHARED = SYSTEMD / "cuectl-shared.service"
 OPENCUE_ENV = SYSTEMD / "opencue.env.example"
 
 
@@ -200,7 +201,7 @@ def test_systemd_analyze_verify(tmp_path: Path):
     exe = shutil.which("true")
     assert exe
     checked = []
-    for path in [*UNITS.values(), SERVE, OPENCUE]:
+    for path in [*UNITS.values(), SERVE, OPENCUE, SHARED]:
         # verify insists that ExecStart's program exists; a template needs an instance name.
         name = path.name.replace("@.", "@gpu.")
         text = path.read_text().replace("/usr/local/bin/cuectl", exe)
@@ -339,3 +340,32 @@ def test_opencue_unit_hardening_matches_the_rest_api_and_keeps_the_socket_tables
         assert hiding not in svc, hiding
     assert "RuntimeDirectory" not in svc          # no socket of its own to keep
 
+
+
+# -- cuectl-shared.service (issue 35: a machine several people use) ----------------------------
+
+def test_shared_unit_serves_a_root_store_on_a_socket_with_real_options():
+    u = parse_unit(SHARED)
+    svc = u["Service"]
+    assert u["Install"]["WantedBy"] == ["multi-user.target"] and svc["Restart"] == ["on-failure"]
+    assert "User" not in svc  # root: it hands each submit receipt to its user
+    env = dict(e.split("=", 1) for e in svc["Environment"])
+    (state,) = svc["StateDirectory"]
+    assert env["CUECTL_DB"] == f"/var/lib/{state}/cuectl.db" and svc["StateDirectoryMode"] == ["0755"]
+    (runtime,) = svc["RuntimeDirectory"]
+    assert runtime != "cuectl" and not runtime.startswith("cuectl/")  # /run/cuectl/locks must outlive it
+    for line in [*svc["ExecStartPre"], *svc["ExecStart"]]:
+        argv = shlex.split(line)
+        assert argv[0] == "/usr/local/bin/cuectl"
+        resolved = resolve_command(argv[1:])
+        assert resolved is not None, line
+        for opt in options_used(argv[1:]):
+            assert opt in resolved[1], f"{line}: no option {opt}"
+    (start,) = svc["ExecStart"]
+    argv = shlex.split(start)
+    sock = argv[argv.index("--socket") + 1]
+    assert sock.startswith(f"/run/{runtime}/")
+    # What users set is the same socket (the install lines of the unit, and docs/deploy.md).
+    assert f"CUECTL_DB=unix:{sock}" in SHARED.read_text()
+    assert f"CUECTL_DB=unix:{sock}" in (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    assert svc["RestrictAddressFamilies"] == ["AF_UNIX"]
