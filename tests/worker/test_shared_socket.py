@@ -116,6 +116,13 @@ def test_another_users_job_is_refused_with_one_line(shared_farm, os_users):
     assert res.returncode == 1 and res.stderr.startswith(f"error: job {job} (hers) belongs to {alice.name}"), res
     assert "Traceback" not in res.stderr
     assert shared_farm.job(job)["state"] == "PENDING"
+    # --force passed a non-owner on a store every member could write anyway; through the
+    # socket the server is the only writer, and its check holds.
+    forced = bob.run([*cuectl_cmd(), "--db", str(shared_farm.db), "job", "kill", "--force", str(job)],
+                     env=shared_farm.env())
+    assert forced.returncode == 1 and f"belongs to {alice.name}" in forced.stderr, forced
+    assert "--force" not in forced.stderr
+    assert shared_farm.job(job)["state"] == "PENDING"
     mine = alice.run([*cuectl_cmd(), "--db", str(shared_farm.db), "job", "kill", str(job)], env=shared_farm.env())
     assert mine.returncode == 0, mine.stderr
 

@@ -374,14 +374,19 @@ class SQLStore(Store):
         """``NotOwner`` unless the caller owns every job (the proven submitter where the
         server records one, else the job's user) or is an admin."""
         actor = self.actor()
-        if actor.admin or (force and self._force_overrides):
+        # ``force`` passes a non-owner only where nothing could stop them anyway (a member
+        # who can write the file); never for a caller a server acts for (the socket, the
+        # REST API): the server is the only writer there, and its check the only boundary.
+        overrides = self._force_overrides and self.acting is None
+        if actor.admin or (force and overrides):
             return
         # Several jobs (a bulk action): all or nothing, naming the first few that are not theirs.
         others = [job for job in jobs if (job["submitted_by"] or job["user"]) != actor.name]
         if not others:
             return
         hint = ("add --force to do it anyway (the store file's permissions are the real boundary)"
-                if self._force_overrides else "ask its owner, or an admin (a member of cuectl_admin)")
+                if overrides else "ask its owner, or an admin" + ("" if self._force_overrides
+                                                                  else " (a member of cuectl_admin)"))
         named = ", ".join(f"job {job['id']} ({job['name']}) belongs to {job['submitted_by'] or job['user']}"
                           for job in others[:5])
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
