@@ -186,3 +186,22 @@ def test_a_service_account_vouches_for_its_users_only_when_named(tmp_path, os_us
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_another_users_secrets_stay_hers(shared_farm, os_users):
+    """`job show --show-secrets` shows a job's credentials to its owner (and admins), not to
+    every user of the machine, as the readable group file once did."""
+    alice, bob = os_users("alice", "bob")
+    res = submit_as(alice, shared_farm, {"name": "keys", "paused": True, "layers": [
+        {"name": "w", "command": ["true"], "env": {"API_TOKEN": "s3cr3t-value", "DB": "postgresql://u:pw@h/d"}}]})
+    job = res.stdout.strip()
+
+    def shown(user):
+        out = user.run([*cuectl_cmd(), "--db", str(shared_farm.db), "job", "show", job, "--show-secrets", "--json"],
+                       env=shared_farm.env())
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["layers"][0]["env"]
+
+    assert shown(alice)["API_TOKEN"] == "s3cr3t-value" and shown(alice)["DB"] == "postgresql://u:pw@h/d"
+    theirs = shown(bob)
+    assert theirs["API_TOKEN"] == "***" and "pw" not in theirs["DB"], theirs

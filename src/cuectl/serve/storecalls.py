@@ -93,7 +93,24 @@ def call(store: Store, who: Principal, method: str, body: Any, *, frame_limit: i
         if "argument" in str(exc):
             raise InvalidInput(f"{method}: {exc}") from None
         raise
+    if method == "get_job" and isinstance(result, dict):
+        result = _private(result, who)
     return wire.encode(result)
+
+
+def _private(job: dict[str, Any], who: Principal) -> dict[str, Any]:
+    """Another user's job with the credentials in its environment masked (``job show
+    --show-secrets`` shows only one's own: before the one-writer model any member could
+    read them in the file; now only its owner, an admin or the service does)."""
+    from cuectl.sched.views import mask_env
+
+    owner = job.get("submitted_by") or job.get("user")
+    if is_service(who) or who.role == ADMIN or owner == who.user:
+        return job
+    for layer in job.get("layers") or []:
+        if isinstance(layer.get("env"), dict):
+            layer["env"] = mask_env(layer["env"])
+    return job
 
 
 def _submission(who: Principal, args: list[Any], kwargs: dict[str, Any],
