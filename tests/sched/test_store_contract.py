@@ -1108,3 +1108,19 @@ def test_list_frames_changed_since(store):
                                                                         ended_at=NOW + 300), now=NOW + 300)
     assert changed(NOW + 250) == [2]           # ended at +300
     assert changed(NOW + 400) == []
+
+
+def test_get_jobs_and_caps_reached_answer_a_list_in_one_call(store):
+    """What `job list` reads for its pending reasons, in one call each (one trip behind a
+    socket): the same as get_job and cap_reached one by one, in order."""
+    ids = [store.submit(job(name=f"j{i}", layers=[{"name": "a", "command": ["true"], "max_running": 1}]), now=NOW)
+           for i in range(3)]
+    layer = next(la for la in store.runnable_layers() if la.job_id == ids[1])
+    store.claim_frame(layer.layer_id, host="h", worker="h:1", gpu_uuids=[], now=NOW, lease_s=60)
+    assert store.get_jobs([ids[2], ids[0]]) == [store.get_job(ids[2]), store.get_job(ids[0])]
+    layers = [layer["id"] for full in store.get_jobs(ids) for layer in full["layers"]]
+    assert store.caps_reached(layers) == {i: store.cap_reached(i) for i in layers}
+    assert [bool(c) for c in store.caps_reached(layers).values()] == [False, True, False]  # its one may run
+    assert store.get_jobs([]) == [] and store.caps_reached([]) == {}
+    with pytest.raises(NotFound):
+        store.get_jobs([ids[0], 987654])

@@ -44,7 +44,9 @@ def test_records_cross_intact() -> None:
               base.FrameResult(0, usage={"GPU-1": {"util": 1.5}}, permanent=True),
               {1: [("x", 2.5)], "k": frozenset({"a"})}, float("inf"), Path("/x/y"), (1, (2, None))]
     for value in values:
-        assert wire.decode(json.loads(json.dumps(wire.encode(value))), typed=True) == value
+        sent = json.dumps(wire.encode(value))
+        assert wire.decode(json.loads(sent), typed=True) == value  # the server's way: checked
+        assert wire.loads(sent) == value  # the client's: in one pass of the parser
 
 
 @pytest.mark.parametrize("body, says", [

@@ -520,8 +520,9 @@ def _cap_reached(store: Any, layer_id: int) -> str | None:
 
 
 def explain_loaded(store: Any, job: Mapping[str, Any], farm: Farm, *, unproven: str | None = None,
-                   hosts_lines: bool = True) -> JobExplanation:
-    """``explain_job`` for a job already read with ``store.get_job`` (layers included)."""
+                   hosts_lines: bool = True, caps: Mapping[int, str | None] | None = None) -> JobExplanation:
+    """``explain_job`` for a job already read with ``store.get_job`` (layers included);
+    ``caps``: its layers' ``cap_reached``, read already (``Store.caps_reached``)."""
     counts_needed = _COUNT_STATES if hosts_lines else (m.WAITING, m.DEPEND, m.SUCCEEDED, m.EATEN, m.DEAD)
     counts = layer_counts(store, job, counts_needed)
     layers: list[LayerExplanation] = []
@@ -530,7 +531,12 @@ def explain_loaded(store: Any, job: Mapping[str, Any], farm: Farm, *, unproven: 
         out = LayerExplanation(id=layer["id"], name=layer["name"], counts=c)
         waiting, depend = c.get(m.WAITING, 0), c.get(m.DEPEND, 0)
         if waiting or depend:
-            out.cap = _cap_reached(store, layer["id"]) if waiting else None
+            if not waiting:
+                out.cap = None
+            elif caps is not None and layer["id"] in caps:
+                out.cap = caps[layer["id"]]
+            else:
+                out.cap = _cap_reached(store, layer["id"])
             out.hosts = [explain_host(layer, h, user=job["user"], farm=farm, cap=out.cap, unproven=unproven)
                          for h in farm.hosts]
             if waiting:

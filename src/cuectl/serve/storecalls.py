@@ -95,6 +95,8 @@ def call(store: Store, who: Principal, method: str, body: Any, *, frame_limit: i
         raise
     if method == "get_job" and isinstance(result, dict):
         result = _private(result, who)
+    if method == "get_jobs" and isinstance(result, list):
+        result = [_private(job, who) for job in result]
     return wire.encode(result)
 
 

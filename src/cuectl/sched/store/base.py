@@ -264,6 +264,10 @@ class Store(abc.ABC):
     def get_job(self, ref: str | int) -> dict[str, Any]:
         """The job by id or unique name, with layers and ``pending_reason``. NotFound/Conflict."""
 
+    def get_jobs(self, ids: Sequence[int]) -> list[dict[str, Any]]:
+        """``get_job`` of each id, in order, in one call (as ``caps_reached``)."""
+        return [self.get_job(int(i)) for i in ids]
+
     @abc.abstractmethod
     def set_job_paused(self, ref: str | int, paused: bool, *, force: bool = False) -> dict[str, Any]:
         """Pause or resume. This and every other method that changes a job or its frames for
@@ -498,6 +502,11 @@ class Store(abc.ABC):
     def cap_reached(self, layer_id: int) -> str | None:
         """Which cap holds this layer's next frame back now (pending reasons), or None."""
         raise NotImplementedError
+
+    def caps_reached(self, layer_ids: Sequence[int]) -> dict[int, str | None]:
+        """``cap_reached`` of each layer, in one call: a store behind a socket answers a
+        list's pending reasons in one trip instead of one a layer."""
+        return {int(i): self.cap_reached(int(i)) for i in layer_ids}
 
     # -- services: named resource defaults (``cuectl admin service``; sched/services.py) ------
     def set_service(self, name: str, values: Mapping[str, Any]) -> dict[str, Any]:

