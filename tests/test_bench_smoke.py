@@ -36,6 +36,7 @@ def test_bench_report_runs():
     ("bench_gpu_sample.py", (), "nvml (double), 8 devices"),
     ("bench_spawn.py", ("--frames", "20", "--runs", "1", "--work-ms", "0.1"), "helper / main"),
     ("bench_bulk.py", ("--jobs", "50", "--sample", "2"), "cuectl job kill --user U --yes"),
+    ("bench_socket.py", ("--jobs", "20", "--calls", "5", "--commands", "1"), "submit -- true"),
     ("bench_depends.py", ("--frames", "200", "--waiting", "20", "--complete-frames", "50", "--repeat", "1"),
      "releasing one each"),
     ("bench_farm_sim.py", ("--hosts", "4", "--seconds", "2", "--warmup", "0.5", "--procs", "2"), "capacity (needed"),
