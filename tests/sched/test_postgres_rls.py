@@ -57,7 +57,7 @@ def test_every_security_definer_function_has_a_fixed_search_path(pg_url, roles):
                        "AND pronamespace = 'public'::regnamespace AND proname <> 'cuectl_submitter'")
     assert {r[0] for r in rows if r[1]} >= {"cuectl_owns", "cuectl_owns_frame", "cuectl_owns_layer",
                                            "cuectl_owns_depend", "cuectl_layer_job", "cuectl_frame_job",
-                                           "cuectl_depend_job"}
+                                           "cuectl_depend_job", "cuectl_record_notification"}
     for name, _, config in rows:
         assert config == ["search_path=pg_catalog, public, pg_temp"], name
 
@@ -208,7 +208,7 @@ TABLES = {
                      "name = name", _ALL, _OP, _P, _P),
     "notifications": ("job_id = {A}", "INSERT INTO notifications(job_id, event, frame_id, target, created_at, "
                       "next_at) VALUES ({A}, 'job_done', 0, 'mailto:new@example.com', 1, 1)", "error = error",
-                      _ALL, _OP, _OP, _P),
+                      _ALL, _P, _P, _P),  # an owner's events go through cuectl_record_notification
     "depends": ("job_id = {A}", "INSERT INTO depends(type, job_id, layer_id, on_job_id, created_at) "
                 "VALUES ('LAYER_ON_JOB', {A}, {L1}, {A}, 1)", "satisfied_at = satisfied_at", _ALL, _OP, _OP, _OP),
     "depend_edges": ("depend_id = {D}", "INSERT INTO depend_edges(depend_id, layer_id, on_kind, on_id) "

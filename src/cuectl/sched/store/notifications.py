@@ -32,6 +32,11 @@ _INSERT = ("INSERT INTO notifications(job_id, event, frame_id, target, created_a
            "created_at = excluded.created_at, attempts = 0, next_at = excluded.next_at, claimed_by = NULL, "
            "claimed_until = NULL, delivered_at = NULL, error = NULL "
            "WHERE notifications.created_at < excluded.created_at")
+# On PostgreSQL with roles.sql (``_guarded``): the same row, written by the tables' owner
+# after it checked the event and the target.
+_GUARDED = "SELECT cuectl_record_notification(?, ?, ?, ?, ?) AS ok"
+_HAS_GUARD = ("SELECT to_regprocedure('cuectl_record_notification(bigint, text, bigint, text, double precision)') "
+              "IS NOT NULL AS ok")
 DUE = "delivered_at IS NULL AND next_at <= ? AND attempts < ? AND (claimed_until IS NULL OR claimed_until < ?)"
 
 
@@ -56,9 +61,25 @@ def record(tx: Any, job_id: int, event: str, frame_id: int, now: float) -> int:
     for item in (*nt.from_json(row["notify"]), *farm_defaults(tx)):
         if event in item.on:
             targets.setdefault(nt.target_json(item), item)
+    if not targets:
+        return 0
+    if _guarded(tx):
+        return sum(bool(tx.one(_GUARDED, (job_id, event, frame_id, target, now))["ok"]) for target in targets)
     for target in targets:
         tx.run(_INSERT, (job_id, event, frame_id, target, now, now))
     return len(targets)
+
+
+def _guarded(tx: Any) -> bool:
+    """Does this PostgreSQL store have ``cuectl admin pg-roles`` of this version installed?
+    Then only workers and admins may write notification rows, and everyone records an event
+    through ``cuectl_record_notification`` (roles.sql), which writes a row only for the event
+    this transaction made happen and a target the job or the farm asked for: a user's own
+    ``job kill`` records its rows without her role being able to write any row she likes.
+    (Looked up on each event, rare: a store whose pg-roles is re-run needs no restart.)"""
+    if not type(tx.conn).__module__.startswith("psycopg"):
+        return False  # SQLite: the file's permissions are the boundary (docs/security.md)
+    return bool(tx.one(_HAS_GUARD)["ok"])
 
 
 def record_finish(tx: Any, job_id: int, now: float) -> None:

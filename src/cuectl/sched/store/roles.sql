@@ -188,27 +188,143 @@ CREATE POLICY cuectl_submit ON layer_limits FOR INSERT
 CREATE POLICY cuectl_change ON layer_limits FOR UPDATE USING (cuectl_privileged());
 CREATE POLICY cuectl_remove ON layer_limits FOR DELETE USING (cuectl_privileged());
 
--- Notifications (schema 7, docs/notifications.md): everyone reads them. A row is written
--- in the transaction that finishes a job or kills a frame, which a job's owner can cause
--- (`frame kill`, `job kill`): owners insert rows for their own jobs, and re-arm them when
--- the job finishes again after a retry (an UPDATE of their own job's rows). Marking rows
--- claimed, delivered or failed is the deliverers' (workers, admins); nobody but them deletes
--- one (pruning a job removes its rows by the foreign key's cascade).
+-- Notifications (schema 7, docs/notifications.md): everyone reads them; only workers and
+-- admins write rows (insert, claim, mark delivered or failed, delete). A row is written in the
+-- transaction that finishes a job or kills a frame, which a job's owner can cause (`job kill`,
+-- `frame kill`): her store calls cuectl_record_notification for it, which writes the row as
+-- the tables' owner only when (a) this very transaction made the event happen (the job or
+-- frame row was changed by it: its xmin), (b) the job's state is that event, and (c) the
+-- target, as canonical JSON, is one of the job's `notify` entries or the farm defaults asking
+-- for that event. So an owner can no longer write a row naming any target she likes (a
+-- command run by a root deliverer, any mail address), mark her rows delivered or claimed, or
+-- re-arm a delivered one without a new event; nobody can record or re-arm another user's. The
+-- table grants stay, as for attempts: the policies refuse (a user's UPDATE or DELETE changes
+-- no row, her INSERT is an error). Pruning a job removes its rows by the foreign key's cascade.
+-- Every function has the fixed search_path and schema-qualified names of the checks above.
+DO $notify_functions$
+DECLARE
+    fixed text := format('SET search_path = pg_catalog, %I, pg_temp', current_schema());
+    s text := quote_ident(current_schema());
+BEGIN
+    -- A JSON string exactly as Python's json.dumps writes it (ensure_ascii: \uXXXX for what
+    -- is not printable ASCII, surrogate pairs beyond U+FFFF), so that the target text made
+    -- here is the one sched/notify.py's target_json makes: the row's unique key.
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_json_string(value text) RETURNS text
+        LANGUAGE sql IMMUTABLE STRICT %2$s AS $b$
+        SELECT '"' || COALESCE(string_agg(CASE
+                WHEN c = '"' THEN '\"' WHEN c = '\' THEN '\\'
+                WHEN c = chr(10) THEN '\n' WHEN c = chr(13) THEN '\r' WHEN c = chr(9) THEN '\t'
+                WHEN c = chr(8) THEN '\b' WHEN c = chr(12) THEN '\f'
+                WHEN ascii(c) BETWEEN 32 AND 126 THEN c
+                WHEN ascii(c) < 65536 THEN '\u' || lpad(to_hex(ascii(c)), 4, '0')
+                ELSE '\u' || to_hex(55296 + ((ascii(c) - 65536) >> 10))
+                     || '\u' || to_hex(56320 + ((ascii(c) - 65536) & 1023)) END, '' ORDER BY i), '') || '"'
+        FROM pg_catalog.generate_series(1, length(value)) AS i, LATERAL substr(value, i, 1) AS c $b$$f$, s, fixed);
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_notify_target(kind text, target text) RETURNS text
+        LANGUAGE sql IMMUTABLE STRICT %2$s AS $b$
+        SELECT '{"kind":' || %1$s.cuectl_json_string(kind) || ',"target":' || %1$s.cuectl_json_string(target) || '}'
+        $b$$f$, s, fixed);
+    -- Does a list of notify entries (JSON text: a job's `notify`, the farm defaults) hold
+    -- {kind: target} for event (`on` absent: finished and failed)? Text that is not such a
+    -- list (a hand-edited store) holds nothing, and is no error.
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_notify_asks(entries text, kind text, target text,
+                                                                    event text) RETURNS boolean
+        LANGUAGE plpgsql IMMUTABLE %2$s AS $b$
+        DECLARE
+            items jsonb;
+        BEGIN
+            BEGIN
+                items := entries::jsonb;
+            EXCEPTION WHEN others THEN
+                RETURN false;
+            END;
+            IF items IS NULL OR jsonb_typeof(items) <> 'array' THEN
+                RETURN false;
+            END IF;
+            RETURN EXISTS (SELECT 1 FROM jsonb_array_elements(items) AS e(item)
+                           WHERE jsonb_typeof(e.item) = 'object' AND jsonb_typeof(e.item -> kind) = 'string'
+                             AND e.item ->> kind = target
+                             AND CASE WHEN e.item -> 'on' IS NULL OR e.item -> 'on' = 'null'::jsonb
+                                          THEN event IN ('finished', 'failed')
+                                      WHEN jsonb_typeof(e.item -> 'on') = 'array'
+                                          THEN e.item -> 'on' @> jsonb_build_array(event)
+                                      ELSE e.item -> 'on' = to_jsonb(event) END);
+        END $b$$f$, s, fixed);
+    -- Record (or re-arm, when at is later than the row's created_at) one notification row;
+    -- false, writing nothing, unless (a), (b) and (c) above hold. Whoever calls it can write
+    -- only the row the event's own transaction would write: the caller's role is not needed
+    -- (a SECURITY DEFINER function cannot see it), since only the job's owner, workers and
+    -- admins can change the job's or frame's row in their transaction. The store never uses
+    -- savepoints, so the rows it changed carry the transaction's own id.
+    EXECUTE format($f$CREATE OR REPLACE FUNCTION %1$s.cuectl_record_notification(
+            in_job bigint, in_event text, in_frame bigint, in_target text, in_at double precision) RETURNS boolean
+        LANGUAGE plpgsql VOLATILE SECURITY DEFINER %2$s AS $b$
+        DECLARE
+            parsed jsonb;
+            kind text;
+            value text;
+            me xid := pg_current_xact_id()::xid;
+            happened boolean;
+        BEGIN
+            BEGIN
+                parsed := in_target::jsonb;
+            EXCEPTION WHEN others THEN
+                RETURN false;
+            END;
+            IF NOT coalesce(jsonb_typeof(parsed) = 'object' AND jsonb_typeof(parsed -> 'kind') = 'string'
+                            AND jsonb_typeof(parsed -> 'target') = 'string', false) THEN
+                RETURN false;
+            END IF;
+            kind := parsed ->> 'kind';
+            value := parsed ->> 'target';
+            IF NOT coalesce(kind IN ('command', 'webhook', 'email')
+                            AND in_target = %1$s.cuectl_notify_target(kind, value), false) THEN
+                RETURN false;
+            END IF;
+            IF in_event IN ('finished', 'failed') THEN
+                SELECT in_frame = 0 AND j.state = 'FINISHED' AND j.xmin = me
+                       AND in_event = CASE WHEN j.killed_at IS NOT NULL OR EXISTS (
+                               SELECT 1 FROM %1$s.frames f WHERE f.job_id = j.id AND f.state = 'DEAD')
+                           THEN 'failed' ELSE 'finished' END
+                  INTO happened FROM %1$s.jobs j WHERE j.id = in_job;
+            ELSIF in_event = 'dead' THEN
+                SELECT f.state = 'DEAD' AND f.xmin = me INTO happened
+                  FROM %1$s.frames f WHERE f.id = in_frame AND f.job_id = in_job;
+            END IF;
+            IF NOT coalesce(happened, false) THEN
+                RETURN false;
+            END IF;
+            IF NOT (%1$s.cuectl_notify_asks((SELECT j.notify FROM %1$s.jobs j WHERE j.id = in_job), kind, value,
+                                            in_event)
+                     OR %1$s.cuectl_notify_asks((SELECT m.value FROM %1$s.meta m WHERE m.key = 'notify_defaults'),
+                                               kind, value, in_event)) THEN
+                RETURN false;
+            END IF;
+            INSERT INTO %1$s.notifications AS n (job_id, event, frame_id, target, created_at, attempts, next_at)
+                VALUES (in_job, in_event, in_frame, in_target, in_at, 0, in_at)
+                ON CONFLICT (job_id, event, frame_id, target) DO UPDATE SET
+                    created_at = excluded.created_at, attempts = 0, next_at = excluded.next_at, claimed_by = NULL,
+                    claimed_until = NULL, delivered_at = NULL, error = NULL
+                WHERE n.created_at < excluded.created_at;
+            RETURN true;
+        END $b$$f$, s, fixed);
+    EXECUTE format('REVOKE ALL ON FUNCTION %s.cuectl_record_notification(bigint, text, bigint, text, '
+                   'double precision) FROM PUBLIC', s);
+    EXECUTE format('GRANT EXECUTE ON FUNCTION %s.cuectl_record_notification(bigint, text, bigint, text, '
+                   'double precision) TO cuectl_user, cuectl_worker, cuectl_admin', s);
+END $notify_functions$;
+
 GRANT SELECT, INSERT, UPDATE, DELETE ON notifications TO cuectl_user, cuectl_worker, cuectl_admin;
 ALTER TABLE notifications ENABLE ROW LEVEL SECURITY;
 DROP POLICY IF EXISTS cuectl_read ON notifications;
 DROP POLICY IF EXISTS cuectl_submit ON notifications;
 DROP POLICY IF EXISTS cuectl_change ON notifications;
 DROP POLICY IF EXISTS cuectl_remove ON notifications;
+DROP POLICY IF EXISTS cuectl_write ON notifications;
 CREATE POLICY cuectl_read ON notifications FOR SELECT USING (true);
 -- A frame's row (frame_id 0: the job's) names a frame of the row's job.
-CREATE POLICY cuectl_submit ON notifications FOR INSERT
-    WITH CHECK (cuectl_privileged() OR (cuectl_owns(job_id, current_user)
-                                        AND (frame_id = 0 OR cuectl_frame_job(frame_id) = job_id)));
-CREATE POLICY cuectl_change ON notifications FOR UPDATE USING (cuectl_privileged() OR cuectl_owns(job_id, current_user))
-    WITH CHECK (cuectl_privileged() OR (cuectl_owns(job_id, current_user)
-                                        AND (frame_id = 0 OR cuectl_frame_job(frame_id) = job_id)));
-CREATE POLICY cuectl_remove ON notifications FOR DELETE USING (cuectl_privileged());
+CREATE POLICY cuectl_write ON notifications FOR ALL USING (cuectl_privileged())
+    WITH CHECK (cuectl_privileged() AND (frame_id = 0 OR cuectl_frame_job(frame_id) = job_id));
 
 -- The farm's notification defaults (key notify_defaults) and the store settings
 -- (`cuectl admin setting`, e.g. depend.satisfy_on_eaten) live in meta: admins write those
