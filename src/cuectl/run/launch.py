@@ -1272,11 +1272,26 @@ class _LogCap:
         self.dropped = 0
         self.last_size = 0
         self.next_space_check = time.monotonic() + _SPACE_CHECK_S
+        # The frame was found filling a full disk: from then on (while it is being stopped,
+        # and when it is gone) its log is kept at _FULL_DISK_LOG, not at its limit.
+        self.full = False
+
+    def started(self) -> None:
+        """The header is written: only what the frame writes after it counts as growth (a
+        frame that writes nothing is neither stopped nor its log called lost for a disk
+        that something else filled)."""
+        self.last_size = os.fstat(self.fd).st_size
 
     def check(self, now: float) -> str | None:
         """Cut the log back if it is over the limit; a reason to stop the frame when the
         filesystem is full and this log is still growing, else None."""
         size = os.fstat(self.fd).st_size
+        if self.full:
+            # Being stopped for a full disk: it refills what a cut frees in an instant, so
+            # every poll until it is gone cuts it back again.
+            if size > min(self.limit, _FULL_DISK_LOG):
+                self.shrink(min(self.limit, _FULL_DISK_LOG))
+            return None
         if size > self.limit + self.limit // _RUNNING_SLACK_SHARE:
             size = self.shrink(self.limit)
         if now < self.next_space_check:
@@ -1288,7 +1303,14 @@ class _LogCap:
         st = os.fstatvfs(self.fd)
         if st.f_bavail * st.f_frsize >= _free_space_floor(st):
             return None
-        self.shrink(min(self.limit, _FULL_DISK_LOG))
+        self.full = True
+        keep = min(self.limit, _FULL_DISK_LOG)
+        # The kill's note is appended at the end, where the next cut may drop it: the marker
+        # after the head, which every cut keeps, says it too.
+        self.marker = (f"\n=== cuectl: the log's filesystem is full: the frame is being stopped and its log "
+                       f"kept to {keep} bytes: output was cut here; the most recent output follows ===\n").encode()
+        self.cut = False
+        self.last_size = self.shrink(keep)
         return "the log's filesystem is full"
 
     def shrink(self, limit: int) -> int:
@@ -1345,10 +1367,12 @@ class _LogCap:
         """The frame is gone: cut to the limit with as much tail as fits, note what was cut,
         then add ``footer`` (one line, see :func:`log_footer`): the limit counts the frame's
         output, so the notes after the cut are always there. ``lost`` (``space_lost``): cut
-        to what a full disk gets, freeing the rest, and say that output was lost."""
+        to what a full disk gets, freeing the rest, and say that output was lost; so is the
+        log of a frame stopped for filling the disk (``full``): what it wrote in its last
+        instants must not keep the disk full once it is gone."""
         try:
             try:
-                self.shrink(min(self.limit, _FULL_DISK_LOG) if lost else self.limit)
+                self.shrink(min(self.limit, _FULL_DISK_LOG) if lost or self.full else self.limit)
             except OSError:
                 pass  # disk full: the footer may still fit
             if lost:
@@ -1575,6 +1599,8 @@ class FrameProcess:
         try:
             if header is not None:
                 _write_line(fd, header)
+            if log_cap is not None:
+                log_cap.started()
             started_at = time.time()
             try:
                 popen = _start_child(argv, env, fd, None if cwd is None else str(cwd), tuple(pass_fds),

@@ -1,0 +1,147 @@
+"""Disk full on a small filesystem that holds both the SQLite store and the frame logs
+(issue 35 item 9): a frame that floods its log is stopped and its log cut back so that the
+disk is free again.
+
+Real `cuectl worker` processes on a real 4 MiB tmpfs (a loop-mounted ext2 file system where
+tmpfs is refused). Mounting needs root, as CI has."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from farmlib import Farm
+
+# Writes 64 KiB chunks as fast as it can and ignores ENOSPC, as a careless renderer would,
+# for at most 30 s (a guard: the worker must stop it long before).
+FLOOD = ("import os, time\n"
+         "end = time.monotonic() + 30\n"
+         "while time.monotonic() < end:\n"
+         "    try: os.write(1, b'x' * 65536)\n"
+         "    except OSError: time.sleep(0.001)\n")
+
+
+def _mount_small(where: Path, size_mib: int) -> None:
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0755", "tmpfs", str(where)],
+                         capture_output=True, text=True)
+    if res.returncode == 0:
+        return
+    # No tmpfs here: an ext2 file system in a file, loop-mounted (ext2: no journal to fill).
+    image = where.with_name(where.name + ".img")
+    with open(image, "wb") as fh:
+        fh.truncate(size_mib << 20)
+    steps = [["mkfs.ext2", "-q", "-F", "-m", "0", str(image)], ["mount", "-o", "loop", str(image), str(where)]]
+    for step in steps:
+        loop = subprocess.run(step, capture_output=True, text=True)
+        if loop.returncode != 0:
+            pytest.fail(f"cannot mount a small file system here: tmpfs: {res.stderr.strip()}; "
+                        f"{step[0]}: {loop.stderr.strip()}")
+    os.chmod(where, 0o755)
+
+
+@pytest.fixture
+def small_disk(farm: Farm, tmp_path: Path):
+    """A 4 MiB file system holding the farm's store (and so its logs, ``<store>-logs``); the
+    frames' ledger and the worker's state stay on the normal disk."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root (CI runs these as root)")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    _mount_small(mount, 4)
+    farm.db = mount / "farm.db"
+    try:
+        yield mount
+    finally:
+        farm.cleanup()  # workers first: they keep files open there
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def fill(disk: Path) -> Path:
+    """Take every free block of ``disk`` with one file (what a user's `cp` would do)."""
+    path = disk / "filler"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for chunk in (1 << 16, 4096, 512, 1):
+            while True:
+                try:
+                    os.write(fd, b"\0" * chunk)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    break
+    finally:
+        os.close(fd)
+    return path
+
+
+def store_cannot_grow(db: Path) -> None:
+    """Empty the store's write-ahead log (a TRUNCATE checkpoint), so that with the disk full
+    every write transaction needs blocks it cannot get: otherwise SQLite may reuse the WAL's
+    old pages, and whether the store fails would depend on its history."""
+    conn = sqlite3.connect(db, timeout=10)
+    try:
+        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        assert busy == 0
+    finally:
+        conn.close()
+
+
+def warnings_about_the_store(err: str) -> list[str]:
+    return [ln for ln in err.splitlines() if "store unavailable" in ln]
+
+
+def ledger(farm: Farm, event: str) -> list[dict]:
+    return [e for e in farm.events() if e["event"] == event]
+
+
+def frame_show(farm: Farm, frame_id: int) -> dict:
+    return json.loads(farm.cuectl("frame", "show", str(frame_id), "--json").stdout)
+
+
+def test_a_log_flood_is_stopped_and_cut_back_so_the_store_and_other_frames_go_on(farm, small_disk):
+    """The flood fills the disk before the once-a-second check sees it; the worker stops it,
+    and its log stays cut back to 64 KiB after the frame is gone (it used to refill the
+    disk in the frame's last instants and stay that size, leaving the store unwritable for
+    good). A frame beside it that writes nothing is not stopped for the full disk."""
+    flood = farm.submit({"name": "flood", "layers": [{"name": "w", "command": [sys.executable, "-c", FLOOD],
+                                                      "retries": 0}]})
+    quiet = farm.submit({"name": "quiet", "layers": [{"name": "q", "command": farm.probe("--sleep", "2"),
+                                                      "retries": 0}]})
+    t0 = time.monotonic()
+    res = farm.run_worker(None, "--cores", "2", timeout=40)
+    took = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr
+    (f,) = farm.frames(flood)
+    shown = frame_show(farm, f["id"])
+    assert shown["state"] == "DEAD", shown
+    log = Path(shown["log_path"])
+    assert log.stat().st_size < 80 * 1024, log.stat().st_size
+    text = log.read_text(errors="replace")
+    assert "the log's filesystem is full: the frame is being stopped" in text
+    assert "stopped by cuectl (disk full)" in text.splitlines()[-1]
+    st = os.statvfs(small_disk)
+    assert st.f_bavail * st.f_frsize > 2 << 20, "the disk was left full"
+    (q,) = farm.frames(quiet)
+    assert (q["state"], q["attempts"]) == ("SUCCEEDED", 1), frame_show(farm, q["id"])
+    assert len(warnings_about_the_store(res.stderr)) <= 1, res.stderr
+    assert took < 20, took
+    conn = sqlite3.connect(farm.db)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+def test_disk_helpers_fill_and_free(small_disk):
+    """The fixture's file system really is small and ``fill`` really fills it."""
+    st = os.statvfs(small_disk)
+    assert st.f_blocks * st.f_frsize <= 5 << 20
+    filler = fill(small_disk)
+    st = os.statvfs(small_disk)
+    assert st.f_bavail * st.f_frsize < 4096
+    filler.unlink()
