@@ -157,12 +157,14 @@ def test_rqlog_name() -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="a root worker and real users need root (CI runs as root)")
 def test_a_root_worker_hands_the_links_to_the_frames_user_and_never_links_through_hers(shared_farm, os_users):
     """alice's frames run as alice under a root worker: her job's ``rqlog/`` and its links are
-    hers, like her logs; a link she planted at ``rqlog`` to a root-owned directory gets no
-    link made inside that directory (root would make it there if it followed)."""
+    hers, like her logs. The log root is root's, so she cannot make a job's directory there
+    herself; but a job's directory is hers once the worker has made it, and a link she plants
+    at ``rqlog`` in it to a root-owned directory gets no link made inside that directory
+    (root would make it there if it followed)."""
     import subprocess
     import tempfile
 
-    from test_trust import submit_as
+    from test_trust import job_dir_as_a_root_worker_makes_it, submit_as
 
     (alice,) = os_users("alice")
     victim = Path(tempfile.mkdtemp(prefix="cuectl-victim-", dir="/tmp"))  # root's, 0700
@@ -171,20 +173,25 @@ def test_a_root_worker_hands_the_links_to_the_frames_user_and_never_links_throug
         fine = submit_as(alice, shared_farm, {"name": "fine", "layers": [frame]})
         planted = submit_as(alice, shared_farm, {"name": "planted", "layers": [frame]})
         root = shared_farm.tmp / f"{shared_farm.db.name}-logs"  # the store's own log root
-        res = alice.run(["sh", "-c", f"mkdir -m 2770 {root} && mkdir -m 0750 {root}/{planted} "
-                                     f"&& ln -s {victim} {root}/{planted}/rqlog"])
+        res = alice.run(["sh", "-c", f"mkdir -p -m 2770 {root} && mkdir -m 0750 {root}/{planted}"])
+        assert res.returncode != 0 and "Permission denied" in res.stderr, res
+        assert not (root / str(planted)).exists()
+        job_dir_as_a_root_worker_makes_it(root, planted, alice)
+        res = alice.run(["ln", "-s", str(victim), str(root / str(planted) / "rqlog")])
         assert res.returncode == 0, res.stderr
         res = shared_farm.run_worker(None)
         assert res.returncode == 0, res.stderr
         for job in (fine, planted):
             assert [f["state"] for f in shared_farm.frames(job)] == ["SUCCEEDED"]
         assert list(victim.iterdir()) == []
+        assert os.readlink(root / str(planted) / "rqlog") == str(victim)  # left as it was
         rq = logs.rqlog_dir(logs.job_log_dir(root, fine))
         link = rq / "fine.0001-w.rqlog"
         assert "FRAME-OUTPUT" in link.read_text()
         assert rq.stat().st_uid == alice.uid and link.lstat().st_uid == alice.uid
         assert os.stat(rq).st_mode & 0o007 == 0
         assert res.stderr.count("no OpenCue log link") == 1, res.stderr
+        assert f"job {planted}:" in res.stderr
     finally:
         subprocess.run(["rm", "-rf", str(victim)])
 

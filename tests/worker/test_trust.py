@@ -31,39 +31,62 @@ def submit_as(user, farm, spec: dict) -> int:
     return int(res.stdout)
 
 
+def job_dir_as_a_root_worker_makes_it(logs: Path, job: int, user) -> Path:
+    """``<log root>/<job>``: the log root root's (0711: users pass through, never list), the
+    job's directory its user's (0750), as a root worker leaves them after a first frame."""
+    from cuectl.run.launch import LOG_DIR_MODE, ROOT_LOG_DIR_MODE
+
+    logs.mkdir(mode=ROOT_LOG_DIR_MODE, exist_ok=True)
+    logs.chmod(ROOT_LOG_DIR_MODE)
+    path = logs / str(job)
+    path.mkdir(mode=LOG_DIR_MODE)
+    os.chown(path, user.uid, user.gid)
+    return path
+
+
 @ROOT_ONLY
 def test_a_planted_log_symlink_never_gets_root_writing_through_it(shared_farm, os_users):
-    """alice links her frame's log to a root-owned file, and bob links the log directory of
-    another of her jobs to a root-owned directory: the root worker follows neither (it ran
-    the frame and appended its output to the root file before). The logs it does create are
-    owned by the frame's user."""
+    """alice links her frame's log, in her own job directory, to a root-owned file; bob tries
+    to link the log directory of another of her jobs to a root-owned directory, but the log
+    root is root's: he cannot, so a writer of it (root in the harness) plants that link. The
+    root worker follows neither (it ran the frame and appended its output to the root file
+    before). The logs it does create are owned by the frame's user."""
     alice, bob = os_users("alice", "bob")
     victim_dir = Path(tempfile.mkdtemp(prefix="cuectl-victim-", dir="/tmp"))
     try:
         victim = victim_dir / "root-owned.conf"
         victim.write_text("precious\n")
-        marker = shared_farm.tmp / "ran"
+        marker = shared_farm.tmp / "out" / "ran"  # the sticky out/: alice may write there
         frame_cmd = ["sh", "-c", f"echo FRAME-OUTPUT; touch {marker}"]
         linked = submit_as(alice, shared_farm, {"name": "link", "layers": [
             {"name": "w", "command": frame_cmd, "retries": 0}]})
         moved = submit_as(alice, shared_farm, {"name": "dir", "layers": [
             {"name": "w", "command": frame_cmd, "retries": 0}]})
         logs = shared_farm.tmp / f"{shared_farm.db.name}-logs"  # the store's own log root (config.log_root)
-        res = bob.run(["sh", "-c", f"mkdir -m 2770 {logs} && ln -s {victim_dir} {logs}/{moved}"])
-        assert res.returncode == 0, res.stderr
-        res = alice.run(["sh", "-c", f"mkdir -p {logs}/{linked} && ln -s {victim} {logs}/{linked}/0001-w.1.log"])
+        plant_dir = ["sh", "-c", f"mkdir -p -m 2770 {logs} && ln -s {victim_dir} {logs}/{moved}"]
+        res = bob.run(plant_dir)
+        assert res.returncode != 0 and "Permission denied" in res.stderr, res
+        assert not os.path.lexists(logs / str(moved))
+        job_dir_as_a_root_worker_makes_it(logs, linked, alice)
+        res = bob.run(plant_dir)
+        assert res.returncode != 0 and "Permission denied" in res.stderr, res
+        assert not os.path.lexists(logs / str(moved))
+        subprocess.run(plant_dir, check=True)
+        res = alice.run(["sh", "-c", f"ln -s {victim} {logs}/{linked}/0001-w.1.log"])
         assert res.returncode == 0, res.stderr
         assert shared_farm.run_worker(None).returncode == 0
         assert victim.read_text() == "precious\n"
         assert sorted(p.name for p in victim_dir.iterdir()) == ["root-owned.conf"]
         assert not marker.exists()
-        for job in (linked, moved):
-            assert [f["state"] for f in shared_farm.frames(job)] == ["DEAD"]
+        for job, what in ((linked, f"log file {logs}/{linked}/0001-w.1.log"), (moved, f"log directory {logs}/{moved}")):
+            (frame,) = shared_farm.frames(job)
+            assert frame["state"] == "DEAD" and frame["failure"].startswith(f"{what} is a symbolic link"), frame
         # A job nobody tampered with: its directory and log belong to alice, not root.
         fine = submit_as(alice, shared_farm, {"name": "fine", "layers": [{"name": "w", "command": frame_cmd}]})
         assert shared_farm.run_worker(None).returncode == 0
         (frame,) = shared_farm.frames(fine)
         assert frame["state"] == "SUCCEEDED"
+        assert marker.stat().st_uid == alice.uid
         log = Path(json.loads(shared_farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)["log_path"])
         assert "FRAME-OUTPUT" in log.read_text()
         assert log.stat().st_uid == alice.uid and log.parent.stat().st_uid == alice.uid
