@@ -72,6 +72,7 @@ def _store_checks(store: Store) -> list[Check]:
         shared = " (group store: setgid directory)" if fsutil.in_group_dir(Path(path)) else ""
         checks.append(Check("store permissions", "warn" if perm_problems else "ok",
                             "; ".join(perm_problems) if perm_problems else f"{mode:o}{shared}"))
+        checks.append(_writers_check(store))
     problems = store.integrity_problems()
     if problems is None:
         checks.append(Check("store integrity", "ok", "skipped: this store has no check a client can run"))
@@ -86,6 +87,18 @@ def _store_checks(store: Store) -> list[Check]:
     if isinstance(store, _ServerChecks):
         checks += [Check(name, status, detail) for name, status, detail in store.doctor_checks()]
     return checks
+
+
+def _writers_check(store: Store) -> Check:
+    """Whether a root worker would use this store: only its owner may write it (run/sealed.py)."""
+    from cuectl.run import sealed
+
+    found = sealed.problems(store)
+    if not found:
+        return Check("store writers", "ok", "only its owner can write it: a root worker may use it")
+    more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+    return Check("store writers", "warn", f"a root worker will refuse it: {found[0]}{more}; a store several users "
+                                          "share goes behind `cuectl serve --socket` (docs/deploy.md)")
 
 
 @runtime_checkable

@@ -118,6 +118,10 @@ def test_doctor_explains_a_group_store_members_cannot_write(group_farm, os_users
     perms = checks["store permissions"]
     assert perms["status"] == "warn", perms
     assert f"chmod g+rw {group_farm.db}" in perms["detail"] and "readonly database" in perms["detail"], perms
+    # ...and says that a root worker will not use a store its group can write.
+    writers = checks["store writers"]
+    assert writers["status"] == "warn" and "a root worker will refuse it" in writers["detail"], writers
+    assert "its group can write it" in writers["detail"] and "cuectl serve --socket" in writers["detail"], writers
     res = as_user_with_umask(bob, [*base, "submit", "--name", "his", "--", "true"], group_farm.env())
     assert res.returncode == 1
     assert res.stderr.startswith(f"error: permission denied: {group_farm.db} (only its owner {alice.name} "

@@ -254,8 +254,9 @@ def test_a_root_worker_refuses_a_store_its_group_can_write(os_users):
     (alice submits straight into the file). A root worker there would run whatever any
     member wrote as whomever it names: it exits 2 with one error line saying how to set up
     the shared mode, and runs nothing. Once only root can write it (chmod g-w of the files
-    and directories), the same worker starts and runs alice's job as alice."""
-    (alice,) = os_users("alice")
+    and directories), the same worker starts and runs alice's job as alice. (bob is in the
+    group too: a group of one is its owner's own, which a root worker accepts.)"""
+    alice, _bob = os_users("alice", "bob")
     top = Path(tempfile.mkdtemp(prefix="cuectl-group-", dir="/tmp"))
     farm = None
     try:
@@ -287,6 +288,11 @@ def test_a_root_worker_refuses_a_store_its_group_can_write(os_users):
         (frame,) = farm.frames(job)
         assert frame["state"] == "WAITING" and frame["attempts"] == 0
         assert json.loads(farm.cuectl("host", "list", "--json").stdout)["hosts"] == []
+        # Told to run every frame as itself, a root worker would run the members' rows as
+        # root: refused the same (it once skipped the check, and ran alice's `id -u` as 0).
+        as_root = farm.run_worker(None, "--run-as-worker-user", timeout=60)
+        assert as_root.returncode == 2 and "a root worker will not use a store others can write" in as_root.stderr
+        assert not ran.exists()
 
         for path in [home, *home.rglob("*")]:
             if not path.is_symlink():

@@ -102,7 +102,9 @@ def test_a_member_gets_no_worker_or_admin_call(shared_farm, os_users):
                         ("store.claim_frame(1, host='h', worker='w', gpu_uuids=[], now=1.0, lease_s=1.0)",
                          "only the store's owner"),
                         ("store.backup(Path('/tmp/stolen.db'))", "only the store's owner"),
-                        ("store.create_token('x', role='admin', label=None, now=1.0)", "needs admin")):
+                        ("store.create_token('x', role='admin', label=None, now=1.0)",
+                         "only an admin may manage API tokens"),  # the store's own words, as on the file
+                        ("store.set_host_locked('h', True)", "host lock: only an admin may do this")):
         out = raw_call(alice, shared_farm, code)
         assert not out["ok"] and out["error"] == "NotOwner" and needs in out["message"], (code, out)
     assert not Path("/tmp/stolen.db").exists()
@@ -205,3 +207,11 @@ def test_another_users_secrets_stay_hers(shared_farm, os_users):
     assert shown(alice)["API_TOKEN"] == "s3cr3t-value" and shown(alice)["DB"] == "postgresql://u:pw@h/d"
     theirs = shown(bob)
     assert theirs["API_TOKEN"] == "***" and "pw" not in theirs["DB"], theirs
+
+
+def test_doctor_for_a_user_skips_what_only_admins_may_check(shared_farm, os_users):
+    alice, = os_users("alice")
+    res = alice.run([*cuectl_cmd(), "--db", str(shared_farm.db), "admin", "doctor", "--json"], env=shared_farm.env())
+    checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
+    assert checks["store"]["status"] == "ok" and checks["store integrity"]["status"] == "ok", checks
+    assert "skipped" in checks["store integrity"]["detail"]

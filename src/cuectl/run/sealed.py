@@ -87,7 +87,32 @@ def _writers(path: Path, owner: int, *, sticky_ok: bool = False) -> list[str]:
     if st.st_uid not in (0, owner):
         return [f"{path} belongs to uid {st.st_uid}, not to the store's owner (uid {owner}) or root"]
     mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o022 and not (sticky_ok and st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
-        who = "every user" if mode & 0o002 else "its group"
-        return [f"{path} is mode {mode:o}: {who} can write it (chmod go-w {path})"]
-    return []
+    if not mode & 0o022 or (sticky_ok and st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
+        return []
+    if mode & 0o002:
+        return [f"{path} is mode {mode:o}: every user can write it (chmod o-w {path})"]
+    others = group_others(st.st_gid, {owner, st.st_uid})
+    if not others:  # the owner's own group (user private groups; root's): nobody else is in it
+        return []
+    shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+    return [f"{path} is mode {mode:o}: its group can write it ({shown}; chmod g-w {path})"]
+
+
+def group_others(gid: int, owners: set[int]) -> list[str]:
+    """The users in group ``gid`` (as a supplementary or primary group) other than root and
+    ``owners``: who a group-writable file lets write it."""
+    import grp
+    import pwd
+
+    try:
+        members = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        members = set()
+    members |= {p.pw_name for p in pwd.getpwall() if p.pw_gid == gid}
+    uids = {}
+    for name in members:
+        try:
+            uids[name] = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            uids[name] = -1
+    return sorted(name for name, uid in uids.items() if uid != 0 and uid not in owners)

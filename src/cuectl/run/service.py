@@ -136,6 +136,12 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
     if discovery is None:
         discovery = discover_gpus(backend)
     host = worker_host(name)
+    if os.geteuid() == 0:
+        # It runs what the store says, as whom the store says or as root: only one account
+        # may write that store (run/sealed.py). Checked before anything is made or changed.
+        from cuectl.run import sealed
+
+        sealed.check(store)
     locks = Path(lock_dir) if lock_dir else config.lock_dir()
     prepare_lock_dir(locks)
     state_dir = worker_state_dir(host)
@@ -153,11 +159,6 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
         rediscover_interval_s=rediscover_interval, heartbeat_file=state_dir / HEARTBEAT_FILE,
         nimby_memory_bytes=nimby_memory, nimby_util_pct=nimby_util, schedule=available,
         reservation_timeout_s=reservation_timeout)
-    if opts.run_as_submitter and os.geteuid() == 0:
-        # It runs what the store says as whom the store says: only one account may write it.
-        from cuectl.run import sealed
-
-        sealed.check(store)
     first = inventory_of(discovery, devices, exclude_devices)
     # Re-discovery uses the backend the worker was started with, but never fails for want
     # of GPUs: devices that vanish are reported unavailable, not a reason to stop.
