@@ -1,15 +1,19 @@
 """Disk full on a small filesystem that holds both the SQLite store and the frame logs
 (issue 35 item 9): a frame that floods its log is stopped and its log cut back so that the
-disk is free again.
+disk is free again; a store that cannot be written while frames run is retried with
+back-off (one warning, not one per iteration), the results wait in memory and are written
+once space is back.
 
 Real `cuectl worker` processes on a real 4 MiB tmpfs (a loop-mounted ext2 file system where
 tmpfs is refused). Mounting needs root, as CI has."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -94,7 +98,7 @@ def store_cannot_grow(db: Path) -> None:
 
 
 def warnings_about_the_store(err: str) -> list[str]:
-    return [ln for ln in err.splitlines() if "store unavailable" in ln]
+    return [ln for ln in err.splitlines() if "warning: store unavailable" in ln]
 
 
 def ledger(farm: Farm, event: str) -> list[dict]:
@@ -135,6 +139,69 @@ def test_a_log_flood_is_stopped_and_cut_back_so_the_store_and_other_frames_go_on
     conn = sqlite3.connect(farm.db)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
+
+
+def test_the_log_of_a_frame_stopped_for_a_full_disk_stays_cut_while_it_dies_and_after(small_disk):
+    """The log cap itself (run/launch.py ``_LogCap``) on the small disk: once it finds the
+    disk full and the log growing, it keeps the log at 64 KiB on every later check (the
+    frame is being stopped and may write on) and at the end, even if by then the disk has
+    room again (a frame that flushes its buffers when told to stop, after something freed
+    space): not only when the end finds the disk full."""
+    from cuectl.run.launch import _FULL_DISK_LOG, _LogCap
+
+    path = small_disk / "frame.log"
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)  # the frame's stdout
+    cap = _LogCap(os.open(path, os.O_RDWR), 1 << 30)
+    try:
+        os.write(out, b"=== header ===\n")
+        cap.started()
+        with contextlib.suppress(OSError):
+            while True:  # the frame fills the disk
+                os.write(out, b"x" * 65536)
+        assert cap.check(time.monotonic() + 2) == "the log's filesystem is full"
+        assert os.path.getsize(path) <= _FULL_DISK_LOG
+        os.write(out, b"y" * (1 << 20))  # written while it is being stopped
+        assert cap.check(time.monotonic() + 2.1) is None
+        assert os.path.getsize(path) <= _FULL_DISK_LOG
+        os.write(out, b"z" * (1 << 20))  # its last words, on a disk with room again
+        st = os.statvfs(small_disk)
+        assert st.f_bavail * st.f_frsize > 1 << 20  # (so the end does not find it full)
+        cap.finish("=== footer ===")
+        text = path.read_bytes()
+        assert len(text) < _FULL_DISK_LOG + 1024, len(text)
+        assert text.endswith(b"=== footer ===\n") and b"the log's filesystem is full" in text
+    finally:
+        os.close(out)
+
+
+def test_results_wait_for_the_store_with_back_off_and_are_written_when_space_returns(farm, small_disk):
+    """The disk fills (not through a log) while two frames run; they end meanwhile, one
+    with exit 0, one with exit 3 (after the worker's once-a-second look at their logs' free
+    space: writing nothing, they are not stopped for a disk that something else filled). The worker says once that the store is unavailable and
+    retries with back-off (0.1 s doubling to 5 s), not every iteration; once space is back
+    both are recorded as they really ended, on their first attempt."""
+    job = farm.submit({"name": "j", "layers": [
+        {"name": "ok", "command": farm.probe("--sleep", "1.5"), "retries": 0},
+        {"name": "bad", "command": farm.probe("--sleep", "1.5", "--exit", "3"), "retries": 0}]})
+    proc = farm.start_worker(None, "--until-idle", "--cores", "2")
+    farm.wait_for(lambda: len(ledger(farm, "start")) == 2, what="both frames running")
+    store_cannot_grow(farm.db)
+    filler = fill(small_disk)
+    farm.wait_for(lambda: len(ledger(farm, "end")) == 2, what="both frames ended")
+    time.sleep(4.0)  # an outage of several seconds: before, ~20 failed iterations a second
+    filler.unlink()
+    freed = time.monotonic()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert time.monotonic() - freed < 8, "the store was not tried again within the back-off cap"
+    warned = warnings_about_the_store(err)
+    assert len(warned) == 1, err
+    assert "disk full" in warned[0], warned
+    (back,) = [ln for ln in err.splitlines() if "store back after" in ln]
+    tries = int(re.search(r"\((\d+) failed iteration", back)[1])
+    assert 2 <= tries <= 10, back  # 0.1+0.2+0.4+0.8+1.6+3.2: about 7 tries in a 4-6 s outage
+    states = {f["layer"]: (f["state"], f["attempts"], f["exit_code"]) for f in farm.frames(job)}
+    assert states == {"ok": ("SUCCEEDED", 1, 0), "bad": ("DEAD", 1, 3)}, states
 
 
 def test_disk_helpers_fill_and_free(small_disk):

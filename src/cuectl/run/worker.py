@@ -180,6 +180,13 @@ class Worker:
     store_errors: int = 0
     _store_down_since: float | None = None  # wall clock of the first failed call of an outage
     _store_down_calls: int = 0
+    # An outage (docs/reliability.md, "Disk full"): its start on the monotonic clock, when
+    # the store may be called again (back-off, STORE_RETRY_FIRST_S doubling to
+    # STORE_RETRY_MAX_S), its latest error, and the error last warned about (one line each).
+    _store_down_mono: float | None = None
+    _store_retry_at: float | None = None
+    _store_error: str | None = None
+    _store_warned: str | None = None
     # The state directory's worker lock (see ``prepare``): held for the worker's life.
     _state_lock_fd: int = -1
     # Jobs whose submitter this root worker could not prove: job id -> why (never run);
@@ -372,10 +379,18 @@ class Worker:
             p.ended = None  # (last iteration's stats are gone)
         self._collect_finished()
         if self._sample_due(now):
-            self._sample(now)
+            self._sample(now)  # (no store write while the store is down: _live_paused)
+        if self.store_waiting():
+            # The store failed and its back-off is not over: no store call this iteration.
+            # Frames that end meanwhile keep their results in `pending`.
+            return self.stats
         if now >= self._next_heartbeat:
             self._heartbeat(now)
         try:
+            if self.pending and self._store_down_since is not None:
+                # The store answers again: the results that waited go first, before a reap
+                # could requeue their frames (their leases ran out while it was down).
+                self._flush_pending()
             if self._register_due:
                 self.register(now)
             if now >= self._next_reap:
@@ -395,20 +410,37 @@ class Worker:
                     self.say(f"store back after {time.time() - self._store_down_since:.1f} s "
                              f"({self._store_down_calls} failed iteration(s))")
                 self._store_down_since, self._store_down_calls = None, 0
+                self._store_down_mono = self._store_retry_at = self._store_error = self._store_warned = None
         except StoreGone:
             raise  # nothing more can be recorded: the supervisor stops the worker
         except StoreError as exc:
-            # Busy or unreachable store: running frames go on, their reports wait in
-            # `pending`; claiming resumes on a later iteration.
-            self._nothing_fits = False
-            self._live_paused = True
-            self.store_errors += 1
-            if self._store_down_since is None:
-                self._store_down_since = time.time()
-            self._store_down_calls += 1
-            if self.warn:
-                self.warn(f"store unavailable, retrying: {exc.message}")
+            self._store_failed(exc)
         return self.stats
+
+    def _store_failed(self, exc: StoreError) -> None:
+        """Busy, unreachable or full store: running frames go on, their results wait in
+        `pending`, claiming resumes once it answers. It is asked again after a back-off that
+        doubles from STORE_RETRY_FIRST_S to STORE_RETRY_MAX_S, not at every iteration (a full
+        disk was retried 2 to 40 times a second, by --poll, for as long as it lasted), and the
+        warning is one line per outage (again only if the error changes), not one per try."""
+        self._nothing_fits = False
+        self._live_paused = True
+        self.store_errors += 1
+        if self._store_down_since is None:
+            self._store_down_since, self._store_down_mono = time.time(), time.monotonic()
+        self._store_down_calls += 1
+        delay = min(STORE_RETRY_MAX_S, STORE_RETRY_FIRST_S * 2 ** min(self._store_down_calls - 1, 16))
+        self._store_retry_at = time.monotonic() + delay
+        self._store_error = exc.message
+        if exc.message != self._store_warned:
+            self._store_warned = exc.message
+            if self.warn:
+                self.warn(f"store unavailable, retrying (back-off up to {STORE_RETRY_MAX_S:g} s; frames keep "
+                          f"running, their results wait here): {exc.message}")
+
+    def store_waiting(self) -> bool:
+        """Is the store down and its back-off not over (no store call now)?"""
+        return self._store_retry_at is not None and time.monotonic() < self._store_retry_at
 
     def _reached_max(self) -> bool:
         return self.opts.max_frames is not None and self.claimed_total >= self.opts.max_frames
@@ -1044,9 +1076,15 @@ class Worker:
             self.stats.ended[ended] = (claim, info, state)
 
     def _flush_pending(self) -> None:
-        pending, self.pending = self.pending, []
-        for p in pending:
-            self._report(p.frame_id, p.attempt, p.result, p.ended)
+        """Record the waiting results, oldest first; a store error is raised (the loop's
+        outage handling: back-off, one warning) with the rest still waiting. It used to be
+        swallowed here, so a store that took claims and heartbeats but not results looked
+        healthy while the results waited for ever."""
+        while self.pending:
+            p = self.pending[0]
+            state = self.store.complete_frame(p.frame_id, p.attempt, p.result, now=self.store.clock())
+            del self.pending[0]
+            self._reported(p.ended, state)
 
     # -- heartbeats, user actions, sampling -------------------------------------------------
     def _heartbeat(self, now: float) -> None:
@@ -1249,6 +1287,11 @@ class _BadRow(CuectlError):
 
 #: Runnable layers read per page; a dispatch pass reads on until it has seen them all.
 RUNNABLE_PAGE = 500
+
+#: A store that failed is asked again after this, doubled at each failure up to the max
+#: (docs/reliability.md, "Disk full"); the loop goes on meanwhile (frames, logs, signals).
+STORE_RETRY_FIRST_S = 0.1
+STORE_RETRY_MAX_S = 5.0
 
 #: CPU frames of one layer claimed in one store transaction at most (as many as fit the
 #: free cores; a pass claims on until none fit).
@@ -1582,6 +1625,7 @@ class Supervisor:
     def _start(self) -> bool:
         """Register and recover, retrying while the store is busy; False if told to stop."""
         w, delay = self.worker, 0.1
+        said: str | None = None
         while True:
             w.write_heartbeat_file(force=True)  # alive while it waits for the store (liveness)
             try:
@@ -1590,12 +1634,13 @@ class Supervisor:
                 w.write_heartbeat_file(force=True)  # registered: ready
                 locked = w.host_locked()
             except StoreError as exc:
-                if w.warn:
-                    w.warn(f"store unavailable, retrying: {exc.message}")
+                if w.warn and exc.message != said:
+                    w.warn(f"store unavailable, retrying (back-off up to {STORE_RETRY_MAX_S:g} s): {exc.message}")
+                said = exc.message  # one line per error, not one per try
                 if self.signals:
                     return False
                 time.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, STORE_RETRY_MAX_S)
                 continue
             if locked and w.opts.until_idle:
                 # Nothing could ever run here: say so instead of exiting 0 having done nothing.
@@ -1672,7 +1717,10 @@ class Supervisor:
         one), or the next poll/heartbeat — whichever first."""
         timeout = w.opts.poll_s
         now = w.store.clock()
-        timeout = max(0.0, min(timeout, w._next_heartbeat - now))
+        due = w._next_heartbeat - now
+        if w._store_retry_at is not None:  # the store is down: no heartbeat before its back-off ends
+            due = max(due, w._store_retry_at - time.monotonic())
+        timeout = max(0.0, min(timeout, due))
         if w.running:
             timeout = min(timeout, max(0.0, min(rf.next_sample for rf in w.running.values()) - now))
         if w.devices and w.sampler is not None:  # every device is sampled each interval
