@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Any, Iterable, Mapping, Sequence
 
 from cuectl.errors import InvalidInput
@@ -25,8 +26,14 @@ def _describe(value: Any) -> str:
     return type(value).__name__ if not isinstance(value, (str, int, float, bool)) else repr(value)
 
 
+def _has_control(value: str) -> bool:
+    """C0 and C1 controls, DEL, and format characters (bidi overrides, zero-width ones)."""
+    return any(unicodedata.category(c) in ("Cc", "Cf") for c in value)
+
+
 def check_target(kind: str, value: Any, label: str) -> str:
-    """A target of ``kind``, or ``InvalidInput`` naming ``label``."""
+    """A target of ``kind``, or ``InvalidInput`` naming ``label``. Checked at submit and
+    again by the deliverer, whatever the stored row says (run/notify.py)."""
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(f"{label}: expected a non-empty string, got {_describe(value)}")
     if len(value) > MAX_TARGET:
@@ -40,10 +47,13 @@ def check_target(kind: str, value: Any, label: str) -> str:
             parts = urlsplit(value)
         except ValueError as exc:
             raise InvalidInput(f"{label}: {value!r} is not a URL ({exc})") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+        if (parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value)
+                or _has_control(value)):
             raise InvalidInput(f"{label}: {value!r} is not an http:// or https:// URL")
     elif kind == "email":
-        if not _EMAIL_RE.fullmatch(value) or any(ord(c) < 32 for c in value):
+        # The address becomes the To: header of a message sendmail -t reads its recipients
+        # from: a CR or LF (or any other control) would add a header, e.g. a Bcc.
+        if not _EMAIL_RE.fullmatch(value) or _has_control(value):
             raise InvalidInput(f"{label}: {value!r} is not an email address (user@host)")
     elif kind == "command":
         if any(ord(c) < 32 and c not in "\t\n" for c in value):
