@@ -2,7 +2,9 @@
 (issue 35 item 9): a frame that floods its log is stopped and its log cut back so that the
 disk is free again; a store that cannot be written while frames run is retried with
 back-off (one warning, not one per iteration), the results wait in memory and are written
-once space is back.
+once space is back; and SIGTERM while the store cannot be written drains and exits within a
+bounded time, saying in one line what it could not record, which the next worker's orphan
+recovery then requeues.
 
 Real `cuectl worker` processes on a real 4 MiB tmpfs (a loop-mounted ext2 file system where
 tmpfs is refused). Mounting needs root, as CI has."""
@@ -14,6 +16,7 @@ import errno
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -202,6 +205,80 @@ def test_results_wait_for_the_store_with_back_off_and_are_written_when_space_ret
     assert 2 <= tries <= 10, back  # 0.1+0.2+0.4+0.8+1.6+3.2: about 7 tries in a 4-6 s outage
     states = {f["layer"]: (f["state"], f["attempts"], f["exit_code"]) for f in farm.frames(job)}
     assert states == {"ok": ("SUCCEEDED", 1, 0), "bad": ("DEAD", 1, 3)}, states
+
+
+def _worker_stopped_without_store(farm: Farm, disk: Path, *, running: bool) -> tuple[subprocess.Popen, str, float, float]:
+    """Start a (service) worker, fill the disk once its frame(s) run, let the short one end
+    (its result cannot be recorded), SIGTERM; the worker, its stderr, how long it took to
+    exit and when (wall clock) it was signalled."""
+    layers = [{"name": "short", "command": farm.probe("--sleep", "0.3")}]
+    if running:
+        # 30 s on its first attempt only: after the requeue it ends at once.
+        cmd = (f'if [ "$CUE_ATTEMPT" = 1 ]; then exec {sys.executable} {farm.probe()[1]} {farm.ledger} --sleep 30; '
+               f'else exec {sys.executable} {farm.probe()[1]} {farm.ledger}; fi')
+        layers.append({"name": "long", "command": ["sh", "-c", cmd]})
+    farm.submit({"name": "j", "layers": layers})
+    proc = farm.start_worker(None, "--cores", "2", lease="2")
+    farm.wait_for(lambda: len(ledger(farm, "start")) == len(layers), what="frames running")
+    store_cannot_grow(farm.db)
+    fill(disk)
+    farm.wait_for(lambda: ledger(farm, "end"), what="the short frame ended")
+    time.sleep(0.5)  # its report has been tried (and failed)
+    t0, signalled = time.monotonic(), time.time()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"the worker did not exit within 20 s of SIGTERM: {err}") from None
+    return proc, err, time.monotonic() - t0, signalled
+
+
+def _next_worker_requeues_and_runs(farm: Farm, disk: Path, err: str) -> None:
+    (disk / "filler").unlink()
+    res = farm.run_worker(None, "--cores", "2", timeout=60)
+    assert res.returncode == 0, res.stderr
+    (recovered,) = [ln for ln in res.stderr.splitlines() if "recovered after a restart" in ln]
+    frames = json.loads(farm.cuectl("frame", "list", "--json").stdout)["frames"]
+    assert "requeued frame(s) " + ", ".join(str(f["id"]) for f in frames) in recovered, (recovered, frames)
+    assert {(f["state"], f["attempts"]) for f in frames} == {("SUCCEEDED", 2)}, frames
+    for f in frames:
+        first = frame_show(farm, f["id"])["attempt_history"][0]
+        assert first["outcome"] == "orphaned", first
+
+
+def test_sigterm_with_only_unrecorded_results_exits_instead_of_draining_for_ever(farm, small_disk):
+    """The issue's case: "draining … 0 running frame(s)" and the worker never exited, its
+    results waiting for a store that could not be written. It now waits one lease for the
+    store (2 s here), then exits 1 with one line naming what it could not record; the next
+    worker's recovery requeues that frame (its claimer is gone), and it runs again."""
+    proc, err, took, _ = _worker_stopped_without_store(farm, small_disk, running=False)
+    assert proc.returncode == 1, err
+    drain = next(ln for ln in err.splitlines() if "draining (SIGTERM)" in ln)
+    assert "0 running frame(s)" in drain and "1 result(s) wait for the store" in drain, drain
+    last = err.strip().splitlines()[-1]
+    assert "error: stopping with the store unavailable" in last and "disk full" in last, err
+    assert "result(s) of frame(s) 1 not recorded" in last and "requeues them" in last, last
+    assert 1.5 < took < 8, took
+    assert len(warnings_about_the_store(err)) == 1, err
+    _next_worker_requeues_and_runs(farm, small_disk, err)
+
+
+def test_sigterm_while_the_store_is_full_stops_running_frames_past_the_drain_deadline(farm, small_disk):
+    """A frame still running when SIGTERM comes and the store cannot be written: it may
+    finish for one lease; past that it is stopped, and the worker exits 1 within a bounded
+    time, naming both the unrecorded result and the stopped frame."""
+    proc, err, took, signalled = _worker_stopped_without_store(farm, small_disk, running=True)
+    assert proc.returncode == 1, err
+    assert "1 running frame(s) finish first" in next(ln for ln in err.splitlines() if "draining (SIGTERM)" in ln)
+    last = err.strip().splitlines()[-1]
+    assert "result(s) of frame(s) 1 not recorded" in last and "running frame(s) 2 stopped" in last, last
+    assert 1.5 < took < 10, took
+    (killed,) = ledger(farm, "killed")
+    assert killed["env"]["CUE_LAYER"] == "long"
+    assert killed["t"] > signalled + 1.5, "stopped before the drain deadline (for the full disk?)"
+    _next_worker_requeues_and_runs(farm, small_disk, err)
 
 
 def test_disk_helpers_fill_and_free(small_disk):

@@ -187,6 +187,7 @@ class Worker:
     _store_retry_at: float | None = None
     _store_error: str | None = None
     _store_warned: str | None = None
+    drain_started: float | None = None  # monotonic time of the first stop signal
     # The state directory's worker lock (see ``prepare``): held for the worker's life.
     _state_lock_fd: int = -1
     # Jobs whose submitter this root worker could not prove: job id -> why (never run);
@@ -441,6 +442,41 @@ class Worker:
     def store_waiting(self) -> bool:
         """Is the store down and its back-off not over (no store call now)?"""
         return self._store_retry_at is not None and time.monotonic() < self._store_retry_at
+
+    def stranded(self) -> bool:
+        """Draining, with frames running or results unrecorded, while the store has been
+        down for a whole lease since the stop signal (or since it went down, if later): by
+        then the store counts those frames lost anyway, and waiting longer for it would
+        keep a stopping worker up for as long as the outage lasts."""
+        if not self.draining or self._store_down_mono is None or not (self.running or self.pending):
+            return False
+        since = max(self.drain_started or 0.0, self._store_down_mono)
+        return time.monotonic() - since >= self.opts.lease_timeout_s
+
+    def stop_without_store(self) -> None:
+        """Give up on a store that stayed down while draining (``stranded``): stop the
+        frames still running, and raise one error naming what could not be recorded. The
+        next worker of this host requeues those frames at start (``recover``: RUNNING here,
+        claimed by a worker that is gone), or any worker once their lease expires."""
+        stopped = sorted(self.running)
+        for rf in list(self.running.values()):
+            rf.proc.kill_and_wait(grace=min(self.opts.kill_grace_s, 2.0), reason="worker stopping: store unavailable")
+            for lock in rf.locks:
+                lock.release()
+            self.runfiles.clear(rf.runfile)
+            self._oom_counts.pop(rf.claim.frame_id, None)
+        self.running.clear()
+        unrecorded = sorted({p.frame_id for p in self.pending})
+        self.pending.clear()
+        lost = []
+        if unrecorded:
+            lost.append(f"result(s) of frame(s) {', '.join(map(str, unrecorded))} not recorded")
+        if stopped:
+            lost.append(f"running frame(s) {', '.join(map(str, stopped))} stopped")
+        down = time.monotonic() - (self._store_down_mono or time.monotonic())
+        raise StoreError(f"stopping with the store unavailable for {down:.0f} s ({self._store_error}): "
+                         f"{' and '.join(lost) or 'nothing lost'}; the next worker of host {self.opts.name} "
+                         "requeues them when it starts (any worker once their lease expires)")
 
     def _reached_max(self) -> bool:
         return self.opts.max_frames is not None and self.claimed_total >= self.opts.max_frames
@@ -1220,16 +1256,25 @@ class Worker:
 
     # -- stopping --------------------------------------------------------------------------
     def drain(self, why: str = "asked to stop") -> None:
-        """First SIGTERM/SIGINT: claim nothing more; running frames finish."""
+        """First SIGTERM/SIGINT: claim nothing more; running frames finish. While the store
+        is down, for one lease at most (``stranded``)."""
         if not self.draining and self.say:
+            waits = f"; {len(self.pending)} result(s) wait for the store" if self.pending else ""
+            if self._store_down_mono is not None:
+                waits += (f"; the store is unavailable: if it does not answer within {self.opts.lease_timeout_s:g} s, "
+                          "running frames are stopped and the worker exits")
             self.say(f"draining ({why}): claiming no more frames; {len(self.running)} running frame(s) "
-                     "finish first (signal again to stop them now)")
+                     f"finish first{waits} (signal again to stop them now)")
+        if not self.draining:
+            self.drain_started = time.monotonic()
         self.draining = True
 
     def abort(self) -> None:
         """Second signal: kill running frames and give them back to the queue."""
-        if self.running and self.say:
-            self.say(f"stopping: killing {len(self.running)} running frame(s) and requeueing them")
+        if (self.running or self.pending) and self.say:
+            unrecorded = (f"; {len(self.pending)} result(s) the store has not recorded are left to the next "
+                          "worker's recovery (requeued)") if self.pending else ""
+            self.say(f"stopping: killing {len(self.running)} running frame(s) and requeueing them{unrecorded}")
         now = self.store.clock()
         for rf in list(self.running.values()):
             rf.proc.kill_and_wait(grace=min(self.opts.kill_grace_s, 2.0), reason="worker stopping")
@@ -1698,6 +1743,8 @@ class Supervisor:
                 w.busy_since = None
             if self.on_iteration:
                 self.on_iteration(w)
+            if not finished and w.stranded():
+                w.stop_without_store()  # raises: one error line, exit 1
             if finished:
                 if w.opts.until_idle and w.too_big and not w.draining and not w._reached_max():
                     # Idle, but work is left that no frame here could ever take: say so
