@@ -85,7 +85,10 @@ def lock_dir() -> Path:
     it): it is local, cleared at boot, and — unlike ``/dev/shm`` — out of reach of
     systemd-logind's RemoveIPC, which deletes a user's files in /dev/shm when their last
     session ends, lock files of still-running work included. Otherwise ``/dev/shm`` (a
-    tmpfs: always local, never NFS, cleared at boot), else the temp dir.
+    tmpfs: always local, never NFS, cleared at boot), else the temp dir. Whether this user
+    may write it does not matter: in a lock directory root made, users only open the lock
+    files root makes (docs/leases.md), and falling back to another directory would mean
+    locks nobody else sees.
     """
     from pathlib import Path
 
@@ -99,7 +102,7 @@ def lock_dir_name() -> str | None:
     explicit = env("CUECTL_LOCK_DIR")
     if explicit:
         return explicit
-    if os.path.isdir(_PROVISIONED_LOCK_DIR) and os.access(_PROVISIONED_LOCK_DIR, os.W_OK):
+    if os.path.isdir(_PROVISIONED_LOCK_DIR):
         return _PROVISIONED_LOCK_DIR
     if os.path.isdir(os.path.dirname(_SHM_LOCK_DIR)) and os.access(os.path.dirname(_SHM_LOCK_DIR), os.W_OK):
         return _SHM_LOCK_DIR

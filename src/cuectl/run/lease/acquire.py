@@ -26,8 +26,8 @@ from cuectl.gpu.device import Device
 from cuectl.run.child import lease_label
 from cuectl.run.lease.isolation import isolation_env
 from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all, lock_path, prepare_lock_dir,
-                                    update_holder)
-from cuectl.run.lease.nested import LEVEL_VAR, NESTED_DIRNAME, Allocation
+                                    provision_lock_files, update_holder)
+from cuectl.run.lease.nested import LEVEL_VAR, Allocation, sublock_dir
 from cuectl.run.lockfile import elsewhere_warning, held_elsewhere
 from cuectl.run.lease.queue import WaitQueue, ticket_names, predicted_free
 from cuectl.run.lease.request import LeaseRequest, fitting_uuids, make_request, resolve_devices
@@ -630,14 +630,17 @@ def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | No
     # prepare_lock_dir answers a directory it checked before from a per-process cache.
     directory = prepare_lock_dir(given if given is not None else config.lock_dir())
     fake = str(opts.fake_file) if opts.fake_file is not None else config.fake_gpus_file()
+    # Root (or a shared lock directory's owner) makes the lock file of every device here,
+    # which other users may only open: the first `sudo cuectl run` sets a machine up.
+    provision_lock_files(directory, _discovery(opts.backend, fake).devices)
     text = lease_label(opts.label)
     allocation = Allocation.enclosing()
     if allocation is not None:
         # Inside a frame: its devices are leased already (by the frame: taking their locks
         # again would wait for ourselves). Sub-leases among the frame's processes use
-        # sub-locks of those devices, one directory per nesting level.
+        # sub-locks of those devices, one directory per user and nesting level.
         allocation.check_held(directory)
-        directory = prepare_lock_dir(directory / NESTED_DIRNAME / str(allocation.level + 1), create=True)
+        directory = prepare_lock_dir(sublock_dir(directory, allocation.level + 1), create=True)
     acquirer = _Acquirer(request, lock_dir=directory, backend=opts.backend, fake_file=fake, label=text,
                          kind=opts.kind, allocation=allocation)
     return acquirer, timeout_s

@@ -26,21 +26,28 @@ from typing import Any, Callable, Mapping, Sequence
 from cuectl import config, fsutil
 from cuectl.errors import Conflict, LeaseError
 from cuectl.gpu.device import Device
+from cuectl.run import lockfile
 from cuectl.run.lockfile import (OPEN_FLAGS, encode_record, fresh_record, lock_now, open_lock_file, unlock,
                                        write_record)
 from cuectl.run.lockfile import probe_held, read_registry_entry
 from cuectl.units import iso
 
 # The lock directory is shared by every user of the machine, because a GPU is: a worker
-# running as a service account, a researcher's `cuectl run` and a training service under a
-# third account must all see each other's locks. World-writable so anyone can create the
-# lock file of a device nobody has used yet; sticky (like /tmp) so nobody can delete or
-# rename another user's files — deleting a held lock file would let the next comer lock a
-# *new* file of the same name and share the device with the holder.
+# running as root or a service account, a researcher's `cuectl run` and a training service
+# under a third account must all see each other's locks. Nobody but its owner (root, the
+# service account, or the one user of a user's own directory) may delete a lock file
+# there: deleting a held lock file would let the next comer lock a *new* file of the same
+# name and share the device with the holder. So the owner makes the lock files
+# (``cuectl.run.lockfile``: "who may make lock files"), and the directory is sticky (like
+# /tmp: nobody deletes or renames another's files) where others may write it at all. Its
+# ``queue`` and ``nested`` subdirectories are world-writable and sticky: every user makes
+# their wait-queue tickets and nested-lease directories there.
 SHARED_DIR_MODE = 0o1777
 LOCK_SUFFIX = ".lock"
 #: The waiters' tickets (see ``queue``) live in this subdirectory of the lock directory.
 QUEUE_DIRNAME = "queue"
+#: Sub-locks of frames' devices (``nested``) live below this subdirectory.
+NESTED_DIRNAME = "nested"
 #: Kinds of holders shown by `gpu leases`.
 KIND_WORKER, KIND_RUN, KIND_API = "worker", "run", "api"
 _RECORD_LIMIT = 16 * 1024
@@ -54,14 +61,18 @@ _prepared: dict[str, Path] = {}
 
 def prepare_lock_dir(lock_dir: str | Path, *, create: bool | None = None,
                      mounts_file: Path = Path("/proc/mounts")) -> Path:
-    """Create the shared lock directory (mode 01777) or check an existing one; return it.
+    """Create the lock directory (mode 01777) or check an existing one; return it.
 
     Refuses a directory on a network filesystem: ``flock`` there is either local to one
     client or emulated, so two hosts could both "hold" a device file (and each host's
     devices are its own anyway). A missing directory is created only where the docs say
     lock directories live (``config.default_lock_dirs``), or when ``create`` (None:
     ``CUECTL_CREATE_LOCK_DIR``): a root worker must not make a mistyped path anywhere, and
-    a second lock directory means separate locks. Checked once per process and directory.
+    a second lock directory means separate locks. Refuses a directory another user could
+    swap or empty (``lockfile.check_lock_dir``: for root, anything but root's or the service
+    account's, on a path only they can change), before making anything. Whoever may make
+    lock files there (its owner, root) makes its ``queue`` and ``nested`` subdirectories;
+    anyone else needs them made. Checked once per process and directory.
     """
     key = str(lock_dir)
     done = _prepared.get(key)
@@ -79,11 +90,108 @@ def prepare_lock_dir(lock_dir: str | Path, *, create: bool | None = None,
         raise LeaseError(f"lock directory {lock_dir} is on a network filesystem ({fstype}); device locks must be "
                          f"host-local", hint="set CUECTL_LOCK_DIR or --lock-dir to a local directory, e.g. "
                                              "/dev/shm/cuectl-locks")
-    _make_shared_dir(lock_dir)
-    _make_shared_dir(lock_dir / QUEUE_DIRNAME)
+    if os.geteuid() == 0:
+        # Before anything is made: root makes no directory where another user could swap it.
+        problem = lockfile.unsafe_path(key, lockfile.trusted_owners())
+        if problem is not None:
+            raise LeaseError(f"lock directory {lock_dir} is not safe for a root cuectl: {problem}",
+                             hint=lockfile.ROOT_SETUP_HINT)
+    _make_lock_dir(lock_dir)
+    owner = lockfile.lock_dir_owner(key, recheck=True)
+    if lockfile.makes_lock_files(owner):
+        for name in (QUEUE_DIRNAME, NESTED_DIRNAME):
+            _make_subdir(lock_dir / name, owner)
+    else:
+        _check_subdir(lock_dir / QUEUE_DIRNAME, owner)
     _note_in_registry(lock_dir)
     _prepared[key] = lock_dir
     return lock_dir
+
+
+def _make_lock_dir(path: Path) -> None:
+    """Create the lock directory ``path`` (mode 1777) when it is missing."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, SHARED_DIR_MODE)
+    except FileExistsError:
+        return
+    except OSError as exc:
+        raise LeaseError(f"cannot create lock directory {path}: {exc.strerror or exc}",
+                         hint="set CUECTL_LOCK_DIR or --lock-dir to a writable local directory") from None
+    os.chmod(path, SHARED_DIR_MODE)  # mkdir's mode went through the umask
+
+
+def _make_subdir(path: Path, owner: int) -> None:
+    """The ``queue`` or ``nested`` subdirectory of a lock directory of ``owner`` that this
+    process makes lock files in: a real directory, 1777, ``owner``'s. Root takes over one
+    that another user made (before its owner could, in a world-writable lock directory),
+    so that she cannot remove what others make in it."""
+    try:
+        os.mkdir(path, SHARED_DIR_MODE)
+        made = True
+    except FileExistsError:
+        made = False
+    except OSError as exc:
+        raise LeaseError(f"cannot create lock directory {path}: {exc.strerror or exc}",
+                         hint="set CUECTL_LOCK_DIR or --lock-dir to a writable local directory") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise LeaseError(f"lock directory {path} is not a directory ({exc.strerror or exc})",
+                         hint="remove it; cuectl makes it") from None
+    try:
+        st = os.fstat(fd)
+        if os.geteuid() == 0 and (st.st_uid != owner or stat.S_IMODE(st.st_mode) != SHARED_DIR_MODE):
+            os.fchown(fd, owner, -1)
+            made = True
+        if made:
+            os.fchmod(fd, SHARED_DIR_MODE)  # mkdir's mode went through the umask
+            st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise LeaseError(f"lock directory {path} is writable by everyone but not sticky: any user could delete a "
+                         f"ticket or a nested lock directory of another", hint=f"chmod 1777 {path}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise LeaseError(f"lock directory {path} is not writable by this user",
+                         hint=f"its owner can `chmod 1777 {path}`; or set CUECTL_LOCK_DIR / --lock-dir")
+
+
+def _check_subdir(path: Path, owner: int) -> None:
+    """The ``queue`` subdirectory of a shared lock directory (``owner``'s) that another
+    user made: it must be there, and writable (every waiter puts its ticket there)."""
+    if not path.is_dir():
+        directory = path.parent
+        raise LeaseError(f"lock directory {directory} is not set up: {path} is missing, and in this shared lock "
+                         f"directory only {lockfile.makers(owner)} makes it: {lockfile.setup_command(str(directory))}",
+                         hint="root makes a shared lock directory's parts and lock files (docs/leases.md)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise LeaseError(f"lock directory {path} is not writable by this user",
+                         hint=f"its owner can `chmod 1777 {path}`")
+
+
+def provision_lock_files(lock_dir: str | Path, devices: Sequence[Device]) -> None:
+    """Make the lock file of each of ``devices`` that lacks one, as root or the owner of a
+    shared lock directory (root's or the service account's), where other users only open
+    lock files (``lockfile``: "who may make lock files"); root takes over one another user
+    made. `cuectl run` and ``cuectl.lease()`` call this at their start, the worker at each
+    look at its devices (``held_uuids``): each device once per process. Nothing to do in a
+    user's own lock directory, where she makes them as she leases."""
+    key = str(lock_dir)
+    todo = [d for d in devices if (key, d.uuid) not in _provisioned]
+    if not todo:
+        return
+    owner = lockfile.lock_dir_owner(key)
+    if lockfile.shares(owner) and lockfile.makes_lock_files(owner):
+        for device in todo:
+            lockfile.ensure_lock_file(str(lock_path(Path(lock_dir), device.uuid)), owner)
+    if len(_provisioned) >= 4096:
+        _provisioned.clear()
+    _provisioned.update((key, d.uuid) for d in todo)
+
+
+#: (lock dir, device uuid) that ``provision_lock_files`` has seen to in this process.
+_provisioned: set[tuple[str, str]] = set()
 
 
 def _registry_entry(lock_dir: Path) -> str:
@@ -211,6 +319,7 @@ def _drop_own_entry(entry: Path) -> None:
 
 
 def _make_shared_dir(path: Path) -> None:
+    """The registry (a world-writable sticky directory, as /tmp): create or check it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -221,16 +330,11 @@ def _make_shared_dir(path: Path) -> None:
             os.chmod(path, SHARED_DIR_MODE)  # mkdir's mode went through the umask
         st = os.stat(path)
     except OSError as exc:
-        raise LeaseError(f"cannot create lock directory {path}: {exc.strerror or exc}",
-                         hint="set CUECTL_LOCK_DIR or --lock-dir to a writable local directory") from None
+        raise LeaseError(f"cannot create {path}: {exc.strerror or exc}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise LeaseError(f"lock directory {path} is not a directory")
+        raise LeaseError(f"{path} is not a directory")
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise LeaseError(f"lock directory {path} is writable by everyone but not sticky: any user could delete a "
-                         f"held lock file and break exclusivity", hint=f"chmod 1777 {path}")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise LeaseError(f"lock directory {path} is not writable by this user",
-                         hint=f"its owner can `chmod 1777 {path}`; or set CUECTL_LOCK_DIR / --lock-dir")
+        raise LeaseError(f"{path} is writable by everyone but not sticky")
 
 
 def lock_path(lock_dir: Path, uuid: str) -> Path:
@@ -346,14 +450,23 @@ def lock_all(lock_dir: Path, devices: Sequence[Device], *, holder: str, pid: int
              kind: str = KIND_WORKER, label: str | None = None) -> tuple[list[DeviceLock] | None, Device | None]:
     """``try_lock_all``, also naming the device that was busy (for the caller's message)."""
     locks: list[DeviceLock] = []
-    for device in devices:
-        lock = try_lock(lock_dir, device, holder=holder, pid=pid, kind=kind, label=label)
-        if lock is None:
-            for taken in locks:
-                taken.release()
-            return None, device
-        locks.append(lock)
-    return locks, None
+    try:
+        for device in devices:
+            lock = try_lock(lock_dir, device, holder=holder, pid=pid, kind=kind, label=label)
+            if lock is None:
+                break
+            locks.append(lock)
+        else:
+            return locks, None
+    except BaseException:
+        # A lock file refused (a missing one in a shared directory, another user's): the
+        # devices locked before it must not stay held by a process that goes on (a worker).
+        for taken in locks:
+            taken.release()
+        raise
+    for taken in locks:
+        taken.release()
+    return None, device
 
 
 def try_lock_all(lock_dir: Path, devices: Sequence[Device], *, holder: str, pid: int | None = None,
@@ -527,7 +640,13 @@ def list_leases(lock_dir: Path, devices: Sequence[Device] | None = None) -> list
 
 
 def held_uuids(lock_dir: Path, devices: Sequence[Device]) -> set[str]:
-    """UUIDs of ``devices`` whose lock someone holds right now (a hint: it may change at once)."""
+    """UUIDs of ``devices`` whose lock someone holds right now (a hint: it may change at once).
+
+    The worker asks this at every look at its devices, from its first pass on and after
+    every re-discovery: so a root worker (or the service account's, in its lock
+    directory) also makes the lock file of each device it has (``provision_lock_files``),
+    which users of a shared lock directory cannot make themselves."""
+    provision_lock_files(lock_dir, devices)
     return {d.uuid for d in devices if probe_held(lock_path(Path(lock_dir), d.uuid))}
 
 

@@ -8,10 +8,14 @@ not take those locks again (it would wait for its own frame), and never another 
 - the candidates are the frame's devices (``CUE_GPU_UUIDS``); a request the frame's devices
   can never satisfy — more devices than the frame has, a device outside it, a model or
   memory it lacks — is refused with ``NoMatchingDevice`` / ``InvalidDevice``;
-- the lease takes *sub-locks* of those devices, in ``<lock dir>/nested/<level>/``: they are
+- the lease takes *sub-locks* of those devices, in ``<lock dir>/nested/<uid>/<level>/``: they are
   the same kind of kernel lock, so two sub-leases of one frame (``cuectl run --gpus 1`` twice
   in a 2-GPU frame) get different devices, wait for each other with ``--wait``, and are
   released when their holders die. Only the frame holding a device ever uses its sub-lock;
+  its processes run as one user (the frame's), whose directory of sub-locks is her own
+  (``sublock_dir``): in a shared lock directory a directory another user made, or could
+  remove, would be refused (``lockfile.check_lock_dir``), and one user's frame would stop
+  the next user's nested leases;
 - the lease's environment names its devices (a subset of the frame's) and one level more
   (``CUE_LEASE_LEVEL``), so a lease inside *that* one uses the next level's sub-locks.
 
@@ -24,6 +28,7 @@ can equally ignore ``CUDA_VISIBLE_DEVICES``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -31,11 +36,8 @@ from typing import Sequence
 from cuectl import config
 from cuectl.errors import InvalidDevice, LeaseError, NoMatchingDevice
 from cuectl.gpu.device import Device
-from cuectl.run.lease.locks import lock_path
+from cuectl.run.lease.locks import NESTED_DIRNAME, lock_path
 from cuectl.run.lockfile import probe_held
-
-#: Sub-locks of a frame's devices live in ``<lock dir>/nested/<level>/``.
-NESTED_DIRNAME = "nested"
 #: How deep the lease whose environment we run in is nested (a frame's own: 0).
 LEVEL_VAR = "CUE_LEASE_LEVEL"
 
@@ -102,3 +104,9 @@ class Allocation:
                 raise LeaseError(f"the environment says this runs inside frame {self.frame}, but its device {uuid} "
                                  f"is not leased: the frame has ended, or this environment was copied from it",
                                  hint="unset CUE_FRAME_ID and CUE_GPUS to take a lease of your own")
+
+
+def sublock_dir(lock_dir: Path, level: int) -> Path:
+    """Where the sub-locks of nesting ``level`` (1: a lease inside a frame) live: below
+    ``nested/``, in a directory of this user's own."""
+    return lock_dir / NESTED_DIRNAME / str(os.geteuid()) / str(level)
