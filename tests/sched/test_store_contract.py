@@ -475,7 +475,9 @@ s = open_store(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()  # start together: process start-up must not decide who claims
 got = []
-while True:
+# Each claimer stops at 150, so the 400 frames need at least three of them whatever the
+# scheduler does: one process given the whole CPU cannot drain the job alone.
+while len(got) < 150:
     layers = s.runnable_layers()
     if not layers:
         break
@@ -501,7 +503,7 @@ def test_concurrent_claimers_never_share_a_frame(store_url: str):
     assert all(p.wait(120) == 0 for p in procs)
     claimed = [f for r in results for f in r]
     assert len(claimed) == 400 and len(set(claimed)) == 400
-    assert sum(1 for r in results if r) >= 2, "claims are spread over the contenders"
+    assert all(len(r) <= 150 for r in results) and sum(1 for r in results if r) >= 3
 
 
 # -- SQLite specifics: files, modes, versions, foreign files --------------------------------

@@ -11,6 +11,7 @@ import sqlite3
 import sys
 import threading
 import time
+from contextlib import closing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -186,7 +187,7 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="running hooks as anoth
 def test_root_worker_runs_the_hook_as_the_submitter_and_nothing_else(shared_farm, os_users):
     alice, bob = os_users("alice", "bob")
     farm = shared_farm
-    out, marker = farm.tmp / "hook-uid", farm.tmp / "bob-was-here"
+    out, marker = farm.tmp / "out" / "hook-uid", farm.tmp / "out" / "bob-was-here"  # sticky out/: alice writes there
     spec = farm.tmp / "alice.json"
     spec.write_text(json.dumps({"name": "as-alice", "notify": [{"command": f"id -u > {out}"}],
                                 "layers": [{"name": "w", "command": ["true"]}]}))
@@ -194,15 +195,18 @@ def test_root_worker_runs_the_hook_as_the_submitter_and_nothing_else(shared_farm
     res = alice.run([*cuectl_cmd(), "--db", str(farm.db), "submit", str(spec)], env=farm.env(), cwd=farm.tmp)
     assert res.returncode == 0, res.stderr
     job = int(res.stdout)
-    for file in farm.tmp.glob(farm.db.name + "*"):
-        file.chmod(0o660)
-    # bob can write the shared file: he adds a hook of his own to alice's job, hoping it
-    # runs as alice. Her receipt does not vouch for it: it never runs.
-    edit = (f"import sqlite3, json; c = sqlite3.connect({str(farm.db)!r}); "
-            f"c.execute('UPDATE jobs SET notify = ? WHERE id = ?', (json.dumps([{{'command': 'id -u > {out}'}}, "
-            f"{{'command': 'touch {marker}'}}]), {job})); c.commit()")
+    # bob adds a hook of his own to alice's job, hoping it runs as alice. The store has one
+    # writer now, so his edit of the file is refused...
+    hooks_json = json.dumps([{"command": f"id -u > {out}"}, {"command": f"touch {marker}"}])
+    edit = (f"import sqlite3; c = sqlite3.connect({str(farm.db)!r}); "
+            f"c.execute('UPDATE jobs SET notify = ? WHERE id = ?', ({hooks_json!r}, {job})); c.commit()")
     res = bob.run([sys.executable, "-c", edit])
-    assert res.returncode == 0, res.stderr
+    assert res.returncode != 0 and "sqlite3.OperationalError" in res.stderr, res
+    # ...and the same edit made by a writer of the store (root, standing for any) is not
+    # vouched for by her receipt: it never runs.
+    with closing(sqlite3.connect(farm.db)) as conn:
+        assert conn.execute("UPDATE jobs SET notify = ? WHERE id = ?", (hooks_json, job)).rowcount == 1
+        conn.commit()
     res = farm.run_worker(None, timeout=60)
     assert res.returncode == 0, res.stderr
     assert out.read_text().strip() == str(alice.uid)
