@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence, runtime_checkable
 
 from cuectl import fsutil
-from cuectl.errors import CuectlError, InvalidDevice
+from cuectl.errors import CuectlError, InvalidDevice, LeaseError
 from cuectl.sched.store import Store
 
 if TYPE_CHECKING:  # the lease machinery (fcntl) is imported only by `admin lease break`
@@ -121,20 +121,57 @@ def _lock_dir_checks_unguarded(lock_dir: Path) -> list[Check]:
 
     if not lock_dir.exists():
         return [Check("lock dir", "ok", f"{lock_dir} (not created yet; the first lease creates it)")]
-    checks = []
-    mode = stat.S_IMODE(lock_dir.stat().st_mode)
     net = fsutil.is_network_fs(lock_dir)
-    if net:
-        checks.append(Check("lock dir", "fail", f"{lock_dir} is on {net}: locks there are not reliable"))
-    elif mode & 0o1777 != 0o1777:
-        checks.append(Check("lock dir", "warn", f"{lock_dir} mode {mode:o}: other users cannot lease devices "
-                                                f"(expected 1777, sticky and shared)"))
-    else:
-        checks.append(Check("lock dir", "ok", f"{lock_dir} mode {mode:o}"))
+    checks = [Check("lock dir", "fail", f"{lock_dir} is on {net}: locks there are not reliable") if net
+              else _lock_dir_owner_check(lock_dir)]
+    checks.append(_lock_files_check(lock_dir))
     held = list_leases(lock_dir)
     checks.append(Check("device leases", "ok", f"{len(held)} held" + "".join(
         f"; {info.describe()}" for info in held[:4])))
     return checks
+
+
+def _lock_dir_owner_check(lock_dir: Path) -> Check:
+    """Whose the lock directory is, and so who can lease in it (docs/leases.md, "Who makes
+    the lock files"): root's or the service account's is shared, a user's is hers alone."""
+    from cuectl.run import lockfile
+
+    st = lock_dir.stat()
+    mode = stat.S_IMODE(st.st_mode)
+    where = f"{lock_dir} ({lockfile.user_name(st.st_uid)}, mode {mode:o})"
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        return Check("lock dir", "fail", f"{where}: writable by others but not sticky: any user could delete "
+                                         f"another's lock file (chmod 1777 {lock_dir})")
+    if lockfile.shares(st.st_uid):
+        return Check("lock dir", "ok", f"{where}: shared; only its owner or root makes lock files")
+    if st.st_uid == os.geteuid():
+        return Check("lock dir", "ok", f"{where}: yours alone; other users refuse it (a machine several people "
+                                       f"use wants root's /run/cuectl/locks)")
+    return Check("lock dir", "warn", f"{where}: another user's, which cuectl refuses: she could delete the lock "
+                                     f"file of a device you hold (set CUECTL_LOCK_DIR to root's /run/cuectl/locks)")
+
+
+def _lock_files_check(lock_dir: Path) -> Check:
+    """In a shared lock directory, the devices of this machine whose lock file root (or the
+    owner) has not made yet: nobody else can lease them until it does."""
+    from cuectl.gpu import discover
+    from cuectl.run import lockfile
+    from cuectl.run.lease import lock_path
+
+    owner = lock_dir.stat().st_uid
+    if not lockfile.shares(owner):
+        return Check("lock files", "ok", "made by their leases (a user's own lock directory)")
+    try:
+        devices = discover().devices
+    except CuectlError as exc:
+        return Check("lock files", "warn", f"cannot list this machine's devices: {exc.message}")
+    missing = [d for d in devices if _lock_file_problem(lock_path(lock_dir, d.uuid), owner) is not None]
+    if not missing:
+        return Check("lock files", "ok", f"{len(devices)} device(s), each with its lock file")
+    names = ", ".join(f"gpu {d.index}" for d in missing[:8]) + (", …" if len(missing) > 8 else "")
+    return Check("lock files", "warn", f"{names}: no usable lock file, so only {lockfile.makers(owner)} can lease "
+                                       f"{'it' if len(missing) == 1 else 'them'}: "
+                                       f"`sudo cuectl admin lease setup --lock-dir {lock_dir}`")
 
 
 def _host_checks(store, *, now: float, down_after: float) -> list[Check]:
@@ -215,3 +252,81 @@ def break_lease(ident: str, *, lock_dir: Path, devices: Sequence[Device]) -> Sta
     record = lease_info(path, before, device) if cleared and before else None
     index = device.index if device is not None else (record.index if record is not None else None)
     return StaleLease(index=index, uuid=uuid, lock_file=path, cleared=cleared, record=record)
+
+
+# ============================================================================ admin lease setup
+
+
+@dataclass(frozen=True)
+class LockFileState:
+    """One device's lock file after ``setup_lock_files``: ``problem`` is None when it is
+    ready (a regular file of the lock directory's owner or root, which no user can delete)."""
+
+    index: int
+    uuid: str
+    lock_file: Path
+    problem: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "lock_file": str(self.lock_file),
+                "ready": self.problem is None, "problem": self.problem}
+
+
+@dataclass(frozen=True)
+class LockSetup:
+    """What ``setup_lock_files`` did to a lock directory."""
+
+    lock_dir: Path
+    owner_uid: int
+    mode: int
+    files: list[LockFileState]
+
+    @property
+    def ready(self) -> bool:
+        return all(f.problem is None for f in self.files)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"lock_dir": str(self.lock_dir), "owner_uid": self.owner_uid, "mode": f"{self.mode:o}", "ready": self.ready,
+                "devices": [f.to_json() for f in self.files]}
+
+
+def setup_lock_files(lock_dir: Path, devices: Sequence[Device]) -> LockSetup:
+    """Set a lock directory up for every user of this machine: check it (root refuses one
+    another user could change), make its ``queue/`` and ``nested/``, and make the lock file
+    of each of ``devices`` that lacks one, taking over one another user made.
+
+    In a shared lock directory (root's or ``CUECTL_SERVICE_USER``'s) only root or its owner
+    makes lock files, so that no user can delete one a lease holds (docs/leases.md); a
+    service that runs its worker as another account runs this as root before it starts
+    (deploy/systemd/cuectl-worker.service). Unlike a lease it waits for nobody: a device
+    in use keeps its lock. Raises ``LeaseError`` for a user who may not make them."""
+    from cuectl.run import lockfile
+    from cuectl.run.lease import lock_path, prepare_lock_dir
+
+    directory = prepare_lock_dir(lock_dir)
+    owner = lockfile.lock_dir_owner(str(directory))
+    if not lockfile.makes_lock_files(owner):
+        raise LeaseError(f"only {lockfile.makers(owner)} makes the lock files of {directory} (so that no user "
+                         f"can delete one a lease holds)", hint=f"sudo cuectl admin lease setup --lock-dir {directory}")
+    files = []
+    for device in devices:
+        path = lock_path(directory, device.uuid)
+        lockfile.ensure_lock_file(str(path), owner)
+        files.append(LockFileState(device.index, device.uuid, path, _lock_file_problem(path, owner)))
+    mode = stat.S_IMODE(os.stat(directory).st_mode)
+    return LockSetup(directory, owner, mode, files)
+
+
+def _lock_file_problem(path: Path, owner: int) -> str | None:
+    """Why the lock file at ``path`` would not do for other users' leases; None if it does."""
+    from cuectl.run import lockfile
+
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        return f"cannot make it: {exc.strerror or exc}"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file: remove it, then run this again"
+    if st.st_uid not in (owner, 0):
+        return f"belongs to {lockfile.user_name(st.st_uid)}, who could delete it while a lease holds it"
+    return None

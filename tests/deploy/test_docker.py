@@ -50,7 +50,7 @@ def env_vars() -> dict[str, str]:
     for kw, rest in instructions():
         if kw == "ENV":
             for m in re.finditer(r"(\w+)=(\S+)", rest):
-                env[m.group(1)] = m.group(2)
+                env[m.group(1)] = expand(m.group(2))
     return env
 
 
@@ -111,7 +111,7 @@ def test_environment_matches_the_kubernetes_worker():
     assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) >= {"compute", "utility"}
     assert "/opt/cuectl/bin" in env["PATH"]
     worker_env = env_of(container(pod_spec(one(kustomize(BASE), "DaemonSet")), "worker"))
-    for key in ("CUECTL_LOCK_DIR", "XDG_STATE_HOME", "CUECTL_LOG_DIR"):
+    for key in ("CUECTL_LOCK_DIR", "CUECTL_SERVICE_USER", "XDG_STATE_HOME", "CUECTL_LOG_DIR"):
         assert env[key] == worker_env[key]["value"], key
     # The image must not bake in a store: it comes from the Secret / docker run -e.
     assert "CUECTL_DB" not in env and "PGPASSWORD" not in env

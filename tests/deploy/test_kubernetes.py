@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploylib import (BASE, BUILDS, COMPONENTS, K8S, OVERLAYS, all_pod_objects, container, env_of, kustomize,
+from deploylib import (BASE, BUILDS, REPO, COMPONENTS, K8S, OVERLAYS, all_pod_objects, container, env_of, kustomize,
                        kustomize_with, objects, one, options_used, pod_labels, pod_spec, resolve_command,
                        volume_for_mount)
 
@@ -603,8 +603,69 @@ def test_init_script_really_prepares_the_host_dirs(tmp_path: Path):
     for _ in range(2):                                   # idempotent: a restart runs it again
         proc = subprocess.run([sh, "-c", script], env=env, capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
-        assert stat.S_IMODE(locks.stat().st_mode) == 0o1777
+        assert stat.S_IMODE(locks.stat().st_mode) == 0o1777 and locks.stat().st_uid == WORKER_UID
         assert state.stat().st_uid == WORKER_UID and state.stat().st_gid == WORKER_UID
+
+
+def test_the_worker_uid_leases_in_the_lock_dir_the_init_script_prepared():
+    """The pod's worker (uid 10001, not root) makes the lock files of the GPUs it sees in
+    the node's lock directory, because the init script gave it the directory and the pod
+    names it CUECTL_SERVICE_USER; root on the node trusts it with the same setting, and
+    another user, who cannot make lock files there, leases through the worker's. Before,
+    the directory was root's and the worker's first lease failed: only root makes lock
+    files in root's shared lock directory (docs/leases.md)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    import yaml
+
+    if os.geteuid() != 0:
+        pytest.skip("switching to uid 10001 needs root")
+    sys.path.insert(0, str(REPO / "tests"))
+    import osusers
+
+    spec = pod_spec(worker_ds(kustomize(BASE)))
+    init, worker = container(spec, "prepare-host-dirs", init=True), container(spec, "worker")
+    service = env_of(worker)["CUECTL_SERVICE_USER"]["value"]
+    assert service == str(WORKER_UID)
+    top = Path(tempfile.mkdtemp(prefix="cuectl-node-", dir="/tmp"))
+    try:
+        os.chmod(top, 0o755)
+        locks, state = top / "run-locks", top / "var-lib-cuectl"
+        for d in (locks, state):
+            d.mkdir(mode=0o755)                        # as kubelet leaves them
+        script = init["args"][0].replace("/run/cuectl/locks", str(locks)).replace("/var/lib/cuectl", str(state))
+        proc = subprocess.run([shutil.which("sh") or "sh", "-c", script], capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stderr
+        fake = top / "gpus.yaml"
+        fake.write_text(yaml.safe_dump({"host": "node", "devices": [{"model": "NVIDIA L40S", "memory": "46068MiB"}]}))
+        fake.chmod(0o644)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CUECTL_LOCK_DIR": str(locks),
+               "CUECTL_FAKE_GPUS": str(fake), "CUECTL_SERVICE_USER": service, "CUECTL_RUN_CACHE": "0",
+               "CUECTL_LOCK_REGISTRY": str(top / "registry"), "HOME": str(state)}
+        exe = str(Path(sys.executable).with_name("cuectl"))
+        lease = [exe, "run", "--gpus", "1", "--no-wait", "--", "true"]
+
+        def run_as(uid: int, environ: dict[str, str]) -> subprocess.CompletedProcess:
+            argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *osusers.runnable(lease)]
+            return subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=60)
+
+        res = run_as(WORKER_UID, env)
+        assert res.returncode == 0, res.stderr
+        (lock,) = locks.glob("*.lock")
+        assert lock.stat().st_uid == WORKER_UID, "the worker's account made it: nobody else can delete it"
+        res = run_as(WORKER_UID + 1, env)               # another user: opens the worker's lock file
+        assert res.returncode == 0, res.stderr
+        res = subprocess.run(lease, env=env, capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr           # root on the node, with the same setting
+        res = subprocess.run(lease, env={k: v for k, v in env.items() if k != "CUECTL_SERVICE_USER"},
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 1 and "not safe for a root cuectl" in res.stderr, res.stderr
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
 
 
 # -- the worker's probes and node maintenance (issue 20) --------------------------------------

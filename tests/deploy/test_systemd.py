@@ -6,16 +6,21 @@ with real options and the environment its example file describes, the OpenCue un
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from deploylib import DEPLOY, options_used, resolve_command
 
 SYSTEMD = DEPLOY / "systemd"
+REPO = DEPLOY.parent
 UNITS = {"single": SYSTEMD / "cuectl-worker.service", "template": SYSTEMD / "cuectl-worker@.service"}
 SERVE = SYSTEMD / "cuectl-serve.service"
 SERVE_ENV = SYSTEMD / "serve.env.example"
@@ -192,6 +197,67 @@ def test_serve_unit_hardening_matches_the_worker_and_keeps_what_root_needs():
     caps = set(svc["CapabilityBoundingSet"][0].split())
     assert "CAP_CHOWN" in caps                  # a root server gives receipts to their users
     assert "CAP_SYS_ADMIN" not in caps and "CAP_SETUID" not in caps
+
+
+def test_root_makes_the_lock_files_before_the_service_account_starts_and_on_reload(unit):
+    """The worker runs as User=, not root; in the shared lock directory only root makes
+    lock files (docs/leases.md), so the unit has root make them first and again on reload
+    (new devices), before the worker is told to look again."""
+    _, u = unit
+    svc = u["Service"]
+    setup = "+/usr/local/bin/cuectl admin lease setup"
+    assert svc["ExecStartPre"] == [setup]
+    assert svc["ExecReload"] == [setup, "/bin/kill -HUP $MAINPID"]
+    resolved = resolve_command(shlex.split(setup.lstrip("+"))[1:])
+    assert resolved is not None and resolved[0] == ["admin", "lease", "setup"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a service account and root's lock directory need root")
+def test_the_service_account_worker_starts_only_after_root_set_the_lock_files_up(os_users):
+    """What the unit runs, for real: a root-made lock directory (as cuectl-tmpfiles.conf
+    makes it), the worker as an unprivileged account. Without ExecStartPre it cannot lease
+    (one error line naming the fix); after it, it drains a job on the fake GPUs."""
+    (account,) = os_users("svc")
+    top = Path(tempfile.mkdtemp(prefix="cuectl-unit-", dir="/tmp"))  # pytest's tmp_path is root's alone
+    try:
+        _start_as_the_account(account, top)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _start_as_the_account(account, tmp_path: Path) -> None:
+    u = parse_unit(UNITS["single"])
+    env = {**os.environ, **dict(item.split("=", 1) for item in u["Service"]["Environment"])}
+    locks = tmp_path / "run-cuectl" / "locks"
+    locks.mkdir(parents=True)
+    os.chmod(tmp_path, 0o755)
+    os.chmod(locks.parent, 0o755)
+    os.chmod(locks, 0o1777)
+    home = tmp_path / "svc"
+    home.mkdir()
+    os.chown(home, account.uid, account.gid)
+    fake = tmp_path / "gpus.yaml"
+    fake.write_text((REPO / "examples" / "fake-gpus.yaml").read_text())
+    fake.chmod(0o644)
+    env.update(CUECTL_LOCK_DIR=str(locks), CUECTL_FAKE_GPUS=str(fake), CUECTL_DB=str(home / "q.db"),
+               CUECTL_LOCK_REGISTRY=str(tmp_path / "registry"), XDG_STATE_HOME=str(home / "state"))
+    env.pop("CUECTL_CREATE_LOCK_DIR", None)
+    cuectl = str(Path(sys.executable).with_name("cuectl"))
+    (exec_start,) = u["Service"]["ExecStart"]
+    worker = [cuectl, *shlex.split(exec_start.replace("%H", "unit-host"))[1:], "--until-idle", "--poll", "0.05"]
+    res = account.run([cuectl, "submit", "--name", "j", "--gpus", "1", "--", "true"], env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    res = account.run(worker, env=env, timeout=60)
+    assert res.returncode == 1 and "sudo cuectl admin lease setup" in res.stderr, res.stderr
+    (pre,) = u["Service"]["ExecStartPre"]
+    res = subprocess.run([cuectl, *shlex.split(pre.lstrip("+"))[1:]], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0 and "2 of 2 lock file(s) ready" in res.stdout, res.stderr
+    assert sorted(p.stat().st_uid for p in locks.glob("*.lock")) == [0, 0]
+    res = account.run(worker, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    res = account.run([cuectl, "job", "list", "--json"], env=env, timeout=60)
+    assert [j["state"] for j in json.loads(res.stdout)["jobs"]] == ["FINISHED"], res.stdout
 
 
 def test_systemd_analyze_verify(tmp_path: Path):

@@ -97,9 +97,13 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def set_up_by_root(m: Machine, how: str) -> None:
-    """What makes a shared lock directory ready: a root worker's start, or one root `cuectl run`."""
+    """What makes a shared lock directory ready: a root worker's start, one root `cuectl run`,
+    or `cuectl admin lease setup` (what a worker service running as another account runs
+    as root before it starts)."""
     if how == "worker":
         res = m.as_root("worker", "--until-idle", "--poll", "0.05")
+    elif how == "setup":
+        res = m.as_root("admin", "lease", "setup")
     else:
         res = m.as_root("run", "--gpus", "0", "--", "true")
     assert res.returncode == 0, res.stderr
@@ -108,7 +112,7 @@ def set_up_by_root(m: Machine, how: str) -> None:
 # ============================================================================ a shared lock directory
 
 
-@pytest.mark.parametrize("how", ["run", "worker"])
+@pytest.mark.parametrize("how", ["run", "worker", "setup"])
 def test_nobody_can_delete_a_held_lock_file_so_nobody_leases_the_gpu_twice(machine: Machine, how: str) -> None:
     m = machine
     set_up_by_root(m, how)
@@ -141,12 +145,12 @@ def _one_error(res: subprocess.CompletedProcess) -> str:
 
 def test_a_user_never_makes_a_lock_file_in_a_shared_lock_dir(machine: Machine) -> None:
     m = machine
-    fix = f"sudo cuectl run --lock-dir {m.locks} --gpus 0 -- true"
+    fix = f"sudo cuectl admin lease setup --lock-dir {m.locks}"
     # Nothing set up yet (tmpfiles made the directory at boot, no root cuectl ran since).
     line = _one_error(m.as_user(m.alice, "run", "--gpus", "1", "--no-wait", "--", "true"))
     assert line.startswith(f"error: lock directory {m.locks} is not set up: ") and fix in line, line
     assert list(m.locks.iterdir()) == []
-    set_up_by_root(m, "run")  # what the line says to do
+    set_up_by_root(m, "setup")  # what the line says to do
     # A device root has not seen yet (hot-plugged, a new MIG instance): its lock file is missing.
     m.lock_file.unlink()
     line = _one_error(m.as_user(m.alice, "run", "--gpus", "1", "--no-wait", "--", "true"))
@@ -180,6 +184,63 @@ def test_root_takes_over_a_lock_file_a_user_made_by_hand(machine: Machine) -> No
         assert res.returncode != 0 and m.lock_file.stat().st_ino == inode, res.stderr
     finally:
         stop(bob)
+
+
+def test_lease_setup_is_roots_waits_for_nobody_and_says_what_it_left(machine: Machine) -> None:
+    """`cuectl admin lease setup`: a user may not make a shared directory's lock files
+    (exit 1, nothing made); root makes them while a GPU is held (no waiting), takes over one
+    alice made by hand (the same file, so a holder would keep its lock), and names a lock file nobody can use (exit 1)."""
+    m = machine
+    line = _one_error(m.as_user(m.alice, "admin", "lease", "setup"))
+    assert line.startswith(f"error: lock directory {m.locks} is not set up: ") and "sudo cuectl admin lease setup" in line
+    assert list(m.locks.iterdir()) == []
+    set_up_by_root(m, "setup")
+    m.lock_file.unlink()
+    line = _one_error(m.as_user(m.alice, "admin", "lease", "setup"))
+    assert line == f"error: only root makes the lock files of {m.locks} (so that no user can delete one a lease holds)"
+    assert not m.lock_file.exists()
+    set_up_by_root(m, "setup")
+    bob = m.hold(m.bob)
+    try:
+        res = m.as_root("admin", "lease", "setup", "--json")  # while bob holds the GPU: at once
+        assert res.returncode == 0, res.stderr
+        done = json.loads(res.stdout)
+        assert (done["lock_dir"], done["owner_uid"], done["mode"], done["ready"]) == (str(m.locks), 0, "1777", True)
+        assert [(d["uuid"], d["lock_file"], d["ready"]) for d in done["devices"]] == \
+            [(m.host.uuids[0], str(m.lock_file), True)]
+    finally:
+        stop(bob)
+    m.lock_file.unlink()
+    res = m.shell(m.alice, f"umask 0 && : > {m.lock_file}")  # a device root has not seen yet: alice is first
+    assert res.returncode == 0, res.stderr
+    inode = m.lock_file.stat().st_ino
+    res = m.as_root("admin", "lease", "setup")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith(f"lock directory {m.locks} (root (uid 0), mode 1777): 1 of 1 lock file(s) ready")
+    st = m.lock_file.stat()
+    assert (st.st_ino, st.st_uid) == (inode, 0), "the same file, root's now"
+    m.lock_file.unlink()
+    os.mkfifo(m.lock_file)
+    res = m.as_root("admin", "lease", "setup", "--json")
+    assert res.returncode == 1, res.stderr
+    assert json.loads(res.stdout)["devices"][0]["problem"] == "not a regular file: remove it, then run this again"
+
+
+def test_doctor_says_which_devices_nobody_but_root_can_lease_yet(machine: Machine) -> None:
+    m = machine
+
+    def lock_checks() -> dict[str, tuple[str, str]]:
+        res = m.as_user(m.alice, "admin", "doctor", "--json")
+        checks = json.loads(res.stdout)["checks"]
+        return {c["name"]: (c["status"], c["detail"]) for c in checks if c["name"] in ("lock dir", "lock files")}
+
+    before = lock_checks()
+    assert before["lock dir"] == ("ok", f"{m.locks} (root (uid 0), mode 1777): shared; only its owner or root makes "
+                                        f"lock files")
+    assert before["lock files"] == ("warn", f"gpu 0: no usable lock file, so only root can lease it: "
+                                            f"`sudo cuectl admin lease setup --lock-dir {m.locks}`")
+    set_up_by_root(m, "setup")
+    assert lock_checks()["lock files"] == ("ok", "1 device(s), each with its lock file")
 
 
 def test_leases_inside_frames_of_two_users_each_get_their_own_sublocks(machine: Machine) -> None:

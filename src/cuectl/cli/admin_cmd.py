@@ -354,7 +354,8 @@ def service_delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="
         term.line(f"deleted service {name}")
 
 
-lease_app = typer.Typer(help="This machine's device leases: clear a record left by a holder that is gone.",
+lease_app = typer.Typer(help="This machine's device leases: make their lock files, clear a record left by a holder "
+                             "that is gone.",
                         no_args_is_help=True)
 admin_app.add_typer(lease_app, name="lease")
 
@@ -389,6 +390,35 @@ def lease_break(device: str = typer.Argument(..., metavar="DEVICE",
         pid = "an unknown pid" if r.pid is None else f"pid {r.pid}"
         term.line(f"{name}: cleared the stale lease record of {pid} ({who}{since}), which no longer holds it; "
                   f"the device is free")
+
+
+@lease_app.command("setup")
+def lease_setup(lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", metavar="DIR",
+                                                        help="Lease lock directory (default: CUECTL_LOCK_DIR)."),
+                as_json: bool = JSON_OPT) -> None:
+    """Make the lock file of every device of this machine (as root, or the lock directory's owner).
+
+    In a shared lock directory only root or its owner makes lock files, so that no user can
+    delete one a lease holds; other users' leases only open them. A worker service running
+    as another account runs this as root before it starts. Waits for no lease; exit 1 if a
+    lock file is left unusable (docs/leases.md)."""
+    from cuectl import config
+    from cuectl.admin import setup_lock_files
+    from cuectl.gpu import discover
+    from cuectl.run import lockfile
+
+    done = setup_lock_files(lock_dir or config.lock_dir(), discover().devices)
+    if as_json:
+        term.emit_json(done.to_json())
+    else:
+        ready = sum(1 for f in done.files if f.problem is None)
+        term.line(f"lock directory {done.lock_dir} ({lockfile.user_name(done.owner_uid)}, mode {done.mode:o}): "
+                  f"{ready} of {len(done.files)} lock file(s) ready")
+        if done.files:
+            term.table(["GPU", "UUID", "LOCK FILE", "STATE"],
+                       [[str(f.index), f.uuid, str(f.lock_file), f.problem or "ready"] for f in done.files])
+    if not done.ready:
+        raise typer.Exit(1)
 
 
 notify_app = typer.Typer(help="Notifications: the farm's defaults (admins set them; every job gets them) and "

@@ -308,8 +308,9 @@ def makers(owner: int) -> str:
 
 
 def setup_command(lock_dir: str) -> str:
-    """What sets a shared lock directory up: any root cuectl that sees the devices."""
-    return f"start the cuectl worker service, or run `sudo cuectl run --lock-dir {lock_dir} --gpus 0 -- true` once"
+    """What sets a shared lock directory up: any root cuectl that sees the devices (a root
+    worker, `cuectl run`, `admin lease setup`, which waits for no lease)."""
+    return f"start the cuectl worker service, or run `sudo cuectl admin lease setup --lock-dir {lock_dir}` once"
 
 
 def missing_lock_file_error(path: str, owner: int) -> LeaseError:
