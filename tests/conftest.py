@@ -156,20 +156,10 @@ def cli_db(db_path: Path, store_way: str, tmp_path: Path):
     if store_way == "file":
         yield str(db_path)
         return
-    import shutil
-    import tempfile
-
     import storesocket
 
-    from cuectl.sched.store import open_store
-
-    open_store(str(db_path), create=True).close()  # the service makes the store; users submit through it
-    short = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))  # a socket's path is at most 107 bytes
-    try:
-        with storesocket.serving(str(db_path), short / "api.sock") as url:
-            yield url
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+    with storesocket.new_served_store(db_path) as url:
+        yield url
 
 
 @pytest.fixture

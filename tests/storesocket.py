@@ -5,7 +5,9 @@ protocol as the command, started in a fraction of a second."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import socket
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -48,3 +50,18 @@ def _answers(sock: Path) -> bool:
         except OSError:
             return False
     return True
+
+
+@contextlib.contextmanager
+def new_served_store(db_path: Path) -> Iterator[str]:
+    """Make a SQLite store at ``db_path`` (as the service does; users reach it through the
+    socket) and serve it on a socket in a short directory of its own; yields its URL."""
+    from cuectl.sched.store import open_store
+
+    open_store(str(db_path), create=True).close()
+    short = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))  # a socket's path is at most 107 bytes
+    try:
+        with serving(str(db_path), short / "api.sock") as url:
+            yield url
+    finally:
+        shutil.rmtree(short, ignore_errors=True)

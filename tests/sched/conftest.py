@@ -63,20 +63,10 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 @pytest.fixture
 def socket_url(tmp_path: Path):
     """A new SQLite store served on a Unix socket (tests/storesocket.py); its ``unix:`` URL."""
-    import tempfile
-
     import storesocket
 
-    db = tmp_path / "s" / "cuectl.db"
-    open_store(str(db)).close()
-    short = Path(tempfile.mkdtemp(prefix="cs-", dir="/tmp"))  # a socket's path is at most 107 bytes
-    try:
-        with storesocket.serving(str(db), short / "api.sock") as url:
-            yield url
-    finally:
-        import shutil
-
-        shutil.rmtree(short, ignore_errors=True)
+    with storesocket.new_served_store(tmp_path / "s" / "cuectl.db") as url:
+        yield url
 
 
 @pytest.fixture
