@@ -385,6 +385,47 @@ def test_a_frames_log_whole_and_tail(site):
     check_problem(alice.get(f"{API}/frames/99999998/log"), 404)
 
 
+@pytest.mark.xfail(strict=True, reason="issue 38: the API's tail ends a partial line with a newline")
+def test_cli_and_api_give_the_same_bytes_of_a_log_whose_last_line_is_being_written(site):
+    """One follower (run/framelog.py) for `cuectl frame log` and GET .../log: on a running
+    attempt whose last line is still being written, the tail is the same bytes either way,
+    and following it goes on inside that line rather than starting a new one."""
+    import subprocess
+    import threading
+
+    from apiclient import CUECTL
+
+    alice = site.api("alice")
+    out = submit(alice, job_spec("partial", layer_spec("l", range="1")))
+    claimed = claim(site.db, out["layers"][0]["id"], host="main-h")
+    frame_id = claimed.frame_id
+    log = Path(claimed.log_path)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_bytes(b"one\ntwo\nthree-partial")
+    for lines in ("1", "2", "5"):
+        cli = cuectl(site.db, "frame", "log", str(frame_id), "--tail", lines, env=site.env)
+        api = alice.get(f"{API}/frames/{frame_id}/log?tail={lines}")
+        assert api.status == 200 and api.body == cli.stdout.encode(), (lines, api.body, cli.stdout)
+    assert alice.get(f"{API}/frames/{frame_id}/log?tail=1").body == b"three-partial"
+    # Follow: both start with the tail, the line goes on, then the frame ends.
+    follower = subprocess.Popen([*CUECTL, "--db", str(site.db), "frame", "log", str(frame_id), "-f", "--tail", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(site.env))
+    streamed: list[bytes] = []
+    reader = threading.Thread(target=lambda: streamed.extend(
+        c for _, c in alice.stream(f"{API}/frames/{frame_id}/log?follow=true&tail=1")))
+    reader.start()
+    time.sleep(1.5)
+    with log.open("ab") as f:
+        f.write(b"-rest\nfour\n")
+    time.sleep(1.5)
+    db_rows(site.db, "UPDATE frames SET state = 'SUCCEEDED' WHERE id = ?", (frame_id,))
+    cli_out, cli_err = follower.communicate(timeout=30)
+    reader.join(timeout=30)
+    assert not reader.is_alive() and follower.returncode == 0, cli_err
+    assert cli_out == b"three-partial-rest\nfour\n", cli_err
+    assert b"".join(streamed) == cli_out
+
+
 def test_the_log_endpoint_never_reads_outside_the_log_directory(site, serve_dir):
     """Frame rows are written by clients: a log path that leads elsewhere, by a layer
     name, the column itself, or a link planted in the log directory, is a 404."""
