@@ -20,7 +20,7 @@ import sys
 from cuectl import config
 from cuectl.errors import CuectlError
 from cuectl.run import spawn
-from cuectl.run.subreaper import become_subreaper, own_children
+from cuectl.run.procs import become_subreaper, own_children
 
 try:
     import _signal as _sig  # type: ignore[import-not-found, unused-ignore]  # ``signal`` wraps it in enums (~3 ms)

@@ -41,7 +41,7 @@ _RESYNC_BYTES = 8192
 # ``<Job.log_dir>/<job name>.<frame name>.rqlog`` (RQD's naming), and reads whatever file is
 # there. cuectl keeps one file per attempt instead, so each job directory gets an ``rqlog/``
 # subdirectory of links by RQD's names, each pointing at the frame's latest attempt's log;
-# the worker replaces a link when it opens an attempt's log (run/launch.py, ``_link_rqlog``).
+# the worker replaces a link when it opens an attempt's log (run/framelog.py, ``_link_rqlog``).
 # The gRPC server fills ``Job.log_dir`` with :func:`rqlog_dir` and ``Proc.log_path`` with
 # :func:`rqlog_path`: these functions are the one definition of that layout.
 RQLOG_DIR = "rqlog"
@@ -256,7 +256,7 @@ def describe_attempt(frame: Mapping[str, Any], attempt: int) -> str:
     if record.get("timed_out") or outcome == "timeout":
         return "timed out"
     if record.get("exit_signal"):
-        from cuectl.run.launch import signal_name
+        from cuectl.run.framelog import signal_name
 
         return f"killed by signal {record['exit_signal']} ({signal_name(int(record['exit_signal']))})"
     if record.get("exit_code") is not None:

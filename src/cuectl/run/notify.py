@@ -104,7 +104,7 @@ def email_message(row: dict[str, Any], job: dict[str, Any], sender: str | None =
 
 
 # A child that switches to another user enters its directory as that user (as frames do,
-# run/launch.py ``_ENTER``): ``subprocess`` changes directory before it drops root, so a
+# run/frame/start.py ``_ENTER``): ``subprocess`` changes directory before it drops root, so a
 # hook would be started in any directory of the host. $1: the directory; "/" if the user
 # may not enter it (a hook needs no particular one).
 _ENTER_AS_USER = 'cd -P -- "$1" 2>/dev/null || cd /; shift; exec "$@"'
@@ -119,7 +119,7 @@ def _run_child(argv: list[str], *, stdin: bytes, env: dict[str, str], timeout: f
     if run_as is not None and cwd is not None:
         where = cwd if cwd.startswith("/") else "/"  # never a relative path, searched on a CDPATH
         argv, cwd = ["/bin/sh", "-c", _ENTER_AS_USER, "cuectl", where, *argv], None
-    with launch.CWD_LOCK:  # not while the worker is in a frame's directory for an instant (launch._start_child)
+    with launch.CWD_LOCK:  # not while the worker is in a frame's directory for an instant (frame/start.py)
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=env, cwd=cwd, start_new_session=True, close_fds=True, **kwargs)
     launch.hold_child(proc.pid, proc)

@@ -40,7 +40,7 @@ _MAX_RECEIPT_BYTES = 1 << 20
 # The receipt body's "v": 2 adds the job's name, show and shot to each layer's digest. A
 # receipt without "v" is version 1 (written before versions: its digests lack them).
 RECEIPT_VERSION = 2
-# Command tokens (run/launch.py, ``_TOKEN_RE``) whose value comes from a store field a
+# Command tokens (run/frame/tokens.py, ``_TOKEN_RE``) whose value comes from a store field a
 # version-1 digest does not cover: ``#JOB#`` (the job's name). The others expand from the
 # layer's name, its range and chunk (the digest's own fields) and the claimed frame's
 # numbers (integers, never text).
