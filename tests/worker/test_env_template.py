@@ -1,5 +1,5 @@
 """A worker makes the environment a layer's frames share once (``launch.EnvTemplate``,
-``Worker._frame_env``) and puts each frame's own values in: every frame still gets exactly
+``FrameTable.frame_env``) and puts each frame's own values in: every frame still gets exactly
 its own variables, and its own layer's, whatever ran before it."""
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def test_each_frame_gets_its_own_values_and_its_own_layers(solo, tmp_path):
             assert env["CUE_THREADS"] == ("2" if job == "two" else "1")
             seen += 1
     assert seen == 3 + 2 * 2 + 2  # layer b's frames ran twice each
-    assert len(worker._env_templates) == 3
+    assert len(worker.frames.env_templates) == 3
 
 
 @pytest.mark.parametrize("env", ['{"A": 1}', '{"A": [1]}', '{"A": "x\\u0000y"}', '{"A=B": "1"}'])

@@ -70,5 +70,5 @@ def test_a_drained_worker_used_at_most_a_slot_per_cpu_slot_and_removes_them(solo
     assert store.list_jobs()[0]["frame_counts"] == {"SUCCEEDED": 20}
     # Two CPU slots: at most two frames at once, so at most two run files whatever the count
     # (the inode stayed), and the worker deletes them, blank, when it stops.
-    assert worker._runfiles is not None and worker._runfiles._slots in (1, 2)
+    assert worker.frames.runfiles_made is not None and worker.frames.runfiles_made._slots in (1, 2)
     assert sorted(worker.opts.state_dir.glob("*.json")) == []

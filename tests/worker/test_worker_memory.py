@@ -19,7 +19,7 @@ def test_no_per_frame_state_is_left_after_frames_end(solo):
     assert store.list_jobs()[0]["frame_counts"] == {"SUCCEEDED": 6}
     # The OOM-counter reading taken at each launch is dropped when the frame ends, whether
     # it succeeded or failed (it was kept forever for every successful frame).
-    assert worker._oom_counts == {} and worker.running == {}
+    assert worker.frames.oom_counts == {} and worker.running == {}
 
 
 def test_host_memory_is_what_psutil_reports():

@@ -1,0 +1,64 @@
+"""What a worker is told (``WorkerOptions``, built by run/service.py) and what one discovery
+of the GPUs gives it (``Inventory``, with its ``Sampler``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from cuectl.gpu.device import Device
+from cuectl.run import launch
+from cuectl.run.hostschedule import Schedule
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    name: str
+    lock_dir: Path
+    state_dir: Path  # host-local: run files of this worker's frames
+    log_dir: str
+    cores: float
+    memory_bytes: int
+    poll_s: float = 1.0
+    sample_interval_s: float = 10.0
+    lease_timeout_s: float = 60.0
+    gpu_only: bool = False
+    tags: tuple[str, ...] = ()
+    max_frames: int | None = None
+    until_idle: bool = False
+    kill_grace_s: float = 5.0
+    crash_at: str | None = None  # test hook: os._exit at a named point (chaos tests)
+    # Security (docs/security.md): run only these users' jobs (empty = anyone's), and run
+    # each frame as its submitting user (a root worker does, as OpenCue's RQD).
+    allowed_users: tuple[str, ...] = ()
+    run_as_submitter: bool = False
+    log_limit_bytes: int = launch.DEFAULT_LOG_LIMIT  # per attempt, unless the layer sets its own
+    # Look for GPUs again this often (0: only on SIGHUP): MIG reconfigured, a GPU fell off the bus.
+    rediscover_interval_s: float = 300.0
+    # `cuectl worker --probe` reads this file (None: not written): the loop is alive, the store answers.
+    heartbeat_file: Path | None = None
+    # GPU-aware NIMBY: a device that a process not of cuectl's uses above either figure gets
+    # no new frame until that use is gone (None: that check off).
+    nimby_memory_bytes: int | None = None
+    nimby_util_pct: float | None = None
+    # When this worker takes new frames (``--available``; None: always).
+    schedule: Schedule | None = None
+    # How long the highest-priority GPU frame that does not fit yet may hold the free devices
+    # it could use (a reservation) before backfill gets them again for as long (0: never reserve).
+    reservation_timeout_s: float = 1800.0
+
+
+#: ``sampler(uuids, pids)``: live values of those devices (``cuectl.gpu.Discovery.sample``).
+Sampler = Callable[[Sequence[str], Sequence[int]], dict]
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """What one discovery found: the devices to lease and how to sample them, and what each
+    backend had to say about devices it could not offer (backend name -> why), so that a
+    device missing from the next inventory can be explained."""
+
+    devices: tuple[Device, ...]
+    sampler: Sampler | None = None
+    problems: Mapping[str, str] = field(default_factory=dict)
