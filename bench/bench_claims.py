@@ -97,7 +97,7 @@ def submit_noop(url: str, frames: int, command: list[str] | None = None, name: s
 # -- 1. concurrent claimers ----------------------------------------------------------------------------
 def _runnable(store, devices):
     """What a worker's dispatch pass reads: every runnable layer, a page at a time, less
-    those this host could never run (the real matcher, as Worker._could_ever_run)."""
+    those this host could never run (the real matcher, as the worker's Dispatcher.could_ever_run)."""
     from cuectl.sched.match import GpuRequest, select_devices
     from cuectl.sched.store import HostShape
 

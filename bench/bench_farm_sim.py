@@ -6,7 +6,7 @@ Each simulated worker makes the store calls a real `cuectl worker` makes, and no
 register_host with --gpus-per-host fake NVIDIA devices, a heartbeat every --heartbeat
 seconds with its frame ids, and a dispatch pass whenever a device frees (or every --poll
 seconds while something is free): page `runnable_layers` (500 at a time, to the end, as
-Worker._claim_all does), skip layers the host could never run (remembered per layer),
+Dispatcher.claim_all does), skip layers the host could never run (remembered per layer),
 match with `select_devices` against its free devices (the first multi-GPU layer that does
 not fit reserves the free devices it could use), `claim_frame` with the chosen uuids, and
 `complete_frame` (exit 0) once the frame's sampled duration is up. No frame process, no

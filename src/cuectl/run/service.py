@@ -1,6 +1,6 @@
 """Assemble a worker from the machine (discovery, cores, memory) and run it.
 
-Separate from ``worker.py`` so the loop stays free of environment lookups: everything
+Separate from the ``worker`` package so the loop stays free of environment lookups: everything
 host-specific is decided here, once, and passed in as ``WorkerOptions``. ``probe`` (for
 ``cuectl worker --probe``) lives here too and imports nothing of the worker: a liveness
 probe runs every few seconds and must stay cheap.
