@@ -385,7 +385,6 @@ def test_a_frames_log_whole_and_tail(site):
     check_problem(alice.get(f"{API}/frames/99999998/log"), 404)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 38: the API's tail ends a partial line with a newline")
 def test_cli_and_api_give_the_same_bytes_of_a_log_whose_last_line_is_being_written(site):
     """One follower (run/framelog.py) for `cuectl frame log` and GET .../log: on a running
     attempt whose last line is still being written, the tail is the same bytes either way,

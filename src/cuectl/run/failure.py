@@ -33,12 +33,13 @@ process's cgroup, readable without privileges).
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import stat
 from dataclasses import dataclass
 from pathlib import Path
+
+# The log's tail is read as every reader reads a log (run/framelog/read.py); importable from here.
+from cuectl.run.framelog.read import DEFAULT_TAIL_BYTES, read_log_tail
 
 __all__ = [
     "DEFAULT_TAIL_BYTES",
@@ -54,11 +55,6 @@ __all__ = [
     "read_log_tail",
     "worker_lost",
 ]
-
-#: How much of the end of a frame's log is searched for a GPU out-of-memory message: the
-#: error that ended a process is printed last, and scanning a multi-GB log would stall the
-#: worker loop.
-DEFAULT_TAIL_BYTES = 65536
 
 KINDS = ("exit", "signal", "timeout", "oom-killed", "gpu-oom", "lost", "not-found", "not-executable",
          "launch", "killed", "log-lost")
@@ -286,55 +282,6 @@ def _excerpt(line: str, start: int, end: int) -> str:
     if len(rest) <= _LINE_LIMIT - 1:
         return "…" + rest
     return "…" + rest[:_LINE_LIMIT - 2].rstrip() + "…"
-
-
-# --------------------------------------------------------------------------------------
-# The log tail
-# --------------------------------------------------------------------------------------
-
-
-def read_log_tail(path: Path, limit: int = DEFAULT_TAIL_BYTES) -> bytes:
-    """The last ``limit`` bytes of the log at ``path``; ``b""`` when there is nothing safe to
-    read.
-
-    Opened with ``O_NOFOLLOW``: a symlink at the final component is not followed and gives
-    ``b""`` (a frame that replaced its log with a link to another file must not make the
-    worker read that file into a failure reason); links in parent directories are followed
-    as usual. A missing or unreadable file, and anything that is not a regular file (a FIFO
-    would block, a device never ends), also give ``b""`` — the reason then just lacks the
-    log's evidence. Only the tail is read, however large the file.
-    """
-    if limit <= 0:
-        return b""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        # ELOOP (a link), ENOENT, EACCES, ENXIO (a FIFO with no writer)…: no evidence,
-        # rather than a worker that crashes while reporting a failure.
-        return b""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return b""
-        start = max(0, st.st_size - limit)
-        chunks: list[bytes] = []
-        remaining = limit
-        offset = start
-        while remaining > 0:
-            chunk = os.pread(fd, remaining, offset)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            offset += len(chunk)
-            remaining -= len(chunk)
-        data = b"".join(chunks)
-        # The file may have grown between fstat and the reads: keep the newest ``limit`` bytes.
-        return data[-limit:]
-    except OSError:
-        return b""
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ This is what the worker uses to turn a claimed frame into a running process (DES
 The rooms: ``run/frame/env.py`` (:class:`FrameContext`, :func:`frame_env`),
 ``run/frame/tokens.py`` (:func:`substitute_tokens`), ``run/frame/start.py`` (:class:`RunAs`,
 starting the command), ``run/frame/process.py`` (:class:`FrameProcess`, :class:`ExitInfo`),
-``run/procs.py`` (process groups, the subreaper, escaped descendants) and ``run/framelog.py``
+``run/procs.py`` (process groups, the subreaper, escaped descendants) and ``run/framelog/``
 (the attempt's log file).
 
 POSIX only (Linux and macOS); Windows is not supported by the worker.
@@ -42,9 +42,10 @@ from cuectl.run.frame.process import (DEFAULT_SAMPLE_INTERVAL_S, EXIT_CANNOT_EXE
                                       FrameProcess)
 from cuectl.run.frame.start import CWD_LOCK, CannotEnter, RunAs, Spawned, _start_child
 from cuectl.run.frame.tokens import substitute_tokens
-from cuectl.run.framelog import (_FULL_DISK_LOG, DEFAULT_LOG_LIMIT, LOG_DIR_MODE, LOG_FILE_MODE, MIN_LOG_LIMIT,
-                                 ROOT_LOG_DIR_MODE, RqlogLink, UnsafeLogPath, _LogCap, append_log_note, describe_end,
-                                 log_footer, log_header, open_frame_log, signal_name)
+from cuectl.run.framelog.write import (_FULL_DISK_LOG, DEFAULT_LOG_LIMIT, LOG_DIR_MODE, LOG_FILE_MODE,
+                                       MIN_LOG_LIMIT, ROOT_LOG_DIR_MODE, RqlogLink, UnsafeLogPath, _LogCap,
+                                       append_log_note, describe_end, log_footer, log_header, open_frame_log,
+                                       signal_name)
 from cuectl.run.procs import (DEFAULT_GRACE_S, _process_table_psutil, become_subreaper, file_ids, hold_child,
                               holds_file, kill_by_env, kill_leftovers, kill_process_group, leftover_children,
                               process_group_alive, process_table, processes_with_env, release_child)

@@ -14,7 +14,6 @@ no body while nothing changed. A change made through the API empties the cache.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import fnmatch
 import hashlib
@@ -31,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate, count
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam  # pathlib.Path is the other Path here
@@ -568,31 +567,31 @@ def create_app(settings: Settings) -> FastAPI:
             return frame, pool.get().log_dir_of(frame.get("log_path"))
 
         frame, log_dir = await run_in_threadpool(frame_and_log_dir)
-        fd = _open_log(log_dir, frame)
+        from cuectl.run import framelog  # the same reading and following as `cuectl frame log`
+
+        if not frame.get("log_path"):
+            raise NotFound(f"frame {frame['id']} has no log yet (state {frame['state']})")
+        # Only inside the store's log directory, never through a link (the path comes from
+        # rows a client may have written, and the server may run as root).
+        fd = framelog.open_log(log_dir, frame["log_path"], frame["id"])
         if not follow:
             try:
-                return Response(_read_log(fd, lines), media_type="text/plain; charset=utf-8")
+                return Response(framelog.read_log(fd, lines), media_type="text/plain; charset=utf-8")
             finally:
                 os.close(fd)
-        return StreamingResponse(_follow_log(fd, lines, frame_id, frame.get("log_path")),
-                                 media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"})
+        steps = framelog.follow(fd, frame, int(frame.get("attempts") or 0), tail=lines, poll_s=settings.log_poll_s,
+                                file_poll_s=settings.log_poll_s)
 
-    async def _follow_log(fd: int, lines: int | None, frame_id: int, path: str | None) -> Any:
-        try:
-            yield _read_log(fd, lines)
-            while True:
-                chunk = os.read(fd, 65536)
-                if chunk:
-                    yield chunk
-                    continue
-                current = await run_in_threadpool(lambda: pool.get().get_frame(frame_id))
-                if current["state"] != m.RUNNING or current.get("log_path") != path:
-                    while chunk := os.read(fd, 65536):
-                        yield chunk
-                    return
-                await asyncio.sleep(settings.log_poll_s)
-        finally:
-            os.close(fd)
+        async def stream() -> Any:
+            try:
+                async for data in framelog.drive_async(
+                        steps, lambda: run_in_threadpool(lambda: pool.get().get_frame(frame_id))):
+                    yield data
+            finally:
+                os.close(fd)
+
+        return StreamingResponse(stream(), media_type="text/plain; charset=utf-8",
+                                 headers={"Cache-Control": "no-cache"})
 
     # -- leases and reports -------------------------------------------------------------------
     @app.get(f"{API}/leases", tags=["leases"], summary="Devices held now: frames (farm-wide) and this host's leases")
@@ -827,42 +826,6 @@ def _too_deep(body: bytes, most: int) -> bool:
     marks = _JSON_STRING.sub(b"", body).translate(_OPEN_TWO, _NOT_BRACKET)  # opening 2, closing 0
     # After i brackets, o of them opening, the depth is o - (i - o) = 2o - i.
     return max(map(operator.sub, accumulate(marks), count(1)), default=0) > most
-
-
-def _open_log(log_dir: Path, frame: dict[str, Any]) -> int:
-    """Open a frame's log for reading, only inside the store's log directory and never
-    through a link (the path comes from rows a client may have written, and the server may
-    run as root): the same rule and code as `cuectl frame log` (run/logs.py)."""
-    from cuectl.run.logs import open_log
-
-    path = frame.get("log_path")
-    if not path:
-        raise NotFound(f"frame {frame['id']} has no log yet (state {frame['state']})")
-    return open_log(log_dir, path, frame["id"])
-
-
-def _read_log(fd: int, lines: int | None) -> bytes:
-    """The whole log, or its last ``lines`` lines (read backwards in blocks: a log may be
-    gigabytes)."""
-    if lines is None:
-        return b"".join(_chunks(fd))
-    size = os.fstat(fd).st_size
-    block, data, pos = 65536, b"", size
-    while pos > 0 and data.count(b"\n") <= lines:
-        step = min(block, pos)
-        pos -= step
-        data = os.pread(fd, step, pos) + data
-    os.lseek(fd, size, os.SEEK_SET)
-    kept = data.split(b"\n")
-    if data.endswith(b"\n"):
-        kept = kept[:-1]
-    tail = kept[-lines:] if lines else []
-    return b"".join(line + b"\n" for line in tail)
-
-
-def _chunks(fd: int) -> Iterator[bytes]:
-    while chunk := os.read(fd, 1 << 20):
-        yield chunk
 
 
 __all__ = ["Settings", "create_app", "ADMIN", "USER", "VIEWER"]

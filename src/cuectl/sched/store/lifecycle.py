@@ -277,9 +277,10 @@ def _env_items(text: str) -> tuple[tuple[str, Any], ...] | None:
 def log_path_sql(dialect: Dialect, alias: str = "") -> str:
     """Where an attempt's log goes, as the SQL expression a claim statement stores:
     ``<log dir>/<job id>/<NNNN>-<layer>.<attempt>.log``, from two ``?`` parameters (the log
-    dir, the layer name) and the claimed row's columns (``alias``: its table alias). This is
-    the one definition of the log location (the log dir is resolved once, by ``open_store``).
-    Layer names are validated to [A-Za-z0-9_.-], so a path cannot leave the log dir."""
-    col = f"{alias}." if alias else ""
-    return (f"CAST(? AS TEXT) || '/' || {col}job_id || '/' || {dialect.pad4(col + 'number')} || '-' || "
-            f"CAST(? AS TEXT) || '.' || ({col}attempts + 1) || '.log'")
+    dir, the layer name) and the claimed row's columns (``alias``: its table alias). The name
+    has one definition, run/framelog/name.py, which the readers use too (the log dir is
+    resolved once, by ``open_store``). Layer names are validated to [A-Za-z0-9_.-], so a path
+    cannot leave the log dir."""
+    from cuectl.run.framelog.name import log_path_sql
+
+    return log_path_sql(dialect, alias)

@@ -1,13 +1,12 @@
-"""One attempt's log file: opening it for writing without following a link planted by
-someone else (:func:`open_frame_log`, the root log directory's rules), the header and
-footer lines and cuectl's notes in it, and its size cap while the frame writes it
-(``_LogCap``, the 64 KiB a frame filling a full disk keeps)."""
+"""Writing an attempt's log: opening it without following a link planted by someone else
+(:func:`open_frame_log`, the root log directory's rules, the OpenCue-named ``rqlog/`` link),
+its header and footer lines and cuectl's notes, and its size cap while the frame writes it
+(``_LogCap``; the 64 KiB a frame filling a full disk keeps)."""
 
 from __future__ import annotations
 
 import errno
 import os
-import signal
 import stat
 import time
 from dataclasses import dataclass
@@ -65,6 +64,8 @@ _USER_KILL = "user asked to "
 
 
 def signal_name(number: int) -> str:
+    import signal  # (its enums cost ~3 ms of a store's import: only once a name is wanted)
+
     try:
         return signal.Signals(number).name
     except ValueError:
