@@ -9,7 +9,7 @@ way). A field the service leaves empty (NULL) gives nothing: the layer keeps cue
 
 The store applies services inside the submit transaction (``apply``, with the rows of
 ``services`` read there), so the CLI, the Python API and the REST API get the same jobs.
-Values are checked with the job spec's own validators, so a service can hold only what a
+Values are checked with the job spec's own validators (sched/checks.py), so a service can hold only what a
 layer could ask for itself.
 """
 
@@ -35,7 +35,7 @@ _LAYER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LayerSpec)}
 
 def check_name(name: Any) -> str:
     """A service name: as limit and project names (1-100 of A-Z a-z 0-9 _ . -)."""
-    from cuectl.sched.spec import label_name
+    from cuectl.sched.checks import label_name
 
     return label_name(name, "NAME", "service")
 
@@ -78,7 +78,7 @@ def _number(text: str, option: str, kind: type) -> Any:
 def check_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """Column values (field -> value; None clears it) checked as a layer's own would be:
     cores as ``cores:``, sizes as ``memory:``, tags as ``tags:``, the timeout as ``timeout:``."""
-    from cuectl.sched import spec as specs
+    from cuectl.sched.checks import cores_field, tags_field, timeout_field
     from cuectl.sched.fields import size_bytes, whole_number
     from cuectl.sched.gpu_request import MAX_GPUS
 
@@ -90,15 +90,15 @@ def check_values(values: Mapping[str, Any]) -> dict[str, Any]:
         if value is None:
             out[field_name] = None
         elif field_name == "cores":
-            out[field_name] = specs.cores_field(value, option)
+            out[field_name] = cores_field(value, option)
         elif field_name == "gpus":
             out[field_name] = whole_number(value, option, minimum=0, maximum=MAX_GPUS)
         elif field_name in ("memory_bytes", "gpu_memory_min_bytes"):
             out[field_name] = size_bytes(value, option)
         elif field_name == "tags":
-            out[field_name] = list(specs.tags_field(value, option))
+            out[field_name] = list(tags_field(value, option))
         else:
-            seconds = specs.timeout_field(value, option)
+            seconds = timeout_field(value, option)
             if not math.isfinite(seconds):
                 raise InvalidInput(f"{option}: must be a finite duration")
             out[field_name] = seconds

@@ -25,6 +25,8 @@ from cuectl.errors import InvalidInput
 from cuectl.sched.fields import (CONTROL_RE, Label, as_list, describe, expect_str, flag_label,
                                  item_label, log_limit_bytes, printable_name, priority as check_priority, quote,
                                  size_bytes, whole_number)
+from cuectl.sched.checks import (NAME_RE, cores_field, label_name, limit_names, tags_field,
+                                 timeout_field)
 from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
 from cuectl.sched.gpu_request import GpuRequest
 from cuectl.sched.model import DEPEND_TYPES, Dependency, JobSpec, LayerSpec, Notify
@@ -40,10 +42,6 @@ MAX_DEPTH = 64  # YAML nesting; a job spec needs about 5
 MAX_LAYERS = 1000
 MAX_JOB_NAME = 200
 MAX_RETRIES = 1000
-MAX_CORES = 100_000
-# The smallest share of a core a layer may reserve: at most 10 frames per core. Below that a
-# reservation means nothing (a 2-core host ran 40 frames at once with --cores 0.001).
-MIN_CORES = 0.1
 DEFAULT_FLAG_LAYER = "main"
 
 JOB_KEYS = ("name", "priority", "paused", "env", "layers", "project", "max_running", "max_cores", "max_gpus",
@@ -69,10 +67,7 @@ _JOB_ONLY_KEYS = {
     **{k: "a job setting: put it at the top level" for k in JOB_KEYS if k not in LAYER_KEYS},
 }
 
-_LAYER_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}", re.ASCII)
-_TAG_RE = _LAYER_NAME_RE
-# Limit and project names: like layer names, so they read the same in every table.
-LIMIT_NAME_RE = _LAYER_NAME_RE
+_LAYER_NAME_RE = NAME_RE
 _ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
 
 
@@ -132,35 +127,12 @@ def _boolean(value: Any, label: str) -> bool:
     return value
 
 
-def cores_field(value: Any, label: str) -> float:
-    """A ``cores`` value (a layer's, a cap's, a service's): a positive, finite number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInput(f"{label}: expected a number of cores, got {describe(value)}")
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidInput(f"{label}: must be more than 0")
-    if value < MIN_CORES:
-        raise InvalidInput(f"{label}: must be at least {MIN_CORES:g} (a tenth of a core)")
-    if value > MAX_CORES:
-        raise InvalidInput(f"{label}: must be at most {MAX_CORES}")
-    return float(value)
-
-
 def _mib_if_number(value: Any) -> Any:
     """YAML reads ``memory: 512`` as a number, which in a spec means MiB (DESIGN §5), not
     bytes as an int does for library callers: pass it on as the text the user wrote."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     return value
-
-
-def timeout_field(value: Any, label: str) -> float:
-    """A ``timeout`` value (a layer's or a service's): a duration, in seconds."""
-    if not isinstance(value, (str, int, float)):
-        raise InvalidInput(f"{label}: expected a duration like 2h, got {describe(value)}")
-    seconds = parse_duration(value, field=label)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidInput(f"{label}: must be more than 0 (leave it out for no timeout)")
-    return seconds
 
 
 def _retry_delay(value: Any, label: str) -> float:
@@ -243,27 +215,6 @@ def exported_env(value: Any, label: str, environ: Mapping[str, str]) -> dict[str
             if key in environ:
                 out[key] = environ[key]
     return out
-
-
-def label_name(value: Any, label: str, what: str) -> str:
-    """A limit or project name: 1-100 of A-Z a-z 0-9 _ . - (they appear in tables and SQL keys)."""
-    name = expect_str(value, label)
-    if not LIMIT_NAME_RE.fullmatch(name) or not name.strip("-."):
-        # ("-" alone reads as "none" in every table: `admin report --by project` shows jobs
-        # without a project as "-".)
-        raise InvalidInput(f"{label}: invalid {what} name {quote(name)} (1-100 of A-Z a-z 0-9 _ . -, "
-                           "not only dashes and dots)")
-    return name
-
-
-def limit_names(value: Any, label: str) -> tuple[str, ...]:
-    """The named limits a layer holds while a frame runs: a list (or one name), each once."""
-    names: list[str] = []
-    for i, item in enumerate(as_list(value, label)):
-        name = label_name(item, item_label(label, i), "limit")
-        if name not in names:
-            names.append(name)
-    return tuple(names)
 
 
 def _job_caps(get: Callable[[str], Any], label: Label) -> dict[str, Any]:
@@ -377,23 +328,6 @@ def _range(value: Any, label: str) -> str:
     if not text:
         raise InvalidInput(f"{label}: empty frame range (use e.g. 1, 1-100 or 1-100x5)")
     return text
-
-
-def tags_field(value: Any, label: str) -> tuple[str, ...]:
-    """A ``tags`` value (a layer's or a service's): a list of tag names, or one."""
-    tags: list[str] = []
-    for index, item in enumerate(as_list(value, label)):
-        where = item_label(label, index)
-        tag = expect_str(item, where, what="a tag")
-        # "a | b": any of the alternatives (OpenCue's tag semantics); entries: all of them.
-        alternatives = [t.strip() for t in tag.split("|")]
-        if not all(_TAG_RE.fullmatch(t) for t in alternatives):
-            raise InvalidInput(f"{where}: invalid tag {quote(tag)} (1-100 of A-Z a-z 0-9 _ . -; "
-                               "alternatives separated by |)")
-        tag = " | ".join(alternatives)
-        if tag not in tags:
-            tags.append(tag)
-    return tuple(tags)
 
 
 def _env_key(key: Any, label: str) -> str:
