@@ -413,12 +413,23 @@ def test_cli_and_api_give_the_same_bytes_of_a_log_whose_last_line_is_being_writt
     reader = threading.Thread(target=lambda: streamed.extend(
         c for _, c in alice.stream(f"{API}/frames/{frame_id}/log?follow=true&tail=1")))
     reader.start()
-    time.sleep(1.5)
+    # Both have given the tail before the line goes on (a loaded machine starts the CLI late).
+    cli_out = b""
+    deadline = time.monotonic() + 30
+    while not cli_out.endswith(b"three-partial") and time.monotonic() < deadline:
+        chunk = os.read(follower.stdout.fileno(), 65536)
+        if not chunk:
+            break
+        cli_out += chunk
+    while b"".join(streamed) != b"three-partial" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cli_out == b"three-partial" and b"".join(streamed) == b"three-partial", (cli_out, streamed)
     with log.open("ab") as f:
         f.write(b"-rest\nfour\n")
     time.sleep(1.5)
     db_rows(site.db, "UPDATE frames SET state = 'SUCCEEDED' WHERE id = ?", (frame_id,))
-    cli_out, cli_err = follower.communicate(timeout=30)
+    rest, cli_err = follower.communicate(timeout=30)
+    cli_out += rest
     reader.join(timeout=30)
     assert not reader.is_alive() and follower.returncode == 0, cli_err
     assert cli_out == b"three-partial-rest\nfour\n", cli_err
