@@ -135,7 +135,7 @@ def test_submitting_user_is_the_os_user_not_the_spec(db_path: Path) -> None:
     (lambda: {"name": "j", "layers": [{"name": "a", "command": ["true"], "gpu": 1}]},
      r"^layers\[0\]: unknown key 'gpu' \(did you mean 'gpus'\?\)"),
     (lambda: {"name": "j", "layers": [{"name": "a"}]}, r"^layers\[0\]\.command: required"),
-    (lambda: 42, r"expected a mapping, a path to a YAML job spec or a cuectl.Job"),
+    (lambda: 42, r"expected a mapping, a path to a job spec file or a cuectl.Job"),
 ])
 def test_bad_input_names_the_field_and_writes_nothing(db_path: Path, make, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):

@@ -6,7 +6,7 @@ The package root stays import-light so that ``cuectl --version`` is quick: heavy
 
 __version__ = "0.1.0"
 
-__all__ = ["Job", "JobsFailed", "WaitTimeout", "__version__", "async_lease", "lease", "submit", "wait"]
+__all__ = ["Job", "JobsFailed", "WaitTimeout", "__version__", "async_lease", "lease", "submit", "submit_all", "wait"]
 
 # Not ``typing.TYPE_CHECKING``: importing typing alone would triple the cost of ``import cuectl``.
 # Type checkers treat any name TYPE_CHECKING as true; at run time these load on first use.
@@ -14,7 +14,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from cuectl.api import Job, submit, wait
+    from cuectl.api import Job, submit, submit_all, wait
     from cuectl.sched.wait import JobsFailed, WaitTimeout
 
 
@@ -35,7 +35,7 @@ def _load(name: str) -> "Any":
         return getattr(leases, name)
     # The submission API (docs/python-api.md): cuectl.api itself is light; the store, spec
     # validation and PyYAML load only when a job is submitted or waited for.
-    if name in ("submit", "wait", "Job"):
+    if name in ("submit", "submit_all", "wait", "Job"):
         from cuectl import api
 
         return getattr(api, name)

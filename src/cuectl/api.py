@@ -1,6 +1,8 @@
 """The Python submission API: ``cuectl.submit``, the ``cuectl.Job`` builder and ``cuectl.wait``.
 
-A script submits exactly what ``cuectl submit`` would: every form is validated by
+A script submits exactly what ``cuectl submit`` would: every form goes through the same
+front door (``cuectl.sched.intake``: a spec file in any format the CLI reads, YAML or JSON,
+an Open Job Description template, an OpenCue XML spec) and is validated by
 ``cuectl.sched.spec.spec_from_mapping`` (the YAML schema of docs/job-spec.md), errors are
 ``cuectl.errors.InvalidInput`` naming the field (``layers[0].gpus: must be 0 or more``), and
 nothing is written (not even a new store file) unless the whole spec is valid. The job's
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from cuectl.sched.model import JobSpec
     from cuectl.sched.store import Store
 
-__all__ = ["Job", "submit", "wait"]
+__all__ = ["Job", "build_spec", "build_specs", "submit", "submit_all", "wait"]
 
 #: What ``depends=`` takes: one layer name, or a list of layer names and
 #: ``{"layer": NAME, "type": "layer" | "frame"}`` mappings (as in YAML).
@@ -145,21 +147,53 @@ def _copy_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
             for key, value in layer.items()}
 
 
-def build_spec(spec: Mapping[str, Any] | str | Path | Job) -> JobSpec:
+def build_spec(spec: Mapping[str, Any] | str | Path | Job, *,
+               params: Sequence[str] | Mapping[str, str] = (), strict: bool = False) -> JobSpec:
     """Validate ``spec`` into a ``JobSpec`` exactly as ``cuectl submit`` does, without
-    touching any store: a mapping (the YAML schema), a path to a YAML file, or a ``Job``."""
-    from cuectl import config
-    from cuectl.sched import spec as specs
+    touching any store: a mapping (the YAML schema, or an Open Job Description template),
+    a path to a spec file in any format ``cuectl submit`` reads (YAML or JSON, an Open Job
+    Description template, an OpenCue ``.xml`` spec; ``-``: standard input), or a ``Job``.
+    ``params``: a template's job parameters (``{"Frames": "1-10"}`` or ``NAME=VALUE``
+    items, as ``--param``); ``strict``: anything cuectl cannot honour is an error (else a
+    ``UserWarning``, as the CLI's warning). An OpenCue spec of several jobs: ``build_specs``."""
+    return _loaded(spec, params, strict).one(
+        hint="cuectl.api.build_specs returns them all, cuectl.api.submit_all submits them all")
 
-    user, limit = config.current_user(), config.frame_limit()
-    where, environ = config.submit_cwd(), config.submit_environ()  # as `cuectl submit` captures them
-    if isinstance(spec, Job):
-        return specs.spec_from_mapping(spec.to_spec(), user=user, frame_limit=limit, cwd=where, environ=environ)
+
+def build_specs(spec: Mapping[str, Any] | str | Path | Job, *,
+                params: Sequence[str] | Mapping[str, str] = (), strict: bool = False) -> list[JobSpec]:
+    """Every job of ``spec`` (see ``build_spec``), validated, in submit order: one, or the
+    jobs of an OpenCue spec."""
+    return list(_loaded(spec, params, strict).jobs)
+
+
+def _loaded(spec: Mapping[str, Any] | str | Path | Job, params: Sequence[str] | Mapping[str, str],
+            strict: bool) -> Any:
+    """``spec`` through the front door every submit takes (cuectl.sched.intake), with the
+    context ``cuectl submit`` captures: the user, the frame limit, the directory and environment."""
+    import warnings
+
+    from cuectl.sched import intake
+
+    context = intake.SubmitContext.here()
+
+    def warn(note: str) -> None:
+        warnings.warn(note, UserWarning, stacklevel=4)
+
     if isinstance(spec, (str, Path)):
-        return specs.load_spec_file(spec, user=user, frame_limit=limit, cwd=where, environ=environ)
+        return intake.load(intake.read_source(spec), context, params=params, strict=strict, warn=warn)
+    if isinstance(spec, Job):
+        spec = spec.to_spec()
     if isinstance(spec, Mapping):
-        return specs.spec_from_mapping(spec, user=user, frame_limit=limit, cwd=where, environ=environ)
-    raise InvalidInput(f"submit: expected a mapping, a path to a YAML job spec or a cuectl.Job, "
+        notes: list[str] = []
+        job_spec = intake.load_mapping(spec, context, params=params, notes=notes)
+        if strict and notes:
+            raise InvalidInput(f"{len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
+                               hint="strict=False to submit anyway (each is a warning then)")
+        for note in notes:
+            warn(note)
+        return intake.Loaded((job_spec,), intake.SPEC, "<mapping>", ((),), tuple(notes))
+    raise InvalidInput(f"submit: expected a mapping, a path to a job spec file or a cuectl.Job, "
                        f"got {type(spec).__name__}")
 
 
@@ -171,19 +205,40 @@ def _open(db: str | Path | None, *, create: bool) -> Store:
                       busy_timeout_s=config.busy_timeout(), create=create)
 
 
-def submit(spec: Mapping[str, Any] | str | Path | Job, *, db: str | Path | None = None) -> int:
+def submit(spec: Mapping[str, Any] | str | Path | Job, *, db: str | Path | None = None,
+           params: Sequence[str] | Mapping[str, str] = (), strict: bool = False) -> int:
     """Submit a job and return its id.
 
-    ``spec``: a mapping in the YAML spec's schema (docs/job-spec.md), a path to a YAML file
-    (``str`` or ``Path``), or a ``cuectl.Job``. ``db``: a store path or URL (``sqlite:///…``,
-    ``postgresql://…``); default ``CUECTL_DB``, else your own SQLite store, created if
-    missing (as ``cuectl submit`` does). Raises ``InvalidInput`` naming the field before
-    anything is written; ``StoreError`` if the store cannot be used.
+    ``spec``: a mapping in the YAML spec's schema (docs/job-spec.md) or an Open Job
+    Description template, a path to a spec file (``str`` or ``Path``: YAML or JSON, an
+    OpenJD template, an OpenCue ``.xml`` spec of one job — ``submit_all`` for several), or
+    a ``cuectl.Job``. ``params``, ``strict``: as for ``build_spec``. ``db``: a store path or
+    URL (``sqlite:///…``, ``postgresql://…``); default ``CUECTL_DB``, else your own SQLite
+    store, created if missing (as ``cuectl submit`` does). Raises ``InvalidInput`` naming
+    the field before anything is written; ``StoreError`` if the store cannot be used.
     """
-    job_spec = build_spec(spec)  # validate first: a bad spec creates no store
+    loaded = _loaded(spec, params, strict)  # validate first: a bad spec creates no store
+    loaded.one(hint="cuectl.api.submit_all submits every job of the spec")
+    return _submit_loaded(loaded, db)[0]
+
+
+def submit_all(spec: Mapping[str, Any] | str | Path | Job, *, db: str | Path | None = None,
+               params: Sequence[str] | Mapping[str, str] = (), strict: bool = False) -> list[int]:
+    """Submit every job of ``spec`` (see ``submit``) and return their ids, in submit order:
+    an OpenCue spec's jobs as ``cuectl submit job.xml`` submits them (each after the jobs
+    it waits on, with its frame-level waits)."""
+    return _submit_loaded(_loaded(spec, params, strict), db)
+
+
+def _submit_loaded(loaded: Any, db: str | Path | None) -> list[int]:
+    import warnings
+
+    from cuectl.sched import intake
+
     store = _open(db, create=True)
     try:
-        return store.submit(job_spec, now=time.time())
+        return intake.submit(store, loaded, now=time.time(),
+                             warn=lambda text: warnings.warn(text, UserWarning, stacklevel=4))
     finally:
         store.close()
 

@@ -129,3 +129,20 @@ def test_what_the_fast_path_leaves_to_typer_still_works(tmp_path, args):
         (tmp_path / "job.yaml").write_text("name: y\nlayers:\n  - name: l\n    command: [\"true\"]\n")
         args = [a.replace("job.yaml", str(tmp_path / "job.yaml")) for a in args]
     both(tmp_path, args, fast_expected=False)
+
+
+def test_the_fast_path_knows_every_job_flag_of_the_typer_command():
+    """The fast path's option tables are made from cuectl.sched.intake.SubmitFlags, and the
+    typer command's job flags are exactly that dataclass's: a flag added to one and not the
+    other would send every submit using it down a different road (or drop it)."""
+    import typer.main
+
+    from cuectl.cli.main import app
+    from cuectl.sched import intake
+
+    command = typer.main.get_command(app).commands["submit"]  # type: ignore[attr-defined]
+    options = {opt for param in command.params for opt in param.opts if opt.startswith("-")}
+    not_job_flags = {"--notify-command", "--notify-webhook", "--notify-email", "--notify-on", "--param", "--strict",
+                     "--dry-run", "--json"}
+    assert options - not_job_flags == set(intake.FLAG_OPTIONS)
+    assert set(intake.VALUE_OPTIONS) | set(intake.SWITCHES) == set(intake.FLAG_OPTIONS)

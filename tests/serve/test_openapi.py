@@ -76,8 +76,10 @@ def test_every_operation_is_typed_and_its_errors_are_problems(document):
         for parameter in op.get("parameters", []):  # the actions are enumerated
             if parameter["name"] == "action":
                 assert parameter["schema"]["enum"], (method, path)
-    body = document["paths"][f"{API}/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    assert body == {"$ref": "#/components/schemas/JobSpec"}
+    bodies = document["paths"][f"{API}/jobs"]["post"]["requestBody"]["content"]
+    spec_or_template = {"anyOf": [{"$ref": "#/components/schemas/JobSpec"}, {"$ref": "#/components/schemas/JobTemplate"}]}
+    assert bodies["application/json"]["schema"] == bodies["application/yaml"]["schema"] == spec_or_template
+    assert bodies["application/xml"]["schema"]["type"] == "string"  # an OpenCue spec
     assert schemas["JobSpec"]["required"] == ["name", "layers"]
     assert {"command", "range", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min", "depends"} <= \
         set(schemas["LayerSpec"]["properties"])

@@ -43,21 +43,6 @@ _RUN_FLAGS = {"--wait": True, "--no-wait": False}
 #: `cuectl admin report` options taking one value -> the keyword of ``show_report``.
 _REPORT_VALUE_OPTIONS = {"--since": "since", "--until": "until", "--by": "by", "--format": "format_",
                          "--output": "output", "-o": "output"}
-#: `cuectl submit` flags taking one value -> the keyword of ``submit_flags.flag_spec``, and
-#: how the fast path converts it (None: a string; int and float: plain decimals only, as
-#: typer reads them; anything else goes to typer, which converts it or words its refusal).
-_SUBMIT_VALUE_OPTIONS = {
-    "--name": "name", "--range": "range_", "--chunk": "chunk", "--layer": "layer", "--gpus": "gpus",
-    "--gpu-vendor": "gpu_vendor", "--gpu-model": "gpu_model", "--gpu-memory-min": "gpu_memory_min",
-    "--cores": "cores", "--memory": "memory", "--priority": "priority", "--retries": "retries",
-    "--timeout": "timeout", "--env": "env", "--tag": "tag", "--log-limit": "log_limit", "--project": "project",
-    "--show": "show", "--shot": "shot", "--service": "service", "--max-running": "max_running",
-    "--max-cores": "max_cores", "--max-gpus": "max_gpus", "--limit": "limit", "--retry-delay": "retry_delay",
-    "--chdir": "chdir", "-D": "chdir", "--export": "export",
-}
-_SUBMIT_INTS = frozenset({"chunk", "gpus", "priority", "retries", "max_running", "max_gpus"})
-_SUBMIT_FLOATS = frozenset({"cores", "max_cores"})
-_SUBMIT_LISTS = frozenset({"gpu_model", "env", "tag", "limit"})
 _ASCII_DIGITS = frozenset("0123456789")
 
 
@@ -296,50 +281,56 @@ def _with_store(db: str | None, call: Callable[[Callable[[], Any]], None], *, cr
 
 
 def _parse_submit(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
-    """(``--db``'s value, ``submit_flags.flag_spec``'s keywords with the command as
-    ``args``) for ``cuectl [--db URL] submit [FLAGS] -- COMMAND...``, exactly as typer
-    would give them; None unless plainly ordinary (then the full CLI parses it)."""
+    """(``--db``'s value, {"args": the command, "flags": the given ``SubmitFlags`` fields})
+    for ``cuectl [--db URL] submit [FLAGS] -- COMMAND...``, exactly as typer would give
+    them; None unless plainly ordinary (then the full CLI parses it)."""
     split = _split_db(args)
     if split is None:
         return None
     db, args = split
     if args[:1] != ["submit"]:
         return None
+    # The option tables, made from cuectl.sched.intake.SubmitFlags: every flag of it is here.
+    from cuectl.sched.intake import FLAG_KINDS, LIST_FLAGS, SWITCHES, VALUE_OPTIONS
+
     kw: dict[str, Any] = {}
     value: Any
     i = 1
     while i < len(args) and args[i] != "--":
-        if args[i] == "--paused":
-            key, value, i = "paused", True, i + 1
+        if args[i] in SWITCHES:
+            key, value, i = SWITCHES[args[i]], True, i + 1
         else:
             # None: a spec file, -h, --json, --dry-run, notifications, an unknown option, ...
-            found = _option_value(args, i, _SUBMIT_VALUE_OPTIONS)
+            found = _option_value(args, i, VALUE_OPTIONS)
             if found is None:
                 return None
             key, value, i = found
-            if key in _SUBMIT_INTS or key in _SUBMIT_FLOATS:
+            kind = FLAG_KINDS[key]
+            if kind in ("int", "float"):
+                # int and float: plain decimals only, as typer reads them; anything else
+                # goes to typer, which converts it or words its refusal.
                 whole, dot, part = value.partition(".")
                 if not (set(whole) <= _ASCII_DIGITS and whole and set(part) <= _ASCII_DIGITS
-                        and (not dot or (key in _SUBMIT_FLOATS and part))):
-                    return None  # typer converts it (or words its refusal)
-                value = float(value) if key in _SUBMIT_FLOATS else int(value)
-        if not _put_option(kw, key, value, _SUBMIT_LISTS):
+                        and (not dot or (kind == "float" and part))):
+                    return None
+                value = float(value) if kind == "float" else int(value)
+        if not _put_option(kw, key, value, LIST_FLAGS):
             return None
     command = args[i + 1:]
     if i >= len(args) or not command:
         return None  # no `--` (a spec file, or the command without it), or no command
-    kw["args"] = command  # after `--`, always a command (submit_flags.is_spec_form)
-    kw["after_dashdash"] = True
-    return db, kw
+    return db, {"args": command, "flags": kw}  # after `--`, always a command (submit_flags.is_spec_form)
 
 
 def _submit_fast(db: str | None, kw: dict[str, Any]) -> int:
-    """``submit_flags.submit_flags(**kw)`` with the CLI's error handling; the store of
-    ``--db`` is opened (created if missing) only once the flags are valid."""
+    """``submit_flags.submit_flags`` of ``kw`` (the command and the flags' fields) with the
+    CLI's error handling; the store of ``--db`` is opened (created if missing) only once
+    the flags are valid."""
     def call(store: Callable[[], Any]) -> None:
         from cuectl.cli.submit_flags import submit_flags
+        from cuectl.sched.intake import SubmitFlags
 
-        submit_flags(store, **kw)
+        submit_flags(store, kw["args"], SubmitFlags(**kw["flags"]), after_dashdash=True)
 
     return _with_store(db, call, create=True)
 

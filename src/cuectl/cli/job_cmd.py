@@ -23,27 +23,6 @@ def _store(ctx: typer.Context):
 
 
 # -- submit ------------------------------------------------------------------------------
-def _read_stdin_spec() -> str:
-    """The job spec piped to ``cuectl submit -``: at most MAX_SPEC_BYTES, UTF-8."""
-    import sys
-
-    from cuectl.sched.spec import MAX_SPEC_BYTES
-
-    stream = getattr(sys.stdin, "buffer", None)
-    raw = stream.read(MAX_SPEC_BYTES + 1) if stream is not None else sys.stdin.read(MAX_SPEC_BYTES + 1)
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8")
-    if len(raw) > MAX_SPEC_BYTES:
-        raise InvalidInput(f"<stdin>: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"<stdin>: not UTF-8 text (bad byte at offset {exc.start})") from None
-    if not text.strip():
-        raise InvalidInput("<stdin>: empty; pipe a job spec in: cuectl submit - < job.yaml")
-    return text
-
-
 _AFTER_DASHDASH = "cuectl.submit.after_dashdash"
 
 
@@ -140,120 +119,80 @@ def submit(
 ) -> None:
     """Submit a job: a YAML/JSON spec (a file, or - for standard input) with several layers,
     or one layer from flags and the command after -- (named after the command without --name)."""
-    from pathlib import Path
+    import dataclasses
 
-    from cuectl import config
-    from cuectl.sched import spec as specs
+    from cuectl.sched import intake
 
     args = list(args or [])
-    if submit_flags.is_spec_form(args, name, after_dashdash=bool(ctx.meta.get(_AFTER_DASHDASH))):
-        # A spec (a file, or - for standard input); flags given too override it (_spec_flags).
-        where, environ = config.submit_cwd(), config.submit_environ()
-        adjust = _spec_flags(ctx, specs)
-        notes: List[str] = []  # what an Open Job Description template asks that cuectl cannot honour
-        if args[0] == "-":
-            text = _read_stdin_spec()
-            from cuectl.sched import opencue_xml
-
-            if opencue_xml.looks_like_xml(text):
-                return _submit_opencue(ctx, text, "<stdin>", adjust, log_limit, strict, dry_run, as_json)
-            job_spec = specs.load_spec_text(text, source="<stdin>", user=config.current_user(),
-                                            frame_limit=config.frame_limit(), cwd=where, environ=environ,
-                                            adjust=adjust, openjd_params=param, notes=notes)
-        elif args[0].lower().endswith(".xml"):  # an OpenCue job spec (docs/opencue-xml.md)
-            return _submit_opencue(ctx, _read_spec_file(args[0]), args[0], adjust, log_limit, strict, dry_run,
-                                   as_json)
-        else:
-            try:
-                job_spec = specs.load_spec_file(args[0], user=config.current_user(),
-                                                frame_limit=config.frame_limit(), cwd=where, environ=environ,
-                                                adjust=adjust, openjd_params=param, notes=notes)
-            except InvalidInput as exc:
-                word = args[0]
-                if (exc.hint is None and not word.lower().endswith(submit_flags.SPEC_SUFFIXES)
-                        and not Path(word).exists()):
-                    raise InvalidInput(exc.message, hint="one argument is a job spec file; to run a one-word "
-                                                         f"command, put it after --: cuectl submit -- {word}"
-                                       ) from None
-                raise
-        if strict and notes:
-            raise InvalidInput(f"{args[0]}: {len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
-                               hint="drop --strict to submit anyway (each is a warning then)")
-        for note in notes:
-            term.warn(note)
-        if log_limit is not None:  # for every layer that does not set its own
-            job_spec = specs.with_log_limit(job_spec, log_limit, "--log-limit")
+    after_dashdash = bool(ctx.meta.get(_AFTER_DASHDASH))
+    flags = _given_flags(ctx)
+    if submit_flags.is_spec_form(args, name, after_dashdash=after_dashdash):
+        # A spec (a file, or - for standard input); flags given too override it (SubmitFlags.adjuster).
+        context = intake.SubmitContext.here()
+        flags.adjuster()  # the flags are checked before the spec is read: errors name the flag
+        loaded = intake.load(_read_source(args[0]), context, flags=flags, params=param, strict=strict,
+                             warn=term.warn)
+        job_specs = list(loaded.jobs)
     else:  # one layer from the flags, the command after -- (the console script's fast path too)
-        job_spec = submit_flags.flag_spec(
-            args, name=name, range_=range_, chunk=chunk, layer=layer, gpus=gpus, gpu_vendor=gpu_vendor,
-            gpu_model=gpu_model, gpu_memory_min=gpu_memory_min, cores=cores, memory=memory, priority=priority,
-            retries=retries, timeout=timeout, env=env, tag=tag, paused=paused, log_limit=log_limit,
-            project=project, show=show, shot=shot, service=service, max_running=max_running, max_cores=max_cores,
-            max_gpus=max_gpus, limit=limit, retry_delay=retry_delay, chdir=chdir, export=export, param=param,
-            after_dashdash=bool(ctx.meta.get(_AFTER_DASHDASH)))
+        loaded = None
+        job_specs = [submit_flags.flag_spec(args, flags, param=param, after_dashdash=after_dashdash)]
     if notify_command or notify_webhook or notify_email or notify_on:  # added to a spec's notify:
-        import dataclasses
-
         from cuectl.sched import notify as nt
 
         added = nt.from_flags(commands=notify_command, webhooks=notify_webhook, emails=notify_email, on=notify_on)
-        job_spec = dataclasses.replace(job_spec, notify=nt.entries([*job_spec.notify, *added]))
-    if dry_run:
-        return _print_dry_run([job_spec], as_json)
-    store = ctx.obj.store(create=True)
-    job_id = store.submit(job_spec, now=time.time())
-    if as_json:
-        from cuectl.sched.pending import describe_job
-
-        term.emit_json(describe_job(store, job_id))
-    else:
-        term.line(str(job_id))
-
-
-def _read_spec_file(path: str) -> str:
-    """A spec file's text: at most MAX_SPEC_BYTES, UTF-8 (a BOM is fine)."""
-    from cuectl.sched.spec import MAX_SPEC_BYTES
-
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_SPEC_BYTES + 1)
-    except OSError as exc:
-        raise InvalidInput(f"cannot read job spec {path!r}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise InvalidInput(f"{path}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from None
-
-
-def _submit_opencue(ctx: typer.Context, text: str, source: str, adjust: Any, log_limit: Optional[str],
-                    strict: bool, dry_run: bool, as_json: bool) -> None:
-    """``cuectl submit job.xml``: every <job> of an OpenCue spec, validated before the first
-    is stored, then submitted one after another (one transaction each), printing each id."""
-    from cuectl import config
-    from cuectl.sched import opencue_xml
-    from cuectl.sched import spec as specs
-
-    user = config.current_user()
-    job_specs, frame_waits, notes = opencue_xml.import_jobs(
-        text, source=source, user=user, frame_limit=config.frame_limit(), cwd=config.submit_cwd(),
-        environ=config.submit_environ(), adjust=adjust, strict=strict)
-    if log_limit is not None:
-        job_specs = [specs.with_log_limit(job_spec, log_limit, "--log-limit") for job_spec in job_specs]
-    for note in notes:
-        term.warn(f"{source}: {note}")
+        job_specs = [dataclasses.replace(job_spec, notify=nt.entries([*job_spec.notify, *added]))
+                     for job_spec in job_specs]
+        if loaded is not None:
+            loaded = loaded._replace(jobs=tuple(job_specs))
     if dry_run:
         return _print_dry_run(job_specs, as_json)
     store = ctx.obj.store(create=True)
-    ids = opencue_xml.submit_jobs(store, job_specs, frame_waits, now=time.time(), warn=term.warn, source=source)
+    if loaded is None:
+        ids = [store.submit(job_specs[0], now=time.time())]
+    else:
+        ids = intake.submit(store, loaded, now=time.time(), warn=term.warn)
+    many = loaded is not None and loaded.format == intake.OPENCUE_XML  # an OpenCue spec: a list, always
     if as_json:
         from cuectl.sched.pending import describe_job
 
-        term.emit_json({"jobs": [describe_job(store, job_id) for job_id in ids]})
+        described = [describe_job(store, job_id) for job_id in ids]
+        term.emit_json({"jobs": described} if many else described[0])
     else:
         for job_id in ids:
             term.line(str(job_id))
+
+
+def _given_flags(ctx: typer.Context) -> Any:
+    """The job flags given on the command line (not a default), as one ``SubmitFlags``:
+    each typer option is matched to its field by its flag name."""
+    from cuectl.sched.intake import FLAG_OPTIONS, SubmitFlags
+
+    given: dict[str, Any] = {}
+    for parameter in ctx.command.params:
+        source = ctx.get_parameter_source(parameter.name or "")
+        if source is None or source.name not in ("COMMANDLINE", "ENVIRONMENT"):
+            continue
+        option = next((o for o in parameter.opts if o in FLAG_OPTIONS), None)
+        if option is not None:
+            given[option] = ctx.params[parameter.name or ""]
+    return SubmitFlags.from_options(given)
+
+
+def _read_source(word: str) -> Any:
+    """The spec ``cuectl submit WORD`` names (``-``: standard input); a word that names no
+    file, and not a spec's either, may be a one-word command that needed ``--``."""
+    from pathlib import Path
+
+    from cuectl.sched import intake
+
+    try:
+        return intake.read_source(word)
+    except InvalidInput as exc:
+        if (exc.hint is None and word != intake.STDIN and not word.lower().endswith(submit_flags.SPEC_SUFFIXES)
+                and not word.lower().endswith(intake.XML_SUFFIX) and not Path(word).exists()):
+            raise InvalidInput(exc.message, hint="one argument is a job spec file; to run a one-word "
+                                                 f"command, put it after --: cuectl submit -- {word}") from None
+        raise
 
 
 def _print_dry_run(job_specs: List[Any], as_json: bool) -> None:
@@ -267,76 +206,6 @@ def _print_dry_run(job_specs: List[Any], as_json: bool) -> None:
     for job in shown:
         term.line(f"would submit job {job['name']!r}: {len(job['layers'])} layer(s), {job['frames']} frame(s) "
                   f"({', '.join(layer['name'] + ': ' + str(layer['frames']) for layer in job['layers'])})")
-
-
-# Flags that override a spec's job-level keys, and (one-layer specs only) its layer's:
-# parameter -> spec key. --env goes on top of every layer's env; --log-limit fills layers
-# that set none (specs.with_log_limit).
-_JOB_FLAGS = {"name": "name", "priority": "priority", "paused": "paused", "project": "project", "show": "show",
-              "shot": "shot",
-              "max_running": "max_running", "max_cores": "max_cores", "max_gpus": "max_gpus", "chdir": "cwd",
-              "export": "export"}
-_LAYER_FLAGS = {"range_": "range", "chunk": "chunk", "layer": "name", "gpus": "gpus", "gpu_vendor": "gpu_vendor",
-                "gpu_model": "gpu_models", "gpu_memory_min": "gpu_memory_min", "cores": "cores", "memory": "memory",
-                "retries": "retries", "timeout": "timeout", "tag": "tags", "limit": "limits",
-                "retry_delay": "retry_delay", "service": "service"}
-
-
-def _spec_flags(ctx: typer.Context, specs: Any) -> Any:
-    """Flags given with a spec override it: job-level ones always, layer ones when the spec
-    has one layer (else an error naming the flag — never silently dropped). They are checked
-    first as the flag form checks them, so an error names the flag, not the spec's key."""
-    def typed(param: str) -> bool:  # given on the command line, not a default
-        source = ctx.get_parameter_source(param)
-        return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
-
-    given = {p: v for p, v in ctx.params.items() if typed(p)}
-    flags = {p: v for p, v in given.items() if p in _JOB_FLAGS or p in _LAYER_FLAGS or p == "env"}
-    if not flags:
-        return None
-    checked = {_FLAG_ARGS.get(p, p): v for p, v in flags.items() if p not in ("chdir", "export")}
-    if {"gpu_vendor", "gpu_models", "gpu_memory_min"} & set(checked):
-        checked.setdefault("gpus", 1)  # the spec's layer may ask for GPUs: only the flags' own values are checked
-    specs.spec_from_flags(command=["true"], **{"name": "x", **checked})  # errors name the flag
-    env = specs.flag_env(flags.get("env") or [])
-
-    def adjust(data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data  # the spec's own error says what is wrong with it
-        data = dict(data)
-        for p, key in _JOB_FLAGS.items():
-            if p in flags:
-                data[key] = flags[p]
-        layer_flags = [p for p in _LAYER_FLAGS if p in flags]
-        layers = data.get("layers")
-        if isinstance(layers, list) and (layer_flags or env):
-            if layer_flags and len(layers) != 1:
-                option = _OPTION_NAMES.get(layer_flags[0], "--" + layer_flags[0].replace("_", "-"))
-                raise InvalidInput(f"{option}: a layer setting, and the spec has {len(layers)} layers: set "
-                                   f"{_LAYER_FLAGS[layer_flags[0]]}: in the layer it is for",
-                                   hint="layer flags apply to a spec with one layer")
-            changed = []
-            for raw in layers:
-                if not isinstance(raw, dict):
-                    changed.append(raw)
-                    continue
-                raw = dict(raw)
-                for p in layer_flags:
-                    raw[_LAYER_FLAGS[p]] = flags[p]
-                if env:
-                    own = raw.get("env")
-                    raw["env"] = {**(own if isinstance(own, dict) else {}), **env}
-                changed.append(raw)
-            data["layers"] = changed
-        return data
-
-    return adjust
-
-
-# spec_from_flags' keyword for a submit parameter, where the two differ.
-_FLAG_ARGS = {"range_": "range", "gpu_model": "gpu_models", "tag": "tags", "limit": "limits"}
-_OPTION_NAMES = {"range_": "--range", "gpu_model": "--gpu-model", "tag": "--tag", "limit": "--limit",
-                 "layer": "--layer"}
 
 
 # -- job ---------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """``cuectl submit [FLAGS] -- COMMAND [ARGS...]``, the one-layer form, without typer.
 
-Both ways into it call :func:`flag_spec`: the typer command (``cuectl.cli.job_cmd.submit``,
+Both ways into it call :func:`flag_spec` with the flags given as one
+``cuectl.sched.intake.SubmitFlags``: the typer command (``cuectl.cli.job_cmd.submit``,
 which also takes spec files, notifications, ``--dry-run`` and ``--json``) and the console
-script's fast path (``cuectl.cli.entry``), which answers an ordinary flag-form submit
+script's fast path (``cuectl.cli.entry``, its option tables derived from ``SubmitFlags``),
+which answers an ordinary flag-form submit
 without loading typer, click and the command tree (~50 ms of a ~200 ms submit; a pipeline
 that submits a job per shot pays it every time).
 """
@@ -13,12 +15,11 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from cuectl.errors import InvalidInput
+from cuectl.sched.intake import SPEC_SUFFIXES, SubmitFlags
 
 if TYPE_CHECKING:
     from cuectl.sched.model import JobSpec
 
-#: What names a job spec file (one argument with one of these is a spec, not a command).
-SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 # Interpreters: `python3 train.py` is named after train.py, not python3.
 _INTERPRETERS = r"(python|pypy|bash|sh|zsh|dash|ksh|node|perl|ruby|php|lua|julia|rscript)[0-9.]*"
 
@@ -58,21 +59,12 @@ def name_from_command(argv: Sequence[str]) -> str:
     return word[:MAX_JOB_NAME].strip()
 
 
-def flag_spec(args: Sequence[str], *, name: str | None = None, range_: str = "1", chunk: int = 1,
-              layer: str | None = None, gpus: int | None = None, gpu_vendor: str | None = None,
-              gpu_model: Sequence[str] = (), gpu_memory_min: str | None = None, cores: float | None = None,
-              memory: str | None = None, priority: int = 0, retries: int | None = None, timeout: str | None = None,
-              env: Sequence[str] = (), tag: Sequence[str] = (), paused: bool = False, log_limit: str | None = None,
-              project: str | None = None, show: str | None = None, shot: str | None = None,
-              service: str | None = None, max_running: int | None = None, max_cores: float | None = None,
-              max_gpus: int | None = None, limit: Sequence[str] = (), retry_delay: str | None = None,
-              chdir: str | None = None, export: str | None = None, param: Sequence[str] = (),
+def flag_spec(args: Sequence[str], flags: SubmitFlags, *, param: Sequence[str] = (),
               after_dashdash: bool = False) -> "JobSpec":
-    """The job of ``cuectl submit [FLAGS] -- ARGS`` (keywords named as the typer command's
-    parameters), validated; ``InvalidInput`` names the flag at fault. ``after_dashdash``:
-    the words came after ``--``, so they are a command whatever they look like."""
-    from cuectl import config
-    from cuectl.sched import spec as specs
+    """The job of ``cuectl submit [FLAGS] -- ARGS`` (``flags``: those given), validated;
+    ``InvalidInput`` names the flag at fault. ``after_dashdash``: the words came after
+    ``--``, so they are a command whatever they look like."""
+    from cuectl.sched.intake import SubmitContext
 
     if not args:
         raise InvalidInput("give one job spec file, - for standard input, or a command after --",
@@ -84,21 +76,16 @@ def flag_spec(args: Sequence[str], *, name: str | None = None, range_: str = "1"
     if not after_dashdash and len(args) > 1 and args[0].lower().endswith(SPEC_SUFFIXES):
         raise InvalidInput("give one job spec file (one job per submit)",
                            hint="cuectl submit job.yaml; for a command: cuectl submit -- CMD ARGS")
-    return specs.spec_from_flags(
-        name=name_from_command(args) if name is None else name, command=list(args), range=range_, chunk=chunk,
-        layer=layer, gpus=gpus, gpu_vendor=gpu_vendor, gpu_models=list(gpu_model), gpu_memory_min=gpu_memory_min,
-        cores=cores, memory=memory, priority=priority, retries=retries, timeout=timeout, env=list(env),
-        tags=list(tag), paused=paused, user=config.current_user(), frame_limit=config.frame_limit(),
-        log_limit=log_limit, project=project, show=show, shot=shot, service=service, max_running=max_running,
-        max_cores=max_cores, max_gpus=max_gpus, limits=list(limit), retry_delay=retry_delay, chdir=chdir,
-        export=export, cwd=config.submit_cwd(), environ=config.submit_environ())
+    return flags.job_spec(list(args), SubmitContext.here(),
+                          name=name_from_command(args) if flags.name is None else None)
 
 
-def submit_flags(store: Callable[[], Any], args: Sequence[str], **flags: Any) -> None:
+def submit_flags(store: Callable[[], Any], args: Sequence[str], flags: SubmitFlags, *,
+                 after_dashdash: bool = False) -> None:
     """Submit the job of ``cuectl submit [FLAGS] -- ARGS`` to ``store()`` (opened only once
     the flags are valid) and print its id, as the typer command does."""
     from cuectl.cli import term
 
-    spec = flag_spec(args, **flags)  # (before the store: bad flags create no store file)
+    spec = flag_spec(args, flags, after_dashdash=after_dashdash)  # (before the store: bad flags create no store file)
     job_id = store().submit(spec, now=time.time())
     term.line(str(job_id))

@@ -1075,20 +1075,12 @@ def load_spec_file(path: str | Path, *, user: str | None = None, frame_limit: in
     load_spec_text). Every problem is an InvalidInput starting with the
     path: unreadable file, over 10 MB, not UTF-8, malformed YAML (with line and column),
     unknown keys, bad values."""
-    source = str(path)
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_SPEC_BYTES + 1)  # never read more than the cap (e.g. /dev/zero)
-    except OSError as exc:
-        raise InvalidInput(f"cannot read job spec {source!r}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise InvalidInput(f"{source}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from None
-    return load_spec_text(text, source=source, user=user, frame_limit=frame_limit, cwd=cwd, environ=environ,
-                          adjust=adjust, openjd_params=openjd_params, notes=notes, base_dir=str(Path(path).parent))
+    from cuectl.sched.intake import read_source  # the one place a spec is read (size cap, UTF-8)
+
+    source = read_source(Path(path))
+    return load_spec_text(source.text, source=source.name, user=user, frame_limit=frame_limit, cwd=cwd,
+                          environ=environ, adjust=adjust, openjd_params=openjd_params, notes=notes,
+                          base_dir=source.base_dir)
 
 
 def with_log_limit(spec: JobSpec, value: str | int, label: str) -> JobSpec:

@@ -441,22 +441,47 @@ def create_app(settings: Settings) -> FastAPI:
         ref = _job_ref(job)  # polled every second by the monitor's job page: cached, with an ETag
         return await cached(request, lambda: _public_job(describe_job(pool.get(), ref)))
 
-    # The body (JobSpec) and every answer's schema: serve/openapi.py.
-    @app.post(f"{API}/jobs", tags=["jobs"], summary="Submit a job (the YAML spec's schema, as JSON)", status_code=201)
-    async def submit_job(request: Request) -> Response:
+    # The body (JobSpec as JSON or YAML, a template, an OpenCue spec) and every answer's schema: serve/openapi.py.
+    @app.post(f"{API}/jobs", tags=["jobs"], status_code=201,
+              summary="Submit a job: a job spec (JSON or YAML), an Open Job Description template or an OpenCue "
+                      "XML spec, told by the Content-Type")
+    async def submit_job(request: Request,
+                         param: list[str] = Query([], description="NAME=VALUE: a job parameter of an Open Job "
+                                                                  "Description template (repeatable)"),
+                         strict: bool = Query(False, description="Refuse a spec with anything cuectl cannot "
+                                                                 "honour (else each is in the answer's warnings)")
+                         ) -> Response:
+        from cuectl.sched import intake
+
         who = await run_in_threadpool(caller, request)
-        data = await _json_body(request)
+        source = await _submitted_source(request)
+        # The submit context, built here once: the token's user and the server's frame limit
+        # (no directory or environment of the caller's: relative paths and export: are refused).
+        context = intake.SubmitContext(user=who.user, frame_limit=settings.frame_limit)
 
         def submit(store: Store) -> dict[str, Any]:
             from cuectl.sched.pending import describe_job
-            from cuectl.sched.spec import spec_from_mapping
 
-            spec = spec_from_mapping(data, user=who.user, frame_limit=settings.frame_limit)
-            job_id = store.submit(spec, now=time.time())
-            return _public_job(describe_job(store, job_id))
+            if isinstance(source, intake.Source):
+                loaded = intake.load(source, context, params=param, strict=strict)
+            else:  # JSON, read as JSON is (depth-checked): errors name the field alone
+                notes: list[str] = []
+                job_spec = intake.load_mapping(source, context, params=param, notes=notes)
+                if strict and notes:
+                    raise InvalidInput(f"{len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
+                                       hint="leave out strict to submit anyway (each is a warning then)")
+                loaded = intake.Loaded((job_spec,), intake.SPEC, "body", ((),), tuple(notes))
+            ids = intake.submit(store, loaded, now=time.time())
+            jobs = [_public_job(describe_job(store, job_id)) for job_id in ids]
+            # An OpenCue spec may hold several jobs: a list, always (as `cuectl submit job.xml --json`).
+            out: dict[str, Any] = {"jobs": jobs} if loaded.format == intake.OPENCUE_XML else jobs[0]
+            if loaded.notes:
+                out["warnings"] = list(loaded.notes)
+            return out
 
         out = await run_in_threadpool(change, who, "submit", submit)
-        return JSONResponse(out, status_code=201, headers={"Location": f"{API}/jobs/{out['id']}"})
+        first = out["jobs"][0]["id"] if "jobs" in out else out["id"]
+        return JSONResponse(out, status_code=201, headers={"Location": f"{API}/jobs/{first}"})
 
     @app.post(f"{API}/jobs/{{job}}/priority", tags=["jobs"], summary="Set a job's priority: {\"priority\": N}")
     async def job_priority(job: str, request: Request) -> Response:
@@ -790,14 +815,39 @@ def _memory_param(value: str | None) -> int | None:
         raise Problem(422, exc.message, field="gpu_memory_min") from None
 
 
-async def _json_body(request: Request) -> Any:
-    if "json" not in request.headers.get("content-type", "application/json"):
-        raise Problem(415, "send the body as application/json")
+async def _submitted_source(request: Request) -> Any:
+    """A submitted job's body: parsed JSON (``application/json``, the default), or a
+    ``cuectl.sched.intake.Source`` of the format its ``Content-Type`` names (YAML: a job
+    spec or an Open Job Description template; XML: an OpenCue spec), read as a spec file
+    is (UTF-8; errors start with ``body:``)."""
+    from cuectl.sched import intake
+
+    content_type = request.headers.get("content-type", "application/json")
+    media = content_type.split(";", 1)[0].strip().lower()
+    if "json" in content_type or media not in intake.FORMATS:
+        return await _json_body(request, also="application/yaml (a job spec or an Open Job Description template) "
+                                              "or application/xml (an OpenCue spec)")
+    raw = await _body_bytes(request)
+    try:
+        text = intake.decode(raw, "body")
+    except InvalidInput as exc:
+        raise Problem(400, exc.message, field="body") from None
+    return intake.source_from_text(text, name="body", format=intake.FORMATS[media])
+
+
+async def _body_bytes(request: Request) -> bytes:
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:
             raise Problem(413, f"the body is larger than {MAX_BODY_BYTES} bytes", field="body")
+    return bytes(body)
+
+
+async def _json_body(request: Request, also: str | None = None) -> Any:
+    if "json" not in request.headers.get("content-type", "application/json"):
+        raise Problem(415, "send the body as application/json" + (f", {also}" if also else ""))
+    body = await _body_bytes(request)
     try:
         data = json.loads(body or b"null")
     except RecursionError:  # the parser's own recursion, past the interpreter's limit

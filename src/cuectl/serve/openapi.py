@@ -32,7 +32,7 @@ ANSWERS: dict[tuple[str, str], tuple[int, str | None]] = {
     ("get", f"{API}/hosts/{{name}}/gpus"): (200, "HostGpus"),
     ("post", f"{API}/hosts/{{name}}/{{action}}"): (200, "HostDetail"),
     ("get", f"{API}/jobs"): (200, "JobList"),
-    ("post", f"{API}/jobs"): (201, "Job"),
+    ("post", f"{API}/jobs"): (201, "Submitted"),
     ("get", f"{API}/jobs/{{job}}"): (200, "Job"),
     ("post", f"{API}/jobs/{{job}}/priority"): (200, "Job"),
     ("post", f"{API}/jobs/{{job}}/{{action}}"): (200, "Job"),
@@ -46,6 +46,13 @@ ANSWERS: dict[tuple[str, str], tuple[int, str | None]] = {
 # Answered from the shared cache with an ETag: If-None-Match may get a 304.
 CACHED = {f"{API}/hosts", f"{API}/hosts/{{name}}", f"{API}/jobs", f"{API}/jobs/{{job}}", f"{API}/jobs/{{job}}/frames"}
 BODIES = {f"{API}/jobs": "JobSpec", f"{API}/jobs/{{job}}/priority": "Priority"}
+# The bodies a job is submitted as, by Content-Type (cuectl.sched.intake.FORMATS): a job spec
+# or an Open Job Description template as JSON or YAML, an OpenCue XML spec.
+_SPEC_OR_TEMPLATE = {"anyOf": [ref("JobSpec"), ref("JobTemplate")]}
+_XML_SPEC = {"type": "string", "description": "An OpenCue job spec (docs/opencue-xml.md); its jobs are the token "
+                                              "user's"}
+SUBMIT_BODIES: dict[str, dict[str, Any]] = {JSON: _SPEC_OR_TEMPLATE, "application/yaml": _SPEC_OR_TEMPLATE,
+                                            "application/xml": _XML_SPEC}
 _PAGE = {"type": "integer", "minimum": 1, "maximum": 10_000}
 # Parameters the routes read as strings (to answer a bad one with the CLI's message): their real types.
 PARAMETERS: dict[tuple[str, str], dict[str, Any]] = {
@@ -73,7 +80,7 @@ _ERRORS = {
     404: "no such job, frame, host or action",
     409: "a job name several jobs have, or an action that changes nothing",
     413: "a body over 4 MiB",
-    415: "a body that is not application/json",
+    415: "a body that is not application/json (a job may also be application/yaml or application/xml)",
     422: "a bad value: a parameter or a spec field (field names it)",
     503: "the store does not answer",
 }
@@ -104,7 +111,10 @@ def _operation(path: str, method: str, operation: dict[str, Any]) -> None:
             parameter["schema"] = dict(PARAMETERS[path, name])
         elif parameter["in"] == "path" and name in _EXAMPLES:
             parameter.setdefault("examples", {f"e{i}": {"value": v} for i, v in enumerate(_EXAMPLES[name])})
-    if path in BODIES and method == "post":
+    if path == f"{API}/jobs" and method == "post":
+        operation["requestBody"] = {"required": True, "content": {media: {"schema": dict(schema)}
+                                                                  for media, schema in SUBMIT_BODIES.items()}}
+    elif path in BODIES and method == "post":
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": ref(BODIES[path])}}}
     responses: dict[str, Any] = {}
     answer = ANSWERS.get((method, path))

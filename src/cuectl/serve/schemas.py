@@ -189,6 +189,20 @@ JOB_SPEC: Schema = _obj({
     "depends": _DEPENDS,
 }, ("name", "layers"), additionalProperties=False, patternProperties=_X_KEYS,
     description="The job spec of docs/job-spec.md, as JSON; the job is the token user's.")
+# An Open Job Description template (docs/openjd.md): checked by the server, not here.
+JOB_TEMPLATE: Schema = _obj({
+    "specificationVersion": {"const": "jobtemplate-2023-09"}, "name": STR,
+    "parameterDefinitions": {"type": "array", "items": {"type": "object"}},
+    "steps": {"type": "array", "items": {"type": "object"}, "minItems": 1},
+}, ("specificationVersion", "name", "steps"),
+    description="An Open Job Description job template (docs/openjd.md); its parameters: ?param=NAME=VALUE.")
+# What POST /api/v1/jobs answers: the job, or every job of an OpenCue spec (a list, always);
+# with warnings, what the spec asks that cuectl cannot honour (?strict=true refuses it).
+_WARNINGS: Schema = {"type": "array", "items": STR}
+SUBMITTED_JOBS: Schema = _obj({"jobs": {"type": "array", "items": ref("Job"), "minItems": 1}, "warnings": _WARNINGS},
+                              ("jobs",), description="The jobs of an OpenCue XML spec, in submit order.")
+SUBMITTED: Schema = {"anyOf": [{"allOf": [ref("Job"), _obj({"warnings": _WARNINGS})]}, ref("SubmittedJobs")],
+                     "description": "The job submitted; for an OpenCue XML spec, its jobs."}
 PRIORITY: Schema = _obj({"priority": {"type": "integer", "minimum": -2147483647, "maximum": 2147483647}},
                         ("priority",), additionalProperties=False)
 
@@ -198,5 +212,6 @@ COMPONENTS: dict[str, Schema] = {
     "HostDetail": HOST_DETAIL, "Layer": LAYER, "JobSummary": JOB_SUMMARY, "Job": JOB, "JobList": JOB_LIST,
     "Attempt": ATTEMPT, "Frame": FRAME, "FrameList": FRAME_LIST, "FramesChanged": FRAMES_CHANGED,
     "Lease": LEASE, "LeaseList": LEASE_LIST, "ReportRow": REPORT_ROW, "Report": REPORT,
-    "LayerSpec": LAYER_SPEC, "JobSpec": JOB_SPEC, "Priority": PRIORITY,
+    "LayerSpec": LAYER_SPEC, "JobSpec": JOB_SPEC, "JobTemplate": JOB_TEMPLATE, "Priority": PRIORITY,
+    "Submitted": SUBMITTED, "SubmittedJobs": SUBMITTED_JOBS,
 }
