@@ -278,9 +278,9 @@ def log_path_sql(dialect: Dialect, alias: str = "") -> str:
     """Where an attempt's log goes, as the SQL expression a claim statement stores:
     ``<log dir>/<job id>/<NNNN>-<layer>.<attempt>.log``, from two ``?`` parameters (the log
     dir, the layer name) and the claimed row's columns (``alias``: its table alias). The name
-    has one definition, run/framelog/name.py, which the readers use too (the log dir is
+    has one definition, sched/logname.py, which the readers use too (the log dir is
     resolved once, by ``open_store``). Layer names are validated to [A-Za-z0-9_.-], so a path
     cannot leave the log dir."""
-    from cuectl.run.framelog.name import log_path_sql
+    from cuectl.sched.logname import log_path_sql
 
     return log_path_sql(dialect, alias)
