@@ -11,6 +11,10 @@ found.warnings()                   # e.g. NVML failed and nvidia-smi stood in
 
 Backends are imported lazily: importing ``cuectl.gpu`` costs nothing beyond the device
 model, and ``pynvml``/``yaml`` load only when their backend runs.
+
+Modules: ``device`` (immutable ``Device``/``DeviceSample`` snapshots), ``base`` (the
+backend interface), one per backend (``nvml``, ``smi``, ``amd``, ``apple``, ``fake``), and
+``doctor`` (what discovery can and cannot see here, backend by backend).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ One ASGI app (FastAPI on uvicorn) over the same library the CLI uses: every read
 ``cuectl job list`` never load the web framework.
 
 Modules: ``problems`` (errors as application/problem+json), ``auth`` (who is calling),
-``app`` (the routes), ``metrics`` (the /metrics exposition), ``server`` (uvicorn: TCP with
-optional TLS, or a Unix socket with SO_PEERCRED).
+``app`` (the routes), ``schemas`` and ``openapi`` (the OpenAPI document), ``storecalls``
+(the store protocol a shared SQLite store's users speak through ``--socket``), ``web`` (the
+monitor's pages and assets), ``metrics`` (the /metrics exposition), ``server`` (uvicorn:
+TCP with optional TLS, or a Unix socket with SO_PEERCRED).
 """
