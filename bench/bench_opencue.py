@@ -55,10 +55,22 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import grpc
+from bench_api import (
+    _PROFILED,
+    HOST,
+    Conn,
+    Server,
+    build_store,
+    check_drained,
+    cuectl,
+    free_port,
+    pct,
+    print_profile,
+    start_server,
+    submit_drain_job,
+)
 from opencue_proto import host_pb2, host_pb2_grpc, job_pb2, job_pb2_grpc
 
-from bench_api import (_PROFILED, HOST, Conn, Server, build_store, check_drained, cuectl, free_port, pct,
-                       print_profile, start_server, submit_drain_job)
 from cuectl.sched.store import open_store
 
 P99_TARGET_MS = 100.0
@@ -364,7 +376,7 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> None:
             print(line)
         summary = []
         for period in args.periods:
-            rate = f"CueGUI's own rate" if period == 10 else f"{10 / period:g}x CueGUI's rate"
+            rate = "CueGUI's own rate" if period == 10 else f"{10 / period:g}x CueGUI's rate"
             print(f"drain, sessions every {period:g} s ({rate}): {args.drain_frames:,} no-op frames of 1 GPU each, "
                   f"one worker (--cores 2, 2 fake GPUs), alternately idle and with {args.sessions} sessions polling")
             rates: dict[bool, list[float]] = {False: [], True: []}

@@ -48,7 +48,7 @@ def fake_gpus(root: Path) -> Path:
         (state / f"{i}.json").write_text(json.dumps({"utilization_pct": 40 + 7 * i,
                                                      "memory_used_bytes": (4 + i) << 30}))
     spec = root / "gpus.yaml"
-    devices = "".join(f'  - model: "NVIDIA A100-SXM4-80GB"\n    vendor: NVIDIA\n    memory: 80GiB\n'
+    devices = "".join('  - model: "NVIDIA A100-SXM4-80GB"\n    vendor: NVIDIA\n    memory: 80GiB\n'
                       for _ in range(DEVICES))
     spec.write_text(f"host: sampler\nstate_dir: {state}\ndevices:\n{devices}")
     return spec

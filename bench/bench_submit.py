@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from cuectl.sched.spec import spec_from_flags
 from cuectl.sched.dialect import SQLITE
+from cuectl.sched.spec import spec_from_flags
 from cuectl.sched.store import open_store
 from cuectl.sched.store.schema import statements
 

@@ -350,8 +350,6 @@ class Gui:
     drives it), and helpers to wait on it and read its widgets as a user sees them."""
 
     def __init__(self, name: str) -> None:
-        from qtpy import QtCore, QtTest, QtWidgets  # noqa: F401
-
         import cuegui
         import cuegui.ActionRunner
         import cuegui.Constants
@@ -359,6 +357,7 @@ class Gui:
         import cuegui.MainWindow
         import cuegui.Style
         import cuegui.ThreadPool
+        from qtpy import QtCore, QtTest, QtWidgets  # noqa: F401
 
         self.QtCore, self.QtTest, self.QtWidgets = QtCore, QtTest, QtWidgets
         self.app = cuegui.create_app([name])

@@ -465,7 +465,7 @@ def check_inventory(ctx: Ctx) -> Result:
         if mine["memory_mib"] is None or abs(mine["memory_mib"] - row["memory_mib"]) > 1:
             problems.append(f"{row['uuid']}: memory cuectl={mine['memory_mib']} MiB nvidia-smi={row['memory_mib']} MiB")
     smi_keys = {norm_uuid(r["uuid"]) for r in smi}
-    for key, d in cards.items():
+    for d in cards.values():
         problems.append(f"{d['uuid']} ({d['model']}): listed by cuectl, not by nvidia-smi")
     for key in mig_parents - smi_keys:
         problems.append(f"MIG parent {key}: listed by cuectl, not by nvidia-smi")
@@ -547,7 +547,7 @@ def check_usage(ctx: Ctx, devices: Sequence[str], mig_only: bool = False) -> Res
     if not ctx.fake and not (_importable("torch") or _importable("cupy")):
         return Result("usage", SKIP, "neither PyTorch nor CuPy is importable: no matmul loop to run")
     alloc = int(ctx.alloc_gib * GIB)
-    busy_out, idle_out = ctx.out_file("busy"), ctx.out_file("idle")
+    busy_out = ctx.out_file("busy")  # the idle frame reports nothing of its own: a sleep
     extra = ["--busy", str(ctx.busy_s), "--alloc-bytes", str(alloc)]
     if ctx.fake:
         assert ctx.fake_state is not None

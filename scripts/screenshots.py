@@ -77,7 +77,7 @@ class Farm:
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise SystemExit("cuectl serve did not start")
+                    raise SystemExit("cuectl serve did not start") from None
                 time.sleep(0.05)
 
     def spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:

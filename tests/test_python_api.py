@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from storedriver import finish_all  # tests/storedriver.py (tests/ is on sys.path)
 
 import cuectl
 from cuectl.errors import InvalidInput, NotFound
 from cuectl.sched.store import open_store
-from storedriver import finish_all  # tests/storedriver.py (tests/ is on sys.path)
 
 SWEEP = {
     "name": "lr-sweep",

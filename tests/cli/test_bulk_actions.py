@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from cli.test_cli_jobs import store_digest
 from conftest import cuectl_cmd
+from ttydriver import on_terminal  # tests/ttydriver.py (tests/ is on sys.path)
 
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, open_store
-from ttydriver import on_terminal  # tests/ttydriver.py (tests/ is on sys.path)
 
 NOW = time.time()
 

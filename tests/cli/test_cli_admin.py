@@ -31,7 +31,7 @@ def test_prune_deletes_old_finished_jobs_and_logs(cli, db_path):
     job_id = int(cli("submit", "--name", "old", "--", "true").stdout)
     keep = int(cli("submit", "--name", "running", "--", "true").stdout)
     store = open_store(str(db_path))
-    layer = [l for l in store.runnable_layers() if l.job_id == job_id][0]
+    layer = [r for r in store.runnable_layers() if r.job_id == job_id][0]
     c = store.claim_frame(layer.layer_id, host="h", worker="w", gpu_uuids=[], now=time.time() - 90000, lease_s=60)
     log_dir = db_path.parent / f"{db_path.name}-logs" / str(job_id)
     log_dir.mkdir(parents=True)

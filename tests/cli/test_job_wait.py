@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+from storedriver import finish_all  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import open_store
-from storedriver import finish_all  # tests/storedriver.py (tests/ is on sys.path)
 
 
 def _exe() -> list[str]:

@@ -5,10 +5,10 @@ store file, so it is an admin there)."""
 from __future__ import annotations
 
 import pytest
-
 from cliresults import ok as _ok  # tests/cliresults.py (tests/ is on sys.path)
 from cliresults import one_error as _one_error
 from storedriver import finish_all  # tests/storedriver.py
+
 from cuectl.sched.store import open_store
 
 

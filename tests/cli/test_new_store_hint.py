@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 
-
-
 def hint_of(res) -> str:
     """Exit 1 (not found), one ``error:`` line, then the ``hint:`` line, returned."""
     lines = res.stderr.splitlines()

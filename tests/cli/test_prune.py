@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from conftest import cuectl_cmd
+from ttydriver import on_terminal  # tests/ttydriver.py (tests/ is on sys.path)
 
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, open_store
-from ttydriver import on_terminal  # tests/ttydriver.py (tests/ is on sys.path)
 
 OLD = time.time() - 3 * 86400
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from entryprobe import run_entry
 
 from cuectl.sched.store import open_store
-from entryprobe import run_entry
 
 
 def job_rows(db: Path) -> Any:

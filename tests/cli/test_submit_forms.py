@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import cuectl_cmd, subprocess_env
 
 SPEC_YAML = "name: piped\nlayers:\n  - name: a\n    command: [echo, '#IFRAME#']\n    range: 1-3\n"

@@ -8,7 +8,6 @@ import json
 import subprocess
 
 import pytest
-
 from conftest import cuectl_cmd, subprocess_env
 
 

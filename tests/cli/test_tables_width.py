@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from conftest import cuectl_cmd
 from rich.cells import cell_len
+from ttydriver import on_terminal  # tests/ttydriver.py (tests/ is on sys.path)
 
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, HostInfo, LiveUsage, open_store
-from ttydriver import on_terminal  # tests/ttydriver.py (tests/ is on sys.path)
 
 GIB = 1024**3
 NOW = time.time()

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-
 BIN = Path(sys.executable).parent
 
 

@@ -90,7 +90,7 @@ class Netns:
     def sysctl(self, namespace: str, key: str, value: str) -> None:
         """A sysctl of ``namespace`` (net.* keys are per namespace: the host's are untouched)."""
         path = "/proc/sys/" + key.replace(".", "/")  # as sysctl(8) writes it, without needing procps
-        res = subprocess.run(self.exec(namespace, ["sh", "-c", f'echo "$1" > "$2"', "sh", value, path]),
+        res = subprocess.run(self.exec(namespace, ["sh", "-c", 'echo "$1" > "$2"', "sh", value, path]),
                              capture_output=True, text=True, timeout=30)
         if res.returncode != 0:
             raise RuntimeError(f"sysctl {key}={value} in {namespace}: {res.stderr.strip()}")

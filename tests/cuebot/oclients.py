@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import yaml
-
 from cuebotlib import CuebotServer, client, cuectl_cmd, python_client, run_client, subprocess_env
 
 HOST = "gpubox"

@@ -21,7 +21,6 @@ import yaml
 from cuectl.cuebot.gpu_service import GpuServicer
 from cuectl.cuebot.proto import cuectl_gpu_pb2 as pb
 from cuectl.cuebot.proto import cuectl_gpu_pb2_grpc as pb_grpc
-from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import HostInfo, open_store
 
 REPO = Path(__file__).resolve().parents[2]

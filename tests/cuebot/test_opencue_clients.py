@@ -19,11 +19,20 @@ from typing import Any, Iterator
 import grpc
 import pytest
 from cueadmin.format import formatMem
-from opencue_proto import depend_pb2, host_pb2, job_pb2, job_pb2_grpc
-
 from cuebotlib import client, run_client
-from oclients import (A100, HOST, JOB_COLUMNS, KIB_PER_GIB, PROC_ROW, OpenCueFarm, fixed_columns, frame_rows,
-                      host_row, table)
+from oclients import (
+    A100,
+    HOST,
+    JOB_COLUMNS,
+    KIB_PER_GIB,
+    PROC_ROW,
+    OpenCueFarm,
+    fixed_columns,
+    frame_rows,
+    host_row,
+    table,
+)
+from opencue_proto import depend_pb2, host_pb2, job_pb2, job_pb2_grpc
 
 RESERVED_KIB = 256 * 1024  # what a running frame of a layer that asked no memory books (never 0)
 LP_ERROR = 'Error: Assignment not allowed to map, or repeated field "max_results" in protocol message object..'

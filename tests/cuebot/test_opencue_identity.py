@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pytest
-
 from cuebotlib import CuebotServer, client, cuectl_cmd, start_server, subprocess_env
 from netns import Netns
 from netns import run as ip

@@ -26,7 +26,6 @@ import pytest
 from cuectl.cuebot import peer
 from cuectl.cuebot.peer import _netlink_owner, _netlink_query, is_loopback, parse_grpc_peer, peer_uid, socket_owner
 
-
 # -- parse_grpc_peer ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("peer, expected", [

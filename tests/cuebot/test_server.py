@@ -8,9 +8,8 @@ def test_log_dirs_are_absolute_for_a_store_named_relatively(tmp_path, monkeypatc
     import subprocess
 
     import grpc
-    from opencue_proto import job_pb2, job_pb2_grpc
-
     from cuebotlib import cuectl_cmd, start_server, subprocess_env
+    from opencue_proto import job_pb2, job_pb2_grpc
 
     monkeypatch.chdir(tmp_path)
     subprocess.run([*cuectl_cmd(), "--db", "rel.db", "submit", "--name", "j", "--", "true"], check=True,

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
-from deploylib import BASE, DEPLOY, REPO, container, env_of, kustomize, pod_spec, one
+from deploylib import BASE, DEPLOY, REPO, container, env_of, kustomize, one, pod_spec
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 IGNORE = DEPLOY / "docker" / "Dockerfile.dockerignore"

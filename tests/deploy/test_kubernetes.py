@@ -8,9 +8,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploylib import (BASE, BUILDS, REPO, COMPONENTS, K8S, OVERLAYS, all_pod_objects, container, env_of, kustomize,
-                       kustomize_with, objects, one, options_used, pod_labels, pod_spec, resolve_command,
-                       volume_for_mount)
+from deploylib import (
+    BASE,
+    BUILDS,
+    COMPONENTS,
+    K8S,
+    OVERLAYS,
+    REPO,
+    all_pod_objects,
+    container,
+    env_of,
+    kustomize,
+    kustomize_with,
+    objects,
+    one,
+    options_used,
+    pod_labels,
+    pod_spec,
+    resolve_command,
+    volume_for_mount,
+)
 
 WORKER_UID = 10001
 SECRET = "cuectl-db"
@@ -815,9 +832,10 @@ def test_opencue_component_keeps_every_build_rule(opencue_build):
 
 
 def test_opencue_serves_on_the_pods_ip_with_real_serve_options(opencue_build, monkeypatch):
+    from deploylib import cli_tree
+
     from cuectl.cli.serve_cmd import serve_args
     from cuectl.cuebot.server import parse_address
-    from deploylib import cli_tree
 
     _, docs = opencue_build
     _, _, opencue = opencue_parts(docs)

@@ -299,8 +299,9 @@ def systemd_expand(exec_start: str, env: dict[str, str]) -> list[str]:
 def serve_params(argv: list[str], monkeypatch) -> dict:
     """What `cuectl serve` makes of argv (after the program and `serve`), the way entry.py
     hands it to click (serve_args first), without running it."""
-    from cuectl.cli.serve_cmd import serve_args
     from deploylib import cli_tree
+
+    from cuectl.cli.serve_cmd import serve_args
 
     monkeypatch.delenv("CUECTL_OPENCUE", raising=False)
     return cli_tree().commands["serve"].make_context("serve", serve_args(argv)).params

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpu_support import Out, StubTools, fixture_path
+from nvml_double import FakeNvml, h100_box
 
 from cuectl.errors import BackendUnavailable
 from cuectl.gpu import discover
@@ -26,8 +28,6 @@ from cuectl.gpu.apple import AppleBackend
 from cuectl.gpu.base import Backend
 from cuectl.gpu.nvml import NvmlBackend
 from cuectl.gpu.smi import SmiBackend
-from gpu_support import Out, StubTools, fixture_path
-from nvml_double import FakeNvml, h100_box
 
 H100_CSV = fixture_path("nvidia-smi/query-gpu/h100-80gb-hbm3_590.48.01_load.csv")
 L40S_CSV = fixture_path("nvidia-smi/query-gpu/l40s_595.80_load.csv")

@@ -7,11 +7,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from gpu_support import Out, StubTools, fixture_path, materialise_sysfs
 
 from cuectl.errors import BackendUnavailable
 from cuectl.gpu.amd import AmdBackend, amd_model, amd_uuid, parse_fdinfo, process_vram
 from cuectl.units import MIB
-from gpu_support import Out, StubTools, fixture_path, materialise_sysfs
 
 RX6700 = fixture_path("amd/rocm-smi/rx6700xt_rocm-6.1.2_telegraf-query.json")
 MI100 = fixture_path("amd/rocm-smi/4x-mi100_rocm-6.0.2_telegraf-query.json")

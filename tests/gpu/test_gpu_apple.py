@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from gpu_support import Out, StubTools, fixture_path
 
 from cuectl.errors import BackendOutputError, BackendUnavailable
 from cuectl.gpu.apple import AppleBackend, parse_ioreg, parse_system_profiler
-from gpu_support import Out, StubTools, fixture_path
 
 M3 = fixture_path("macos/apple-m3-max_headless_macos-15.5_joulewise.json")
 MEMSIZE = "137438953472\n"

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from gpu_support import Out, StubTools, fixture_path
 from typer.testing import CliRunner
 
 from cuectl.cli.gpu_cmd import app, doctor_lines, short_uuid
 from cuectl.errors import InvalidInput
-from gpu_support import Out, StubTools, fixture_path
 
 runner = CliRunner()
 FAKE = """\

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gpu_support import Out, StubTools, fixture_path, materialise_sysfs
+from nvml_double import FakeNvml, h100_box
 
 from cuectl.errors import InvalidInput
 from cuectl.gpu import BACKEND_NAMES, Discovery, discover, get_backend
@@ -13,8 +15,6 @@ from cuectl.gpu.apple import AppleBackend
 from cuectl.gpu.base import Backend
 from cuectl.gpu.nvml import NvmlBackend
 from cuectl.gpu.smi import SmiBackend
-from gpu_support import Out, StubTools, fixture_path, materialise_sysfs
-from nvml_double import FakeNvml, h100_box
 
 H100_CSV = fixture_path("nvidia-smi/query-gpu/h100-80gb-hbm3_590.48.01_load.csv")
 SYSFS = fixture_path("amd/sysfs/procfs-fixture_class-drm_card0-amdgpu-vega10_card1-i915.json")

@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from gpu_support import FIXTURES, Out, StubTools, fixture_path, materialise_sysfs
 
 from cuectl.errors import BackendOutputError, BackendUnavailable
 from cuectl.gpu.amd import AmdBackend
 from cuectl.gpu.apple import AppleBackend
 from cuectl.gpu.smi import SmiBackend, parse_list, parse_query_gpu, parse_xml, rows_to_devices
 from cuectl.units import MIB
-from gpu_support import FIXTURES, Out, StubTools, fixture_path, materialise_sysfs
 
 MASKED = "GPU-00000000-0000-0000-0000-000000000000"
 TELEGRAF_2018_FIELDS = ("fan.speed", "memory.total", "memory.used", "memory.free", "pstate", "temperature.gpu",

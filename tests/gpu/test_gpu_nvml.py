@@ -7,12 +7,12 @@ import re
 import sys
 
 import pytest
+from gpu_support import StubTools
+from nvml_double import FakeGpu, FakeMig, FakeNvml, h100_box
 
 from cuectl.errors import BackendUnavailable
 from cuectl.gpu import discover
 from cuectl.gpu.nvml import NvmlBackend
-from gpu_support import StubTools
-from nvml_double import FakeGpu, FakeMig, FakeNvml, h100_box
 
 GIB = 1024**3
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from gpu_support import Out, StubTools, fixture_path
 
 from cuectl.errors import BackendOutputError, BackendUnavailable
 from cuectl.gpu.smi import QUERY_FIELDS, SmiBackend, parse_csv, parse_query_gpu
 from cuectl.units import MIB
-from gpu_support import Out, StubTools, fixture_path
 
 H100 = fixture_path("nvidia-smi/query-gpu/h100-80gb-hbm3_590.48.01_load.csv")
 V100_TABLE = fixture_path("nvidia-smi/table/8x-tesla-v100-sxm2-32gb_460.32.03_inforom-corrupted-warning.txt")

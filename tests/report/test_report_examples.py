@@ -7,7 +7,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-
 from promtext import parse_prometheus
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

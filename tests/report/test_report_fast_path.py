@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from entryprobe import run_entry
 
 from cuectl.cli import entry
-from entryprobe import run_entry
 
 WINDOW = ("--since", "2024-03-01T00:00:00Z", "--until", "2024-03-01T01:00:00Z")
 GENERATED = re.compile(r'"generated_at": "[^"]*"|(cuectl_report_generated_timestamp_seconds\S*) [0-9.e+]+')

@@ -5,7 +5,6 @@ inventory does not know is `unknown`. On SQLite and on a real PostgreSQL (the SQ
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest

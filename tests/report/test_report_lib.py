@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from cuectl.errors import InvalidInput, StoreError
-from cuectl.report import (ReportRow, check_by, escape_label_value, parse_window, percentile, render_prometheus,
-                           write_atomically)
+from cuectl.report import (
+    ReportRow,
+    check_by,
+    escape_label_value,
+    parse_window,
+    percentile,
+    render_prometheus,
+    write_atomically,
+)
 
 NOW = 1_700_000_000.0
 

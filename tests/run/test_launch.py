@@ -20,12 +20,12 @@ from cuectl.run.launch import (
     ExitInfo,
     FrameContext,
     FrameProcess,
+    _process_table_psutil,
     frame_base,
     frame_env,
     kill_process_group,
     log_header,
     process_group_alive,
-    _process_table_psutil,
     process_table,
     substitute_tokens,
 )

@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 
 import cuectl
-from cuectl.errors import (DevicesBusy, InsufficientFreeMemory, InvalidDevice, InvalidInput, LeaseError,
-                           LeaseTimeout, NoMatchingDevice)
+from cuectl.errors import (
+    DevicesBusy,
+    InsufficientFreeMemory,
+    InvalidDevice,
+    InvalidInput,
+    LeaseError,
+    LeaseTimeout,
+    NoMatchingDevice,
+)
 from cuectl.run.lease import Lease, async_lease, list_leases, lock_path, prepare_lock_dir
 from cuectl.units import GIB
 

@@ -16,8 +16,16 @@ import pytest
 
 from cuectl.errors import Conflict, LeaseError
 from cuectl.gpu import discover
-from cuectl.run.lease import (break_stale, held_uuids, list_leases, lock_path, prepare_lock_dir, try_lock,
-                              try_lock_all, update_holder)
+from cuectl.run.lease import (
+    break_stale,
+    held_uuids,
+    list_leases,
+    lock_path,
+    prepare_lock_dir,
+    try_lock,
+    try_lock_all,
+    update_holder,
+)
 
 
 @pytest.fixture

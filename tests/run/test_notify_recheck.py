@@ -21,12 +21,11 @@ from typing import Iterator
 import pytest
 
 from cuectl.errors import InvalidInput
-from cuectl.run import launch
-from cuectl.run import notify
+from cuectl.run import launch, notify
 from cuectl.sched import notify as nt
 from cuectl.sched.spec import spec_from_mapping
-from cuectl.sched.store import open_store
 from cuectl.sched.store import notifications as notes
+from cuectl.sched.store import open_store
 
 
 @pytest.fixture

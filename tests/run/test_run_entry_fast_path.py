@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from entryprobe import run_entry
 from typer.testing import CliRunner
 
 import cuectl
 from cuectl.cli import entry
-
-from entryprobe import run_entry
 
 from .conftest import V100, make_fake_host
 

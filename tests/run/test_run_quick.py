@@ -18,14 +18,13 @@ import time
 from pathlib import Path
 
 import pytest
+from entryprobe import ENTRY, noted, run_entry_noting
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cuectl
 from cuectl.run import child, lockfile, quick
 from cuectl.run.lease import locks
-
-from entryprobe import ENTRY, noted, run_entry_noting
 
 from .conftest import STEP_TIMEOUT_S, V100, make_fake_host
 

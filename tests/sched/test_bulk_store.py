@@ -5,12 +5,12 @@ set_jobs_priority, frames_action and select_frames — on SQLite and on a real P
 from __future__ import annotations
 
 import pytest
+from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.errors import Conflict, InvalidInput, NotFound, NotOwner
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import Actor, FrameResult
-from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 

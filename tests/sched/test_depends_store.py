@@ -12,11 +12,11 @@ which frames are in DEPEND (``hasDependFrames``), and which are left once the ta
 from __future__ import annotations
 
 import pytest
+from storedriver import run_job  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.errors import InvalidInput, NotFound
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult
-from storedriver import run_job  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 

@@ -8,13 +8,13 @@ import threading
 import uuid
 
 import pytest
+from storedriver import run_job  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.errors import InvalidInput
 from cuectl.sched import notify as nt
 from cuectl.sched.spec import spec_from_flags, spec_from_mapping
-from cuectl.sched.store import open_store
 from cuectl.sched.store import notifications as notes
-from storedriver import run_job  # tests/storedriver.py (tests/ is on sys.path)
+from cuectl.sched.store import open_store
 
 NOW = 1_700_000_000.0
 HOOK = {"webhook": "http://127.0.0.1:9/hook"}

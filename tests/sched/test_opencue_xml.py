@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 from cuectl.errors import InvalidInput
-from cuectl.sched.opencue_xml import (core_points, memory_kib, order_jobs, parse_opencue_xml, strict_error,
-                                     take_frame_depends)
+from cuectl.sched.opencue_xml import (
+    core_points,
+    memory_kib,
+    order_jobs,
+    parse_opencue_xml,
+    strict_error,
+    take_frame_depends,
+)
 from cuectl.sched.spec import spec_from_mapping
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "opencue"

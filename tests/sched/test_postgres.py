@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -17,13 +16,17 @@ import pytest
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
 
 import pgserver  # noqa: E402
+from pgroles import as_role, login_roles  # noqa: E402  (tests/ is on sys.path)
+
 from cuectl.errors import InvalidInput, SchemaTooNew, StoreError  # noqa: E402
 from cuectl.sched.dialect import POSTGRES  # noqa: E402
-from cuectl.sched.store import postgres as pg  # noqa: E402
-from cuectl.sched.store import schema  # noqa: E402
 from cuectl.sched.spec import spec_from_mapping  # noqa: E402
-from cuectl.sched.store import FrameResult, open_store  # noqa: E402
-from pgroles import as_role, login_roles  # noqa: E402  (tests/ is on sys.path)
+from cuectl.sched.store import (  # noqa: E402
+    FrameResult,
+    open_store,
+    schema,  # noqa: E402
+)
+from cuectl.sched.store import postgres as pg  # noqa: E402
 
 NOW = 1_700_000_000.0
 

@@ -36,7 +36,7 @@ def populate(url: str) -> dict[str, int]:
         job = store.submit(spec_from_flags(name="render", command=["true"], range="1-4", user="u"), now=NOW)
         done = store.submit(spec_from_flags(name="done", command=["true"], range="1", user="u"), now=NOW)
         store.register_host(HostInfo(name="h1", cores=4, memory_bytes=1 << 30, gpus=[]), now=NOW)
-        layers = {l.job_id: l.layer_id for l in store.runnable_layers()}
+        layers = {r.job_id: r.layer_id for r in store.runnable_layers()}
         finished = store.claim_frame(layers[done], host="h1", worker="w", gpu_uuids=[], now=NOW, lease_s=60)
         assert finished is not None
         store.complete_frame(finished.frame_id, finished.attempt, FrameResult(exit_code=0), now=NOW + 1)

@@ -6,14 +6,14 @@ token expands into are the submitter's (docs/security.md, "Tokens expand only pr
 
 from __future__ import annotations
 
-
 import pytest
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
 
+from pgroles import as_role, login_roles, sql  # noqa: E402  (tests/ is on sys.path)
+
 from cuectl.sched.spec import spec_from_mapping  # noqa: E402
 from cuectl.sched.store import open_store  # noqa: E402
-from pgroles import as_role, login_roles, sql  # noqa: E402  (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 

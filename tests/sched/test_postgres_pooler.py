@@ -81,7 +81,7 @@ def work_through_the_pool(url: str, clients: int, frames_each: int) -> list[str]
                 store.register_host(HostInfo(name=f"h{n}", cores=4, memory_bytes=1 << 30, gpus=[]), now=NOW)
                 job = store.submit(spec_from_flags(name=f"j{n}", command=["true"], range=f"1-{frames_each}",
                                                    user="u"), now=NOW)
-                (layer,) = [l.layer_id for l in store.runnable_layers() if l.job_id == job]
+                (layer,) = [r.layer_id for r in store.runnable_layers() if r.job_id == job]
                 for _ in range(frames_each):
                     claim = store.claim_frame(layer, host=f"h{n}", worker=f"w{n}", gpu_uuids=[], now=NOW,
                                               lease_s=60)

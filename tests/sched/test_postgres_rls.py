@@ -10,9 +10,10 @@ import pytest
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
 
+from pgroles import as_role, login_roles, sql  # noqa: E402  (tests/ is on sys.path)
+
 from cuectl.sched.spec import spec_from_mapping  # noqa: E402
 from cuectl.sched.store import FrameResult, open_store, roles_sql  # noqa: E402
-from pgroles import as_role, login_roles, sql  # noqa: E402  (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 Refused = psycopg.errors.InsufficientPrivilege

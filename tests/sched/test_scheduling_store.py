@@ -9,12 +9,12 @@ import multiprocessing
 from typing import Any
 
 import pytest
+from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.errors import Conflict, InvalidInput, NotFound, NotOwner
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import Actor, FrameResult, open_store
-from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.errors import InvalidInput, NotFound, NotOwner
 from cuectl.sched import services
@@ -16,7 +17,6 @@ from cuectl.sched.model import JobSpec, LayerSpec
 from cuectl.sched.opencue_xml import parse_opencue_xml
 from cuectl.sched.spec import spec_from_flags, spec_from_mapping
 from cuectl.sched.store import Actor, open_store
-from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 GIB = 1024 ** 3

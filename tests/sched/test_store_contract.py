@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
+from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.errors import Conflict, InvalidInput, NotFound, SchemaTooNew, StoreError
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, HostInfo, LiveUsage, open_store
 from cuectl.sched.views import samples_json
-from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 NOW = 1_700_000_000.0
 GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB", "backend": "fake",

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from cuectl.report import build_rows, percentile, report_row
 from cuectl.sched.spec import spec_from_mapping
-from cuectl.sched.store.sqlite import SQLiteStore
 from cuectl.sched.store import open_store
+from cuectl.sched.store.sqlite import SQLiteStore
 from cuectl.sched.usage_sql import FAILED_OUTCOMES, GROUPINGS
 
 NOW = 1_700_000_000.0

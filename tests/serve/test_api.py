@@ -17,9 +17,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from apiclient import (GIB, Api, Server, Token, check_problem, claim, create_token, cuectl, device, job_spec,
-                       layer_spec, new_store, register_host, store_at)
+from apiclient import (
+    GIB,
+    Api,
+    Server,
+    Token,
+    check_problem,
+    claim,
+    create_token,
+    cuectl,
+    device,
+    job_spec,
+    layer_spec,
+    new_store,
+    register_host,
+    store_at,
+)
 
 API = "/api/v1"
 A100 = "NVIDIA A100-SXM4-80GB"

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from apiclient import Server, check_problem, create_token, new_store, store_at
 
 API = "/api/v1"

@@ -11,9 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from apiclient import (GIB, MIB, Api, Server, check_problem, claim, create_token, device, job_spec, layer_spec,
-                       new_store, register_host)
+from apiclient import (
+    GIB,
+    MIB,
+    Api,
+    Server,
+    check_problem,
+    claim,
+    create_token,
+    device,
+    job_spec,
+    layer_spec,
+    new_store,
+    register_host,
+)
 
 API = "/api/v1"
 A100 = "NVIDIA A100-SXM4-80GB"

@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from apiclient import Server, check_problem, create_token, job_spec, layer_spec
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")

@@ -15,7 +15,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from apiclient import CUECTL, Server, check_problem, create_token, job_spec, layer_spec, new_store
 
 API = "/api/v1"

@@ -11,9 +11,20 @@ import time
 from pathlib import Path
 
 import pytest
-
-from apiclient import (GIB, Api, Server, check_problem, create_token, cuectl, device, job_spec, layer_spec,
-                       new_store, register_host, store_at)
+from apiclient import (
+    GIB,
+    Api,
+    Server,
+    check_problem,
+    create_token,
+    cuectl,
+    device,
+    job_spec,
+    layer_spec,
+    new_store,
+    register_host,
+    store_at,
+)
 
 API = "/api/v1"
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from apiclient import CUECTL, GIB, check_problem, create_token, cuectl, job_spec, layer_spec, new_store
 
 API = "/api/v1"
@@ -26,6 +25,7 @@ def run(serve_dir: Path, serve_env: dict[str, str]):
     """A server, two jobs submitted through it, and a worker running them: the tests
     below look at the farm while it works and after."""
     from apiclient import Server
+
     from cuectl.units import iso
 
     db = new_store(serve_dir / "store" / "cuectl.db")

@@ -11,13 +11,15 @@ from typing import Any
 
 import pytest
 import schemathesis
+from apiclient import GIB, Server, claim, create_token, device, job_spec, layer_spec, new_store, register_host
 from hypothesis import HealthCheck, Phase, settings
 from openapi_spec_validator import validate
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_schema_conformance,
-                                               status_code_conformance)
-
-from apiclient import GIB, Server, claim, create_token, device, job_spec, layer_spec, new_store, register_host
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 API = "/api/v1"
 PROBLEM_JSON = "application/problem+json"

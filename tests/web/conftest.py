@@ -162,7 +162,7 @@ def new_context(request: pytest.FixtureRequest, browser: Any, farm: WebFarm) -> 
         watch.look(context)
         context.close()
     banners_ok = request.node.get_closest_marker("error_banner_ok") is not None
-    for context, watch in made:
+    for _context, watch in made:
         watch.check(banners_ok=banners_ok)
 
 

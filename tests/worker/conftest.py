@@ -32,6 +32,7 @@ def shared_farm(os_users):
     import time
 
     from farmlib import cuectl_cmd
+
     from cuectl.sched.store import open_store
 
     path = Path(tempfile.mkdtemp(prefix="cuectl-shared-", dir="/tmp"))

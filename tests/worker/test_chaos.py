@@ -45,7 +45,7 @@ def _succeeded(db) -> int:
 def test_chaos_kills_lose_nothing_and_never_share_a_device(farm, capsys):
     rng = random.Random(SEED)
     hosts = [farm.host(f"chaos{i}", [V100, V100]) for i in range(HOSTS)]
-    job = farm.submit({"name": "chaos", "layers": [{
+    farm.submit({"name": "chaos", "layers": [{
         "name": "gpu", "command": farm.probe("--sleep", "0.05"), "range": f"1-{FRAMES}", "gpus": 1,
         "retries": 50}]})
     lease = "1"
@@ -155,7 +155,7 @@ def test_chaos_two_workers_per_host_and_escaping_children(farm, capsys):
     frames = 100
     fakes = [farm.host(f"duo{i}", [V100, V100]) for i in range(2)]
     escapees = farm.tmp / "escapees"
-    job = farm.submit({"name": "duo", "layers": [{
+    farm.submit({"name": "duo", "layers": [{
         "name": "gpu", "command": ["/bin/sh", "-c", ESCAPING_FRAME, "sh", *farm.probe("--sleep", "0.05")],
         "range": f"1-{frames}", "gpus": 1, "retries": 50, "env": {"ESCAPEES": str(escapees)}}]})
     names = {(fake, f"duo{i}-{side}"): fake for i, fake in enumerate(fakes) for side in "ab"}

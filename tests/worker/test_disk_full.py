@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from farmlib import Farm
 
 # Writes 64 KiB chunks as fast as it can and ignores ENOSPC, as a careless renderer would,

@@ -12,8 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import cuectl
 from farmlib import V100
+
+import cuectl
 
 SLOW = ("--sample-interval", "300", "--reservation-timeout", "0")
 

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from farmlib import V100, cuectl_cmd
 
 from cuectl.run.lease import list_leases

@@ -10,7 +10,6 @@ import os
 import subprocess
 
 import pytest
-
 from farmlib import cuectl_cmd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker switching users needs root")

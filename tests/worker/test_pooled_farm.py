@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

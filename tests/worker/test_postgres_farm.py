@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from farmlib import A100, V100, cuectl_cmd, intervals_overlap
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")
@@ -22,7 +21,6 @@ psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pgserver  # noqa: E402
-
 
 # pg_farm: tests/worker/conftest.py
 

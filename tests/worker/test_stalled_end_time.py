@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from farmlib import V100
 
 psycopg = pytest.importorskip("psycopg", reason="the postgres extra (psycopg 3) is not installed")

@@ -19,7 +19,6 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-
 from farmlib import cuectl_cmd
 from test_identity import edit_as_root, write_refused
 

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from farmlib import cuectl_cmd
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="a root worker and real users need root")

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from farmlib import cuectl_cmd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="real throwaway users need root")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+
 TYPE_CHECKING = False  # ``typing`` costs `cuectl run`'s ~25 ms quick path ~4 ms: annotations only
 if TYPE_CHECKING:
     from typing import Any, Callable

@@ -12,8 +12,17 @@ import re
 from typing import Any, Callable, Mapping, Sequence
 
 import grpc
-from opencue_proto import comment_pb2, cue_pb2, facility_pb2, host_pb2, job_pb2, limit_pb2, service_pb2, show_pb2
-from opencue_proto import subscription_pb2
+from opencue_proto import (
+    comment_pb2,
+    cue_pb2,
+    facility_pb2,
+    host_pb2,
+    job_pb2,
+    limit_pb2,
+    service_pb2,
+    show_pb2,
+    subscription_pb2,
+)
 
 from cuectl.cuebot import convert, jobs
 from cuectl.cuebot.call import Call, Refused

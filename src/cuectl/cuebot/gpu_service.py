@@ -28,8 +28,13 @@ from cuectl.cuebot.proto import cuectl_gpu_pb2 as pb
 from cuectl.cuebot.proto import cuectl_gpu_pb2_grpc as pb_grpc
 from cuectl.errors import CuectlError, InvalidInput, NotFound, NotOwner, StoreError, Unproven
 from cuectl.sched import model as m
-from cuectl.top import (DEFAULT_SAMPLE_INTERVAL_S, FOREIGN_MEMORY_FLOOR_BYTES, FOREIGN_UTIL_FLOOR_PCT,
-                        FRESH_INTERVALS, live_values)
+from cuectl.top import (
+    DEFAULT_SAMPLE_INTERVAL_S,
+    FOREIGN_MEMORY_FLOOR_BYTES,
+    FOREIGN_UTIL_FLOOR_PCT,
+    FRESH_INTERVALS,
+    live_values,
+)
 
 if TYPE_CHECKING:
     from cuectl.sched.store import Store

@@ -26,8 +26,15 @@ from typing import Callable, Collection, Sequence
 from cuectl import config
 from cuectl.errors import GpuError, InvalidInput
 from cuectl.gpu.base import Backend
-from cuectl.gpu.device import (VENDORS, BackendStatus, Device, DeviceSample, ProcessSample, normalize_pci_bus_id,
-                               normalize_vendor)
+from cuectl.gpu.device import (
+    VENDORS,
+    BackendStatus,
+    Device,
+    DeviceSample,
+    ProcessSample,
+    normalize_pci_bus_id,
+    normalize_vendor,
+)
 
 BACKEND_NAMES = ("nvml", "smi", "apple", "amd", "fake")
 #: The order ``auto`` tries the real backends in; smi only runs when nvml found no GPU.

@@ -33,8 +33,18 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 from cuectl.errors import BackendOutputError, BackendUnavailable, GpuError
-from cuectl.gpu.base import (Backend, ToolMissing, ToolResult, clamp_pct, clean, free_bytes, lookup, parse_bytes,
-                             parse_float, run_tool)
+from cuectl.gpu.base import (
+    Backend,
+    ToolMissing,
+    ToolResult,
+    clamp_pct,
+    clean,
+    free_bytes,
+    lookup,
+    parse_bytes,
+    parse_float,
+    run_tool,
+)
 from cuectl.gpu.device import Device, DeviceSample, ProcessSample, normalize_pci_bus_id
 
 AMD_VENDOR_ID = "0x1002"

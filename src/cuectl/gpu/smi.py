@@ -27,8 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Collection, Iterable, Sequence
 
 from cuectl.errors import BackendOutputError, BackendUnavailable
-from cuectl.gpu.base import (Backend, ToolResult, clamp_pct, clean, free_bytes, parse_bytes, parse_float,
-                             run_tool)
+from cuectl.gpu.base import Backend, ToolResult, clamp_pct, clean, free_bytes, parse_bytes, parse_float, run_tool
 from cuectl.gpu.device import Device, DeviceSample, ProcessSample, normalize_pci_bus_id
 
 TOOL = "nvidia-smi"

@@ -25,8 +25,8 @@ from typing import Callable, Mapping, Sequence
 
 from cuectl import config
 from cuectl.errors import InvalidInput, LeaseError
-from cuectl.run.child import child_env, command_label, is_interactive, supervise
 from cuectl.run.child import acquired_message as child_message
+from cuectl.run.child import child_env, command_label, is_interactive, supervise
 from cuectl.run.lease import KIND_RUN, Lease, LeaseRequest, acquire
 
 #: Seconds leftovers of the command get between SIGTERM and SIGKILL (``reap_leftovers``).

@@ -36,19 +36,49 @@ from __future__ import annotations
 
 import subprocess  # noqa: F401  (tests patch ``launch.subprocess.Popen``)
 
-from cuectl.run.frame.env import (EnvTemplate, FrameBase, FrameContext, env_template, frame_base, frame_env,
-                                  frame_name)
-from cuectl.run.frame.process import (DEFAULT_SAMPLE_INTERVAL_S, EXIT_CANNOT_EXECUTE, EXIT_NOT_FOUND, ExitInfo,
-                                      FrameProcess)
+from cuectl.run.frame.env import EnvTemplate, FrameBase, FrameContext, env_template, frame_base, frame_env, frame_name
+from cuectl.run.frame.process import (
+                                  DEFAULT_SAMPLE_INTERVAL_S,
+                                  EXIT_CANNOT_EXECUTE,
+                                  EXIT_NOT_FOUND,
+                                  ExitInfo,
+                                  FrameProcess,
+)
 from cuectl.run.frame.start import CWD_LOCK, CannotEnter, RunAs, Spawned, _start_child
 from cuectl.run.frame.tokens import substitute_tokens
-from cuectl.run.framelog.write import (_FULL_DISK_LOG, DEFAULT_LOG_LIMIT, LOG_DIR_MODE, LOG_FILE_MODE,
-                                       MIN_LOG_LIMIT, ROOT_LOG_DIR_MODE, RqlogLink, UnsafeLogPath, _LogCap,
-                                       append_log_note, describe_end, log_footer, log_header, open_frame_log,
-                                       signal_name)
-from cuectl.run.procs import (DEFAULT_GRACE_S, _process_table_psutil, become_subreaper, file_ids, hold_child,
-                              holds_file, kill_by_env, kill_leftovers, kill_process_group, leftover_children,
-                              process_group_alive, process_table, processes_with_env, release_child)
+from cuectl.run.framelog.write import (
+                                  _FULL_DISK_LOG,
+                                  DEFAULT_LOG_LIMIT,
+                                  LOG_DIR_MODE,
+                                  LOG_FILE_MODE,
+                                  MIN_LOG_LIMIT,
+                                  ROOT_LOG_DIR_MODE,
+                                  RqlogLink,
+                                  UnsafeLogPath,
+                                  _LogCap,
+                                  append_log_note,
+                                  describe_end,
+                                  log_footer,
+                                  log_header,
+                                  open_frame_log,
+                                  signal_name,
+)
+from cuectl.run.procs import (
+                                  DEFAULT_GRACE_S,
+                                  _process_table_psutil,
+                                  become_subreaper,
+                                  file_ids,
+                                  hold_child,
+                                  holds_file,
+                                  kill_by_env,
+                                  kill_leftovers,
+                                  kill_process_group,
+                                  leftover_children,
+                                  process_group_alive,
+                                  process_table,
+                                  processes_with_env,
+                                  release_child,
+)
 
 __all__ = [
     "CWD_LOCK", "CannotEnter", "DEFAULT_GRACE_S", "DEFAULT_LOG_LIMIT", "DEFAULT_SAMPLE_INTERVAL_S",

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 from cuectl.errors import InvalidInput, NotFound
 from cuectl.run import framelog
+
 # One attempt's log file (its name, safe open, tail, the follower) is run/framelog/'s;
 # these names stay importable from here.
 from cuectl.run.framelog import attempt_log_path, job_log_dir, open_log, tail_bytes

@@ -33,8 +33,16 @@ import sys
 
 from cuectl import config
 from cuectl.run import child
-from cuectl.run.lockfile import (elsewhere_warning, encode_record, fresh_record, held_elsewhere, lock_now, probe_held,
-                                 unlock, write_record)
+from cuectl.run.lockfile import (
+    elsewhere_warning,
+    encode_record,
+    fresh_record,
+    held_elsewhere,
+    lock_now,
+    probe_held,
+    unlock,
+    write_record,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

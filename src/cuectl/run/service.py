@@ -19,8 +19,8 @@ from cuectl import config
 from cuectl.errors import BackendUnavailable, CuectlError, InvalidInput, StoreUnreachable
 
 if TYPE_CHECKING:
-    from cuectl.run.hostschedule import Schedule
     from cuectl.gpu import Discovery
+    from cuectl.run.hostschedule import Schedule
     from cuectl.run.worker import Inventory, Worker
     from cuectl.sched.store import Store
 

@@ -16,8 +16,18 @@ from typing import Any, Protocol
 
 from cuectl.errors import InvalidInput
 from cuectl.gpu.device import VENDORS, normalize_vendor
-from cuectl.sched.fields import (CONTROL_RE, Label, as_list, describe, item_label, keyword_label, quote, size_bytes,
-                                 expect_str, whole_number)
+from cuectl.sched.fields import (
+    CONTROL_RE,
+    Label,
+    as_list,
+    describe,
+    expect_str,
+    item_label,
+    keyword_label,
+    quote,
+    size_bytes,
+    whole_number,
+)
 
 MAX_GPUS = 1024
 MAX_MODEL_CHARS = 200

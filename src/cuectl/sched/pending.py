@@ -15,9 +15,11 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from cuectl.gpu.device import Device
+from cuectl.sched import (
+    identity,
+    why,  # (why never imports this module: no cycle)
+)
 from cuectl.sched import model as m
-from cuectl.sched import identity
-from cuectl.sched import why  # (why never imports this module: no cycle)
 from cuectl.sched.match import GpuRequest, explain_hosts, tags_fit
 from cuectl.sched.store import Store
 

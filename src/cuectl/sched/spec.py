@@ -22,11 +22,22 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from cuectl.errors import InvalidInput
-from cuectl.sched.fields import (CONTROL_RE, Label, as_list, describe, expect_str, flag_label,
-                                 item_label, log_limit_bytes, printable_name, priority as check_priority, quote,
-                                 size_bytes, whole_number)
-from cuectl.sched.checks import (NAME_RE, cores_field, label_name, limit_names, tags_field,
-                                 timeout_field)
+from cuectl.sched.checks import NAME_RE, cores_field, label_name, limit_names, tags_field, timeout_field
+from cuectl.sched.fields import (
+    CONTROL_RE,
+    Label,
+    as_list,
+    describe,
+    expect_str,
+    flag_label,
+    item_label,
+    log_limit_bytes,
+    printable_name,
+    quote,
+    size_bytes,
+    whole_number,
+)
+from cuectl.sched.fields import priority as check_priority
 from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
 from cuectl.sched.gpu_request import GpuRequest
 from cuectl.sched.model import DEPEND_TYPES, Dependency, JobSpec, LayerSpec, Notify

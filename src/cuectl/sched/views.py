@@ -12,7 +12,6 @@ from typing import Any, Mapping, Sequence
 
 from cuectl.units import iso
 
-
 # Environment variables whose values are masked in output unless asked (--show-secrets):
 # names containing one of these words, the usual spellings of credentials.
 # Case-insensitive; PAT (a personal access token: GITHUB_PAT) only as a whole word between

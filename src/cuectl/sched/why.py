@@ -35,8 +35,16 @@ from typing import Any, Mapping, Sequence
 from cuectl.gpu.device import Device
 from cuectl.sched import identity
 from cuectl.sched import model as m
-from cuectl.sched.match import (CpuPool, GpuRequest, cpu_fits, device_fits_now, device_fits_statically,
-                                explain_hosts, select_devices, tags_fit)
+from cuectl.sched.match import (
+    CpuPool,
+    GpuRequest,
+    cpu_fits,
+    device_fits_now,
+    device_fits_statically,
+    explain_hosts,
+    select_devices,
+    tags_fit,
+)
 from cuectl.units import format_bytes, format_duration, iso
 
 # Host line kinds (``check`` in JSON), in the order they are tested.

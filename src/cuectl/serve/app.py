@@ -14,7 +14,6 @@ no body while nothing changed. A change made through the API empties the cache.
 
 from __future__ import annotations
 
-import errno
 import fnmatch
 import hashlib
 import json
@@ -22,7 +21,6 @@ import logging
 import operator
 import os
 import re
-import stat
 import threading
 import time
 from collections import OrderedDict
@@ -42,12 +40,12 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from cuectl import __version__
 from cuectl.errors import CuectlError, InvalidInput, NotFound
 from cuectl.sched import model as m
+from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor
 from cuectl.sched.store import Store
 from cuectl.sched.store.pool import StorePool
 from cuectl.serve import problems
 from cuectl.serve.auth import ADMIN, USER, VIEWER, Principal, identify, require
 from cuectl.serve.problems import Problem
-from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor
 
 API = "/api/v1"
 log = logging.getLogger("cuectl.serve")
@@ -255,7 +253,7 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url=f"{API}/openapi.json", docs_url=None, redoc_url=None,  # the docs pages load JS from a CDN
         dependencies=[Depends(_known_query)],
     )
-    setattr(app, "openapi", lambda: _openapi(app))  # FastAPI's documented way to extend the document
+    app.openapi = lambda: _openapi(app)  # FastAPI's documented way to extend the document
     app.state.pool = pool
     app.state.settings = settings
     app.state.cache = cache
@@ -791,7 +789,7 @@ async def _known_query(request: Request) -> None:
     known: frozenset[str] | None = getattr(route, "_cuectl_query_names", None)
     if known is None:  # once per route
         known = _query_names(dependant)
-        setattr(route, "_cuectl_query_names", known)
+        route._cuectl_query_names = known
     unknown = sorted(set(request.query_params) - known)
     if unknown:
         raise Problem(400, f"unknown query parameter{'s' if len(unknown) > 1 else ''} "

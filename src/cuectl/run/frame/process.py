@@ -18,11 +18,32 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 from cuectl.errors import InvalidInput
 from cuectl.run import procs
 from cuectl.run.frame.start import CannotEnter, RunAs, Spawned, _start_child
-from cuectl.run.framelog.write import (DEFAULT_LOG_LIMIT, RqlogLink, _append_log, _LogCap, _open_log_fds,
-                                       _write_line, log_footer)
-from cuectl.run.procs import (_LEADERS, _STRAGGLER_GIVE_UP_S, _WAIT_MAX_SLEEP_S, _WAIT_MIN_SLEEP_S, DEFAULT_GRACE_S,
-                              _descendants, _env_value, _group_pids, _signal_group, _signal_pids, file_ids, holds_file,
-                              leftover_children, process_group_alive, process_table)
+from cuectl.run.framelog.write import (
+    DEFAULT_LOG_LIMIT,
+    RqlogLink,
+    _append_log,
+    _LogCap,
+    _open_log_fds,
+    _write_line,
+    log_footer,
+)
+from cuectl.run.procs import (
+    _LEADERS,
+    _STRAGGLER_GIVE_UP_S,
+    _WAIT_MAX_SLEEP_S,
+    _WAIT_MIN_SLEEP_S,
+    DEFAULT_GRACE_S,
+    _descendants,
+    _env_value,
+    _group_pids,
+    _signal_group,
+    _signal_pids,
+    file_ids,
+    holds_file,
+    leftover_children,
+    process_group_alive,
+    process_table,
+)
 
 if TYPE_CHECKING:
     from cuectl.run.procs import ProcessTable

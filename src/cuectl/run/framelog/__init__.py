@@ -10,13 +10,46 @@ here; the modules split the work:
   generator of data and wait steps, driven by ``time.sleep`` or ``asyncio.sleep``).
 """
 
-from cuectl.run.framelog.name import (ATTEMPT_SEP, FRAME_NAME_SEP, LOG_SUFFIX, attempt_log_name, attempt_log_path,
-                                      job_log_dir, log_path_sql)
-from cuectl.run.framelog.read import (DEFAULT_TAIL_BYTES, REFRESH, Note, Refresh, Step, Wait, attempt_over, drive,
-                                      drive_async, follow, open_log, read_log, read_log_tail, tail_bytes)
-from cuectl.run.framelog.write import (DEFAULT_LOG_LIMIT, LOG_DIR_MODE, LOG_FILE_MODE, MIN_LOG_LIMIT,
-                                       ROOT_LOG_DIR_MODE, RqlogLink, UnsafeLogPath, append_log_note, describe_end,
-                                       log_footer, log_header, open_frame_log, signal_name)
+from cuectl.run.framelog.name import (
+                                      ATTEMPT_SEP,
+                                      FRAME_NAME_SEP,
+                                      LOG_SUFFIX,
+                                      attempt_log_name,
+                                      attempt_log_path,
+                                      job_log_dir,
+                                      log_path_sql,
+)
+from cuectl.run.framelog.read import (
+                                      DEFAULT_TAIL_BYTES,
+                                      REFRESH,
+                                      Note,
+                                      Refresh,
+                                      Step,
+                                      Wait,
+                                      attempt_over,
+                                      drive,
+                                      drive_async,
+                                      follow,
+                                      open_log,
+                                      read_log,
+                                      read_log_tail,
+                                      tail_bytes,
+)
+from cuectl.run.framelog.write import (
+                                      DEFAULT_LOG_LIMIT,
+                                      LOG_DIR_MODE,
+                                      LOG_FILE_MODE,
+                                      MIN_LOG_LIMIT,
+                                      ROOT_LOG_DIR_MODE,
+                                      RqlogLink,
+                                      UnsafeLogPath,
+                                      append_log_note,
+                                      describe_end,
+                                      log_footer,
+                                      log_header,
+                                      open_frame_log,
+                                      signal_name,
+)
 
 __all__ = [
     "ATTEMPT_SEP", "DEFAULT_LOG_LIMIT", "DEFAULT_TAIL_BYTES", "FRAME_NAME_SEP", "LOG_DIR_MODE", "LOG_FILE_MODE",

@@ -28,9 +28,22 @@ High level (``cuectl.lease`` and ``cuectl run``)::
 
 from cuectl.run.lease.acquire import Lease, acquire, async_lease, forget_discovery, lease
 from cuectl.run.lease.isolation import isolation_env, isolation_key
-from cuectl.run.lease.locks import (KIND_API, KIND_RUN, KIND_WORKER, DeviceLock, LeaseInfo, break_stale, held_uuids,
-                                    list_leases, lock_path, other_lock_dirs_in_use, prepare_lock_dir, try_lock,
-                                    try_lock_all, update_holder)
+from cuectl.run.lease.locks import (
+                                    KIND_API,
+                                    KIND_RUN,
+                                    KIND_WORKER,
+                                    DeviceLock,
+                                    LeaseInfo,
+                                    break_stale,
+                                    held_uuids,
+                                    list_leases,
+                                    lock_path,
+                                    other_lock_dirs_in_use,
+                                    prepare_lock_dir,
+                                    try_lock,
+                                    try_lock_all,
+                                    update_holder,
+)
 from cuectl.run.lease.queue import queued_reservations
 from cuectl.run.lease.request import LeaseRequest, make_request
 

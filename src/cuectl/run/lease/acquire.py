@@ -19,18 +19,25 @@ from pathlib import Path
 from typing import Any, Callable, Generator, Iterable, Mapping, NamedTuple, Sequence, Union
 
 from cuectl import config
-from cuectl.errors import (DevicesBusy, InsufficientFreeMemory, InvalidInput, LeaseError, LeaseTimeout,
-                           NoMatchingDevice)
+from cuectl.errors import DevicesBusy, InsufficientFreeMemory, InvalidInput, LeaseError, LeaseTimeout, NoMatchingDevice
 from cuectl.gpu import Discovery, discover
 from cuectl.gpu.device import Device
 from cuectl.run.child import lease_label
 from cuectl.run.lease.isolation import isolation_env
-from cuectl.run.lease.locks import (KIND_API, DeviceLock, holder_info, lock_all, lock_path, prepare_lock_dir,
-                                    provision_lock_files, update_holder)
+from cuectl.run.lease.locks import (
+    KIND_API,
+    DeviceLock,
+    holder_info,
+    lock_all,
+    lock_path,
+    prepare_lock_dir,
+    provision_lock_files,
+    update_holder,
+)
 from cuectl.run.lease.nested import LEVEL_VAR, Allocation, sublock_dir
-from cuectl.run.lockfile import elsewhere_warning, held_elsewhere
-from cuectl.run.lease.queue import WaitQueue, ticket_names, predicted_free
+from cuectl.run.lease.queue import WaitQueue, predicted_free, ticket_names
 from cuectl.run.lease.request import LeaseRequest, fitting_uuids, make_request, resolve_devices
+from cuectl.run.lockfile import elsewhere_warning, held_elsewhere
 from cuectl.sched.match import MatchResult, select_devices
 from cuectl.units import parse_duration
 

@@ -27,9 +27,17 @@ from cuectl import config, fsutil
 from cuectl.errors import Conflict, LeaseError
 from cuectl.gpu.device import Device
 from cuectl.run import lockfile
-from cuectl.run.lockfile import (OPEN_FLAGS, encode_record, fresh_record, lock_now, open_lock_file, unlock,
-                                       write_record)
-from cuectl.run.lockfile import probe_held, read_registry_entry
+from cuectl.run.lockfile import (
+    OPEN_FLAGS,
+    encode_record,
+    fresh_record,
+    lock_now,
+    open_lock_file,
+    probe_held,
+    read_registry_entry,
+    unlock,
+    write_record,
+)
 from cuectl.units import iso
 
 # The lock directory is shared by every user of the machine, because a GPU is: a worker

@@ -38,6 +38,7 @@ from cuectl.errors import InvalidDevice, LeaseError, NoMatchingDevice
 from cuectl.gpu.device import Device
 from cuectl.run.lease.locks import NESTED_DIRNAME, lock_path
 from cuectl.run.lockfile import probe_held
+
 #: How deep the lease whose environment we run in is nested (a frame's own: 0).
 LEVEL_VAR = "CUE_LEASE_LEVEL"
 

@@ -32,7 +32,7 @@ The constants are read where they live (``dispatch.CLAIM_BATCH``, ``storeview.ST
 """
 
 from .core import LoopStats, Worker, write_heartbeat
-from .dispatch import CLAIM_BATCH, RUNNABLE_PAGE, Dispatcher, DispatchState, DeviceState, Look, Reservation
+from .dispatch import CLAIM_BATCH, RUNNABLE_PAGE, DeviceState, Dispatcher, DispatchState, Look, Reservation
 from .inventory import HostInventory
 from .options import Inventory, Sampler, WorkerOptions
 from .proofs import Proofs

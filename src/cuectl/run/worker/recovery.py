@@ -71,7 +71,7 @@ class Recovery:
             except (OSError, ValueError, KeyError):
                 path.unlink(missing_ok=True)
         requeued = []
-        for path, info in runfiles.values():
+        for _path, info in runfiles.values():
             if info.get("pgid") and _same_process(info):  # a run file of an older cuectl
                 launch.kill_process_group(int(info["pgid"]), grace=opts.kill_grace_s)
             # The orphan's processes — its group and whatever left it (setsid, double

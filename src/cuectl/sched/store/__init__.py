@@ -11,8 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cuectl.sched.store.base import (Actor, ClaimedFrame, FrameResult, HostInfo, HostShape, LiveUsage, RunnableLayer, Store,
-                                     Token)
+from cuectl.sched.store.base import (
+    Actor,
+    ClaimedFrame,
+    FrameResult,
+    HostInfo,
+    HostShape,
+    LiveUsage,
+    RunnableLayer,
+    Store,
+    Token,
+)
 
 __all__ = ["Actor", "ClaimedFrame", "FrameResult", "HostInfo", "HostShape", "LiveUsage", "RunnableLayer", "Store", "Token",
            "open_store", "roles_sql"]

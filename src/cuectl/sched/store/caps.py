@@ -60,8 +60,8 @@ class Quota:
 
 def check_limit(name: str, max_running: int | None) -> str:
     """A limit's name and N as ``admin limit set NAME N`` takes them (InvalidInput else)."""
-    from cuectl.sched.fields import whole_number
     from cuectl.sched.checks import label_name
+    from cuectl.sched.fields import whole_number
 
     name = label_name(name, "NAME", "limit")
     if max_running is not None:
@@ -73,8 +73,8 @@ def check_quota(kind: str, name: str, max_gpus: int | None, max_cores: float | N
                 delete: bool = False) -> str:
     """A quota as ``admin quota set KIND NAME --gpus N --cores N`` takes it (InvalidInput else)."""
     from cuectl.errors import InvalidInput
-    from cuectl.sched.fields import whole_number
     from cuectl.sched.checks import label_name
+    from cuectl.sched.fields import whole_number
 
     if kind not in QUOTA_KINDS:
         raise InvalidInput(f"KIND: {kind!r} is not one of {', '.join(QUOTA_KINDS)}")

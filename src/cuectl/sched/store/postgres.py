@@ -48,20 +48,28 @@ import re
 import select
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row, tuple_row
 
-from cuectl.errors import (CuectlError, InvalidInput, NotFound, NotOwner, StoreBusy, StoreError, StoreStalled,
-                           StoreUnreachable)
+from cuectl.errors import (
+    CuectlError,
+    InvalidInput,
+    NotFound,
+    NotOwner,
+    StoreBusy,
+    StoreError,
+    StoreStalled,
+    StoreUnreachable,
+)
 from cuectl.sched.dialect import POSTGRES
 from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store.base import Actor, ClaimedFrame
-from cuectl.sched.store.sql import Row, SQLStore, Tx, marks
+from cuectl.sched.store.sql import Row, SQLStore, Tx
 from cuectl.sched.usage_sql import Fetch
 
 T = TypeVar("T")
@@ -381,7 +389,7 @@ class PostgresStore(SQLStore):
                 if kind == "lost" and committing and not idempotent:
                     self._drop_connection()
                     raise StoreError(f"lost the connection to {self.url} while committing; the change may or may "
-                                     "not have been stored", hint="check (e.g. `cuectl job list`) before retrying")
+                                     "not have been stored", hint="check (e.g. `cuectl job list`) before retrying") from exc
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self.reconnect_s

@@ -30,20 +30,29 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from cuectl.errors import Conflict, InvalidInput, NotFound, NotOwner, SchemaTooNew
-from cuectl.sched import fields
+from cuectl.sched import fields, services, usage_sql, views
 from cuectl.sched import model as m
 from cuectl.sched import notify as nt
-from cuectl.sched import services, usage_sql
 from cuectl.sched.dialect import Dialect
 from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import depends as dep
 from cuectl.sched.store import lifecycle, schema
-from cuectl.sched.store.inlists import IN_BATCH, batches, marks
 from cuectl.sched.store import notifications as notes
-from cuectl.sched.store.base import (LEASE_BUCKETS_S, TOKEN_ROLES, Actor, FarmFigures, FrameResult, HostInfo, HostShape,
-                                     LiveUsage, RunnableLayer, Store, Token)
+from cuectl.sched.store.base import (
+    LEASE_BUCKETS_S,
+    TOKEN_ROLES,
+    Actor,
+    FarmFigures,
+    FrameResult,
+    HostInfo,
+    HostShape,
+    LiveUsage,
+    RunnableLayer,
+    Store,
+    Token,
+)
+from cuectl.sched.store.inlists import IN_BATCH, batches, marks
 from cuectl.sched.usage_sql import Fetch, UsageGroup
-from cuectl.sched import views
 from cuectl.sched.views import attempt_json, frame_json, frame_name, host_json, job_json, layer_json, samples_json
 
 T = TypeVar("T")
