@@ -65,7 +65,7 @@ class CuectlGroup(TyperGroup):
             raise typer.Exit(shell_complete(self, ctx_args, prog_name, var, instruction))
 
 
-_NO_ARGS = getattr(_click_exc, "NoArgsIsHelpError", None) or _click_exc.NoArgsIsHelp
+_NO_ARGS = getattr(_click_exc, "NoArgsIsHelpError", None) or getattr(_click_exc, "NoArgsIsHelp")  # noqa: B009 - click < 8.2 only
 
 
 def _debug_requested(argv: Sequence[str]) -> bool:

