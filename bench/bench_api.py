@@ -81,33 +81,67 @@ def build_store(db: Path, jobs: int, frames: int) -> int:
     waiting_jobs: set[int] = set()
     for i in range(jobs):
         waits = i % 10 == 0
-        job_id = store.submit(spec_from_flags(name=f"shot{i:05d}", command=["true"], range="1", gpus=int(waits),
-                                              paused=waits, user=user), now=t0 + i)
+        job_id = store.submit(
+            spec_from_flags(name=f"shot{i:05d}", command=["true"], range="1", gpus=int(waits), paused=waits, user=user),
+            now=t0 + i,
+        )
         if waits:
             waiting_jobs.add(job_id)
-    big = store.submit(spec_from_flags(name="big", command=["true"], range=f"1-{frames}", gpus=1, user=user,
-                                       frame_limit=frames), now=t0 + jobs)
+    big = store.submit(
+        spec_from_flags(name="big", command=["true"], range=f"1-{frames}", gpus=1, user=user, frame_limit=frames),
+        now=t0 + jobs,
+    )
     conn = store.conn  # type: ignore[attr-defined]  # SQLite's connection, as bench_report.py uses it
-    done = [(fid, jid) for fid, jid, number in conn.execute("SELECT id, job_id, number FROM frames")
-            if (jid != big and jid not in waiting_jobs) or (jid == big and number <= frames // 2)]
+    done = [
+        (fid, jid)
+        for fid, jid, number in conn.execute("SELECT id, job_id, number FROM frames")
+        if (jid != big and jid not in waiting_jobs) or (jid == big and number <= frames // 2)
+    ]
     attempts, updates = [], []
     for k, (fid, jid) in enumerate(done):
         start = t0 + 3600 + k * 0.5
         gpu = jid == big
-        attempts.append((fid, 1, jid, f"gpu{k % 16:02d}" if gpu else "cpu01",
-                         json.dumps([f"GPU-{k % 16:02d}-0"]) if gpu else "[]", "succeeded", t0, start, start + 60.0,
-                         0, None, 0, 1 << 30, 55.0, 1.0, 71.5 if gpu else None, 99.0 if gpu else None,
-                         (8 << 30) if gpu else None, 60.0 if gpu else None))
+        attempts.append(
+            (
+                fid,
+                1,
+                jid,
+                f"gpu{k % 16:02d}" if gpu else "cpu01",
+                json.dumps([f"GPU-{k % 16:02d}-0"]) if gpu else "[]",
+                "succeeded",
+                t0,
+                start,
+                start + 60.0,
+                0,
+                None,
+                0,
+                1 << 30,
+                55.0,
+                1.0,
+                71.5 if gpu else None,
+                99.0 if gpu else None,
+                (8 << 30) if gpu else None,
+                60.0 if gpu else None,
+            )
+        )
         updates.append((f"gpu{k % 16:02d}" if gpu else "cpu01", start, start + 60.0, fid))
     conn.execute("BEGIN IMMEDIATE")
-    conn.executemany("INSERT INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, "
-                     "started_at, ended_at, exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, "
-                     "gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds) "
-                     f"VALUES ({', '.join(['?'] * 19)})", attempts)
-    conn.executemany("UPDATE frames SET state = 'SUCCEEDED', attempts = 1, exit_code = 0, host = ?, started_at = ?, "
-                     "ended_at = ? WHERE id = ?", updates)
-    conn.execute("UPDATE jobs SET state = 'FINISHED', finished_at = created_at + 7200 "
-                 "WHERE NOT EXISTS (SELECT 1 FROM frames f WHERE f.job_id = jobs.id AND f.state != 'SUCCEEDED')")
+    conn.executemany(
+        "INSERT INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, "
+        "started_at, ended_at, exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, "
+        "gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds) "
+        f"VALUES ({', '.join(['?'] * 19)})",
+        attempts,
+    )
+    conn.executemany(
+        "UPDATE frames SET state = 'SUCCEEDED', attempts = 1, exit_code = 0, host = ?, started_at = ?, "
+        "ended_at = ? WHERE id = ?",
+        updates,
+    )
+    conn.execute(
+        "UPDATE jobs SET state = 'FINISHED', finished_at = created_at + 7200 "
+        "WHERE NOT EXISTS (SELECT 1 FROM frames f WHERE f.job_id = jobs.id AND f.state != 'SUCCEEDED')"
+    )
     conn.execute("COMMIT")
     store.close()
     return big
@@ -116,8 +150,17 @@ def build_store(db: Path, jobs: int, frames: int) -> int:
 def submit_drain_job(db: Path, frames: int, gpus: int = 0) -> int:
     store = open_store(str(db))
     # The worker's own user: a root worker runs frames as their submitter (bench_worker.py).
-    job_id = store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}", gpus=gpus,
-                                          user=config.current_user(), frame_limit=frames), now=time.time())
+    job_id = store.submit(
+        spec_from_flags(
+            name="noop",
+            command=["true"],
+            range=f"1-{frames}",
+            gpus=gpus,
+            user=config.current_user(),
+            frame_limit=frames,
+        ),
+        now=time.time(),
+    )
     store.close()
     return job_id
 
@@ -247,8 +290,11 @@ class Conn:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(HOST, self.port)
         assert self.reader is not None
-        lines = [f"GET {path} HTTP/1.1", f"Host: {HOST}:{self.port}", *(f"{k}: {v}" for k, v in
-                                                                         {**self.headers, **extra}.items())]
+        lines = [
+            f"GET {path} HTTP/1.1",
+            f"Host: {HOST}:{self.port}",
+            *(f"{k}: {v}" for k, v in {**self.headers, **extra}.items()),
+        ]
         self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
         head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         status = int(head[0].split()[1])
@@ -281,8 +327,9 @@ class Tally:
         self.statuses[status] = self.statuses.get(status, 0) + 1
 
 
-async def timed_get(conn: Conn, name: str, path: str, tally: Tally,
-                    validators: dict[str, dict[str, str]] | None) -> None:
+async def timed_get(
+    conn: Conn, name: str, path: str, tally: Tally, validators: dict[str, dict[str, str]] | None
+) -> None:
     extra = validators.get(path, {}) if validators is not None else {}
     t0 = time.perf_counter()
     try:
@@ -324,8 +371,15 @@ async def cold_builds(port: int, headers: dict[str, str], paths: dict[str, str],
     return tally
 
 
-async def poller(port: int, headers: dict[str, str], paths: dict[str, str], tally: Tally, conditional: bool,
-                 phase: float, stop: asyncio.Event) -> None:
+async def poller(
+    port: int,
+    headers: dict[str, str],
+    paths: dict[str, str],
+    tally: Tally,
+    conditional: bool,
+    phase: float,
+    stop: asyncio.Event,
+) -> None:
     """A monitor: both reads once a second (at once again if they took longer)."""
     conn = Conn(port, headers)
     validators: dict[str, dict[str, str]] | None = {} if conditional else None
@@ -343,18 +397,22 @@ async def poller(port: int, headers: dict[str, str], paths: dict[str, str], tall
     conn.close()
 
 
-async def polling(port: int, headers: dict[str, str], paths: dict[str, str], clients: int, conditional: bool,
-                  stop: asyncio.Event) -> Tally:
+async def polling(
+    port: int, headers: dict[str, str], paths: dict[str, str], clients: int, conditional: bool, stop: asyncio.Event
+) -> Tally:
     tally = Tally()
     rng = random.Random(7)  # monitors are not in step: each starts at its own point of the second
-    tasks = [asyncio.create_task(poller(port, headers, paths, tally, conditional, rng.random(), stop))
-             for _ in range(clients)]
+    tasks = [
+        asyncio.create_task(poller(port, headers, paths, tally, conditional, rng.random(), stop))
+        for _ in range(clients)
+    ]
     await asyncio.gather(*tasks)
     return tally
 
 
-async def load_for(port: int, headers: dict[str, str], paths: dict[str, str], clients: int, conditional: bool,
-                   seconds: float) -> Tally:
+async def load_for(
+    port: int, headers: dict[str, str], paths: dict[str, str], clients: int, conditional: bool, seconds: float
+) -> Tally:
     stop = asyncio.Event()
     asyncio.get_running_loop().call_later(seconds, stop.set)
     return await polling(port, headers, paths, clients, conditional, stop)
@@ -371,8 +429,10 @@ def row(label: str, values: list[float], target: bool = False) -> str:
     if not values:
         return f"    {label:<34} no answers"
     p99 = pct(values, 0.99)
-    line = (f"    {label:<34} p50 {pct(values, 0.5):7.1f} ms   p99 {p99:7.1f} ms   max {max(values) * 1000:7.1f} ms"
-            f"   {len(values):6d} requests")
+    line = (
+        f"    {label:<34} p50 {pct(values, 0.5):7.1f} ms   p99 {p99:7.1f} ms   max {max(values) * 1000:7.1f} ms"
+        f"   {len(values):6d} requests"
+    )
     if target:
         line += f"   [target p99 < {P99_TARGET_MS:g} ms: {'met' if p99 < P99_TARGET_MS else 'MISSED'}]"
     return line
@@ -393,8 +453,13 @@ class Target:
     cpu: Callable[[], float]
 
 
-async def latency_phase(title: str, targets: list[Target], labels: dict[str, dict[str, str]],
-                        run: Callable[[Target], Awaitable[Tally]], target: bool = False) -> None:
+async def latency_phase(
+    title: str,
+    targets: list[Target],
+    labels: dict[str, dict[str, str]],
+    run: Callable[[Target], Awaitable[Tally]],
+    target: bool = False,
+) -> None:
     print(title)
     for t in targets:
         cpu0, client0, wall0 = t.cpu(), time.process_time(), time.perf_counter()
@@ -406,17 +471,32 @@ async def latency_phase(title: str, targets: list[Target], labels: dict[str, dic
         print(f"    {t.name} CPU {(t.cpu() - cpu0) / wall:.2f} cores, the client's {client:.2f}")
 
 
-async def drain_run(db: Path, env: dict[str, str], frames: int, load: Target | None, clients: int,
-                    headers: dict[str, str]) -> float:
+async def drain_run(
+    db: Path, env: dict[str, str], frames: int, load: Target | None, clients: int, headers: dict[str, str]
+) -> float:
     job_id = submit_drain_job(db, frames)
     stop = asyncio.Event()
-    poll = (asyncio.create_task(polling(load.port, headers, load.paths, clients, True, stop))
-            if load is not None else None)
+    poll = (
+        asyncio.create_task(polling(load.port, headers, load.paths, clients, True, stop)) if load is not None else None
+    )
     if poll is not None:
         await asyncio.sleep(1.0)  # every monitor started (each begins within its first second)
     t0 = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(*cuectl(), "--db", str(db), "worker", "--name", "bench", "--until-idle",
-                                                "--cores", "2", "--poll", "0.05", "-q", env=env)
+    proc = await asyncio.create_subprocess_exec(
+        *cuectl(),
+        "--db",
+        str(db),
+        "worker",
+        "--name",
+        "bench",
+        "--until-idle",
+        "--cores",
+        "2",
+        "--poll",
+        "0.05",
+        "-q",
+        env=env,
+    )
     rc = await proc.wait()
     elapsed = time.perf_counter() - t0
     stop.set()
@@ -434,30 +514,58 @@ def print_profile(path: Path) -> None:
         return
     for key in ("tottime", "cumulative"):
         out = pstats.Stats(str(path)).sort_stats(key)
-        print(f"server profile over the whole run, by {key} (every thread; cProfile slows the server: "
-              f"its latencies above are not figures)")
+        print(
+            f"server profile over the whole run, by {key} (every thread; cProfile slows the server: "
+            f"its latencies above are not figures)"
+        )
         out.print_stats(25)
 
 
 async def main_async(args: argparse.Namespace, tmp: Path) -> None:
     db = tmp / "api.db"
-    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1",
-               XDG_STATE_HOME=str(tmp / "state"), CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
+    env = dict(
+        os.environ,
+        CUECTL_LOCK_DIR=str(tmp / "locks"),
+        CUECTL_CREATE_LOCK_DIR="1",
+        XDG_STATE_HOME=str(tmp / "state"),
+        CUECTL_FAKE_GPUS=str(_no_gpus(tmp)),
+    )
     t0 = time.perf_counter()
     big = build_store(db, args.jobs, args.frames)
     waiting = len(range(0, args.jobs, 10))
-    print(f"store: {args.jobs:,} one-frame jobs ({waiting:,} waiting, paused; the rest finished) and a "
-          f"{args.frames:,}-frame job ({args.frames // 2:,} finished), built in {time.perf_counter() - t0:.1f} s")
-    token = json.loads(subprocess.run([*cuectl(), "--db", str(db), "admin", "token", "create", "bench-viewer",
-                                       "--role", "viewer", "--json"], check=True, env=env, capture_output=True,
-                                      text=True).stdout)["secret"]
+    print(
+        f"store: {args.jobs:,} one-frame jobs ({waiting:,} waiting, paused; the rest finished) and a "
+        f"{args.frames:,}-frame job ({args.frames // 2:,} finished), built in {time.perf_counter() - t0:.1f} s"
+    )
+    token = json.loads(
+        subprocess.run(
+            [*cuectl(), "--db", str(db), "admin", "token", "create", "bench-viewer", "--role", "viewer", "--json"],
+            check=True,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )["secret"]
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
     port = free_port()
-    serve = ["--db", str(db), "serve", "--host", HOST, "--port", str(port), "--cache", str(args.cache),
-             "--no-access-log"]
+    serve = [
+        "--db",
+        str(db),
+        "serve",
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--cache",
+        str(args.cache),
+        "--no-access-log",
+    ]
     stats = tmp / "serve.prof"
-    cmd = ([sys.executable, "-c", _PROFILED.replace("OUT", repr(str(stats))), *serve] if args.profile
-           else [*cuectl(), *serve])
+    cmd = (
+        [sys.executable, "-c", _PROFILED.replace("OUT", repr(str(stats))), *serve]
+        if args.profile
+        else [*cuectl(), *serve]
+    )
     server = start_server(cmd, port, tmp / "serve.log", env)
     peer = None
     try:
@@ -478,43 +586,66 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> None:
             (site / f"{name}.json").write_bytes(b"[" + b" " * (sizes[name] - 2) + b"]")
         peer_port = free_port()
         peer = start_server([sys.executable, "-c", _PEER, str(site), str(peer_port)], peer_port, tmp / "peer.log", env)
-        print(f"GET /api/v1/jobs: {sizes['jobs']:,} bytes; GET /api/v1/jobs/{big}/frames: {sizes['frames']:,} bytes "
-              f"(the default page: up to 1,000 rows)")
-        print(f"server: cuectl serve --cache {args.cache:g}; peer: the standard library's http.server "
-              f"(HTTP/1.1, TCP_NODELAY) serving two files of those sizes")
-        targets = [Target("cuectl", port, api, server.cpu_seconds),
-                   Target("peer", peer_port, {"jobs": "/jobs.json", "frames": "/frames.json"}, peer.cpu_seconds)]
-        labels = {"cuectl": {"jobs": "cuectl GET /api/v1/jobs", "frames": "cuectl GET /api/v1/jobs/J/frames"},
-                  "peer": {"jobs": "peer   GET /jobs.json", "frames": "peer   GET /frames.json"}}
+        print(
+            f"GET /api/v1/jobs: {sizes['jobs']:,} bytes; GET /api/v1/jobs/{big}/frames: {sizes['frames']:,} bytes "
+            f"(the default page: up to 1,000 rows)"
+        )
+        print(
+            f"server: cuectl serve --cache {args.cache:g}; peer: the standard library's http.server "
+            f"(HTTP/1.1, TCP_NODELAY) serving two files of those sizes"
+        )
+        targets = [
+            Target("cuectl", port, api, server.cpu_seconds),
+            Target("peer", peer_port, {"jobs": "/jobs.json", "frames": "/frames.json"}, peer.cpu_seconds),
+        ]
+        labels = {
+            "cuectl": {"jobs": "cuectl GET /api/v1/jobs", "frames": "cuectl GET /api/v1/jobs/J/frames"},
+            "peer": {"jobs": "peer   GET /jobs.json", "frames": "peer   GET /frames.json"},
+        }
 
-        await latency_phase(f"sequential, 1 client, back to back for {args.seconds:g} s", targets, labels,
-                            lambda t: back_to_back(t.port, headers, t.paths, args.seconds))
+        await latency_phase(
+            f"sequential, 1 client, back to back for {args.seconds:g} s",
+            targets,
+            labels,
+            lambda t: back_to_back(t.port, headers, t.paths, args.seconds),
+        )
         misses = max(1, int(args.seconds // 2))
-        await latency_phase(f"sequential, 1 client, pages built for the request ({misses} each: cache "
-                            f"misses)", targets[:1], labels,
-                            lambda t: cold_builds(t.port, headers, t.paths, misses, 0.2))
+        await latency_phase(
+            f"sequential, 1 client, pages built for the request ({misses} each: cache misses)",
+            targets[:1],
+            labels,
+            lambda t: cold_builds(t.port, headers, t.paths, misses, 0.2),
+        )
         for conditional in (True, False):
             how = "with If-None-Match (peer: If-Modified-Since)" if conditional else "without ETags"
-            await latency_phase(f"{args.clients} clients polling both once a second for {args.seconds:g} s, {how}",
-                                targets, labels,
-                                lambda t: load_for(t.port, headers, t.paths, args.clients, conditional,
-                                                   args.seconds), target=True)
+            await latency_phase(
+                f"{args.clients} clients polling both once a second for {args.seconds:g} s, {how}",
+                targets,
+                labels,
+                lambda t: load_for(t.port, headers, t.paths, args.clients, conditional, args.seconds),
+                target=True,
+            )
 
-        print(f"drain: {args.drain_frames:,} no-op frames, one worker, 2 CPU slots, alternately idle and with "
-              f"{args.clients} clients polling (If-None-Match)")
+        print(
+            f"drain: {args.drain_frames:,} no-op frames, one worker, 2 CPU slots, alternately idle and with "
+            f"{args.clients} clients polling (If-None-Match)"
+        )
         rates: dict[bool, list[float]] = {False: [], True: []}
         for i in range(args.pairs):
             for loaded in (False, True):
-                elapsed = await drain_run(db, env, args.drain_frames, targets[0] if loaded else None, args.clients,
-                                          headers)
+                elapsed = await drain_run(
+                    db, env, args.drain_frames, targets[0] if loaded else None, args.clients, headers
+                )
                 rate = args.drain_frames / elapsed
                 rates[loaded].append(rate)
                 print(f"    run {i + 1} {'polling' if loaded else 'idle':<8} {elapsed:7.2f} s   {rate:7.1f} frames/s")
         idle, busy = (sum(rates[k]) / len(rates[k]) for k in (False, True))
         ratio = busy / idle
         met = "met" if 1 - ratio <= DRAIN_DROP_TARGET else "MISSED"
-        print(f"    drain rate polling/idle   {ratio:7.2f}   (drop {100 * (1 - ratio):.0f} %)   "
-              f"[target drop <= {100 * DRAIN_DROP_TARGET:.0f} %: {met}]")
+        print(
+            f"    drain rate polling/idle   {ratio:7.2f}   (drop {100 * (1 - ratio):.0f} %)   "
+            f"[target drop <= {100 * DRAIN_DROP_TARGET:.0f} %: {met}]"
+        )
     finally:
         if peer is not None:
             peer.stop()

@@ -38,8 +38,10 @@ def submit_jobs(url: str, n: int, user: str) -> list[int]:
     store = open_store(url)
     try:
         now = time.time()
-        return [store.submit(spec_from_flags(name=f"bulk-{i:05d}", command=["true"], range="1", user=user),
-                             now=now) for i in range(n)]
+        return [
+            store.submit(spec_from_flags(name=f"bulk-{i:05d}", command=["true"], range="1", user=user), now=now)
+            for i in range(n)
+        ]
     finally:
         store.close()
 
@@ -70,8 +72,14 @@ def main() -> None:
         took_submit = time.perf_counter() - t0
 
         bulk = timed([*base, "job", "kill", "--user", tag, "--yes"])
-        check = json.loads(subprocess.run([*base, "job", "list", "--user", tag, "--state", "KILLED", "--json"],
-                                          capture_output=True, text=True, check=True).stdout)["jobs"]
+        check = json.loads(
+            subprocess.run(
+                [*base, "job", "list", "--user", tag, "--state", "KILLED", "--json"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )["jobs"]
         if len(check) != args.jobs:
             sys.exit(f"bulk kill killed {len(check)} of {args.jobs} jobs")
 
@@ -91,10 +99,14 @@ def main() -> None:
             store.close()
 
     n = args.jobs
-    print(f"store: {n} one-frame jobs submitted in {took_submit:.2f} s ({url.split('://')[0] if '://' in url else 'sqlite'})")
+    print(
+        f"store: {n} one-frame jobs submitted in {took_submit:.2f} s ({url.split('://')[0] if '://' in url else 'sqlite'})"
+    )
     print(f"cuectl job kill --user U --yes   {n:>6} jobs  {bulk:8.2f} s  (whole process)   [target < 2 s per 1,000]")
-    print(f"cuectl job kill ID, one by one   {n:>6} jobs  {per_job * n:8.2f} s  "
-          f"(extrapolated: {per_job * 1000:.0f} ms per job over a sample of {args.sample})")
+    print(
+        f"cuectl job kill ID, one by one   {n:>6} jobs  {per_job * n:8.2f} s  "
+        f"(extrapolated: {per_job * 1000:.0f} ms per job over a sample of {args.sample})"
+    )
     print(f"store.kill_jobs                  {n:>6} jobs  {in_store:8.2f} s  (in-process, one transaction)")
     print(f"bulk is {per_job * n / bulk:.0f}x faster than one by one")
 

@@ -85,8 +85,9 @@ def submit_noop(url: str, frames: int, command: list[str] | None = None, name: s
     from cuectl.sched.store import open_store
 
     store = open_store(url)
-    spec = spec_from_flags(name=name, command=command or ["true"], range=f"1-{frames}", user=user(),
-                           frame_limit=max(frames, 1))
+    spec = spec_from_flags(
+        name=name, command=command or ["true"], range=f"1-{frames}", user=user(), frame_limit=max(frames, 1)
+    )
     t0 = time.perf_counter()
     store.submit(spec, now=time.time())
     elapsed = time.perf_counter() - t0
@@ -101,8 +102,12 @@ def _runnable(store, devices):
     from cuectl.sched.match import GpuRequest, select_devices
     from cuectl.sched.store import HostShape
 
-    shape = HostShape(gpus=len(devices), gpu_memory_max_bytes=max((d.memory_total_bytes or 0 for d in devices),
-                                                                  default=0), cores=1e6, memory_bytes=1 << 60)
+    shape = HostShape(
+        gpus=len(devices),
+        gpu_memory_max_bytes=max((d.memory_total_bytes or 0 for d in devices), default=0),
+        cores=1e6,
+        memory_bytes=1 << 60,
+    )
     after = None
     while True:
         page = store.runnable_layers(limit=500, after=after, host=shape)
@@ -129,8 +134,9 @@ def _claimer(url: str, name: str, barrier, results) -> None:
             while True:
                 t0 = time.perf_counter()
                 try:
-                    claim = store.claim_frame(layer.layer_id, host=name, worker=name, gpu_uuids=[], now=time.time(),
-                                              lease_s=3600)
+                    claim = store.claim_frame(
+                        layer.layer_id, host=name, worker=name, gpu_uuids=[], now=time.time(), lease_s=3600
+                    )
                 except StoreBusy:
                     busy += 1
                     continue
@@ -150,8 +156,17 @@ def submit_unrunnable(url: str, layers: int) -> None:
 
     store = open_store(url)
     for i in range(layers):
-        store.submit(spec_from_mapping({"name": f"gpu-{i}", "priority": 10, "layers": [
-            {"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}]}, user=user()), now=time.time())
+        store.submit(
+            spec_from_mapping(
+                {
+                    "name": f"gpu-{i}",
+                    "priority": 10,
+                    "layers": [{"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}],
+                },
+                user=user(),
+            ),
+            now=time.time(),
+        )
     store.close()
 
 
@@ -179,15 +194,21 @@ def _race(frames: int, claimers: list[tuple[Callable[..., None], tuple[object, .
     wall = max(end for *_, end in out) - t0
     total = sum(r[0] for r in out)
     assert total == frames, f"claimed {total} of {frames} frames"
-    return {"rate": total / wall, "min": min(r[0] for r in out), "max": max(r[0] for r in out),
-            "slowest_ms": 1000 * max(r[1] for r in out), "busy": sum(r[2] for r in out)}
+    return {
+        "rate": total / wall,
+        "min": min(r[0] for r in out),
+        "max": max(r[0] for r in out),
+        "slowest_ms": 1000 * max(r[1] for r in out),
+        "busy": sum(r[2] for r in out),
+    }
 
 
 # -- 2. the store next to a raw SKIP LOCKED loop ------------------------------------------------------
-_RAW_NEXT = ("SELECT id FROM frames WHERE layer_id = %s AND state = 'WAITING' ORDER BY id "
-             "LIMIT 1 FOR UPDATE SKIP LOCKED")
-_RAW_TAKE = ("UPDATE frames SET state = 'RUNNING', host = %s, worker = %s, attempts = attempts + 1, "
-             "lease_expires = %s, started_at = %s WHERE id = %s")
+_RAW_NEXT = "SELECT id FROM frames WHERE layer_id = %s AND state = 'WAITING' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED"
+_RAW_TAKE = (
+    "UPDATE frames SET state = 'RUNNING', host = %s, worker = %s, attempts = attempts + 1, "
+    "lease_expires = %s, started_at = %s WHERE id = %s"
+)
 
 
 def _raw_claimer(url: str, layer_id: int, name: str, barrier, results) -> None:
@@ -237,8 +258,10 @@ def store_vs_raw(backends: "Backends", frames: int, repeat: int, pool: int = 0) 
         import pgpooler
 
         pooler = pgpooler.start_pooler(backends.server, pool_size=pool)
-    print(f"\nPostgreSQL: the store's claims next to a raw SKIP LOCKED loop on a copy of the same frames "
-          f"(median of {repeat})")
+    print(
+        f"\nPostgreSQL: the store's claims next to a raw SKIP LOCKED loop on a copy of the same frames "
+        f"(median of {repeat})"
+    )
     print(f"{'claimers':>8}  {'store claims/s':>15}  {'raw claims/s':>13}  {'ratio':>6}")
     pooled_rows = []
     try:
@@ -258,10 +281,14 @@ def store_vs_raw(backends: "Backends", frames: int, repeat: int, pool: int = 0) 
         if pooler is not None:
             pooler.stop()
     if pooled_rows:
-        print(f"\nthe same runs through PgBouncer (transaction mode, {pool} server connections), next to the "
-              "store connected directly and the raw loop")
-        print(f"{'claimers':>8}  {'direct claims/s':>16}  {'pooled claims/s':>16}  {'raw claims/s':>13}  "
-              f"{'pooled/raw':>10}")
+        print(
+            f"\nthe same runs through PgBouncer (transaction mode, {pool} server connections), next to the "
+            "store connected directly and the raw loop"
+        )
+        print(
+            f"{'claimers':>8}  {'direct claims/s':>16}  {'pooled claims/s':>16}  {'raw claims/s':>13}  "
+            f"{'pooled/raw':>10}"
+        )
         for n, d, p, r in pooled_rows:
             print(f"{n:>8}  {d:>16,.0f}  {p:>16,.0f}  {r:>13,.0f}  {p / r:>10.2f}")
 
@@ -278,16 +305,35 @@ def dispatch_latency(url: str, poll: str, wakeups: int, tmp: Path) -> list[float
     from cuectl.sched.store import open_store
 
     stamps = tmp / f"stamps-{uuid.uuid4().hex[:8]}"
-    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "state"))
+    env = dict(
+        os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "state")
+    )
     fake = tmp / "no-gpus.yaml"
     fake.write_text("devices: []\n")
     env["CUECTL_FAKE_GPUS"] = str(fake)
     # As root, run the frames as root: jobs submitted through the PostgreSQL superuser are
     # proven to be role "postgres"'s, a user a root worker would (rightly) refuse to run as.
     as_worker = ["--run-as-worker-user"] if os.geteuid() == 0 else []
-    worker = subprocess.Popen([*cuectl(), "--db", url, "worker", "--name", "bench-idle", "--poll", poll, "--cores",
-                               "1", "--quiet", *as_worker], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              start_new_session=True)
+    worker = subprocess.Popen(
+        [
+            *cuectl(),
+            "--db",
+            url,
+            "worker",
+            "--name",
+            "bench-idle",
+            "--poll",
+            poll,
+            "--cores",
+            "1",
+            "--quiet",
+            *as_worker,
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     store = open_store(url)
     try:
         wait(lambda: store.list_hosts(now=time.time(), down_after=60), "worker registered")
@@ -322,12 +368,16 @@ def main() -> None:
     parser.add_argument("--wakeups", type=int, default=10, help="frames submitted to the idle worker")
     parser.add_argument("--pg-url", help="an existing PostgreSQL database instead of a throwaway server")
     parser.add_argument("--unrunnable", type=int, default=1000, help="layers no claimer can run, queued ahead")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per figure of the unrunnable comparison "
-                                                               "(median)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure of the unrunnable comparison (median)")
     parser.add_argument("--only-raw", action="store_true", help="only the store vs raw SKIP LOCKED comparison")
-    parser.add_argument("--pgbouncer", type=int, metavar="POOL", default=0,
-                        help="section 2 also through PgBouncer in transaction mode with POOL server connections, "
-                             "in the same runs (needs pgbouncer installed)")
+    parser.add_argument(
+        "--pgbouncer",
+        type=int,
+        metavar="POOL",
+        default=0,
+        help="section 2 also through PgBouncer in transaction mode with POOL server connections, "
+        "in the same runs (needs pgbouncer installed)",
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="cuectl-bench-") as tmp_name:
@@ -338,18 +388,24 @@ def main() -> None:
             store_vs_raw(backends, args.frames, args.repeat, args.pgbouncer)
             return
         print(f"{os.cpu_count()} CPUs; {args.frames} frames per claim run")
-        print(f"{'claimers':>8}  {'SQLite claims/s':>16}  {'PostgreSQL claims/s':>20}   per-process min-max, "
-              "slowest claim (SQLite | PostgreSQL)")
+        print(
+            f"{'claimers':>8}  {'SQLite claims/s':>16}  {'PostgreSQL claims/s':>20}   per-process min-max, "
+            "slowest claim (SQLite | PostgreSQL)"
+        )
         for n in CLAIMERS:
             lite = claim_rate(backends.sqlite(), args.frames, n)
             post = claim_rate(backends.postgres(), args.frames, n)
             busy = f" ({lite['busy']:.0f} busy errors)" if lite["busy"] else ""
-            print(f"{n:>8}  {lite['rate']:>16,.0f}  {post['rate']:>20,.0f}   "
-                  f"{lite['min']:.0f}-{lite['max']:.0f}, {lite['slowest_ms']:.1f} ms{busy} | "
-                  f"{post['min']:.0f}-{post['max']:.0f}, {post['slowest_ms']:.1f} ms")
+            print(
+                f"{n:>8}  {lite['rate']:>16,.0f}  {post['rate']:>20,.0f}   "
+                f"{lite['min']:.0f}-{lite['max']:.0f}, {lite['slowest_ms']:.1f} ms{busy} | "
+                f"{post['min']:.0f}-{post['max']:.0f}, {post['slowest_ms']:.1f} ms"
+            )
 
-        print(f"\nthe same with {args.unrunnable:,} unrunnable layers queued ahead (ratio to the run without them, "
-              "same backend, measured side by side)")
+        print(
+            f"\nthe same with {args.unrunnable:,} unrunnable layers queued ahead (ratio to the run without them, "
+            "same backend, measured side by side)"
+        )
         print(f"{'claimers':>8}  {'SQLite claims/s':>16}  {'PostgreSQL claims/s':>20}   ratio SQLite | PostgreSQL")
         for n in CLAIMERS:
             pair = {}
@@ -359,8 +415,10 @@ def main() -> None:
                     plain.append(claim_rate(fresh(), args.frames, n)["rate"])
                     ahead.append(claim_rate(fresh(), args.frames, n, unrunnable=args.unrunnable)["rate"])
                 pair[label] = (statistics.median(ahead), statistics.median(ahead) / statistics.median(plain))
-            print(f"{n:>8}  {pair['lite'][0]:>16,.0f}  {pair['post'][0]:>20,.0f}   "
-                  f"{pair['lite'][1]:.2f} | {pair['post'][1]:.2f}")
+            print(
+                f"{n:>8}  {pair['lite'][0]:>16,.0f}  {pair['post'][0]:>20,.0f}   "
+                f"{pair['lite'][1]:.2f} | {pair['post'][1]:.2f}"
+            )
 
         store_vs_raw(backends, args.frames, args.repeat, args.pgbouncer)
 

@@ -33,11 +33,26 @@ def submit_waiting(url: str, jobs: int) -> None:
     from cuectl.sched.store import open_store
 
     store = open_store(url)
-    gate = store.submit(spec_from_mapping({"name": "gate", "layers": [
-        {"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}]}, user=user()), now=time.time())
+    gate = store.submit(
+        spec_from_mapping(
+            {"name": "gate", "layers": [{"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}]},
+            user=user(),
+        ),
+        now=time.time(),
+    )
     for i in range(jobs):
-        store.submit(spec_from_mapping({"name": f"waits-{i}", "priority": 10, "depends": [str(gate)], "layers": [
-            {"name": "r", "command": ["true"], "range": "1-10"}]}, user=user()), now=time.time())
+        store.submit(
+            spec_from_mapping(
+                {
+                    "name": f"waits-{i}",
+                    "priority": 10,
+                    "depends": [str(gate)],
+                    "layers": [{"name": "r", "command": ["true"], "range": "1-10"}],
+                },
+                user=user(),
+            ),
+            now=time.time(),
+        )
     store.close()
 
 
@@ -49,21 +64,46 @@ def complete_rate(url: str, frames: int, dependents: bool) -> float:
     from cuectl.sched.store import FrameResult, open_store
 
     store = open_store(url)
-    up = store.submit(spec_from_mapping({"name": "up", "layers": [
-        {"name": "r", "command": ["true"], "range": f"1-{frames}"}]}, user=user(), frame_limit=frames), now=time.time())
+    up = store.submit(
+        spec_from_mapping(
+            {"name": "up", "layers": [{"name": "r", "command": ["true"], "range": f"1-{frames}"}]},
+            user=user(),
+            frame_limit=frames,
+        ),
+        now=time.time(),
+    )
     down = None
     if dependents:
-        down = store.submit(spec_from_mapping({"name": "down", "layers": [
-            {"name": "c", "command": ["true"], "range": f"1-{frames}",
-             "depends": [{"job": str(up), "layer": "r", "type": "frame"}]}]}, user=user(), frame_limit=frames),
-            now=time.time())
+        down = store.submit(
+            spec_from_mapping(
+                {
+                    "name": "down",
+                    "layers": [
+                        {
+                            "name": "c",
+                            "command": ["true"],
+                            "range": f"1-{frames}",
+                            "depends": [{"job": str(up), "layer": "r", "type": "frame"}],
+                        }
+                    ],
+                },
+                user=user(),
+                frame_limit=frames,
+            ),
+            now=time.time(),
+        )
     layer = next(lay.layer_id for lay in store.runnable_layers() if lay.job_id == up)
     t0 = time.perf_counter()
     done = 0
-    while (c := store.claim_frame(layer, host="h", worker="h:1", gpu_uuids=[], now=time.time(),
-                                  lease_s=3600)) is not None:
-        store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=time.time(),
-                                                                ended_at=time.time()), now=time.time())
+    while (
+        c := store.claim_frame(layer, host="h", worker="h:1", gpu_uuids=[], now=time.time(), lease_s=3600)
+    ) is not None:
+        store.complete_frame(
+            c.frame_id,
+            c.attempt,
+            FrameResult(exit_code=0, started_at=time.time(), ended_at=time.time()),
+            now=time.time(),
+        )
         done += 1
     elapsed = time.perf_counter() - t0
     assert done == frames, f"completed {done} of {frames}"
@@ -85,10 +125,14 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="cuectl-bench-") as tmp_name:
         backends = Backends(Path(tmp_name), args.pg_url)
-        print(f"claims/s of {args.frames:,} runnable frames, alone and with {args.waiting * 10:,} DEPEND frames "
-              f"({args.waiting:,} jobs waiting on another job) queued ahead; median of {args.repeat}")
-        print(f"{'claimers':>8}  {'SQLite alone':>13}  {'with deps':>10}  {'ratio':>6}   "
-              f"{'PostgreSQL alone':>16}  {'with deps':>10}  {'ratio':>6}")
+        print(
+            f"claims/s of {args.frames:,} runnable frames, alone and with {args.waiting * 10:,} DEPEND frames "
+            f"({args.waiting:,} jobs waiting on another job) queued ahead; median of {args.repeat}"
+        )
+        print(
+            f"{'claimers':>8}  {'SQLite alone':>13}  {'with deps':>10}  {'ratio':>6}   "
+            f"{'PostgreSQL alone':>16}  {'with deps':>10}  {'ratio':>6}"
+        )
         for n in CLAIMERS:
             cells = []
             for fresh in (backends.sqlite, backends.postgres):
@@ -102,8 +146,11 @@ def main() -> None:
                 cells.append(f"{a:>13,.0f}  {b:>10,.0f}  {b / a:>6.2f}")
             print(f"{n:>8}  {cells[0]}   {cells[1]:>36}")
 
-        print(f"\none claimer, claim + complete of {args.complete_frames:,} frames; each releasing a frame of "
-              "another job (frame by frame) vs none; median of", args.repeat)
+        print(
+            f"\none claimer, claim + complete of {args.complete_frames:,} frames; each releasing a frame of "
+            "another job (frame by frame) vs none; median of",
+            args.repeat,
+        )
         for label, fresh in (("SQLite", backends.sqlite), ("PostgreSQL", backends.postgres)):
             plain, released = [], []
             for _ in range(args.repeat):

@@ -82,7 +82,7 @@ class SimHost:
     freed_at: dict[str, float]
     running: dict[int, Running] = field(default_factory=dict)
     static_fit: dict[int, bool] = field(default_factory=dict)
-    dirty: bool = True              # a device or slot freed since the last pass
+    dirty: bool = True  # a device or slot freed since the last pass
     next_poll: float = 0.0
     next_heartbeat: float = 0.0
 
@@ -96,8 +96,17 @@ class SimHost:
 def fake_devices(host: str, n: int) -> list[Any]:
     from cuectl.gpu.device import Device
 
-    return [Device(index=i, uuid=f"GPU-{host}-{i}", vendor="NVIDIA", model="NVIDIA H100 80GB HBM3", backend="fake",
-                   memory_total_bytes=80 * 1024 ** 3) for i in range(n)]
+    return [
+        Device(
+            index=i,
+            uuid=f"GPU-{host}-{i}",
+            vendor="NVIDIA",
+            model="NVIDIA H100 80GB HBM3",
+            backend="fake",
+            memory_total_bytes=80 * 1024**3,
+        )
+        for i in range(n)
+    ]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -107,8 +116,9 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def sim_process(url: str, names: list[str], cfg: dict[str, Any], barrier: Any, start: Any, results: Any,
-                release: Any) -> None:
+def sim_process(
+    url: str, names: list[str], cfg: dict[str, Any], barrier: Any, start: Any, results: Any, release: Any
+) -> None:
     """Drive ``names`` simulated workers over one store connection until the run ends."""
     from cuectl.errors import StoreBusy
     from cuectl.sched.match import GpuRequest, device_fits_statically, select_devices
@@ -120,25 +130,33 @@ def sim_process(url: str, names: list[str], cfg: dict[str, Any], barrier: Any, s
     hosts = []
     for name in names:
         devices = fake_devices(name, gpus_per_host)
-        store.register_host(HostInfo(name=name, cores=CPU_SLOTS, memory_bytes=64 * 1024 ** 3,
-                                     gpus=[d.to_json() for d in devices], worker_pid=os.getpid(), version="sim"),
-                            now=time.time())
+        store.register_host(
+            HostInfo(
+                name=name,
+                cores=CPU_SLOTS,
+                memory_bytes=64 * 1024**3,
+                gpus=[d.to_json() for d in devices],
+                worker_pid=os.getpid(),
+                version="sim",
+            ),
+            now=time.time(),
+        )
         hosts.append(SimHost(name, devices, {}))
     mean = cfg["frame_seconds"]
     sigma = 0.5
-    mu = math.log(mean) - sigma ** 2 / 2 if mean > 0 else 0.0
+    mu = math.log(mean) - sigma**2 / 2 if mean > 0 else 0.0
 
     def duration() -> float:
         return rng.lognormvariate(mu, sigma) if mean > 0 else 0.0
 
     calls: dict[str, list[float]] = {"claim": [], "page": [], "complete": [], "heartbeat": []}
-    claims: list[float] = []           # when each claim returned
+    claims: list[float] = []  # when each claim returned
     latencies: list[tuple[float, int, float]] = []  # GPU frames: (when, GPUs, claimed - last device freed)
-    busy_s = 0.0                       # device-seconds inside the window
+    busy_s = 0.0  # device-seconds inside the window
     passes = pages = busy_errors = 0
 
     barrier.wait()
-    barrier.wait()                     # the main process has set the start time
+    barrier.wait()  # the main process has set the start time
     t0 = start.value
     w0, t_end = t0 + cfg["warmup"], t0 + cfg["seconds"]
     for h in hosts:
@@ -176,8 +194,11 @@ def sim_process(url: str, names: list[str], cfg: dict[str, Any], barrier: Any, s
             for layer in page:
                 fit = h.static_fit.get(layer.layer_id)
                 if fit is None:
-                    fit = (select_devices(GpuRequest.from_record(layer), h.devices).could_ever_fit
-                           if layer.gpus > 0 else layer.cores <= CPU_SLOTS)
+                    fit = (
+                        select_devices(GpuRequest.from_record(layer), h.devices).could_ever_fit
+                        if layer.gpus > 0
+                        else layer.cores <= CPU_SLOTS
+                    )
                     h.static_fit[layer.layer_id] = fit
                 if not fit:
                     continue
@@ -192,21 +213,34 @@ def sim_process(url: str, names: list[str], cfg: dict[str, Any], barrier: Any, s
                         if not result.devices:
                             if not reserving and result.could_ever_fit and layer.gpus > 1:
                                 reserving = True  # hold what it could use; others backfill elsewhere
-                                reserved |= {d.uuid for d in h.devices if d.uuid not in busy
-                                             and device_fits_statically(request, d) is None}
+                                reserved |= {
+                                    d.uuid
+                                    for d in h.devices
+                                    if d.uuid not in busy and device_fits_statically(request, d) is None
+                                }
                             break
                         chosen = result.devices
                     uuids = [d.uuid for d in chosen]
-                    claim = timed("claim", lambda: store.claim_frame(layer.layer_id, host=h.name, worker=h.name,
-                                                                     gpu_uuids=uuids, now=time.time(), lease_s=lease_s))
+                    claim = timed(
+                        "claim",
+                        lambda: store.claim_frame(
+                            layer.layer_id,
+                            host=h.name,
+                            worker=h.name,
+                            gpu_uuids=uuids,
+                            now=time.time(),
+                            lease_s=lease_s,
+                        ),
+                    )
                     if claim is None:
                         break
                     t = time.time()
                     claims.append(t)
                     if chosen:
                         latencies.append((t, len(uuids), t - max(h.freed_at[u] for u in uuids)))
-                    h.running[claim.frame_id] = Running(claim.frame_id, claim.attempt, tuple(uuids), len(uuids), t,
-                                                        t + duration())
+                    h.running[claim.frame_id] = Running(
+                        claim.frame_id, claim.attempt, tuple(uuids), len(uuids), t, t + duration()
+                    )
                     busy |= set(uuids)
             if len(page) < PAGE:
                 return
@@ -230,8 +264,10 @@ def sim_process(url: str, names: list[str], cfg: dict[str, Any], barrier: Any, s
             if now >= h.next_heartbeat:
                 ids = list(h.running)
                 attempts = {fid: r.attempt for fid, r in h.running.items()}
-                timed("heartbeat", lambda: store.heartbeat(h.name, ids, now=time.time(), lease_s=lease_s,
-                                                           attempts=attempts))
+                timed(
+                    "heartbeat",
+                    lambda: store.heartbeat(h.name, ids, now=time.time(), lease_s=lease_s, attempts=attempts),
+                )
                 h.next_heartbeat = now + cfg["heartbeat"]
             free = len(h.devices) - len(h.busy()) + CPU_SLOTS - h.cpu_used()
             if h.dirty or (free and now >= h.next_poll):
@@ -248,10 +284,19 @@ def sim_process(url: str, names: list[str], cfg: dict[str, Any], barrier: Any, s
             busy_s += window_busy(r, t_end)
     cpu = time.process_time() - cpu0
     in_window = [t for t in claims if w0 <= t <= t_end]
-    results.put({"claims": len(in_window), "claims_all": len(claims),
-                 "latencies": [(g, v) for t, g, v in latencies if w0 <= t <= t_end],
-                 "busy_s": busy_s, "cpu_s": cpu, "passes": passes, "pages": pages, "busy_errors": busy_errors,
-                 "calls": {k: (_pct(v, 0.5), _pct(v, 0.99), len(v)) for k, v in calls.items()}})
+    results.put(
+        {
+            "claims": len(in_window),
+            "claims_all": len(claims),
+            "latencies": [(g, v) for t, g, v in latencies if w0 <= t <= t_end],
+            "busy_s": busy_s,
+            "cpu_s": cpu,
+            "passes": passes,
+            "pages": pages,
+            "busy_errors": busy_errors,
+            "calls": {k: (_pct(v, 0.5), _pct(v, 0.99), len(v)) for k, v in calls.items()},
+        }
+    )
     release.wait(120)
     store.close()
 
@@ -320,8 +365,17 @@ class Backends:
         return f"{self.pg_url}{sep}options={quote(f'-csearch_path={schema}')}"
 
 
-def submit_jobs(url: str, *, gpus: int, hosts: int, seconds: float, frame_seconds: float, jobs: int,
-                unrunnable: int, saturated_frames: int | None) -> int:
+def submit_jobs(
+    url: str,
+    *,
+    gpus: int,
+    hosts: int,
+    seconds: float,
+    frame_seconds: float,
+    jobs: int,
+    unrunnable: int,
+    saturated_frames: int | None,
+) -> int:
     """The job mix; returns the frames queued (runnable ones)."""
     from cuectl import config
     from cuectl.sched.spec import spec_from_mapping
@@ -331,16 +385,26 @@ def submit_jobs(url: str, *, gpus: int, hosts: int, seconds: float, frame_second
     store = open_store(url)
     now = time.time()
     for i in range(unrunnable):
-        store.submit(spec_from_mapping({"name": f"amd-{i}", "priority": 10, "layers": [
-            {"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}]}, user=user), now=now)
+        store.submit(
+            spec_from_mapping(
+                {
+                    "name": f"amd-{i}",
+                    "priority": 10,
+                    "layers": [{"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}],
+                },
+                user=user,
+            ),
+            now=now,
+        )
     gpu_share = sum(w * g for g, w in MIX)  # device-frames per frame
     if saturated_frames is None:
         # Twice the device-seconds the run can use, so the queue never runs dry.
         frames = max(3 * gpus, math.ceil(2 * gpus * seconds / max(frame_seconds, 0.1) / gpu_share))
     else:
         frames = saturated_frames
-    cpu_frames_cap = math.ceil(2 * hosts * CPU_SLOTS * seconds / max(frame_seconds, 0.1)) \
-        if saturated_frames is None else None
+    cpu_frames_cap = (
+        math.ceil(2 * hosts * CPU_SLOTS * seconds / max(frame_seconds, 0.1)) if saturated_frames is None else None
+    )
     kinds = [g for g, _ in MIX]
     queued = 0
     for j in range(jobs):
@@ -352,37 +416,57 @@ def submit_jobs(url: str, *, gpus: int, hosts: int, seconds: float, frame_second
         layer: dict[str, Any] = {"name": "render", "command": ["true"], "range": f"1-{n}"}
         if g:
             layer.update({"gpus": g, "gpu_vendor": "NVIDIA", "gpu_memory_min": "40G"})
-        store.submit(spec_from_mapping({"name": f"sim-{j}", "priority": j % 3, "layers": [layer]}, user=user,
-                                       frame_limit=n), now=now)
+        store.submit(
+            spec_from_mapping({"name": f"sim-{j}", "priority": j % 3, "layers": [layer]}, user=user, frame_limit=n),
+            now=now,
+        )
         queued += n
     store.close()
     return queued
 
 
 # -- one phase -------------------------------------------------------------------------------------------
-def run_phase(url: str, args: argparse.Namespace, *, frame_seconds: float, seconds: float,
-              server_data: Path | None) -> dict[str, Any]:
+def run_phase(
+    url: str, args: argparse.Namespace, *, frame_seconds: float, seconds: float, server_data: Path | None
+) -> dict[str, Any]:
     gpus = args.hosts * args.gpus_per_host
     saturated = None if frame_seconds > 0 else args.saturated_frames
     t_sub = time.perf_counter()
-    queued = submit_jobs(url, gpus=gpus, hosts=args.hosts, seconds=seconds, frame_seconds=frame_seconds,
-                         jobs=args.jobs, unrunnable=args.unrunnable, saturated_frames=saturated)
+    queued = submit_jobs(
+        url,
+        gpus=gpus,
+        hosts=args.hosts,
+        seconds=seconds,
+        frame_seconds=frame_seconds,
+        jobs=args.jobs,
+        unrunnable=args.unrunnable,
+        saturated_frames=saturated,
+    )
     submit_s = time.perf_counter() - t_sub
     procs_n = max(1, min(args.procs, args.hosts))
     names = [f"sim{i:04d}" for i in range(args.hosts)]
     warmup = min(args.warmup, seconds / 3)
-    cfg = {"gpus_per_host": args.gpus_per_host, "lease_s": args.lease_timeout, "frame_seconds": frame_seconds,
-           "seconds": seconds, "warmup": warmup, "heartbeat": args.lease_timeout / 4, "poll": args.poll}
+    cfg = {
+        "gpus_per_host": args.gpus_per_host,
+        "lease_s": args.lease_timeout,
+        "frame_seconds": frame_seconds,
+        "seconds": seconds,
+        "warmup": warmup,
+        "heartbeat": args.lease_timeout / 4,
+        "poll": args.poll,
+    }
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(procs_n + 1)
     start = ctx.Value("d", 0.0)
     results = ctx.Queue()
     release = ctx.Event()
-    procs = [ctx.Process(target=sim_process, args=(url, names[i::procs_n], cfg, barrier, start, results, release))
-             for i in range(procs_n)]
+    procs = [
+        ctx.Process(target=sim_process, args=(url, names[i::procs_n], cfg, barrier, start, results, release))
+        for i in range(procs_n)
+    ]
     for p in procs:
         p.start()
-    barrier.wait(600)                  # every host registered
+    barrier.wait(600)  # every host registered
     start.value = time.time() + 0.2
     barrier.wait(60)
     t0 = start.value
@@ -398,19 +482,31 @@ def run_phase(url: str, args: argparse.Namespace, *, frame_seconds: float, secon
     claims = sum(r["claims"] for r in out)
     lat1 = [v for r in out for g, v in r["latencies"] if g == 1]
     latn = [v for r in out for g, v in r["latencies"] if g > 1]
-    calls = {k: (max(r["calls"][k][0] for r in out), max(r["calls"][k][1] for r in out),
-                 sum(r["calls"][k][2] for r in out)) for k in out[0]["calls"]}
-    return {"queued": queued, "submit_s": submit_s, "procs": procs_n, "window": window,
-            "rate": claims / window, "claims": claims,
-            "busy": sum(r["busy_s"] for r in out) / (gpus * window),
-            "p50": _pct(lat1, 0.5), "p99": _pct(lat1, 0.99), "multi50": _pct(latn, 0.5), "multi99": _pct(latn, 0.99),
-            # A short run can fall inside one clock tick of the server's CPU time (10 ms): that is no figure.
-            "db_cpu_ms": None if db0 is None or db1 is None or not claims or db1 <= db0
-            else 1000 * (db1 - db0) / claims,
-            "client_cpu_ms": 1000 * sum(r["cpu_s"] for r in out) / max(1, sum(r["claims_all"] for r in out)),
-            "passes": sum(r["passes"] for r in out), "pages": sum(r["pages"] for r in out),
-            "busy_errors": sum(r["busy_errors"] for r in out), "calls": calls,
-            "dry": sum(r["claims_all"] for r in out) >= 0.95 * queued}
+    calls = {
+        k: (max(r["calls"][k][0] for r in out), max(r["calls"][k][1] for r in out), sum(r["calls"][k][2] for r in out))
+        for k in out[0]["calls"]
+    }
+    return {
+        "queued": queued,
+        "submit_s": submit_s,
+        "procs": procs_n,
+        "window": window,
+        "rate": claims / window,
+        "claims": claims,
+        "busy": sum(r["busy_s"] for r in out) / (gpus * window),
+        "p50": _pct(lat1, 0.5),
+        "p99": _pct(lat1, 0.99),
+        "multi50": _pct(latn, 0.5),
+        "multi99": _pct(latn, 0.99),
+        # A short run can fall inside one clock tick of the server's CPU time (10 ms): that is no figure.
+        "db_cpu_ms": None if db0 is None or db1 is None or not claims or db1 <= db0 else 1000 * (db1 - db0) / claims,
+        "client_cpu_ms": 1000 * sum(r["cpu_s"] for r in out) / max(1, sum(r["claims_all"] for r in out)),
+        "passes": sum(r["passes"] for r in out),
+        "pages": sum(r["pages"] for r in out),
+        "busy_errors": sum(r["busy_errors"] for r in out),
+        "calls": calls,
+        "dry": sum(r["claims_all"] for r in out) >= 0.95 * queued,
+    }
 
 
 def ms(v: float | None) -> str:
@@ -424,8 +520,12 @@ def main() -> None:
     parser.add_argument("--gpus-per-host", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=20, help="length of the farm phase (default 20)")
     parser.add_argument("--frame-seconds", type=float, default=4, help="mean frame duration in the farm phase")
-    parser.add_argument("--saturated-seconds", type=float, default=None,
-                        help="length of the saturated phase (default: half of --seconds; 0 skips it)")
+    parser.add_argument(
+        "--saturated-seconds",
+        type=float,
+        default=None,
+        help="length of the saturated phase (default: half of --seconds; 0 skips it)",
+    )
     parser.add_argument("--saturated-frames", type=int, default=20_000, help="frames queued for the saturated phase")
     parser.add_argument("--warmup", type=float, default=5, help="seconds left out of the figures at the start")
     parser.add_argument("--procs", type=int, default=4, help="OS processes driving the hosts (store connections)")
@@ -442,42 +542,55 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="cuectl-farm-") as tmp_name:
         backends = Backends(Path(tmp_name), args.pg_url, "postgres" in wanted)
-        print(f"farm: {args.hosts} hosts x {args.gpus_per_host} GPUs = {gpus:,} GPUs, {CPU_SLOTS} CPU slots per host; "
-              f"{min(args.procs, args.hosts)} client processes; {os.cpu_count()} CPUs; load average "
-              f"{os.getloadavg()[0]:.1f}")
-        print(f"mix: frames {', '.join(f'{int(w * 100)} % {g}-GPU' if g else f'{int(w * 100)} % CPU' for g, w in MIX)}; "
-              f"{args.jobs} jobs, {args.unrunnable} unrunnable layers ahead; farm phase {args.seconds:g} s, frames "
-              f"~{args.frame_seconds:g} s (lognormal); saturated phase {sat_seconds:g} s, frames 0 s; "
-              f"figures after a {min(args.warmup, args.seconds / 3):g} s warm-up")
+        print(
+            f"farm: {args.hosts} hosts x {args.gpus_per_host} GPUs = {gpus:,} GPUs, {CPU_SLOTS} CPU slots per host; "
+            f"{min(args.procs, args.hosts)} client processes; {os.cpu_count()} CPUs; load average "
+            f"{os.getloadavg()[0]:.1f}"
+        )
+        print(
+            f"mix: frames {', '.join(f'{int(w * 100)} % {g}-GPU' if g else f'{int(w * 100)} % CPU' for g, w in MIX)}; "
+            f"{args.jobs} jobs, {args.unrunnable} unrunnable layers ahead; farm phase {args.seconds:g} s, frames "
+            f"~{args.frame_seconds:g} s (lognormal); saturated phase {sat_seconds:g} s, frames 0 s; "
+            f"figures after a {min(args.warmup, args.seconds / 3):g} s warm-up"
+        )
         runs: list[tuple[str, str, dict[str, Any]]] = []
         for backend in wanted:
             if backend == "postgres" and not backends.has_pg:
                 print(f"PostgreSQL: not measured ({backends.pg_missing})")
                 continue
             label = "PostgreSQL" if backend == "postgres" else "SQLite"
-            phases = [("farm", args.frame_seconds, args.seconds)] + ([("saturated", 0.0, sat_seconds)]
-                                                                     if sat_seconds > 0 else [])
+            phases = [("farm", args.frame_seconds, args.seconds)] + (
+                [("saturated", 0.0, sat_seconds)] if sat_seconds > 0 else []
+            )
             for phase, fs, secs in phases:
                 url = backends.postgres() if backend == "postgres" else backends.sqlite()
                 data = backends.server.data if backend == "postgres" and backends.server is not None else None
                 runs.append((label, phase, run_phase(url, args, frame_seconds=fs, seconds=secs, server_data=data)))
 
-        print("\nlatency: a GPU frame's claim returning minus the moment the last of its devices freed; 1-GPU "
-              "frames, then multi-GPU frames (these include waiting for a reservation to fill)")
-        print(f"{'backend':<11} {'phase':<10} {'claims/s':>9} {'GPU busy':>9} {'latency p50/p99 ms':>19} "
-              f"{'multi-GPU p50/p99':>19} {'DB CPU/claim':>13} {'client CPU/claim':>17}  store calls p50/p99 ms "
-              "(count)")
+        print(
+            "\nlatency: a GPU frame's claim returning minus the moment the last of its devices freed; 1-GPU "
+            "frames, then multi-GPU frames (these include waiting for a reservation to fill)"
+        )
+        print(
+            f"{'backend':<11} {'phase':<10} {'claims/s':>9} {'GPU busy':>9} {'latency p50/p99 ms':>19} "
+            f"{'multi-GPU p50/p99':>19} {'DB CPU/claim':>13} {'client CPU/claim':>17}  store calls p50/p99 ms "
+            "(count)"
+        )
         for label, phase, r in runs:
             db = "not measured" if r["db_cpu_ms"] is None else f"{r['db_cpu_ms']:.2f} ms"
             calls = ", ".join(f"{k} {ms(v[0])}/{ms(v[1])} ({v[2]:,})" for k, v in r["calls"].items())
-            print(f"{label:<11} {phase:<10} {r['rate']:>9,.0f} {100 * r['busy']:>8.0f}% "
-                  f"{ms(r['p50']) + ' / ' + ms(r['p99']):>19} {ms(r['multi50']) + ' / ' + ms(r['multi99']):>19} "
-                  f"{db:>13} {r['client_cpu_ms']:>14.2f} ms  {calls}")
+            print(
+                f"{label:<11} {phase:<10} {r['rate']:>9,.0f} {100 * r['busy']:>8.0f}% "
+                f"{ms(r['p50']) + ' / ' + ms(r['p99']):>19} {ms(r['multi50']) + ' / ' + ms(r['multi99']):>19} "
+                f"{db:>13} {r['client_cpu_ms']:>14.2f} ms  {calls}"
+            )
         for label, phase, r in runs:
-            print(f"  {label} {phase}: {r['queued']:,} frames queued in {r['submit_s']:.1f} s; {r['claims']:,} claims "
-                  f"in the {r['window']:.1f} s window; {r['passes']:,} dispatch passes reading {r['pages']:,} pages"
-                  + (f"; {r['busy_errors']} busy errors retried" if r["busy_errors"] else "")
-                  + ("; THE QUEUE RAN DRY: claims/s is a lower bound (raise --saturated-frames)" if r["dry"] else ""))
+            print(
+                f"  {label} {phase}: {r['queued']:,} frames queued in {r['submit_s']:.1f} s; {r['claims']:,} claims "
+                f"in the {r['window']:.1f} s window; {r['passes']:,} dispatch passes reading {r['pages']:,} pages"
+                + (f"; {r['busy_errors']} busy errors retried" if r["busy_errors"] else "")
+                + ("; THE QUEUE RAN DRY: claims/s is a lower bound (raise --saturated-frames)" if r["dry"] else "")
+            )
 
         print("\ncapacity (needed claims/s = GPUs / frame seconds):")
         for label in dict.fromkeys(lbl for lbl, _, _ in runs):
@@ -486,16 +599,22 @@ def main() -> None:
             if farm is not None:
                 per_gpu_frame = sum(w * g for g, w in MIX if g) / sum(w for g, w in MIX if g)
                 need = gpus / per_gpu_frame / args.frame_seconds
-                print(f"  {label}: farm phase needed ~{need:,.0f} GPU claims/s to keep every device busy "
-                      f"(this mix: {per_gpu_frame:.2f} GPUs per GPU frame; CPU frames come on top), got "
-                      f"{farm['rate']:,.0f} claims/s with the GPUs {100 * farm['busy']:.0f}% busy")
-            print(f"  {label}: sustained {best:,.0f} claims/s -> on this {gpus:,}-GPU farm the store is the "
-                  f"bottleneck below frames of {gpus / best:.2f} s; 4,000 GPUs below {4000 / best:.1f} s, "
-                  f"10,000 GPUs below {10000 / best:.1f} s")
+                print(
+                    f"  {label}: farm phase needed ~{need:,.0f} GPU claims/s to keep every device busy "
+                    f"(this mix: {per_gpu_frame:.2f} GPUs per GPU frame; CPU frames come on top), got "
+                    f"{farm['rate']:,.0f} claims/s with the GPUs {100 * farm['busy']:.0f}% busy"
+                )
+            print(
+                f"  {label}: sustained {best:,.0f} claims/s -> on this {gpus:,}-GPU farm the store is the "
+                f"bottleneck below frames of {gpus / best:.2f} s; 4,000 GPUs below {4000 / best:.1f} s, "
+                f"10,000 GPUs below {10000 / best:.1f} s"
+            )
             for lbl, ph, r in runs:
                 if lbl == label and r["db_cpu_ms"] is not None:
-                    print(f"  {label} {ph}: database CPU {r['db_cpu_ms']:.2f} ms per claim (with its completion, "
-                          f"heartbeats and dispatch reads) -> one database core ~{1000 / r['db_cpu_ms']:,.0f} claims/s")
+                    print(
+                        f"  {label} {ph}: database CPU {r['db_cpu_ms']:.2f} ms per claim (with its completion, "
+                        f"heartbeats and dispatch reads) -> one database core ~{1000 / r['db_cpu_ms']:,.0f} claims/s"
+                    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,15 @@ def fake_backend(tmp: Path) -> FakeBackend:
     lines = ["host: bench", "state_dir: state", "devices:"]
     for i in range(N_DEVICES):
         lines.append("  - {model: NVIDIA A100-SXM4-80GB, memory: 80GiB}")
-        (state / f"{i}.json").write_text(json.dumps({"utilization_pct": 10 * i, "memory_used_bytes": i << 30,
-                                                     "processes": [{"pid": 100 + i, "memory_used_bytes": 1 << 30}]}))
+        (state / f"{i}.json").write_text(
+            json.dumps(
+                {
+                    "utilization_pct": 10 * i,
+                    "memory_used_bytes": i << 30,
+                    "processes": [{"pid": 100 + i, "memory_used_bytes": 1 << 30}],
+                }
+            )
+        )
     path = tmp / "gpus.yaml"
     path.write_text("\n".join(lines) + "\n")
     return FakeBackend(path)
@@ -63,10 +70,15 @@ def smi_stub(tmp: Path) -> Path:
     uuids = [f"GPU-{i:08x}-0000-0000-0000-000000000000" for i in range(N_DEVICES)]
     data = tmp / "smi"
     data.mkdir()
-    (data / "discover").write_text("".join(
-        f"{i}, {u}, NVIDIA A100-SXM4-80GB, 81920, 81000, 920, 0, 00000000:{i + 1:02X}:00.0, 550.54.15, 8.0, Disabled\n"
-        for i, u in enumerate(uuids)))
-    (data / "sample").write_text("".join(f"{u}, {i * 10}, {i * 1024}, {81920 - i * 1024}\n" for i, u in enumerate(uuids)))
+    (data / "discover").write_text(
+        "".join(
+            f"{i}, {u}, NVIDIA A100-SXM4-80GB, 81920, 81000, 920, 0, 00000000:{i + 1:02X}:00.0, 550.54.15, 8.0, Disabled\n"
+            for i, u in enumerate(uuids)
+        )
+    )
+    (data / "sample").write_text(
+        "".join(f"{u}, {i * 10}, {i * 1024}, {81920 - i * 1024}\n" for i, u in enumerate(uuids))
+    )
     (data / "apps").write_text("".join(f"{100 + i}, {u}, 1024\n" for i, u in enumerate(uuids)))
     bindir = tmp / "bin"
     bindir.mkdir()
@@ -74,9 +86,9 @@ def smi_stub(tmp: Path) -> Path:
     q = shlex.quote
     script.write_text(f"""#!/bin/sh
 case "$*" in
-  *--query-gpu=index*) exec /bin/cat {q(str(data / 'discover'))} ;;
-  *--query-gpu=uuid*) exec /bin/cat {q(str(data / 'sample'))} ;;
-  *--query-compute-apps*) exec /bin/cat {q(str(data / 'apps'))} ;;
+  *--query-gpu=index*) exec /bin/cat {q(str(data / "discover"))} ;;
+  *--query-gpu=uuid*) exec /bin/cat {q(str(data / "sample"))} ;;
+  *--query-compute-apps*) exec /bin/cat {q(str(data / "apps"))} ;;
 esac
 exit 2
 """)
@@ -110,10 +122,18 @@ def main() -> None:
         rows.append(("smi, 8 devices (1 spawn)", *timed(lambda: smi.sample(smi_uuids), 60)))
         rows.append(("smi, 8 devices + pids (2 spawns)", *timed(lambda: smi.sample(smi_uuids, {100, 103}), 40)))
         stub_argv = [str(bindir / "nvidia-smi"), "--query-gpu=uuid", "--format=csv,noheader,nounits"]
-        rows.append(("peer: the stub script alone", *timed(
-            lambda: subprocess.run(stub_argv, stdin=subprocess.DEVNULL, capture_output=True), 60)))
-        rows.append(("peer: spawn of /bin/true", *timed(
-            lambda: subprocess.run(["/bin/true"], stdin=subprocess.DEVNULL, capture_output=True), 60)))
+        rows.append(
+            (
+                "peer: the stub script alone",
+                *timed(lambda: subprocess.run(stub_argv, stdin=subprocess.DEVNULL, capture_output=True), 60),
+            )
+        )
+        rows.append(
+            (
+                "peer: spawn of /bin/true",
+                *timed(lambda: subprocess.run(["/bin/true"], stdin=subprocess.DEVNULL, capture_output=True), 60),
+            )
+        )
 
         double = load_nvml_double()
         nvml = NvmlBackend(nvml=double.h100_box(N_DEVICES))

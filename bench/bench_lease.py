@@ -55,8 +55,9 @@ def percentiles(samples_s: list[float]) -> str:
     def pick(q: float) -> float:
         return ms[min(len(ms) - 1, int(q * len(ms)))]
 
-    return (f"median {statistics.median(ms):.3f} ms  p95 {pick(0.95):.3f} ms  p99 {pick(0.99):.3f} ms  "
-            f"max {ms[-1]:.3f} ms")
+    return (
+        f"median {statistics.median(ms):.3f} ms  p95 {pick(0.95):.3f} ms  p99 {pick(0.99):.3f} ms  max {ms[-1]:.3f} ms"
+    )
 
 
 def floor_once(path: str) -> None:
@@ -95,13 +96,16 @@ def bench_in_process(iterations: int, lock_dir: str) -> None:
         with cuectl.lease(gpus=2, gpu_memory_min="16G"):
             pass
         samples.append(time.perf_counter() - t0)
-    print(f"cuectl.lease(gpus=2, gpu_memory_min='16G') (samples free memory), next {iterations}: {percentiles(samples)}")
+    print(
+        f"cuectl.lease(gpus=2, gpu_memory_min='16G') (samples free memory), next {iterations}: {percentiles(samples)}"
+    )
 
 
 def time_process(argv: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          timeout=120, env=env)
+    done = subprocess.run(
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120, env=env
+    )
     took = time.perf_counter() - t0
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.decode()[-500:]}")
@@ -117,8 +121,11 @@ def cuectl_argv() -> tuple[list[str], list[str], str]:
     exe = Path(sys.executable).with_name("cuectl")
     probe = subprocess.run([sys.executable, "-c", "import cuectl.cli.main"], capture_output=True)
     if probe.returncode != 0:
-        return [sys.executable, "-c", ENTRY], [sys.executable, "-c", MINI_CLI], \
-            "cuectl (typer path: minimal app, cuectl.cli.main not importable)"
+        return (
+            [sys.executable, "-c", ENTRY],
+            [sys.executable, "-c", MINI_CLI],
+            "cuectl (typer path: minimal app, cuectl.cli.main not importable)",
+        )
     if exe.exists():
         return [str(exe)], [str(exe)], "cuectl"
     return [sys.executable, "-c", ENTRY], [sys.executable, "-c", ENTRY], "cuectl"
@@ -152,13 +159,19 @@ def bench_processes(runs: int, cache_dir: str) -> None:
         ("true", [true], env),
         (run_true, [*base, "run", "--", true], env),
         (f"{name} run -- true, typer path (CUECTL_FULL_CLI=1)", [*full_base, "run", "--", true], full_env),
-        ("cuectl run --gpus 0 -- true, real discovery (no fake file)", [*base, "run", "--gpus", "0", "--", true],
-         no_fake_env),
+        (
+            "cuectl run --gpus 0 -- true, real discovery (no fake file)",
+            [*base, "run", "--gpus", "0", "--", true],
+            no_fake_env,
+        ),
         ("python -c 'pass'", [sys.executable, "-c", "pass"], env),
         (importing, [sys.executable, "-c", "import cuectl"], env),
         (floor, [sys.executable, "-c", spawn], env),
-        ("python -c 'cuectl.lease(gpus=1).release()'",
-         [sys.executable, "-c", "import cuectl; cuectl.lease(gpus=1).release()"], env),
+        (
+            "python -c 'cuectl.lease(gpus=1).release()'",
+            [sys.executable, "-c", "import cuectl; cuectl.lease(gpus=1).release()"],
+            env,
+        ),
     ]
     for _, argv, row_env in rows:  # warm-up: writes the bytecode cache, loads the files into the page cache
         time_process(argv, row_env)
@@ -189,8 +202,10 @@ def main() -> None:
             os.environ["CUECTL_FAKE_GPUS"] = str(fake)
         os.environ["CUECTL_LOCK_DIR"] = args.lock_dir or str(Path(tmp) / "locks")
         os.environ["CUECTL_CREATE_LOCK_DIR"] = "1"  # a throwaway lock dir of its own
-        print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, lock dir {os.environ['CUECTL_LOCK_DIR']}, "
-              f"GPUs from {os.environ['CUECTL_FAKE_GPUS']}")
+        print(
+            f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, lock dir {os.environ['CUECTL_LOCK_DIR']}, "
+            f"GPUs from {os.environ['CUECTL_FAKE_GPUS']}"
+        )
         bench_in_process(args.iterations, os.environ["CUECTL_LOCK_DIR"])
         bench_processes(args.runs, str(Path(tmp) / "pycache"))
 

@@ -140,8 +140,10 @@ def row(label: str, values: list[float], target: bool = False, width: int = 44) 
     if not values:
         return f"    {label:<{width}} no answers"
     p99 = pct(values, 0.99)
-    line = (f"    {label:<{width}} p50 {pct(values, 0.5):7.1f} ms   p99 {p99:7.1f} ms   "
-            f"max {max(values) * 1000:7.1f} ms   {len(values):5d} calls")
+    line = (
+        f"    {label:<{width}} p50 {pct(values, 0.5):7.1f} ms   p99 {p99:7.1f} ms   "
+        f"max {max(values) * 1000:7.1f} ms   {len(values):5d} calls"
+    )
     if target:
         line += f"   [target p99 < {P99_TARGET_MS:g} ms: {'met' if p99 < P99_TARGET_MS else 'MISSED'}]"
     return line
@@ -162,22 +164,41 @@ async def rest_get(conn: Conn, path: str) -> int:
     return size
 
 
-async def big_reads(port: int, rest: dict[str, int], headers: dict[str, str], big: int, calls: int,
-                    servers: dict[str, Server]) -> None:
+async def big_reads(
+    port: int, rest: dict[str, int], headers: dict[str, str], big: int, calls: int, servers: dict[str, Server]
+) -> None:
     async with grpc.aio.insecure_channel(f"{HOST}:{port}") as channel:
         jobs = job_pb2_grpc.JobInterfaceStub(channel)
         big_pb = job_pb2.Job(id=str(big))
         reads = [
-            Read("GetJobs include_finished", lambda: jobs.GetJobs(job_pb2.JobGetJobsRequest(
-                r=job_pb2.JobSearchCriteria(include_finished=True)), timeout=60), "/api/v1/jobs?limit=10000"),
-            Read("GetJobs (in the cue)", lambda: jobs.GetJobs(job_pb2.JobGetJobsRequest(
-                r=job_pb2.JobSearchCriteria()), timeout=60), "/api/v1/jobs?active=true&limit=10000"),
-            Read("GetFrames page 1 limit 1000", lambda: jobs.GetFrames(job_pb2.JobGetFramesRequest(
-                job=big_pb, req=job_pb2.FrameSearchCriteria(page=1, limit=1000)), timeout=60),
-                f"/api/v1/jobs/{big}/frames?limit=1000"),
-            Read("GetFrames limit 10000", lambda: jobs.GetFrames(job_pb2.JobGetFramesRequest(
-                job=big_pb, req=job_pb2.FrameSearchCriteria(page=1, limit=10000)), timeout=60),
-                f"/api/v1/jobs/{big}/frames?limit=10000"),
+            Read(
+                "GetJobs include_finished",
+                lambda: jobs.GetJobs(
+                    job_pb2.JobGetJobsRequest(r=job_pb2.JobSearchCriteria(include_finished=True)), timeout=60
+                ),
+                "/api/v1/jobs?limit=10000",
+            ),
+            Read(
+                "GetJobs (in the cue)",
+                lambda: jobs.GetJobs(job_pb2.JobGetJobsRequest(r=job_pb2.JobSearchCriteria()), timeout=60),
+                "/api/v1/jobs?active=true&limit=10000",
+            ),
+            Read(
+                "GetFrames page 1 limit 1000",
+                lambda: jobs.GetFrames(
+                    job_pb2.JobGetFramesRequest(job=big_pb, req=job_pb2.FrameSearchCriteria(page=1, limit=1000)),
+                    timeout=60,
+                ),
+                f"/api/v1/jobs/{big}/frames?limit=1000",
+            ),
+            Read(
+                "GetFrames limit 10000",
+                lambda: jobs.GetFrames(
+                    job_pb2.JobGetFramesRequest(job=big_pb, req=job_pb2.FrameSearchCriteria(page=1, limit=10000)),
+                    timeout=60,
+                ),
+                f"/api/v1/jobs/{big}/frames?limit=10000",
+            ),
         ]
         conns = {name: Conn(p, headers) for name, p in rest.items()}
         # Sizes, and one untimed call of each (the REST cache's first build, the server's imports).
@@ -185,8 +206,10 @@ async def big_reads(port: int, rest: dict[str, int], headers: dict[str, str], bi
             answer = await read.grpc_call()
             count = len(answer.jobs.jobs) if hasattr(answer, "jobs") else len(answer.frames.frames)
             size = {name: await rest_get(conn, read.rest_path) for name, conn in conns.items()}
-            print(f"  {read.label}: {count:,} rows; gRPC {answer.ByteSize():,} bytes, REST "
-                  f"`{read.rest_path}` {size['REST --cache 1']:,} bytes (JSON)")
+            print(
+                f"  {read.label}: {count:,} rows; gRPC {answer.ByteSize():,} bytes, REST "
+                f"`{read.rest_path}` {size['REST --cache 1']:,} bytes (JSON)"
+            )
         for read in reads:
             tally = Tally()
             cpu0 = {name: s.cpu_seconds() for name, s in servers.items()}
@@ -204,15 +227,23 @@ async def big_reads(port: int, rest: dict[str, int], headers: dict[str, str], bi
             for name in ("gRPC", *conns):
                 label = f"{'cuectl serve --opencue' if name == 'gRPC' else 'peer ' + name}"
                 print(row(label, tally.latencies[name], width=30))
-            print("    CPU over the round: " + ", ".join(f"{name} {(s.cpu_seconds() - cpu0[name]) / wall:.2f} cores"
-                                                      for name, s in servers.items()))
+            print(
+                "    CPU over the round: "
+                + ", ".join(f"{name} {(s.cpu_seconds() - cpu0[name]) / wall:.2f} cores" for name, s in servers.items())
+            )
         for conn in conns.values():
             conn.close()
 
 
 # -- part 2: CueGUI sessions ------------------------------------------------------------------------
-NAMES = ("GetJobs (monitored ids)", "GetLayers", "GetFrames page 1 limit 1000", "GetUpdatedFrames",
-         "HostInterface.GetHosts", "ProcInterface.GetProcs")
+NAMES = (
+    "GetJobs (monitored ids)",
+    "GetLayers",
+    "GetFrames page 1 limit 1000",
+    "GetUpdatedFrames",
+    "HostInterface.GetHosts",
+    "ProcInterface.GetProcs",
+)
 
 
 async def timed(tally: Tally, name: str, call: Awaitable[Any]) -> Any:
@@ -227,8 +258,16 @@ async def timed(tally: Tally, name: str, call: Awaitable[Any]) -> Any:
     return answer
 
 
-async def session(port: int, job_id: int, monitored: list[str], period: float, phase: float, rng: random.Random,
-                  tally: Tally, stop: asyncio.Event) -> None:
+async def session(
+    port: int,
+    job_id: int,
+    monitored: list[str],
+    period: float,
+    phase: float,
+    rng: random.Random,
+    tally: Tally,
+    stop: asyncio.Event,
+) -> None:
     """One CueGUI: Cuetopia's MonitorJobs, MonitorLayers and MonitorFrames on one job, and
     CueCommander's MonitorHosts and MonitorProcs, all on one channel (one connection)."""
     async with grpc.aio.insecure_channel(f"{HOST}:{port}") as channel:
@@ -245,32 +284,76 @@ async def session(port: int, job_id: int, monitored: list[str], period: float, p
                 break
             except asyncio.TimeoutError:
                 pass
-            await timed(tally, NAMES[0], jobs.GetJobs(job_pb2.JobGetJobsRequest(
-                r=job_pb2.JobSearchCriteria(ids=monitored, include_finished=True)), timeout=30))
+            await timed(
+                tally,
+                NAMES[0],
+                jobs.GetJobs(
+                    job_pb2.JobGetJobsRequest(r=job_pb2.JobSearchCriteria(ids=monitored, include_finished=True)),
+                    timeout=30,
+                ),
+            )
             await timed(tally, NAMES[1], jobs.GetLayers(job_pb2.JobGetLayersRequest(job=job), timeout=30))
             if tick % FULL_EVERY == 0:
-                answer = await timed(tally, NAMES[2], jobs.GetFrames(job_pb2.JobGetFramesRequest(
-                    job=job, req=job_pb2.FrameSearchCriteria(page=1, limit=1000)), timeout=30))
+                answer = await timed(
+                    tally,
+                    NAMES[2],
+                    jobs.GetFrames(
+                        job_pb2.JobGetFramesRequest(job=job, req=job_pb2.FrameSearchCriteria(page=1, limit=1000)),
+                        timeout=30,
+                    ),
+                )
                 last_check = int(time.time()) if answer is not None else last_check
             else:
-                answer = await timed(tally, NAMES[3], jobs.GetUpdatedFrames(job_pb2.JobGetUpdatedFramesRequest(
-                    job=job, last_check=last_check), timeout=30))
+                answer = await timed(
+                    tally,
+                    NAMES[3],
+                    jobs.GetUpdatedFrames(
+                        job_pb2.JobGetUpdatedFramesRequest(job=job, last_check=last_check), timeout=30
+                    ),
+                )
                 last_check = answer.server_time if answer is not None else last_check
-            await timed(tally, NAMES[4], hosts.GetHosts(host_pb2.HostGetHostsRequest(r=host_pb2.HostSearchCriteria()),
-                                                         timeout=30))
-            await timed(tally, NAMES[5], procs.GetProcs(host_pb2.ProcGetProcsRequest(
-                r=host_pb2.ProcSearchCriteria(max_results=[1000])), timeout=30))
+            await timed(
+                tally,
+                NAMES[4],
+                hosts.GetHosts(host_pb2.HostGetHostsRequest(r=host_pb2.HostSearchCriteria()), timeout=30),
+            )
+            await timed(
+                tally,
+                NAMES[5],
+                procs.GetProcs(
+                    host_pb2.ProcGetProcsRequest(r=host_pb2.ProcSearchCriteria(max_results=[1000])), timeout=30
+                ),
+            )
             tick += 1
             due = max(due + period * rng.uniform(0.9, 1.1), loop.time())
 
 
-async def sessions(port: int, count: int, job_id: int, monitored: list[list[str]], period: float,
-                   stop: asyncio.Event, tally: Tally | None = None) -> Tally:
+async def sessions(
+    port: int,
+    count: int,
+    job_id: int,
+    monitored: list[list[str]],
+    period: float,
+    stop: asyncio.Event,
+    tally: Tally | None = None,
+) -> Tally:
     rng = random.Random(34)  # CueGUIs are not in step: each starts at its own point of the period
     tally = tally or Tally()
-    tasks = [asyncio.create_task(session(port, job_id, monitored[i % len(monitored)], period,
-                                         rng.random() * period, random.Random(i), tally, stop))
-             for i in range(count)]
+    tasks = [
+        asyncio.create_task(
+            session(
+                port,
+                job_id,
+                monitored[i % len(monitored)],
+                period,
+                rng.random() * period,
+                random.Random(i),
+                tally,
+                stop,
+            )
+        )
+        for i in range(count)
+    ]
     await asyncio.gather(*tasks)
     return tally
 
@@ -285,21 +368,32 @@ def session_lines(tally: Tally, target: bool) -> list[str]:
 
 
 # -- part 3: the drain ---------------------------------------------------------------------------------
-async def drain_run(db: Path, env: dict[str, str], frames: int, port: int | None, count: int,
-                    monitored: list[list[str]], period: float,
-                    server_cpu: Callable[[], float] = lambda: 0.0) -> tuple[float, float, Tally | None]:
+async def drain_run(
+    db: Path,
+    env: dict[str, str],
+    frames: int,
+    port: int | None,
+    count: int,
+    monitored: list[list[str]],
+    period: float,
+    server_cpu: Callable[[], float] = lambda: 0.0,
+) -> tuple[float, float, Tally | None]:
     """The drain's seconds, the server's CPU seconds while the worker ran, the sessions' calls."""
     job_id = submit_drain_job(db, frames, gpus=1)
     stop = asyncio.Event()
     tally = Tally(recording=False)  # counted from the worker's start
-    load = (asyncio.create_task(sessions(port, count, job_id, [[str(job_id), *m] for m in monitored], period, stop,
-                                         tally)) if port is not None else None)
+    load = (
+        asyncio.create_task(sessions(port, count, job_id, [[str(job_id), *m] for m in monitored], period, stop, tally))
+        if port is not None
+        else None
+    )
     if load is not None:
         await asyncio.sleep(period)  # every session has polled once (each begins within its first period)
     tally.recording = True
     t0, cpu0 = time.perf_counter(), server_cpu()
-    proc = await asyncio.create_subprocess_exec(*cuectl(), "--db", str(db), "worker", "--until-idle", "--cores", "2",
-                                                "--poll", "0.05", "-q", env=env)
+    proc = await asyncio.create_subprocess_exec(
+        *cuectl(), "--db", str(db), "worker", "--until-idle", "--cores", "2", "--poll", "0.05", "-q", env=env
+    )
     rc = await proc.wait()
     elapsed, cpu = time.perf_counter() - t0, server_cpu() - cpu0
     tally.recording = False
@@ -324,45 +418,83 @@ def monitored_sets(db: Path, big: int, count: int) -> list[list[str]]:
 
 async def main_async(args: argparse.Namespace, tmp: Path) -> None:
     db = tmp / "opencue.db"
-    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1",
-               XDG_STATE_HOME=str(tmp / "state"), CUECTL_FAKE_GPUS=str(FAKE_GPUS), GRPC_VERBOSITY="ERROR")
+    env = dict(
+        os.environ,
+        CUECTL_LOCK_DIR=str(tmp / "locks"),
+        CUECTL_CREATE_LOCK_DIR="1",
+        XDG_STATE_HOME=str(tmp / "state"),
+        CUECTL_FAKE_GPUS=str(FAKE_GPUS),
+        GRPC_VERBOSITY="ERROR",
+    )
     t0 = time.perf_counter()
     big = build_store(db, args.jobs, args.frames)
     store = open_store(str(db))
     store.set_job_paused(big, True)  # the worker's fake GPUs would run it otherwise
     store.close()
-    print(f"store: {args.jobs:,} one-frame jobs ({len(range(0, args.jobs, 10)):,} waiting, paused; the rest finished)"
-          f" and a {args.frames:,}-frame job ({args.frames // 2:,} finished, paused), built in "
-          f"{time.perf_counter() - t0:.1f} s")
-    token = json.loads(subprocess.run([*cuectl(), "--db", str(db), "admin", "token", "create", "bench-viewer",
-                                       "--role", "viewer", "--json"], check=True, env=env, capture_output=True,
-                                      text=True).stdout)["secret"]
+    print(
+        f"store: {args.jobs:,} one-frame jobs ({len(range(0, args.jobs, 10)):,} waiting, paused; the rest finished)"
+        f" and a {args.frames:,}-frame job ({args.frames // 2:,} finished, paused), built in "
+        f"{time.perf_counter() - t0:.1f} s"
+    )
+    token = json.loads(
+        subprocess.run(
+            [*cuectl(), "--db", str(db), "admin", "token", "create", "bench-viewer", "--role", "viewer", "--json"],
+            check=True,
+            env=env,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )["secret"]
     headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
     stats = tmp / "cuebot.prof"
     serve = ["--db", str(db), "serve", "--opencue", f"{HOST}:0"]
-    cuebot = start_cuebot([sys.executable, "-c", _PROFILED.replace("OUT", repr(str(stats))), *serve]
-                          if args.profile else [*cuectl(), *serve], env)
+    cuebot = start_cuebot(
+        [sys.executable, "-c", _PROFILED.replace("OUT", repr(str(stats))), *serve]
+        if args.profile
+        else [*cuectl(), *serve],
+        env,
+    )
     rest: dict[str, Server] = {}
     try:
         for cache in ("1", "0"):
             port = free_port()
             rest[f"REST --cache {cache}"] = start_server(
-                [*cuectl(), "--db", str(db), "serve", "--host", HOST, "--port", str(port), "--cache", cache,
-                 "--no-access-log"], port, tmp / f"serve-{cache}.log", env)
+                [
+                    *cuectl(),
+                    "--db",
+                    str(db),
+                    "serve",
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(port),
+                    "--cache",
+                    cache,
+                    "--no-access-log",
+                ],
+                port,
+                tmp / f"serve-{cache}.log",
+                env,
+            )
         # Warm-up: a worker registers the fake-GPU host (GetHosts then has one to answer).
         await drain_run(db, env, 4, None, 0, [], 0.0)
-        print(f"servers: cuectl serve --opencue on port {cuebot.port}; peers: cuectl serve (REST) --cache 1 "
-              f"(the default) and --cache 0, the same store")
-        await big_reads(cuebot.port, {name: s.port for name, s in rest.items()}, headers, big, args.calls,
-                        {"gRPC": cuebot, **rest})
+        print(
+            f"servers: cuectl serve --opencue on port {cuebot.port}; peers: cuectl serve (REST) --cache 1 "
+            f"(the default) and --cache 0, the same store"
+        )
+        await big_reads(
+            cuebot.port, {name: s.port for name, s in rest.items()}, headers, big, args.calls, {"gRPC": cuebot, **rest}
+        )
         for server in rest.values():
             server.stop()
         rest.clear()
 
         monitored = monitored_sets(db, big, args.sessions)
-        print(f"CueGUI sessions: {args.sessions}, each its own channel, polling GetJobs of 20 monitored ids, "
-              f"GetLayers and GetFrames (page 1, limit 1000; first tick and every {FULL_EVERY}th) or "
-              f"GetUpdatedFrames of the job being drained, GetHosts, GetProcs; every P s +-10 % (CueGUI: 10 s)")
+        print(
+            f"CueGUI sessions: {args.sessions}, each its own channel, polling GetJobs of 20 monitored ids, "
+            f"GetLayers and GetFrames (page 1, limit 1000; first tick and every {FULL_EVERY}th) or "
+            f"GetUpdatedFrames of the job being drained, GetHosts, GetProcs; every P s +-10 % (CueGUI: 10 s)"
+        )
         # Peer: one session alone, no worker, on a job of the drain's size (none of its frames done).
         alone_job = submit_drain_job(db, args.drain_frames, gpus=1)
         store = open_store(str(db))
@@ -377,37 +509,54 @@ async def main_async(args: argparse.Namespace, tmp: Path) -> None:
         summary = []
         for period in args.periods:
             rate = "CueGUI's own rate" if period == 10 else f"{10 / period:g}x CueGUI's rate"
-            print(f"drain, sessions every {period:g} s ({rate}): {args.drain_frames:,} no-op frames of 1 GPU each, "
-                  f"one worker (--cores 2, 2 fake GPUs), alternately idle and with {args.sessions} sessions polling")
+            print(
+                f"drain, sessions every {period:g} s ({rate}): {args.drain_frames:,} no-op frames of 1 GPU each, "
+                f"one worker (--cores 2, 2 fake GPUs), alternately idle and with {args.sessions} sessions polling"
+            )
             rates: dict[bool, list[float]] = {False: [], True: []}
             loaded = Tally()
             for i in range(args.pairs):
                 for polling in (False, True):
                     client0 = time.process_time()
-                    elapsed, cpu, tally = await drain_run(db, env, args.drain_frames,
-                                                          cuebot.port if polling else None, args.sessions, monitored,
-                                                          period, cuebot.cpu_seconds)
+                    elapsed, cpu, tally = await drain_run(
+                        db,
+                        env,
+                        args.drain_frames,
+                        cuebot.port if polling else None,
+                        args.sessions,
+                        monitored,
+                        period,
+                        cuebot.cpu_seconds,
+                    )
                     rates[polling].append(args.drain_frames / elapsed)
                     extra = ""
                     if tally is not None:
                         loaded.merge(tally)
                         calls = sum(len(v) for v in tally.latencies.values())
                         client = (time.process_time() - client0) / (elapsed + period)
-                        extra = (f"   {calls / elapsed:6.1f} calls/s; gRPC server {cpu / elapsed:.2f} cores; "
-                                 f"the client {client:.2f}")
-                    print(f"    run {i + 1} {'polling' if polling else 'idle':<8} {elapsed:7.2f} s   "
-                          f"{rates[polling][-1]:7.1f} frames/s{extra}")
+                        extra = (
+                            f"   {calls / elapsed:6.1f} calls/s; gRPC server {cpu / elapsed:.2f} cores; "
+                            f"the client {client:.2f}"
+                        )
+                    print(
+                        f"    run {i + 1} {'polling' if polling else 'idle':<8} {elapsed:7.2f} s   "
+                        f"{rates[polling][-1]:7.1f} frames/s{extra}"
+                    )
             print(f"  {args.sessions} sessions polling every {period:g} s, while the worker drains (every polling run)")
             for line in session_lines(loaded, True):
                 print(line)
             idle, busy = (sum(rates[k]) / len(rates[k]) for k in (False, True))
             ratio = busy / idle
             met = "met" if 1 - ratio <= DRAIN_DROP_TARGET else "MISSED"
-            print(f"    drain rate polling/idle   {ratio:7.2f}   (idle {idle:.1f}, polling {busy:.1f} frames/s; drop "
-                  f"{100 * (1 - ratio):.0f} %)   [target drop <= {100 * DRAIN_DROP_TARGET:.0f} %: {met}]")
+            print(
+                f"    drain rate polling/idle   {ratio:7.2f}   (idle {idle:.1f}, polling {busy:.1f} frames/s; drop "
+                f"{100 * (1 - ratio):.0f} %)   [target drop <= {100 * DRAIN_DROP_TARGET:.0f} %: {met}]"
+            )
             every = [v for values in loaded.latencies.values() for v in values] or [0.0]
-            summary.append(f"    sessions every {period:>4g} s: every call p50 {pct(every, 0.5):7.1f} ms, "
-                           f"p99 {pct(every, 0.99):7.1f} ms; drain polling/idle {ratio:.2f}")
+            summary.append(
+                f"    sessions every {period:>4g} s: every call p50 {pct(every, 0.5):7.1f} ms, "
+                f"p99 {pct(every, 0.99):7.1f} ms; drain polling/idle {ratio:.2f}"
+            )
         print("summary")
         for line in summary:
             print(line)
@@ -425,8 +574,12 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=10_000)
     ap.add_argument("--calls", type=int, default=15, help="calls of each big read, per server")
     ap.add_argument("--sessions", type=int, default=50)
-    ap.add_argument("--periods", type=lambda text: [float(p) for p in text.split(",")], default=[10.0, 1.0],
-                    help="seconds between a session's polls, one drain series each (CueGUI: 10)")
+    ap.add_argument(
+        "--periods",
+        type=lambda text: [float(p) for p in text.split(",")],
+        default=[10.0, 1.0],
+        help="seconds between a session's polls, one drain series each (CueGUI: 10)",
+    )
     ap.add_argument("--drain-frames", type=int, default=1500)
     ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--profile", action="store_true")

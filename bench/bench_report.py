@@ -67,9 +67,11 @@ def cuectl() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
 
 
-ATTEMPT_COLUMNS = ("frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, started_at, ended_at, "
-                   "exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, usage, gpu_util_mean_pct, "
-                   "gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds, gpu_busy_seconds, gpu_models")
+ATTEMPT_COLUMNS = (
+    "frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, started_at, ended_at, "
+    "exit_code, exit_signal, timed_out, max_rss_bytes, cpu_seconds, cores, usage, gpu_util_mean_pct, "
+    "gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds, gpu_busy_seconds, gpu_models"
+)
 
 
 def build_store(url: str, frames: int, *, seed: int = 5) -> int:
@@ -85,8 +87,15 @@ def build_store(url: str, frames: int, *, seed: int = 5) -> int:
     for j in range(JOBS):
         count = per_job + (frames - per_job * JOBS if j == JOBS - 1 else 0)
         gpus = 0 if j % 5 == 4 else 1 + (j % 2)  # every fifth job is CPU-only; others 1-2 GPUs
-        spec = spec_from_flags(name=f"job{j:02d}", command=["true"], range=f"1-{count}", gpus=gpus,
-                               cores=4, user=USERS[j % len(USERS)], frame_limit=count)
+        spec = spec_from_flags(
+            name=f"job{j:02d}",
+            command=["true"],
+            range=f"1-{count}",
+            gpus=gpus,
+            cores=4,
+            user=USERS[j % len(USERS)],
+            frame_limit=count,
+        )
         job_id = store.submit(spec, now=t0)
         ids = sorted(f["id"] for f in store.list_frames(job=job_id, limit=count)[0])
         for frame_id in ids:
@@ -103,18 +112,44 @@ def build_store(url: str, frames: int, *, seed: int = 5) -> int:
                 util = rng.uniform(0, 100) if gpus else None
                 gpu_s = wall * gpus if gpus else None
                 busy = gpu_s * util / 100 if gpus else None
-                usage = {"gpu_util_mean_pct": util, "gpu_seconds": gpu_s, "gpu_busy_seconds": busy,
-                         "gpu_models": models} if gpus else None
-                rows.append((frame_id, attempt, job_id, host, json.dumps(uuids), "succeeded" if ok else "failed",
-                             waiting, start, end, 0 if ok else 1, None, 0, 2 << 30, wall * 0.9, 4.0,
-                             json.dumps(usage) if usage else None, util, util, (8 << 30) if gpus else None,
-                             gpu_s, busy, json.dumps(models) if gpus else None))
+                usage = (
+                    {"gpu_util_mean_pct": util, "gpu_seconds": gpu_s, "gpu_busy_seconds": busy, "gpu_models": models}
+                    if gpus
+                    else None
+                )
+                rows.append(
+                    (
+                        frame_id,
+                        attempt,
+                        job_id,
+                        host,
+                        json.dumps(uuids),
+                        "succeeded" if ok else "failed",
+                        waiting,
+                        start,
+                        end,
+                        0 if ok else 1,
+                        None,
+                        0,
+                        2 << 30,
+                        wall * 0.9,
+                        4.0,
+                        json.dumps(usage) if usage else None,
+                        util,
+                        util,
+                        (8 << 30) if gpus else None,
+                        gpu_s,
+                        busy,
+                        json.dumps(models) if gpus else None,
+                    )
+                )
                 waiting = end
             frame_updates.append((attempts, end, frame_id))
     insert = f"INSERT INTO attempts({ATTEMPT_COLUMNS}) VALUES ({', '.join(['?'] * 22)})"
     update = "UPDATE frames SET state = 'SUCCEEDED', attempts = ?, ended_at = ? WHERE id = ?"
     finish = "UPDATE jobs SET state = 'FINISHED', finished_at = ?"
     if url.startswith("postgres"):
+
         def write(conn) -> None:
             with conn.cursor() as cur:
                 cur.executemany(insert.replace("?", "%s"), rows)
@@ -182,13 +217,17 @@ def per_grouping(url: str, runs: int, peer_db: Path | None) -> None:
                 now = time.time()
                 peer += timed([shell, str(peer_db), peer_sql(by, now - 30 * 86400, now)], 1, peer_cpu)
         med = statistics.median(ours)
-        line = (f"  cuectl admin report {name:<15} {med:.3f} s (CPU {statistics.median(ours_cpu):.3f})"
-                f"  [goal < {GOAL_S:g} s: {'ok' if med < GOAL_S else 'OVER'}]")
+        line = (
+            f"  cuectl admin report {name:<15} {med:.3f} s (CPU {statistics.median(ours_cpu):.3f})"
+            f"  [goal < {GOAL_S:g} s: {'ok' if med < GOAL_S else 'OVER'}]"
+        )
         if peer:
             ratio = med / statistics.median(peer)
             worst = max(worst, ratio)
-            line += (f"   peer sqlite3 {statistics.median(peer):.3f} s (CPU {statistics.median(peer_cpu):.3f})"
-                     f"   {ratio:.2f}x [goal <= {GOAL_RATIO:g}x: {'ok' if ratio <= GOAL_RATIO else 'OVER'}]")
+            line += (
+                f"   peer sqlite3 {statistics.median(peer):.3f} s (CPU {statistics.median(peer_cpu):.3f})"
+                f"   {ratio:.2f}x [goal <= {GOAL_RATIO:g}x: {'ok' if ratio <= GOAL_RATIO else 'OVER'}]"
+            )
         print(line)
     if worst:
         print(f"  worst ratio over the groupings: {worst:.2f}x")
@@ -200,10 +239,13 @@ def measure(url: str, runs: int) -> float:
     by_user = timed([*cuectl(), "--db", url, "admin", "report", "--by", "user", "--since", "30d"], runs)
     med = statistics.median(by_user)
     verdict = "ok" if med < GOAL_S else "OVER GOAL"
-    print(f"cuectl admin report --by user --since 30d (whole process, median of {runs}): "
-          f"{med:.3f} s  [goal < {GOAL_S:g} s: {verdict}]  runs: {', '.join(f'{t:.3f}' for t in by_user)}")
-    prom = timed([*cuectl(), "--db", url, "admin", "report", "--by", "job", "--since", "30d",
-                  "--format", "prometheus"], runs)
+    print(
+        f"cuectl admin report --by user --since 30d (whole process, median of {runs}): "
+        f"{med:.3f} s  [goal < {GOAL_S:g} s: {verdict}]  runs: {', '.join(f'{t:.3f}' for t in by_user)}"
+    )
+    prom = timed(
+        [*cuectl(), "--db", url, "admin", "report", "--by", "job", "--since", "30d", "--format", "prometheus"], runs
+    )
     print(f"cuectl admin report --by job --format prometheus (median of {runs}): {statistics.median(prom):.3f} s")
     store = open_store(url)
     now = time.time()
@@ -218,9 +260,11 @@ def measure(url: str, runs: int) -> float:
     model_groups, _ = store.usage_summary(since=now - 30 * 86400, until=now, by="gpu-model")
     t_models = time.perf_counter() - t0
     store.close()
-    print(f"in-process: store.usage_summary --by user {t_sums * 1000:.0f} ms ({total.attempts:,} attempts), "
-          f"rows {t_rows * 1000:.1f} ms ({len(rows)} rows); --by gpu-model {t_models * 1000:.0f} ms "
-          f"({len(model_groups)} rows)")
+    print(
+        f"in-process: store.usage_summary --by user {t_sums * 1000:.0f} ms ({total.attempts:,} attempts), "
+        f"rows {t_rows * 1000:.1f} ms ({len(rows)} rows); --by gpu-model {t_models * 1000:.0f} ms "
+        f"({len(model_groups)} rows)"
+    )
     return med
 
 
@@ -229,9 +273,12 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=100_000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--keep", type=Path, help="build the SQLite store in this directory and keep it")
-    ap.add_argument("--postgres", action="store_true",
-                    help="also build the farm in PostgreSQL (a throwaway server from the installed binaries, "
-                         "as the tests start one) and measure the report there")
+    ap.add_argument(
+        "--postgres",
+        action="store_true",
+        help="also build the farm in PostgreSQL (a throwaway server from the installed binaries, "
+        "as the tests start one) and measure the report there",
+    )
     args = ap.parse_args()
 
     tmp = tempfile.TemporaryDirectory() if args.keep is None else None
@@ -244,8 +291,10 @@ def main() -> None:
     ENV["PYTHONPYCACHEPREFIX"] = pycache.name
     t0 = time.perf_counter()
     attempts = build_store(str(db), args.frames)
-    print(f"SQLite store: {args.frames:,} finished frames, {attempts:,} attempts, "
-          f"built in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"SQLite store: {args.frames:,} finished frames, {attempts:,} attempts, "
+        f"built in {time.perf_counter() - t0:.1f} s"
+    )
     timed([*cuectl(), "--db", str(db), "admin", "report", "--by", "gpu-model"], 1)  # compiles, caches bytecode
     measure(str(db), args.runs)
     per_grouping(str(db), args.runs, db)

@@ -45,11 +45,13 @@ def fake_gpus(root: Path) -> Path:
     state = root / "state"
     state.mkdir(parents=True, exist_ok=True)
     for i in range(DEVICES):
-        (state / f"{i}.json").write_text(json.dumps({"utilization_pct": 40 + 7 * i,
-                                                     "memory_used_bytes": (4 + i) << 30}))
+        (state / f"{i}.json").write_text(
+            json.dumps({"utilization_pct": 40 + 7 * i, "memory_used_bytes": (4 + i) << 30})
+        )
     spec = root / "gpus.yaml"
-    devices = "".join('  - model: "NVIDIA A100-SXM4-80GB"\n    vendor: NVIDIA\n    memory: 80GiB\n'
-                      for _ in range(DEVICES))
+    devices = "".join(
+        '  - model: "NVIDIA A100-SXM4-80GB"\n    vendor: NVIDIA\n    memory: 80GiB\n' for _ in range(DEVICES)
+    )
     spec.write_text(f"host: sampler\nstate_dir: {state}\ndevices:\n{devices}")
     return spec
 
@@ -78,8 +80,10 @@ def add_counters(db: Path) -> None:
     conn = sqlite3.connect(db)
     conn.execute("CREATE TABLE bench_writes(cause TEXT PRIMARY KEY, n INTEGER NOT NULL)")
     for cause, when in TRIGGERS.items():
-        conn.execute(f"CREATE TRIGGER bench_{cause} {when} BEGIN INSERT INTO bench_writes VALUES ('{cause}', 1) "
-                     "ON CONFLICT(cause) DO UPDATE SET n = n + 1; END")
+        conn.execute(
+            f"CREATE TRIGGER bench_{cause} {when} BEGIN INSERT INTO bench_writes VALUES ('{cause}', 1) "
+            "ON CONFLICT(cause) DO UPDATE SET n = n + 1; END"
+        )
     conn.commit()
     conn.close()
 
@@ -89,14 +93,47 @@ def run(root: Path, name: str, interval: float, seconds: float, spec: Path) -> d
     the samples stored and the rows written."""
     db = root / f"{name}.db"
     env = {**os.environ, "CUECTL_FAKE_GPUS": str(spec), "CUECTL_CREATE_LOCK_DIR": "1"}  # its own lock dir
-    job = subprocess.run([*cuectl(), "--db", str(db), "submit", "--name", name, "--range", f"1-{DEVICES}",
-                          "--gpus", "1", "--", "sleep", f"{seconds:g}"], env=env, check=True,
-                         capture_output=True, text=True)
+    job = subprocess.run(
+        [
+            *cuectl(),
+            "--db",
+            str(db),
+            "submit",
+            "--name",
+            name,
+            "--range",
+            f"1-{DEVICES}",
+            "--gpus",
+            "1",
+            "--",
+            "sleep",
+            f"{seconds:g}",
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert job.returncode == 0
     add_counters(db)
-    cmd = [*cuectl(), "--db", str(db), "worker", "--until-idle", "--quiet", "--cores", str(DEVICES),
-           "--poll", "0.05", "--lease-timeout", f"{BENCH_LEASE_S:g}", "--sample-interval", f"{interval:g}",
-           "--lock-dir", str(root / f"{name}-locks")]
+    cmd = [
+        *cuectl(),
+        "--db",
+        str(db),
+        "worker",
+        "--until-idle",
+        "--quiet",
+        "--cores",
+        str(DEVICES),
+        "--poll",
+        "0.05",
+        "--lease-timeout",
+        f"{BENCH_LEASE_S:g}",
+        "--sample-interval",
+        f"{interval:g}",
+        "--lock-dir",
+        str(root / f"{name}-locks"),
+    ]
     log = root / f"{name}-worker.log"
     t0 = time.perf_counter()
     with open(log, "wb") as err:
@@ -113,8 +150,14 @@ def run(root: Path, name: str, interval: float, seconds: float, spec: Path) -> d
     states = conn.execute("SELECT state, COUNT(*) FROM frames GROUP BY state").fetchall()
     conn.close()
     assert states == [("SUCCEEDED", DEVICES)], states
-    return {"cpu": usage.ru_utime + usage.ru_stime, "wall": wall, "points": sum(points),
-            "max_points": max(points), "writes": writes, "row_bytes": row_bytes}
+    return {
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "wall": wall,
+        "points": sum(points),
+        "max_points": max(points),
+        "writes": writes,
+        "row_bytes": row_bytes,
+    }
 
 
 def main() -> None:
@@ -135,12 +178,18 @@ def main() -> None:
         print(f"note: series reached the {MAX_POINTS}-point cap; shorten --seconds or lengthen --interval")
     per_sample = (sampled["cpu"] - base["cpu"]) / extra if extra > 0 else float("nan")
     print(f"{DEVICES} fake devices busy, {DEVICES} frames of {args.seconds:g} s, one device each")
-    print(f"  sampled every {args.interval:g} s: worker CPU {sampled['cpu']:.2f} s, {sampled['points']} device "
-          f"samples stored, wall {sampled['wall']:.1f} s")
-    print(f"  peer, start and end only:  worker CPU {base['cpu']:.2f} s, {base['points']} device samples stored, "
-          f"wall {base['wall']:.1f} s")
-    print(f"  CPU per device sample: {per_sample * 1000:.2f} ms  (per 8-device tick: {per_sample * 8000:.1f} ms; "
-          f"at the default 10 s interval, {per_sample * DEVICES / 10 * 100:.3f} % of one core)")
+    print(
+        f"  sampled every {args.interval:g} s: worker CPU {sampled['cpu']:.2f} s, {sampled['points']} device "
+        f"samples stored, wall {sampled['wall']:.1f} s"
+    )
+    print(
+        f"  peer, start and end only:  worker CPU {base['cpu']:.2f} s, {base['points']} device samples stored, "
+        f"wall {base['wall']:.1f} s"
+    )
+    print(
+        f"  CPU per device sample: {per_sample * 1000:.2f} ms  (per 8-device tick: {per_sample * 8000:.1f} ms; "
+        f"at the default 10 s interval, {per_sample * DEVICES / 10 * 100:.3f} % of one core)"
+    )
 
     for label, r in (("sampled", sampled), ("peer", base)):
         w = r["writes"]
@@ -160,16 +209,22 @@ def main() -> None:
     per_tick = (live_rows + live_series) / live_rows if live_rows else 0.0  # rows per frame per tick
     live_hourly = 3600 / DEFAULT_INTERVAL_S * per_tick
     base_live = base["writes"].get("frames_live", 0)
-    print(f"  per frame: {per_frame:.1f} rows once (claim, completion, attempt, one sample series per device "
-          f"written at the end, ~{sampled['row_bytes']:.0f} bytes, at most {MAX_POINTS} points)")
-    print(f"  live values: {ticks:.1f} writes per frame sampled every {args.interval:g} s, each "
-          f"{per_tick:.1f} rows (the frame row + its one-device series); the peer, whose frames never "
-          f"reach a second sample, wrote {base_live}. At the defaults (one tick every "
-          f"{DEFAULT_INTERVAL_S:g} s, one transaction for all frames of the worker) a frame-hour adds "
-          f"{live_hourly:.0f} rows")
-    print(f"  per heartbeat: 1 host row + {per_beat:.1f} lease rows for {DEVICES} running frames; at the defaults "
-          f"(one every {DEFAULT_HEARTBEAT_S:g} s) a frame-hour writes {per_frame + hourly + live_hourly:.0f} rows "
-          f"({hourly:.0f} of them heartbeats, {live_hourly:.0f} live values)")
+    print(
+        f"  per frame: {per_frame:.1f} rows once (claim, completion, attempt, one sample series per device "
+        f"written at the end, ~{sampled['row_bytes']:.0f} bytes, at most {MAX_POINTS} points)"
+    )
+    print(
+        f"  live values: {ticks:.1f} writes per frame sampled every {args.interval:g} s, each "
+        f"{per_tick:.1f} rows (the frame row + its one-device series); the peer, whose frames never "
+        f"reach a second sample, wrote {base_live}. At the defaults (one tick every "
+        f"{DEFAULT_INTERVAL_S:g} s, one transaction for all frames of the worker) a frame-hour adds "
+        f"{live_hourly:.0f} rows"
+    )
+    print(
+        f"  per heartbeat: 1 host row + {per_beat:.1f} lease rows for {DEVICES} running frames; at the defaults "
+        f"(one every {DEFAULT_HEARTBEAT_S:g} s) a frame-hour writes {per_frame + hourly + live_hourly:.0f} rows "
+        f"({hourly:.0f} of them heartbeats, {live_hourly:.0f} live values)"
+    )
     if tmp:
         tmp.cleanup()
 

@@ -59,8 +59,12 @@ def p99(values: list[float]) -> float:
 
 
 def start_server(db: Path, sock: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([*cuectl(), "--db", str(db), "serve", "--socket", str(sock), "--no-access-log"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*cuectl(), "--db", str(db), "serve", "--socket", str(sock), "--no-access-log"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 30
     while not (sock.exists() and os.stat(sock).st_mode & 0o002):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -94,19 +98,30 @@ def main() -> None:
             for label, make in calls.items():
                 via = {way: timed(make(s), args.calls) for way, s in ways.items()}
                 sm, fm = statistics.median(via["socket"]), statistics.median(via["file"])
-                print(f"   {label:<36} {sm:8.2f} {p99(via['socket']):8.2f}   | {fm:8.2f} {p99(via['file']):8.2f}"
-                      f"  | {sm / fm:5.2f}x")
+                print(
+                    f"   {label:<36} {sm:8.2f} {p99(via['socket']):8.2f}   | {fm:8.2f} {p99(via['file']):8.2f}"
+                    f"  | {sm / fm:5.2f}x"
+                )
             for s in ways.values():
                 s.close()
             print("\n2. whole commands (ms, median wall)          socket      file   ratio  extra  target")
             env = dict(os.environ)
-            commands = {"job list": ["job", "list"], "job show 1": ["job", "show", "1"],
-                        "submit -- true": ["submit", "--name", "cmd", "--", "true"]}
+            commands = {
+                "job list": ["job", "list"],
+                "job show 1": ["job", "show", "1"],
+                "submit -- true": ["submit", "--name", "cmd", "--", "true"],
+            }
             for label, words in commands.items():
                 walls = {}
                 for way, db_arg in (("socket", f"unix:{sock}"), ("file", str(db))):
-                    walls[way] = statistics.median(timed(lambda: subprocess.run(
-                        [*cuectl(), "--db", db_arg, *words], env=env, capture_output=True, check=True), args.commands))
+                    walls[way] = statistics.median(
+                        timed(
+                            lambda: subprocess.run(
+                                [*cuectl(), "--db", db_arg, *words], env=env, capture_output=True, check=True
+                            ),
+                            args.commands,
+                        )
+                    )
                 ratio, extra = walls["socket"] / walls["file"], walls["socket"] - walls["file"]
                 met = "met" if ratio <= RATIO_TARGET and extra <= EXTRA_MS_TARGET else "NOT met"
                 print(f"   {label:<38} {walls['socket']:8.1f} {walls['file']:8.1f}  {ratio:5.2f}x {extra:6.1f}  {met}")

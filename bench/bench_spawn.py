@@ -75,8 +75,14 @@ def on_main_thread(frames: int, work_s: float) -> float:
 def _libc_spawn() -> "ctypes._CFuncPtr":
     libc = ctypes.CDLL(None, use_errno=True)
     spawn = libc.posix_spawn
-    spawn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
-                      ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p)]
+    spawn.argtypes = [
+        ctypes.POINTER(ctypes.c_int),
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.POINTER(ctypes.c_char_p),
+    ]
     return spawn
 
 
@@ -138,16 +144,20 @@ def main() -> None:
     parser.add_argument("--work-ms", default="0.8,0.4", help="main-thread work per completion, ms (comma-separated)")
     parser.add_argument("--runs", type=int, default=3, help="alternating runs per figure (median)")
     args = parser.parse_args()
-    print(f"{args.frames} runs of {TRUE} through 2 slots, {len(ENV)} environment variables, "
-          f"median of {args.runs} alternating runs")
+    print(
+        f"{args.frames} runs of {TRUE} through 2 slots, {len(ENV)} environment variables, "
+        f"median of {args.runs} alternating runs"
+    )
     for work_ms in (float(w) for w in args.work_ms.split(",")):
         main_rates, helper_rates = [], []
         for _ in range(args.runs):
             main_rates.append(on_main_thread(args.frames, work_ms / 1e3))
             helper_rates.append(on_helper_thread(args.frames, work_ms / 1e3))
         main_rate, helper_rate = statistics.median(main_rates), statistics.median(helper_rates)
-        print(f"  {work_ms:.2f} ms of work a frame: main thread {main_rate:,.0f}/s, helper thread "
-              f"{helper_rate:,.0f}/s, helper / main {helper_rate / main_rate:.2f}")
+        print(
+            f"  {work_ms:.2f} ms of work a frame: main thread {main_rate:,.0f}/s, helper thread "
+            f"{helper_rate:,.0f}/s, helper / main {helper_rate / main_rate:.2f}"
+        )
 
 
 if __name__ == "__main__":

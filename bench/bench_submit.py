@@ -49,8 +49,10 @@ def raw_executemany(path: Path, n: int) -> float:
     rows = [(i + 1, 1, 1, i + 1, str(i + 1), "WAITING", now) for i in range(n)]
     t0 = time.perf_counter()
     conn.execute("BEGIN IMMEDIATE")
-    conn.executemany("INSERT INTO frames(id, job_id, layer_id, number, frames, state, waiting_since) "
-                     "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    conn.executemany(
+        "INSERT INTO frames(id, job_id, layer_id, number, frames, state, waiting_since) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
     conn.execute("COMMIT")
     elapsed = time.perf_counter() - t0
     conn.close()
@@ -96,15 +98,22 @@ def whole_process_sqlite(tmp: Path, n: int, runs: int) -> tuple[float, float]:
     for i in range(runs):  # alternating: both see the same machine load
         db = tmp / f"whole{i}.db"
         open_store(str(db)).close()
-        mine.append(timed([*cuectl(), "--db", str(db), "submit", "--name", "big", "--range", f"1-{n}", "--", "true"],
-                          1, dict(os.environ, CUECTL_FRAME_LIMIT=str(max(n, 1))))[0])
+        mine.append(
+            timed(
+                [*cuectl(), "--db", str(db), "submit", "--name", "big", "--range", f"1-{n}", "--", "true"],
+                1,
+                dict(os.environ, CUECTL_FRAME_LIMIT=str(max(n, 1))),
+            )[0]
+        )
         peer = tmp / f"peer{i}.db"
         open_store(str(peer)).close()
         with sqlite3.connect(peer) as conn:  # a job and layer row, as a submit has (the frames' parents)
             conn.execute("INSERT INTO jobs(id, name, \"user\", created_at) VALUES (1, 'big', 'bench', 0)")
-            conn.execute("INSERT INTO layers(id, job_id, idx, name, command, range, chunk, gpus, gpu_models, "
-                         "gpu_memory_min_bytes, cores, memory_bytes, retries, env, tags, depends) VALUES "
-                         "(1, 1, 0, 'main', '[]', '1', 1, 0, '[]', 0, 1, 0, 0, '{}', '[]', '[]')")
+            conn.execute(
+                "INSERT INTO layers(id, job_id, idx, name, command, range, chunk, gpus, gpu_models, "
+                "gpu_memory_min_bytes, cores, memory_bytes, retries, env, tags, depends) VALUES "
+                "(1, 1, 0, 'main', '[]', '1', 1, 0, '[]', 0, 1, 0, 0, '{}', '[]', '[]')"
+            )
         raw.append(timed([sys.executable, "-c", _RAW_SQLITE, str(peer), str(n)], 1)[0])
     return min(mine), min(raw)
 
@@ -119,8 +128,13 @@ def whole_process_postgres(tmp: Path, n: int, runs: int, pg_url: str | None) -> 
     for _ in range(runs):
         url = backends.postgres()
         open_store(url).close()
-        mine.append(timed([*cuectl(), "--db", url, "submit", "--name", "big", "--range", f"1-{n}", "--", "true"],
-                          1, dict(os.environ, CUECTL_FRAME_LIMIT=str(max(n, 1))))[0])
+        mine.append(
+            timed(
+                [*cuectl(), "--db", url, "submit", "--name", "big", "--range", f"1-{n}", "--", "true"],
+                1,
+                dict(os.environ, CUECTL_FRAME_LIMIT=str(max(n, 1))),
+            )[0]
+        )
         peer = backends.postgres()
         store = open_store(peer)
         store.submit(spec_from_flags(name="parent", command=["true"], user="bench"), now=time.time())
@@ -179,12 +193,16 @@ def main() -> None:
 
         mine, raw = whole_process_sqlite(tmpdir, args.frames, args.runs)
         print(f"whole processes, submit {args.frames:,} frames (best of {args.runs}, alternating)")
-        print(f"  SQLite: cuectl submit {mine * 1000:8.1f} ms, python3 raw executemany {raw * 1000:8.1f} ms, "
-              f"ratio {mine / raw:5.2f} x   (goal <= 2x)")
+        print(
+            f"  SQLite: cuectl submit {mine * 1000:8.1f} ms, python3 raw executemany {raw * 1000:8.1f} ms, "
+            f"ratio {mine / raw:5.2f} x   (goal <= 2x)"
+        )
         if args.postgres or args.pg_url:
             mine, raw = whole_process_postgres(tmpdir, args.frames, args.runs, args.pg_url)
-            print(f"  PostgreSQL: cuectl submit {mine * 1000:8.1f} ms, python3 raw COPY {raw * 1000:8.1f} ms, "
-                  f"ratio {mine / raw:5.2f} x   (goal <= 2x)")
+            print(
+                f"  PostgreSQL: cuectl submit {mine * 1000:8.1f} ms, python3 raw COPY {raw * 1000:8.1f} ms, "
+                f"ratio {mine / raw:5.2f} x   (goal <= 2x)"
+            )
 
 
 if __name__ == "__main__":

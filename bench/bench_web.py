@@ -47,7 +47,7 @@ from cuectl.sched.store import open_store
 from cuectl.sched.store.base import FrameResult, LiveUsage
 
 HOST = "127.0.0.1"
-GIB = 1024 ** 3
+GIB = 1024**3
 TARGET_S = 1.0
 CHROMIUM = os.environ.get("CUECTL_CHROMIUM") or "/usr/bin/chromium"
 PLAYED_HOST = "bench-host"
@@ -77,14 +77,28 @@ class PlayedWorker:
         self.completed = 0
 
     def _claim(self, store):
-        return store.claim_frame(self.layer_id, host=PLAYED_HOST, worker="bench-w", gpu_uuids=[],
-                                      now=time.time(), lease_s=3600.0)
+        return store.claim_frame(
+            self.layer_id, host=PLAYED_HOST, worker="bench-w", gpu_uuids=[], now=time.time(), lease_s=3600.0
+        )
 
     def publish(self, store, util: float) -> None:
         now = time.time()
-        store.record_live_usage(PLAYED_HOST, [
-            LiveUsage(frame_id=c.frame_id, attempt=c.attempt, sampled_at=now, util_pct=util,
-                      memory_used_bytes=int((2 + util / 50) * GIB), samples={}) for c in self.claims if c], now=now)
+        store.record_live_usage(
+            PLAYED_HOST,
+            [
+                LiveUsage(
+                    frame_id=c.frame_id,
+                    attempt=c.attempt,
+                    sampled_at=now,
+                    util_pct=util,
+                    memory_used_bytes=int((2 + util / 50) * GIB),
+                    samples={},
+                )
+                for c in self.claims
+                if c
+            ],
+            now=now,
+        )
 
     def start(self) -> None:
         def run() -> None:
@@ -95,8 +109,9 @@ class PlayedWorker:
                 if tick % 4 == 0 and self.claims and self.claims[0] is not None:
                     done = self.claims.pop(0)
                     now = time.time()
-                    store.complete_frame(done.frame_id, done.attempt,
-                                         FrameResult(exit_code=0, started_at=now - 2, ended_at=now), now=now)
+                    store.complete_frame(
+                        done.frame_id, done.attempt, FrameResult(exit_code=0, started_at=now - 2, ended_at=now), now=now
+                    )
                     self.completed += 1
                     self.claims.append(self._claim(store))
                 self.publish(store, 30 + (tick * 7) % 60)
@@ -152,8 +167,13 @@ def main() -> int:
         return 1
 
     tmp = Path(tempfile.mkdtemp(prefix="cuectl-bench-web-"))
-    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1",
-               XDG_STATE_HOME=str(tmp / "state"), CUECTL_LOCK_REGISTRY=str(tmp / "lock-registry"))
+    env = dict(
+        os.environ,
+        CUECTL_LOCK_DIR=str(tmp / "locks"),
+        CUECTL_CREATE_LOCK_DIR="1",
+        XDG_STATE_HOME=str(tmp / "state"),
+        CUECTL_LOCK_REGISTRY=str(tmp / "lock-registry"),
+    )
     for key in ("CUECTL_DB", "CUECTL_FAKE_GPUS", "CUECTL_LOG_DIR"):
         env.pop(key, None)
     db = tmp / "web.db"
@@ -161,20 +181,32 @@ def main() -> int:
     played = None
     try:
         store = open_store(str(db), create=True)
-        job_id = store.submit(spec_from_flags(name="bench-web", command=["true"], range=f"1-{args.frames}", gpus=1,
-                                              user="bench"), now=time.time())
+        job_id = store.submit(
+            spec_from_flags(name="bench-web", command=["true"], range=f"1-{args.frames}", gpus=1, user="bench"),
+            now=time.time(),
+        )
         layer_id = store.get_job(job_id)["layers"][0]["id"]
         store.close()
         played = PlayedWorker(db, layer_id, min(args.running, args.frames))
         played.publish(played.store, 40)
-        token = json.loads(subprocess.run([*cuectl(), "--db", str(db), "admin", "token", "create", "bench-viewer",
-                                           "--role", "viewer", "--json"], check=True, env=env, capture_output=True,
-                                          text=True).stdout)["secret"]
+        token = json.loads(
+            subprocess.run(
+                [*cuectl(), "--db", str(db), "admin", "token", "create", "bench-viewer", "--role", "viewer", "--json"],
+                check=True,
+                env=env,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )["secret"]
         port = free_port()
         url = f"http://{HOST}:{port}"
         log = open(tmp / "serve.log", "wb")
-        server = subprocess.Popen([*cuectl(), "--db", str(db), "serve", "--host", HOST, "--port", str(port),
-                                   "--no-access-log"], env=env, stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [*cuectl(), "--db", str(db), "serve", "--host", HOST, "--port", str(port), "--no-access-log"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -185,11 +217,15 @@ def main() -> int:
                     print((tmp / "serve.log").read_text(), file=sys.stderr)
                     return 1
                 time.sleep(0.05)
-        req = urllib.request.Request(f"{url}/api/v1/jobs/{job_id}/frames?attempts=false&limit=10000",
-                                     headers={"Authorization": f"Bearer {token}"})
+        req = urllib.request.Request(
+            f"{url}/api/v1/jobs/{job_id}/frames?attempts=false&limit=10000",
+            headers={"Authorization": f"Bearer {token}"},
+        )
         full_bytes = len(urllib.request.urlopen(req, timeout=30).read())
-        print(f"store: one job of {args.frames:,} frames, {len(played.claims)} RUNNING; the whole frame list "
-              f"(attempts=false) is {full_bytes:,} bytes")
+        print(
+            f"store: one job of {args.frames:,} frames, {len(played.claims)} RUNNING; the whole frame list "
+            f"(attempts=false) is {full_bytes:,} bytes"
+        )
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             context = browser.new_context(viewport={"width": 1280, "height": 800})
@@ -223,8 +259,12 @@ SCROLLER = """const scroller = () => { const t = document.getElementById('frames
   return (el && el !== document.body) ? el : document.scrollingElement; };"""
 # Scroll the table to its end (again on each call: a big job's list arrives in parts) and
 # say whether the row of frame ``id`` is there.
-AT_END = "id => { " + SCROLLER + """ const s = scroller(); s.scrollTop = s.scrollHeight;
+AT_END = (
+    "id => { "
+    + SCROLLER
+    + """ const s = scroller(); s.scrollTop = s.scrollHeight;
   return !!document.querySelector(`#frames-table tr[data-frame-id="${id}"]`); }"""
+)
 TO_TOP = "() => { " + SCROLLER + " scroller().scrollTop = 0; }"
 TIMINGS = """id => {
   const e = performance.getEntriesByType('resource'), nav = performance.getEntriesByType('navigation')[0];
@@ -270,23 +310,31 @@ def measure(context, url: str, job_id: int, args: argparse.Namespace, played: Pl
         page.close()
     met = "met" if statistics.median(opened) < TARGET_S and statistics.median(chip_on) < TARGET_S else "NOT met"
     met_all = "met" if statistics.median(whole) < TARGET_S else "NOT met"
-    print(f"open #/jobs/{job_id} in a new tab -> first rows: {median_range(opened)} "
-          f"({min(rendered):,}-{max(rendered):,} rows in the DOM of {args.frames:,})")
+    print(
+        f"open #/jobs/{job_id} in a new tab -> first rows: {median_range(opened)} "
+        f"({min(rendered):,}-{max(rendered):,} rows in the DOM of {args.frames:,})"
+    )
 
     def mid(key: str) -> float:
         values = [p[key] for p in phases if p.get(key) is not None]
         return statistics.median(values) if values else float("nan")
 
     print(f"  the whole list in the table (the last row reachable by scrolling): {median_range(whole)}")
-    print(f"  in the page (median ms from navigation start): scripts loaded {mid('scripts_end'):.0f}, "
-          f"DOMContentLoaded {mid('dom'):.0f}; the list in {mid('parts'):.0f} request(s): the first sent at "
-          f"{mid('first_start'):.0f} (server's wait {mid('first_wait'):.0f}), in at {mid('first_end'):.0f}; "
-          f"the rest: server's wait {mid('rest_wait'):.0f}, {mid('rest_bytes'):,.0f} bytes, in at {mid('last_end'):.0f}")
+    print(
+        f"  in the page (median ms from navigation start): scripts loaded {mid('scripts_end'):.0f}, "
+        f"DOMContentLoaded {mid('dom'):.0f}; the list in {mid('parts'):.0f} request(s): the first sent at "
+        f"{mid('first_start'):.0f} (server's wait {mid('first_wait'):.0f}), in at {mid('first_end'):.0f}; "
+        f"the rest: server's wait {mid('rest_wait'):.0f}, {mid('rest_bytes'):,.0f} bytes, in at {mid('last_end'):.0f}"
+    )
     print(f"scroll from the first row to the last (list loaded): {median_range(to_end)}")
-    print(f"RUNNING chip on -> only the {running} RUNNING rows: {median_range(chip_on)}; "
-          f"off -> all rows again: {median_range(chip_off)}")
-    print(f"target: rows and a chip filter in < {TARGET_S:g} s (median): {met}; "
-          f"the whole list in < {TARGET_S:g} s: {met_all}")
+    print(
+        f"RUNNING chip on -> only the {running} RUNNING rows: {median_range(chip_on)}; "
+        f"off -> all rows again: {median_range(chip_off)}"
+    )
+    print(
+        f"target: rows and a chip filter in < {TARGET_S:g} s (median): {met}; "
+        f"the whole list in < {TARGET_S:g} s: {met_all}"
+    )
 
     # -- live ticks --------------------------------------------------------------------------
     page = context.new_page()
@@ -315,19 +363,28 @@ def measure(context, url: str, job_id: int, args: argparse.Namespace, played: Pl
             continue
         response = request.response()
         sizes = request.sizes()
-        by_kind[kind].append((response.status if response else 0,
-                              max(0, sizes["responseBodySize"]) + max(0, sizes["responseHeadersSize"])))
+        by_kind[kind].append(
+            (
+                response.status if response else 0,
+                max(0, sizes["responseBodySize"]) + max(0, sizes["responseHeadersSize"]),
+            )
+        )
     ticks = len(by_kind.get("job", []))
     total = sum(b for rows in by_kind.values() for _, b in rows)
-    print(f"live: {elapsed:.1f} s, {ticks} ticks, {played.completed - completed0} frames ended meanwhile, "
-          f"live values changed every 0.5 s")
+    print(
+        f"live: {elapsed:.1f} s, {ticks} ticks, {played.completed - completed0} frames ended meanwhile, "
+        f"live values changed every 0.5 s"
+    )
     for kind, rows in sorted(by_kind.items()):
-        statuses = ", ".join(f"{n}x {s}" for s, n in sorted(
-            {s: sum(1 for st, _ in rows if st == s) for s, _ in rows}.items()))
+        statuses = ", ".join(
+            f"{n}x {s}" for s, n in sorted({s: sum(1 for st, _ in rows if st == s) for s, _ in rows}.items())
+        )
         print(f"  {kind:<22} {len(rows):>4} requests ({statuses}), {sum(b for _, b in rows):>9,} bytes")
     per_tick = total / ticks if ticks else float("nan")
-    print(f"bytes per live tick (bodies + headers): {per_tick:,.0f} "
-          f"(the whole frame list is {full_bytes:,}: {per_tick / full_bytes * 100:.2f} % of it)")
+    print(
+        f"bytes per live tick (bodies + headers): {per_tick:,.0f} "
+        f"(the whole frame list is {full_bytes:,}: {per_tick / full_bytes * 100:.2f} % of it)"
+    )
     full = len(by_kind.get("frames (whole list)", []))
     print(f"whole-list fetches during the ticks: {full}")
     page.close()

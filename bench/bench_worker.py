@@ -52,19 +52,29 @@ def cuectl() -> list[str]:
 
 def _cuectl_env(tmp: Path) -> tuple[dict[str, str], str]:
     """The environment of a cuectl run in ``tmp`` (its own locks, state and no GPUs), and its store."""
-    env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp / "locks"), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(tmp / "state"),
-               CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
+    env = dict(
+        os.environ,
+        CUECTL_LOCK_DIR=str(tmp / "locks"),
+        CUECTL_CREATE_LOCK_DIR="1",
+        XDG_STATE_HOME=str(tmp / "state"),
+        CUECTL_FAKE_GPUS=str(_no_gpus(tmp)),
+    )
     return env, str(tmp / "bench.db")
 
 
 def bench_cuectl(tmp: Path, frames: int) -> tuple[float, float]:
     env, db = _cuectl_env(tmp)
     t0 = time.perf_counter()
-    subprocess.run([*cuectl(), "--db", db, "submit", "--name", "noop", "--range", f"1-{frames}", "--", "true"],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*cuectl(), "--db", db, "submit", "--name", "noop", "--range", f"1-{frames}", "--", "true"],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     t1 = time.perf_counter()
-    subprocess.run([*cuectl(), "--db", db, "worker", "--until-idle", "--cores", "2", "--poll", "0.05", "-q"],
-                   check=True, env=env)
+    subprocess.run(
+        [*cuectl(), "--db", db, "worker", "--until-idle", "--cores", "2", "--poll", "0.05", "-q"], check=True, env=env
+    )
     t2 = time.perf_counter()
     return t2 - t0, t2 - t1
 
@@ -74,8 +84,9 @@ def bench_cuectl_running(tmp: Path, frames: int) -> float:
     already up and idle (started, registered, polling every 0.05 s; `--max-frames` makes it
     exit after the last frame), then the clock runs from the `submit` to the worker's exit."""
     env, db = _cuectl_env(tmp)
-    worker = subprocess.Popen([*cuectl(), "--db", db, "worker", "--max-frames", str(frames), "--cores", "2",
-                               "--poll", "0.05", "-q"], env=env)
+    worker = subprocess.Popen(
+        [*cuectl(), "--db", db, "worker", "--max-frames", str(frames), "--cores", "2", "--poll", "0.05", "-q"], env=env
+    )
     heartbeat = tmp / "state" / "cuectl" / "worker" / "bench" / "heartbeat"
     deadline = time.monotonic() + 60
     while True:  # ready: registered with the store (the heartbeat file says when it last reached it)
@@ -89,8 +100,12 @@ def bench_cuectl_running(tmp: Path, frames: int) -> float:
         time.sleep(0.01)
     time.sleep(0.2)  # into its idle loop
     t0 = time.perf_counter()
-    subprocess.run([*cuectl(), "--db", db, "submit", "--name", "noop", "--range", f"1-{frames}", "--", "true"],
-                   check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [*cuectl(), "--db", db, "submit", "--name", "noop", "--range", f"1-{frames}", "--", "true"],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     if worker.wait(300) != 0:
         raise SystemExit(f"the worker failed (exit {worker.returncode})")
     return time.perf_counter() - t0
@@ -125,20 +140,42 @@ def bench_tsp(tmp: Path, frames: int, *, keep_output: bool = False) -> float | N
 
 def _in_process_worker(tmp: Path, frames: int, name: str):
     """A 2-slot worker in this process, with a ``frames``-frame no-op job queued in its own store."""
-    os.environ.update(CUECTL_LOCK_DIR=str(tmp / f"{name}-locks"), CUECTL_CREATE_LOCK_DIR="1",
-                      XDG_STATE_HOME=str(tmp / f"{name}-state"), CUECTL_FAKE_GPUS=str(_no_gpus(tmp)))
+    os.environ.update(
+        CUECTL_LOCK_DIR=str(tmp / f"{name}-locks"),
+        CUECTL_CREATE_LOCK_DIR="1",
+        XDG_STATE_HOME=str(tmp / f"{name}-state"),
+        CUECTL_FAKE_GPUS=str(_no_gpus(tmp)),
+    )
     from cuectl import config
     from cuectl.run.service import build_worker
     from cuectl.sched.spec import spec_from_flags
     from cuectl.sched.store import open_store
 
     store = open_store(str(tmp / f"{name}.db"))
-    store.submit(spec_from_flags(name="noop", command=["true"], range=f"1-{frames}",
-                                 # The worker's own user: a root worker runs frames as their
-                                 # submitter, and an unknown one would fail every frame.
-                                 user=config.current_user()), now=time.time())
-    worker, _ = build_worker(store, name="bench", until_idle=True, max_frames=None, poll=0.05,
-                             sample_interval=10, lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
+    store.submit(
+        spec_from_flags(
+            name="noop",
+            command=["true"],
+            range=f"1-{frames}",
+            # The worker's own user: a root worker runs frames as their
+            # submitter, and an unknown one would fail every frame.
+            user=config.current_user(),
+        ),
+        now=time.time(),
+    )
+    worker, _ = build_worker(
+        store,
+        name="bench",
+        until_idle=True,
+        max_frames=None,
+        poll=0.05,
+        sample_interval=10,
+        lease_timeout=60,
+        gpu_only=False,
+        lock_dir=None,
+        tags=[],
+        cores=2,
+    )
     return worker
 
 
@@ -151,7 +188,9 @@ def profile_drain(tmp: Path, frames: int) -> str:
     Supervisor(worker).run()
     prof.disable()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats(os.environ.get("PROF_SORT", "tottime")).print_stats(int(os.environ.get("PROF_N", "15")))
+    pstats.Stats(prof, stream=out).sort_stats(os.environ.get("PROF_SORT", "tottime")).print_stats(
+        int(os.environ.get("PROF_N", "15"))
+    )
     return out.getvalue()
 
 
@@ -174,16 +213,28 @@ def cpu_child(tmp: Path, frames: int) -> None:
         done = db.execute("SELECT COUNT(*) FROM frames WHERE state = 'SUCCEEDED'").fetchone()[0]
     if done != frames:
         sys.exit(f"bench_worker: {frames - done} of {frames} frames did not succeed in the in-process drain")
-    print(json.dumps({"frames": worker.claimed_total, "wall": wall, "user": me2.ru_utime - me.ru_utime,
-                      "system": me2.ru_stime - me.ru_stime,
-                      "frames_cpu": kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime}))
+    print(
+        json.dumps(
+            {
+                "frames": worker.claimed_total,
+                "wall": wall,
+                "user": me2.ru_utime - me.ru_utime,
+                "system": me2.ru_stime - me.ru_stime,
+                "frames_cpu": kids2.ru_utime + kids2.ru_stime - kids.ru_utime - kids.ru_stime,
+            }
+        )
+    )
 
 
 def bench_cpu(tmp: Path, frames: int) -> dict[str, float]:
     """The worker's own CPU time a frame (``cpu_child`` in a fresh process: the bench's
     process must not become the frames' subreaper, nor share warm caches with a drain)."""
-    out = subprocess.run([sys.executable, __file__, "--cpu-child", str(tmp), "--frames", str(frames)], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--cpu-child", str(tmp), "--frames", str(frames)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     doc = json.loads(out.strip().splitlines()[-1])
     n = max(1, int(doc["frames"]))
     return {k: float(doc[k]) * 1000 / n for k in ("wall", "user", "system", "frames_cpu")}
@@ -194,8 +245,11 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=3, help="alternating cuectl / task-spooler runs (medians)")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--dir", help="where the store, logs and task-spooler's files go (default: the system's temporary "
-                                   "directory); e.g. /dev/shm to leave the disk's filesystem out")
+    ap.add_argument(
+        "--dir",
+        help="where the store, logs and task-spooler's files go (default: the system's temporary "
+        "directory); e.g. /dev/shm to leave the disk's filesystem out",
+    )
     ap.add_argument("--cpu-child", metavar="DIR", help=argparse.SUPPRESS)  # bench_cpu's own process
     args = ap.parse_args()
     if args.cpu_child:
@@ -232,31 +286,45 @@ def main() -> None:
         print(f"  cuectl submit + worker     {total:7.2f} s   {args.frames / total:7.1f} frames/s")
         print(f"  cuectl worker drain only   {drain:7.2f} s   {args.frames / drain:7.1f} frames/s")
         up = statistics.median(running)
-        print(f"  cuectl, worker already up  {up:7.2f} s   {args.frames / up:7.1f} frames/s   (submit + drain; "
-              "started and idle before the clock, as task-spooler's server is)")
+        print(
+            f"  cuectl, worker already up  {up:7.2f} s   {args.frames / up:7.1f} frames/s   (submit + drain; "
+            "started and idle before the clock, as task-spooler's server is)"
+        )
         if not tsps:
             print("  task-spooler               not installed (apt-get install task-spooler)")
         else:
             tsp = statistics.median(tsps)
             print(f"  task-spooler (tsp -S 2)    {tsp:7.2f} s   {args.frames / tsp:7.1f} jobs/s")
-            print(f"  ratio cuectl/tsp (rates)   {tsp / total:7.2f}     submit + drain; drain only {tsp / drain:.2f} "
-                  "(goal, issue 19: >= 1.0)")
+            print(
+                f"  ratio cuectl/tsp (rates)   {tsp / total:7.2f}     submit + drain; drain only {tsp / drain:.2f} "
+                "(goal, issue 19: >= 1.0)"
+            )
             print("  per run (submit + drain):  " + ", ".join(f"{t / c:.2f}" for c, t in zip(totals, tsps)))
             out = statistics.median(tsps_out)
-            print(f"  task-spooler keeping output {out:6.2f} s   {args.frames / out:7.1f} jobs/s   (plain `tsp true`, its "
-                  "default: a file per job, as cuectl's log per frame)")
-            print(f"  ratio cuectl/tsp keeping output {out / total:5.2f}     submit + drain; drain only {out / drain:.2f}")
-            print(f"  like for like (both servers up before the clock): cuectl / tsp -n {tsp / up:.2f}, "
-                  f"cuectl / tsp keeping output {out / up:.2f}")
+            print(
+                f"  task-spooler keeping output {out:6.2f} s   {args.frames / out:7.1f} jobs/s   (plain `tsp true`, its "
+                "default: a file per job, as cuectl's log per frame)"
+            )
+            print(
+                f"  ratio cuectl/tsp keeping output {out / total:5.2f}     submit + drain; drain only {out / drain:.2f}"
+            )
+            print(
+                f"  like for like (both servers up before the clock): cuectl / tsp -n {tsp / up:.2f}, "
+                f"cuectl / tsp keeping output {out / up:.2f}"
+            )
         cpu_ms = {k: statistics.median(c[k] for c in cpus) for k in cpus[0]}
-        print(f"  the worker's own CPU a frame {cpu_ms['user'] + cpu_ms['system']:5.2f} ms   (user {cpu_ms['user']:.2f}, "
-              f"system {cpu_ms['system']:.2f}; a drain in process, start-up left out: wall {cpu_ms['wall']:.2f} ms a "
-              f"frame; the frames' own CPU {cpu_ms['frames_cpu']:.2f} ms)")
+        print(
+            f"  the worker's own CPU a frame {cpu_ms['user'] + cpu_ms['system']:5.2f} ms   (user {cpu_ms['user']:.2f}, "
+            f"system {cpu_ms['system']:.2f}; a drain in process, start-up left out: wall {cpu_ms['wall']:.2f} ms a "
+            f"frame; the frames' own CPU {cpu_ms['frames_cpu']:.2f} ms)"
+        )
         if tsps:
             per_job = statistics.median(tsps) * 1000 / args.frames
-            print(f"  task-spooler's wall a job    {per_job:5.2f} ms   the worker's own CPU a frame is "
-                  f"{(cpu_ms['user'] + cpu_ms['system']) / per_job:.2f}x it (above 1: out of the one-thread loop's "
-                  "reach)")
+            print(
+                f"  task-spooler's wall a job    {per_job:5.2f} ms   the worker's own CPU a frame is "
+                f"{(cpu_ms['user'] + cpu_ms['system']) / per_job:.2f}x it (above 1: out of the one-thread loop's "
+                "reach)"
+            )
         if args.profile:
             print(profile_drain(tmpdir, args.frames))
 

@@ -46,8 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 FAKE_GPUS = REPO / "examples" / "fake-gpus.yaml"
 SHOW = "testing"
 # Status codes that mean the server, not the client, could not answer a view.
-BAD_CODES = {"UNIMPLEMENTED", "INTERNAL", "UNKNOWN", "INVALID_ARGUMENT", "UNAUTHENTICATED",
-             "PERMISSION_DENIED"}
+BAD_CODES = {"UNIMPLEMENTED", "INTERNAL", "UNKNOWN", "INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED"}
 SCREENSHOT_LIMIT = 200 * 1024
 SERVING = re.compile(r"serving OpenCue's gRPC protocol on \S+ \(port (\d+)\)")
 
@@ -70,6 +69,7 @@ def say(message: str) -> None:
 
 # -- the orchestrator: store, worker, server, then each GUI program as its own process ------
 
+
 class Farm:
     """A store, a worker on fake GPUs and `cuectl serve --opencue`, in ``tmp``."""
 
@@ -83,8 +83,7 @@ class Farm:
         self.server_log: list[str] = []
 
     def run(self, *args: str, timeout: float = 60) -> str:
-        res = subprocess.run([*self.cuectl, *args], capture_output=True, text=True, timeout=timeout,
-                             cwd=self.tmp)
+        res = subprocess.run([*self.cuectl, *args], capture_output=True, text=True, timeout=timeout, cwd=self.tmp)
         if res.returncode != 0:
             raise Failed(f"cuectl {' '.join(args)} exited {res.returncode}: {res.stderr.strip()}")
         return res.stdout
@@ -109,15 +108,24 @@ class Farm:
     def start_worker(self) -> None:
         log = open(self.tmp / "worker.log", "wb")
         # --cores 4: room for CueSubmit's frames beside the GPU frame on a machine of any size.
-        proc = subprocess.Popen([*self.cuectl, "worker", "--poll", "0.2", "--sample-interval", "1",
-                                 "--cores", "4"],
-                                env={**os.environ, "CUECTL_FAKE_GPUS": str(FAKE_GPUS), "CUECTL_KILL_GRACE": "1"},
-                                cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*self.cuectl, "worker", "--poll", "0.2", "--sample-interval", "1", "--cores", "4"],
+            env={**os.environ, "CUECTL_FAKE_GPUS": str(FAKE_GPUS), "CUECTL_KILL_GRACE": "1"},
+            cwd=self.tmp,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append(("worker", proc))
 
     def start_server(self) -> None:
-        proc = subprocess.Popen([*self.cuectl, "serve", "--opencue", "127.0.0.1:0"], cwd=self.tmp,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [*self.cuectl, "serve", "--opencue", "127.0.0.1:0"],
+            cwd=self.tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.procs.append(("server", proc))
         assert proc.stdout is not None
         deadline = time.monotonic() + 30
@@ -156,8 +164,14 @@ class Farm:
                 raise Failed(f"the {name} exited ({proc.returncode}) during the check; its log is in {self.tmp}")
 
 
-def wait(what: str, probe: Callable[[], Any], timeout: float, *, tick: Callable[[], None] | None = None,
-         seen: Callable[[], str] | None = None) -> Any:
+def wait(
+    what: str,
+    probe: Callable[[], Any],
+    timeout: float,
+    *,
+    tick: Callable[[], None] | None = None,
+    seen: Callable[[], str] | None = None,
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
@@ -176,12 +190,19 @@ def orchestrate(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="cuegui-check-"))
     # Nothing of the user's: the store, device locks and CueGUI's/CueSubmit's settings
     # (QSettings under XDG_CONFIG_HOME) all in tmp; pycue reads only the config named here.
-    os.environ.update({
-        "XDG_STATE_HOME": str(tmp / "xdg-state"), "XDG_CONFIG_HOME": str(tmp / "config"),
-        "CUECTL_LOCK_DIR": str(tmp / "locks"), "CUECTL_CREATE_LOCK_DIR": "1",
-        "CUECTL_LOCK_REGISTRY": str(tmp / "lock-registry"), "CUECTL_RUN_CACHE": str(tmp / "run.cache"),
-        "OPENCUE_CONFIG_FILE": str(tmp / "opencue.yaml"), "NO_COLOR": "1", "GRPC_VERBOSITY": "ERROR",
-    })
+    os.environ.update(
+        {
+            "XDG_STATE_HOME": str(tmp / "xdg-state"),
+            "XDG_CONFIG_HOME": str(tmp / "config"),
+            "CUECTL_LOCK_DIR": str(tmp / "locks"),
+            "CUECTL_CREATE_LOCK_DIR": "1",
+            "CUECTL_LOCK_REGISTRY": str(tmp / "lock-registry"),
+            "CUECTL_RUN_CACHE": str(tmp / "run.cache"),
+            "OPENCUE_CONFIG_FILE": str(tmp / "opencue.yaml"),
+            "NO_COLOR": "1",
+            "GRPC_VERBOSITY": "ERROR",
+        }
+    )
     for name in ("CUECTL_DB", "CUECTL_LOG_DIR", "CUECTL_FAKE_GPUS", "CUEBOT_FACILITY", "SHOW", "SHOT"):
         os.environ.pop(name, None)
     (tmp / "opencue.yaml").write_text("cuebot.timeout: 10000\n")
@@ -191,9 +212,21 @@ def orchestrate(args: argparse.Namespace) -> int:
     try:
         user = getpass.getuser()
         job = f"{SHOW}-sh010-{user}_gpu-render"
-        spec = {"name": job, "show": SHOW, "shot": "sh010",
-                "layers": [{"name": "render", "command": [sys.executable, "-u", "-c", FRAME, "#IFRAME#"],
-                            "range": "1-3", "gpus": 1, "cores": 1, "max_running": 1}]}
+        spec = {
+            "name": job,
+            "show": SHOW,
+            "shot": "sh010",
+            "layers": [
+                {
+                    "name": "render",
+                    "command": [sys.executable, "-u", "-c", FRAME, "#IFRAME#"],
+                    "range": "1-3",
+                    "gpus": 1,
+                    "cores": 1,
+                    "max_running": 1,
+                }
+            ],
+        }
         (tmp / "job.json").write_text(json.dumps(spec))
         job_id = farm.run("submit", str(tmp / "job.json")).strip()
         farm.start_worker()
@@ -208,14 +241,26 @@ def orchestrate(args: argparse.Namespace) -> int:
         frames = wait("a frame of the GPU job RUNNING on the worker", running, 60)
         host = frames[0]["host"]
         rqlog = farm.rqlog(job_id, job, frames[0]["name"])
-        wait(f"three log lines in {rqlog}",
-             lambda: rqlog.exists() and rqlog.read_text(errors="replace").count("\n") >= 3, 30)
+        wait(
+            f"three log lines in {rqlog}",
+            lambda: rqlog.exists() and rqlog.read_text(errors="replace").count("\n") >= 3,
+            30,
+        )
         hosts = {h["name"]: h for h in farm.json("host", "list")["hosts"]}
         total = len(hosts[host]["gpus"])
         held = sum(len(f["gpu_uuids"]) for f in running() if f["host"] == host)
-        context = {"job": job, "job_id": job_id, "host": host, "gpus": total, "idle_gpus": total - held,
-                   "frame": frames[0]["name"], "frame_number": frames[0]["number"], "rqlog": str(rqlog),
-                   "screenshots": str(shots), "user": user}
+        context = {
+            "job": job,
+            "job_id": job_id,
+            "host": host,
+            "gpus": total,
+            "idle_gpus": total - held,
+            "frame": frames[0]["name"],
+            "frame_number": frames[0]["number"],
+            "rqlog": str(rqlog),
+            "screenshots": str(shots),
+            "user": user,
+        }
         (tmp / "context.json").write_text(json.dumps(context))
         say(f"{host}: {total} GPUs, {held} held by running frames: CueCommander must show {total - held} idle")
 
@@ -252,9 +297,23 @@ def run_gui(app: str, tmp: Path, farm: Farm, timeout: float = 180) -> list[str]:
         env["SHOW"] = SHOW  # Monitor Cue monitors $SHOW at start, as for an artist in a show's shell
     with open(log, "wb") as out:
         try:
-            proc = subprocess.run([sys.executable, __file__, "--app", app, "--context", str(tmp / "context.json"),
-                                   "--result", str(result)], env=env, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=timeout, cwd=tmp)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--app",
+                    app,
+                    "--context",
+                    str(tmp / "context.json"),
+                    "--result",
+                    str(result),
+                ],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                cwd=tmp,
+            )
         except subprocess.TimeoutExpired:
             return [f"{app}: did not finish in {timeout:.0f} s (log: {log})"]
     if not result.exists():
@@ -276,9 +335,11 @@ def check_cuesubmit(tmp: Path, farm: Farm) -> list[str]:
     try:
         for name in submitted:
             shown = farm.json("job", "show", name)
-            say(f"cuesubmit: ok: `cuectl job show --json {name}`: id {shown['id']}, user {shown['user']}, "
+            say(
+                f"cuesubmit: ok: `cuectl job show --json {name}`: id {shown['id']}, user {shown['user']}, "
                 f"show {shown['show']}, shot {shown['shot']}, layers "
-                + ", ".join(f"{layer['name']} {layer['range']} {layer['command']!r}" for layer in shown["layers"]))
+                + ", ".join(f"{layer['name']} {layer['range']} {layer['command']!r}" for layer in shown["layers"])
+            )
             if shown["show"] != SHOW or shown["shot"] != "sh020":
                 raise Failed(f"cuesubmit: job {name}: show/shot {shown['show']}/{shown['shot']}, not {SHOW}/sh020")
 
@@ -286,8 +347,10 @@ def check_cuesubmit(tmp: Path, farm: Farm) -> list[str]:
                 farm.check_alive()
                 frames = farm.json("frame", "list", "--job", str(shown["id"]))["frames"]
                 if any(f["state"] in ("DEAD", "EATEN") for f in frames):
-                    raise Failed(f"cuesubmit: job {name}: a frame failed: "
-                                 + "; ".join(f"{f['name']} {f['state']} {f.get('failure')}" for f in frames))
+                    raise Failed(
+                        f"cuesubmit: job {name}: a frame failed: "
+                        + "; ".join(f"{f['name']} {f['state']} {f.get('failure')}" for f in frames)
+                    )
                 return frames if frames and all(f["state"] == "SUCCEEDED" for f in frames) else None
 
             frames = wait(f"cuesubmit: job {name}'s frames SUCCEEDED on the worker", done, 90)
@@ -301,6 +364,7 @@ def check_cuesubmit(tmp: Path, farm: Farm) -> list[str]:
 
 
 # -- inside each GUI program ---------------------------------------------------------------
+
 
 class Recorder:
     """Every gRPC call pycue makes, by method and status code (a client-side interceptor on
@@ -377,8 +441,9 @@ class Gui:
             self.app.processEvents()
             time.sleep(0.02)
 
-    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 45,
-             seen: Callable[[], str] | None = None) -> Any:
+    def wait(
+        self, what: str, probe: Callable[[], Any], timeout: float = 45, seen: Callable[[], str] | None = None
+    ) -> Any:
         return wait(what, probe, timeout, tick=lambda: self.spin(0.2), seen=seen)
 
     def find(self, class_name: str) -> Any:
@@ -475,8 +540,7 @@ def gui_main(args: argparse.Namespace) -> int:
     if gui is not None:
         gui.spin(1)  # let the views' last polls land before judging the calls
     failures += recorder.bad
-    Path(args.result).write_text(json.dumps({"passed": passed, "failures": failures, "calls": recorder.calls,
-                                             **extra}))
+    Path(args.result).write_text(json.dumps({"passed": passed, "failures": failures, "calls": recorder.calls, **extra}))
     if gui is not None:
         gui.close()
     sys.stdout.flush()
@@ -497,27 +561,37 @@ def cuetopia(gui: Gui, ctx: dict[str, Any], passed: list[str]) -> None:
     box.clear()
     gui.QtTest.QTest.keyClicks(box, job)
     gui.QtTest.QTest.keyClick(box, gui.QtCore.Qt.Key_Return)
-    row = gui.wait(f"Monitor Jobs lists {job}",
-                   lambda: next((r for r in gui.rows(jobs) if r["#0"] == job), None),
-                   seen=lambda: gui.show_rows(gui.rows(jobs), "#0", "State"))
+    row = gui.wait(
+        f"Monitor Jobs lists {job}",
+        lambda: next((r for r in gui.rows(jobs) if r["#0"] == job), None),
+        seen=lambda: gui.show_rows(gui.rows(jobs), "#0", "State"),
+    )
     if row.get("Running") != "1":
-        raise Failed(f"Monitor Jobs: {job} shows Running {row.get('Running')!r}, not '1' "
-                     f"(state {row.get('State')!r}, done/total {row.get('Done/Total')!r})")
-    passed.append(f"Monitor Jobs lists {job}: State {row.get('State')!r}, Done/Total {row.get('Done/Total')!r}, "
-                  f"Running {row.get('Running')!r}, Wait {row.get('Wait')!r}")
+        raise Failed(
+            f"Monitor Jobs: {job} shows Running {row.get('Running')!r}, not '1' "
+            f"(state {row.get('State')!r}, done/total {row.get('Done/Total')!r})"
+        )
+    passed.append(
+        f"Monitor Jobs lists {job}: State {row.get('State')!r}, Done/Total {row.get('Done/Total')!r}, "
+        f"Running {row.get('Running')!r}, Wait {row.get('Wait')!r}"
+    )
 
     gui.open_plugin("LogView")
     gui.window.resizeDocks([gui.find("LogViewPlugin")], [560], gui.QtCore.Qt.Horizontal)  # room for the lines
     gui.click(jobs, row["__item__"], double=True)  # double-click: Monitor Job Details shows it
     layers = gui.find("LayerMonitorTree")
     frames = gui.find("FrameMonitorTree")
-    layer = gui.wait("Monitor Job Details lists the job's layer render",
-                     lambda: next((r for r in gui.rows(layers) if r.get("Name") == "render"), None),
-                     seen=lambda: gui.show_rows(gui.rows(layers), "Name"))
+    layer = gui.wait(
+        "Monitor Job Details lists the job's layer render",
+        lambda: next((r for r in gui.rows(layers) if r.get("Name") == "render"), None),
+        seen=lambda: gui.show_rows(gui.rows(layers), "Name"),
+    )
     if layer.get("Gpus") != "1" or layer.get("Total") != "3":
         raise Failed(f"layer render: Gpus {layer.get('Gpus')!r} Total {layer.get('Total')!r}, not '1' and '3'")
-    passed.append(f"Monitor Job Details: layer render, Range {layer.get('Range')!r}, Gpus {layer.get('Gpus')!r}, "
-                  f"Total {layer.get('Total')!r}, Run {layer.get('Run')!r}")
+    passed.append(
+        f"Monitor Job Details: layer render, Range {layer.get('Range')!r}, Gpus {layer.get('Gpus')!r}, "
+        f"Total {layer.get('Total')!r}, Run {layer.get('Run')!r}"
+    )
 
     def running_row() -> Any:
         rows = gui.rows(frames)
@@ -525,23 +599,32 @@ def cuetopia(gui: Gui, ctx: dict[str, Any], passed: list[str]) -> None:
             return None
         return next((r for r in rows if r.get("Frame") == frame_number and r.get("Status") == "RUNNING"), None)
 
-    frame = gui.wait(f"the frame monitor shows frame {frame_number} RUNNING among 3 frames", running_row,
-                     seen=lambda: gui.show_rows(gui.rows(frames), "Frame", "Status", "Host"))
+    frame = gui.wait(
+        f"the frame monitor shows frame {frame_number} RUNNING among 3 frames",
+        running_row,
+        seen=lambda: gui.show_rows(gui.rows(frames), "Frame", "Status", "Host"),
+    )
     others = sorted(r.get("Status") for r in gui.rows(frames) if r.get("Frame") != frame_number)
     if others != ["WAITING", "WAITING"]:
         raise Failed(f"the other frames show {others}, not WAITING (one runs at a time)")
     if not frame.get("Host", "").startswith(ctx["host"] + "/") or frame.get("GPUs") != "1":
-        raise Failed(f"frame {frame_number}: Host {frame.get('Host')!r} GPUs {frame.get('GPUs')!r}, "
-                     f"not {ctx['host']}/... with 1 GPU")
-    passed.append(f"frame monitor: frame {frame_number} Status RUNNING, Host {frame.get('Host')!r}, "
-                  f"GPUs {frame.get('GPUs')!r}, Last Line {frame.get('Last Line')!r}; the others WAITING")
+        raise Failed(
+            f"frame {frame_number}: Host {frame.get('Host')!r} GPUs {frame.get('GPUs')!r}, "
+            f"not {ctx['host']}/... with 1 GPU"
+        )
+    passed.append(
+        f"frame monitor: frame {frame_number} Status RUNNING, Host {frame.get('Host')!r}, "
+        f"GPUs {frame.get('GPUs')!r}, Last Line {frame.get('Last Line')!r}; the others WAITING"
+    )
 
     gui.click(frames, frame["__item__"])  # one click: LogView shows the frame's log
     logview = gui.find("LogViewWidget")
     expected = f"cuegui-check frame {frame_number} line "
-    text = gui.wait("LogView shows the running frame's log",
-                    lambda: expected in logview._content_box.toPlainText() and logview._content_box.toPlainText(),
-                    seen=lambda: f"it shows {logview._content_box.toPlainText()[-200:]!r}")
+    text = gui.wait(
+        "LogView shows the running frame's log",
+        lambda: expected in logview._content_box.toPlainText() and logview._content_box.toPlainText(),
+        seen=lambda: f"it shows {logview._content_box.toPlainText()[-200:]!r}",
+    )
     path = logview._path.text()
     if path != ctx["rqlog"]:
         raise Failed(f"LogView opened {path!r}, not {ctx['rqlog']!r} (<Job.log_dir>/<job>.<frame>.rqlog)")
@@ -557,30 +640,42 @@ def cuecommander(gui: Gui, ctx: dict[str, Any], passed: list[str]) -> None:
     job, host = ctx["job"], ctx["host"]
     shots = Path(ctx["screenshots"])
     cue = gui.find("CueJobMonitorTree")
-    gui.wait(f"Monitor Cue ($SHOW={SHOW}) lists {job}",
-             lambda: any(r.get("Job") == job for r in gui.rows(cue)),
-             seen=lambda: gui.show_rows(gui.rows(cue), "Job"))
+    gui.wait(
+        f"Monitor Cue ($SHOW={SHOW}) lists {job}",
+        lambda: any(r.get("Job") == job for r in gui.rows(cue)),
+        seen=lambda: gui.show_rows(gui.rows(cue), "Job"),
+    )
     passed.append(f"Monitor Cue lists {job} under show {SHOW}")
 
     gui.open_plugin("Monitor Hosts")
     hosts = gui.find("HostMonitorTree")
-    row = gui.wait(f"Monitor Hosts lists {host}",
-                   lambda: next((r for r in gui.rows(hosts) if r.get("Name") == host), None),
-                   seen=lambda: gui.show_rows(gui.rows(hosts), "Name"))
+    row = gui.wait(
+        f"Monitor Hosts lists {host}",
+        lambda: next((r for r in gui.rows(hosts) if r.get("Name") == host), None),
+        seen=lambda: gui.show_rows(gui.rows(hosts), "Name"),
+    )
     if row.get("GPUs") != str(ctx["gpus"]) or row.get("Idle GPUs") != str(ctx["idle_gpus"]):
-        raise Failed(f"Monitor Hosts: {host} shows GPUs {row.get('GPUs')!r}, Idle GPUs {row.get('Idle GPUs')!r}; "
-                     f"the store says {ctx['gpus']} and {ctx['idle_gpus']} idle (total minus the running frames')")
-    passed.append(f"Monitor Hosts: {host} GPUs {row.get('GPUs')!r}, Idle GPUs {row.get('Idle GPUs')!r}, "
-                  f"Cores {row.get('Cores')!r}, Idle Cores {row.get('Idle Cores')!r}, "
-                  f"GPU Mem {row.get('GPU Mem')!r}, GPU Mem Idle {row.get('GPU Mem Idle')!r}, {row.get('Hardware')!r}")
+        raise Failed(
+            f"Monitor Hosts: {host} shows GPUs {row.get('GPUs')!r}, Idle GPUs {row.get('Idle GPUs')!r}; "
+            f"the store says {ctx['gpus']} and {ctx['idle_gpus']} idle (total minus the running frames')"
+        )
+    passed.append(
+        f"Monitor Hosts: {host} GPUs {row.get('GPUs')!r}, Idle GPUs {row.get('Idle GPUs')!r}, "
+        f"Cores {row.get('Cores')!r}, Idle Cores {row.get('Idle Cores')!r}, "
+        f"GPU Mem {row.get('GPU Mem')!r}, GPU Mem Idle {row.get('GPU Mem Idle')!r}, {row.get('Hardware')!r}"
+    )
 
     gui.click(hosts, row["__item__"], double=True)  # double-click a host: its procs below
     procs = gui.find("ProcMonitorTree")
-    proc = gui.wait(f"the proc monitor lists the running frame on {host}",
-                    lambda: next((r for r in gui.rows(procs) if r.get("Job") == job), None),
-                    seen=lambda: gui.show_rows(gui.rows(procs), "Name", "Job"))
-    passed.append(f"procs of {host}: {proc.get('Name')!r} of {job}, Cores {proc.get('Cores')!r}, "
-                  f"Mem Reserved {proc.get('Mem Reserved')!r}")
+    proc = gui.wait(
+        f"the proc monitor lists the running frame on {host}",
+        lambda: next((r for r in gui.rows(procs) if r.get("Job") == job), None),
+        seen=lambda: gui.show_rows(gui.rows(procs), "Name", "Job"),
+    )
+    passed.append(
+        f"procs of {host}: {proc.get('Name')!r} of {job}, Cores {proc.get('Cores')!r}, "
+        f"Mem Reserved {proc.get('Mem Reserved')!r}"
+    )
     passed.append(gui.screenshot(gui.window, shots / "cuegui-hosts.png"))
 
 
@@ -591,12 +686,28 @@ def cuesubmit(ctx: dict[str, Any], passed: list[str]) -> list[str]:
     from cuesubmit import JobTypes, Submission
     from cuesubmit.Layer import LayerData
 
-    layer = LayerData.buildFactory(name="hello", layerType=JobTypes.JobTypes.SHELL,
-                                   cmd={"commandTextBox": "echo cuesubmit frame #IFRAME#"}, layerRange="1-2",
-                                   chunk="1", overrideCores=False, cores="1", env={}, services=[], limits=[],
-                                   dependType="", dependsOn=None)
-    job_data = {"name": "cuesubmit_check", "username": ctx["user"], "show": SHOW, "shot": "sh020",
-                "layers": [layer], "facility": None}
+    layer = LayerData.buildFactory(
+        name="hello",
+        layerType=JobTypes.JobTypes.SHELL,
+        cmd={"commandTextBox": "echo cuesubmit frame #IFRAME#"},
+        layerRange="1-2",
+        chunk="1",
+        overrideCores=False,
+        cores="1",
+        env={},
+        services=[],
+        limits=[],
+        dependType="",
+        dependsOn=None,
+    )
+    job_data = {
+        "name": "cuesubmit_check",
+        "username": ctx["user"],
+        "show": SHOW,
+        "shot": "sh020",
+        "layers": [layer],
+        "facility": None,
+    }
     jobs = Submission.submitJob(job_data)
     names = [job.name() for job in jobs]
     if not names:
@@ -607,8 +718,9 @@ def cuesubmit(ctx: dict[str, Any], passed: list[str]) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--screenshots", default=str(REPO / "docs" / "images"),
-                        help="directory for cuegui-*.png (default: docs/images)")
+    parser.add_argument(
+        "--screenshots", default=str(REPO / "docs" / "images"), help="directory for cuegui-*.png (default: docs/images)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory and its logs")
     parser.add_argument("--app", choices=["cuetopia", "cuecommander", "cuesubmit"], help=argparse.SUPPRESS)
     parser.add_argument("--context", help=argparse.SUPPRESS)

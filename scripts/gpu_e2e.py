@@ -147,7 +147,10 @@ def _cuda_view_torch() -> tuple[int, str | None, str]:
 
 
 _CUDA_VIEWS: dict[str, Callable[[], tuple[int, str | None, str]]] = {
-    "cuda-bindings": _cuda_view_bindings, "cupy": _cuda_view_cupy, "torch": _cuda_view_torch}
+    "cuda-bindings": _cuda_view_bindings,
+    "cupy": _cuda_view_cupy,
+    "torch": _cuda_view_torch,
+}
 
 
 def _fake_cuda_view(env: dict[str, str], order: Sequence[str]) -> tuple[int, str | None, str]:
@@ -175,8 +178,7 @@ def _fake_cuda_view(env: dict[str, str], order: Sequence[str]) -> tuple[int, str
     return len(visible), visible[0] if visible else None, "simulated"
 
 
-def _busy_fake(seconds: float, alloc_bytes: int, state: Path, positions: dict[str, str],
-               uuid: str) -> dict[str, Any]:
+def _busy_fake(seconds: float, alloc_bytes: int, state: Path, positions: dict[str, str], uuid: str) -> dict[str, Any]:
     """Make the fake device look busy: the worker samples these state files."""
     stem = positions[norm_uuid(uuid)]
     path = state / f"{stem}.json"
@@ -210,8 +212,7 @@ def _busy_real(seconds: float, alloc_bytes: int) -> dict[str, Any]:
         end = time.time()
         allocated = int(torch.cuda.max_memory_reserved())
         del block, a, b, c
-        return {"busy_start": start, "busy_end": end, "allocated_bytes": allocated, "matmuls": n,
-                "busy_lib": "torch"}
+        return {"busy_start": start, "busy_end": end, "allocated_bytes": allocated, "matmuls": n, "busy_lib": "torch"}
     except ImportError:
         pass
     import cupy
@@ -246,14 +247,26 @@ def probe_main(argv: Sequence[str]) -> int:
     a = p.parse_args(argv)
     env = dict(os.environ)
     report: dict[str, Any] = {
-        "pid": os.getpid(), "start": time.time(),
-        "env": {k: env.get(k) for k in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
-                                        "CUE_GPUS", "CUE_GPU_UUIDS", "CUE_FRAME_ID")},
+        "pid": os.getpid(),
+        "start": time.time(),
+        "env": {
+            k: env.get(k)
+            for k in (
+                "CUDA_VISIBLE_DEVICES",
+                "NVIDIA_VISIBLE_DEVICES",
+                "CUDA_DEVICE_ORDER",
+                "CUE_GPUS",
+                "CUE_GPU_UUIDS",
+                "CUE_FRAME_ID",
+            )
+        },
     }
     errors: list[str] = []
     if a.fake_order is not None:
         try:
-            report["cuda_count"], report["cuda_uuid"], report["cuda_lib"] = _fake_cuda_view(env, json.loads(a.fake_order))
+            report["cuda_count"], report["cuda_uuid"], report["cuda_lib"] = _fake_cuda_view(
+                env, json.loads(a.fake_order)
+            )
         except RuntimeError as exc:
             errors.append(str(exc))
     else:
@@ -268,14 +281,23 @@ def probe_main(argv: Sequence[str]) -> int:
             except Exception as exc:  # a library that is there but fails: note it, try the next
                 failed.append(f"{name}: {type(exc).__name__}: {exc}")
         else:
-            errors.append(f"no CUDA library ({', '.join(names)}) could report the devices"
-                          + (f" ({'; '.join(failed)})" if failed else ""))
+            errors.append(
+                f"no CUDA library ({', '.join(names)}) could report the devices"
+                + (f" ({'; '.join(failed)})" if failed else "")
+            )
         report["cuda_lib_failures"] = failed
     if a.busy > 0:
         try:
             if a.fake_state:
-                report.update(_busy_fake(a.busy, a.alloc_bytes, Path(a.fake_state), json.loads(a.fake_positions),
-                                         env.get("CUE_GPU_UUIDS", "").split(",")[0]))
+                report.update(
+                    _busy_fake(
+                        a.busy,
+                        a.alloc_bytes,
+                        Path(a.fake_state),
+                        json.loads(a.fake_positions),
+                        env.get("CUE_GPU_UUIDS", "").split(",")[0],
+                    )
+                )
             else:
                 report.update(_busy_real(a.busy, a.alloc_bytes))
         except Exception as exc:
@@ -310,10 +332,13 @@ class Ctx:
 
     def cuectl(self, *args: str, check: bool = True, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "cuectl", *args]
-        cp = subprocess.run(cmd, env=self.env, cwd=self.tmp, capture_output=True, text=True,
-                            timeout=timeout or self.timeout)
+        cp = subprocess.run(
+            cmd, env=self.env, cwd=self.tmp, capture_output=True, text=True, timeout=timeout or self.timeout
+        )
         if check and cp.returncode != 0:
-            raise CheckError(f"`cuectl {shlex.join(args)}` exited {cp.returncode}: {(cp.stderr or cp.stdout).strip()[-600:]}")
+            raise CheckError(
+                f"`cuectl {shlex.join(args)}` exited {cp.returncode}: {(cp.stderr or cp.stdout).strip()[-600:]}"
+            )
         return cp
 
     def cuectl_json(self, *args: str) -> Any:
@@ -352,8 +377,9 @@ class Ctx:
         return dict(self.cuectl_json("frame", "show", str(frames[0]["id"]), "--json"))
 
     def worker(self, *extra: str) -> None:
-        self.cuectl("worker", "--until-idle", "--poll", "0.2", "--lease-timeout", "30", *extra,
-                    timeout=self.timeout + 120)
+        self.cuectl(
+            "worker", "--until-idle", "--poll", "0.2", "--lease-timeout", "30", *extra, timeout=self.timeout + 120
+        )
 
 
 class CheckError(Exception):
@@ -368,8 +394,10 @@ def read_report(path: Path) -> dict[str, Any]:
 
 def _fmt_env(r: dict[str, Any]) -> str:
     e = r["env"]
-    return (f"CUDA_VISIBLE_DEVICES={e.get('CUDA_VISIBLE_DEVICES')} NVIDIA_VISIBLE_DEVICES={e.get('NVIDIA_VISIBLE_DEVICES')} "
-            f"count={r.get('cuda_count')} ({r.get('cuda_lib')})")
+    return (
+        f"CUDA_VISIBLE_DEVICES={e.get('CUDA_VISIBLE_DEVICES')} NVIDIA_VISIBLE_DEVICES={e.get('NVIDIA_VISIBLE_DEVICES')} "
+        f"count={r.get('cuda_count')} ({r.get('cuda_lib')})"
+    )
 
 
 def judge_gpu_view(r: dict[str, Any], leased: Sequence[str]) -> list[str]:
@@ -416,8 +444,15 @@ def smi_inventory(ctx: Ctx) -> list[dict[str, Any]]:
         if not row or not "".join(row).strip():
             continue
         uuid, name, mem, bus, driver = (c.strip() for c in row)
-        rows.append({"uuid": uuid, "model": name, "memory_mib": int(float(mem)), "pci_bus_id": _norm_bus(bus),
-                     "driver_version": driver})
+        rows.append(
+            {
+                "uuid": uuid,
+                "model": name,
+                "memory_mib": int(float(mem)),
+                "pci_bus_id": _norm_bus(bus),
+                "driver_version": driver,
+            }
+        )
     return rows
 
 
@@ -456,9 +491,13 @@ def check_inventory(ctx: Ctx) -> Result:
         if d is None:
             problems.append(f"{row['uuid']} ({row['model']}): listed by nvidia-smi, not by cuectl")
             continue
-        mine = {"uuid": d["uuid"], "model": d["model"],
-                "memory_mib": None if d["memory_total_bytes"] is None else d["memory_total_bytes"] // MIB,
-                "pci_bus_id": _norm_bus(d.get("pci_bus_id")), "driver_version": d.get("driver_version")}
+        mine = {
+            "uuid": d["uuid"],
+            "model": d["model"],
+            "memory_mib": None if d["memory_total_bytes"] is None else d["memory_total_bytes"] // MIB,
+            "pci_bus_id": _norm_bus(d.get("pci_bus_id")),
+            "driver_version": d.get("driver_version"),
+        }
         for k in ("model", "pci_bus_id", "driver_version"):
             if mine[k] != row[k]:
                 problems.append(f"{row['uuid']}: {k} cuectl={mine[k]!r} nvidia-smi={row[k]!r}")
@@ -469,8 +508,9 @@ def check_inventory(ctx: Ctx) -> Result:
         problems.append(f"{d['uuid']} ({d['model']}): listed by cuectl, not by nvidia-smi")
     for key in mig_parents - smi_keys:
         problems.append(f"MIG parent {key}: listed by cuectl, not by nvidia-smi")
-    summary = f"{len(smi)} GPU(s): " + ", ".join(f"{r['model']} {r['memory_mib']} MiB {r['pci_bus_id']} drv {r['driver_version']}"
-                                                 for r in smi)
+    summary = f"{len(smi)} GPU(s): " + ", ".join(
+        f"{r['model']} {r['memory_mib']} MiB {r['pci_bus_id']} drv {r['driver_version']}" for r in smi
+    )
     if mig_parents:
         summary += f"; {len(mig_parents)} with MIG on (compared by UUID; instances: check mig)"
     if problems:
@@ -501,13 +541,24 @@ def check_isolation(ctx: Ctx) -> Result:
 
 def check_overlap(ctx: Ctx, device: str) -> Result:
     outs = [ctx.out_file("overlap-a"), ctx.out_file("overlap-b")]
-    jobs = [ctx.submit(1, ctx.probe_cmd(o, "--hold", str(ctx.hold_s)), "--name", f"e2e-overlap-{i}")
-            for i, o in enumerate(outs)]
+    jobs = [
+        ctx.submit(1, ctx.probe_cmd(o, "--hold", str(ctx.hold_s)), "--name", f"e2e-overlap-{i}")
+        for i, o in enumerate(outs)
+    ]
     # Two workers (two host names) race for the same single device: only the device lease
     # (a kernel lock keyed by UUID) keeps them apart.
     cmd = [sys.executable, "-m", "cuectl", "worker", "--until-idle", "--poll", "0.2", "--devices", device]
-    procs = [subprocess.Popen([*cmd, "--name", f"e2e-overlap-{n}"], env=ctx.env, cwd=ctx.tmp,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for n in "ab"]
+    procs = [
+        subprocess.Popen(
+            [*cmd, "--name", f"e2e-overlap-{n}"],
+            env=ctx.env,
+            cwd=ctx.tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for n in "ab"
+    ]
     logs = []
     for pr in procs:
         try:
@@ -526,8 +577,10 @@ def check_overlap(ctx: Ctx, device: str) -> Result:
     leases = [tuple(f["gpu_uuids"]) for f in frames]
     (s1, e1), (s2, e2) = ((r["start"], r["end"]) for r in reps)
     hosts = sorted({str(f["host"]) for f in frames})
-    detail = (f"frame A {s1 - min(s1, s2):.2f}-{e1 - min(s1, s2):.2f}s, frame B {s2 - min(s1, s2):.2f}-{e2 - min(s1, s2):.2f}s "
-              f"on {leases[0]}; hosts {hosts}")
+    detail = (
+        f"frame A {s1 - min(s1, s2):.2f}-{e1 - min(s1, s2):.2f}s, frame B {s2 - min(s1, s2):.2f}-{e2 - min(s1, s2):.2f}s "
+        f"on {leases[0]}; hosts {hosts}"
+    )
     problems = []
     if leases[0] != leases[1] or len(leases[0]) != 1:
         problems.append(f"the frames leased {leases}, expected the same single device")
@@ -573,8 +626,10 @@ def check_usage(ctx: Ctx, devices: Sequence[str], mig_only: bool = False) -> Res
     elif mean is None or mean <= 50:
         problems.append(f"busy frame utilisation mean {mean} %, expected > 50 %")
     if peak is None or not (0.85 * allocated <= peak <= 1.15 * allocated + overhead):
-        problems.append(f"busy frame memory peak {_gib(peak)}, allocated {_gib(allocated)} (±15 %"
-                        f"{' + context' if overhead else ''})")
+        problems.append(
+            f"busy frame memory peak {_gib(peak)}, allocated {_gib(allocated)} (±15 %"
+            f"{' + context' if overhead else ''})"
+        )
     if not mig_only and (imean is None or imean >= 10):
         problems.append(f"idle frame utilisation mean {imean} %, expected < 10 %")
     # A frame that never opens its GPU holds none of its memory. The driver's own reserve
@@ -582,10 +637,12 @@ def check_usage(ctx: Ctx, devices: Sequence[str], mig_only: bool = False) -> Res
     ipeak = i.get("gpu_memory_peak_bytes")
     if ipeak is not None and ipeak > IDLE_PEAK_MAX:
         problems.append(f"idle frame memory peak {_gib(ipeak)}, expected at most {_gib(IDLE_PEAK_MAX)}")
-    detail = (f"busy: mean {mean} % max {b.get('gpu_util_max_pct')} %, peak {_gib(peak)} vs allocated {_gib(allocated)} "
-              f"({rep.get('busy_lib')}, {sum(len(v) for v in (b.get('samples') or {}).values())} samples); idle: mean {imean} %, "
-              f"peak {_gib(ipeak)}"
-              + ("; MIG instances only: utilisation not reported by NVIDIA, not checked" if mig_only else ""))
+    detail = (
+        f"busy: mean {mean} % max {b.get('gpu_util_max_pct')} %, peak {_gib(peak)} vs allocated {_gib(allocated)} "
+        f"({rep.get('busy_lib')}, {sum(len(v) for v in (b.get('samples') or {}).values())} samples); idle: mean {imean} %, "
+        f"peak {_gib(ipeak)}"
+        + ("; MIG instances only: utilisation not reported by NVIDIA, not checked" if mig_only else "")
+    )
     return Result("usage", FAIL if problems else PASS, "; ".join([*problems, detail]))
 
 
@@ -640,8 +697,14 @@ def check_run_lease(ctx: Ctx) -> Result:
     pair_env = {**ctx.env, "CUECTL_RUN_CACHE": str(ctx.tmp / "run-pair.cache")}  # empty: the first is full
     for way in ("full", "quick"):
         out = ctx.out_file(f"run-{way}")
-        cp = subprocess.run([sys.executable, "-X", "importtime", "-m", "cuectl", "run", "--", *ctx.probe_cmd(out)],
-                            env=pair_env, cwd=ctx.tmp, capture_output=True, text=True, timeout=ctx.timeout)
+        cp = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "cuectl", "run", "--", *ctx.probe_cmd(out)],
+            env=pair_env,
+            cwd=ctx.tmp,
+            capture_output=True,
+            text=True,
+            timeout=ctx.timeout,
+        )
         if cp.returncode != 0:
             problems.append(f"plain cuectl run ({way}) exited {cp.returncode}: {cp.stderr.strip()[-300:]}")
             continue
@@ -655,8 +718,14 @@ def check_run_lease(ctx: Ctx) -> Result:
     # cuectl.lease(gpus=1) / (gpus=0) in a Python process, the probe as its child
     for gpus in (1, 0):
         out, uuids_out = ctx.out_file(f"lease-{gpus}"), ctx.out_file(f"lease-{gpus}-uuids")
-        cp = subprocess.run([sys.executable, "-c", _LEASE_SNIPPET, json.dumps(ctx.probe_cmd(out)), str(uuids_out),
-                             str(gpus)], env=ctx.env, cwd=ctx.tmp, capture_output=True, text=True, timeout=ctx.timeout)
+        cp = subprocess.run(
+            [sys.executable, "-c", _LEASE_SNIPPET, json.dumps(ctx.probe_cmd(out)), str(uuids_out), str(gpus)],
+            env=ctx.env,
+            cwd=ctx.tmp,
+            capture_output=True,
+            text=True,
+            timeout=ctx.timeout,
+        )
         if cp.returncode != 0:
             problems.append(f"cuectl.lease(gpus={gpus}) failed: {cp.stderr.strip()[-400:]}")
             continue
@@ -718,8 +787,10 @@ def find_fixtures(explicit: str | None) -> Path:
     for c in candidates:
         if (c / "nvidia-smi" / "query-gpu").is_dir():
             return c
-    raise SystemExit(f"gpu_e2e: --fake needs the real nvidia-smi fixtures (tests/fixtures/gpu); "
-                     f"not found at {', '.join(map(str, candidates))} (use --fixtures DIR)")
+    raise SystemExit(
+        f"gpu_e2e: --fake needs the real nvidia-smi fixtures (tests/fixtures/gpu); "
+        f"not found at {', '.join(map(str, candidates))} (use --fixtures DIR)"
+    )
 
 
 # The fixtures used for --fake: an H100 and an H200 on one driver (590.48.01); with
@@ -758,19 +829,26 @@ def setup_fake(ctx: Ctx, fixtures: Path, *, mig: bool, cuda_order: str) -> None:
     ctx.fake_state.mkdir()
     devices: list[dict[str, Any]] = []
     for c in cards:
-        dev: dict[str, Any] = {"model": c["name"], "memory": f"{c['memory.total']}MiB", "uuid": c["uuid"],
-                               "pci_bus_id": _norm_bus(c["pci.bus_id"]), "driver_version": c["driver_version"]}
+        dev: dict[str, Any] = {
+            "model": c["name"],
+            "memory": f"{c['memory.total']}MiB",
+            "uuid": c["uuid"],
+            "pci_bus_id": _norm_bus(c["pci.bus_id"]),
+            "driver_version": c["driver_version"],
+        }
         if c.get("mig"):
             # nvidia-smi -L gives no instance memory: take it from the profile name.
-            dev["mig"] = [{"profile": prof, "memory": f"{_profile_gb(prof) * 1000}MiB", "uuid": uuid}
-                          for prof, uuid in mig_lines]
+            dev["mig"] = [
+                {"profile": prof, "memory": f"{_profile_gb(prof) * 1000}MiB", "uuid": uuid} for prof, uuid in mig_lines
+            ]
         devices.append(dev)
     ctx.fake_positions = {norm_uuid(d["uuid"]): str(p) for p, d in enumerate(devices) if "mig" not in d}
     for p, d in enumerate(devices):
         for m, inst in enumerate(d.get("mig", [])):
             ctx.fake_positions[norm_uuid(inst["uuid"])] = f"{p}.{m}"
     yaml_text = "host: e2e-fake\nstate_dir: fake-state\ndevices:\n" + "".join(
-        "  - " + json.dumps(d) + "\n" for d in devices)  # JSON is YAML
+        "  - " + json.dumps(d) + "\n" for d in devices
+    )  # JSON is YAML
     (ctx.tmp / "fake-gpus.yaml").write_text(yaml_text)
     ctx.env["CUECTL_FAKE_GPUS"] = str(ctx.tmp / "fake-gpus.yaml")
 
@@ -783,25 +861,29 @@ def setup_fake(ctx: Ctx, fixtures: Path, *, mig: bool, cuda_order: str) -> None:
     # The fake nvidia-smi: answers the two commands the checks run, as the real one would.
     bindir = ctx.tmp / "fake-bin"
     bindir.mkdir()
-    query = "".join(f"{c['uuid']}, {c['name']}, {c['memory.total']}, {c['pci.bus_id']}, {c['driver_version']}\n"
-                    for c in cards)
+    query = "".join(
+        f"{c['uuid']}, {c['name']}, {c['memory.total']}, {c['pci.bus_id']}, {c['driver_version']}\n" for c in cards
+    )
     listing = ""
     for i, c in enumerate(cards):
         listing += f"GPU {i}: {c['name']} (UUID: {c['uuid']})\n"
         for d in devices:
             if d["uuid"] == c["uuid"] and "mig" in d:
-                listing += "".join(f"  MIG {m['profile']:<13} Device {j:>2}: (UUID: {m['uuid']})\n"
-                                   for j, m in enumerate(d["mig"]))
+                listing += "".join(
+                    f"  MIG {m['profile']:<13} Device {j:>2}: (UUID: {m['uuid']})\n" for j, m in enumerate(d["mig"])
+                )
     (ctx.tmp / "fake-smi-query.txt").write_text(query)
     (ctx.tmp / "fake-smi-L.txt").write_text(listing)
     smi = bindir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\n"
-                   "# fake nvidia-smi of scripts/gpu_e2e.py --fake (values from tests/fixtures/gpu)\n"
-                   'case "$*" in\n'
-                   f'  "{SMI_QUERY} {SMI_FORMAT}") cat {shlex.quote(str(ctx.tmp / "fake-smi-query.txt"))} ;;\n'
-                   f'  "-L") cat {shlex.quote(str(ctx.tmp / "fake-smi-L.txt"))} ;;\n'
-                   '  *) echo "fake nvidia-smi: unexpected arguments: $*"; exit 2 ;;\n'
-                   "esac\n")
+    smi.write_text(
+        "#!/bin/sh\n"
+        "# fake nvidia-smi of scripts/gpu_e2e.py --fake (values from tests/fixtures/gpu)\n"
+        'case "$*" in\n'
+        f'  "{SMI_QUERY} {SMI_FORMAT}") cat {shlex.quote(str(ctx.tmp / "fake-smi-query.txt"))} ;;\n'
+        f'  "-L") cat {shlex.quote(str(ctx.tmp / "fake-smi-L.txt"))} ;;\n'
+        '  *) echo "fake nvidia-smi: unexpected arguments: $*"; exit 2 ;;\n'
+        "esac\n"
+    )
     smi.chmod(0o755)
     ctx.env["PATH"] = f"{bindir}{os.pathsep}{ctx.env.get('PATH', '')}"
 
@@ -821,9 +903,16 @@ def make_ctx(args: argparse.Namespace, tmp: Path) -> Ctx:
             del env[k]
     (tmp / "out").mkdir()
     (tmp / "locks").mkdir()
-    env.update({"CUECTL_DB": str(tmp / "cuectl.db"), "CUECTL_LOCK_DIR": str(tmp / "locks"),
-                "CUECTL_CREATE_LOCK_DIR": "1", "XDG_STATE_HOME": str(tmp / "state"),
-                "CUECTL_LOCK_REGISTRY": str(tmp / "lock-registry"), "CUECTL_RUN_CACHE": str(tmp / "run.cache")})
+    env.update(
+        {
+            "CUECTL_DB": str(tmp / "cuectl.db"),
+            "CUECTL_LOCK_DIR": str(tmp / "locks"),
+            "CUECTL_CREATE_LOCK_DIR": "1",
+            "XDG_STATE_HOME": str(tmp / "state"),
+            "CUECTL_LOCK_REGISTRY": str(tmp / "lock-registry"),
+            "CUECTL_RUN_CACHE": str(tmp / "run.cache"),
+        }
+    )
     # The script's own interpreter must find cuectl in the frames too (a --target install).
     ctx = Ctx(fake=args.fake, tmp=tmp, env=env, alloc_gib=args.alloc_gib, cuda_lib=args.cuda_lib)
     if args.fake:
@@ -894,15 +983,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="gpu_e2e.py", description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--fake", action="store_true", help="fake GPUs and a fake nvidia-smi built from the fixtures")
     p.add_argument("--fake-mig", action="store_true", help="with --fake: add a MIG-enabled H100 (from the fixtures)")
-    p.add_argument("--fake-cuda-order", choices=("pci", "reversed"), default="pci",
-                   help="with --fake: how the simulated CUDA numbers devices (reversed: a deliberate mismatch, "
-                        "to see the isolation checks fail)")
+    p.add_argument(
+        "--fake-cuda-order",
+        choices=("pci", "reversed"),
+        default="pci",
+        help="with --fake: how the simulated CUDA numbers devices (reversed: a deliberate mismatch, "
+        "to see the isolation checks fail)",
+    )
     p.add_argument("--fixtures", help="the GPU fixtures directory (default: tests/fixtures/gpu of this repository)")
     p.add_argument("--only", help=f"comma list of checks to run (default all: {','.join(CHECKS)})")
     p.add_argument("--alloc-gib", type=float, default=4.0, help="GiB the busy frame allocates (default 4)")
     p.add_argument("--busy-seconds", type=float, default=20.0, help="seconds of matmul loop (real mode; default 20)")
-    p.add_argument("--cuda-lib", default="auto", choices=("auto", *_CUDA_VIEWS),
-                   help="library the frames use to count CUDA devices (default: the first importable)")
+    p.add_argument(
+        "--cuda-lib",
+        default="auto",
+        choices=("auto", *_CUDA_VIEWS),
+        help="library the frames use to count CUDA devices (default: the first importable)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (store, logs, reports)")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     args = p.parse_args(argv)
@@ -927,8 +1024,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = "fake GPUs (--fake)" if args.fake else "real GPUs"
     print_table(results, f"cuectl GPU end-to-end checks on {mode}, {time.strftime('%Y-%m-%d')}, {elapsed:.1f}s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"mode": "fake" if args.fake else "real", "seconds": round(elapsed, 1),
-                                               "results": [r.__dict__ for r in results]}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "mode": "fake" if args.fake else "real",
+                    "seconds": round(elapsed, 1),
+                    "results": [r.__dict__ for r in results],
+                },
+                indent=2,
+            )
+        )
     return 1 if any(r.status == FAIL for r in results) else 0
 
 

@@ -41,7 +41,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = os.environ.get("CUECTL_CHROMIUM") or "/usr/bin/chromium"
-GIB = 1024 ** 3
+GIB = 1024**3
 HOST = "127.0.0.1"
 
 
@@ -55,11 +55,19 @@ class Farm:
         self.base = base
         self.db = base / "store" / "cuectl.db"
         self.db.parent.mkdir(parents=True)
-        self.env = {k: v for k, v in os.environ.items()
-                    if k not in ("CUECTL_DB", "CUECTL_FAKE_GPUS", "CUECTL_LOG_DIR", "CUECTL_USER")}
-        self.env.update(XDG_STATE_HOME=str(base / "state"), CUECTL_LOCK_DIR=str(base / "locks"),
-                        CUECTL_CREATE_LOCK_DIR="1", CUECTL_LOCK_REGISTRY=str(base / "lock-registry"),
-                        CUECTL_KILL_GRACE="0.5", NO_COLOR="1")
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("CUECTL_DB", "CUECTL_FAKE_GPUS", "CUECTL_LOG_DIR", "CUECTL_USER")
+        }
+        self.env.update(
+            XDG_STATE_HOME=str(base / "state"),
+            CUECTL_LOCK_DIR=str(base / "locks"),
+            CUECTL_CREATE_LOCK_DIR="1",
+            CUECTL_LOCK_REGISTRY=str(base / "lock-registry"),
+            CUECTL_KILL_GRACE="0.5",
+            NO_COLOR="1",
+        )
         self.procs: list[subprocess.Popen] = []
         from cuectl.sched.store import open_store
 
@@ -68,8 +76,10 @@ class Farm:
             s.bind((HOST, 0))
             self.port = s.getsockname()[1]
         self.url = f"http://{HOST}:{self.port}"
-        self.spawn([*cuectl(), "--db", str(self.db), "serve", "--host", HOST, "--port", str(self.port),
-                    "--no-access-log"], self.env)
+        self.spawn(
+            [*cuectl(), "--db", str(self.db), "serve", "--host", HOST, "--port", str(self.port), "--no-access-log"],
+            self.env,
+        )
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -82,19 +92,29 @@ class Farm:
 
     def spawn(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
         log = open(self.base / f"proc-{len(self.procs)}.log", "wb")
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.base,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.base, start_new_session=True
+        )
         self.procs.append(proc)
         return proc
 
     def token(self, user: str, role: str) -> str:
-        out = subprocess.run([*cuectl(), "--db", str(self.db), "admin", "token", "create", user, "--role", role,
-                              "--json"], env=self.env, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [*cuectl(), "--db", str(self.db), "admin", "token", "create", user, "--role", role, "--json"],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         return json.loads(out)["secret"]
 
     def submit(self, token: str, spec: dict) -> int:
-        req = urllib.request.Request(self.url + "/api/v1/jobs", data=json.dumps(spec).encode(), method="POST",
-                                     headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + "/api/v1/jobs",
+            data=json.dumps(spec).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             return int(json.loads(resp.read())["id"])
 
@@ -106,9 +126,26 @@ class Farm:
         return path, state
 
     def worker(self, fake: Path, *extra: str) -> subprocess.Popen:
-        return self.spawn([*cuectl(), "--db", str(self.db), "worker", "--poll", "0.2", "--sample-interval", "0.5",
-                           "--lease-timeout", "8", "--cores", "2", "--run-as-worker-user", "-q", *extra],
-                          dict(self.env, CUECTL_FAKE_GPUS=str(fake)))
+        return self.spawn(
+            [
+                *cuectl(),
+                "--db",
+                str(self.db),
+                "worker",
+                "--poll",
+                "0.2",
+                "--sample-interval",
+                "0.5",
+                "--lease-timeout",
+                "8",
+                "--cores",
+                "2",
+                "--run-as-worker-user",
+                "-q",
+                *extra,
+            ],
+            dict(self.env, CUECTL_FAKE_GPUS=str(fake)),
+        )
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -133,8 +170,10 @@ def vary(state: Path, devices: int, stop: threading.Event) -> None:
             tmp.replace(state / f"{i}.json")
 
 
-RENDER = ('for t in $(seq 1 120); do echo "frame #IFRAME#: tile $t/120 rendered in 0.$((t % 7 + 2))s '
-          '(samples 1024, denoise on)"; sleep 0.25; done; echo "frame #IFRAME#: written shot020_fx.#IFRAME#.exr"')
+RENDER = (
+    'for t in $(seq 1 120); do echo "frame #IFRAME#: tile $t/120 rendered in 0.$((t % 7 + 2))s '
+    '(samples 1024, denoise on)"; sleep 0.25; done; echo "frame #IFRAME#: written shot020_fx.#IFRAME#.exr"'
+)
 QUICK = 'echo "comp frame #IFRAME#"; sleep 0.3'
 
 
@@ -167,19 +206,63 @@ def main() -> int:
         fake_rtx, state = farm.fake("render-01", [rtx, rtx])
         threading.Thread(target=vary, args=(state, 2, stop), daemon=True).start()
 
-        comp = farm.submit(ada, {"name": "shot010 comp", "priority": 40, "layers": [
-            {"name": "comp", "command": ["sh", "-c", QUICK], "range": "1-24", "chunk": 2}]})
-        farm.submit(alice, {"name": "lookdev turntable", "layers": [
-            {"name": "main", "command": ["sh", "-c", "echo missing texture >&2; exit 3"], "range": "1-2",
-             "retries": 0}]})
-        fx = farm.submit(alice, {"name": "shot020 fx", "priority": 60, "layers": [
-            {"name": "sim", "command": ["sh", "-c", QUICK], "range": "1-4"},
-            {"name": "render", "command": ["sh", "-c", RENDER], "range": "1001-1040", "gpus": 1,
-             "gpu_vendor": "NVIDIA", "gpu_models": ["RTX 6000 Ada", "A100"], "gpu_memory_min": "24G",
-             "depends": "sim"}]})
-        farm.submit(ada, {"name": "train sweep", "layers": [
-            {"name": "train", "command": ["python3", "train.py", "--seed", "#IFRAME#"], "range": "1-16", "gpus": 2,
-             "gpu_models": "H100"}]})
+        comp = farm.submit(
+            ada,
+            {
+                "name": "shot010 comp",
+                "priority": 40,
+                "layers": [{"name": "comp", "command": ["sh", "-c", QUICK], "range": "1-24", "chunk": 2}],
+            },
+        )
+        farm.submit(
+            alice,
+            {
+                "name": "lookdev turntable",
+                "layers": [
+                    {
+                        "name": "main",
+                        "command": ["sh", "-c", "echo missing texture >&2; exit 3"],
+                        "range": "1-2",
+                        "retries": 0,
+                    }
+                ],
+            },
+        )
+        fx = farm.submit(
+            alice,
+            {
+                "name": "shot020 fx",
+                "priority": 60,
+                "layers": [
+                    {"name": "sim", "command": ["sh", "-c", QUICK], "range": "1-4"},
+                    {
+                        "name": "render",
+                        "command": ["sh", "-c", RENDER],
+                        "range": "1001-1040",
+                        "gpus": 1,
+                        "gpu_vendor": "NVIDIA",
+                        "gpu_models": ["RTX 6000 Ada", "A100"],
+                        "gpu_memory_min": "24G",
+                        "depends": "sim",
+                    },
+                ],
+            },
+        )
+        farm.submit(
+            ada,
+            {
+                "name": "train sweep",
+                "layers": [
+                    {
+                        "name": "train",
+                        "command": ["python3", "train.py", "--seed", "#IFRAME#"],
+                        "range": "1-16",
+                        "gpus": 2,
+                        "gpu_models": "H100",
+                    }
+                ],
+            },
+        )
         farm.worker(fake_rtx)
         time.sleep(14)  # comp finishes, the render frames run a while: a chart worth showing
 
@@ -205,8 +288,9 @@ def main() -> int:
             shot(page, "login.png")
 
             page = page_for(ada)
-            expect(page.locator(f'#jobs-table tr[data-job-id="{comp}"] .state')).to_have_text("SUCCEEDED",
-                                                                                              timeout=30_000)
+            expect(page.locator(f'#jobs-table tr[data-job-id="{comp}"] .state')).to_have_text(
+                "SUCCEEDED", timeout=30_000
+            )
             priority = page.locator('#jobs-table th button.sort:text-is("Priority")')
             priority.click()
             priority.click()  # highest first
@@ -215,8 +299,11 @@ def main() -> int:
             shot(page, "jobs.png")
 
             page.goto(f"{farm.url}/#/jobs/{fx}")
-            running = page.locator("#frames-table tr[data-frame-id]").filter(
-                has=page.locator(".state", has_text="RUNNING")).first
+            running = (
+                page.locator("#frames-table tr[data-frame-id]")
+                .filter(has=page.locator(".state", has_text="RUNNING"))
+                .first
+            )
             running.wait_for(timeout=30_000)
             running.locator('button[data-action="log"]').click()
             page.wait_for_selector("pre#log-view:not(:empty)")
@@ -247,8 +334,9 @@ def main() -> int:
             page.wait_for_selector("#frames-table tr[data-frame-id]")
             shot(page, "viewer.png")
 
-            page = page_for(ada, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True,
-                            color_scheme="dark")
+            page = page_for(
+                ada, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True, color_scheme="dark"
+            )
             page.wait_for_selector("#jobs-table tr[data-job-id]")
             shot(page, "phone-jobs-dark.png")
             browser.close()

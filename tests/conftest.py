@@ -104,8 +104,9 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "store" / "cuectl.db"
 
 
-def write_fake_gpus(path: Path, devices: list[dict[str, Any]], *, host: str | None = None,
-                    state_dir: Path | None = None) -> Path:
+def write_fake_gpus(
+    path: Path, devices: list[dict[str, Any]], *, host: str | None = None, state_dir: Path | None = None
+) -> Path:
     doc: dict[str, Any] = {"devices": devices}
     if host:
         doc["host"] = host
@@ -124,8 +125,12 @@ def fake_gpus(tmp_path: Path):
     def make(devices: list[dict[str, Any]], *, host: str | None = None, state: bool = False) -> Path:
         counter["n"] += 1
         name = f"gpus-{host or counter['n']}.yaml"
-        return write_fake_gpus(tmp_path / name, devices, host=host,
-                               state_dir=(tmp_path / f"gpu-state-{host or counter['n']}") if state else None)
+        return write_fake_gpus(
+            tmp_path / name,
+            devices,
+            host=host,
+            state_dir=(tmp_path / f"gpu-state-{host or counter['n']}") if state else None,
+        )
 
     return make
 
@@ -200,7 +205,7 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 def _skip_reasons(config: pytest.Config) -> list[str]:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     reasons = []
-    for report in (reporter.stats.get("skipped", []) if reporter else []):
+    for report in reporter.stats.get("skipped", []) if reporter else []:
         longrepr = getattr(report, "longrepr", None)
         text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
         reasons.append(str(text).removeprefix("Skipped: "))
@@ -217,8 +222,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     listed = "; ".join(f"{n} x {reason}" for reason, n in reasons.most_common())
     terminalreporter.write_line(f"skipped: {sum(reasons.values())} ({listed})")
     if os.environ.get("CI") == "true":
-        terminalreporter.write_line("CI=true: a skipped test fails the run: install what the reasons above name "
-                                    "(scripts/test.sh installs chromium, postgresql and systemd with apt-get)")
+        terminalreporter.write_line(
+            "CI=true: a skipped test fails the run: install what the reasons above name "
+            "(scripts/test.sh installs chromium, postgresql and systemd with apt-get)"
+        )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -12,15 +12,17 @@ from pathlib import Path
 
 #: The modules of the GPU backends (cuectl.gpu.get_backend loads one to discover).
 BACKENDS = ("cuectl.gpu.fake", "cuectl.gpu.nvml", "cuectl.gpu.smi", "cuectl.gpu.amd", "cuectl.gpu.apple")
-ENTRY = ("import atexit, os, sys\n"
-         "def _note():\n"
-         "    way = 'typer' if 'typer' in sys.modules else 'fast'\n"
-         f"    found = any(m in sys.modules for m in {BACKENDS!r})\n"
-         "    with open(os.environ['ENTRY_PROBE'], 'a') as fh:\n"
-         "        fh.write(way + (' discovered' if found else '') + '\\n')\n"
-         "atexit.register(_note)\n"
-         "from cuectl.cli.entry import run\n"
-         "sys.exit(run())\n")
+ENTRY = (
+    "import atexit, os, sys\n"
+    "def _note():\n"
+    "    way = 'typer' if 'typer' in sys.modules else 'fast'\n"
+    f"    found = any(m in sys.modules for m in {BACKENDS!r})\n"
+    "    with open(os.environ['ENTRY_PROBE'], 'a') as fh:\n"
+    "        fh.write(way + (' discovered' if found else '') + '\\n')\n"
+    "atexit.register(_note)\n"
+    "from cuectl.cli.entry import run\n"
+    "sys.exit(run())\n"
+)
 
 
 def noted(probe: Path) -> tuple[str, bool]:
@@ -31,8 +33,9 @@ def noted(probe: Path) -> tuple[str, bool]:
     return words[0], "discovered" in words[1:]
 
 
-def run_entry_noting(tmp_path: Path, args: list[str], *, full: bool, env: dict[str, str] | None = None
-                     ) -> tuple[subprocess.CompletedProcess[str], str, bool]:
+def run_entry_noting(
+    tmp_path: Path, args: list[str], *, full: bool, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], str, bool]:
     """``cuectl ARGS``; (the result, "fast" or "typer", whether it discovered devices).
     ``full`` forces the full CLI (``CUECTL_FULL_CLI=1``)."""
     probe = tmp_path / f"probe-{os.getpid()}-{len(list(tmp_path.glob('probe-*')))}"
@@ -40,14 +43,21 @@ def run_entry_noting(tmp_path: Path, args: list[str], *, full: bool, env: dict[s
     child_env.pop("CUECTL_FULL_CLI", None)
     if full:
         child_env["CUECTL_FULL_CLI"] = "1"
-    out = subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL, env=child_env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", ENTRY, *args],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=child_env,
+        timeout=120,
+    )
     way, discovered = noted(probe)
     return out, way, discovered
 
 
-def run_entry(tmp_path: Path, args: list[str], *, full: bool,
-              env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
+def run_entry(
+    tmp_path: Path, args: list[str], *, full: bool, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], str]:
     """``cuectl ARGS``; (the result, "fast" or "typer")."""
     out, way, _ = run_entry_noting(tmp_path, args, full=full, env=env)
     return out, way

@@ -46,8 +46,14 @@ class User:
 
 
 def as_user(user: User, argv: Sequence[str]) -> list[str]:
-    return [shutil.which("setpriv") or "setpriv", f"--reuid={user.uid}", f"--regid={user.gid}",
-            f"--groups={grp.getgrnam(GROUP).gr_gid}", "--", *runnable(argv)]
+    return [
+        shutil.which("setpriv") or "setpriv",
+        f"--reuid={user.uid}",
+        f"--regid={user.gid}",
+        f"--groups={grp.getgrnam(GROUP).gr_gid}",
+        "--",
+        *runnable(argv),
+    ]
 
 
 # -- what another uid can execute ---------------------------------------------------------
@@ -71,7 +77,7 @@ def runnable(argv: Sequence[str]) -> list[str]:
     for arg in map(str, argv):
         for old, new in moves:
             if arg == old or arg.startswith(old + os.sep):
-                arg = new + arg[len(old):]
+                arg = new + arg[len(old) :]
                 break
         out.append(arg)
     return out
@@ -118,16 +124,21 @@ def _interpreter() -> Path:
     for c in candidates:
         if _world_can_run(c):
             return c
-    raise RuntimeError(f"the tests that run as other users need a Python {version} that every user can execute: "
-                       f"{base} is under a directory they cannot enter, and no python{version} is in /usr/bin "
-                       f"(install the distribution's python{version})")
+    raise RuntimeError(
+        f"the tests that run as other users need a Python {version} that every user can execute: "
+        f"{base} is under a directory they cannot enter, and no python{version} is in /usr/bin "
+        f"(install the distribution's python{version})"
+    )
 
 
 def _make_venv(dest: Path, repo: Path) -> None:
     python = _interpreter()
     _mirror(VENV, dest, skip={"__pycache__"})
-    _rewrite(dest / "pyvenv.cfg", f"home = {python.parent}\ninclude-system-site-packages = false\n"
-                                  f"version = {sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}\n")
+    _rewrite(
+        dest / "pyvenv.cfg",
+        f"home = {python.parent}\ninclude-system-site-packages = false\n"
+        f"version = {sys.version_info[0]}.{sys.version_info[1]}.{sys.version_info[2]}\n",
+    )
     bindir = dest / "bin"
     for name in ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"):
         (bindir / name).unlink(missing_ok=True)
@@ -185,8 +196,11 @@ class Users:
             if not _exists_group(GROUP):
                 subprocess.run(["groupadd", GROUP], check=True)
             name = f"ct{_SUFFIX}{short}"[:32]
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-G", GROUP, name],
-                           check=True, capture_output=True)
+            subprocess.run(
+                ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-G", GROUP, name],
+                check=True,
+                capture_output=True,
+            )
             entry = pwd.getpwnam(name)
             self._made[short] = User(name, entry.pw_uid, entry.pw_gid)
         return self._made[short]

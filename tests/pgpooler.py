@@ -45,8 +45,9 @@ def find_pgbouncer() -> str | None:
 
 
 class Pooler:
-    def __init__(self, server: pgserver.PgServer, binary: str, *, pool_size: int,
-                 users: tuple[str, ...] = ("postgres",)) -> None:
+    def __init__(
+        self, server: pgserver.PgServer, binary: str, *, pool_size: int, users: tuple[str, ...] = ("postgres",)
+    ) -> None:
         self.server = server
         self.port = pgserver._free_port()
         self.base = Path(tempfile.mkdtemp(prefix="cuectl-pgbouncer-"))
@@ -64,7 +65,8 @@ class Pooler:
             f"pool_mode = transaction\ndefault_pool_size = {pool_size}\nmax_client_conn = 1000\n"
             # A client waiting for a server connection fails after 20 s instead of hanging a test.
             "query_wait_timeout = 20\n"
-            f"logfile = {self.log}\npidfile = {self.base / 'pgbouncer.pid'}\n")
+            f"logfile = {self.log}\npidfile = {self.base / 'pgbouncer.pid'}\n"
+        )
         kwargs: dict = {}
         account = server.account
         if account:
@@ -107,8 +109,9 @@ class Pooler:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def start_pooler(server: pgserver.PgServer, *, pool_size: int = POOL_SIZE,
-                 users: tuple[str, ...] = ("postgres",)) -> Pooler:
+def start_pooler(
+    server: pgserver.PgServer, *, pool_size: int = POOL_SIZE, users: tuple[str, ...] = ("postgres",)
+) -> Pooler:
     binary = find_pgbouncer()
     if binary is None:
         raise PoolerUnavailable("no pgbouncer binary found (Debian: apt-get install pgbouncer)")

@@ -79,8 +79,11 @@ def _server_account() -> tuple[int, int] | None:
         useradd = shutil.which("useradd")
         if useradd:
             # Idempotent across parallel test processes: "already exists" is fine.
-            subprocess.run([useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVER_USER],
-                           capture_output=True, timeout=30)
+            subprocess.run(
+                [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVER_USER],
+                capture_output=True,
+                timeout=30,
+            )
         try:
             pw = pwd.getpwnam(SERVER_USER)
         except KeyError:
@@ -119,17 +122,38 @@ class PgServer:
         if self.account:
             kwargs = {"user": self.account[0], "group": self.account[1], "extra_groups": []}
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
-        res = subprocess.run([str(self.bindir / args[0]), *args[1:]], cwd=self.base, env=env, capture_output=True,
-                             text=True, timeout=timeout, **kwargs)
+        res = subprocess.run(
+            [str(self.bindir / args[0]), *args[1:]],
+            cwd=self.base,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kwargs,
+        )
         if res.returncode != 0:
             log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
-            raise PgUnavailable(f"{args[0]} failed ({res.returncode}): {res.stderr.strip() or res.stdout.strip()}"
-                                + (f"\nserver log:\n{log}" if log else ""))
+            raise PgUnavailable(
+                f"{args[0]} failed ({res.returncode}): {res.stderr.strip() or res.stdout.strip()}"
+                + (f"\nserver log:\n{log}" if log else "")
+            )
         return res
 
     def _initdb(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C",
-                  "--no-sync", timeout=120)
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+            timeout=120,
+        )
         hba = self.data / "pg_hba.conf"
         # First match wins: the password role must authenticate even though the rest is trust.
         hba.write_text(f"host all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
@@ -166,8 +190,9 @@ class PgServer:
 
     def restart(self) -> None:
         """Fast shutdown and start: every client connection is cut."""
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-m", "fast", "restart",
-                  timeout=90)
+        self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-m", "fast", "restart", timeout=90
+        )
 
     def stop_server(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-w", "-m", "fast", "stop", timeout=90)
@@ -224,8 +249,10 @@ def shared_server() -> PgServer:
             raise PgUnavailable(_failure) from None
         bindir = find_bindir()
         if bindir is None:
-            _failure = ("no PostgreSQL server binaries (initdb, pg_ctl, postgres) found; "
-                        "set PG_BINDIR or install the postgresql server package")
+            _failure = (
+                "no PostgreSQL server binaries (initdb, pg_ctl, postgres) found; "
+                "set PG_BINDIR or install the postgresql server package"
+            )
             raise PgUnavailable(_failure)
         try:
             server = PgServer(bindir)

@@ -23,8 +23,15 @@ def serving(db_url: str, sock: Path, *, frame_limit: int | None = None) -> Itera
     from cuectl.serve.server import _peer_protocol
 
     app = create_app(Settings(db_url=db_url, cache_s=0, frame_limit=frame_limit))
-    config = uvicorn.Config(app, uds=str(sock), http=_peer_protocol(), log_level="warning", access_log=False,
-                            lifespan="on", timeout_graceful_shutdown=1)
+    config = uvicorn.Config(
+        app,
+        uds=str(sock),
+        http=_peer_protocol(),
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+    )
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # not the main thread
     thread = threading.Thread(target=server.run, name="store-socket", daemon=True)

@@ -29,15 +29,24 @@ def test_store_vs_raw_claims_runs():
         pytest.skip(f"PostgreSQL tests skipped: {exc}")
     if pgpooler.find_pgbouncer() is None:
         pytest.skip("PgBouncer tests skipped: no pgbouncer binary found (Debian: apt-get install pgbouncer)")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CUECTL_LOCK_DIR", "CUECTL_CREATE_LOCK_DIR", "CUECTL_LOCK_REGISTRY")}
-    res = subprocess.run([sys.executable, str(BENCH), "--only-raw", "--frames", "40", "--repeat", "1",
-                          "--pgbouncer", "2"],
-                         capture_output=True, text=True, timeout=300, env=env)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CUECTL_LOCK_DIR", "CUECTL_CREATE_LOCK_DIR", "CUECTL_LOCK_REGISTRY")
+    }
+    res = subprocess.run(
+        [sys.executable, str(BENCH), "--only-raw", "--frames", "40", "--repeat", "1", "--pgbouncer", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [line.split() for line in res.stdout.splitlines() if re.match(r"\s+\d+\s+[\d,]+\s+[\d,]+\s+[\d.]+$", line)]
     assert [r[0] for r in rows] == ["1", "4", "16"], res.stdout
-    pooled = [line.split() for line in res.stdout.split("through PgBouncer", 1)[1].splitlines()
-              if re.match(r"\s+\d+\s+[\d,]+\s+[\d,]+\s+[\d,]+\s+[\d.]+$", line)]
+    pooled = [
+        line.split()
+        for line in res.stdout.split("through PgBouncer", 1)[1].splitlines()
+        if re.match(r"\s+\d+\s+[\d,]+\s+[\d,]+\s+[\d,]+\s+[\d.]+$", line)
+    ]
     assert [r[0] for r in pooled] == ["1", "4", "16"], res.stdout
-

@@ -15,10 +15,14 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 
 def run(script: str, *args: str) -> str:
     # As a person runs them: not with the suite's per-test lock directory settings.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("CUECTL_LOCK_DIR", "CUECTL_CREATE_LOCK_DIR", "CUECTL_LOCK_REGISTRY")}
-    res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300,
-                         env=env)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("CUECTL_LOCK_DIR", "CUECTL_CREATE_LOCK_DIR", "CUECTL_LOCK_REGISTRY")
+    }
+    res = subprocess.run(
+        [sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300, env=env
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     return res.stdout
 
@@ -29,18 +33,28 @@ def test_bench_report_runs():
     assert "store.usage_summary --by user" in out
 
 
-@pytest.mark.parametrize("script, args, expect", [
-    ("bench_sampling.py", ("--seconds", "1.5", "--interval", "0.2"), "CPU per device sample"),
-    ("bench_submit.py", ("--frames", "2000", "--runs", "1"), "store.submit"),
-    ("bench_lease.py", ("--iterations", "50", "--runs", "2"), "cuectl run -- true"),
-    ("bench_gpu_sample.py", (), "nvml (double), 8 devices"),
-    ("bench_spawn.py", ("--frames", "20", "--runs", "1", "--work-ms", "0.1"), "helper / main"),
-    ("bench_bulk.py", ("--jobs", "50", "--sample", "2"), "cuectl job kill --user U --yes"),
-    ("bench_socket.py", ("--jobs", "20", "--calls", "5", "--commands", "1"), "submit -- true"),
-    ("bench_depends.py", ("--frames", "200", "--waiting", "20", "--complete-frames", "50", "--repeat", "1"),
-     "releasing one each"),
-    ("bench_farm_sim.py", ("--hosts", "4", "--seconds", "2", "--warmup", "0.5", "--procs", "2"), "capacity (needed"),
-])
+@pytest.mark.parametrize(
+    "script, args, expect",
+    [
+        ("bench_sampling.py", ("--seconds", "1.5", "--interval", "0.2"), "CPU per device sample"),
+        ("bench_submit.py", ("--frames", "2000", "--runs", "1"), "store.submit"),
+        ("bench_lease.py", ("--iterations", "50", "--runs", "2"), "cuectl run -- true"),
+        ("bench_gpu_sample.py", (), "nvml (double), 8 devices"),
+        ("bench_spawn.py", ("--frames", "20", "--runs", "1", "--work-ms", "0.1"), "helper / main"),
+        ("bench_bulk.py", ("--jobs", "50", "--sample", "2"), "cuectl job kill --user U --yes"),
+        ("bench_socket.py", ("--jobs", "20", "--calls", "5", "--commands", "1"), "submit -- true"),
+        (
+            "bench_depends.py",
+            ("--frames", "200", "--waiting", "20", "--complete-frames", "50", "--repeat", "1"),
+            "releasing one each",
+        ),
+        (
+            "bench_farm_sim.py",
+            ("--hosts", "4", "--seconds", "2", "--warmup", "0.5", "--procs", "2"),
+            "capacity (needed",
+        ),
+    ],
+)
 def test_bench_scripts_run(script, args, expect):
     assert expect in run(script, *args)
 
@@ -55,12 +69,36 @@ def test_bench_worker_runs():
 
 def test_bench_api_runs():
     # A real `cuectl serve` and worker at toy sizes: 200 jobs, a 300-frame job, 5 clients.
-    out = run("bench_api.py", "--jobs", "200", "--frames", "300", "--clients", "5", "--seconds", "0.5",
-              "--cache", "0.5", "--drain-frames", "20", "--pairs", "1")
-    for line in ("store: 200 one-frame jobs", "sequential, 1 client, back to back",
-                 "cache misses", "5 clients polling both once a second", "without ETags",
-                 "cuectl GET /api/v1/jobs ", "cuectl GET /api/v1/jobs/J/frames", "peer   GET /jobs.json",
-                 "[target p99 < 50 ms:", "drain rate polling/idle", "[target drop <= 10 %:"):
+    out = run(
+        "bench_api.py",
+        "--jobs",
+        "200",
+        "--frames",
+        "300",
+        "--clients",
+        "5",
+        "--seconds",
+        "0.5",
+        "--cache",
+        "0.5",
+        "--drain-frames",
+        "20",
+        "--pairs",
+        "1",
+    )
+    for line in (
+        "store: 200 one-frame jobs",
+        "sequential, 1 client, back to back",
+        "cache misses",
+        "5 clients polling both once a second",
+        "without ETags",
+        "cuectl GET /api/v1/jobs ",
+        "cuectl GET /api/v1/jobs/J/frames",
+        "peer   GET /jobs.json",
+        "[target p99 < 50 ms:",
+        "drain rate polling/idle",
+        "[target drop <= 10 %:",
+    ):
         assert line in out, line
     assert " x 200" in out  # the clients were answered (how fast is not checked here)
 
@@ -68,14 +106,40 @@ def test_bench_api_runs():
 def test_bench_opencue_runs():
     # A real `cuectl serve --opencue`, two REST servers and a worker on fake GPUs at toy sizes:
     # 200 jobs, a 300-frame job, 3 CueGUI sessions polling every 0.25 s.
-    out = run("bench_opencue.py", "--jobs", "200", "--frames", "300", "--calls", "2", "--sessions", "3",
-              "--periods", "0.25", "--drain-frames", "40", "--pairs", "1")
-    for line in ("store: 200 one-frame jobs", "GetJobs include_finished, 2 calls each",
-                 "GetJobs (in the cue), 2 calls each", "GetFrames page 1 limit 1000, 2 calls each",
-                 "GetFrames limit 10000, 2 calls each", "cuectl serve --opencue ", "peer REST --cache 1",
-                 "peer REST --cache 0", "one session alone", "GetUpdatedFrames", "HostInterface.GetHosts",
-                 "ProcInterface.GetProcs", "[target p99 < 100 ms:", "drain rate polling/idle",
-                 "[target drop <= 10 %:"):
+    out = run(
+        "bench_opencue.py",
+        "--jobs",
+        "200",
+        "--frames",
+        "300",
+        "--calls",
+        "2",
+        "--sessions",
+        "3",
+        "--periods",
+        "0.25",
+        "--drain-frames",
+        "40",
+        "--pairs",
+        "1",
+    )
+    for line in (
+        "store: 200 one-frame jobs",
+        "GetJobs include_finished, 2 calls each",
+        "GetJobs (in the cue), 2 calls each",
+        "GetFrames page 1 limit 1000, 2 calls each",
+        "GetFrames limit 10000, 2 calls each",
+        "cuectl serve --opencue ",
+        "peer REST --cache 1",
+        "peer REST --cache 0",
+        "one session alone",
+        "GetUpdatedFrames",
+        "HostInterface.GetHosts",
+        "ProcInterface.GetProcs",
+        "[target p99 < 100 ms:",
+        "drain rate polling/idle",
+        "[target drop <= 10 %:",
+    ):
         assert line in out, line
     # Every call was answered, in every block (how fast is not checked here).
     assert out.count("errors: none") == out.count("errors: ") == 2

@@ -30,22 +30,27 @@ def section(text: str, heading: str) -> str:
     """The body of the first ``## heading…`` section, up to the next level-2 heading."""
     start = text.index("\n" + heading) + 1
     end = text.find("\n## ", start + len(heading))
-    return text[start:end if end >= 0 else len(text)]
+    return text[start : end if end >= 0 else len(text)]
 
 
 # -- Windows ----------------------------------------------------------------------------------------
 def as_on_windows(code: str, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter in which the POSIX-only modules cannot be imported."""
     block = f"import sys\nfor _m in {POSIX_ONLY!r}:\n    sys.modules[_m] = None\n"
-    return subprocess.run([sys.executable, "-c", block + code, *argv], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", block + code, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
 
 def test_gpu_setup_claims_no_isolation_or_leases_on_windows():
     windows = section((DOCS / "gpu-setup.md").read_text(), "## Windows")
     assert "works as on linux" not in windows.lower()
-    lacking = windows[windows.index("**Not on Windows:**"):]
-    lacking = lacking[:lacking.index("\n\n")]
+    lacking = windows[windows.index("**Not on Windows:**") :]
+    lacking = lacking[: lacking.index("\n\n")]
     for what in ("`cuectl worker`", "`cuectl run`", "`cuectl.lease()`", "isolation"):
         assert what in lacking, what
 
@@ -65,23 +70,30 @@ def test_discovery_runs_without_the_posix_only_modules(tmp_path):
     """What docs/gpu-setup.md says works on Windows: `cuectl gpu list`, every backend."""
     fake = tmp_path / "gpus.yaml"
     fake.write_text('devices:\n  - {model: "NVIDIA GeForce RTX 2080 SUPER", memory: 8192MiB}\n')
-    code = ("import json, sys\nfrom cuectl.cli.entry import run\nsys.argv = ['cuectl'] + json.loads(sys.argv[1])\n"
-            "run()\n")
-    for args, devices in ((["gpu", "list", "--json"], 1), (["gpu", "list", "--backend", "smi", "--json"], 0),
-                          (["gpu", "list", "--backend", "nvml", "--json"], 0)):
+    code = (
+        "import json, sys\nfrom cuectl.cli.entry import run\nsys.argv = ['cuectl'] + json.loads(sys.argv[1])\nrun()\n"
+    )
+    for args, devices in (
+        (["gpu", "list", "--json"], 1),
+        (["gpu", "list", "--backend", "smi", "--json"], 0),
+        (["gpu", "list", "--backend", "nvml", "--json"], 0),
+    ):
         # PATH: no nvidia-smi to find, whatever this machine has.
         res = as_on_windows(code, json.dumps(args), CUECTL_FAKE_GPUS=str(fake), PATH=str(tmp_path))
         assert res.returncode == 0, (args, res.stderr)
         assert len(json.loads(res.stdout)["devices"]) == devices, (args, res.stdout)
 
 
-@pytest.mark.parametrize("module, what", [
-    ("cuectl.run.lease", "device leases: cuectl run, cuectl.lease(), gpu leases"),
-    ("cuectl.run.worker", "the worker"),
-    ("cuectl.run.adhoc", "cuectl run"),
-    ("cuectl.sched.store.sqlite", "the store"),
-    ("cuectl.sched.identity", "the store (PostgreSQL too: who submitted a job)"),
-])
+@pytest.mark.parametrize(
+    "module, what",
+    [
+        ("cuectl.run.lease", "device leases: cuectl run, cuectl.lease(), gpu leases"),
+        ("cuectl.run.worker", "the worker"),
+        ("cuectl.run.adhoc", "cuectl run"),
+        ("cuectl.sched.store.sqlite", "the store"),
+        ("cuectl.sched.identity", "the store (PostgreSQL too: who submitted a job)"),
+    ],
+)
 def test_what_the_docs_say_windows_lacks_needs_posix_modules(module, what):
     """If one of these ever imports on Windows, docs/gpu-setup.md's Windows section (and
     docs/verified.md) must say what now works there."""
@@ -134,6 +146,18 @@ def test_verified_page_cites_tests_that_exist_and_dates_every_hardware_run():
         assert DATE.match(cell.strip()), f"a hardware run without its date: {cell!r}"
     header = next(line for line in text.splitlines() if line.startswith("| capability"))
     assert [c.strip() for c in header.strip("|").split("|")] == ["capability", "Linux", "macOS", "Windows"]
-    for capability in ("NVML", "nvidia-smi", "AMD", "Apple", "fake", "leases", "isolation", "sampling", "worker",
-                       "PostgreSQL farm", "REST API", "web monitor"):
+    for capability in (
+        "NVML",
+        "nvidia-smi",
+        "AMD",
+        "Apple",
+        "fake",
+        "leases",
+        "isolation",
+        "sampling",
+        "worker",
+        "PostgreSQL farm",
+        "REST API",
+        "web monitor",
+    ):
         assert re.search(rf"^\| [^|]*{re.escape(capability)}", text, re.M), capability

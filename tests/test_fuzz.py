@@ -55,8 +55,10 @@ def test_model_patterns_never_crash(pattern: str, model: str) -> None:
 @settings(suppress_health_check=[HealthCheck.too_slow], max_examples=60)
 @given(st.lists(st.text(max_size=30), max_size=4), st.text(max_size=40), st.integers(0, 3))
 def test_selection_with_odd_patterns_and_models(patterns: list[str], model: str, gpus: int) -> None:
-    devices = [Device(index=i, uuid=f"GPU-{i}", vendor="NVIDIA", model=model, backend="fake",
-                      memory_total_bytes=16 << 30) for i in range(2)]
+    devices = [
+        Device(index=i, uuid=f"GPU-{i}", vendor="NVIDIA", model=model, backend="fake", memory_total_bytes=16 << 30)
+        for i in range(2)
+    ]
     result = select_devices(GpuRequest(gpus=gpus, gpu_models=tuple(patterns)), devices)
     assert result.devices is None or len(result.devices) == gpus
 

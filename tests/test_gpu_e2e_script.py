@@ -49,8 +49,14 @@ def _rows(path: Path) -> dict[str, dict[str, str]]:
 def test_shell_entry_point_fake_mode_passes(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     env = {**_env(), "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
-    res = subprocess.run(["bash", str(SHELL), "--fake", "--json", str(out)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        ["bash", str(SHELL), "--fake", "--json", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     rows = _rows(out)
     assert list(rows) == ALL_CHECKS
@@ -60,8 +66,9 @@ def test_shell_entry_point_fake_mode_passes(tmp_path: Path) -> None:
     assert "MIG not enabled" in rows["mig"]["detail"]
     # the printed table: one row per check, and the summary line
     for name in ALL_CHECKS:
-        assert any(line.startswith(name + " ") and ("PASS" in line or "SKIP" in line)
-                   for line in res.stdout.splitlines()), res.stdout
+        assert any(
+            line.startswith(name + " ") and ("PASS" in line or "SKIP" in line) for line in res.stdout.splitlines()
+        ), res.stdout
     assert "gpu-e2e: OK: 5 passed, 0 failed, 1 skipped" in res.stdout
     # the shell installed cuectl offline into a temporary place it removed afterwards
     assert "installing cuectl from" in res.stderr
@@ -72,8 +79,14 @@ def test_shell_entry_point_fake_mode_passes(tmp_path: Path) -> None:
 
 def test_fake_mig_instances_are_listed_and_leasable(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    res = subprocess.run([sys.executable, str(SCRIPT), "--fake", "--fake-mig", "--only", "inventory,isolation,mig",
-                          "--json", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--fake", "--fake-mig", "--only", "inventory,isolation,mig", "--json", str(out)],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     rows = _rows(out)
     assert {n: r["status"] for n, r in rows.items()} == {"inventory": "PASS", "isolation": "PASS", "mig": "PASS"}
@@ -85,8 +98,24 @@ def test_a_cuda_numbering_that_is_not_cuectls_fails_isolation(tmp_path: Path) ->
     """The simulated CUDA numbers devices in reverse PCI order: index 0 is then the other
     card, so the frame's device is not its lease, and the check must say so."""
     out = tmp_path / "results.json"
-    res = subprocess.run([sys.executable, str(SCRIPT), "--fake", "--only", "isolation", "--fake-cuda-order", "reversed",
-                          "--json", str(out)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--fake",
+            "--only",
+            "isolation",
+            "--fake-cuda-order",
+            "reversed",
+            "--json",
+            str(out),
+        ],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     row = _rows(out)["isolation"]
     assert row["status"] == "FAIL"
@@ -95,8 +124,15 @@ def test_a_cuda_numbering_that_is_not_cuectls_fails_isolation(tmp_path: Path) ->
 
 
 def _fake_ctx(tmp_path: Path) -> object:
-    args = argparse.Namespace(fake=True, fake_mig=False, fake_cuda_order="pci", fixtures=None, alloc_gib=1.0,
-                              cuda_lib="auto", busy_seconds=1.0)
+    args = argparse.Namespace(
+        fake=True,
+        fake_mig=False,
+        fake_cuda_order="pci",
+        fixtures=None,
+        alloc_gib=1.0,
+        cuda_lib="auto",
+        busy_seconds=1.0,
+    )
     return e2e.make_ctx(args, tmp_path / "ctx")
 
 
@@ -113,8 +149,12 @@ def test_inventory_disagreement_fails(tmp_path: Path) -> None:
 
 def test_judges_catch_a_leaky_view() -> None:
     leased = ["GPU-00000000-0000-0000-0000-000000000001"]
-    good = {"env": {"NVIDIA_VISIBLE_DEVICES": leased[0]}, "cuda_count": 1,
-            "cuda_uuid": "00000000-0000-0000-0000-000000000001", "errors": []}
+    good = {
+        "env": {"NVIDIA_VISIBLE_DEVICES": leased[0]},
+        "cuda_count": 1,
+        "cuda_uuid": "00000000-0000-0000-0000-000000000001",
+        "errors": [],
+    }
     assert e2e.judge_gpu_view(good, leased) == []
     two = {**good, "cuda_count": 2}
     assert "CUDA sees 2 devices, expected 1" in e2e.judge_gpu_view(two, leased)
@@ -124,12 +164,15 @@ def test_judges_catch_a_leaky_view() -> None:
     assert any("NVIDIA_VISIBLE_DEVICES=all" in p for p in problems)
 
 
-@pytest.mark.parametrize("raw", [
-    bytes.fromhex("abcdef0123456789abcdef0123456789"),  # cuDeviceGetUuid's 16 bytes
-    "GPU-ABCDEF01-2345-6789-abcd-ef0123456789",          # NVML / nvidia-smi
-    "MIG-abcdef01-2345-6789-abcd-ef0123456789",
-    "abcdef01-2345-6789-abcd-ef0123456789",              # torch's uuid
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        bytes.fromhex("abcdef0123456789abcdef0123456789"),  # cuDeviceGetUuid's 16 bytes
+        "GPU-ABCDEF01-2345-6789-abcd-ef0123456789",  # NVML / nvidia-smi
+        "MIG-abcdef01-2345-6789-abcd-ef0123456789",
+        "abcdef01-2345-6789-abcd-ef0123456789",  # torch's uuid
+    ],
+)
 def test_uuid_normalisation(raw: object) -> None:
     assert e2e._uuid_text(raw) == "abcdef01-2345-6789-abcd-ef0123456789"
 

@@ -18,15 +18,22 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "cuectl"
 #: Each part of the package and its rank: a module may import only parts of a lower rank
 #: (and its own part). Parts of one rank are peers and do not import each other.
 RANKS: dict[str, int] = {
-    "errors": 0, "units": 1, "fsutil": 1, "config": 2,
+    "errors": 0,
+    "units": 1,
+    "fsutil": 1,
+    "config": 2,
     "gpu": 3,
     "sched": 4,
     "run": 5,
-    "api": 6, "report": 6, "admin": 6, "top": 6,
+    "api": 6,
+    "report": 6,
+    "admin": 6,
+    "top": 6,
     "serve": 7,
     "cuebot": 8,
     "cli": 9,
-    "__main__": 10, "__init__": 10,  # the console entry and the package's face re-export
+    "__main__": 10,
+    "__init__": 10,  # the console entry and the package's face re-export
 }
 
 #: Modules of a part that sit below it: they import nothing of cuectl's but the leaves, so
@@ -115,15 +122,18 @@ def test_every_part_has_a_rank() -> None:
     assert parts <= set(RANKS), sorted(parts - set(RANKS))
 
 
-@pytest.mark.parametrize("module, source, expected", [
-    ("sched.spec", "from cuectl.run import launch\n", "imports cuectl.run"),
-    ("gpu.nvml", "def f():\n    from cuectl import top\n", "imports cuectl.top"),
-    ("run.worker.core", "from ...serve import app\n", "imports cuectl.serve ("),
-    ("report", "import cuectl.top\n", "imports cuectl.top (rank 6"),
-    ("run.spawn", "import rich.table\n", "only cli/ speaks"),
-    ("serve.app", "def f():\n    import subprocess\n", "serve/ calls the library"),
-    ("cli.job_cmd", "import sqlite3\n", "cli/ calls the library"),
-])
+@pytest.mark.parametrize(
+    "module, source, expected",
+    [
+        ("sched.spec", "from cuectl.run import launch\n", "imports cuectl.run"),
+        ("gpu.nvml", "def f():\n    from cuectl import top\n", "imports cuectl.top"),
+        ("run.worker.core", "from ...serve import app\n", "imports cuectl.serve ("),
+        ("report", "import cuectl.top\n", "imports cuectl.top (rank 6"),
+        ("run.spawn", "import rich.table\n", "only cli/ speaks"),
+        ("serve.app", "def f():\n    import subprocess\n", "serve/ calls the library"),
+        ("cli.job_cmd", "import sqlite3\n", "cli/ calls the library"),
+    ],
+)
 def test_the_checker_finds_each_kind_of_breach(module: str, source: str, expected: str) -> None:
     """The rules are only as good as the reading of imports: each kind of breach, lazy
     and relative ones too, is found."""
@@ -131,11 +141,14 @@ def test_the_checker_finds_each_kind_of_breach(module: str, source: str, expecte
     assert len(found) == 1 and expected in found[0], found
 
 
-@pytest.mark.parametrize("module, source", [
-    ("config", "from cuectl.run.libc import prctl\n"),      # a leaf module of run/
-    ("cli.root", "import typer\n"),
-    ("run.worker", "from cuectl.sched.store import Store\nfrom cuectl import __version__, config\n"),
-    ("run.lease.locks", "from . import queue\nfrom ..lockfile import x\n"),
-])
+@pytest.mark.parametrize(
+    "module, source",
+    [
+        ("config", "from cuectl.run.libc import prctl\n"),  # a leaf module of run/
+        ("cli.root", "import typer\n"),
+        ("run.worker", "from cuectl.sched.store import Store\nfrom cuectl import __version__, config\n"),
+        ("run.lease.locks", "from . import queue\nfrom ..lockfile import x\n"),
+    ],
+)
 def test_the_checker_lets_allowed_imports_pass(module: str, source: str) -> None:
     assert violations(module, source, is_package=False) == []

@@ -19,11 +19,26 @@ def test_py_typed_is_shipped_as_package_data(tmp_path: Path) -> None:
     (project / "src").mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, project / name)
-    shutil.copytree(REPO / "src" / "cuectl", project / "src" / "cuectl",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        REPO / "src" / "cuectl", project / "src" / "cuectl", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
     out = tmp_path / "lib"
-    subprocess.run([sys.executable, "-W", "ignore", "-c", "from setuptools import setup; setup()",
-                    "-q", "build_py", "--build-lib", str(out)],
-                   cwd=project, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-c",
+            "from setuptools import setup; setup()",
+            "-q",
+            "build_py",
+            "--build-lib",
+            str(out),
+        ],
+        cwd=project,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     assert (out / "cuectl" / "__init__.py").is_file()
     assert (out / "cuectl" / "py.typed").is_file(), "py.typed is missing from the built package"

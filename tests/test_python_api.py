@@ -23,9 +23,19 @@ SWEEP = {
     "priority": 7,
     "env": {"PROJECT": "demo"},
     "layers": [
-        {"name": "train", "command": ["python", "train.py", "--seed", "#IFRAME#"], "range": "1-4",
-         "gpus": 1, "gpu_vendor": "nvidia", "gpu_models": ["A100", "H100"], "gpu_memory_min": "24G",
-         "memory": "8G", "retries": 1, "timeout": "2h", "tags": ["gpu"]},
+        {
+            "name": "train",
+            "command": ["python", "train.py", "--seed", "#IFRAME#"],
+            "range": "1-4",
+            "gpus": 1,
+            "gpu_vendor": "nvidia",
+            "gpu_models": ["A100", "H100"],
+            "gpu_memory_min": "24G",
+            "memory": "8G",
+            "retries": 1,
+            "timeout": "2h",
+            "tags": ["gpu"],
+        },
         {"name": "report", "command": "python report.py", "depends": [{"layer": "train", "type": "layer"}]},
     ],
 }
@@ -58,13 +68,12 @@ def _check_sweep(job: dict) -> None:
     train, report = job["layers"]
     assert train["name"] == "train" and train["command"] == ["python", "train.py", "--seed", "#IFRAME#"]
     assert (train["gpus"], train["gpu_vendor"], train["gpu_models"]) == (1, "NVIDIA", ["A100", "H100"])
-    assert train["gpu_memory_min_bytes"] == 24 * 1024 ** 3 and train["memory_bytes"] == 8 * 1024 ** 3
+    assert train["gpu_memory_min_bytes"] == 24 * 1024**3 and train["memory_bytes"] == 8 * 1024**3
     assert (train["retries"], train["timeout_s"], train["tags"]) == (1, 7200.0, ["gpu"])
     assert _own(train["env"]) == {"PROJECT": "demo"}
     assert report["command"] == "python report.py" and report["gpus"] == 0
     assert report["depends"] == [{"layer": "train", "type": "layer"}]
-    assert [f["name"] for f in job["frames"]] == ["0001-train", "0002-train", "0003-train", "0004-train",
-                                                  "0001-report"]
+    assert [f["name"] for f in job["frames"]] == ["0001-train", "0002-train", "0003-train", "0004-train", "0001-report"]
 
 
 def test_submit_a_mapping(db_path: Path) -> None:
@@ -86,15 +95,33 @@ def test_submit_a_yaml_file_by_path_or_str(db_path: Path, tmp_path: Path) -> Non
 
 
 def test_job_builder(db_path: Path) -> None:
-    job = (cuectl.Job("lr-sweep", priority=7, env={"PROJECT": "demo"})
-           .layer("train", ["python", "train.py", "--seed", "#IFRAME#"], range="1-4", gpus=1, gpu_vendor="nvidia",
-                  gpu_models=("A100", "H100"), gpu_memory_min="24G", memory="8G", retries=1, timeout="2h",
-                  tags=["gpu"])
-           .layer("report", "python report.py", depends="train"))
+    job = (
+        cuectl.Job("lr-sweep", priority=7, env={"PROJECT": "demo"})
+        .layer(
+            "train",
+            ["python", "train.py", "--seed", "#IFRAME#"],
+            range="1-4",
+            gpus=1,
+            gpu_vendor="nvidia",
+            gpu_models=("A100", "H100"),
+            gpu_memory_min="24G",
+            memory="8G",
+            retries=1,
+            timeout="2h",
+            tags=["gpu"],
+        )
+        .layer("report", "python report.py", depends="train")
+    )
     spec = job.to_spec()
     assert spec["name"] == "lr-sweep" and spec["paused"] is False and len(spec["layers"]) == 2
-    assert spec["layers"][1] == {"name": "report", "command": "python report.py", "range": "1", "chunk": 1,
-                                 "gpus": 0, "depends": ["train"]}
+    assert spec["layers"][1] == {
+        "name": "report",
+        "command": "python report.py",
+        "range": "1",
+        "chunk": 1,
+        "gpus": 0,
+        "depends": ["train"],
+    }
     spec["layers"].clear()  # a copy: the builder is unchanged
     assert len(job.to_spec()["layers"]) == 2
     job_id = job.submit(db=str(db_path))
@@ -103,11 +130,12 @@ def test_job_builder(db_path: Path) -> None:
 
 
 def test_builder_paused_chunks_and_frame_dependencies(db_path: Path) -> None:
-    job_id = (cuectl.Job("chunked", paused=True)
-              .layer("sim", ["sim", "#FRAME_START#", "#FRAME_END#"], range="1-10", chunk=5, cores=2)
-              .layer("mesh", ["mesh"], range="1-10", chunk=5, env={"K": "v"},
-                     depends=[{"layer": "sim", "type": "frame"}])
-              .submit(db=str(db_path)))
+    job_id = (
+        cuectl.Job("chunked", paused=True)
+        .layer("sim", ["sim", "#FRAME_START#", "#FRAME_END#"], range="1-10", chunk=5, cores=2)
+        .layer("mesh", ["mesh"], range="1-10", chunk=5, env={"K": "v"}, depends=[{"layer": "sim", "type": "frame"}])
+        .submit(db=str(db_path))
+    )
     job = _job(db_path, job_id)
     assert job["paused"] is True
     sim, mesh = job["layers"]
@@ -122,21 +150,28 @@ def test_submitting_user_is_the_os_user_not_the_spec(db_path: Path) -> None:
     assert _job(db_path, cuectl.submit(SWEEP, db=str(db_path)))["user"] == "ann"
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: cuectl.Job("j").layer("a", ["true"], gpus=-1), r"^layers\[0\]\.gpus: must be 0 or more"),
-    (lambda: cuectl.Job("j").layer("a", ["true"]).layer("b", ["true"], gpu_vendor="NVIDA", gpus=1),
-     r"^layers\[1\]\.gpu_vendor: unknown vendor 'NVIDA'"),
-    (lambda: cuectl.Job("j").layer("a", ["true"], gpu_models=["A100"]), r"^layers\[0\]\.gpu_models: only applies"),
-    (lambda: cuectl.Job("j").layer("a", ["true"], depends="x"), r"^layers\[0\]\.depends\[0\]: unknown layer 'x'"),
-    (lambda: cuectl.Job("j").layer("a", ["true"], range="5-1x"), r"^layers\[0\]\.range: "),
-    (lambda: cuectl.Job("j").layer("a", ["true"], timeout="soon"), r"^layers\[0\]\.timeout: "),
-    (lambda: cuectl.Job("42").layer("a", ["true"]), r"^name: a job name must not be only digits"),
-    (lambda: cuectl.Job("j"), r"^layers: needs at least one layer"),
-    (lambda: {"name": "j", "layers": [{"name": "a", "command": ["true"], "gpu": 1}]},
-     r"^layers\[0\]: unknown key 'gpu' \(did you mean 'gpus'\?\)"),
-    (lambda: {"name": "j", "layers": [{"name": "a"}]}, r"^layers\[0\]\.command: required"),
-    (lambda: 42, r"expected a mapping, a path to a job spec file or a cuectl.Job"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: cuectl.Job("j").layer("a", ["true"], gpus=-1), r"^layers\[0\]\.gpus: must be 0 or more"),
+        (
+            lambda: cuectl.Job("j").layer("a", ["true"]).layer("b", ["true"], gpu_vendor="NVIDA", gpus=1),
+            r"^layers\[1\]\.gpu_vendor: unknown vendor 'NVIDA'",
+        ),
+        (lambda: cuectl.Job("j").layer("a", ["true"], gpu_models=["A100"]), r"^layers\[0\]\.gpu_models: only applies"),
+        (lambda: cuectl.Job("j").layer("a", ["true"], depends="x"), r"^layers\[0\]\.depends\[0\]: unknown layer 'x'"),
+        (lambda: cuectl.Job("j").layer("a", ["true"], range="5-1x"), r"^layers\[0\]\.range: "),
+        (lambda: cuectl.Job("j").layer("a", ["true"], timeout="soon"), r"^layers\[0\]\.timeout: "),
+        (lambda: cuectl.Job("42").layer("a", ["true"]), r"^name: a job name must not be only digits"),
+        (lambda: cuectl.Job("j"), r"^layers: needs at least one layer"),
+        (
+            lambda: {"name": "j", "layers": [{"name": "a", "command": ["true"], "gpu": 1}]},
+            r"^layers\[0\]: unknown key 'gpu' \(did you mean 'gpus'\?\)",
+        ),
+        (lambda: {"name": "j", "layers": [{"name": "a"}]}, r"^layers\[0\]\.command: required"),
+        (lambda: 42, r"expected a mapping, a path to a job spec file or a cuectl.Job"),
+    ],
+)
 def test_bad_input_names_the_field_and_writes_nothing(db_path: Path, make, message: str) -> None:
     with pytest.raises(InvalidInput, match=message):
         cuectl.submit(make(), db=str(db_path))
@@ -156,7 +191,7 @@ def test_bad_input_adds_nothing_to_an_existing_store(db_path: Path) -> None:
 
 def test_bad_yaml_file_errors_start_with_the_path(db_path: Path, tmp_path: Path) -> None:
     spec = tmp_path / "bad.yaml"
-    spec.write_text("name: j\nlayers:\n  - name: a\n    command: [\"true\"]\n    gpus: -2\n")
+    spec.write_text('name: j\nlayers:\n  - name: a\n    command: ["true"]\n    gpus: -2\n')
     with pytest.raises(InvalidInput, match=r"bad\.yaml: layers\[0\]\.gpus: must be 0 or more"):
         cuectl.submit(spec, db=str(db_path))
     with pytest.raises(InvalidInput, match="cannot read job spec"):
@@ -221,8 +256,9 @@ def test_import_cuectl_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["[]", "[]"]
-    timed = subprocess.run([sys.executable, "-X", "importtime", "-c", "import cuectl"], capture_output=True,
-                           text=True, check=True).stderr
+    timed = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import cuectl"], capture_output=True, text=True, check=True
+    ).stderr
     imported = [line.rsplit("|", 1)[-1].strip() for line in timed.splitlines() if "|" in line]
     assert "cuectl" in imported
     assert not [m for m in imported if m.startswith(("cuectl.", "yaml", "typing"))]
@@ -245,16 +281,20 @@ def test_a_job_built_in_python_carries_caps_limits_and_back_off(tmp_path):
     finally:
         store.close()
     assert (got["project"], got["max_running"], got["max_gpus"]) == ("show-a", 4, 2)
-    assert (got["layers"][0]["limits"], got["layers"][0]["max_running"], got["layers"][0]["retry_delay_s"]) == \
-        (["nuke"], 1, 10.0)
+    assert (got["layers"][0]["limits"], got["layers"][0]["max_running"], got["layers"][0]["retry_delay_s"]) == (
+        ["nuke"],
+        1,
+        10.0,
+    )
     bad = cuectl.Job("x", max_running=0)  # validated as a YAML spec is: the error names the field
     bad.layer("a", ["true"])
     with pytest.raises(InvalidInput, match="^max_running: must be 1 or more"):
         bad.submit(db=str(db))
 
 
-def test_python_submit_captures_the_directory_and_base_environment_as_the_cli(db_path: Path, tmp_path: Path,
-                                                                            monkeypatch) -> None:
+def test_python_submit_captures_the_directory_and_base_environment_as_the_cli(
+    db_path: Path, tmp_path: Path, monkeypatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("VIRTUAL_ENV", "/opt/venvs/ml")
     monkeypatch.setenv("HF_TOKEN", "secret")

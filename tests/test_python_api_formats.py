@@ -34,8 +34,13 @@ def _user(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _cli_dry_run(path: Path, *args: str) -> list[dict]:
     """What `cuectl submit PATH --dry-run --json` would create."""
-    out = subprocess.run([sys.executable, "-m", "cuectl", "submit", str(path), *args, "--dry-run", "--json"],
-                         capture_output=True, text=True, check=True, env={**os.environ, "CUECTL_USER": "ann"})
+    out = subprocess.run(
+        [sys.executable, "-m", "cuectl", "submit", str(path), *args, "--dry-run", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "CUECTL_USER": "ann"},
+    )
     return json.loads(out.stdout)["jobs"]
 
 

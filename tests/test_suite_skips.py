@@ -17,9 +17,25 @@ def _run(ci: bool, *options: str) -> subprocess.CompletedProcess[str]:
     env["CUECTL_SKIP_BROWSER"] = "1"
     if ci:
         env["CI"] = "true"
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options,
-                           "tests/test_bench_smoke.py", "-k", "web"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *options,
+            "tests/test_bench_smoke.py",
+            "-k",
+            "web",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_skip_is_counted_and_passes_outside_ci():

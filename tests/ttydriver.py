@@ -12,8 +12,14 @@ import termios
 import time
 
 
-def on_terminal(argv: list[str], *, answer: bytes | None, prompt: bytes = b"[y/N]", columns: int | None = None,
-                env: dict[str, str] | None = None) -> tuple[int, str]:
+def on_terminal(
+    argv: list[str],
+    *,
+    answer: bytes | None,
+    prompt: bytes = b"[y/N]",
+    columns: int | None = None,
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
     """Run ``argv`` with a pty as its stdin, stdout and stderr; type ``answer`` once it has
     printed ``prompt`` (a ``[y/N]`` question unless told). ``columns``: the terminal's width,
     set on the pty itself as a resized window would (the caller's env should not carry

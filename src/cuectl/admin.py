@@ -56,8 +56,15 @@ def prune_preview(store: Store, *, older_than_s: float, now: float) -> dict[str,
     jobs = []
     for job in store.prunable_jobs(before=now - older_than_s):
         path = store.log_dir / str(job["id"])
-        jobs.append({"id": job["id"], "name": job["name"], "user": job["user"], "finished_at": iso(job["finished_at"]),
-                     "log_dir": str(path) if path.is_dir() else None})
+        jobs.append(
+            {
+                "id": job["id"],
+                "name": job["name"],
+                "user": job["user"],
+                "finished_at": iso(job["finished_at"]),
+                "log_dir": str(path) if path.is_dir() else None,
+            }
+        )
     return {"dry_run": True, "jobs": jobs}
 
 
@@ -70,15 +77,25 @@ def _store_checks(store: Store) -> list[Check]:
         mode = stat.S_IMODE(os.stat(path).st_mode)
         perm_problems = fsutil.store_permission_problems(Path(path))
         shared = " (group store: setgid directory)" if fsutil.in_group_dir(Path(path)) else ""
-        checks.append(Check("store permissions", "warn" if perm_problems else "ok",
-                            "; ".join(perm_problems) if perm_problems else f"{mode:o}{shared}"))
+        checks.append(
+            Check(
+                "store permissions",
+                "warn" if perm_problems else "ok",
+                "; ".join(perm_problems) if perm_problems else f"{mode:o}{shared}",
+            )
+        )
         checks.append(_writers_check(store))
     problems = store.integrity_problems()
     if problems is None:
         checks.append(Check("store integrity", "ok", "skipped: this store has no check a client can run"))
     elif not problems:
-        checks.append(Check("store integrity", "ok", "integrity_check ok" if path is not None
-                            else "schema and row consistency checks passed"))
+        checks.append(
+            Check(
+                "store integrity",
+                "ok",
+                "integrity_check ok" if path is not None else "schema and row consistency checks passed",
+            )
+        )
     else:
         # One line per finding: each names its own rows, and a script can count them.
         checks += [Check("store integrity", "fail", p) for p in problems[:_PROBLEMS_SHOWN]]
@@ -97,8 +114,12 @@ def _writers_check(store: Store) -> Check:
     if not found:
         return Check("store writers", "ok", "only its owner can write it: a root worker may use it")
     more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-    return Check("store writers", "warn", f"a root worker will refuse it: {found[0]}{more}; a store several users "
-                                          "share goes behind `cuectl serve --socket` (docs/deploy.md)")
+    return Check(
+        "store writers",
+        "warn",
+        f"a root worker will refuse it: {found[0]}{more}; a store several users "
+        "share goes behind `cuectl serve --socket` (docs/deploy.md)",
+    )
 
 
 @runtime_checkable
@@ -122,12 +143,16 @@ def _lock_dir_checks_unguarded(lock_dir: Path) -> list[Check]:
     if not lock_dir.exists():
         return [Check("lock dir", "ok", f"{lock_dir} (not created yet; the first lease creates it)")]
     net = fsutil.is_network_fs(lock_dir)
-    checks = [Check("lock dir", "fail", f"{lock_dir} is on {net}: locks there are not reliable") if net
-              else _lock_dir_owner_check(lock_dir)]
+    checks = [
+        Check("lock dir", "fail", f"{lock_dir} is on {net}: locks there are not reliable")
+        if net
+        else _lock_dir_owner_check(lock_dir)
+    ]
     checks.append(_lock_files_check(lock_dir))
     held = list_leases(lock_dir)
-    checks.append(Check("device leases", "ok", f"{len(held)} held" + "".join(
-        f"; {info.describe()}" for info in held[:4])))
+    checks.append(
+        Check("device leases", "ok", f"{len(held)} held" + "".join(f"; {info.describe()}" for info in held[:4]))
+    )
     return checks
 
 
@@ -140,15 +165,27 @@ def _lock_dir_owner_check(lock_dir: Path) -> Check:
     mode = stat.S_IMODE(st.st_mode)
     where = f"{lock_dir} ({lockfile.user_name(st.st_uid)}, mode {mode:o})"
     if mode & 0o022 and not mode & stat.S_ISVTX:
-        return Check("lock dir", "fail", f"{where}: writable by others but not sticky: any user could delete "
-                                         f"another's lock file (chmod 1777 {lock_dir})")
+        return Check(
+            "lock dir",
+            "fail",
+            f"{where}: writable by others but not sticky: any user could delete "
+            f"another's lock file (chmod 1777 {lock_dir})",
+        )
     if lockfile.shares(st.st_uid):
         return Check("lock dir", "ok", f"{where}: shared; only its owner or root makes lock files")
     if st.st_uid == os.geteuid():
-        return Check("lock dir", "ok", f"{where}: yours alone; other users refuse it (a machine several people "
-                                       f"use wants root's /run/cuectl/locks)")
-    return Check("lock dir", "warn", f"{where}: another user's, which cuectl refuses: she could delete the lock "
-                                     f"file of a device you hold (set CUECTL_LOCK_DIR to root's /run/cuectl/locks)")
+        return Check(
+            "lock dir",
+            "ok",
+            f"{where}: yours alone; other users refuse it (a machine several people "
+            f"use wants root's /run/cuectl/locks)",
+        )
+    return Check(
+        "lock dir",
+        "warn",
+        f"{where}: another user's, which cuectl refuses: she could delete the lock "
+        f"file of a device you hold (set CUECTL_LOCK_DIR to root's /run/cuectl/locks)",
+    )
 
 
 def _lock_files_check(lock_dir: Path) -> Check:
@@ -169,9 +206,13 @@ def _lock_files_check(lock_dir: Path) -> Check:
     if not missing:
         return Check("lock files", "ok", f"{len(devices)} device(s), each with its lock file")
     names = ", ".join(f"gpu {d.index}" for d in missing[:8]) + (", …" if len(missing) > 8 else "")
-    return Check("lock files", "warn", f"{names}: no usable lock file, so only {lockfile.makers(owner)} can lease "
-                                       f"{'it' if len(missing) == 1 else 'them'}: "
-                                       f"`sudo cuectl admin lease setup --lock-dir {lock_dir}`")
+    return Check(
+        "lock files",
+        "warn",
+        f"{names}: no usable lock file, so only {lockfile.makers(owner)} can lease "
+        f"{'it' if len(missing) == 1 else 'them'}: "
+        f"`sudo cuectl admin lease setup --lock-dir {lock_dir}`",
+    )
 
 
 def _host_checks(store, *, now: float, down_after: float) -> list[Check]:
@@ -180,9 +221,14 @@ def _host_checks(store, *, now: float, down_after: float) -> list[Check]:
         if host["state"] == "DOWN":
             running = store.running_on_host(host["name"])
             if running:
-                checks.append(Check(f"host {host['name']}", "warn",
-                                    f"DOWN since {host['last_heartbeat']} with {len(running)} frame(s) still "
-                                    f"claimed; they are requeued when their lease expires (`cuectl admin reap`)"))
+                checks.append(
+                    Check(
+                        f"host {host['name']}",
+                        "warn",
+                        f"DOWN since {host['last_heartbeat']} with {len(running)} frame(s) still "
+                        f"claimed; they are requeued when their lease expires (`cuectl admin reap`)",
+                    )
+                )
     return checks
 
 
@@ -219,8 +265,13 @@ class StaleLease:
     record: LeaseInfo | None  # the leftover record as it was; None if there was none (or unreadable)
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "uuid": self.uuid, "lock_file": str(self.lock_file), "cleared": self.cleared,
-                "record": self.record.to_json() if self.record is not None else None}
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "lock_file": str(self.lock_file),
+            "cleared": self.cleared,
+            "record": self.record.to_json() if self.record is not None else None,
+        }
 
 
 def break_lease(ident: str, *, lock_dir: Path, devices: Sequence[Device]) -> StaleLease:
@@ -268,8 +319,13 @@ class LockFileState:
     problem: str | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "uuid": self.uuid, "lock_file": str(self.lock_file),
-                "ready": self.problem is None, "problem": self.problem}
+        return {
+            "index": self.index,
+            "uuid": self.uuid,
+            "lock_file": str(self.lock_file),
+            "ready": self.problem is None,
+            "problem": self.problem,
+        }
 
 
 @dataclass(frozen=True)
@@ -286,8 +342,13 @@ class LockSetup:
         return all(f.problem is None for f in self.files)
 
     def to_json(self) -> dict[str, Any]:
-        return {"lock_dir": str(self.lock_dir), "owner_uid": self.owner_uid, "mode": f"{self.mode:o}", "ready": self.ready,
-                "devices": [f.to_json() for f in self.files]}
+        return {
+            "lock_dir": str(self.lock_dir),
+            "owner_uid": self.owner_uid,
+            "mode": f"{self.mode:o}",
+            "ready": self.ready,
+            "devices": [f.to_json() for f in self.files],
+        }
 
 
 def setup_lock_files(lock_dir: Path, devices: Sequence[Device]) -> LockSetup:
@@ -306,8 +367,11 @@ def setup_lock_files(lock_dir: Path, devices: Sequence[Device]) -> LockSetup:
     directory = prepare_lock_dir(lock_dir)
     owner = lockfile.lock_dir_owner(str(directory))
     if not lockfile.makes_lock_files(owner):
-        raise LeaseError(f"only {lockfile.makers(owner)} makes the lock files of {directory} (so that no user "
-                         f"can delete one a lease holds)", hint=f"sudo cuectl admin lease setup --lock-dir {directory}")
+        raise LeaseError(
+            f"only {lockfile.makers(owner)} makes the lock files of {directory} (so that no user "
+            f"can delete one a lease holds)",
+            hint=f"sudo cuectl admin lease setup --lock-dir {directory}",
+        )
     files = []
     for device in devices:
         path = lock_path(directory, device.uuid)

@@ -45,18 +45,37 @@ class Job:
     ``cuectl submit job.yaml`` does, so errors name the field as in a YAML file.
     """
 
-    def __init__(self, name: str, *, priority: int = 0, paused: bool = False,
-                 env: Mapping[str, str] | None = None, project: str | None = None,
-                 max_running: int | None = None, max_cores: float | None = None,
-                 max_gpus: int | None = None, show: str | None = None, shot: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        priority: int = 0,
+        paused: bool = False,
+        env: Mapping[str, str] | None = None,
+        project: str | None = None,
+        max_running: int | None = None,
+        max_cores: float | None = None,
+        max_gpus: int | None = None,
+        show: str | None = None,
+        shot: str | None = None,
+    ) -> None:
         self.name = name
         self.priority = priority
         self.paused = paused
         self.env: dict[str, Any] | None = dict(env) if env is not None else None
         # The job's project label and caps (docs/scheduling.md); None: not set.
-        self.caps: dict[str, Any] = {key: value for key, value in (
-            ("project", project), ("max_running", max_running), ("max_cores", max_cores),
-            ("max_gpus", max_gpus), ("show", show), ("shot", shot)) if value is not None}
+        self.caps: dict[str, Any] = {
+            key: value
+            for key, value in (
+                ("project", project),
+                ("max_running", max_running),
+                ("max_cores", max_cores),
+                ("max_gpus", max_gpus),
+                ("show", show),
+                ("shot", shot),
+            )
+            if value is not None
+        }
         self.layers: list[dict[str, Any]] = []
 
     def layer(
@@ -143,12 +162,15 @@ def _depends(depends: Depends | None) -> list[Any] | None:
 
 
 def _copy_layer(layer: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: (list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value)
-            for key, value in layer.items()}
+    return {
+        key: (list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value)
+        for key, value in layer.items()
+    }
 
 
-def build_spec(spec: Mapping[str, Any] | str | Path | Job, *,
-               params: Sequence[str] | Mapping[str, str] = (), strict: bool = False) -> JobSpec:
+def build_spec(
+    spec: Mapping[str, Any] | str | Path | Job, *, params: Sequence[str] | Mapping[str, str] = (), strict: bool = False
+) -> JobSpec:
     """Validate ``spec`` into a ``JobSpec`` exactly as ``cuectl submit`` does, without
     touching any store: a mapping (the YAML schema, or an Open Job Description template),
     a path to a spec file in any format ``cuectl submit`` reads (YAML or JSON, an Open Job
@@ -157,18 +179,19 @@ def build_spec(spec: Mapping[str, Any] | str | Path | Job, *,
     items, as ``--param``); ``strict``: anything cuectl cannot honour is an error (else a
     ``UserWarning``, as the CLI's warning). An OpenCue spec of several jobs: ``build_specs``."""
     return _loaded(spec, params, strict).one(
-        hint="cuectl.api.build_specs returns them all, cuectl.api.submit_all submits them all")
+        hint="cuectl.api.build_specs returns them all, cuectl.api.submit_all submits them all"
+    )
 
 
-def build_specs(spec: Mapping[str, Any] | str | Path | Job, *,
-                params: Sequence[str] | Mapping[str, str] = (), strict: bool = False) -> list[JobSpec]:
+def build_specs(
+    spec: Mapping[str, Any] | str | Path | Job, *, params: Sequence[str] | Mapping[str, str] = (), strict: bool = False
+) -> list[JobSpec]:
     """Every job of ``spec`` (see ``build_spec``), validated, in submit order: one, or the
     jobs of an OpenCue spec."""
     return list(_loaded(spec, params, strict).jobs)
 
 
-def _loaded(spec: Mapping[str, Any] | str | Path | Job, params: Sequence[str] | Mapping[str, str],
-            strict: bool) -> Any:
+def _loaded(spec: Mapping[str, Any] | str | Path | Job, params: Sequence[str] | Mapping[str, str], strict: bool) -> Any:
     """``spec`` through the front door every submit takes (cuectl.sched.intake), with the
     context ``cuectl submit`` captures: the user, the frame limit, the directory and environment."""
     import warnings
@@ -188,25 +211,34 @@ def _loaded(spec: Mapping[str, Any] | str | Path | Job, params: Sequence[str] | 
         notes: list[str] = []
         job_spec = intake.load_mapping(spec, context, params=params, notes=notes)
         if strict and notes:
-            raise InvalidInput(f"{len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
-                               hint="strict=False to submit anyway (each is a warning then)")
+            raise InvalidInput(
+                f"{len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
+                hint="strict=False to submit anyway (each is a warning then)",
+            )
         for note in notes:
             warn(note)
         return intake.Loaded((job_spec,), intake.SPEC, "<mapping>", ((),), tuple(notes))
-    raise InvalidInput(f"submit: expected a mapping, a path to a job spec file or a cuectl.Job, "
-                       f"got {type(spec).__name__}")
+    raise InvalidInput(
+        f"submit: expected a mapping, a path to a job spec file or a cuectl.Job, got {type(spec).__name__}"
+    )
 
 
 def _open(db: str | Path | None, *, create: bool) -> Store:
     from cuectl import config
     from cuectl.sched.store import open_store
 
-    return open_store(str(db) if db is not None else config.default_db_url(),
-                      busy_timeout_s=config.busy_timeout(), create=create)
+    return open_store(
+        str(db) if db is not None else config.default_db_url(), busy_timeout_s=config.busy_timeout(), create=create
+    )
 
 
-def submit(spec: Mapping[str, Any] | str | Path | Job, *, db: str | Path | None = None,
-           params: Sequence[str] | Mapping[str, str] = (), strict: bool = False) -> int:
+def submit(
+    spec: Mapping[str, Any] | str | Path | Job,
+    *,
+    db: str | Path | None = None,
+    params: Sequence[str] | Mapping[str, str] = (),
+    strict: bool = False,
+) -> int:
     """Submit a job and return its id.
 
     ``spec``: a mapping in the YAML spec's schema (docs/job-spec.md) or an Open Job
@@ -222,8 +254,13 @@ def submit(spec: Mapping[str, Any] | str | Path | Job, *, db: str | Path | None 
     return _submit_loaded(loaded, db)[0]
 
 
-def submit_all(spec: Mapping[str, Any] | str | Path | Job, *, db: str | Path | None = None,
-               params: Sequence[str] | Mapping[str, str] = (), strict: bool = False) -> list[int]:
+def submit_all(
+    spec: Mapping[str, Any] | str | Path | Job,
+    *,
+    db: str | Path | None = None,
+    params: Sequence[str] | Mapping[str, str] = (),
+    strict: bool = False,
+) -> list[int]:
     """Submit every job of ``spec`` (see ``submit``) and return their ids, in submit order:
     an OpenCue spec's jobs as ``cuectl submit job.xml`` submits them (each after the jobs
     it waits on, with its frame-level waits)."""
@@ -237,14 +274,21 @@ def _submit_loaded(loaded: Any, db: str | Path | None) -> list[int]:
 
     store = _open(db, create=True)
     try:
-        return intake.submit(store, loaded, now=time.time(),
-                             warn=lambda text: warnings.warn(text, UserWarning, stacklevel=4))
+        return intake.submit(
+            store, loaded, now=time.time(), warn=lambda text: warnings.warn(text, UserWarning, stacklevel=4)
+        )
     finally:
         store.close()
 
 
-def wait(jobs: int | str | Sequence[int | str], *, timeout: str | float | None = None,
-         db: str | Path | None = None, poll: float = 1.0, check: bool = True) -> list[dict[str, Any]]:
+def wait(
+    jobs: int | str | Sequence[int | str],
+    *,
+    timeout: str | float | None = None,
+    db: str | Path | None = None,
+    poll: float = 1.0,
+    check: bool = True,
+) -> list[dict[str, Any]]:
     """Block until the jobs (ids or unique names) finish, as ``cuectl job wait`` does.
 
     Returns the finished jobs (``cuectl job show --json`` shapes, without the pending reason
@@ -265,4 +309,3 @@ def wait(jobs: int | str | Sequence[int | str], *, timeout: str | float | None =
     if check:
         check_succeeded(done)
     return done
-

@@ -173,8 +173,9 @@ def fake_gpus_file() -> str | None:
 
 def _bad(name: str, raw: str, expected: str) -> InvalidInput:
     shown = raw if len(raw) <= 40 else raw[:40] + "..."
-    return InvalidInput(f"{name}={shown!r} is not valid: expected {expected}",
-                        hint=f"fix or unset {name} (docs/environment.md)")
+    return InvalidInput(
+        f"{name}={shown!r} is not valid: expected {expected}", hint=f"fix or unset {name} (docs/environment.md)"
+    )
 
 
 def _env_number(name: str, default: float, *, minimum: float, maximum: float, integer: bool = False) -> float:

@@ -8,10 +8,27 @@ from pathlib import Path
 
 # Filesystems whose POSIX/flock locks are not reliable across hosts (or at all): a SQLite
 # file or a lease directory there could let two hosts believe they hold the same lock.
-NETWORK_FS_TYPES = frozenset({
-    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "lustre", "gpfs", "ceph",
-    "fuse.glusterfs", "glusterfs", "afs", "beegfs", "fuse.s3fs", "fuse.gcsfuse", "davfs",
-})
+NETWORK_FS_TYPES = frozenset(
+    {
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "9p",
+        "fuse.sshfs",
+        "lustre",
+        "gpfs",
+        "ceph",
+        "fuse.glusterfs",
+        "glusterfs",
+        "afs",
+        "beegfs",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "davfs",
+    }
+)
 
 
 def filesystem_type(path: Path, mounts_file: Path = Path("/proc/mounts")) -> str | None:
@@ -160,8 +177,9 @@ def store_permission_problems(path: Path) -> list[str]:
             continue
     for file, st in present:
         if st.st_mode & 0o007:
-            problems.append(f"{file} is mode {stat.S_IMODE(st.st_mode):o}: every user can get at it "
-                            f"(chmod o-rwx {file})")
+            problems.append(
+                f"{file} is mode {stat.S_IMODE(st.st_mode):o}: every user can get at it (chmod o-rwx {file})"
+            )
     if not dir_st.st_mode & stat.S_ISGID:
         return problems
     try:
@@ -169,12 +187,16 @@ def store_permission_problems(path: Path) -> list[str]:
     except KeyError:
         group = str(dir_st.st_gid)
     if dir_st.st_mode & 0o070 != 0o070:
-        problems.append(f"group store: directory {path.parent} is mode {stat.S_IMODE(dir_st.st_mode):o}, so members "
-                        f"of {group} cannot create the store's -wal/-shm files (chmod g+rwx {path.parent})")
+        problems.append(
+            f"group store: directory {path.parent} is mode {stat.S_IMODE(dir_st.st_mode):o}, so members "
+            f"of {group} cannot create the store's -wal/-shm files (chmod g+rwx {path.parent})"
+        )
     for file, st in present:
         if st.st_gid != dir_st.st_gid:
             problems.append(f"group store: {file} belongs to another group than {group} (chgrp {group} {file})")
         if st.st_mode & 0o060 != 0o060:
-            problems.append(f"group store: {file} is mode {stat.S_IMODE(st.st_mode):o}, so other members of {group} "
-                            f"get \"attempt to write a readonly database\" (chmod g+rw {file})")
+            problems.append(
+                f"group store: {file} is mode {stat.S_IMODE(st.st_mode):o}, so other members of {group} "
+                f'get "attempt to write a readonly database" (chmod g+rw {file})'
+            )
     return problems

@@ -42,9 +42,22 @@ from cuectl.units import iso, parse_time
 FORMATS = ("table", "csv", "json", "prometheus")
 
 # The DESIGN §9 report-row keys, in order; ``to_json`` adds the extras after them.
-ROW_KEYS = ("group", "frames", "succeeded", "dead", "retries", "wall_seconds", "gpu_seconds_allocated",
-            "gpu_seconds_busy", "gpu_efficiency_pct", "gpu_util_mean_pct", "gpu_memory_peak_bytes",
-            "core_seconds", "wait_p50_s", "wait_p95_s")
+ROW_KEYS = (
+    "group",
+    "frames",
+    "succeeded",
+    "dead",
+    "retries",
+    "wall_seconds",
+    "gpu_seconds_allocated",
+    "gpu_seconds_busy",
+    "gpu_efficiency_pct",
+    "gpu_util_mean_pct",
+    "gpu_memory_peak_bytes",
+    "core_seconds",
+    "wait_p50_s",
+    "wait_p95_s",
+)
 EXTRA_KEYS = ("gpu_seconds_wasted", "attempts", "labels")
 
 
@@ -146,12 +159,22 @@ def percentile(sorted_values: Sequence[float], pct: float) -> float | None:
 def report_row(group: UsageGroup, name: str, labels: dict[str, str] | None = None) -> ReportRow:
     """A group's sums as a report row: the weighted mean utilisation and the wait percentiles."""
     return ReportRow(
-        group=name, labels=dict(labels or {}), frames=group.frames, succeeded=group.succeeded, dead=group.dead,
-        retries=group.retries, attempts=group.attempts, wall_seconds=group.wall_seconds,
-        gpu_seconds_allocated=group.gpu_seconds_allocated, gpu_seconds_busy=group.gpu_seconds_busy,
+        group=name,
+        labels=dict(labels or {}),
+        frames=group.frames,
+        succeeded=group.succeeded,
+        dead=group.dead,
+        retries=group.retries,
+        attempts=group.attempts,
+        wall_seconds=group.wall_seconds,
+        gpu_seconds_allocated=group.gpu_seconds_allocated,
+        gpu_seconds_busy=group.gpu_seconds_busy,
         gpu_util_mean_pct=(group.util_weighted / group.util_weight) if group.util_weight > 0 else None,
-        gpu_memory_peak_bytes=group.gpu_memory_peak_bytes, core_seconds=group.core_seconds,
-        wait_p50_s=percentile(group.waits, 50), wait_p95_s=percentile(group.waits, 95))
+        gpu_memory_peak_bytes=group.gpu_memory_peak_bytes,
+        core_seconds=group.core_seconds,
+        wait_p50_s=percentile(group.waits, 50),
+        wait_p95_s=percentile(group.waits, 95),
+    )
 
 
 def build_rows(groups: Sequence[UsageGroup], *, by: str) -> list[ReportRow]:
@@ -166,8 +189,9 @@ def build_rows(groups: Sequence[UsageGroup], *, by: str) -> list[ReportRow]:
 
 
 # -- reading the store ---------------------------------------------------------------------
-def run_report(store: Any, *, by: str, since: float, until: float,
-               with_total: bool = True) -> tuple[list[ReportRow], ReportRow | None]:
+def run_report(
+    store: Any, *, by: str, since: float, until: float, with_total: bool = True
+) -> tuple[list[ReportRow], ReportRow | None]:
     """The window's rows (and the ``total`` row over all of it: distinct frames and
     percentiles over the whole window, which adding the rows up cannot give) from any store."""
     by = check_by(by)  # the library's callers may spell it gpu_model too
@@ -222,19 +246,23 @@ def _ratio(pct: float | None) -> float | None:
 PROM_FAMILIES: tuple[tuple[str, str, Callable[[ReportRow], float | int | None]], ...] = (
     ("frames", "Distinct frames with an attempt that ended in the report window.", lambda r: r.frames),
     ("frames_succeeded", "Attempts that succeeded in the window.", lambda r: r.succeeded),
-    ("frames_dead", "Frames whose last attempt in the window failed (dead, or awaiting a retry).",
-     lambda r: r.dead),
+    ("frames_dead", "Frames whose last attempt in the window failed (dead, or awaiting a retry).", lambda r: r.dead),
     ("retries", "Attempts beyond a frame's first (retries and requeues) in the window.", lambda r: r.retries),
     ("wall_seconds", "Sum of attempt wall-clock seconds.", lambda r: r.wall_seconds),
-    ("gpu_seconds_allocated", "GPU-seconds allocated to attempts (wall time x devices).",
-     lambda r: r.gpu_seconds_allocated),
+    (
+        "gpu_seconds_allocated",
+        "GPU-seconds allocated to attempts (wall time x devices).",
+        lambda r: r.gpu_seconds_allocated,
+    ),
     ("gpu_seconds_busy", "GPU-seconds the devices were busy (utilisation x time).", lambda r: r.gpu_seconds_busy),
     ("gpu_seconds_wasted", "GPU-seconds allocated but idle (allocated - busy).", lambda r: r.gpu_seconds_wasted),
     ("gpu_efficiency_ratio", "Busy / allocated GPU-seconds (0-1).", lambda r: _ratio(r.gpu_efficiency_pct)),
-    ("gpu_utilization_mean_ratio", "Allocation-weighted mean GPU utilisation of attempts (0-1).",
-     lambda r: _ratio(r.gpu_util_mean_pct)),
-    ("gpu_memory_peak_bytes", "Highest GPU memory one device of an attempt used.",
-     lambda r: r.gpu_memory_peak_bytes),
+    (
+        "gpu_utilization_mean_ratio",
+        "Allocation-weighted mean GPU utilisation of attempts (0-1).",
+        lambda r: _ratio(r.gpu_util_mean_pct),
+    ),
+    ("gpu_memory_peak_bytes", "Highest GPU memory one device of an attempt used.", lambda r: r.gpu_memory_peak_bytes),
     ("core_seconds", "Reserved CPU cores x attempt wall seconds.", lambda r: r.core_seconds),
 )
 PROM_PREFIX = "cuectl_report_"
@@ -257,8 +285,9 @@ def _number(value: float | int) -> str:
     return repr(round(float(value), 6))
 
 
-def render_prometheus(rows: Sequence[ReportRow], *, by: str, generated_at: float,
-                      since: float | None = None, until: float | None = None) -> str:
+def render_prometheus(
+    rows: Sequence[ReportRow], *, by: str, generated_at: float, since: float | None = None, until: float | None = None
+) -> str:
     """Prometheus text exposition (node_exporter textfile collector): one gauge family per
     figure, each sample labelled ``by`` and ``group`` (+ ``job_id``/``job_name``/``layer``
     for ``--by job|layer``). Every sample carries ``by`` so that several reports (one file
@@ -281,8 +310,9 @@ def render_prometheus(rows: Sequence[ReportRow], *, by: str, generated_at: float
     for row, labels in zip(rows, row_labels):
         for quantile, value in (("0.5", row.wait_p50_s), ("0.95", row.wait_p95_s)):
             if value is not None:
-                lines.append(f"{PROM_PREFIX}queue_wait_seconds{_labels({**labels, 'quantile': quantile})} "
-                             f"{_number(value)}")
+                lines.append(
+                    f"{PROM_PREFIX}queue_wait_seconds{_labels({**labels, 'quantile': quantile})} {_number(value)}"
+                )
     family("generated_timestamp_seconds", "When this report was generated (Unix time).")
     lines.append(f"{PROM_PREFIX}generated_timestamp_seconds{_labels({'by': by})} {_number(generated_at)}")
     if since is not None and until is not None:
@@ -327,8 +357,9 @@ def write_atomically(path: str | Path, text: str) -> None:
         tmp_name = None
         _fsync_dir(directory)
     except OSError as exc:
-        raise StoreError(f"cannot write {target}: {exc.strerror or exc}",
-                         hint="check that the directory exists and is writable") from None
+        raise StoreError(
+            f"cannot write {target}: {exc.strerror or exc}", hint="check that the directory exists and is writable"
+        ) from None
     finally:
         if tmp_name is not None:
             try:

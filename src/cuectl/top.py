@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from cuectl.sched.store import Store
 
 # A device that idles with a little memory in use (driver context, display) is not "held".
-FOREIGN_MEMORY_FLOOR_BYTES = 256 * 1024 ** 2
+FOREIGN_MEMORY_FLOOR_BYTES = 256 * 1024**2
 FOREIGN_UTIL_FLOOR_PCT = 5.0
 # The sampling interval of a worker that does not publish its own (``cuectl worker
 # --sample-interval``'s default), and how many intervals old a value may be and still be
@@ -81,8 +81,11 @@ def live_values(live_doc: Mapping[str, Any] | None, *, now: float) -> dict[str, 
             "utilization_pct": d.get("utilization_pct") if fresh else None,
             "memory_used_bytes": d.get("memory_used_bytes") if fresh else None,
             "memory_free_bytes": d.get("memory_free_bytes") if fresh else None,
-            "sampled_at": iso(at), "sample_age_s": None if age is None else round(age, 3), "fresh": fresh,
-            "frame_id": frame_id if isinstance(frame_id, int) and not isinstance(frame_id, bool) else None}
+            "sampled_at": iso(at),
+            "sample_age_s": None if age is None else round(age, 3),
+            "fresh": fresh,
+            "frame_id": frame_id if isinstance(frame_id, int) and not isinstance(frame_id, bool) else None,
+        }
     return out
 
 
@@ -99,16 +102,30 @@ def _local_leases(lock_dir: Path | None) -> list[Any]:
         return []
 
 
-def _holder(uuid: str, frames_by_uuid: Mapping[str, Mapping[str, Any]], leases: Mapping[str, Any],
-            live: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def _holder(
+    uuid: str,
+    frames_by_uuid: Mapping[str, Mapping[str, Any]],
+    leases: Mapping[str, Any],
+    live: Mapping[str, Any] | None,
+) -> dict[str, Any] | None:
     frame = frames_by_uuid.get(uuid)
     if frame is not None:
-        return {"kind": "frame", "frame_id": frame["id"], "label": f"{frame['job']}/{frame['name']}",
-                "pid": None, "user": None}
+        return {
+            "kind": "frame",
+            "frame_id": frame["id"],
+            "label": f"{frame['job']}/{frame['name']}",
+            "pid": None,
+            "user": None,
+        }
     info = leases.get(uuid)
     if info is not None:
-        return {"kind": info.kind or "lease", "frame_id": None, "label": info.label or info.holder,
-                "pid": info.pid, "user": info.user}
+        return {
+            "kind": info.kind or "lease",
+            "frame_id": None,
+            "label": info.label or info.holder,
+            "pid": info.pid,
+            "user": info.user,
+        }
     # Only a fresh sample taken while no frame of its worker held the device tells of another
     # program: a frame's own use, read just before it ended, is not a stranger's.
     if live is not None and live["fresh"] and live["frame_id"] is None:
@@ -119,8 +136,7 @@ def _holder(uuid: str, frames_by_uuid: Mapping[str, Mapping[str, Any]], leases: 
     return None
 
 
-def _device(gpu: Mapping[str, Any], live: Mapping[str, Any] | None, holder: dict[str, Any] | None
-            ) -> dict[str, Any]:
+def _device(gpu: Mapping[str, Any], live: Mapping[str, Any] | None, holder: dict[str, Any] | None) -> dict[str, Any]:
     used = live.get("memory_used_bytes") if live else None
     total = gpu.get("memory_total_bytes")
     if total is None and live and used is not None and live.get("memory_free_bytes") is not None:
@@ -160,9 +176,16 @@ def _at(value: Any) -> str | None:
     return iso(value) if isinstance(value, (int, float)) else None
 
 
-def snapshot(store: Store, *, lock_dir: Path | None = None, now: float | None = None,
-             down_after: float = m.HOST_DOWN_AFTER_S, frame_limit: int = 500,
-             local_leases: bool = True, waiting: bool = True) -> dict[str, Any]:
+def snapshot(
+    store: Store,
+    *,
+    lock_dir: Path | None = None,
+    now: float | None = None,
+    down_after: float = m.HOST_DOWN_AFTER_S,
+    frame_limit: int = 500,
+    local_leases: bool = True,
+    waiting: bool = True,
+) -> dict[str, Any]:
     """The farm right now, as one JSON-ready dict (keys: ``at``, ``hosts``, ``frames``,
     ``waiting``, ``totals``; see docs/accounting.md, "cuectl top"). ``waiting=False``: no
     waiting jobs (``[]``, their totals None), for views of the hosts alone: each waiting
@@ -182,32 +205,52 @@ def snapshot(store: Store, *, lock_dir: Path | None = None, now: float | None = 
         for gpu in sorted(h.get("gpus") or [], key=lambda g: (g.get("index") is None, g.get("index") or 0)):
             live = live_by_uuid.get(gpu.get("uuid"))
             devices.append(_device(gpu, live, _holder(gpu.get("uuid", ""), frames_by_uuid, leases, live)))
-        hosts.append({
-            "name": h["name"],
-            "state": h["state"],
-            "locked": h["locked"],
-            "last_heartbeat": h["last_heartbeat"],
-            "live_at": _at(live_doc.get("at")),
-            "running": sum(1 for f in frames if f.get("host") == h["name"]),
-            "devices": devices,
-        })
+        hosts.append(
+            {
+                "name": h["name"],
+                "state": h["state"],
+                "locked": h["locked"],
+                "last_heartbeat": h["last_heartbeat"],
+                "live_at": _at(live_doc.get("at")),
+                "running": sum(1 for f in frames if f.get("host") == h["name"]),
+                "devices": devices,
+            }
+        )
 
-    running = [{
-        "id": f["id"], "job": f["job"], "name": f["name"], "host": f["host"], "attempts": f["attempts"],
-        "gpu_uuids": f.get("gpu_uuids") or [], "started_at": f["started_at"],
-        "elapsed_s": _elapsed(f["started_at"], now),
-        "gpu_util_pct": f.get("gpu_util_pct"), "gpu_memory_used_bytes": f.get("gpu_memory_used_bytes"),
-        "gpu_sampled_at": f.get("gpu_sampled_at"),
-    } for f in frames]
+    running = [
+        {
+            "id": f["id"],
+            "job": f["job"],
+            "name": f["name"],
+            "host": f["host"],
+            "attempts": f["attempts"],
+            "gpu_uuids": f.get("gpu_uuids") or [],
+            "started_at": f["started_at"],
+            "elapsed_s": _elapsed(f["started_at"], now),
+            "gpu_util_pct": f.get("gpu_util_pct"),
+            "gpu_memory_used_bytes": f.get("gpu_memory_used_bytes"),
+            "gpu_sampled_at": f.get("gpu_sampled_at"),
+        }
+        for f in frames
+    ]
 
     queue: list[dict[str, Any]] = []
     for j in describe_jobs(store, include_finished=False) if waiting else ():
         counts = j.get("frame_counts") or {}
         if not (counts.get(m.WAITING) or counts.get(m.DEPEND)):
             continue
-        queue.append({"id": j["id"], "name": j["name"], "user": j["user"], "priority": j["priority"],
-                        "paused": j["paused"], "waiting": counts.get(m.WAITING, 0),
-                        "depend": counts.get(m.DEPEND, 0), "pending_reason": j.get("pending_reason")})
+        queue.append(
+            {
+                "id": j["id"],
+                "name": j["name"],
+                "user": j["user"],
+                "priority": j["priority"],
+                "paused": j["paused"],
+                "waiting": counts.get(m.WAITING, 0),
+                "depend": counts.get(m.DEPEND, 0),
+                "pending_reason": j.get("pending_reason"),
+            }
+        )
 
     all_devices = [d for h in hosts for d in h["devices"]]
     return {

@@ -159,7 +159,9 @@ def parse_time(value: str, *, now: float, field: str = "time") -> float:
     try:
         dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise InvalidInput(f"{field}: invalid time {value!r} (use e.g. 7d, 12h, 2026-01-31 or an ISO timestamp)") from None
+        raise InvalidInput(
+            f"{field}: invalid time {value!r} (use e.g. 7d, 12h, 2026-01-31 or an ISO timestamp)"
+        ) from None
     if dt.tzinfo is None:
         dt = dt.replace(tzinfo=timezone.utc)
     return dt.timestamp()

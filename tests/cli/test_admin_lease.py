@@ -37,9 +37,14 @@ def holder():
     procs: list[subprocess.Popen[str]] = []
 
     def start(label: str, **params: Any) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-        proc = subprocess.Popen([sys.executable, str(CHILD), json.dumps({"gpus": 1, "label": label, **params})],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(CHILD), json.dumps({"gpus": 1, "label": label, **params})],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         procs.append(proc)
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the child prints one line once it holds the lease
@@ -130,8 +135,18 @@ def test_break_of_a_lock_no_device_of_this_host_has(cli, gpus, tmp_path):
     gone = "GPU-0ld0ld00-0000-0000-0000-000000000000"
     path = lock_file(gone)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"uuid": gone, "index": 5, "pid": 999999999, "holder": "frame 3", "kind": "worker",
-                                "since": 1_700_000_000.0}))
+    path.write_text(
+        json.dumps(
+            {
+                "uuid": gone,
+                "index": 5,
+                "pid": 999999999,
+                "holder": "frame 3",
+                "kind": "worker",
+                "since": 1_700_000_000.0,
+            }
+        )
+    )
     res = cli("admin", "lease", "break", gone, "--json", db=False)
     assert res.exit_code == 0, res
     assert res.json()["cleared"] is True and res.json()["index"] == 5

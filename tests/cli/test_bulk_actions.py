@@ -39,8 +39,9 @@ def succeed_all(db: Path) -> None:
         while layers := store.runnable_layers():
             c = store.claim_frame(layers[0].layer_id, host="h1", worker="w", gpu_uuids=[], now=NOW, lease_s=60)
             assert c is not None
-            store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 1),
-                                 now=NOW + 1)
+            store.complete_frame(
+                c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 1), now=NOW + 1
+            )
     finally:
         store.close()
 
@@ -54,13 +55,17 @@ def test_several_jobs_at_once(cli, db_path):
     res = cli("job", "kill", a, "b", "--json")
     assert res.exit_code == 0, res
     jobs = res.json()["jobs"]
-    assert [(j["id"], j["outcome"], j["frame_counts"]) for j in jobs] == [(a, "KILLED", {"EATEN": 3}),
-                                                                          (b, "KILLED", {"EATEN": 3})]
+    assert [(j["id"], j["outcome"], j["frame_counts"]) for j in jobs] == [
+        (a, "KILLED", {"EATEN": 3}),
+        (b, "KILLED", {"EATEN": 3}),
+    ]
     assert "layers" not in jobs[0]  # job list's shape
     assert job(cli, c)["frame_counts"] == {"WAITING": 3}
     res = cli("job", "retry", a, b)
-    assert res.exit_code == 0 and res.stdout.splitlines() == [f"retrying dead frames of job {a} a",
-                                                              f"retrying dead frames of job {b} b"], res
+    assert res.exit_code == 0 and res.stdout.splitlines() == [
+        f"retrying dead frames of job {a} a",
+        f"retrying dead frames of job {b} b",
+    ], res
     assert [j["paused"] for j in cli("job", "pause", a, b, c, "--json").json()["jobs"]] == [True] * 3
     assert cli("job", "resume", a, c).stdout.splitlines() == [f"resumed job {a} a", f"resumed job {c} c"]
     assert job(cli, b)["paused"] is True and job(cli, a)["paused"] is False
@@ -92,8 +97,9 @@ def test_selectors_user_state_name(cli, db_path):
     assert sorted(j["id"] for j in res.json()["jobs"]) == sorted([*mine, other])
     assert job(cli, done)["outcome"] == "SUCCEEDED" and job(cli, unrelated)["state"] == "PENDING"
     # --state picks how a finished job ended; retry with no --state: jobs with something to retry.
-    assert [j["id"] for j in cli("job", "retry", "--state", "killed", "--user", "bob", "--json").json()["jobs"]] \
-        == [other]
+    assert [j["id"] for j in cli("job", "retry", "--state", "killed", "--user", "bob", "--json").json()["jobs"]] == [
+        other
+    ]
     res = cli("job", "retry", "--user", "alice", "--json")
     assert [j["id"] for j in res.json()["jobs"]] == mine  # not `done` (nothing dead or eaten), nor comp-1
     assert {j["state"] for j in res.json()["jobs"]} == {"PENDING"}
@@ -104,8 +110,14 @@ def test_selectors_user_state_name(cli, db_path):
 
 
 def test_frames_by_job_layer_state_and_range(cli, db_path):
-    j = submit(db_path, "shot", layers=[{"name": "sim", "command": ["true"], "range": "1-4"},
-                                        {"name": "render", "command": ["true"], "range": "1-20"}])
+    j = submit(
+        db_path,
+        "shot",
+        layers=[
+            {"name": "sim", "command": ["true"], "range": "1-4"},
+            {"name": "render", "command": ["true"], "range": "1-20"},
+        ],
+    )
     res = cli("frame", "kill", "--job", "shot", "--layer", "render", "--range", "1-10x2", "--json")
     assert res.exit_code == 0, res
     killed = res.json()["frames"]
@@ -124,22 +136,25 @@ def test_frames_by_job_layer_state_and_range(cli, db_path):
     assert res.exit_code == 1 and "no layer 'nope'" in res.stderr, res
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("job", "kill"), "which jobs"),
-    (("job", "pause"), "which jobs"),
-    (("job", "priority", "5"), "which jobs"),
-    (("job", "kill", "1", "--user", "alice"), "not both"),
-    (("job", "kill", "--state", "SLEEPING"), "SLEEPING"),
-    (("job", "retry", "--name", ""), "--name"),
-    (("job", "priority", "1", "2", "high"), "PRIORITY"),
-    (("job", "priority", "--user", "alice", "2", "3"), "not both"),
-    (("frame", "kill"), "which frames"),
-    (("frame", "eat", "1", "--job", "1"), "not both"),
-    (("frame", "kill", "--range", "1-3"), "--job"),
-    (("frame", "kill", "--layer", "render"), "--job"),
-    (("frame", "retry", "--job", "1", "--range", "1-3x0"), "--range"),
-    (("frame", "retry", "--job", "1", "--state", "ASLEEP"), "ASLEEP"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("job", "kill"), "which jobs"),
+        (("job", "pause"), "which jobs"),
+        (("job", "priority", "5"), "which jobs"),
+        (("job", "kill", "1", "--user", "alice"), "not both"),
+        (("job", "kill", "--state", "SLEEPING"), "SLEEPING"),
+        (("job", "retry", "--name", ""), "--name"),
+        (("job", "priority", "1", "2", "high"), "PRIORITY"),
+        (("job", "priority", "--user", "alice", "2", "3"), "not both"),
+        (("frame", "kill"), "which frames"),
+        (("frame", "eat", "1", "--job", "1"), "not both"),
+        (("frame", "kill", "--range", "1-3"), "--job"),
+        (("frame", "kill", "--layer", "render"), "--job"),
+        (("frame", "retry", "--job", "1", "--range", "1-3x0"), "--range"),
+        (("frame", "retry", "--job", "1", "--state", "ASLEEP"), "ASLEEP"),
+    ],
+)
 def test_bad_input_exits_2_and_changes_nothing(cli, db_path, args, needle):
     submit(db_path, "x")
     before = store_digest(db_path)
@@ -162,8 +177,13 @@ def test_unknown_job_among_several_changes_nothing(cli, db_path):
 def test_no_terminal_no_question(db_path):
     """Scripts: stdin and stdout are not a terminal, so a bulk kill goes ahead without --yes."""
     ids = [submit(db_path, f"s{i}") for i in range(3)]
-    res = subprocess.run([*cuectl_cmd(), "--db", str(db_path), "job", "kill", "--name", "s*"],
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db_path), "job", "kill", "--name", "s*"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [f"killed job {i} s{n}" for n, i in enumerate(ids)]
     assert "[y/N]" not in res.stderr
@@ -231,11 +251,16 @@ def test_a_bulk_action_over_someone_elses_jobs_changes_nothing(group_store, os_u
     before = store_digest(group_store)
     res = _as(alice, group_store, "job", "kill", "--name", "*", "--yes")
     assert res.returncode == 1, res
-    assert res.stderr.startswith(f"error: 2 of 4 jobs are not {alice.name}'s (job {ids['b1']} (b1) belongs to "
-                                 f"{bob.name}, job {ids['b2']} (b2) belongs to {bob.name})"), res.stderr
+    assert res.stderr.startswith(
+        f"error: 2 of 4 jobs are not {alice.name}'s (job {ids['b1']} (b1) belongs to "
+        f"{bob.name}, job {ids['b2']} (b2) belongs to {bob.name})"
+    ), res.stderr
     assert "nothing changed" in res.stderr and "--force" in res.stderr
-    for args in (("job", "pause", str(ids["a1"]), str(ids["b1"])), ("job", "priority", "--user", bob.name, "9"),
-                 ("frame", "eat", "--job", str(ids["b2"]), "--yes")):
+    for args in (
+        ("job", "pause", str(ids["a1"]), str(ids["b1"])),
+        ("job", "priority", "--user", bob.name, "9"),
+        ("frame", "eat", "--job", str(ids["b2"]), "--yes"),
+    ):
         res = _as(alice, group_store, *args)
         assert res.returncode == 1 and "Traceback" not in res.stderr, (args, res.stderr)
     assert store_digest(group_store) == before

@@ -11,11 +11,43 @@ from pathlib import Path
 import pytest
 
 JOB_KEYS = {"id", "name", "user", "priority", "state", "paused", "created_at", "frame_counts", "pending_reason"}
-LAYER_KEYS = {"name", "command", "range", "chunk", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min_bytes",
-              "cores", "memory_bytes", "retries", "timeout_s", "tags", "depends"}
-FRAME_KEYS = {"id", "job_id", "job", "layer", "number", "name", "state", "attempts", "host", "gpu_uuids",
-              "exit_code", "exit_signal", "started_at", "ended_at", "gpu_util_mean_pct", "gpu_util_max_pct",
-              "gpu_memory_peak_bytes", "gpu_seconds", "max_rss_bytes"}
+LAYER_KEYS = {
+    "name",
+    "command",
+    "range",
+    "chunk",
+    "gpus",
+    "gpu_vendor",
+    "gpu_models",
+    "gpu_memory_min_bytes",
+    "cores",
+    "memory_bytes",
+    "retries",
+    "timeout_s",
+    "tags",
+    "depends",
+}
+FRAME_KEYS = {
+    "id",
+    "job_id",
+    "job",
+    "layer",
+    "number",
+    "name",
+    "state",
+    "attempts",
+    "host",
+    "gpu_uuids",
+    "exit_code",
+    "exit_signal",
+    "started_at",
+    "ended_at",
+    "gpu_util_mean_pct",
+    "gpu_util_max_pct",
+    "gpu_memory_peak_bytes",
+    "gpu_seconds",
+    "max_rss_bytes",
+}
 HOST_KEYS = {"name", "state", "locked", "last_heartbeat", "cores", "memory_bytes", "gpus"}
 
 
@@ -37,8 +69,14 @@ def store_digest(db: Path) -> str:
 @pytest.mark.store_file  # asserts that the file was never created
 def test_reading_commands_never_create_a_store(cli, db_path):
     """A mistyped --db/CUECTL_DB is an error naming the path, not an empty queue forever."""
-    for args in (["job", "list"], ["frame", "list"], ["host", "list"], ["job", "show", "1"],
-                 ["admin", "report"], ["admin", "reap"]):
+    for args in (
+        ["job", "list"],
+        ["frame", "list"],
+        ["host", "list"],
+        ["job", "show", "1"],
+        ["admin", "report"],
+        ["admin", "reap"],
+    ):
         res = cli(*args)
         assert res.exit_code == 1, (args, res)
         assert res.stderr.startswith(f"error: no store at {db_path}"), (args, res)
@@ -57,9 +95,31 @@ def test_empty_store_lists(cli, db_path):
 
 
 def test_submit_flags_and_show(cli):
-    res = cli("submit", "--name", "shot", "--range", "1-10", "--chunk", "2", "--gpus", "1", "--gpu-vendor", "nvidia",
-              "--gpu-model", "A100", "--gpu-memory-min", "40G", "--priority", "5", "--env", "A=1", "--",
-              "render", "-f", "#IFRAME#")
+    res = cli(
+        "submit",
+        "--name",
+        "shot",
+        "--range",
+        "1-10",
+        "--chunk",
+        "2",
+        "--gpus",
+        "1",
+        "--gpu-vendor",
+        "nvidia",
+        "--gpu-model",
+        "A100",
+        "--gpu-memory-min",
+        "40G",
+        "--priority",
+        "5",
+        "--env",
+        "A=1",
+        "--",
+        "render",
+        "-f",
+        "#IFRAME#",
+    )
     assert res.exit_code == 0, res
     job_id = int(res.stdout.strip())
     job = cli("job", "show", str(job_id), "--json").json()
@@ -76,8 +136,10 @@ def test_submit_flags_and_show(cli):
 
 def test_submit_spec_file_and_json(cli, tmp_path):
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: comp\nlayers:\n  - name: a\n    command: \"echo #IFRAME#\"\n    range: 1-3\n"
-                    "  - name: b\n    command: [echo, b]\n    range: 1-3\n    depends: [{layer: a, type: frame}]\n")
+    spec.write_text(
+        'name: comp\nlayers:\n  - name: a\n    command: "echo #IFRAME#"\n    range: 1-3\n'
+        "  - name: b\n    command: [echo, b]\n    range: 1-3\n    depends: [{layer: a, type: frame}]\n"
+    )
     res = cli("submit", str(spec), "--json")
     assert res.exit_code == 0, res
     job = res.json()
@@ -103,7 +165,9 @@ def test_job_controls(cli):
     assert killed["state"] == "FINISHED" and killed["frame_counts"] == {"EATEN": 4}
     # A killed job says so, in words and in JSON; FINISHED alone looked like success.
     assert killed["outcome"] == "KILLED"
-    listed = [line.split("\t") for line in cli("job", "list").stdout.splitlines() if line.split()[:2] == [job_id, "ctl"]]
+    listed = [
+        line.split("\t") for line in cli("job", "list").stdout.splitlines() if line.split()[:2] == [job_id, "ctl"]
+    ]
     assert len(listed) == 1 and "KILLED" in listed[0] and "FINISHED" not in listed[0]
     assert "KILLED" in cli("job", "show", job_id).stdout
     retried = cli("job", "retry", job_id, "--json").json()
@@ -120,8 +184,13 @@ def test_frame_list_limit_says_it_cut(cli):
 
 
 def test_not_found_is_exit_1(cli):
-    for args in (("job", "show", "nope"), ("frame", "show", "99"), ("host", "show", "h"), ("host", "lock", "h"),
-                 ("frame", "retry", "5")):
+    for args in (
+        ("job", "show", "nope"),
+        ("frame", "show", "99"),
+        ("host", "show", "h"),
+        ("host", "lock", "h"),
+        ("frame", "retry", "5"),
+    ):
         res = cli(*args)
         assert res.exit_code == 1, (args, res)
         assert res.stderr.startswith("error: ") and "Traceback" not in res.stderr
@@ -153,22 +222,31 @@ def test_bad_specs_exit_2_and_change_nothing(cli, tmp_path, db_path, name):
     assert store_digest(db_path) == before
 
 
-@pytest.mark.parametrize("args,needle", [
-    (("submit", "--name", "x", "--range", "5-", "--", "true"), "5-"),
-    (("submit", "--name", "x", "--gpus", "-2", "--", "true"), "gpus"),
-    (("submit", "--name", "x", "--gpus", "1", "--gpu-vendor", "3dfx", "--", "true"), "3dfx"),
-    (("submit", "--name", "x", "--gpus", "1", "--gpu-memory-min", "lots", "--", "true"), "lots"),
-    (("submit", "--name", "x", "--range", "1-999999999", "--", "true"), "limit"),
-    (("submit", "--name", "x", "--env", "NOEQUALS", "--", "true"), "NOEQUALS"),
-    (("submit", "--name", "x"), "command"),
-    (("submit", "a.yaml", "b.yaml"), "one job spec"),
-    (("submit", str(Path("/nonexistent/spec.yaml"))), "spec.yaml"),
-    (("frame", "list", "--state", "BOGUS"), "BOGUS"),
-    (("frame", "list", "--limit", "0"), "--limit"),
-    (("frame", "retry", "abc"), "frame 'abc': expected a frame id or JOB/FRAME"),
-    (("job", "priority", "1", "high"), "priority"),
-    (("job", "bogus",), "bogus"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (("submit", "--name", "x", "--range", "5-", "--", "true"), "5-"),
+        (("submit", "--name", "x", "--gpus", "-2", "--", "true"), "gpus"),
+        (("submit", "--name", "x", "--gpus", "1", "--gpu-vendor", "3dfx", "--", "true"), "3dfx"),
+        (("submit", "--name", "x", "--gpus", "1", "--gpu-memory-min", "lots", "--", "true"), "lots"),
+        (("submit", "--name", "x", "--range", "1-999999999", "--", "true"), "limit"),
+        (("submit", "--name", "x", "--env", "NOEQUALS", "--", "true"), "NOEQUALS"),
+        (("submit", "--name", "x"), "command"),
+        (("submit", "a.yaml", "b.yaml"), "one job spec"),
+        (("submit", str(Path("/nonexistent/spec.yaml"))), "spec.yaml"),
+        (("frame", "list", "--state", "BOGUS"), "BOGUS"),
+        (("frame", "list", "--limit", "0"), "--limit"),
+        (("frame", "retry", "abc"), "frame 'abc': expected a frame id or JOB/FRAME"),
+        (("job", "priority", "1", "high"), "priority"),
+        (
+            (
+                "job",
+                "bogus",
+            ),
+            "bogus",
+        ),
+    ],
+)
 def test_bad_flags_exit_2_and_change_nothing(cli, db_path, args, needle):
     cli("submit", "--name", "existing", "--", "true")
     before = store_digest(db_path)

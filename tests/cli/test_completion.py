@@ -26,8 +26,13 @@ def complete(shell: str, line: str, *, db: Path | None = None, **env: str) -> su
     else:
         cword = len(words) if line.endswith(" ") else len(words) - 1
         extra = {"COMP_WORDS": line, "COMP_CWORD": str(cword)}
-    return subprocess.run(cuectl_cmd(), capture_output=True, text=True, timeout=60,
-                          env=subprocess_env(_CUECTL_COMPLETE=f"{shell}_complete", **extra, **env))
+    return subprocess.run(
+        cuectl_cmd(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=subprocess_env(_CUECTL_COMPLETE=f"{shell}_complete", **extra, **env),
+    )
 
 
 def values(shell: str, out: str) -> list[str]:
@@ -85,14 +90,22 @@ def test_frame_ids_hosts_and_states(farm, db_path):
     assert values("bash", complete("bash", "cuectl host lock ", db=db_path).stdout) == ["render-01", "render-02"]
     assert values("bash", complete("bash", "cuectl frame list --state w", db=db_path).stdout) == ["WAITING"]
     assert values("bash", complete("bash", "cuectl job list --state ", db=db_path).stdout)[:3] == [
-        "PENDING", "RUNNING", "FINISHED"]
+        "PENDING",
+        "RUNNING",
+        "FINISHED",
+    ]
 
 
 def test_fixed_choices_and_subcommands(tmp_path):
-    assert values("bash", complete("bash", "cuectl submit --gpu-vendor ").stdout) == ["NVIDIA", "AMD", "Apple",
-                                                                                      "Intel"]
-    assert values("bash", complete("bash", "cuectl worker --backend ").stdout) == ["auto", "nvml", "smi", "apple",
-                                                                                   "amd", "fake"]
+    assert values("bash", complete("bash", "cuectl submit --gpu-vendor ").stdout) == ["NVIDIA", "AMD", "Apple", "Intel"]
+    assert values("bash", complete("bash", "cuectl worker --backend ").stdout) == [
+        "auto",
+        "nvml",
+        "smi",
+        "apple",
+        "amd",
+        "fake",
+    ]
     assert "gpu-model" in values("bash", complete("bash", "cuectl admin report --by ").stdout)
     assert values("bash", complete("bash", "cuectl job depend 1 --type p").stdout) == ["previous-frame"]
     assert values("fish", complete("fish", "cuectl completion ").stdout) == ["bash", "zsh", "fish"]
@@ -122,8 +135,9 @@ def test_a_broken_store_means_no_suggestions(tmp_path):
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
 def test_completion_command_prints_a_script_using_the_protocol(shell):
-    res = subprocess.run([*cuectl_cmd(), "completion", shell], capture_output=True, text=True, timeout=60,
-                         env=subprocess_env())
+    res = subprocess.run(
+        [*cuectl_cmd(), "completion", shell], capture_output=True, text=True, timeout=60, env=subprocess_env()
+    )
     assert res.returncode == 0 and res.stderr == "", res
     assert f"_CUECTL_COMPLETE={shell}_complete" in res.stdout
     assert "_cuectl_completion" in res.stdout
@@ -133,37 +147,43 @@ def test_completion_command_prints_a_script_using_the_protocol(shell):
         check = subprocess.run([bash, "-n"], input=res.stdout, capture_output=True, text=True, timeout=60)
         assert check.returncode == 0, check.stderr
         # Sourcing it registers the function for cuectl.
-        shown = subprocess.run([bash, "--norc", "-c", res.stdout + "\ncomplete -p cuectl"], capture_output=True,
-                               text=True, timeout=60)
+        shown = subprocess.run(
+            [bash, "--norc", "-c", res.stdout + "\ncomplete -p cuectl"], capture_output=True, text=True, timeout=60
+        )
         assert "-F _cuectl_completion" in shown.stdout, shown
     elif shell == "zsh":
         assert res.stdout.startswith("#compdef cuectl") and "compdef _cuectl_completion cuectl" in res.stdout
     else:
         assert 'complete --no-files --command cuectl --arguments "(_cuectl_completion)"' in " ".join(
-            res.stdout.replace("\\\n", " ").split())
+            res.stdout.replace("\\\n", " ").split()
+        )
     # The same script through click's source instruction.
-    sourced = subprocess.run(cuectl_cmd(), capture_output=True, text=True, timeout=60,
-                             env=subprocess_env(_CUECTL_COMPLETE=f"{shell}_source"))
+    sourced = subprocess.run(
+        cuectl_cmd(), capture_output=True, text=True, timeout=60, env=subprocess_env(_CUECTL_COMPLETE=f"{shell}_source")
+    )
     assert sourced.returncode == 0 and sourced.stdout == res.stdout
 
 
 def test_bad_shell_is_exit_2_with_one_error_line():
-    res = subprocess.run([*cuectl_cmd(), "completion", "tcsh"], capture_output=True, text=True, timeout=60,
-                         env=subprocess_env())
+    res = subprocess.run(
+        [*cuectl_cmd(), "completion", "tcsh"], capture_output=True, text=True, timeout=60, env=subprocess_env()
+    )
     assert res.returncode == 2 and res.stdout == ""
     assert len(res.stderr.strip().splitlines()) == 1 and "tcsh" in res.stderr, res.stderr
 
 
 def test_bad_instruction_is_refused_quietly():
-    res = subprocess.run(cuectl_cmd(), capture_output=True, text=True, timeout=60,
-                         env=subprocess_env(_CUECTL_COMPLETE="tcsh_complete"))
+    res = subprocess.run(
+        cuectl_cmd(), capture_output=True, text=True, timeout=60, env=subprocess_env(_CUECTL_COMPLETE="tcsh_complete")
+    )
     assert res.returncode == 1 and res.stdout == ""
     assert len(res.stderr.strip().splitlines()) == 1
 
 
 def test_start_up_loads_no_completion_or_store_code():
-    code = ("import sys, cuectl.cli.main\n"
-            "print(sorted(m for m in ('cuectl.cli.complete', 'cuectl.sched.store', 'sqlite3') if m in sys.modules))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env=subprocess_env())
+    code = (
+        "import sys, cuectl.cli.main\n"
+        "print(sorted(m for m in ('cuectl.cli.complete', 'cuectl.sched.store', 'sqlite3') if m in sys.modules))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=subprocess_env())
     assert res.returncode == 0 and res.stdout.strip() == "[]", res

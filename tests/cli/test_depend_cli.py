@@ -13,8 +13,10 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "worker"))
 
 from farmlib import Farm  # noqa: E402
 
-TWO_PASS = "name: {name}\nlayers:\n  - {{name: pass_1, command: [echo, x], range: 1-4}}\n" \
-           "  - {{name: pass_2, command: [echo, y], range: 1-4}}\n"
+TWO_PASS = (
+    "name: {name}\nlayers:\n  - {{name: pass_1, command: [echo, x], range: 1-4}}\n"
+    "  - {{name: pass_2, command: [echo, y], range: 1-4}}\n"
+)
 
 
 def submit(cli, tmp_path, name: str) -> str:
@@ -35,13 +37,29 @@ def test_depend_show_and_undepend(cli, tmp_path):
     a, b = submit(cli, tmp_path, "comp"), submit(cli, tmp_path, "render")
     res = cli("job", "depend", "comp", "--layer", "pass_1", "--on-job", "render", "--on-frame", "0002-pass_2")
     assert res.exit_code == 0, res
-    assert res.stdout.strip() == (f"dependency 1: layer-on-frame, job {a} comp layer pass_1 on job {b} render "
-                                  "layer pass_2 frame 2: waiting")
-    res = cli("job", "depend", a, "--layer", "pass_2", "--on-job", b, "--on-layer", "pass_1", "--type",
-              "previous-frame", "--json")
+    assert res.stdout.strip() == (
+        f"dependency 1: layer-on-frame, job {a} comp layer pass_1 on job {b} render layer pass_2 frame 2: waiting"
+    )
+    res = cli(
+        "job",
+        "depend",
+        a,
+        "--layer",
+        "pass_2",
+        "--on-job",
+        b,
+        "--on-layer",
+        "pass_1",
+        "--type",
+        "previous-frame",
+        "--json",
+    )
     assert res.exit_code == 0 and json.loads(res.stdout)["type"] == "previous-frame"
-    assert states(cli, a) == {**{f"000{n}-pass_1": "DEPEND" for n in range(1, 5)}, "0001-pass_2": "WAITING",
-                              **{f"000{n}-pass_2": "DEPEND" for n in range(2, 5)}}
+    assert states(cli, a) == {
+        **{f"000{n}-pass_1": "DEPEND" for n in range(1, 5)},
+        "0001-pass_2": "WAITING",
+        **{f"000{n}-pass_2": "DEPEND" for n in range(2, 5)},
+    }
     shown = cli("job", "show", a).stdout
     assert "DEPEND\tTYPE\tWAITING\tON\tSTATE" in shown
     assert f"1\tlayer-on-frame\tlayer pass_1\tjob {b} render layer pass_2 frame 2\twaiting" in shown
@@ -61,12 +79,14 @@ def test_depend_show_and_undepend(cli, tmp_path):
 def test_bad_input_is_one_error_line_and_changes_nothing(cli, tmp_path):
     a, b = submit(cli, tmp_path, "comp"), submit(cli, tmp_path, "render")
     before = states(cli, a)
-    for args, text in ((["--frame", "2"], "--frame: a frame needs its --layer"),
-                       (["--on-job", b, "--type", "bogus"], "not a dependency type"),
-                       (["--on-job", b, "--on-frame", "x-y"], "expected a frame number or a frame name"),
-                       (["--layer", "pass_1", "--frame", "0002-pass_2", "--on-job", b], "is of layer 'pass_2'"),
-                       (["--on-job", b, "--any-frame"], "--any-frame"),
-                       ([], "on itself")):
+    for args, text in (
+        (["--frame", "2"], "--frame: a frame needs its --layer"),
+        (["--on-job", b, "--type", "bogus"], "not a dependency type"),
+        (["--on-job", b, "--on-frame", "x-y"], "expected a frame number or a frame name"),
+        (["--layer", "pass_1", "--frame", "0002-pass_2", "--on-job", b], "is of layer 'pass_2'"),
+        (["--on-job", b, "--any-frame"], "--any-frame"),
+        ([], "on itself"),
+    ):
         res = cli("job", "depend", a, *args)
         assert res.exit_code == 2, (args, res)
         assert res.stderr.count("error:") == 1 and text in res.stderr and "Traceback" not in res.stderr
@@ -92,8 +112,12 @@ def test_an_opencue_spec_of_jobs_waiting_on_each_other_runs_in_order(tmp_path):
         older.write_text(text)
         (old_a, old_b) = [int(x) for x in farm.cuectl("submit", str(older)).stdout.split()]
         farm.cuectl("job", "pause", str(old_a), str(old_b))
-        spec.write_text(text.replace("</spec>", f'<depends><depend type="JOB_ON_JOB"><depjob>{a}</depjob>'
-                                                f'<onjob>{b}</onjob></depend></depends></spec>'))
+        spec.write_text(
+            text.replace(
+                "</spec>",
+                f'<depends><depend type="JOB_ON_JOB"><depjob>{a}</depjob><onjob>{b}</onjob></depend></depends></spec>',
+            )
+        )
         ids = [int(x) for x in farm.cuectl("submit", str(spec)).stdout.split()]
         jobs = {farm.job(i)["name"]: i for i in ids}
         assert ids == [jobs[b], jobs[a]]  # B first: A names it by id

@@ -61,8 +61,13 @@ def only_frame(farm: Farm, job: int) -> dict[str, Any]:
 
 
 def follower(farm: Farm, frame_id: int, *args: str) -> subprocess.Popen:
-    proc = subprocess.Popen([*cuectl_cmd(), "--db", str(farm.db), "frame", "log", str(frame_id), "--follow", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=farm.env(), start_new_session=True)
+    proc = subprocess.Popen(
+        [*cuectl_cmd(), "--db", str(farm.db), "frame", "log", str(frame_id), "--follow", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=farm.env(),
+        start_new_session=True,
+    )
     farm.procs.append(proc)
     return proc
 
@@ -179,13 +184,16 @@ def test_tail_prints_the_last_lines_then_follows(farm):
 
 
 # -- the footer -----------------------------------------------------------------------------
-@pytest.mark.parametrize("command, timeout, how", [
-    ("exit 7", None, "exit 7"),
-    ("kill -KILL $$", None, r"killed by signal 9 \(SIGKILL\)"),
-    ("kill -TERM $$", None, r"killed by signal 15 \(SIGTERM\)"),
-    ("exec sleep 30", "1s", "timed out after 1 s, stopped with SIGTERM"),
-    ("trap '' TERM; sleep 30", "1s", r"timed out after 1 s, SIGKILL after the 0\.5 s grace period"),
-])
+@pytest.mark.parametrize(
+    "command, timeout, how",
+    [
+        ("exit 7", None, "exit 7"),
+        ("kill -KILL $$", None, r"killed by signal 9 \(SIGKILL\)"),
+        ("kill -TERM $$", None, r"killed by signal 15 \(SIGTERM\)"),
+        ("exec sleep 30", "1s", "timed out after 1 s, stopped with SIGTERM"),
+        ("trap '' TERM; sleep 30", "1s", r"timed out after 1 s, SIGKILL after the 0\.5 s grace period"),
+    ],
+)
 def test_the_footer_says_how_the_attempt_ended(farm, command, timeout, how):
     spec = layer("w", f"echo started; {command}", retries=0, **({"timeout": timeout} if timeout else {}))
     job = farm.submit({"name": "end", "layers": [spec]})
@@ -205,8 +213,9 @@ def test_the_footer_of_a_frame_killed_by_its_user(farm):
     farm.cuectl("frame", "kill", str(fid))
     code, out, err = finish(tail)
     assert code == 0, err
-    assert re.search(FOOTER.format(id=fid, n=1, how=r"killed by user request \(kill\), stopped with SIGTERM")
-                     + r"\n\Z", out), out
+    assert re.search(
+        FOOTER.format(id=fid, n=1, how=r"killed by user request \(kill\), stopped with SIGTERM") + r"\n\Z", out
+    ), out
     assert f"frame {fid} is DEAD" in err
 
 

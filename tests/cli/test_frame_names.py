@@ -39,8 +39,11 @@ def frames(cli, job: int) -> dict[str, int]:
 @pytest.fixture
 def sweep(cli, db_path) -> tuple[int, dict[str, int]]:
     submit(db_path, "other", [{"name": "main", "command": ["true"], "range": "1-4"}])  # the same frame names
-    job = submit(db_path, "sweep2", [{"name": "main", "command": ["true"], "range": "1-4"},
-                                      {"name": "comp", "command": ["true"], "range": "3-4"}])
+    job = submit(
+        db_path,
+        "sweep2",
+        [{"name": "main", "command": ["true"], "range": "1-4"}, {"name": "comp", "command": ["true"], "range": "3-4"}],
+    )
     return job, frames(cli, job)
 
 
@@ -68,8 +71,10 @@ def test_kill_retry_eat_by_name(cli, sweep):
     job, ids = sweep
     res = cli("frame", "kill", "sweep2/0001-main", f"{job}/0004-comp", "--json")
     assert res.exit_code == 0, res
-    assert [(f["id"], f["state"]) for f in res.json()["frames"]] == [(ids["0001-main"], "DEAD"),
-                                                                     (ids["0004-comp"], "DEAD")]
+    assert [(f["id"], f["state"]) for f in res.json()["frames"]] == [
+        (ids["0001-main"], "DEAD"),
+        (ids["0004-comp"], "DEAD"),
+    ]
     assert cli("frame", "retry", "sweep2/0001-main", "--json").json()["frames"][0]["state"] == "WAITING"
     assert cli("frame", "eat", "sweep2/0002-main", "--json").json()["frames"][0]["state"] == "EATEN"
 
@@ -81,11 +86,20 @@ def test_a_bad_name_changes_nothing(cli, sweep):
     assert cli("job", "show", str(job), "--json").json()["frame_counts"] == {"WAITING": 6}
 
 
-@pytest.mark.parametrize("ref,error", [
-    ("sweep2", InvalidInput), ("sweep2/", InvalidInput), ("/0001-main", InvalidInput), ("sweep2/main", InvalidInput),
-    ("nope/0001-main", NotFound), ("sweep2/0001-render", NotFound), ("sweep2/3", Conflict),
-    ("sweep2/99999999999999999999-main", NotFound), ("sweep2/-99999999999999999999", NotFound),
-])
+@pytest.mark.parametrize(
+    "ref,error",
+    [
+        ("sweep2", InvalidInput),
+        ("sweep2/", InvalidInput),
+        ("/0001-main", InvalidInput),
+        ("sweep2/main", InvalidInput),
+        ("nope/0001-main", NotFound),
+        ("sweep2/0001-render", NotFound),
+        ("sweep2/3", Conflict),
+        ("sweep2/99999999999999999999-main", NotFound),
+        ("sweep2/-99999999999999999999", NotFound),
+    ],
+)
 def test_store_frame_id_refusals(db_path, sweep, ref, error):
     store = open_store(str(db_path))
     try:
@@ -109,8 +123,12 @@ def test_bad_form_is_exit_2(cli, sweep):
 def test_frame_log_by_name_of_a_frame_a_worker_ran(tmp_path):
     farm = Farm(tmp_path)
     try:
-        farm.submit({"name": "sweep2", "layers": [{"name": "main", "range": "1-3",
-                                                   "command": ["sh", "-c", "echo frame #IFRAME# here"]}]})
+        farm.submit(
+            {
+                "name": "sweep2",
+                "layers": [{"name": "main", "range": "1-3", "command": ["sh", "-c", "echo frame #IFRAME# here"]}],
+            }
+        )
         farm.run_worker(None)
         res = farm.cuectl("frame", "log", "sweep2/0003-main")
         assert "frame 3 here" in res.stdout and "frame 2 here" not in res.stdout, res
@@ -129,8 +147,14 @@ def test_completion_offers_frame_names_after_the_job(db_path, sweep):
 
     job, _ = sweep
     assert values("bash", complete("bash", "cuectl frame log sweep2/000", db=db_path).stdout) == [
-        "sweep2/0001-main", "sweep2/0002-main", "sweep2/0003-main", "sweep2/0004-main", "sweep2/0003-comp",
-        "sweep2/0004-comp"]
+        "sweep2/0001-main",
+        "sweep2/0002-main",
+        "sweep2/0003-main",
+        "sweep2/0004-main",
+        "sweep2/0003-comp",
+        "sweep2/0004-comp",
+    ]
     assert values("bash", complete("bash", f"cuectl frame kill {job}/0004-c", db=db_path).stdout) == [
-        f"{job}/0004-comp"]
+        f"{job}/0004-comp"
+    ]
     assert values("bash", complete("bash", "cuectl frame show nope/0", db=db_path).stdout) == []

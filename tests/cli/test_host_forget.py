@@ -9,15 +9,20 @@ from pathlib import Path
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import HostInfo, open_store
 
-GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla T4", "backend": "fake",
-       "memory_total_bytes": 15360 * 1024**2}
+GPU = {
+    "index": 0,
+    "uuid": "GPU-a",
+    "vendor": "NVIDIA",
+    "model": "Tesla T4",
+    "backend": "fake",
+    "memory_total_bytes": 15360 * 1024**2,
+}
 
 
 def register(db: Path, name: str, *, ago: float, gpus=(GPU,)) -> None:
     store = open_store(str(db))
     try:
-        store.register_host(HostInfo(name=name, cores=4, memory_bytes=1 << 33, gpus=list(gpus)),
-                            now=time.time() - ago)
+        store.register_host(HostInfo(name=name, cores=4, memory_bytes=1 << 33, gpus=list(gpus)), now=time.time() - ago)
     finally:
         store.close()
 
@@ -26,11 +31,16 @@ def run_on(db: Path, host: str) -> int:
     """Submit a one-frame job and claim it on ``host``: a RUNNING frame there."""
     store = open_store(str(db))
     try:
-        store.submit(spec_from_mapping({"name": "r", "layers": [{"name": "a", "command": ["true"], "retries": 2}]},
-                                       user="alice"), now=time.time())
+        store.submit(
+            spec_from_mapping(
+                {"name": "r", "layers": [{"name": "a", "command": ["true"], "retries": 2}]}, user="alice"
+            ),
+            now=time.time(),
+        )
         layer = store.runnable_layers()[0]
-        claimed = store.claim_frame(layer.layer_id, host=host, worker=f"{host}-w", gpu_uuids=["GPU-a"],
-                                    now=time.time(), lease_s=600)
+        claimed = store.claim_frame(
+            layer.layer_id, host=host, worker=f"{host}-w", gpu_uuids=["GPU-a"], now=time.time(), lease_s=600
+        )
         assert claimed is not None
         return claimed.frame_id
     finally:

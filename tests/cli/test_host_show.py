@@ -14,8 +14,13 @@ def register(db: Path, fake: Path) -> None:
     exe = Path(sys.executable).with_name("cuectl")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
     env = dict(os.environ, CUECTL_FAKE_GPUS=str(fake))
-    res = subprocess.run([*cmd, "--db", str(db), "worker", "--until-idle", "--poll", "0.05"], capture_output=True,
-                         text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [*cmd, "--db", str(db), "worker", "--until-idle", "--poll", "0.05"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -41,20 +46,41 @@ def test_an_old_sample_is_not_shown_as_current(cli, db_path: Path) -> None:
     age; a current one shows its values (issue 41 §2)."""
     from cuectl.sched.store import HostInfo, open_store
 
-    gib = 1024 ** 3
+    gib = 1024**3
     store = open_store(str(db_path))
     try:
         now = store.clock()
-        gpus = [{"index": i, "uuid": f"GPU-{i}", "vendor": "NVIDIA", "model": "Tesla T4", "backend": "fake",
-                 "memory_total_bytes": 16 * gib, "memory_free_bytes": 16 * gib} for i in range(2)]
+        gpus = [
+            {
+                "index": i,
+                "uuid": f"GPU-{i}",
+                "vendor": "NVIDIA",
+                "model": "Tesla T4",
+                "backend": "fake",
+                "memory_total_bytes": 16 * gib,
+                "memory_free_bytes": 16 * gib,
+            }
+            for i in range(2)
+        ]
         store.register_host(HostInfo(name="gpu-02", cores=8, memory_bytes=64 * gib, gpus=gpus), now=now)
-        store.heartbeat("gpu-02", [], now=now, lease_s=60.0, live={"at": now, "sample_interval_s": 10.0, "devices": [
-            {"uuid": "GPU-0", "utilization_pct": 55.0, "memory_free_bytes": 4 * gib, "sampled_at": now - 2},
-            {"uuid": "GPU-1", "utilization_pct": 66.0, "memory_free_bytes": 5 * gib, "sampled_at": now - 300}]})
+        store.heartbeat(
+            "gpu-02",
+            [],
+            now=now,
+            lease_s=60.0,
+            live={
+                "at": now,
+                "sample_interval_s": 10.0,
+                "devices": [
+                    {"uuid": "GPU-0", "utilization_pct": 55.0, "memory_free_bytes": 4 * gib, "sampled_at": now - 2},
+                    {"uuid": "GPU-1", "utilization_pct": 66.0, "memory_free_bytes": 5 * gib, "sampled_at": now - 300},
+                ],
+            },
+        )
     finally:
         store.close()
     lines = cli("host", "show", "gpu-02").stdout.splitlines()
     start = lines.index("IDX\tUUID\tVENDOR\tMODEL\tMEMORY\tFREE\tUTIL\tSAMPLED")
-    fresh, stale = (line.split("\t") for line in lines[start + 1:start + 3])
+    fresh, stale = (line.split("\t") for line in lines[start + 1 : start + 3])
     assert fresh[5:7] == ["4.0 GiB", "55.0"] and fresh[7].endswith(" ago"), fresh
     assert stale[5:7] == ["-", "-"] and stale[7].startswith("5m") and stale[7].endswith(" ago (stale)"), stale

@@ -17,7 +17,7 @@ from cuectl.cli import term
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import HostInfo, open_store
 
-GIB = 1024 ** 3
+GIB = 1024**3
 JOB = "j\x1b]0;pwned\x07[bold red]x"
 LAYER = "l\x1b[2J"
 HOST = "h a\r\nforged"
@@ -33,14 +33,34 @@ def _hostile_store(db: Path) -> int:
     db.parent.mkdir(parents=True, exist_ok=True)
     store = open_store(str(db))
     try:
-        store.register_host(HostInfo(name="node", cores=8, memory_bytes=64 * GIB, gpus=[
-            {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "V100", "backend": "fake",
-             "memory_total_bytes": 16 * GIB}]), now=now)
-        store.submit(spec_from_mapping({"name": "shot", "layers": [
-            {"name": "render", "command": ["true"], "range": "1-2"}]}, user="alice"), now=now)
+        store.register_host(
+            HostInfo(
+                name="node",
+                cores=8,
+                memory_bytes=64 * GIB,
+                gpus=[
+                    {
+                        "index": 0,
+                        "uuid": "GPU-a",
+                        "vendor": "NVIDIA",
+                        "model": "V100",
+                        "backend": "fake",
+                        "memory_total_bytes": 16 * GIB,
+                    }
+                ],
+            ),
+            now=now,
+        )
+        store.submit(
+            spec_from_mapping(
+                {"name": "shot", "layers": [{"name": "render", "command": ["true"], "range": "1-2"}]}, user="alice"
+            ),
+            now=now,
+        )
         layer = store.runnable_layers()[0]
-        claimed = store.claim_frame(layer.layer_id, host="node", worker="node:1", gpu_uuids=["GPU-a"],
-                                    now=now, lease_s=600.0)
+        claimed = store.claim_frame(
+            layer.layer_id, host="node", worker="node:1", gpu_uuids=["GPU-a"], now=now, lease_s=600.0
+        )
         assert claimed is not None
         frame_id = claimed.frame_id
     finally:
@@ -173,10 +193,18 @@ def test_completion_offers_no_raw_control_characters(hostile, db_path, shell):
 
     for line in (f"cuectl --db {db_path} job show ", f"cuectl --db {db_path} host show "):
         words = line.split()
-        extra = ({"COMP_WORDS": line, "COMP_CWORD": ""} if shell == "fish"
-                 else {"COMP_WORDS": line, "COMP_CWORD": str(len(words))})
-        res = subprocess.run(cuectl_cmd(), capture_output=True, text=True, timeout=60,
-                             env=subprocess_env(_CUECTL_COMPLETE=f"{shell}_complete", **extra))
+        extra = (
+            {"COMP_WORDS": line, "COMP_CWORD": ""}
+            if shell == "fish"
+            else {"COMP_WORDS": line, "COMP_CWORD": str(len(words))}
+        )
+        res = subprocess.run(
+            cuectl_cmd(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=subprocess_env(_CUECTL_COMPLETE=f"{shell}_complete", **extra),
+        )
         assert res.returncode == 0, res.stderr
         for raw in ("\x1b", "\r", "\u202e", "\x07", "forged"):
             assert raw not in res.stdout, (line, res.stdout)

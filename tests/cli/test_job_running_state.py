@@ -17,8 +17,12 @@ NOW = time.time()
 def submit(db: Path, name: str) -> int:
     store = open_store(str(db))
     try:
-        return store.submit(spec_from_mapping({"name": name, "layers": [
-            {"name": "render", "command": ["true"], "range": "1-2"}]}, user="alice"), now=NOW)
+        return store.submit(
+            spec_from_mapping(
+                {"name": name, "layers": [{"name": "render", "command": ["true"], "range": "1-2"}]}, user="alice"
+            ),
+            now=NOW,
+        )
     finally:
         store.close()
 

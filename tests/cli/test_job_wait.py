@@ -25,15 +25,24 @@ def _exe() -> list[str]:
 def _submit(db: Path, name: str, frames: str = "1-2", retries: int = 0) -> int:
     store = open_store(str(db))
     try:
-        return store.submit(spec_from_mapping({"name": name, "layers": [
-            {"name": "a", "command": ["true"], "range": frames, "retries": retries}]}, user="ann"), now=time.time())
+        return store.submit(
+            spec_from_mapping(
+                {"name": name, "layers": [{"name": "a", "command": ["true"], "range": frames, "retries": retries}]},
+                user="ann",
+            ),
+            now=time.time(),
+        )
     finally:
         store.close()
 
 
 def _wait(db: Path, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([*_exe(), "--db", str(db), "job", "wait", "--poll", "0.1", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*_exe(), "--db", str(db), "job", "wait", "--poll", "0.1", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _still_waiting(proc: subprocess.Popen[str]) -> None:
@@ -80,32 +89,39 @@ def test_timeout_exit_1_and_names_what_still_runs(db_path):
     assert proc.returncode == 1 and "timed out after 0.5 s" in err and f"{job_id} slow" in err
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--timeout", "soon"], "--timeout"),
-    (["--poll", "0"], "--poll"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--timeout", "soon"], "--timeout"),
+        (["--poll", "0"], "--poll"),
+    ],
+)
 def test_bad_input_exit_2(db_path, args, needle):
     job_id = _submit(db_path, "any")
-    res = subprocess.run([*_exe(), "--db", str(db_path), "job", "wait", str(job_id), *args],
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [*_exe(), "--db", str(db_path), "job", "wait", str(job_id), *args], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 2 and res.stderr.startswith("error:") and needle in res.stderr
 
 
 def test_unknown_job_is_bad_input_at_once(db_path):
     # 2, not 1 (a job failed): `job wait $ID || page-oncall` must not page for a typo.
     _submit(db_path, "known")
-    res = subprocess.run([*_exe(), "--db", str(db_path), "job", "wait", "known", "nope"], capture_output=True,
-                         text=True, timeout=30)
+    res = subprocess.run(
+        [*_exe(), "--db", str(db_path), "job", "wait", "known", "nope"], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 2 and res.stderr.startswith("error:") and "nope" in res.stderr
-    res = subprocess.run([*_exe(), "--db", str(db_path), "job", "wait", "999"], capture_output=True,
-                         text=True, timeout=30)
+    res = subprocess.run(
+        [*_exe(), "--db", str(db_path), "job", "wait", "999"], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 2 and "999" in res.stderr
 
 
 def test_a_name_several_jobs_have_is_bad_input_too(db_path):
     """A name two jobs share names no one job: exit 2 with the ids to choose from, not 1."""
     first, second = _submit(db_path, "twice"), _submit(db_path, "twice")
-    res = subprocess.run([*_exe(), "--db", str(db_path), "job", "wait", "twice"], capture_output=True,
-                         text=True, timeout=30)
+    res = subprocess.run(
+        [*_exe(), "--db", str(db_path), "job", "wait", "twice"], capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 2 and res.stderr.startswith("error:"), res.stderr
     assert "twice" in res.stderr and f"{first}, {second}" in res.stderr and "Traceback" not in res.stderr

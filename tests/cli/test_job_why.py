@@ -9,19 +9,36 @@ from typing import Any
 from cuectl.gpu.device import Device
 from cuectl.sched.store import HostInfo, open_store
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def gpu(index: int, uuid: str) -> dict[str, Any]:
-    return Device(index=index, uuid=uuid, vendor="NVIDIA", model="NVIDIA A100-SXM4-80GB", backend="fake",
-                  memory_total_bytes=80 * GIB).to_json()
+    return Device(
+        index=index,
+        uuid=uuid,
+        vendor="NVIDIA",
+        model="NVIDIA A100-SXM4-80GB",
+        backend="fake",
+        memory_total_bytes=80 * GIB,
+    ).to_json()
 
 
 def add_host(db, name: str, gpus=(), *, at: float | None = None, **dispatch: Any) -> None:
     now = time.time() if at is None else at
-    doc: dict[str, Any] = {"at": now, "accepting": True, "schedule": None, "allowed_users": [], "gpu_only": False,
-                           "cores": 16.0, "cores_free": 16.0, "memory_bytes": 64 * GIB,
-                           "memory_free_bytes": 64 * GIB, "devices": {}, "reservation": None, **dispatch}
+    doc: dict[str, Any] = {
+        "at": now,
+        "accepting": True,
+        "schedule": None,
+        "allowed_users": [],
+        "gpu_only": False,
+        "cores": 16.0,
+        "cores_free": 16.0,
+        "memory_bytes": 64 * GIB,
+        "memory_free_bytes": 64 * GIB,
+        "devices": {},
+        "reservation": None,
+        **dispatch,
+    }
     store = open_store(str(db))
     try:
         store.register_host(HostInfo(name=name, cores=16, memory_bytes=64 * GIB, gpus=list(gpus)), now=now)
@@ -39,8 +56,12 @@ def submit(cli, *args: str) -> str:
 def test_job_why_names_the_holder_of_a_busy_gpu(cli, db_path):
     job = submit(cli, "--name", "shots", "--range", "1-2", "--gpus", "1", "--", "true")
     holder = "cuectl run pid 4242 (ada)"
-    add_host(db_path, "n1", [gpu(0, "GPU-a")],
-             devices={"GPU-a": {"state": "lease", "holder": holder, "memory_free_bytes": 70 * GIB}})
+    add_host(
+        db_path,
+        "n1",
+        [gpu(0, "GPU-a")],
+        devices={"GPU-a": {"state": "lease", "holder": holder, "memory_free_bytes": 70 * GIB}},
+    )
     add_host(db_path, "n2", at=time.time() - 900)
     res = cli("job", "why", job)
     assert res.exit_code == 0, res
@@ -81,8 +102,10 @@ def test_job_show_names_a_schedule_and_allow_user(cli, db_path):
 
 def test_job_why_for_dependencies_and_could_run(cli, db_path, tmp_path):
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: comp\nlayers:\n  - name: a\n    command: ['true']\n    range: 1-2\n"
-                    "  - name: b\n    command: ['true']\n    range: 1-2\n    depends: [{layer: a}]\n")
+    spec.write_text(
+        "name: comp\nlayers:\n  - name: a\n    command: ['true']\n    range: 1-2\n"
+        "  - name: b\n    command: ['true']\n    range: 1-2\n    depends: [{layer: a}]\n"
+    )
     job = submit(cli, str(spec))
     add_host(db_path, "n1")
     res = cli("job", "why", "comp")

@@ -11,21 +11,28 @@ import pytest
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import HostInfo, open_store
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _gpu(i: int, uuid: str, vendor: str, model: str, memory_gib: float) -> dict:
-    return {"index": i, "uuid": uuid, "vendor": vendor, "model": model, "backend": "fake",
-            "memory_total_bytes": int(memory_gib * GIB)}
+    return {
+        "index": i,
+        "uuid": uuid,
+        "vendor": vendor,
+        "model": model,
+        "backend": "fake",
+        "memory_total_bytes": int(memory_gib * GIB),
+    }
 
 
 def test_job_list_filters(cli, db_path):
     store = open_store(str(db_path))
     ids = {}
-    for name, user in (("shot010-light", "ann"), ("shot010-comp", "ann"), ("shot020-light", "bob"),
-                       ("train", "bob")):
-        ids[name] = store.submit(spec_from_mapping({"name": name, "layers": [
-            {"name": "a", "command": ["true"]}]}, user=user), now=time.time())
+    for name, user in (("shot010-light", "ann"), ("shot010-comp", "ann"), ("shot020-light", "bob"), ("train", "bob")):
+        ids[name] = store.submit(
+            spec_from_mapping({"name": name, "layers": [{"name": "a", "command": ["true"]}]}, user=user),
+            now=time.time(),
+        )
     store.close()
     assert cli("job", "kill", str(ids["train"]), "--force").exit_code == 0
 
@@ -45,13 +52,33 @@ def test_job_list_filters(cli, db_path):
 def test_host_list_filters_by_gpu(cli, db_path):
     store = open_store(str(db_path), create=True)
     now = time.time()
-    store.register_host(HostInfo(name="a100-box", cores=32, memory_bytes=256 * GIB, gpus=[
-        _gpu(0, "GPU-a0", "NVIDIA", "NVIDIA A100-SXM4-80GB", 79.3), _gpu(1, "GPU-a1", "NVIDIA", "NVIDIA A10", 22.5)]),
-        now=now)
-    store.register_host(HostInfo(name="ws-4090", cores=16, memory_bytes=64 * GIB, gpus=[
-        _gpu(0, "GPU-r0", "NVIDIA", "NVIDIA GeForce RTX 4090", 23.6)]), now=now)
-    store.register_host(HostInfo(name="mi-box", cores=16, memory_bytes=64 * GIB, gpus=[
-        _gpu(0, "GPU-m0", "AMD", "AMD Instinct MI210", 64.0)]), now=now)
+    store.register_host(
+        HostInfo(
+            name="a100-box",
+            cores=32,
+            memory_bytes=256 * GIB,
+            gpus=[
+                _gpu(0, "GPU-a0", "NVIDIA", "NVIDIA A100-SXM4-80GB", 79.3),
+                _gpu(1, "GPU-a1", "NVIDIA", "NVIDIA A10", 22.5),
+            ],
+        ),
+        now=now,
+    )
+    store.register_host(
+        HostInfo(
+            name="ws-4090",
+            cores=16,
+            memory_bytes=64 * GIB,
+            gpus=[_gpu(0, "GPU-r0", "NVIDIA", "NVIDIA GeForce RTX 4090", 23.6)],
+        ),
+        now=now,
+    )
+    store.register_host(
+        HostInfo(
+            name="mi-box", cores=16, memory_bytes=64 * GIB, gpus=[_gpu(0, "GPU-m0", "AMD", "AMD Instinct MI210", 64.0)]
+        ),
+        now=now,
+    )
     store.register_host(HostInfo(name="cpu-only", cores=8, memory_bytes=32 * GIB, gpus=[]), now=now)
     store.close()
 

@@ -7,13 +7,50 @@ import pytest
 
 from cuectl.sched.views import MASK, mask_env
 
-SECRET_NAMES = ["GITHUB_PAT", "gitlab_pat", "PAT", "MY_PAT_2", "HF_TOKEN", "api_token", "AWS_SECRET_ACCESS_KEY",
-                "OPENAI_API_KEY", "ssh_key", "SECRET", "my_secret_value", "clientSecret", "DB_PASSWORD",
-                "password", "MYSQL_ROOT_PASSWORD_FILE", "PGPASS", "AUTH_HEADER", "SESSION_ID",
-                "CREDS", "AWS_CREDS", "DB_CRED", "CRED_FILE", "my-creds", "dbCreds", "awsCred",
-                "GOOGLE_APPLICATION_CREDENTIALS"]
-PLAIN_NAMES = ["PATH", "LD_LIBRARY_PATH", "PATTERN", "SHOT", "MODE", "CUDA_VISIBLE_DEVICES", "SPATIAL_RES",
-               "PYTHONPATH", "CREDIT", "CREDIT_LIMIT", "INCREDIBLE", "ACCREDITED", "SCREDS", "discredit"]
+SECRET_NAMES = [
+    "GITHUB_PAT",
+    "gitlab_pat",
+    "PAT",
+    "MY_PAT_2",
+    "HF_TOKEN",
+    "api_token",
+    "AWS_SECRET_ACCESS_KEY",
+    "OPENAI_API_KEY",
+    "ssh_key",
+    "SECRET",
+    "my_secret_value",
+    "clientSecret",
+    "DB_PASSWORD",
+    "password",
+    "MYSQL_ROOT_PASSWORD_FILE",
+    "PGPASS",
+    "AUTH_HEADER",
+    "SESSION_ID",
+    "CREDS",
+    "AWS_CREDS",
+    "DB_CRED",
+    "CRED_FILE",
+    "my-creds",
+    "dbCreds",
+    "awsCred",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+]
+PLAIN_NAMES = [
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "PATTERN",
+    "SHOT",
+    "MODE",
+    "CUDA_VISIBLE_DEVICES",
+    "SPATIAL_RES",
+    "PYTHONPATH",
+    "CREDIT",
+    "CREDIT_LIMIT",
+    "INCREDIBLE",
+    "ACCREDITED",
+    "SCREDS",
+    "discredit",
+]
 
 
 @pytest.mark.parametrize("name", SECRET_NAMES)
@@ -36,8 +73,10 @@ SECRET_VALUE_CASES = [
     ("jdbc:postgresql://u:pw@db/x", "jdbc:postgresql://u:***@db/x"),
     ("http://a:1@h1,http://b:2@h2", "http://a:***@h1,http://b:***@h2"),
     ("https://api.example/v1?access_token=abc123&page=2", "https://api.example/v1?access_token=***&page=2"),
-    ("https://b.s3.example/o?X-Amz-Credential=AKIAX%2F1&X-Amz-Signature=ff00&X-Amz-Expires=60",
-     "https://b.s3.example/o?X-Amz-Credential=***&X-Amz-Signature=***&X-Amz-Expires=60"),
+    (
+        "https://b.s3.example/o?X-Amz-Credential=AKIAX%2F1&X-Amz-Signature=ff00&X-Amz-Expires=60",
+        "https://b.s3.example/o?X-Amz-Credential=***&X-Amz-Signature=***&X-Amz-Expires=60",
+    ),
     ("https://acct.blob.example/c?sv=2022&sig=abcDEF%3D", "https://acct.blob.example/c?sv=2022&sig=***"),
     (PEM, "***"),
     ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3Blbg==\n-----END OPENSSH PRIVATE KEY-----", "***"),
@@ -47,13 +86,28 @@ SECRET_VALUE_CASES = [
     ("AKIAIOSFODNN7EXAMPLE", "***"),
     ("xoxb-123456789012-abcdefghijkl", "***"),
     ("hf_" + "aBcDeFgHiJ" * 3 + "klmn", "***"),
-    ("Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-     "Bearer ***"),
+    (
+        "Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        "Bearer ***",
+    ),
 ]
-PLAIN_VALUES = ["/usr/bin:/bin", "010", "fast", "https://example.com/a?page=2&sort=name", "http://host:8080/a@b",
-                "ssh://git@host:22/repo", "git@github.com:org/repo.git", "user@example.com", "a:b@c",
-                "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", "AKIA-short", "ghp_short",
-                "hf_hub", "https://h/x?monkey=1&author=me&sort_keys=1", "s3://bucket/key:with@odd/name"]
+PLAIN_VALUES = [
+    "/usr/bin:/bin",
+    "010",
+    "fast",
+    "https://example.com/a?page=2&sort=name",
+    "http://host:8080/a@b",
+    "ssh://git@host:22/repo",
+    "git@github.com:org/repo.git",
+    "user@example.com",
+    "a:b@c",
+    "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----",
+    "AKIA-short",
+    "ghp_short",
+    "hf_hub",
+    "https://h/x?monkey=1&author=me&sort_keys=1",
+    "s3://bucket/key:with@odd/name",
+]
 
 
 @pytest.mark.parametrize("value, shown", SECRET_VALUE_CASES)
@@ -67,8 +121,15 @@ def test_ordinary_values_visible(value):
     assert mask_env({"ANYTHING": value, "N": 3}) == {"ANYTHING": value, "N": 3}
 
 
-ENV = ["GITHUB_PAT=ghp_abc", "HF_TOKEN=hf_xyz", "OPENAI_API_KEY=sk-123", "APP_SECRET_X=s3", "DB_PASSWORD=pw",
-       "PATH=/usr/bin", "SHOT=010"]
+ENV = [
+    "GITHUB_PAT=ghp_abc",
+    "HF_TOKEN=hf_xyz",
+    "OPENAI_API_KEY=sk-123",
+    "APP_SECRET_X=s3",
+    "DB_PASSWORD=pw",
+    "PATH=/usr/bin",
+    "SHOT=010",
+]
 SECRET_VALUES = ["ghp_abc", "hf_xyz", "sk-123", "s3", "pw"]
 
 
@@ -101,16 +162,34 @@ def test_job_show_text_show_secrets(cli, job):
 
 def test_job_show_json_consistent(cli, job):
     env = cli("job", "show", job, "--json").json()["layers"][0]["env"]
-    assert env == {"GITHUB_PAT": "***", "HF_TOKEN": "***", "OPENAI_API_KEY": "***", "APP_SECRET_X": "***",
-                   "DB_PASSWORD": "***", "PATH": "/usr/bin", "SHOT": "010"}
+    assert env == {
+        "GITHUB_PAT": "***",
+        "HF_TOKEN": "***",
+        "OPENAI_API_KEY": "***",
+        "APP_SECRET_X": "***",
+        "DB_PASSWORD": "***",
+        "PATH": "/usr/bin",
+        "SHOT": "010",
+    }
     env = cli("job", "show", job, "--json", "--show-secrets").json()["layers"][0]["env"]
     assert env["GITHUB_PAT"] == "ghp_abc" and env["DB_PASSWORD"] == "pw"
 
 
 def test_job_show_masks_credential_values_and_creds(cli):
     """`job show` (text and --json) masks by value too; --show-secrets shows all."""
-    job_id = cli("submit", "--name", "by-value", "--export", "NONE", "--env", "DATABASE_URL=postgresql://u:pw9@db/x",
-                 "--env", "CREDS=c9", "--", "true").stdout.strip()
+    job_id = cli(
+        "submit",
+        "--name",
+        "by-value",
+        "--export",
+        "NONE",
+        "--env",
+        "DATABASE_URL=postgresql://u:pw9@db/x",
+        "--env",
+        "CREDS=c9",
+        "--",
+        "true",
+    ).stdout.strip()
     out = cli("job", "show", job_id).stdout
     assert "main\tDATABASE_URL\tpostgresql://u:***@db/x" in out and "main\tCREDS\t***" in out, out
     assert "pw9" not in out and "c9" not in out

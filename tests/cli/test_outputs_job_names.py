@@ -38,16 +38,17 @@ def test_existing_numeric_names_stay_addressable(cli, db_path):
     store = open_store(str(db_path))
     try:
         for name in ("a", "b", "c"):
-            store.submit(spec_from_mapping({"name": name, "layers": [{"name": "r", "command": ["true"]}]},
-                                           user="u"), now=1.0)
+            store.submit(
+                spec_from_mapping({"name": name, "layers": [{"name": "r", "command": ["true"]}]}, user="u"), now=1.0
+            )
     finally:
         store.close()
     # As a store written before the rule could hold them (names are not validated on read).
     conn = sqlite3.connect(db_path)
     with conn:
-        conn.execute("UPDATE jobs SET name = '3' WHERE id = 1")   # shadowed: job 3 exists
+        conn.execute("UPDATE jobs SET name = '3' WHERE id = 1")  # shadowed: job 3 exists
         conn.execute("UPDATE jobs SET name = '42' WHERE id = 2")  # no job 42: the name is found
-        conn.execute("UPDATE jobs SET name = '²' WHERE id = 3")   # a digit int() cannot read
+        conn.execute("UPDATE jobs SET name = '²' WHERE id = 3")  # a digit int() cannot read
     conn.close()
     assert cli("job", "show", "3", "--json").json()["name"] == "²"  # 3 is the id
     assert cli("job", "show", "1", "--json").json()["name"] == "3"  # the shadowed job, by its id

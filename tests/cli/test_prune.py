@@ -21,15 +21,25 @@ def finished_jobs(url: str, *names: str, frames: str = "1-2") -> tuple[list[int]
     """Submit a job per name and run every frame to success, 3 days ago; return job ids and frame ids."""
     store = open_store(url)
     try:
-        job_ids = [store.submit(spec_from_mapping({"name": n, "layers": [{"name": "a", "command": ["true"],
-                                                                           "range": frames}]}, user="alice"), now=OLD)
-                   for n in names]
+        job_ids = [
+            store.submit(
+                spec_from_mapping(
+                    {"name": n, "layers": [{"name": "a", "command": ["true"], "range": frames}]}, user="alice"
+                ),
+                now=OLD,
+            )
+            for n in names
+        ]
         frame_ids = []
         while layers := store.runnable_layers():
             claimed = store.claim_frame(layers[0].layer_id, host="h1", worker="w", gpu_uuids=[], now=OLD, lease_s=60)
             assert claimed is not None
-            store.complete_frame(claimed.frame_id, claimed.attempt,
-                                 FrameResult(exit_code=0, started_at=OLD, ended_at=OLD + 1), now=OLD + 1)
+            store.complete_frame(
+                claimed.frame_id,
+                claimed.attempt,
+                FrameResult(exit_code=0, started_at=OLD, ended_at=OLD + 1),
+                now=OLD + 1,
+            )
             frame_ids.append(claimed.frame_id)
         assert all(store.get_job(j)["state"] == "FINISHED" for j in job_ids)
         return job_ids, sorted(frame_ids)
@@ -73,8 +83,10 @@ def test_dry_run_lists_jobs_and_log_dirs_and_deletes_nothing(cli, db_path: Path)
     assert res.exit_code == 0, res
     data = res.json()
     assert data["dry_run"] is True
-    assert [(j["id"], j["name"], j["user"], j["log_dir"]) for j in data["jobs"]] == \
-        [(first, "old-one", "alice", str(logs)), (second, "old-two", "alice", None)]
+    assert [(j["id"], j["name"], j["user"], j["log_dir"]) for j in data["jobs"]] == [
+        (first, "old-one", "alice", str(logs)),
+        (second, "old-two", "alice", None),
+    ]
     assert all(j["finished_at"].endswith("Z") for j in data["jobs"])
     res = cli("admin", "prune", "--older-than", "1d", "--dry-run")
     assert res.exit_code == 0, res
@@ -83,8 +95,7 @@ def test_dry_run_lists_jobs_and_log_dirs_and_deletes_nothing(cli, db_path: Path)
     assert sorted(job_ids(cli, url)) == [first, second]
     assert logs.is_dir()
     # Nothing old enough: an empty list.
-    assert cli("admin", "prune", "--older-than", "30d", "--dry-run", "--json").json() == {"dry_run": True,
-                                                                                          "jobs": []}
+    assert cli("admin", "prune", "--older-than", "30d", "--dry-run", "--json").json() == {"dry_run": True, "jobs": []}
     # The real prune deletes exactly what was listed, logs too.
     data = cli("admin", "prune", "--older-than", "1d", "--json").json()
     assert data == {"jobs": [first, second], "log_dirs_removed": 1}
@@ -94,8 +105,13 @@ def test_dry_run_lists_jobs_and_log_dirs_and_deletes_nothing(cli, db_path: Path)
 def test_no_terminal_no_question(db_path: Path) -> None:
     """Scripts and cron: stdin and stdout are not a terminal, so prune deletes without asking."""
     finished_jobs(str(db_path), "old")
-    res = subprocess.run([*cuectl_cmd(), "--db", str(db_path), "admin", "prune", "--older-than", "1d"],
-                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db_path), "admin", "prune", "--older-than", "1d"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout == "pruned 1 finished job(s)\n" and "[y/N]" not in res.stderr
 

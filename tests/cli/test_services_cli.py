@@ -11,7 +11,7 @@ from storedriver import finish_all  # tests/storedriver.py
 
 from cuectl.sched.store import open_store
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 @pytest.fixture(autouse=True)
@@ -28,16 +28,36 @@ def _services(cli) -> list[dict]:
 def test_set_list_update_clear_delete(cli):
     assert _services(cli) == []
     assert "no services" in _ok(cli("admin", "service", "list")).stderr
-    out = _ok(cli("admin", "service", "set", "render", "--cores", "4", "--memory", "8G", "--tags", "linux,fast",
-                  "--timeout", "2h")).stdout
+    out = _ok(
+        cli(
+            "admin",
+            "service",
+            "set",
+            "render",
+            "--cores",
+            "4",
+            "--memory",
+            "8G",
+            "--tags",
+            "linux,fast",
+            "--timeout",
+            "2h",
+        )
+    ).stdout
     assert out.startswith("service render: cores 4, memory 8") and "tags linux,fast" in out and "timeout" in out
     row = _ok(cli("admin", "service", "set", "cuda", "--gpus", "2", "--gpu-memory", "24G", "--json")).json()
-    assert row == {"name": "cuda", "cores": None, "memory_bytes": None, "gpus": 2,
-                   "gpu_memory_min_bytes": 24 * GIB, "tags": None, "timeout_s": None}
+    assert row == {
+        "name": "cuda",
+        "cores": None,
+        "memory_bytes": None,
+        "gpus": 2,
+        "gpu_memory_min_bytes": 24 * GIB,
+        "tags": None,
+        "timeout_s": None,
+    }
     # An update keeps what it does not name; `none` clears a field.
     row = _ok(cli("admin", "service", "set", "render", "--cores", "8", "--timeout", "none", "--json")).json()
-    assert (row["cores"], row["memory_bytes"], row["tags"], row["timeout_s"]) == (8.0, 8 * GIB, ["linux", "fast"],
-                                                                                  None)
+    assert (row["cores"], row["memory_bytes"], row["tags"], row["timeout_s"]) == (8.0, 8 * GIB, ["linux", "fast"], None)
     assert [s["name"] for s in _services(cli)] == ["cuda", "render"]
     table = _ok(cli("admin", "service", "list")).stdout.splitlines()
     assert table[0].split() == ["NAME", "CORES", "MEMORY", "GPUS", "GPU", "MEMORY", "TAGS", "TIMEOUT"]
@@ -48,18 +68,21 @@ def test_set_list_update_clear_delete(cli):
     assert [s["name"] for s in _services(cli)] == ["render"]
 
 
-@pytest.mark.parametrize("args,start", [
-    (("bad/name", "--cores", "1"), "error: NAME: invalid service name"),
-    (("render", "--cores", "lots"), "error: --cores: expected a number"),
-    (("render", "--cores", "0"), "error: --cores: must be more than 0"),
-    (("render", "--gpus", "-1"), "error: --gpus: must be 0 or more"),
-    (("render", "--gpus", "1.5"), "error: --gpus: expected a whole number"),
-    (("render", "--memory", "8Q"), "error: --memory"),
-    (("render", "--gpu-memory", "big"), "error: --gpu-memory"),
-    (("render", "--tags", "a b"), "error: --tags"),
-    (("render", "--timeout", "soon"), "error: --timeout"),
-    (("render", "--timeout", "0"), "error: --timeout: must be more than 0"),
-])
+@pytest.mark.parametrize(
+    "args,start",
+    [
+        (("bad/name", "--cores", "1"), "error: NAME: invalid service name"),
+        (("render", "--cores", "lots"), "error: --cores: expected a number"),
+        (("render", "--cores", "0"), "error: --cores: must be more than 0"),
+        (("render", "--gpus", "-1"), "error: --gpus: must be 0 or more"),
+        (("render", "--gpus", "1.5"), "error: --gpus: expected a whole number"),
+        (("render", "--memory", "8Q"), "error: --memory"),
+        (("render", "--gpu-memory", "big"), "error: --gpu-memory"),
+        (("render", "--tags", "a b"), "error: --tags"),
+        (("render", "--timeout", "soon"), "error: --timeout"),
+        (("render", "--timeout", "0"), "error: --timeout: must be more than 0"),
+    ],
+)
 def test_bad_input_is_one_error_line_and_changes_nothing(cli, args, start):
     _ok(cli("admin", "service", "set", "render", "--cores", "2"))
     before = _services(cli)
@@ -81,8 +104,9 @@ def test_non_admins_are_refused(cli, monkeypatch):
 
 
 def test_submitted_layers_take_the_service_and_their_own_values_win(cli, tmp_path):
-    _ok(cli("admin", "service", "set", "render", "--cores", "4", "--memory", "8G", "--tags", "linux",
-            "--timeout", "1h"))
+    _ok(
+        cli("admin", "service", "set", "render", "--cores", "4", "--memory", "8G", "--tags", "linux", "--timeout", "1h")
+    )
     _ok(cli("admin", "service", "set", "cuda", "--gpus", "1", "--gpu-memory", "16G"))
     job = _ok(cli("submit", "--json", "--name", "f", "--service", "render", "--cores", "2", "--", "true")).json()
     one = job["layers"][0]
@@ -90,15 +114,22 @@ def test_submitted_layers_take_the_service_and_their_own_values_win(cli, tmp_pat
     job = _ok(cli("submit", "--json", "--name", "g", "--service", "cuda", "--", "true")).json()
     assert (job["layers"][0]["gpus"], job["layers"][0]["gpu_memory_min_bytes"]) == (1, 16 * GIB)
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: y\nlayers:\n"
-                    "  - {name: a, command: ['true'], service: render}\n"
-                    "  - {name: b, command: ['true'], service: render, memory: 1G, tags: [mac], timeout: 5m}\n"
-                    "  - {name: c, command: ['true'], service: cuda, gpus: 2}\n")
+    spec.write_text(
+        "name: y\nlayers:\n"
+        "  - {name: a, command: ['true'], service: render}\n"
+        "  - {name: b, command: ['true'], service: render, memory: 1G, tags: [mac], timeout: 5m}\n"
+        "  - {name: c, command: ['true'], service: cuda, gpus: 2}\n"
+    )
     job = _ok(cli("submit", "--json", str(spec))).json()
-    got = [(x["cores"], x["memory_bytes"], x["gpus"], x["gpu_memory_min_bytes"], x["tags"], x["timeout_s"])
-           for x in job["layers"]]
-    assert got == [(4.0, 8 * GIB, 0, 0, ["linux"], 3600.0), (4.0, GIB, 0, 0, ["mac"], 300.0),
-                   (1.0, 0, 2, 16 * GIB, [], None)]
+    got = [
+        (x["cores"], x["memory_bytes"], x["gpus"], x["gpu_memory_min_bytes"], x["tags"], x["timeout_s"])
+        for x in job["layers"]
+    ]
+    assert got == [
+        (4.0, 8 * GIB, 0, 0, ["linux"], 3600.0),
+        (4.0, GIB, 0, 0, ["mac"], 300.0),
+        (1.0, 0, 2, 16 * GIB, [], None),
+    ]
     # The flag overrides a one-layer spec's service, as other layer flags do.
     one = tmp_path / "one.yaml"
     one.write_text("name: o\nlayers:\n  - {name: a, command: ['true'], service: render}\n")
@@ -111,11 +142,14 @@ def test_unknown_service_is_one_error_and_submits_nothing(cli, tmp_path):
     line = _one_error(cli("submit", "--name", "f", "--service", "rendr", "--", "true"))
     assert "service: no service 'rendr'" in line, line
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: y\nlayers:\n  - {name: a, command: ['true'], service: render}\n"
-                    "  - {name: b, command: ['true'], service: nope}\n")
+    spec.write_text(
+        "name: y\nlayers:\n  - {name: a, command: ['true'], service: render}\n"
+        "  - {name: b, command: ['true'], service: nope}\n"
+    )
     assert "layer b: service: no service 'nope'" in _one_error(cli("submit", str(spec)))
     assert _one_error(cli("submit", "--name", "f", "--service", "bad name", "--", "true")).startswith(
-        "error: --service: invalid service name")
+        "error: --service: invalid service name"
+    )
     assert cli("job", "list", "--json").json()["jobs"] == []
 
 
@@ -157,7 +191,8 @@ def test_show_shot_flags_job_show_and_list_filter(cli, tmp_path):
     assert any(line.split() == ["shot", "sh010"] for line in shown.splitlines()), shown
     assert "show" not in _ok(cli("job", "show", str(d["id"]))).stdout.split()
     assert _one_error(cli("submit", "--name", "x", "--show", "a b", "--", "true")).startswith(
-        "error: --show: invalid show name")
+        "error: --show: invalid show name"
+    )
 
 
 def test_report_by_show(cli, db_path):

@@ -19,8 +19,9 @@ def cuectl(db: Path, *args: str) -> subprocess.CompletedProcess:
     env = subprocess_env()
     env.pop("CUECTL_LOG_DIR", None)
     env.pop("CUECTL_FAKE_GPUS", None)
-    res = subprocess.run([*cuectl_cmd(), "--db", str(db), *args], capture_output=True, text=True, env=env,
-                         timeout=120, cwd=db.parent)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), *args], capture_output=True, text=True, env=env, timeout=120, cwd=db.parent
+    )
     assert res.returncode == 0, (args, res.stderr)
     return res
 
@@ -44,10 +45,13 @@ def test_logs_written_before_in_the_shared_logs_dir_are_still_read(tmp_path):
     legacy = tmp_path / "logs"
     store = open_store(str(db), log_dir=legacy)  # as an older release opened it
     try:
-        store.submit(spec_from_mapping({"name": "old", "layers": [{"name": "main", "command": ["true"]}]},
-                                       user="alice"), now=time.time())
-        claimed = store.claim_frame(store.runnable_layers()[0].layer_id, host="h", worker="w", gpu_uuids=[],
-                                    now=time.time(), lease_s=600)
+        store.submit(
+            spec_from_mapping({"name": "old", "layers": [{"name": "main", "command": ["true"]}]}, user="alice"),
+            now=time.time(),
+        )
+        claimed = store.claim_frame(
+            store.runnable_layers()[0].layer_id, host="h", worker="w", gpu_uuids=[], now=time.time(), lease_s=600
+        )
     finally:
         store.close()
     assert Path(claimed.log_path).parent == legacy / "1"

@@ -37,19 +37,22 @@ def test_flag_form_with_name_unchanged(cli):
     assert job["name"] == "sweep" and job["layers"][0]["name"] == "main"
 
 
-@pytest.mark.parametrize("command,name", [
-    (["python", "train.py", "--lr", "3"], "train.py"),
-    (["python3", "/src/exp/train.py"], "train.py"),
-    (["python3.12", "-m", "pkg.train"], "python3.12"),  # an option after the interpreter: its own name
-    (["bash", "-c", "echo hi"], "bash"),
-    (["sh", "run.sh", "1"], "run.sh"),
-    (["/opt/bin/render.sh", "#IFRAME#"], "render.sh"),
-    (["nvidia-smi", "-L"], "nvidia-smi"),
-    (["./42", "x"], "job-42"),                    # digits alone would read as a job id
-    (["python", "7", "x"], "job-7"),
-    (["bin/tab\there", "x"], "tab_here"),         # invisible characters become _
-    (["python", "--version"], "python"),
-])
+@pytest.mark.parametrize(
+    "command,name",
+    [
+        (["python", "train.py", "--lr", "3"], "train.py"),
+        (["python3", "/src/exp/train.py"], "train.py"),
+        (["python3.12", "-m", "pkg.train"], "python3.12"),  # an option after the interpreter: its own name
+        (["bash", "-c", "echo hi"], "bash"),
+        (["sh", "run.sh", "1"], "run.sh"),
+        (["/opt/bin/render.sh", "#IFRAME#"], "render.sh"),
+        (["nvidia-smi", "-L"], "nvidia-smi"),
+        (["./42", "x"], "job-42"),  # digits alone would read as a job id
+        (["python", "7", "x"], "job-7"),
+        (["bin/tab\there", "x"], "tab_here"),  # invisible characters become _
+        (["python", "--version"], "python"),
+    ],
+)
 def test_command_form_named_after_the_command(cli, command, name):
     job = _job(cli, "--range", "1-2", "--", *command)
     assert job["name"] == name
@@ -80,11 +83,14 @@ def test_stdin_with_log_limit(cli, monkeypatch):
     assert _job(cli, "-", "--log-limit", "1M")["name"] == "piped"
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("", "<stdin>: empty"),
-    ("name: x\nlayers: [\n", "<stdin>"),
-    ("name: x\nlayers: []\nbogus: 1\n", "<stdin>"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("", "<stdin>: empty"),
+        ("name: x\nlayers: [\n", "<stdin>"),
+        ("name: x\nlayers: []\nbogus: 1\n", "<stdin>"),
+    ],
+)
 def test_bad_stdin_is_an_error_naming_stdin(cli, db_path, monkeypatch, text, needle):
     _stdin(monkeypatch, text)
     res = cli("submit", "-")
@@ -94,12 +100,23 @@ def test_bad_stdin_is_an_error_naming_stdin(cli, db_path, monkeypatch, text, nee
 def test_stdin_through_the_real_executable(tmp_path):
     db = tmp_path / "real" / "cuectl.db"
     for text, name in ((SPEC_YAML, "piped"), (SPEC_JSON, "piped-json")):
-        proc = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "-", "--json"], input=text,
-                              capture_output=True, text=True, env=subprocess_env(), timeout=60)
+        proc = subprocess.run(
+            [*cuectl_cmd(), "--db", str(db), "submit", "-", "--json"],
+            input=text,
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=60,
+        )
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["name"] == name
-    proc = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "--json", "--", "python3", "train.py"],
-                          capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    proc = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "submit", "--json", "--", "python3", "train.py"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["name"] == "train.py"
 

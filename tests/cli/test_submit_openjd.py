@@ -56,4 +56,7 @@ def test_submit_invalid_template_and_bad_params(cli, tmp_path):
 def test_strict_refuses_what_cannot_be_honoured(cli):
     res = cli("submit", "--strict", str(FIXTURES / "host-requirements.yaml"))
     assert res.exit_code == 2 and "attr.worker.os.family not honoured" in res.stderr
-    assert cli("submit", "--strict", str(FIXTURES / "blender-render.yaml"), "--param", "BlenderSceneFile=/a").exit_code == 0
+    assert (
+        cli("submit", "--strict", str(FIXTURES / "blender-render.yaml"), "--param", "BlenderSceneFile=/a").exit_code
+        == 0
+    )

@@ -32,14 +32,31 @@ def test_a_spec_named_word_and_its_arguments_after_dashdash_are_a_command(tmp_pa
     words that start with a spec's name two spec files (refused: one job per submit)."""
     db = tmp_path / "real.db"
     env = subprocess_env(CUECTL_FULL_CLI=full_cli)
-    proc = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "--", "run.json", "arg"],
-                          capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "submit", "--", "run.json", "arg"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
-    shown = subprocess.run([*cuectl_cmd(), "--db", str(db), "job", "show", proc.stdout.strip(), "--json"],
-                           capture_output=True, text=True, env=env, timeout=60)
+    shown = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "job", "show", proc.stdout.strip(), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert json.loads(shown.stdout)["layers"][0]["command"] == ["run.json", "arg"], shown
-    two = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "a.yaml", "b.yaml"],
-                         capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    two = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "submit", "a.yaml", "b.yaml"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert two.returncode == 2 and "one job spec file" in two.stderr, two.stderr
 
 
@@ -55,24 +72,39 @@ def test_one_word_without_dashdash_is_still_a_spec_file_with_a_hint(cli, tmp_pat
 def test_one_word_after_dashdash_through_the_real_executable(tmp_path, full_cli):
     db = tmp_path / "real.db"
     env = subprocess_env(CUECTL_FULL_CLI=full_cli)
-    proc = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "--gpus", "1", "--", "nvidia-smi"],
-                          capture_output=True, text=True, env=env, timeout=60, cwd=tmp_path)
+    proc = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "submit", "--gpus", "1", "--", "nvidia-smi"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
-    shown = subprocess.run([*cuectl_cmd(), "--db", str(db), "job", "show", proc.stdout.strip(), "--json"],
-                           capture_output=True, text=True, env=env, timeout=60)
+    shown = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "job", "show", proc.stdout.strip(), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert '"nvidia-smi"' in shown.stdout, shown
 
 
 @pytest.mark.store_file  # asserts that the file was never created
 def test_a_command_cut_by_a_yaml_comment_is_refused_at_submit(cli, db_path, tmp_path):
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: sweep\nlayers:\n  - name: main\n    range: 1-3\n"
-                    "    command: sh -c 'echo #FRAME_START#-#FRAME_END#; sleep 1'\n")
+    spec.write_text(
+        "name: sweep\nlayers:\n  - name: main\n    range: 1-3\n"
+        "    command: sh -c 'echo #FRAME_START#-#FRAME_END#; sleep 1'\n"
+    )
     res = cli("submit", str(spec))
     assert res.exit_code == 2, res
     errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [f"error: {spec}: line 5, column 14: command: YAML read only \"sh -c 'echo\": an unquoted "
-                      "' #' starts a comment, which swallowed #FRAME_START# and the rest of the line"], res
+    assert errors == [
+        f'error: {spec}: line 5, column 14: command: YAML read only "sh -c \'echo": an unquoted '
+        "' #' starts a comment, which swallowed #FRAME_START# and the rest of the line"
+    ], res
     assert "hint: quote the whole value: \"sh -c 'echo #FRAME_START#-#FRAME_END#; sleep 1'\"" in res.stderr
     assert "Traceback" not in res.stderr
     assert not db_path.exists()  # nothing changed

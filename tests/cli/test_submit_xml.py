@@ -69,8 +69,13 @@ def test_malformed_xml_is_one_error(cli, tmp_path):
 def test_opencue_gpu_spec_runs_end_to_end_on_fake_gpus(tmp_path):
     farm = Farm(tmp_path)
     try:
-        fake = farm.host("gpu-01", [{"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "80GiB"},
-                                    {"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "80GiB"}])
+        fake = farm.host(
+            "gpu-01",
+            [
+                {"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "80GiB"},
+                {"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "80GiB"},
+            ],
+        )
         spec = tmp_path / "gpu.xml"
         # pyoutline-style CJSL 1.15 spec with <gpus> and <gpu_memory>; the tag is the worker's.
         spec.write_text((FIXTURES / "pyoutline_gpu.xml").read_text().replace("<tags>gpu</tags>", ""))
@@ -79,8 +84,9 @@ def test_opencue_gpu_spec_runs_end_to_end_on_fake_gpus(tmp_path):
         farm.run_worker(fake, "--until-idle")
         job = farm.job(job_id)
         assert job["frame_counts"] == {"SUCCEEDED": 5}, job
-        log = farm.cuectl("frame", "log", str([f for f in farm.frames(job_id)
-                                                  if f["layer"] == "render"][0]["id"])).stdout
+        log = farm.cuectl(
+            "frame", "log", str([f for f in farm.frames(job_id) if f["layer"] == "render"][0]["id"])
+        ).stdout
         assert "frame=1" in log and any(f"gpu={i}" in log for i in "01")
         for frame in farm.frames(job_id):
             if frame["layer"] == "render":
@@ -100,14 +106,18 @@ def test_frame_level_depends_are_honoured_at_submit(cli, tmp_path):
         parts += [f"<{tag}>{value}</{tag}>" for tag, value in (("onlayer", on_layer), ("onframe", on_frame)) if value]
         return f'<depend type="{kind}">{"".join(parts)}</depend>'
 
-    depends = "".join([
-        depend("FRAME_ON_JOB", b, "0001-pass_1", a),
-        depend("FRAME_ON_LAYER", b, "0002-pass_1", a, on_layer="pass_2"),
-        depend("FRAME_ON_FRAME", a, "0003-pass_2", a, on_frame="0001-pass_1"),
-        depend("FRAME_ON_FRAME", b, "0004-pass_2", a, on_frame="0005-pass_1")])
+    depends = "".join(
+        [
+            depend("FRAME_ON_JOB", b, "0001-pass_1", a),
+            depend("FRAME_ON_LAYER", b, "0002-pass_1", a, on_layer="pass_2"),
+            depend("FRAME_ON_FRAME", a, "0003-pass_2", a, on_frame="0001-pass_1"),
+            depend("FRAME_ON_FRAME", b, "0004-pass_2", a, on_frame="0005-pass_1"),
+        ]
+    )
     spec = tmp_path / "job.xml"
-    spec.write_text((FIXTURES / "jobspec_depend_test.xml").read_text()
-                    .replace("</spec>", f"<depends>{depends}</depends></spec>"))
+    spec.write_text(
+        (FIXTURES / "jobspec_depend_test.xml").read_text().replace("</spec>", f"<depends>{depends}</depends></spec>")
+    )
     res = cli("submit", str(spec))
     assert res.exit_code == 0, res
     assert "<depend" not in res.stderr and "FRAME_ON" not in res.stderr, res.stderr  # honoured, not noted
@@ -121,27 +131,36 @@ def test_frame_level_depends_are_honoured_at_submit(cli, tmp_path):
         assert {f["state"] for f in frames} == {"WAITING", "DEPEND"}
         if job["name"] == b:
             assert sorted((d["type"], d["frame"], d["on_layer"], d["on_frame"]) for d in job["depends"]) == [
-                ("frame-on-frame", 4, "pass_1", 5), ("frame-on-job", 1, None, None),
-                ("frame-on-layer", 2, "pass_2", None)]
+                ("frame-on-frame", 4, "pass_1", 5),
+                ("frame-on-job", 1, None, None),
+                ("frame-on-layer", 2, "pass_2", None),
+            ]
             assert all(d["on_job"]["name"] == a and d["state"] == "waiting" for d in job["depends"])
     assert waiting == {a: ["0003-pass_2"], b: ["0001-pass_1", "0002-pass_1", "0004-pass_2"]}
 
 
-@pytest.mark.parametrize("kind,er,er_frame,on,on_layer,on_frame,needle", [
-    ("FRAME_ON_FRAME", "b", "0004-pass_2", "a", "", "0999-pass_1", "has no frame 999"),
-    ("FRAME_ON_LAYER", "b", "0999-pass_1", "a", "pass_2", "", "has no frame 999"),
-    ("FRAME_ON_JOB", "a", "0001-pass_1", "a", "", "", "its own job"),
-])
+@pytest.mark.parametrize(
+    "kind,er,er_frame,on,on_layer,on_frame,needle",
+    [
+        ("FRAME_ON_FRAME", "b", "0004-pass_2", "a", "", "0999-pass_1", "has no frame 999"),
+        ("FRAME_ON_LAYER", "b", "0999-pass_1", "a", "pass_2", "", "has no frame 999"),
+        ("FRAME_ON_JOB", "a", "0001-pass_1", "a", "", "", "its own job"),
+    ],
+)
 def test_a_frame_level_depend_that_cannot_be_met_is_refused_before_anything_is_submitted(
-        cli, db_path, tmp_path, kind, er, er_frame, on, on_layer, on_frame, needle):
+    cli, db_path, tmp_path, kind, er, er_frame, on, on_layer, on_frame, needle
+):
     """One `error:` line and exit 2, and no job in the store: the store would refuse the
     wait only after the spec's jobs were in, leaving them there paused."""
     names = {"a": "pipe-dev.cue-testuser_depend_test_a", "b": "pipe-dev.cue-testuser_depend_test_b"}
     parts = [f"<depjob>{names[er]}</depjob>", f"<depframe>{er_frame}</depframe>", f"<onjob>{names[on]}</onjob>"]
     parts += [f"<{tag}>{value}</{tag}>" for tag, value in (("onlayer", on_layer), ("onframe", on_frame)) if value]
     spec = tmp_path / "job.xml"
-    spec.write_text((FIXTURES / "jobspec_depend_test.xml").read_text().replace(
-        "</spec>", f'<depends><depend type="{kind}">{"".join(parts)}</depend></depends></spec>'))
+    spec.write_text(
+        (FIXTURES / "jobspec_depend_test.xml")
+        .read_text()
+        .replace("</spec>", f'<depends><depend type="{kind}">{"".join(parts)}</depend></depends></spec>')
+    )
     res = cli("submit", str(spec))
     assert res.exit_code == 2 and res.stderr.count("error:") == 1 and needle in res.stderr, res
     assert not db_path.exists() or cli("job", "list", "--json").json()["jobs"] == []

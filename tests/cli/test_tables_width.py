@@ -39,21 +39,27 @@ COLOUR = re.compile(r"\x1b\[[0-9;]*(?:3[0-7]|9[0-7]|38;[25][0-9;]*)m")  # a fore
 
 
 def _gpu(index: int) -> dict:
-    return {"index": index, "uuid": f"GPU-{index}", "vendor": "NVIDIA", "model": "NVIDIA A100-SXM4-80GB",
-            "backend": "fake", "memory_total_bytes": 80 * GIB}
+    return {
+        "index": index,
+        "uuid": f"GPU-{index}",
+        "vendor": "NVIDIA",
+        "model": "NVIDIA A100-SXM4-80GB",
+        "backend": "fake",
+        "memory_total_bytes": 80 * GIB,
+    }
 
 
 def _claim_one(store, job_id: int, now: float, gpu: str):
     [layer] = [r for r in store.runnable_layers() if r.job_id == job_id][:1]
-    claimed = store.claim_frame(layer.layer_id, host=HOST, worker=f"{HOST}:1", gpu_uuids=[gpu], now=now,
-                                lease_s=600.0)
+    claimed = store.claim_frame(layer.layer_id, host=HOST, worker=f"{HOST}:1", gpu_uuids=[gpu], now=now, lease_s=600.0)
     assert claimed is not None
     return claimed
 
 
 def _finish(store, claimed, at: float, code: int) -> None:
-    store.complete_frame(claimed.frame_id, claimed.attempt,
-                         FrameResult(exit_code=code, started_at=at, ended_at=at + 5), now=at + 5)
+    store.complete_frame(
+        claimed.frame_id, claimed.attempt, FrameResult(exit_code=code, started_at=at, ended_at=at + 5), now=at + 5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,25 +71,50 @@ def farm(tmp_path_factory) -> dict:
     user = getpass.getuser()  # the pending reason then names no user problem
     store = open_store(str(db))
     try:
-        store.register_host(HostInfo(name=HOST, cores=64, memory_bytes=512 * GIB, gpus=[_gpu(0), _gpu(1)]),
-                            now=T_OLD - 60)
-        old = store.submit(spec_from_mapping({"name": "old-job", "layers": [
-            {"name": "main", "command": ["true"], "range": "1"}]}, user=user), now=T_OLD)
+        store.register_host(
+            HostInfo(name=HOST, cores=64, memory_bytes=512 * GIB, gpus=[_gpu(0), _gpu(1)]), now=T_OLD - 60
+        )
+        old = store.submit(
+            spec_from_mapping(
+                {"name": "old-job", "layers": [{"name": "main", "command": ["true"], "range": "1"}]}, user=user
+            ),
+            now=T_OLD,
+        )
         _finish(store, _claim_one(store, old, T_OLD, "GPU-0"), T_OLD, 0)
-        week = store.submit(spec_from_mapping({"name": "last-week", "layers": [
-            {"name": "main", "command": ["true"], "range": "1"}]}, user=user), now=T_WEEK)
+        week = store.submit(
+            spec_from_mapping(
+                {"name": "last-week", "layers": [{"name": "main", "command": ["true"], "range": "1"}]}, user=user
+            ),
+            now=T_WEEK,
+        )
         _finish(store, _claim_one(store, week, T_WEEK, "GPU-0"), T_WEEK, 0)
-        main = store.submit(spec_from_mapping({"name": LONG, "layers": [
-            {"name": "main", "command": ["true"], "range": "1-4", "gpus": 1, "retries": 0}]}, user=user),
-            now=NOW - 60)
+        main = store.submit(
+            spec_from_mapping(
+                {
+                    "name": LONG,
+                    "layers": [{"name": "main", "command": ["true"], "range": "1-4", "gpus": 1, "retries": 0}],
+                },
+                user=user,
+            ),
+            now=NOW - 60,
+        )
         _finish(store, _claim_one(store, main, NOW - 50, "GPU-0"), NOW - 50, 0)
         _finish(store, _claim_one(store, main, NOW - 40, "GPU-0"), NOW - 40, 1)
         running = _claim_one(store, main, NOW - 30, "GPU-1")
         _BEATS[db] = (running.frame_id, running.attempt)
         _beat(db, store)
-        store.submit(spec_from_mapping({"name": SHORT, "layers": [
-            {"name": f"big-layer-{i}", "command": ["true"], "range": "1-2", "gpus": 8}
-            for i in range(4)]}, user=user), now=NOW)
+        store.submit(
+            spec_from_mapping(
+                {
+                    "name": SHORT,
+                    "layers": [
+                        {"name": f"big-layer-{i}", "command": ["true"], "range": "1-2", "gpus": 8} for i in range(4)
+                    ],
+                },
+                user=user,
+            ),
+            now=NOW,
+        )
     finally:
         store.close()
     return {"db": db, "running": running.frame_id}
@@ -107,11 +138,20 @@ def _beat(db: Path, store=None) -> None:
     frame_id, attempt = _BEATS[db]
     now = time.time()
     store.record_live_usage(HOST, [LiveUsage(frame_id, attempt, now, 90.0, 3 * GIB)], now=now)
-    store.heartbeat(HOST, [frame_id], now=now, lease_s=3600.0, attempts={frame_id: 1}, live={
-        "at": now, "devices": [
-            {"uuid": "GPU-0", "utilization_pct": 0.0, "memory_used_bytes": 0, "memory_free_bytes": 80 * GIB},
-            {"uuid": "GPU-1", "utilization_pct": 90.0, "memory_used_bytes": 3 * GIB,
-             "memory_free_bytes": 77 * GIB}]})
+    store.heartbeat(
+        HOST,
+        [frame_id],
+        now=now,
+        lease_s=3600.0,
+        attempts={frame_id: 1},
+        live={
+            "at": now,
+            "devices": [
+                {"uuid": "GPU-0", "utilization_pct": 0.0, "memory_used_bytes": 0, "memory_free_bytes": 80 * GIB},
+                {"uuid": "GPU-1", "utilization_pct": 90.0, "memory_used_bytes": 3 * GIB, "memory_free_bytes": 77 * GIB},
+            ],
+        },
+    )
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -126,8 +166,10 @@ def _lines(raw: str) -> list[str]:
 
 def _elided(name: str, row: str) -> bool:
     """Whether ``row`` shows ``name`` elided in the middle: both its ends, `…` between."""
-    return any(name.startswith(head) and name.endswith(tail) and len(head) >= 3 and len(tail) >= 3
-               for head, tail in re.findall(r"(\S+)…(\S+)", row))
+    return any(
+        name.startswith(head) and name.endswith(tail) and len(head) >= 3 and len(tail) >= 3
+        for head, tail in re.findall(r"(\S+)…(\S+)", row)
+    )
 
 
 def _today(at: float) -> str:
@@ -140,8 +182,9 @@ def _today(at: float) -> str:
 
 def _json(db: Path, *args: str) -> dict:
     _beat(db)
-    res = subprocess.run([*cuectl_cmd(), "--db", str(db), *args, "--json"], capture_output=True, text=True,
-                         timeout=60, env=_env())
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), *args, "--json"], capture_output=True, text=True, timeout=60, env=_env()
+    )
     assert res.returncode == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -226,8 +269,13 @@ def test_top_fits_and_keeps_the_job_name(farm, width):
     """`cuectl top` live: every line fits; a 12-character job name stays whole beside a
     ~400-character pending reason, which is cut instead (it used to be the other way)."""
     _beat(farm["db"])
-    code, raw = on_terminal([*cuectl_cmd(), "--db", str(farm["db"]), "top", "--interval", "0.2"],
-                            answer=b"q", prompt=b"Waiting jobs", columns=width, env=_env())
+    code, raw = on_terminal(
+        [*cuectl_cmd(), "--db", str(farm["db"]), "top", "--interval", "0.2"],
+        answer=b"q",
+        prompt=b"Waiting jobs",
+        columns=width,
+        env=_env(),
+    )
     assert code == 0, raw
     screen = raw.replace("\x1b[H", "\n")  # each redraw starts at the top left
     lines = _lines(screen)
@@ -255,12 +303,24 @@ def test_no_color_and_piped(farm):
     db = farm["db"]
     raw, lines = _show(db, 80, "frame", "list", NO_COLOR="1")
     assert not COLOUR.search(raw) and "SUCCEEDED" in raw and any(_elided(LONG, line) for line in lines)
-    res = subprocess.run([*cuectl_cmd(), "--db", str(db), "frame", "list"], capture_output=True, text=True,
-                         timeout=60, env=_env())
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "frame", "list"], capture_output=True, text=True, timeout=60, env=_env()
+    )
     assert res.returncode == 0 and "\x1b" not in res.stdout
     header, *rows = res.stdout.splitlines()
-    assert header.split("\t") == ["ID", "JOB", "FRAME", "STATE", "TRIES", "HOST", "GPUS", "GPU UTIL/MEM", "EXIT",
-                                  "STARTED", "PENDING REASON"]
+    assert header.split("\t") == [
+        "ID",
+        "JOB",
+        "FRAME",
+        "STATE",
+        "TRIES",
+        "HOST",
+        "GPUS",
+        "GPU UTIL/MEM",
+        "EXIT",
+        "STARTED",
+        "PENDING REASON",
+    ]
     cells = [row.split("\t") for row in rows]
     assert all(len(c) == 11 for c in cells)
     assert any(c[1] == LONG and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", c[9]) for c in cells)
@@ -275,7 +335,7 @@ def test_frame_show_attempts_fit(farm):
     [dead] = [f for f in _json(db, "frame", "list")["frames"] if f["state"] == "DEAD"]
     raw, lines = _show(db, 80, "frame", "show", str(dead["id"]))
     head = next(i for i, line in enumerate(lines) if line.startswith("ATTEMPT "))
-    [attempt] = lines[head + 1:]
+    [attempt] = lines[head + 1 :]
     started = datetime.fromisoformat(dead["started_at"]).timestamp()
     assert attempt.split()[:2] == ["1", HOST] and attempt.endswith("exit 1")
     assert _today(started) in attempt and _today(started + 5) in attempt
@@ -288,11 +348,17 @@ def test_worker_live_view_fits(tmp_path):
     gpus.write_text("host: h1\ndevices:\n  - {model: NVIDIA A100-SXM4-80GB, vendor: NVIDIA, memory: 80G}\n")
     name = LONG + "-with-more"
     env = _env(CUECTL_FAKE_GPUS=str(gpus))
-    res = subprocess.run([*cuectl_cmd(), "--db", str(db), "submit", "--name", name, "--gpus", "1", "--", "sleep", "1"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "submit", "--name", name, "--gpus", "1", "--", "sleep", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
-    code, raw = on_terminal([*cuectl_cmd(), "--db", str(db), "worker", "--until-idle", "--poll", "0.05"],
-                            answer=None, columns=60, env=env)
+    code, raw = on_terminal(
+        [*cuectl_cmd(), "--db", str(db), "worker", "--until-idle", "--poll", "0.05"], answer=None, columns=60, env=env
+    )
     assert code == 0, raw
     lines = _lines(raw.replace("\r", "\n"))
     rows = [line for line in lines if line.startswith("1 0001-")]

@@ -17,12 +17,18 @@ from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import HostInfo, LiveUsage, open_store
 from cuectl.top import snapshot
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _gpu(index: int, uuid: str) -> dict:
-    return {"index": index, "uuid": uuid, "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB", "backend": "fake",
-            "memory_total_bytes": 16 * GIB}
+    return {
+        "index": index,
+        "uuid": uuid,
+        "vendor": "NVIDIA",
+        "model": "Tesla V100-SXM2-16GB",
+        "backend": "fake",
+        "memory_total_bytes": 16 * GIB,
+    }
 
 
 def cuectl_exe() -> list[str]:
@@ -37,24 +43,53 @@ def make_farm(db: Path | str) -> int:
     now = time.time()
     store = open_store(str(db))
     try:
-        store.register_host(HostInfo(name="node-7", cores=8, memory_bytes=64 * GIB,
-                                     gpus=[_gpu(0, "GPU-aaa"), _gpu(1, "GPU-bbb"), _gpu(2, "GPU-ccc")]), now=now)
-        store.submit(spec_from_mapping({"name": "shot010", "layers": [
-            {"name": "render", "command": ["true"], "range": "1-3"}]}, user="alice"), now=now)
+        store.register_host(
+            HostInfo(
+                name="node-7",
+                cores=8,
+                memory_bytes=64 * GIB,
+                gpus=[_gpu(0, "GPU-aaa"), _gpu(1, "GPU-bbb"), _gpu(2, "GPU-ccc")],
+            ),
+            now=now,
+        )
+        store.submit(
+            spec_from_mapping(
+                {"name": "shot010", "layers": [{"name": "render", "command": ["true"], "range": "1-3"}]}, user="alice"
+            ),
+            now=now,
+        )
         layer = store.runnable_layers()[0]
-        claimed = store.claim_frame(layer.layer_id, host="node-7", worker="node-7:1", gpu_uuids=["GPU-aaa"],
-                                    now=now, lease_s=600.0)
+        claimed = store.claim_frame(
+            layer.layer_id, host="node-7", worker="node-7:1", gpu_uuids=["GPU-aaa"], now=now, lease_s=600.0
+        )
         assert claimed is not None
-        store.record_live_usage("node-7", [LiveUsage(claimed.frame_id, claimed.attempt, now, 42.0, 3 * GIB)],
-                                now=now)
-        live = {"at": now, "devices": [
-            {"uuid": "GPU-aaa", "utilization_pct": 42.0, "memory_used_bytes": 3 * GIB,
-             "memory_free_bytes": 13 * GIB},
-            {"uuid": "GPU-bbb", "utilization_pct": 0.0, "memory_used_bytes": 5 * GIB,
-             "memory_free_bytes": 11 * GIB},
-            {"uuid": "GPU-ccc", "utilization_pct": 0.0, "memory_used_bytes": 0, "memory_free_bytes": 16 * GIB}]}
-        store.heartbeat("node-7", [claimed.frame_id], now=now, lease_s=600.0, live=live,
-                        attempts={claimed.frame_id: claimed.attempt})
+        store.record_live_usage("node-7", [LiveUsage(claimed.frame_id, claimed.attempt, now, 42.0, 3 * GIB)], now=now)
+        live = {
+            "at": now,
+            "devices": [
+                {
+                    "uuid": "GPU-aaa",
+                    "utilization_pct": 42.0,
+                    "memory_used_bytes": 3 * GIB,
+                    "memory_free_bytes": 13 * GIB,
+                },
+                {
+                    "uuid": "GPU-bbb",
+                    "utilization_pct": 0.0,
+                    "memory_used_bytes": 5 * GIB,
+                    "memory_free_bytes": 11 * GIB,
+                },
+                {"uuid": "GPU-ccc", "utilization_pct": 0.0, "memory_used_bytes": 0, "memory_free_bytes": 16 * GIB},
+            ],
+        }
+        store.heartbeat(
+            "node-7",
+            [claimed.frame_id],
+            now=now,
+            lease_s=600.0,
+            live=live,
+            attempts={claimed.frame_id: claimed.attempt},
+        )
         return claimed.frame_id
     finally:
         store.close()
@@ -72,21 +107,36 @@ def test_snapshot_on_a_real_store(tmp_path):
     [host] = snap["hosts"]
     assert (host["name"], host["state"], host["running"]) == ("node-7", "UP", 1)
     held, foreign, free = host["devices"]
-    assert (held["index"], held["utilization_pct"], held["memory_used_bytes"], held["memory_total_bytes"]) == \
-        (0, 42.0, 3 * GIB, 16 * GIB)
+    assert (held["index"], held["utilization_pct"], held["memory_used_bytes"], held["memory_total_bytes"]) == (
+        0,
+        42.0,
+        3 * GIB,
+        16 * GIB,
+    )
     assert held["holder"]["kind"] == "frame" and held["holder"]["frame_id"] == frame_id
     assert held["holder"]["label"] == "shot010/0001-render"
     assert foreign["holder"]["kind"] == "foreign" and foreign["memory_used_bytes"] == 5 * GIB
     assert free["holder"] is None
     [frame] = snap["frames"]
-    assert (frame["id"], frame["host"], frame["gpu_util_pct"], frame["gpu_memory_used_bytes"]) == \
-        (frame_id, "node-7", 42.0, 3 * GIB)
+    assert (frame["id"], frame["host"], frame["gpu_util_pct"], frame["gpu_memory_used_bytes"]) == (
+        frame_id,
+        "node-7",
+        42.0,
+        3 * GIB,
+    )
     assert frame["gpu_sampled_at"].endswith("Z") and frame["elapsed_s"] is not None
     [job] = snap["waiting"]
     assert (job["name"], job["user"], job["waiting"]) == ("shot010", "alice", 2)
     assert job["pending_reason"]  # why the other two frames wait, in words
-    assert snap["totals"] == {"hosts": 1, "hosts_up": 1, "gpus": 3, "gpus_held": 2, "running": 1,
-                              "waiting_jobs": 1, "waiting_frames": 2}
+    assert snap["totals"] == {
+        "hosts": 1,
+        "hosts_up": 1,
+        "gpus": 3,
+        "gpus_held": 2,
+        "running": 1,
+        "waiting_jobs": 1,
+        "waiting_frames": 2,
+    }
     json.dumps(snap)  # JSON-ready as is
 
 
@@ -99,8 +149,14 @@ def test_snapshot_names_a_local_lease(tmp_path):
     make_farm(db)
     locks = tmp_path / "locks"
     locks.mkdir(exist_ok=True)
-    device = Device(index=2, uuid="GPU-ccc", vendor="NVIDIA", model="Tesla V100-SXM2-16GB", backend="fake",
-                    memory_total_bytes=16 * GIB)
+    device = Device(
+        index=2,
+        uuid="GPU-ccc",
+        vendor="NVIDIA",
+        model="Tesla V100-SXM2-16GB",
+        backend="fake",
+        memory_total_bytes=16 * GIB,
+    )
     lock = try_lock(locks, device, holder="cuectl run", kind="run", label="train-a")
     assert lock is not None
     store = open_store(str(db), create=False)
@@ -117,14 +173,16 @@ def test_once_and_json_through_the_executable(tmp_path):
     db = tmp_path / "store.db"
     frame_id = make_farm(db)
     env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp_path / "locks"))
-    res = subprocess.run([*cuectl_exe(), "--db", str(db), "top", "--json"], capture_output=True, text=True,
-                         env=env, timeout=60)
+    res = subprocess.run(
+        [*cuectl_exe(), "--db", str(db), "top", "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     snap = json.loads(res.stdout)
     assert snap["frames"][0]["id"] == frame_id and snap["hosts"][0]["name"] == "node-7"
     for args in (["top", "--once"], ["top"]):  # piped: one plain snapshot either way
-        res = subprocess.run([*cuectl_exe(), "--db", str(db), *args], capture_output=True, text=True,
-                             env=env, timeout=60)
+        res = subprocess.run(
+            [*cuectl_exe(), "--db", str(db), *args], capture_output=True, text=True, env=env, timeout=60
+        )
         assert res.returncode == 0, res.stderr
         out = res.stdout
         assert "\x1b" not in out
@@ -134,8 +192,12 @@ def test_once_and_json_through_the_executable(tmp_path):
 
 
 def test_top_without_a_store_is_an_error(tmp_path):
-    res = subprocess.run([*cuectl_exe(), "--db", str(tmp_path / "missing.db"), "top", "--once"],
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [*cuectl_exe(), "--db", str(tmp_path / "missing.db"), "top", "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 1 and res.stderr.startswith("error: no store at")
     assert not (tmp_path / "missing.db").exists()
 
@@ -147,8 +209,14 @@ def test_live_view_on_a_terminal_and_q_quits(tmp_path):
     master, slave = pty.openpty()
     before = termios.tcgetattr(slave)
     try:
-        proc = subprocess.Popen([*cuectl_exe(), "--db", str(db), "top", "--interval", "0.2"],
-                                stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [*cuectl_exe(), "--db", str(db), "top", "--interval", "0.2"],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=env,
+            start_new_session=True,
+        )
         out = bytearray()
 
         def read_until(pred, timeout: float) -> bool:
@@ -199,15 +267,20 @@ def test_top_on_postgresql_through_the_executable(tmp_path, pg_url):
     (heartbeats and live values on the server's clock)."""
     frame_id = make_farm(pg_url)
     env = dict(os.environ, CUECTL_LOCK_DIR=str(tmp_path / "locks"))
-    res = subprocess.run([*cuectl_exe(), "--db", pg_url, "top", "--json"], capture_output=True, text=True,
-                         env=env, timeout=60)
+    res = subprocess.run(
+        [*cuectl_exe(), "--db", pg_url, "top", "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     snap = json.loads(res.stdout)
     [host] = snap["hosts"]
-    assert host["state"] == "UP" and [d["holder"]["kind"] if d["holder"] else None for d in host["devices"]] == \
-        ["frame", "foreign", None]
+    assert host["state"] == "UP" and [d["holder"]["kind"] if d["holder"] else None for d in host["devices"]] == [
+        "frame",
+        "foreign",
+        None,
+    ]
     assert snap["frames"][0]["id"] == frame_id and snap["frames"][0]["gpu_util_pct"] == 42.0
-    res = subprocess.run([*cuectl_exe(), "--db", pg_url, "top", "--once"], capture_output=True, text=True,
-                         env=env, timeout=60)
+    res = subprocess.run(
+        [*cuectl_exe(), "--db", pg_url, "top", "--once"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert res.returncode == 0, res.stderr
     assert f"frame {frame_id} shot010/0001-render" in res.stdout and "42%" in res.stdout

@@ -27,8 +27,7 @@ def cuectl_exe() -> list[str]:
 
 def run(db: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     full = dict(os.environ, **env)
-    return subprocess.run([*cuectl_exe(), "--db", str(db), *args], capture_output=True, text=True, env=full,
-                          timeout=60)
+    return subprocess.run([*cuectl_exe(), "--db", str(db), *args], capture_output=True, text=True, env=full, timeout=60)
 
 
 # ----------------------------------------------------------------------------- backup
@@ -96,8 +95,9 @@ def run_on_a_terminal(argv: list[str], env: dict[str, str], timeout: float = 60)
     would), return its exit status and everything it printed."""
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
     finally:
         os.close(slave)
     out = bytearray()
@@ -124,16 +124,18 @@ def run_on_a_terminal(argv: list[str], env: dict[str, str], timeout: float = 60)
 def test_user_data_is_never_rich_markup_on_a_terminal(tmp_path):
     db = tmp_path / "store.db"
     gpus = tmp_path / "gpus.yaml"
-    gpus.write_text(yaml.safe_dump({"host": "h1", "devices": [
-        {"model": "Evil [bold]GPU[/bold] [/]", "vendor": "NVIDIA", "memory": "16G"}]}))
+    gpus.write_text(
+        yaml.safe_dump(
+            {"host": "h1", "devices": [{"model": "Evil [bold]GPU[/bold] [/]", "vendor": "NVIDIA", "memory": "16G"}]}
+        )
+    )
     env = dict(os.environ, COLUMNS="200", TERM="xterm-256color", CUECTL_FAKE_GPUS=str(gpus))
     env.pop("NO_COLOR", None)
     names = ["oops[/]", "shot[bold]010", "[red]x[/red] [link=file:///etc/passwd]y"]
     for name in names:
         assert run(db, "submit", "--name", name, "--", "true", **env).returncode == 0
     # The worker's live view (stderr on a terminal) claims these frames and prints their names.
-    code, shown = run_on_a_terminal([*cuectl_exe(), "--db", str(db), "worker", "--until-idle", "--poll", "0.05"],
-                                    env)
+    code, shown = run_on_a_terminal([*cuectl_exe(), "--db", str(db), "worker", "--until-idle", "--poll", "0.05"], env)
     assert code == 0, shown
     for name in names:
         assert name in shown, (name, shown)
@@ -153,13 +155,16 @@ def test_user_data_is_never_rich_markup_on_a_terminal(tmp_path):
 # ----------------------------------------------------------------------------- small inputs
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--cores", "0.001"], "--cores: must be at least 0.1"),
-    (["--cores", "1e-7"], "--cores: must be at least 0.1"),
-    (["--priority", "99999999999"], "--priority: must be at most 2147483647"),
-    (["--log-limit", "100K", "--log-limit", "1K"], "--log-limit: must be at least 4K"),
-    (["--log-limit", "lots"], "--log-limit"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--cores", "0.001"], "--cores: must be at least 0.1"),
+        (["--cores", "1e-7"], "--cores: must be at least 0.1"),
+        (["--priority", "99999999999"], "--priority: must be at most 2147483647"),
+        (["--log-limit", "100K", "--log-limit", "1K"], "--log-limit: must be at least 4K"),
+        (["--log-limit", "lots"], "--log-limit"),
+    ],
+)
 def test_small_and_large_submit_inputs_are_refused(cli, db_path, args, needle):
     res = cli("submit", "--name", "x", *args, "--", "true")
     assert res.exit_code == 2 and res.stderr.startswith(f"error: {needle}"), res
@@ -180,18 +185,29 @@ def test_job_priority_has_the_submit_range(cli):
     assert cli("job", "priority", job, "--", "-2147483647").exit_code == 0
 
 
-@pytest.mark.parametrize("name", [
-    "x\u202egnp.exe", "a\u200bb", "a\u2066b\u2069", "a\u2028b", "a\ue000b", "a\u00a0b", "a\ufeffb",
-])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "x\u202egnp.exe",
+        "a\u200bb",
+        "a\u2066b\u2069",
+        "a\u2028b",
+        "a\ue000b",
+        "a\u00a0b",
+        "a\ufeffb",
+    ],
+)
 def test_names_with_invisible_characters_are_refused(cli, tmp_path, db_path, name):
     res = cli("submit", "--name", name, "--", "true")
     assert res.exit_code == 2 and res.stderr.startswith("error: --name: must contain only visible"), res
     assert "U+" in res.stderr
     spec = tmp_path / "job.yaml"
-    for doc, label in (({"name": name, "layers": [{"name": "a", "command": ["true"]}]}, "name"),
-                       ({"name": "ok", "layers": [{"name": name, "command": ["true"]}]}, "layers[0].name"),
-                       ({"name": "ok", "layers": [{"name": "a", "command": ["true"], "tags": [name]}]}, "layers[0].tags"),
-                       ({"name": "ok", "env": {name: "v"}, "layers": [{"name": "a", "command": ["true"]}]}, "env")):
+    for doc, label in (
+        ({"name": name, "layers": [{"name": "a", "command": ["true"]}]}, "name"),
+        ({"name": "ok", "layers": [{"name": name, "command": ["true"]}]}, "layers[0].name"),
+        ({"name": "ok", "layers": [{"name": "a", "command": ["true"], "tags": [name]}]}, "layers[0].tags"),
+        ({"name": "ok", "env": {name: "v"}, "layers": [{"name": "a", "command": ["true"]}]}, "env"),
+    ):
         spec.write_text(json.dumps(doc))
         res = cli("submit", str(spec))
         assert res.exit_code == 2 and f"{label}" in res.stderr.splitlines()[0], (doc, res)
@@ -203,16 +219,19 @@ def test_printable_unicode_names_are_fine(cli):
     assert res.exit_code == 0, res
 
 
-@pytest.mark.parametrize("var,value,args", [
-    ("CUECTL_KILL_GRACE", "abc", ["worker", "--until-idle"]),
-    ("CUECTL_BUSY_TIMEOUT", "abc", ["job", "list"]),
-    ("CUECTL_BUSY_TIMEOUT", "-1", ["job", "list"]),
-    ("CUECTL_FRAME_LIMIT", "abc", ["submit", "--name", "x", "--", "true"]),
-    ("CUECTL_FRAME_LIMIT", "0", ["submit", "--name", "x", "--", "true"]),
-    ("CUECTL_LOG_LIMIT", "abc", ["worker", "--until-idle"]),
-    ("CUECTL_LOG_LIMIT", "10", ["worker", "--until-idle"]),  # 10 MiB: fine
-    ("CUECTL_LOG_LIMIT", "1K", ["worker", "--until-idle"]),
-])
+@pytest.mark.parametrize(
+    "var,value,args",
+    [
+        ("CUECTL_KILL_GRACE", "abc", ["worker", "--until-idle"]),
+        ("CUECTL_BUSY_TIMEOUT", "abc", ["job", "list"]),
+        ("CUECTL_BUSY_TIMEOUT", "-1", ["job", "list"]),
+        ("CUECTL_FRAME_LIMIT", "abc", ["submit", "--name", "x", "--", "true"]),
+        ("CUECTL_FRAME_LIMIT", "0", ["submit", "--name", "x", "--", "true"]),
+        ("CUECTL_LOG_LIMIT", "abc", ["worker", "--until-idle"]),
+        ("CUECTL_LOG_LIMIT", "10", ["worker", "--until-idle"]),  # 10 MiB: fine
+        ("CUECTL_LOG_LIMIT", "1K", ["worker", "--until-idle"]),
+    ],
+)
 def test_bad_environment_values_are_one_error_naming_the_variable(tmp_path, var, value, args):
     db = tmp_path / "store.db"
     assert run(db, "submit", "--name", "seed", "--", "true").returncode == 0

@@ -31,5 +31,3 @@ def cuebot(db_path: Path) -> Iterator[Any]:
     yield start
     for server in servers:
         sys.stderr.write(server.stop())
-
-

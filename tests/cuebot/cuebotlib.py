@@ -23,6 +23,8 @@ def cuectl_cmd() -> list[str]:
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     return {**os.environ, **{key: str(value) for key, value in extra.items()}}
+
+
 SERVING = re.compile(r"serving OpenCue's gRPC protocol on \S+ \(port (\d+)\)")
 
 
@@ -57,15 +59,23 @@ class CuebotServer:
         return "".join(self.log)
 
 
-def start_server(db: Path | str, *, address: str = "127.0.0.1", args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, argv: Sequence[str] | None = None) -> CuebotServer:
+def start_server(
+    db: Path | str,
+    *,
+    address: str = "127.0.0.1",
+    args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    argv: Sequence[str] | None = None,
+) -> CuebotServer:
     """``cuectl --db DB serve --opencue ADDRESS:0 ARGS``; waits for its "serving" line (the
     port the kernel chose). ``argv``: run this command instead (e.g. as another user)."""
     host = f"[{address}]" if ":" in address else address
-    command = list(argv) if argv is not None else [*cuectl_cmd(), "--db", str(db), "serve", "--opencue",
-                                                   f"{host}:0", *args]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env or subprocess_env())
+    command = (
+        list(argv) if argv is not None else [*cuectl_cmd(), "--db", str(db), "serve", "--opencue", f"{host}:0", *args]
+    )
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or subprocess_env()
+    )
     log: list[str] = []
     deadline = time.monotonic() + 30
     assert proc.stdout is not None

@@ -24,8 +24,9 @@ _COUNTER = itertools.count()
 
 def ip_command() -> str:
     """The path of ``ip``, installing iproute2 first where it is missing (root, apt-get)."""
-    found = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip") if os.path.exists(p)),
-                                       None)
+    found = shutil.which("ip") or next(
+        (p for p in ("/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip") if os.path.exists(p)), None
+    )
     if found:
         return found
     if os.geteuid() != 0 or not shutil.which("apt-get"):
@@ -35,8 +36,7 @@ def ip_command() -> str:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not shutil.which("ip"):
             subprocess.run(["apt-get", "update", "-qq"], check=True, env=env, capture_output=True)
-            subprocess.run(["apt-get", "install", "-y", "-qq", "iproute2"], check=True, env=env,
-                           capture_output=True)
+            subprocess.run(["apt-get", "install", "-y", "-qq", "iproute2"], check=True, env=env, capture_output=True)
     found = shutil.which("ip") or "/usr/sbin/ip"
     if not os.path.exists(found):
         raise RuntimeError("apt-get installed iproute2, but no `ip` is on PATH")
@@ -64,8 +64,8 @@ def _used_subnets() -> set[ipaddress.IPv4Network]:
 
 @dataclass(frozen=True)
 class Link:
-    left_ip: str                     # .1 of the /30
-    right_ip: str                    # .2
+    left_ip: str  # .1 of the /30
+    right_ip: str  # .2
     subnet: ipaddress.IPv4Network
     left_dev: str
     right_dev: str
@@ -74,6 +74,7 @@ class Link:
 @dataclass
 class Netns:
     """What one test made: namespaces and host-side links, removed by ``close``."""
+
     tag: str = field(default_factory=lambda: f"{os.getpid() % 100000:05d}{next(_COUNTER):02d}")
     namespaces: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
@@ -90,8 +91,12 @@ class Netns:
     def sysctl(self, namespace: str, key: str, value: str) -> None:
         """A sysctl of ``namespace`` (net.* keys are per namespace: the host's are untouched)."""
         path = "/proc/sys/" + key.replace(".", "/")  # as sysctl(8) writes it, without needing procps
-        res = subprocess.run(self.exec(namespace, ["sh", "-c", 'echo "$1" > "$2"', "sh", value, path]),
-                             capture_output=True, text=True, timeout=30)
+        res = subprocess.run(
+            self.exec(namespace, ["sh", "-c", 'echo "$1" > "$2"', "sh", value, path]),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if res.returncode != 0:
             raise RuntimeError(f"sysctl {key}={value} in {namespace}: {res.stderr.strip()}")
 

@@ -33,8 +33,14 @@ class OpenCueFarm:
 
     # -- cuectl, the store's own view ------------------------------------------------------
     def cuectl(self, *args: str) -> str:
-        res = subprocess.run([*cuectl_cmd(), "--db", str(self.db), *args], capture_output=True, text=True,
-                             env=subprocess_env(), cwd=self.tmp, timeout=60)
+        res = subprocess.run(
+            [*cuectl_cmd(), "--db", str(self.db), *args],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            cwd=self.tmp,
+            timeout=60,
+        )
         assert res.returncode == 0, f"cuectl {args}: {res.stderr}"
         return res.stdout
 
@@ -65,17 +71,39 @@ class OpenCueFarm:
         return {f["name"]: f["state"] for f in frames}
 
     def wait_states(self, job: int, wanted: dict[str, str], timeout: float = 30.0) -> None:
-        wait_for(lambda: self.states(job) == wanted, f"frames of job {job} to be {wanted}", timeout,
-                 lambda: f"they are {self.states(job)}")
+        wait_for(
+            lambda: self.states(job) == wanted,
+            f"frames of job {job} to be {wanted}",
+            timeout,
+            lambda: f"they are {self.states(job)}",
+        )
 
     # -- the worker ---------------------------------------------------------------------------
     def start_worker(self, *extra: str) -> subprocess.Popen[str]:
         """`cuectl worker` on the fake host: 4 CPU slots, so its two GPUs bound what runs."""
         proc = subprocess.Popen(
-            [*cuectl_cmd(), "--db", str(self.db), "worker", "--poll", "0.05", "--lease-timeout", "5",
-             "--sample-interval", "0.5", "--cores", "4", *extra],
-            env=subprocess_env(CUECTL_FAKE_GPUS=str(self.fake), CUECTL_KILL_GRACE="0.5"), cwd=self.tmp,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            [
+                *cuectl_cmd(),
+                "--db",
+                str(self.db),
+                "worker",
+                "--poll",
+                "0.05",
+                "--lease-timeout",
+                "5",
+                "--sample-interval",
+                "0.5",
+                "--cores",
+                "4",
+                *extra,
+            ],
+            env=subprocess_env(CUECTL_FAKE_GPUS=str(self.fake), CUECTL_KILL_GRACE="0.5"),
+            cwd=self.tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         self.workers.append(proc)
         return proc
 
@@ -128,8 +156,9 @@ def fields(message, *names):
 """
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0,
-             explain: Callable[[], str] | None = None) -> Any:
+def wait_for(
+    predicate: Callable[[], Any], what: str, timeout: float = 30.0, explain: Callable[[], str] | None = None
+) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -145,7 +174,7 @@ def fixed_columns(line: str, widths: Sequence[int]) -> list[str]:
     """A row printed with ``%-Ns`` columns one space apart, cut at the widths, stripped."""
     cells, at = [], 0
     for width in widths:
-        cells.append(line[at:at + width].strip())
+        cells.append(line[at : at + width].strip())
         at += width + 1
     return cells
 
@@ -154,12 +183,12 @@ def table(text: str, header: str) -> list[str]:
     """The rows printed after the line starting with ``header`` (a dashes line skipped)."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
-    return [line for line in lines[start + 1:] if line.strip() and not set(line) <= {"-"}]
+    return [line for line in lines[start + 1 :] if line.strip() and not set(line) <= {"-"}]
 
 
 #: cueadmin/output.py's formats, as widths
-FRAME_COLUMNS = (35, 11, 15, 13, 12, 9, 5, 7, 5)   # displayFrames: cueman -lf
-JOB_COLUMNS = (56, 15, 5, 7, 8, 5, 8, 8)            # displayJobs: cueadmin -lji
+FRAME_COLUMNS = (35, 11, 15, 13, 12, 9, 5, 7, 5)  # displayFrames: cueman -lf
+JOB_COLUMNS = (56, 15, 5, 7, 8, 5, 8, 8)  # displayJobs: cueadmin -lji
 PROC_ROW = re.compile(r"^(\S+)\s+(\S+)\s+(\S+) of (\S+) \((\S+)%\)\s+(\S+)\s+/ (\S+)\s+")  # displayProcs
 
 
@@ -178,7 +207,15 @@ def host_row(text: str, name: str) -> dict[str, str]:
             assert (t[8], t[10], t[12]) == ("[", "/", "]"), line
             keys = ("host", "load", "nimby", "free_mem", "free_swap", "free_mcp", "cores", "mem")
             row = dict(zip(keys, t[:8]))
-            row.update(idle_cores=t[9], idle_mem=t[11], os=t[13], uptime=t[14], state=t[15], locked=t[16],
-                       alloc=t[17], thread=t[18])
+            row.update(
+                idle_cores=t[9],
+                idle_mem=t[11],
+                os=t[13],
+                uptime=t[14],
+                state=t[15],
+                locked=t[16],
+                alloc=t[17],
+                thread=t[18],
+            )
             return row
     raise AssertionError(f"no host {name} in:\n{text}")

@@ -33,12 +33,12 @@ def test_an_answer_lives_ttl_and_a_change_ends_it():
 
     assert cache.get("/a", b"r", build) == 1
     clock.now = 0.9
-    assert cache.get("/a", b"r", build) == 1          # shared
-    assert cache.get("/a", b"other", build) == 2      # another request: its own answer
+    assert cache.get("/a", b"r", build) == 1  # shared
+    assert cache.get("/a", b"other", build) == 2  # another request: its own answer
     clock.now = 1.0
-    assert cache.get("/a", b"r", build) == 3          # never older than ttl
+    assert cache.get("/a", b"r", build) == 3  # never older than ttl
     cache.clear()
-    assert cache.get("/a", b"r", build) == 4          # a change through the server
+    assert cache.get("/a", b"r", build) == 4  # a change through the server
     assert ReadCache(0, clock=clock).get("/a", b"r", build) == 5  # --cache 0: off
 
 
@@ -86,8 +86,9 @@ def test_the_server_shares_reads_and_a_pause_through_it_is_seen_at_once(cuebot, 
     server = cuebot()
     store = open_store(str(db_path), create=False)
     me = pwd.getpwuid(os.getuid()).pw_name
-    job_id = store.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"]}]}, user=me),
-                          now=time.time())
+    job_id = store.submit(
+        spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"]}]}, user=me), now=time.time()
+    )
     with grpc.insecure_channel(server.target) as channel:
         stub = job_pb2_grpc.JobInterfaceStub(channel)
         ask = job_pb2.JobGetJobsRequest(r=job_pb2.JobSearchCriteria(ids=[str(job_id)]))
@@ -100,4 +101,3 @@ def test_the_server_shares_reads_and_a_pause_through_it_is_seen_at_once(cuebot, 
         stub.Resume(job_pb2.JobResumeRequest(job=job_pb2.Job(id=str(job_id))), timeout=10)
         assert not stub.GetJobs(ask, timeout=10).jobs.jobs[0].is_paused  # a change through it: seen at once
     store.close()
-

@@ -16,13 +16,25 @@ SHOTS = ("cuegui-cuetopia.png", "cuegui-frames.png", "cuegui-hosts.png")
 
 
 def test_cuegui_and_cuesubmit_drive_a_running_gpu_job(tmp_path: Path) -> None:
-    res = subprocess.run(["bash", str(REPO / "scripts" / "cuegui-check.sh"), "--screenshots", str(tmp_path)],
-                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    res = subprocess.run(
+        ["bash", str(REPO / "scripts" / "cuegui-check.sh"), "--screenshots", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=REPO,
+    )
     output = res.stdout + res.stderr
     assert res.returncode == 0, output
-    for check in ("Monitor Jobs lists", "frame monitor: frame 1 Status RUNNING", "LogView: ",
-                  "Monitor Cue lists", "Idle GPUs '1'", "procs of demo-workstation",
-                  "submitJob returned", "frames SUCCEEDED on demo-workstation"):
+    for check in (
+        "Monitor Jobs lists",
+        "frame monitor: frame 1 Status RUNNING",
+        "LogView: ",
+        "Monitor Cue lists",
+        "Idle GPUs '1'",
+        "procs of demo-workstation",
+        "submitJob returned",
+        "frames SUCCEEDED on demo-workstation",
+    ):
         assert check in output, f"{check!r} not reported:\n{output}"
     assert "cuegui-check: passed" in output
     for name in SHOTS:

@@ -21,22 +21,44 @@ from cuectl.serve.auth import VIEWER, Principal
 FS = job_pb2.FrameSearchCriteria
 WAITING, SUCCEEDED = job_pb2.WAITING, job_pb2.SUCCEEDED
 CRITERIA = [
-    FS(), FS(page=1, limit=10), FS(page=2, limit=10), FS(page=3, limit=25), FS(limit=100), FS(page=9, limit=10),
-    FS(offset=5, max_results=7), FS(offset=55, max_results=50), FS(offset=-3, max_results=2), FS(limit=-5),
-    FS(page=0, limit=3), FS(layers=["a"], page=2, limit=4), FS(layers=["nope"], limit=5),
+    FS(),
+    FS(page=1, limit=10),
+    FS(page=2, limit=10),
+    FS(page=3, limit=25),
+    FS(limit=100),
+    FS(page=9, limit=10),
+    FS(offset=5, max_results=7),
+    FS(offset=55, max_results=50),
+    FS(offset=-3, max_results=2),
+    FS(limit=-5),
+    FS(page=0, limit=3),
+    FS(layers=["a"], page=2, limit=4),
+    FS(layers=["nope"], limit=5),
     FS(layers=["a", "b"], limit=7),
     FS(states=job_pb2.FrameStateSeq(frame_states=[WAITING]), limit=4),
     FS(states=job_pb2.FrameStateSeq(frame_states=[WAITING, SUCCEEDED]), limit=4),
-    FS(frame_range="3-9", limit=3), FS(frames=["0004-b"]), FS(layers=["b"], frame_range="2-30", page=2, limit=3),
+    FS(frame_range="3-9", limit=3),
+    FS(frames=["0004-b"]),
+    FS(layers=["b"], frame_range="2-30", page=2, limit=3),
 ]
 
 
 @pytest.fixture
 def served(db_path: Path) -> Any:
     store = open_store(str(db_path), create=True)
-    job_id = store.submit(spec_from_mapping({"name": "pages", "layers": [
-        {"name": "a", "command": "true", "range": "1-30"}, {"name": "b", "command": "true", "range": "1-30"}]},
-        user="alice"), now=time.time())
+    job_id = store.submit(
+        spec_from_mapping(
+            {
+                "name": "pages",
+                "layers": [
+                    {"name": "a", "command": "true", "range": "1-30"},
+                    {"name": "b", "command": "true", "range": "1-30"},
+                ],
+            },
+            user="alice",
+        ),
+        now=time.time(),
+    )
     # Some finished, so that a state picks some of each layer (SQLite's connection, as the benches use it).
     store.conn.execute("UPDATE frames SET state = 'SUCCEEDED' WHERE number % 3 = 0")  # type: ignore[attr-defined]
     calls: list[tuple[str, int]] = []
@@ -70,8 +92,19 @@ def test_cuegui_first_page_reads_only_that_page(served):
     assert calls == [("None", 10_000)]
 
 
-@pytest.mark.parametrize("text", ["2026-12-06T04:30:45Z", "2026-12-06T04:30:45.019Z", "1970-01-01T00:00:00",
-                                  "2016-12-31T23:59:60Z", "2026-02-30T00:00:00Z", "2026-12-06", "garbage", ""])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-12-06T04:30:45Z",
+        "2026-12-06T04:30:45.019Z",
+        "1970-01-01T00:00:00",
+        "2016-12-31T23:59:60Z",
+        "2026-02-30T00:00:00Z",
+        "2026-12-06",
+        "garbage",
+        "",
+    ],
+)
 def test_epoch_parses_as_strptime_did(text):
     whole = text.rstrip("Z").partition(".")[0]
     try:

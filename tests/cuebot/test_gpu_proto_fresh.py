@@ -22,8 +22,12 @@ FIX = "regenerate with scripts/gen-proto.sh and commit the result"
 def _protoc(out: Path, *flags: str) -> None:
     """Run protoc as scripts/gen-proto.sh does (-Isrc, so the modules are named by package)."""
     out.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO / 'src'}", *flags, str(PROTO)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "grpc_tools.protoc", f"-I{REPO / 'src'}", *flags, str(PROTO)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, f"protoc failed: {res.stderr}"
 
 
@@ -36,9 +40,11 @@ def test_committed_modules_are_what_protoc_generates_now(tmp_path: Path) -> None
     made = tmp_path / "cuectl" / "cuebot" / "proto"
     stale = [name for name in GENERATED if (made / name).read_bytes() != (PROTO_DIR / name).read_bytes()]
     version = getattr(grpc_tools, "__version__", None) or _dist_version("grpcio-tools")
-    assert not stale, (f"{', '.join(stale)} differ from what protoc makes of cuectl_gpu.proto: {FIX} "
-                       f"(committed from grpcio-tools {cuectl_gpu_pb2_grpc.GRPC_GENERATED_VERSION}, "
-                       f"installed: {version})")
+    assert not stale, (
+        f"{', '.join(stale)} differ from what protoc makes of cuectl_gpu.proto: {FIX} "
+        f"(committed from grpcio-tools {cuectl_gpu_pb2_grpc.GRPC_GENERATED_VERSION}, "
+        f"installed: {version})"
+    )
 
 
 def test_committed_descriptor_is_the_proto_files(tmp_path: Path) -> None:
@@ -86,12 +92,27 @@ def test_the_proto_and_generated_modules_are_in_the_built_package(tmp_path: Path
     (project / "src").mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, project / name)
-    shutil.copytree(REPO / "src" / "cuectl", project / "src" / "cuectl",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        REPO / "src" / "cuectl", project / "src" / "cuectl", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
     out = tmp_path / "lib"
-    subprocess.run([sys.executable, "-W", "ignore", "-c", "from setuptools import setup; setup()",
-                    "-q", "build_py", "--build-lib", str(out)],
-                   cwd=project, check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "ignore",
+            "-c",
+            "from setuptools import setup; setup()",
+            "-q",
+            "build_py",
+            "--build-lib",
+            str(out),
+        ],
+        cwd=project,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     built = out / "cuectl" / "cuebot" / "proto"
     for name in ("cuectl_gpu.proto", "__init__.py", *GENERATED):
         assert (built / name).is_file(), f"{name} is missing from the built package"

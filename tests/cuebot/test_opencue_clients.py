@@ -76,9 +76,19 @@ def test_a_gpu_job_through_cueadmin_and_cueman(farm: OpenCueFarm) -> None:
     assert (gpus["gpus"], gpus["idle_gpus"], gpus["cores"], gpus["idle_cores"]) == (2.0, 0.0, 4.0, 2.0)
     assert gpus["idle_memory"] == gpus["memory"] - 2 * RESERVED_KIB
     host = host_row(farm.cueadmin("-lh").stdout, HOST)
-    assert host == {**host, "cores": "4.0", "mem": formatMem(gpus["memory"]), "idle_cores": "2.00",
-                    "idle_mem": formatMem(gpus["idle_memory"]), "free_mem": formatMem(gpus["idle_memory"]),
-                    "os": "linux", "state": "UP", "locked": "OPEN", "alloc": "local.general", "thread": "AUTO"}
+    assert host == {
+        **host,
+        "cores": "4.0",
+        "mem": formatMem(gpus["memory"]),
+        "idle_cores": "2.00",
+        "idle_mem": formatMem(gpus["idle_memory"]),
+        "free_mem": formatMem(gpus["idle_memory"]),
+        "os": "linux",
+        "state": "UP",
+        "locked": "OPEN",
+        "alloc": "local.general",
+        "thread": "AUTO",
+    }
 
     (show,) = table(farm.cueadmin("-ls").stdout, "Show ")
     # Show, Active, ReservedCores, RunningFrames, PendingFrames, PendingJobs
@@ -93,10 +103,20 @@ def test_a_gpu_job_through_cueadmin_and_cueman(farm: OpenCueFarm) -> None:
     for name in ("0001-main", "0002-main"):
         f = frames[name]
         assert (f["status"], f["host"], f["end"], f["retry"], f["exit"]) == (
-            "RUNNING", f"{HOST}/1.00/1", "--/-- --:--", "0", "-1"), f
+            "RUNNING",
+            f"{HOST}/1.00/1",
+            "--/-- --:--",
+            "0",
+            "-1",
+        ), f
         assert f["start"] != "--/-- --:--" and f["runtime"].startswith("00:0"), f
     assert {k: frames["0003-main"][k] for k in ("status", "host", "start", "retry", "exit")} == {
-        "status": "WAITING", "host": "", "start": "--/-- --:--", "retry": "0", "exit": "-1"}
+        "status": "WAITING",
+        "host": "",
+        "start": "--/-- --:--",
+        "retry": "0",
+        "exit": "-1",
+    }
 
     layers = farm.cueman("-ll", "j1").stdout
     assert layers.splitlines()[0] == "Job: j1 has 1 layers"
@@ -104,15 +124,37 @@ def test_a_gpu_job_through_cueadmin_and_cueman(farm: OpenCueFarm) -> None:
     assert [r.split() for r in table(layers, "Layer ")] == [["main", "3", "0", "2", "1", "0"]]
 
     details = info(farm.cueman("-info", "j1").stdout)
-    assert {k: details[k] for k in ("job", "state", "Min/Max cores", "total number of frames", "done", "running",
-                                    "waiting (ready)", "waiting (depend)", "failed")} == {
-        "job": "j1", "state": str(job_pb2.PENDING), "Min/Max cores": "0.00 / 0.00", "total number of frames": "3",
-        "done": "0", "running": "2", "waiting (ready)": "1", "waiting (depend)": "0", "failed": "0"}
+    assert {
+        k: details[k]
+        for k in (
+            "job",
+            "state",
+            "Min/Max cores",
+            "total number of frames",
+            "done",
+            "running",
+            "waiting (ready)",
+            "waiting (depend)",
+            "failed",
+        )
+    } == {
+        "job": "j1",
+        "state": str(job_pb2.PENDING),
+        "Min/Max cores": "0.00 / 0.00",
+        "total number of frames": "3",
+        "done": "0",
+        "running": "2",
+        "waiting (ready)": "1",
+        "waiting (depend)": "0",
+        "failed": "0",
+    }
 
     procs = [PROC_ROW.match(r) for r in table(farm.cueman("-lp", "j1").stdout, "Host ")]
     # Host, Cores, "used of reserved (%)", Job / Frame
     assert sorted((m.group(1), m.group(2), m.group(4), m.group(6), m.group(7)) for m in procs if m) == [
-        (HOST, "1.00", "256M", "j1", "0001-main"), (HOST, "1.00", "256M", "j1", "0002-main")]
+        (HOST, "1.00", "256M", "j1", "0001-main"),
+        (HOST, "1.00", "256M", "j1", "0002-main"),
+    ]
 
     # -- cueman: pause, kill frames, retry, eat, resume, terminate ----------------------------------
     assert "Pausing Job: j1" in farm.cueman("-pause", "j1").stderr
@@ -124,8 +166,12 @@ def test_a_gpu_job_through_cueadmin_and_cueman(farm: OpenCueFarm) -> None:
     farm.wait_states(job, {"0001-main": "DEAD", "0002-main": "RUNNING", "0003-main": "WAITING"})
     assert host_gpus(farm)["idle_gpus"] == 1.0  # frame 2 holds the other one
     killed = frame_rows(farm.cueman("-lf", "j1", "-range", "1").stdout)["0001-main"]
-    assert (killed["status"], killed["host"], killed["exit"], killed["retry"]) == ("DEAD", f"{HOST}/1.00/1", "143",
-                                                                                  "0")  # 128 + SIGTERM
+    assert (killed["status"], killed["host"], killed["exit"], killed["retry"]) == (
+        "DEAD",
+        f"{HOST}/1.00/1",
+        "143",
+        "0",
+    )  # 128 + SIGTERM
     assert killed["end"] != "--/-- --:--"
 
     # Without a range: every running frame; a waiting one has no proc to kill (as Cuebot).
@@ -145,7 +191,9 @@ def test_a_gpu_job_through_cueadmin_and_cueman(farm: OpenCueFarm) -> None:
     farm.wait_states(job, {"0001-main": "RUNNING", "0002-main": "EATEN", "0003-main": "RUNNING"})
     running = frame_rows(farm.cueman("-lf", "j1", "-state", "RUNNING").stdout)
     assert {name: (f["status"], f["retry"], f["exit"]) for name, f in running.items()} == {
-        "0001-main": ("RUNNING", "1", "-1"), "0003-main": ("RUNNING", "0", "-1")}
+        "0001-main": ("RUNNING", "1", "-1"),
+        "0003-main": ("RUNNING", "0", "-1"),
+    }
 
     assert "Successfully terminated 1 job(s)" in farm.cueman("-term", "j1", "-force").stderr
     farm.wait_states(job, {"0001-main": "EATEN", "0002-main": "EATEN", "0003-main": "EATEN"})
@@ -171,19 +219,62 @@ def test_cueadmin_lp_fails_inside_the_client(farm: OpenCueFarm) -> None:
 
 
 def test_pycue_reads_a_running_gpu_job_with_a_layer_dependency(farm: OpenCueFarm) -> None:
-    farm.cuectl("admin", "service", "set", "gpu-render", "--cores", "2", "--memory", "4G", "--gpus", "2",
-                "--gpu-memory", "24G", "--tags", "gpu")
+    farm.cuectl(
+        "admin",
+        "service",
+        "set",
+        "gpu-render",
+        "--cores",
+        "2",
+        "--memory",
+        "4G",
+        "--gpus",
+        "2",
+        "--gpu-memory",
+        "24G",
+        "--tags",
+        "gpu",
+    )
     farm.cuectl("admin", "limit", "set", "nuke", "5")
     farm.start_worker()
     done = farm.submit("--name", "done", "--", "true")
     farm.wait_states(done, {"0001-main": "SUCCEEDED"})
     t0 = time.time()
-    deps = farm.submit_spec({"name": "deps", "show": "pipe", "shot": "sh010", "layers": [
-        {"name": "render", "command": ["sleep", "120"], "range": "1-3", "gpus": 1, "gpu_memory_min": "8G",
-         "limits": ["nuke"]},
-        {"name": "comp", "command": ["true"], "range": "1-2", "memory": "2G", "cores": 0.5, "depends": ["render"]}]})
-    farm.wait_states(deps, {"0001-render": "RUNNING", "0002-render": "RUNNING", "0003-render": "WAITING",
-                            "0001-comp": "DEPEND", "0002-comp": "DEPEND"})
+    deps = farm.submit_spec(
+        {
+            "name": "deps",
+            "show": "pipe",
+            "shot": "sh010",
+            "layers": [
+                {
+                    "name": "render",
+                    "command": ["sleep", "120"],
+                    "range": "1-3",
+                    "gpus": 1,
+                    "gpu_memory_min": "8G",
+                    "limits": ["nuke"],
+                },
+                {
+                    "name": "comp",
+                    "command": ["true"],
+                    "range": "1-2",
+                    "memory": "2G",
+                    "cores": 0.5,
+                    "depends": ["render"],
+                },
+            ],
+        }
+    )
+    farm.wait_states(
+        deps,
+        {
+            "0001-render": "RUNNING",
+            "0002-render": "RUNNING",
+            "0003-render": "WAITING",
+            "0001-comp": "DEPEND",
+            "0002-comp": "DEPEND",
+        },
+    )
 
     out = farm.pycue(f"""
         JOB = ("id", "name", "state", "show", "shot", "user", "group", "is_paused", "start_time", "stop_time",
@@ -234,31 +325,67 @@ def test_pycue_reads_a_running_gpu_job_with_a_layer_dependency(farm: OpenCueFarm
     assert out["found"] == listed["deps"]["id"] == str(deps) and listed["done"]["id"] == str(done)
     d = listed["deps"]
     assert (d["state"], d["show"], d["shot"], d["group"], d["user"], d["is_paused"], d["stop_time"]) == (
-        job_pb2.PENDING, "pipe", "sh010", "pipe", getpass.getuser(), False, 0)
+        job_pb2.PENDING,
+        "pipe",
+        "sh010",
+        "pipe",
+        getpass.getuser(),
+        False,
+        0,
+    )
     assert t0 - 2 <= d["start_time"] <= now + 1
     assert d["log_dir"] == f"{farm.db}-logs/{deps}/rqlog"  # where CueGUI opens <job>.<frame>.rqlog
     stats = d["job_stats"]
-    assert (stats["total_frames"], stats["running_frames"], stats["waiting_frames"], stats["depend_frames"],
-            stats["pending_frames"], stats["reserved_cores"], stats["reserved_gpus"]) == (5, 2, 1, 2, 3, 2.0, 2)
+    assert (
+        stats["total_frames"],
+        stats["running_frames"],
+        stats["waiting_frames"],
+        stats["depend_frames"],
+        stats["pending_frames"],
+        stats["reserved_cores"],
+        stats["reserved_gpus"],
+    ) == (5, 2, 1, 2, 3, 2.0, 2)
     f = listed["done"]
     assert f["state"] == job_pb2.FINISHED and t0 - 30 <= f["start_time"] <= f["stop_time"] <= t0 + 1
     assert f["job_stats"]["succeeded_frames"] == 1
     (ran,) = out["done_frames"]
     assert (ran["name"], ran["state"], ran["exit_status"], ran["retry_count"], ran["last_resource"]) == (
-        "0001-main", job_pb2.SUCCEEDED, 0, 0, f"{HOST}/1.00/0")
+        "0001-main",
+        job_pb2.SUCCEEDED,
+        0,
+        0,
+        f"{HOST}/1.00/0",
+    )
     assert ran["start_time"] <= ran["stop_time"] and ran["reserved_memory"] == 0  # not running: none reserved
 
     # Layers: GPUs asked, memory in KiB, OpenCue's min_gpu_memory the whole frame's.
     render, comp = out["layers"]
     layer_ids = {layer["name"]: layer["id"] for layer in farm.job(deps)["layers"]}
     assert {k: render[k] for k in render if k != "layer_stats"} == {
-        "id": f"{deps}:{layer_ids['render']}", "parent_id": str(deps), "name": "render", "range": "1-3",
-        "chunk_size": 1, "min_cores": 1.0, "min_memory": 0, "min_gpus": 1.0, "max_gpus": 1.0,
-        "min_gpu_memory": 8 * KIB_PER_GIB, "limits": ["nuke"]}
-    assert (render["layer_stats"]["running_frames"], render["layer_stats"]["waiting_frames"],
-            render["layer_stats"]["reserved_gpus"]) == (2, 1, 2)
+        "id": f"{deps}:{layer_ids['render']}",
+        "parent_id": str(deps),
+        "name": "render",
+        "range": "1-3",
+        "chunk_size": 1,
+        "min_cores": 1.0,
+        "min_memory": 0,
+        "min_gpus": 1.0,
+        "max_gpus": 1.0,
+        "min_gpu_memory": 8 * KIB_PER_GIB,
+        "limits": ["nuke"],
+    }
+    assert (
+        render["layer_stats"]["running_frames"],
+        render["layer_stats"]["waiting_frames"],
+        render["layer_stats"]["reserved_gpus"],
+    ) == (2, 1, 2)
     assert (comp["name"], comp["min_gpus"], comp["min_gpu_memory"], comp["min_memory"], comp["min_cores"]) == (
-        "comp", 0.0, 0, 2 * KIB_PER_GIB, 0.5)
+        "comp",
+        0.0,
+        0,
+        2 * KIB_PER_GIB,
+        0.5,
+    )
     assert comp["layer_stats"]["depend_frames"] == 2
 
     # Frames: running ones with Cuebot's resource string and memory reserved; -1 before a run.
@@ -267,13 +394,27 @@ def test_pycue_reads_a_running_gpu_job_with_a_layer_dependency(farm: OpenCueFarm
     for f in out["running"]:
         assert f["id"] == str(stored[f["name"]]["id"])
         assert (f["layer_name"], f["state"], f["retry_count"], f["exit_status"], f["stop_time"]) == (
-            "render", job_pb2.RUNNING, 0, -1, 0)
+            "render",
+            job_pb2.RUNNING,
+            0,
+            -1,
+            0,
+        )
         assert (f["last_resource"], f["reserved_memory"], f["reserved_gpu_memory"]) == (
-            f"{HOST}/1.00/1", RESERVED_KIB, 8 * KIB_PER_GIB)
+            f"{HOST}/1.00/1",
+            RESERVED_KIB,
+            8 * KIB_PER_GIB,
+        )
         assert t0 - 1 <= f["start_time"] <= now + 1
     (waiting,) = out["waiting"]
-    assert (waiting["name"], waiting["exit_status"], waiting["retry_count"], waiting["last_resource"],
-            waiting["start_time"], waiting["reserved_memory"]) == ("0003-render", -1, 0, "", 0, 0)
+    assert (
+        waiting["name"],
+        waiting["exit_status"],
+        waiting["retry_count"],
+        waiting["last_resource"],
+        waiting["start_time"],
+        waiting["reserved_memory"],
+    ) == ("0003-render", -1, 0, "", 0, 0)
     assert out["depend"] == ["0001-comp", "0002-comp"]
     assert out["range"] == ["0002-render", "0003-render", "0002-comp"]
     assert out["render_range"] == ["0002-render", "0003-render"]
@@ -281,18 +422,46 @@ def test_pycue_reads_a_running_gpu_job_with_a_layer_dependency(farm: OpenCueFarm
     # The host, its idle share from the running frames, and those frames as procs.
     assert out["hosts"] == [HOST]
     h = out["host"]
-    assert {k: h[k] for k in ("id", "name", "alloc_name", "gpus", "idle_gpus", "gpu_memory", "idle_gpu_memory",
-                              "cores", "idle_cores", "state", "lock_state")} == {
-        "id": HOST, "name": HOST, "alloc_name": "local.general", "gpus": 2.0, "idle_gpus": 0.0,
-        "gpu_memory": 2 * 80 * KIB_PER_GIB, "idle_gpu_memory": 0, "cores": 4.0, "idle_cores": 2.0,
-        "state": host_pb2.UP, "lock_state": host_pb2.OPEN}
+    assert {
+        k: h[k]
+        for k in (
+            "id",
+            "name",
+            "alloc_name",
+            "gpus",
+            "idle_gpus",
+            "gpu_memory",
+            "idle_gpu_memory",
+            "cores",
+            "idle_cores",
+            "state",
+            "lock_state",
+        )
+    } == {
+        "id": HOST,
+        "name": HOST,
+        "alloc_name": "local.general",
+        "gpus": 2.0,
+        "idle_gpus": 0.0,
+        "gpu_memory": 2 * 80 * KIB_PER_GIB,
+        "idle_gpu_memory": 0,
+        "cores": 4.0,
+        "idle_cores": 2.0,
+        "state": host_pb2.UP,
+        "lock_state": host_pb2.OPEN,
+    }
     assert h["idle_memory"] == h["memory"] - 2 * RESERVED_KIB and now - 30 <= h["ping_time"] <= now + 1
     procs = sorted(out["procs"], key=lambda p: p["frame_name"])
     assert [p["frame_name"] for p in procs] == ["0001-render", "0002-render"]
     for p in procs:
         assert p["id"] == str(stored[p["frame_name"]]["id"])
         assert (p["name"], p["show_name"], p["job_name"], p["reserved_cores"], p["reserved_gpus"]) == (
-            f"{HOST}/1.00/1", "pipe", "deps", 1.0, 1.0)
+            f"{HOST}/1.00/1",
+            "pipe",
+            "deps",
+            1.0,
+            1.0,
+        )
         assert (p["reserved_memory"], p["reserved_gpu_memory"]) == (RESERVED_KIB, 8 * KIB_PER_GIB)
         assert p["log_path"] == f"{d['log_dir']}/deps.{p['frame_name']}.rqlog"
         assert t0 - 1 <= p["dispatch_time"] <= now + 1
@@ -301,24 +470,57 @@ def test_pycue_reads_a_running_gpu_job_with_a_layer_dependency(farm: OpenCueFarm
     assert out["shows"] == out["active_shows"] == ["default", "pipe"]
     pipe = out["pipe"]["show_stats"]
     assert (out["pipe"]["name"], out["pipe"]["active"]) == ("pipe", True)
-    assert (pipe["running_frames"], pipe["pending_frames"], pipe["pending_jobs"], pipe["dead_frames"],
-            pipe["reserved_cores"], pipe["reserved_gpus"]) == (2, 3, 1, 0, 2.0, 2)
+    assert (
+        pipe["running_frames"],
+        pipe["pending_frames"],
+        pipe["pending_jobs"],
+        pipe["dead_frames"],
+        pipe["reserved_cores"],
+        pipe["reserved_gpus"],
+    ) == (2, 3, 1, 0, 2.0, 2)
     (alloc,) = out["allocations"]
     assert (alloc["name"], alloc["tag"], alloc["facility"]) == ("local.general", "general", "local")
     s = alloc["stats"]
-    assert (s["hosts"], s["cores"], s["idle_cores"], s["running_cores"], s["gpus"], s["idle_gpus"],
-            s["running_gpus"], s["down_hosts"], s["locked_hosts"]) == (1, 4.0, 2.0, 2.0, 2, 0, 2, 0, 0)
-    assert out["services"] == [{"name": "gpu-render", "min_cores": 200, "max_cores": 200,
-                                "min_memory": 4 * KIB_PER_GIB, "min_gpus": 2,
-                                "min_gpu_memory": 2 * 24 * KIB_PER_GIB, "tags": ["gpu"]}]
+    assert (
+        s["hosts"],
+        s["cores"],
+        s["idle_cores"],
+        s["running_cores"],
+        s["gpus"],
+        s["idle_gpus"],
+        s["running_gpus"],
+        s["down_hosts"],
+        s["locked_hosts"],
+    ) == (1, 4.0, 2.0, 2.0, 2, 0, 2, 0, 0)
+    assert out["services"] == [
+        {
+            "name": "gpu-render",
+            "min_cores": 200,
+            "max_cores": 200,
+            "min_memory": 4 * KIB_PER_GIB,
+            "min_gpus": 2,
+            "min_gpu_memory": 2 * 24 * KIB_PER_GIB,
+            "tags": ["gpu"],
+        }
+    ]
     assert out["limits"] == [{"name": "nuke", "max_value": 5, "current_running": 2}]
     assert out["system"] == ["SystemStats", []]  # Cuebot's thread-pool counters: cuectl has none
 
     # What the job waits on: its comp layer on its render layer.
-    assert out["depends"] == [{
-        "type": depend_pb2.LAYER_ON_LAYER, "target": depend_pb2.INTERNAL, "any_frame": False, "active": True,
-        "depend_er_job": "deps", "depend_er_layer": "comp", "depend_er_frame": "",
-        "depend_on_job": "deps", "depend_on_layer": "render", "depend_on_frame": ""}]
+    assert out["depends"] == [
+        {
+            "type": depend_pb2.LAYER_ON_LAYER,
+            "target": depend_pb2.INTERNAL,
+            "any_frame": False,
+            "active": True,
+            "depend_er_job": "deps",
+            "depend_er_layer": "comp",
+            "depend_er_frame": "",
+            "depend_on_job": "deps",
+            "depend_on_layer": "render",
+            "depend_on_frame": "",
+        }
+    ]
 
 
 OUTLINE_CFG = """\
@@ -344,7 +546,8 @@ def test_a_pyoutline_job_with_a_gpu_layer_launched_and_drained(farm: OpenCueFarm
     config = tmp_path / "outline.cfg"
     config.write_text(OUTLINE_CFG.format(sessions=sessions))
     env = {**farm.env, "OUTLINE_CONFIG_FILE": str(config)}
-    out = farm.pycue(f"""
+    out = farm.pycue(
+        f"""
         import outline, outline.cuerun
         from outline.modules.shell import Shell
         ol = outline.Outline("olgpu", shot="sh01", show="testing", frame_range="1-2")
@@ -359,18 +562,26 @@ def test_a_pyoutline_job_with_a_gpu_layer_launched_and_drained(farm: OpenCueFarm
         jobs = outline.cuerun.launch(ol, use_pycuerun=False)
         out["jobs"] = [(j.id(), j.name(), j.data.show, j.data.shot) for j in jobs]
         out["layers"] = [fields(l.data, "name", "min_gpus", "min_gpu_memory") for l in jobs[0].getLayers()]
-    """, env)
+    """,
+        env,
+    )
     ((job_id, name, show, shot),) = out["jobs"]
     assert (name, show, shot) == ("olgpu", "testing", "sh01")
     job = int(job_id)
     # The GPU layer asked for one device; OpenCue's 2g is the whole frame's, here per device.
-    assert out["layers"] == [{"name": "prep", "min_gpus": 0.0, "min_gpu_memory": 0},
-                             {"name": "render", "min_gpus": 1.0, "min_gpu_memory": 2 * KIB_PER_GIB}]
+    assert out["layers"] == [
+        {"name": "prep", "min_gpus": 0.0, "min_gpu_memory": 0},
+        {"name": "render", "min_gpus": 1.0, "min_gpu_memory": 2 * KIB_PER_GIB},
+    ]
     stored = {layer["name"]: layer for layer in farm.job(job)["layers"]}
-    assert (stored["render"]["gpus"], stored["render"]["gpu_memory_min_bytes"]) == (1, 2 * 1024 ** 3)
+    assert (stored["render"]["gpus"], stored["render"]["gpu_memory_min_bytes"]) == (1, 2 * 1024**3)
     assert not stored["prep"]["gpus"]
-    assert farm.states(job) == {"0001-prep": "WAITING", "0002-prep": "WAITING", "0001-render": "DEPEND",
-                                "0002-render": "DEPEND"}
+    assert farm.states(job) == {
+        "0001-prep": "WAITING",
+        "0002-prep": "WAITING",
+        "0001-render": "DEPEND",
+        "0002-render": "DEPEND",
+    }
     # What the importer does not honour is logged, not lost.
     log = "".join(farm.server.log)
     assert "LaunchSpec: <email>: not honoured" in log and "LaunchSpec: <facility>: not honoured" in log
@@ -403,13 +614,16 @@ def test_unimplemented_and_unknown(farm: OpenCueFarm) -> None:
     with grpc.insecure_channel(farm.server.target) as channel:
         stub = job_pb2_grpc.JobInterfaceStub(channel)
         with pytest.raises(grpc.RpcError) as caught:
-            stub.StaggerFrames(job_pb2.JobStaggerFramesRequest(job=job_pb2.Job(id=str(job)), range="1-3", stagger=2),
-                               timeout=10)
+            stub.StaggerFrames(
+                job_pb2.JobStaggerFramesRequest(job=job_pb2.Job(id=str(job)), range="1-3", stagger=2), timeout=10
+            )
         assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert "job.JobInterface/StaggerFrames" in (caught.value.details() or "")
-        for call in (lambda: stub.GetJob(job_pb2.JobGetJobRequest(id="999999"), timeout=10),
-                     lambda: stub.Pause(job_pb2.JobPauseRequest(job=job_pb2.Job(id="999999")), timeout=10),
-                     lambda: stub.GetFrames(job_pb2.JobGetFramesRequest(job=job_pb2.Job(id="999999")), timeout=10)):
+        for call in (
+            lambda: stub.GetJob(job_pb2.JobGetJobRequest(id="999999"), timeout=10),
+            lambda: stub.Pause(job_pb2.JobPauseRequest(job=job_pb2.Job(id="999999")), timeout=10),
+            lambda: stub.GetFrames(job_pb2.JobGetFramesRequest(job=job_pb2.Job(id="999999")), timeout=10),
+        ):
             with pytest.raises(grpc.RpcError) as caught:
                 call()
             assert caught.value.code() == grpc.StatusCode.NOT_FOUND, caught.value

@@ -25,8 +25,9 @@ from cuebotlib import CuebotServer, client, cuectl_cmd, start_server, subprocess
 from netns import Netns
 from netns import run as ip
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="real users, a root server and network namespaces "
-                                                          "need root (CI runs as root)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="real users, a root server and network namespaces need root (CI runs as root)"
+)
 
 READ_ONLY = "this server is read-only to callers from other hosts"
 
@@ -84,7 +85,8 @@ print(json.dumps(out))
 
 #: STUB_CLIENT through a relay of its own whose outgoing connection is bound to 127.0.0.1: to
 #: the server, a call from a loopback address, made from another network namespace.
-FROM_LOOPBACK_ADDRESS = r"""
+FROM_LOOPBACK_ADDRESS = (
+    r"""
 import socket, sys, threading
 
 host, port = sys.argv[1].rsplit(":", 1)
@@ -119,24 +121,31 @@ def relay():
 
 threading.Thread(target=relay, daemon=True).start()
 sys.argv[1] = "127.0.0.1:%d" % listener.getsockname()[1]
-""" + STUB_CLIENT
+"""
+    + STUB_CLIENT
+)
 
 
 def spec_xml(user: str, name: str) -> str:
-    return (f"<spec><show>ident</show><user>{user}</user><job name='{name}'><layers>"
-            "<layer name='w' type='Render'><cmd>true</cmd><range>1-2</range></layer></layers></job></spec>")
+    return (
+        f"<spec><show>ident</show><user>{user}</user><job name='{name}'><layers>"
+        "<layer name='w' type='Render'><cmd>true</cmd><range>1-2</range></layer></layers></job></spec>"
+    )
 
 
 @dataclass
 class GroupStore:
     """A store in a setgid directory of the throwaway users' group, created by root (so
     root is its only admin), to which alice and bob submit with `cuectl submit`."""
+
     dir: Path
     db: Path
 
     def submit(self, user: Any, name: str) -> int:
-        res = user.run([*cuectl_cmd(), "--db", str(self.db), "submit", "--name", name, "--range", "1-3", "--",
-                        "true"], cwd=self.dir)
+        res = user.run(
+            [*cuectl_cmd(), "--db", str(self.db), "submit", "--name", name, "--range", "1-3", "--", "true"],
+            cwd=self.dir,
+        )
         assert res.returncode == 0, res.stderr
         return int(res.stdout)
 
@@ -158,8 +167,7 @@ class GroupStore:
         if not config.exists():
             config.write_text("cuebot.timeout: 10000\n")
             config.chmod(0o644)
-        return subprocess_env(CUEBOT_HOSTS=server.target, OPENCUE_CONFIG_FILE=str(config),
-                              GRPC_VERBOSITY="ERROR")
+        return subprocess_env(CUEBOT_HOSTS=server.target, OPENCUE_CONFIG_FILE=str(config), GRPC_VERBOSITY="ERROR")
 
 
 def subprocess_run(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -203,8 +211,13 @@ def netns() -> Iterator[Netns]:
     made.close()
 
 
-def serve(servers: list[CuebotServer], store: GroupStore, address: str = "127.0.0.1",
-          args: Sequence[str] = (), argv_prefix: Sequence[str] = ()) -> CuebotServer:
+def serve(
+    servers: list[CuebotServer],
+    store: GroupStore,
+    address: str = "127.0.0.1",
+    args: Sequence[str] = (),
+    argv_prefix: Sequence[str] = (),
+) -> CuebotServer:
     argv = None
     if argv_prefix:
         argv = [*argv_prefix, *cuectl_cmd(), "--db", str(store.db), "serve", "--opencue", f"{address}:0", *args]
@@ -221,8 +234,9 @@ def stub(user: Any, env: dict[str, str], target: str, *ops: Sequence[Any]) -> li
 
 
 # -- 1. alice cannot change bob's job; bob can ------------------------------------------------
-def test_cueman_and_pycue_as_alice_cannot_touch_bobs_job_bob_can(group_store: GroupStore, os_users: Any,
-                                                                 servers: list[CuebotServer]) -> None:
+def test_cueman_and_pycue_as_alice_cannot_touch_bobs_job_bob_can(
+    group_store: GroupStore, os_users: Any, servers: list[CuebotServer]
+) -> None:
     """A refusal does not depend on what the request would change: `cueman -kill` kills the
     procs of the job's running frames (Cuebot's KillFrames), and bob's job has none, nor
     frames 7-9; alice is refused all the same, never answered with an empty success
@@ -237,8 +251,10 @@ def test_cueman_and_pycue_as_alice_cannot_touch_bobs_job_bob_can(group_store: Gr
     for args in (["-kill", "his"], ["-kill", "his", "-range", "7-9"], ["-term", "his"]):
         res = alice.run([*cueman, *args, "-force"], env=env, timeout=60)
         assert res.returncode == 1, (args, res.stderr)
-        assert "PERMISSION_DENIED" in res.stderr and f"belongs to {bob.name}, not {alice.name}" in res.stderr, \
-            (args, res.stderr)
+        assert "PERMISSION_DENIED" in res.stderr and f"belongs to {bob.name}, not {alice.name}" in res.stderr, (
+            args,
+            res.stderr,
+        )
     res = alice.run([sys.executable, "-c", PYCUE_CLIENT, "his", "kill", "pause"], env=env, timeout=60)
     assert res.returncode == 0, res.stderr
     refused = json.loads(res.stdout)
@@ -259,8 +275,7 @@ def test_cueman_and_pycue_as_alice_cannot_touch_bobs_job_bob_can(group_store: Gr
 
 
 # -- 2. a name in the request is never believed on loopback ------------------------------------
-def test_a_forged_user_name_gets_nothing(group_store: GroupStore, os_users: Any,
-                                         servers: list[CuebotServer]) -> None:
+def test_a_forged_user_name_gets_nothing(group_store: GroupStore, os_users: Any, servers: list[CuebotServer]) -> None:
     """alice writes bob's name (or root's) where OpenCue's requests carry one: a Kill of bob's
     job is still alice's, and so refused; a LaunchSpec naming bob or root submits as alice,
     whose receipt proves it (a root worker runs those frames as alice, never as bob)."""
@@ -269,8 +284,14 @@ def test_a_forged_user_name_gets_nothing(group_store: GroupStore, os_users: Any,
     server = serve(servers, group_store)
     env = group_store.client_env(server)
     as_bob, as_root, spec_bob, spec_root = stub(
-        alice, env, server.target, ["kill", str(his), bob.name], ["kill", str(his), "root"],
-        ["launch", spec_xml(bob.name, "forged")], ["launch", spec_xml("root", "rooted")])
+        alice,
+        env,
+        server.target,
+        ["kill", str(his), bob.name],
+        ["kill", str(his), "root"],
+        ["launch", spec_xml(bob.name, "forged")],
+        ["launch", spec_xml("root", "rooted")],
+    )
     for refused in (as_bob, as_root):
         assert refused["code"] == "PERMISSION_DENIED", refused
         assert f"belongs to {bob.name}, not {alice.name}" in refused["details"], refused
@@ -287,7 +308,8 @@ def test_a_forged_user_name_gets_nothing(group_store: GroupStore, os_users: Any,
 
 # -- 3. other addresses: read-only, unless the admin trusts their network (never for root) ------
 def test_a_caller_from_another_address_only_reads_unless_its_network_is_trusted(
-        group_store: GroupStore, os_users: Any, netns: Netns, servers: list[CuebotServer]) -> None:
+    group_store: GroupStore, os_users: Any, netns: Netns, servers: list[CuebotServer]
+) -> None:
     """A client in a network namespace of the test's own, reaching the server over a veth pair
     (10.231.X.2 -> 10.231.X.1): it lists jobs, but its Pause, Kill and LaunchSpec are
     refused as read-only, even run by root. With --opencue-trust-network naming its /30, its
@@ -307,23 +329,26 @@ def test_a_caller_from_another_address_only_reads_unless_its_network_is_trusted(
         out: list[dict[str, Any]] = json.loads(res.stdout)
         return out
 
-    res = subprocess_run(netns.exec(ns, [sys.executable, *client("cueadmin"), "-lj"]),
-                         env=group_store.client_env(read_only))
+    res = subprocess_run(
+        netns.exec(ns, [sys.executable, *client("cueadmin"), "-lj"]), env=group_store.client_env(read_only)
+    )
     assert res.returncode == 0 and "his" in res.stdout, (res.stdout, res.stderr)
-    listed, pause, kill, launch = remote(read_only, ["list"], ["pause", str(his)], ["kill", str(his), bob.name],
-                                         ["launch", spec_xml(bob.name, "remote")])
+    listed, pause, kill, launch = remote(
+        read_only, ["list"], ["pause", str(his)], ["kill", str(his), bob.name], ["launch", spec_xml(bob.name, "remote")]
+    )
     assert listed == {"ok": True, "jobs": {"his": bob.name}}, listed
     for refused in (pause, kill, launch):
         assert refused["code"] == "PERMISSION_DENIED" and refused["details"].startswith(READ_ONLY), refused
     assert untouched(group_store.job(his)) and group_store.jobs_named("remote") == []
 
-    as_root, as_alice, launch_root = remote(trusting, ["kill", str(his), "root"], ["kill", str(his), alice.name],
-                                            ["launch", spec_xml("root", "rooted")])
+    as_root, as_alice, launch_root = remote(
+        trusting, ["kill", str(his), "root"], ["kill", str(his), alice.name], ["launch", spec_xml("root", "rooted")]
+    )
     for refused in (as_root, launch_root):
-        assert refused["code"] == "PERMISSION_DENIED" and "never taken for root ('root')" in refused["details"], \
-            refused
-    assert as_alice["code"] == "PERMISSION_DENIED" and f"belongs to {bob.name}, not {alice.name}" in \
-        as_alice["details"], as_alice
+        assert refused["code"] == "PERMISSION_DENIED" and "never taken for root ('root')" in refused["details"], refused
+    assert (
+        as_alice["code"] == "PERMISSION_DENIED" and f"belongs to {bob.name}, not {alice.name}" in as_alice["details"]
+    ), as_alice
     assert untouched(group_store.job(his)) and group_store.jobs_named("rooted") == []
     assert remote(trusting, ["pause", str(his)], ["kill", str(his), bob.name]) == [{"ok": True}, {"ok": True}]
     job = group_store.job(his)
@@ -332,7 +357,8 @@ def test_a_caller_from_another_address_only_reads_unless_its_network_is_trusted(
 
 # -- 4. a loopback address whose socket the kernel does not show: refused outright -------------
 def test_a_loopback_peer_whose_socket_is_not_on_this_host_is_refused(
-        group_store: GroupStore, os_users: Any, netns: Netns, servers: list[CuebotServer]) -> None:
+    group_store: GroupStore, os_users: Any, netns: Netns, servers: list[CuebotServer]
+) -> None:
     """A peer address of 127.0.0.1 is no proof of being local: with route_localnet a network
     can deliver one. Here the server runs in a namespace of its own (the "server host"), and
     a client in another namespace sends from 127.0.0.1 over the veth pair between them: the
@@ -358,8 +384,9 @@ def test_a_loopback_peer_whose_socket_is_not_on_this_host_is_refused(
 
     listed, kill = call(FROM_LOOPBACK_ADDRESS, ["list"], ["kill", str(his), bob.name])
     for refused in (listed, kill):
-        assert refused["code"] == "UNAUTHENTICATED" and refused["details"].startswith("cannot prove who is calling"), \
+        assert refused["code"] == "UNAUTHENTICATED" and refused["details"].startswith("cannot prove who is calling"), (
             refused
+        )
     assert untouched(group_store.job(his))
     listed, kill = call(STUB_CLIENT, ["list"], ["kill", str(his), bob.name])
     assert listed == {"ok": True, "jobs": {"his": bob.name}}, listed
@@ -367,8 +394,9 @@ def test_a_loopback_peer_whose_socket_is_not_on_this_host_is_refused(
 
 
 # -- 5. a uid the server's user namespace cannot name: refused, not taken for "nobody" ----------
-def test_callers_a_user_namespaced_server_cannot_name_are_refused(group_store: GroupStore, os_users: Any,
-                                                                   servers: list[CuebotServer]) -> None:
+def test_callers_a_user_namespaced_server_cannot_name_are_refused(
+    group_store: GroupStore, os_users: Any, servers: list[CuebotServer]
+) -> None:
     """A server run in a user namespace (a rootless or user-namespaced container on the host's
     network) sees every caller whose uid has no mapping there as the overflow uid, 65534:
     alice, bob and everyone else as one "nobody". Taken as a person, they could change each
@@ -379,14 +407,18 @@ def test_callers_a_user_namespaced_server_cannot_name_are_refused(group_store: G
     hers = group_store.submit(alice, "hers")
     os.chown(group_store.db, alice.uid, -1)  # alice's store: she (and root) its admins, not bob
     # Only root is mapped; the server keeps the store's group to open alice's file.
-    server = serve(servers, group_store, argv_prefix=[
-        "setpriv", f"--groups={os_users.group_gid}", "--", "unshare", "--user", "--map-root-user", "--"])
+    server = serve(
+        servers,
+        group_store,
+        argv_prefix=["setpriv", f"--groups={os_users.group_gid}", "--", "unshare", "--user", "--map-root-user", "--"],
+    )
     env = group_store.client_env(server)
     for user in (bob, alice):
         (kill,) = stub(user, env, server.target, ["kill", str(hers), user.name])
         assert kill.get("code") == "UNAUTHENTICATED" and "65534" in kill["details"], (user, kill)
     assert untouched(group_store.job(hers)), group_store.job(hers)
-    res = subprocess_run([sys.executable, "-c", STUB_CLIENT, server.target, json.dumps([["pause", str(hers)]])],
-                         env=env)
+    res = subprocess_run(
+        [sys.executable, "-c", STUB_CLIENT, server.target, json.dumps([["pause", str(hers)]])], env=env
+    )
     assert res.returncode == 0 and json.loads(res.stdout) == [{"ok": True}], (res.stdout, res.stderr)
     assert group_store.job(hers)["paused"] is True

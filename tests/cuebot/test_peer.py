@@ -28,43 +28,85 @@ from cuectl.cuebot.peer import _netlink_owner, _netlink_query, is_loopback, pars
 
 # -- parse_grpc_peer ----------------------------------------------------------------------
 
-@pytest.mark.parametrize("peer, expected", [
-    ("ipv4:127.0.0.1:54321", ("127.0.0.1", 54321)),
-    ("ipv4:10.1.2.3:1", ("10.1.2.3", 1)),
-    ("ipv6:[::1]:54321", ("::1", 54321)),
-    ("ipv6:%5B::1%5D:43506", ("::1", 43506)),  # what grpcio 1.85 writes
-    ("ipv6:[0:0:0:0:0:0:0:1]:80", ("::1", 80)),  # normalised
-    ("ipv6:[2001:DB8::1]:65535", ("2001:db8::1", 65535)),
-    ("ipv6:[::ffff:127.0.0.1]:54321", ("127.0.0.1", 54321)),  # v4-mapped: the IPv4 address
-    ("ipv6:%5B::ffff:127.0.0.1%5D:54321", ("127.0.0.1", 54321)),
-])
+
+@pytest.mark.parametrize(
+    "peer, expected",
+    [
+        ("ipv4:127.0.0.1:54321", ("127.0.0.1", 54321)),
+        ("ipv4:10.1.2.3:1", ("10.1.2.3", 1)),
+        ("ipv6:[::1]:54321", ("::1", 54321)),
+        ("ipv6:%5B::1%5D:43506", ("::1", 43506)),  # what grpcio 1.85 writes
+        ("ipv6:[0:0:0:0:0:0:0:1]:80", ("::1", 80)),  # normalised
+        ("ipv6:[2001:DB8::1]:65535", ("2001:db8::1", 65535)),
+        ("ipv6:[::ffff:127.0.0.1]:54321", ("127.0.0.1", 54321)),  # v4-mapped: the IPv4 address
+        ("ipv6:%5B::ffff:127.0.0.1%5D:54321", ("127.0.0.1", 54321)),
+    ],
+)
 def test_parse_grpc_peer(peer, expected):
     assert parse_grpc_peer(peer) == expected
 
 
-@pytest.mark.parametrize("peer", [
-    "unix:/run/cuectl.sock", "unix-abstract:cuectl", "vsock:3:1234", "",
-    "ipv4", "ipv4:", "ipv4:127.0.0.1", "ipv4:127.0.0.1:", "ipv4::54321",
-    "ipv4:127.0.0.1:0", "ipv4:127.0.0.1:65536", "ipv4:127.0.0.1:-1", "ipv4:127.0.0.1:+5",
-    "ipv4:127.0.0.1: 5", "ipv4:127.0.0.1:5x", "ipv4:127.0.0.1:5_0", "ipv4:127.0.0.1:\u0665",
-    "ipv4:127.0.0:5", "ipv4:127.000.0.1:5", "ipv4:localhost:5", "ipv4:::1:5", "ipv4:[::1]:5",
-    "ipv6:::1:5", "ipv6:[::1]", "ipv6:[::1]:", "ipv6:[::1]5", "ipv6:[127.0.0.1]:5", "ipv6:[::g]:5",
-    "IPV4:127.0.0.1:5", "tcp:127.0.0.1:5",
-])
+@pytest.mark.parametrize(
+    "peer",
+    [
+        "unix:/run/cuectl.sock",
+        "unix-abstract:cuectl",
+        "vsock:3:1234",
+        "",
+        "ipv4",
+        "ipv4:",
+        "ipv4:127.0.0.1",
+        "ipv4:127.0.0.1:",
+        "ipv4::54321",
+        "ipv4:127.0.0.1:0",
+        "ipv4:127.0.0.1:65536",
+        "ipv4:127.0.0.1:-1",
+        "ipv4:127.0.0.1:+5",
+        "ipv4:127.0.0.1: 5",
+        "ipv4:127.0.0.1:5x",
+        "ipv4:127.0.0.1:5_0",
+        "ipv4:127.0.0.1:\u0665",
+        "ipv4:127.0.0:5",
+        "ipv4:127.000.0.1:5",
+        "ipv4:localhost:5",
+        "ipv4:::1:5",
+        "ipv4:[::1]:5",
+        "ipv6:::1:5",
+        "ipv6:[::1]",
+        "ipv6:[::1]:",
+        "ipv6:[::1]5",
+        "ipv6:[127.0.0.1]:5",
+        "ipv6:[::g]:5",
+        "IPV4:127.0.0.1:5",
+        "tcp:127.0.0.1:5",
+    ],
+)
 def test_parse_grpc_peer_refuses_what_is_not_an_address(peer):
     assert parse_grpc_peer(peer) is None
 
 
-@pytest.mark.parametrize("address, expected", [
-    ("127.0.0.1", True), ("127.4.5.6", True), ("::1", True), ("::ffff:127.0.0.1", True),
-    ("10.0.0.1", False), ("0.0.0.0", False), ("::", False), ("::ffff:10.0.0.1", False),
-    ("localhost", False), ("", False), ("127.0.0.1:5", False),
-])
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("127.0.0.1", True),
+        ("127.4.5.6", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("10.0.0.1", False),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("::ffff:10.0.0.1", False),
+        ("localhost", False),
+        ("", False),
+        ("127.0.0.1:5", False),
+    ],
+)
 def test_is_loopback(address, expected):
     assert is_loopback(address) is expected
 
 
 # -- both ways: the exact lookup and the tables ------------------------------------------
+
 
 class Via:
     """How ``socket_owner`` is made to answer in a test, and a check that it did.
@@ -118,6 +160,7 @@ def via(request, monkeypatch) -> Via:
 
 
 # -- real sockets, this process's uid -----------------------------------------------------
+
 
 @contextmanager
 def listening(family: socket.AddressFamily, host: str, dual_stack: bool = False) -> Iterator[socket.socket]:
@@ -176,8 +219,10 @@ def test_an_ipv6_client_is_its_owner(via):
 
 def test_an_ipv4_client_of_a_dual_stack_listener_is_its_owner(via):
     """The server listens on [::]: the client's socket is AF_INET, in /proc/net/tcp."""
-    with listening(socket.AF_INET6, "::", dual_stack=True) as lsock, \
-            connection(lsock, socket.AF_INET, "127.0.0.1") as c:
+    with (
+        listening(socket.AF_INET6, "::", dual_stack=True) as lsock,
+        connection(lsock, socket.AF_INET, "127.0.0.1") as c,
+    ):
         port = lsock.getsockname()[1]
         host, cport = c.getsockname()
         assert via.owner((host, cport), (None, port)) == os.getuid()
@@ -188,8 +233,7 @@ def test_an_ipv4_client_of_a_dual_stack_listener_is_its_owner(via):
 
 
 def test_an_ipv6_socket_connected_to_a_v4_mapped_address_is_found_in_tcp6(via):
-    with listening(socket.AF_INET, "0.0.0.0") as lsock, \
-            connection(lsock, socket.AF_INET6, "::ffff:127.0.0.1") as c:
+    with listening(socket.AF_INET, "0.0.0.0") as lsock, connection(lsock, socket.AF_INET6, "::ffff:127.0.0.1") as c:
         port = lsock.getsockname()[1]
         host, cport = c.getsockname()[:2]
         assert host == "::ffff:127.0.0.1"
@@ -223,14 +267,18 @@ def test_non_loopback_peers_and_unix_sockets_are_never_looked_up(via):
 # -- fixture tables: what real sockets cannot set up without root -------------------------
 # The text is a little-endian kernel's (x86-64, arm64): 0100007F is 127.0.0.1.
 
-HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n")
-HEADER6 = ("  sl  local_address                         remote_address                        st tx_queue "
-           "rx_queue tr tm->when retrnsmt   uid  timeout inode\n")
+HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+HEADER6 = (
+    "  sl  local_address                         remote_address                        st tx_queue "
+    "rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+)
 
 
 def row(n: int, local: str, remote: str, state: str, uid: int) -> str:
-    return (f"  {n:3d}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000 {uid:5d}        0 "
-            f"{1000 + n} 1 0000000000000000 20 4 30 10 -1\n")
+    return (
+        f"  {n:3d}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000 {uid:5d}        0 "
+        f"{1000 + n} 1 0000000000000000 20 4 30 10 -1\n"
+    )
 
 
 def proc(tmp_path: Path, tcp: list[str], tcp6: list[str] | None = None) -> Path:
@@ -244,11 +292,15 @@ def proc(tmp_path: Path, tcp: list[str], tcp6: list[str] | None = None) -> Path:
 def test_the_clients_end_is_matched_not_the_servers(tmp_path):
     # 127.0.0.1:54321 (uid 1001) connected to the server at 127.0.0.1:8080 (uid 1000); the
     # server's accepted socket is the same pair swapped.
-    root = proc(tmp_path, [
-        row(0, "0100007F:1F90", "00000000:0000", "0A", 1000),  # the listener
-        row(1, "0100007F:D431", "0100007F:1F90", "01", 1001),  # the client's end
-        row(2, "0100007F:1F90", "0100007F:D431", "01", 1000),  # the server's end
-    ], [])
+    root = proc(
+        tmp_path,
+        [
+            row(0, "0100007F:1F90", "00000000:0000", "0A", 1000),  # the listener
+            row(1, "0100007F:D431", "0100007F:1F90", "01", 1001),  # the client's end
+            row(2, "0100007F:1F90", "0100007F:D431", "01", 1000),  # the server's end
+        ],
+        [],
+    )
     assert socket_owner(("127.0.0.1", 54321), ("127.0.0.1", 8080), root) == 1001
     assert socket_owner(("127.0.0.1", 54321), (None, 8080), root) == 1001
     assert peer_uid("ipv4:127.0.0.1:54321", ("127.0.0.1", 8080), root) == 1001
@@ -258,8 +310,10 @@ def test_the_clients_end_is_matched_not_the_servers(tmp_path):
 
 def test_only_established_rows_count(tmp_path):
     # A TIME_WAIT row carries uid 0: matching it would make the caller root.
-    root = proc(tmp_path, [row(0, "0100007F:D431", "0100007F:1F90", "06", 0),
-                           row(1, "0100007F:D432", "0100007F:1F90", "08", 1001)])
+    root = proc(
+        tmp_path,
+        [row(0, "0100007F:D431", "0100007F:1F90", "06", 0), row(1, "0100007F:D432", "0100007F:1F90", "08", 1001)],
+    )
     assert socket_owner(("127.0.0.1", 54321), ("127.0.0.1", 8080), root) is None
     assert socket_owner(("127.0.0.1", 54322), ("127.0.0.1", 8080), root) is None
 
@@ -267,16 +321,14 @@ def test_only_established_rows_count(tmp_path):
 def test_two_owners_fitting_a_port_only_server_is_no_one(tmp_path):
     # One local address and port, two connections (SO_REUSEADDR) to the server's port on
     # two addresses: without the server's address the caller cannot be told apart.
-    rows = [row(0, "0100007F:D431", "0100007F:1F90", "01", 1001),
-            row(1, "0100007F:D431", "0200007F:1F90", "01", 1002)]
+    rows = [row(0, "0100007F:D431", "0100007F:1F90", "01", 1001), row(1, "0100007F:D431", "0200007F:1F90", "01", 1002)]
     root = proc(tmp_path, rows)
     assert socket_owner(("127.0.0.1", 54321), (None, 8080), root) is None
     assert socket_owner(("127.0.0.1", 54321), ("127.0.0.1", 8080), root) == 1001
     assert socket_owner(("127.0.0.1", 54321), ("127.0.0.2", 8080), root) == 1002
     # The same socket listed twice (a table read in several chunks can repeat a row) is one owner.
     accepted = row(2, "0100007F:1F90", "0100007F:D431", "01", 0)  # the server's end of it
-    assert socket_owner(("127.0.0.1", 54321), (None, 8080),
-                        proc(tmp_path / "b", [rows[0], rows[0], accepted])) == 1001
+    assert socket_owner(("127.0.0.1", 54321), (None, 8080), proc(tmp_path / "b", [rows[0], rows[0], accepted])) == 1001
 
 
 def test_a_port_only_match_needs_one_server_end(tmp_path):
@@ -290,47 +342,66 @@ def test_a_port_only_match_needs_one_server_end(tmp_path):
     assert socket_owner(("127.0.0.1", 54321), (None, 8080), proc(tmp_path / "b", [client, ours, spoofed])) is None
     assert socket_owner(("127.0.0.1", 54321), (None, 8080), proc(tmp_path / "c", [client])) is None
     # With the server's address known the connection is pinned by its four values.
-    assert socket_owner(("127.0.0.1", 54321), ("127.0.0.1", 8080),
-                        proc(tmp_path / "d", [client, ours, spoofed])) == 1001
+    assert (
+        socket_owner(("127.0.0.1", 54321), ("127.0.0.1", 8080), proc(tmp_path / "d", [client, ours, spoofed])) == 1001
+    )
 
 
 def test_ipv6_rows_and_a_missing_tcp6(tmp_path):
     one = "00000000000000000000000001000000"  # ::1
-    root = proc(tmp_path, [], [row(0, f"{one}:D431", f"{one}:1F90", "01", 1003),
-                               row(1, f"{one}:1F90", f"{one}:D431", "01", 0)])
+    root = proc(
+        tmp_path, [], [row(0, f"{one}:D431", f"{one}:1F90", "01", 1003), row(1, f"{one}:1F90", f"{one}:D431", "01", 0)]
+    )
     assert socket_owner(("::1", 54321), ("::1", 8080), root) == 1003
     assert peer_uid("ipv6:%5B::1%5D:54321", (None, 8080), root) == 1003
     # No tcp6 (a kernel without IPv6): IPv4 lookups still work, IPv6 ones find no one.
-    bare = proc(tmp_path / "bare", [row(0, "0100007F:D431", "0100007F:1F90", "01", 1004),
-                                    row(1, "0100007F:1F90", "0100007F:D431", "01", 0)])
+    bare = proc(
+        tmp_path / "bare",
+        [row(0, "0100007F:D431", "0100007F:1F90", "01", 1004), row(1, "0100007F:1F90", "0100007F:D431", "01", 0)],
+    )
     assert socket_owner(("127.0.0.1", 54321), (None, 8080), bare) == 1004
     assert socket_owner(("::1", 54321), (None, 8080), bare) is None
 
 
 def test_a_remote_peer_is_not_looked_up_even_when_listed(tmp_path):
     # 10.0.0.5:54321 -> 10.0.0.5:8080 is a local process too, but not on loopback: refused.
-    root = proc(tmp_path, [row(0, "0500000A:D431", "0500000A:1F90", "01", 1005),
-                           row(1, "0500000A:1F90", "0500000A:D431", "01", 0)])
+    root = proc(
+        tmp_path,
+        [row(0, "0500000A:D431", "0500000A:1F90", "01", 1005), row(1, "0500000A:1F90", "0500000A:D431", "01", 0)],
+    )
     assert socket_owner(("10.0.0.5", 54321), (None, 8080), root) == 1005
     assert peer_uid("ipv4:10.0.0.5:54321", (None, 8080), root) is None
 
 
 def test_malformed_rows_are_skipped(tmp_path):
-    root = proc(tmp_path, ["garbage 0100007F:D431\n", "   1: 0100007F:D431 0100007F:1F90 01\n",
-                           row(2, "0100007F:D431", "0100007F:1F90", "01", 1006)])
+    root = proc(
+        tmp_path,
+        [
+            "garbage 0100007F:D431\n",
+            "   1: 0100007F:D431 0100007F:1F90 01\n",
+            row(2, "0100007F:D431", "0100007F:1F90", "01", 1006),
+        ],
+    )
     assert socket_owner(("127.0.0.1", 54321), ("127.0.0.1", 8080), root) == 1006
 
 
-@pytest.mark.parametrize("client, server", [
-    (("127.0.0.1", 0), ("127.0.0.1", 8080)), (("127.0.0.1", 54321), ("127.0.0.1", 70000)),
-    (("127.0.0.1", -1), (None, 8080)), (("localhost", 54321), (None, 8080)), (("127.0.0.1", 54321), ("", 8080)),
-])
+@pytest.mark.parametrize(
+    "client, server",
+    [
+        (("127.0.0.1", 0), ("127.0.0.1", 8080)),
+        (("127.0.0.1", 54321), ("127.0.0.1", 70000)),
+        (("127.0.0.1", -1), (None, 8080)),
+        (("localhost", 54321), (None, 8080)),
+        (("127.0.0.1", 54321), ("", 8080)),
+    ],
+)
 def test_socket_owner_refuses_bad_input(tmp_path, client, server):
     root = proc(tmp_path, [row(0, "0100007F:D431", "0100007F:1F90", "01", 1007)])
     assert socket_owner(client, server, root) is None
 
 
 # -- the exact lookup against the kernel ---------------------------------------------------
+
 
 def ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return ipaddress.ip_address(text)
@@ -346,8 +417,10 @@ def test_the_exact_lookup_names_the_owner_of_each_family():
         assert _netlink_owner(V4, cport, V4, port) == os.getuid()
         # Asked in either spelling, the kernel finds the same socket, and says it is AF_INET.
         assert _netlink_query(socket.AF_INET, V4, cport, V4, port) == (1, os.getuid())
-        assert _netlink_query(socket.AF_INET6, ip("::ffff:127.0.0.1"), cport,
-                                   ip("::ffff:127.0.0.1"), port) == (1, os.getuid())
+        assert _netlink_query(socket.AF_INET6, ip("::ffff:127.0.0.1"), cport, ip("::ffff:127.0.0.1"), port) == (
+            1,
+            os.getuid(),
+        )
         assert _netlink_owner(V4, cport, V4, free_port()) is None
         assert _netlink_owner(V4, cport, ip("::1"), port) is None  # never a mixed pair
     with listening(socket.AF_INET6, "::1") as lsock, connection(lsock, socket.AF_INET6, "::1") as c:
@@ -430,10 +503,16 @@ def test_many_threads_ask_at_once():
 
 # -- the exact lookup's failures: the tables answer instead --------------------------------
 
-@pytest.mark.parametrize("error", [
-    PermissionError(errno.EPERM, "sandboxed"), OSError(errno.EPROTONOSUPPORT, "no sock_diag"),
-    OSError(errno.EAFNOSUPPORT, "no AF_NETLINK"), TimeoutError("timed out"),
-])
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError(errno.EPERM, "sandboxed"),
+        OSError(errno.EPROTONOSUPPORT, "no sock_diag"),
+        OSError(errno.EAFNOSUPPORT, "no AF_NETLINK"),
+        TimeoutError("timed out"),
+    ],
+)
 def test_netlink_unavailable_falls_back_to_the_tables(monkeypatch, error):
     def fail(message: bytes) -> bytes:
         raise error
@@ -469,9 +548,20 @@ def test_a_reply_cut_short_by_the_buffer_falls_back_to_the_tables(monkeypatch):
 OTHER_UID = os.getuid() + 4242  # a uid a crafted reply claims: never the real owner
 
 
-def diag_reply(request: bytes, *, kind: int = 20, seq_shift: int = 0, family: int | None = None,
-               state: int = 1, sport_shift: int = 0, dport: int | None = None, dst: bytes | None = None,
-               uid: int = OTHER_UID, cut: int | None = None, length_shift: int = 0) -> bytes:
+def diag_reply(
+    request: bytes,
+    *,
+    kind: int = 20,
+    seq_shift: int = 0,
+    family: int | None = None,
+    state: int = 1,
+    sport_shift: int = 0,
+    dport: int | None = None,
+    dst: bytes | None = None,
+    uid: int = OTHER_UID,
+    cut: int | None = None,
+    length_shift: int = 0,
+) -> bytes:
     """A reply to ``request`` (an inet_diag_req_v2 message), as the kernel would write it for
     the socket asked for, with one thing changed. Laid out here from linux/inet_diag.h,
     independently of the module; the fields around uid hold other numbers."""
@@ -479,11 +569,16 @@ def diag_reply(request: bytes, *, kind: int = 20, seq_shift: int = 0, family: in
     req_family = request[16]
     sport, req_dport = struct.unpack_from(">HH", request, 24)
     src, req_dst = request[28:44], request[44:60]
-    body = (struct.pack("=BBBB", req_family if family is None else family, state, 0, 0)
-            + struct.pack(">HH", sport + sport_shift, req_dport if dport is None else dport)
-            + src + (req_dst if dst is None else dst) + struct.pack("=III", 0, 0x11111111, 0x22222222)
-            + struct.pack("=IIIII", 7, 8, 9, uid, 12345)
-            + struct.pack("=HH", 5, 8) + b"\0\0\0\0")  # an attribute, as the kernel adds (INET_DIAG_SHUTDOWN)
+    body = (
+        struct.pack("=BBBB", req_family if family is None else family, state, 0, 0)
+        + struct.pack(">HH", sport + sport_shift, req_dport if dport is None else dport)
+        + src
+        + (req_dst if dst is None else dst)
+        + struct.pack("=III", 0, 0x11111111, 0x22222222)
+        + struct.pack("=IIIII", 7, 8, 9, uid, 12345)
+        + struct.pack("=HH", 5, 8)
+        + b"\0\0\0\0"
+    )  # an attribute, as the kernel adds (INET_DIAG_SHUTDOWN)
     body = body[:cut] if cut is not None else body
     return struct.pack("=IHHII", 16 + len(body) + length_shift, kind, 0, seq + seq_shift, 4321) + body
 
@@ -515,8 +610,9 @@ MALFORMED: dict[str, Callable[[bytes], bytes]] = {
 
 
 @contextmanager
-def kernel_answering(monkeypatch, reply: Callable[[bytes], bytes]
-                     ) -> Iterator[tuple[tuple[str, int], int, list[bytes]]]:
+def kernel_answering(
+    monkeypatch, reply: Callable[[bytes], bytes]
+) -> Iterator[tuple[tuple[str, int], int, list[bytes]]]:
     """A real connection, and the exact lookup's exchange answered by ``reply``: yields the
     client's end, the server's port and the requests made."""
     asked: list[bytes] = []
@@ -563,12 +659,15 @@ def test_an_ipv6_socket_answering_an_ipv4_request_is_the_same_connection(monkeyp
         assert socket_owner(me, ("127.0.0.1", port)) == OTHER_UID
 
 
-@pytest.mark.parametrize("name, reply", [
-    ("TIME_WAIT, uid 0", lambda r: diag_reply(r, state=TCP_TIME_WAIT, uid=0)),
-    ("FIN_WAIT2", lambda r: diag_reply(r, state=5)),
-    ("a listener on the client's end", lambda r: diag_reply(r, state=TCP_LISTEN, dport=0, dst=bytes(16))),
-    ("no such socket", lambda r: error_reply(r, -errno.ENOENT)),
-])
+@pytest.mark.parametrize(
+    "name, reply",
+    [
+        ("TIME_WAIT, uid 0", lambda r: diag_reply(r, state=TCP_TIME_WAIT, uid=0)),
+        ("FIN_WAIT2", lambda r: diag_reply(r, state=5)),
+        ("a listener on the client's end", lambda r: diag_reply(r, state=TCP_LISTEN, dport=0, dst=bytes(16))),
+        ("no such socket", lambda r: error_reply(r, -errno.ENOENT)),
+    ],
+)
 def test_no_established_socket_is_no_answer_and_the_tables_decide(monkeypatch, name, reply):
     with kernel_answering(monkeypatch, reply) as (me, port, asked):
         assert _netlink_owner(V4, me[1], V4, port) is None
@@ -609,8 +708,14 @@ def connected_as(user, server: tuple[str, int], bind: tuple[str, int] | None = N
     argv = [sys.executable, "-I", "-c", CLIENT, server[0], str(server[1])]
     if bind is not None:
         argv += [bind[0], str(bind[1])]
-    proc = subprocess.Popen(osusers.as_user(user, argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    proc = subprocess.Popen(
+        osusers.as_user(user, argv),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
     try:
         assert proc.stdout is not None and proc.stderr is not None
         line = proc.stdout.readline()
@@ -661,8 +766,10 @@ def test_two_users_on_one_local_port_are_no_one_unless_the_server_address_tells(
     alice, bob = os_users("alice", "bob")
     with listening(socket.AF_INET, "0.0.0.0") as lsock:
         port = lsock.getsockname()[1]
-        with connected_as(alice, ("127.0.0.1", port), bind=("127.0.0.1", 0)) as a_end, \
-                connected_as(bob, ("::ffff:127.0.0.2", port), bind=("::ffff:127.0.0.1", a_end[1])):
+        with (
+            connected_as(alice, ("127.0.0.1", port), bind=("127.0.0.1", 0)) as a_end,
+            connected_as(bob, ("::ffff:127.0.0.2", port), bind=("::ffff:127.0.0.1", a_end[1])),
+        ):
             assert via.owner(a_end, (None, port)) is None
             assert via.peer(f"ipv4:127.0.0.1:{a_end[1]}", (None, port)) is None
             assert via.owner(a_end, ("127.0.0.1", port)) == alice.uid

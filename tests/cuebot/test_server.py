@@ -12,8 +12,12 @@ def test_log_dirs_are_absolute_for_a_store_named_relatively(tmp_path, monkeypatc
     from opencue_proto import job_pb2, job_pb2_grpc
 
     monkeypatch.chdir(tmp_path)
-    subprocess.run([*cuectl_cmd(), "--db", "rel.db", "submit", "--name", "j", "--", "true"], check=True,
-                   capture_output=True, env=subprocess_env())
+    subprocess.run(
+        [*cuectl_cmd(), "--db", "rel.db", "submit", "--name", "j", "--", "true"],
+        check=True,
+        capture_output=True,
+        env=subprocess_env(),
+    )
     server = start_server("rel.db")
     try:
         with grpc.insecure_channel(server.target) as channel:

@@ -40,8 +40,7 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
     key = str(directory.resolve())
     if key not in _cache:
         kubectl = kubectl_or_skip()
-        proc = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True,
-                              timeout=60)
+        proc = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, f"kubectl kustomize {directory} failed:\n{proc.stderr}"
         _cache[key] = [d for d in yaml.safe_load_all(proc.stdout) if d]
     return _cache[key]
@@ -50,11 +49,15 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
 def kustomize_with(tmp_path: Path, *, resources: list[Path], components: list[Path] = ()) -> list[dict[str, Any]]:
     """Render a throw-away kustomization in tmp_path that combines resources and components
     of the repository (kustomize wants relative paths)."""
+
     def rel(p: Path) -> str:
         return os.path.relpath(p, tmp_path)
 
-    doc = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-           "resources": [rel(p) for p in resources]}
+    doc = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [rel(p) for p in resources],
+    }
     if components:
         doc["components"] = [rel(p) for p in components]
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(doc))
@@ -117,6 +120,7 @@ def all_pod_objects(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
 
 # -- the CLI, for checking options ------------------------------------------------------------
 
+
 def cli_tree() -> Any:
     import typer
 
@@ -141,7 +145,7 @@ def resolve_command(words: list[str]) -> tuple[list[str], set[str], list[str]] |
     while rest and getattr(cmd, "commands", None) is not None:
         word = rest[0]
         if word.startswith("-"):
-            rest.pop(0)       # a global option (its value, if any, is skipped below)
+            rest.pop(0)  # a global option (its value, if any, is skipped below)
             if word in ("--db",) and rest:
                 rest.pop(0)
             continue

@@ -35,8 +35,13 @@ def instructions() -> list[tuple[str, str]]:
 
 
 def args_with_defaults() -> dict[str, str]:
-    return {m.group(1): m.group(2) for kw, rest in instructions() if kw == "ARG"
-            for m in [re.match(r"(\w+)=(\S+)", rest)] if m}
+    return {
+        m.group(1): m.group(2)
+        for kw, rest in instructions()
+        if kw == "ARG"
+        for m in [re.match(r"(\w+)=(\S+)", rest)]
+        if m
+    }
 
 
 def expand(text: str) -> str:
@@ -67,8 +72,8 @@ def test_installs_cuectl_from_the_checkout_with_the_postgres_and_opencue_extras(
     # postgres: a farm's store; opencue: `cuectl serve --opencue` (components/opencue-grpc).
     assert {"postgres", "opencue"} <= set(extras.split(","))
     pyproject = (REPO / "pyproject.toml").read_text()
-    section = pyproject[pyproject.index("[project.optional-dependencies]"):]
-    section = section[:section.index("\n[", 1)]
+    section = pyproject[pyproject.index("[project.optional-dependencies]") :]
+    section = section[: section.index("\n[", 1)]
     declared = set(re.findall(r"^(\w[\w-]*) = \[", section, re.M))
     assert {"postgres", "opencue"} <= declared
     assert set(extras.split(",")) <= declared, "an extra pyproject.toml does not declare"
@@ -82,7 +87,7 @@ def test_installs_cuectl_from_the_checkout_with_the_postgres_and_opencue_extras(
 
 def test_dockerignore_keeps_what_the_copies_need():
     lines = [ln.strip() for ln in IGNORE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
-    assert lines[0] == "*"                    # everything out, then the few things in
+    assert lines[0] == "*"  # everything out, then the few things in
     for keep in ("!pyproject.toml", "!README.md", "!src/"):
         assert keep in lines
 
@@ -100,7 +105,7 @@ def test_runs_as_a_fixed_non_root_user_matching_the_manifests():
 def test_entrypoint_is_cuectl_under_tini_and_cmd_the_worker():
     (entry,) = [rest for kw, rest in instructions() if kw == "ENTRYPOINT"]
     (cmd,) = [rest for kw, rest in instructions() if kw == "CMD"]
-    entry_argv, cmd_argv = json.loads(entry), json.loads(cmd)      # exec form: signals reach tini
+    entry_argv, cmd_argv = json.loads(entry), json.loads(cmd)  # exec form: signals reach tini
     assert entry_argv == ["/usr/bin/tini", "--", "cuectl"]
     assert cmd_argv == ["worker"]
 

@@ -13,9 +13,12 @@ import pytest
 import yaml
 from deploylib import K8S, OVERLAYS, REPO, cli_tree, container, env_of, kustomize, one, pod_spec, resolve_command
 
-DOCS = {"deploy": REPO / "docs" / "deploy.md", "kubernetes": REPO / "docs" / "deploy-kubernetes.md",
-        "api": REPO / "docs" / "api.md"}
-CUECTL_TOKEN = re.compile(r"(^|.*/)cuectl(:[\w.-]+)?$")      # cuectl, /usr/local/bin/cuectl, an image
+DOCS = {
+    "deploy": REPO / "docs" / "deploy.md",
+    "kubernetes": REPO / "docs" / "deploy-kubernetes.md",
+    "api": REPO / "docs" / "api.md",
+}
+CUECTL_TOKEN = re.compile(r"(^|.*/)cuectl(:[\w.-]+)?$")  # cuectl, /usr/local/bin/cuectl, an image
 SHELL_STOP = {"|", "||", "&&", ";", "&"}
 
 
@@ -50,7 +53,7 @@ def cuectl_invocations(text: str) -> list[list[str]]:
         for i, tok in enumerate(tokens):
             if CUECTL_TOKEN.match(tok) and i + 1 < len(tokens) and tokens[i + 1] in top:
                 words = []
-                for w in tokens[i + 1:]:
+                for w in tokens[i + 1 :]:
                     if w in SHELL_STOP or w.startswith(">"):
                         break
                     words.append(w)
@@ -67,7 +70,7 @@ def test_named_repository_paths_exist(doc: str):
         # The Kubernetes page also says examples/... for deploy/kubernetes/examples/...
         bases = (REPO, K8S) if doc == "kubernetes" else (REPO,)
         assert any((b / p).exists() for b in bases), f"{DOCS[doc].name} names {p}, which does not exist"
-    if doc == "kubernetes":                    # short forms relative to deploy/kubernetes
+    if doc == "kubernetes":  # short forms relative to deploy/kubernetes
         for p in set(re.findall(r"`((?:overlays|components|examples|base)/[\w./@-]*[\w/])`", text)):
             assert (K8S / p).exists(), p
 
@@ -121,28 +124,57 @@ def test_kubernetes_walkthrough_covers_the_way_to_a_gpu_frame():
     text = DOCS["kubernetes"].read_text()
     covered = {tuple(w[:2]) for w in cuectl_invocations(text)}
     for cmd in [("submit",), ("job", "show"), ("frame", "log"), ("gpu", "list"), ("host", "list")]:
-        assert any(c[:len(cmd)] == cmd for c in covered), cmd
+        assert any(c[: len(cmd)] == cmd for c in covered), cmd
     submit = [w for w in cuectl_invocations(text) if w[0] == "submit"]
     assert any("--gpu-model" in w and "--gpus" in w for w in submit)
-    for needle in ["kubectl apply -k deploy/kubernetes/overlays/nvidia", "nvidia.com/gpu.product",
-                   "Node Feature Discovery", "device plugin", "GPU Operator", "SecurityContextConstraints",
-                   "hostmount-anyuid", "runtimeClassName", "terminationGracePeriodSeconds",
-                   "NVIDIA_VISIBLE_DEVICES", "secretKeyRef", "ReadWriteMany", "kubectl -n cuectl create secret"]:
+    for needle in [
+        "kubectl apply -k deploy/kubernetes/overlays/nvidia",
+        "nvidia.com/gpu.product",
+        "Node Feature Discovery",
+        "device plugin",
+        "GPU Operator",
+        "SecurityContextConstraints",
+        "hostmount-anyuid",
+        "runtimeClassName",
+        "terminationGracePeriodSeconds",
+        "NVIDIA_VISIBLE_DEVICES",
+        "secretKeyRef",
+        "ReadWriteMany",
+        "kubectl -n cuectl create secret",
+    ]:
         assert needle in text, needle
 
 
 def test_deploy_doc_covers_systemd_and_docker():
     text = DOCS["deploy"].read_text()
-    for needle in ["KillMode=mixed", "TimeoutStopSec", "cuectl-worker@.service", "docker build -f deploy/docker/Dockerfile",
-                   "--gpus all", "--runtime=nvidia -e NVIDIA_VISIBLE_DEVICES=0,1", "--stop-timeout",
-                   "/run/cuectl/locks", "PGPASSWORD", "sslmode=verify-full"]:
+    for needle in [
+        "KillMode=mixed",
+        "TimeoutStopSec",
+        "cuectl-worker@.service",
+        "docker build -f deploy/docker/Dockerfile",
+        "--gpus all",
+        "--runtime=nvidia -e NVIDIA_VISIBLE_DEVICES=0,1",
+        "--stop-timeout",
+        "/run/cuectl/locks",
+        "PGPASSWORD",
+        "sslmode=verify-full",
+    ]:
         assert needle in text, needle
 
 
 def test_deploy_doc_covers_the_api_service():
     text = DOCS["deploy"].read_text()
-    for needle in ["deploy/systemd/cuectl-serve.service", "deploy/systemd/serve.env.example", "CUECTL_SERVE_ARGS",
-                   "User=cuectl-api", "receipt", "SET ROLE", "/healthz", "/readyz", "--socket /run/cuectl-api/"]:
+    for needle in [
+        "deploy/systemd/cuectl-serve.service",
+        "deploy/systemd/serve.env.example",
+        "CUECTL_SERVE_ARGS",
+        "User=cuectl-api",
+        "receipt",
+        "SET ROLE",
+        "/healthz",
+        "/readyz",
+        "--socket /run/cuectl-api/",
+    ]:
         assert needle in text, needle
     # The CUECTL_SERVE_ARGS lines it quotes are real `cuectl serve` options.
     resolved = resolve_command(["serve"])
@@ -157,9 +189,18 @@ def test_deploy_doc_covers_the_api_service():
 
 def test_kubernetes_doc_covers_the_api():
     text = DOCS["kubernetes"].read_text()
-    for needle in ["cuectl-api-token", "deploy/kubernetes/examples/cuectl-api-token.example.yaml", "/readyz",
-                   "/healthz", "proxy-buffering", "SET ROLE", "GRANT cuectl_admin", "port-forward svc/cuectl-api",
-                   "prometheus.io/scrape", "oc -n cuectl create route edge"]:
+    for needle in [
+        "cuectl-api-token",
+        "deploy/kubernetes/examples/cuectl-api-token.example.yaml",
+        "/readyz",
+        "/healthz",
+        "proxy-buffering",
+        "SET ROLE",
+        "GRANT cuectl_admin",
+        "port-forward svc/cuectl-api",
+        "prometheus.io/scrape",
+        "oc -n cuectl create route edge",
+    ]:
         assert needle in text, needle
 
 
@@ -167,11 +208,23 @@ def test_deploy_doc_covers_the_opencue_service():
     from cuectl.cuebot.server import parse_address
 
     text = DOCS["deploy"].read_text()
-    section = text[text.index("## OpenCue's gRPC protocol"):]
-    for needle in ["deploy/systemd/cuectl-opencue.service", "deploy/systemd/opencue.env.example", "opencue-grpc.md",
-                   "CUECTL_OPENCUE", "CUECTL_OPENCUE_ARGS", "cuectl[opencue]", "--opencue-trust-network", "receipt",
-                   "SET ROLE", "User=cuectl-api", "systemctl edit cuectl-opencue", "AF_NETLINK",
-                   "deploy/kubernetes/components/opencue-grpc", "serve.env"]:
+    section = text[text.index("## OpenCue's gRPC protocol") :]
+    for needle in [
+        "deploy/systemd/cuectl-opencue.service",
+        "deploy/systemd/opencue.env.example",
+        "opencue-grpc.md",
+        "CUECTL_OPENCUE",
+        "CUECTL_OPENCUE_ARGS",
+        "cuectl[opencue]",
+        "--opencue-trust-network",
+        "receipt",
+        "SET ROLE",
+        "User=cuectl-api",
+        "systemctl edit cuectl-opencue",
+        "AF_NETLINK",
+        "deploy/kubernetes/components/opencue-grpc",
+        "serve.env",
+    ]:
         assert needle in section, needle
     # What it quotes of the unit is the unit.
     unit = (REPO / "deploy" / "systemd" / "cuectl-opencue.service").read_text()
@@ -196,10 +249,20 @@ def test_deploy_doc_covers_the_opencue_service():
 
 def test_kubernetes_doc_covers_the_opencue_component():
     text = DOCS["kubernetes"].read_text()
-    section = text[text.index("### OpenCue's tools"):text.index("## 10. Operations")]
-    for needle in ["components/opencue-grpc", "cuectl-opencue", "8443", "opencue-grpc.md", "--opencue-trust-network",
-                   "every pod in every namespace", "port-forward", "tcpSocket", "restricted-v2", "SET ROLE",
-                   "CUEBOT_HOSTS=cuectl-opencue.cuectl.svc:8443"]:
+    section = text[text.index("### OpenCue's tools") : text.index("## 10. Operations")]
+    for needle in [
+        "components/opencue-grpc",
+        "cuectl-opencue",
+        "8443",
+        "opencue-grpc.md",
+        "--opencue-trust-network",
+        "every pod in every namespace",
+        "port-forward",
+        "tcpSocket",
+        "restricted-v2",
+        "SET ROLE",
+        "CUEBOT_HOSTS=cuectl-opencue.cuectl.svc:8443",
+    ]:
         assert needle in section, needle
     # The command it names is the component's.
     manifest = yaml.safe_load_all((K8S / "components" / "opencue-grpc" / "opencue.yaml").read_text())
@@ -208,7 +271,7 @@ def test_kubernetes_doc_covers_the_opencue_component():
     assert f"`{command}`" in section
     (components,) = [yaml.safe_load(body) for lang, body in code_blocks(section) if lang == "yaml"]
     assert components == {"components": ["../../components/opencue-grpc"]}
-    for overlay in OVERLAYS.values():                    # the path as an overlay writes it
+    for overlay in OVERLAYS.values():  # the path as an overlay writes it
         assert (overlay / components["components"][0]).resolve() == (K8S / "components" / "opencue-grpc").resolve()
 
 
@@ -218,10 +281,17 @@ def test_quoted_api_db_secret_patch_applies(tmp_path: Path):
 
     from deploylib import kubectl_or_skip
 
-    (doc,) = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
-              if lang == "yaml" and "cuectl-api-db" in body]
-    k = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-         "resources": [os.path.relpath(OVERLAYS["nvidia"], tmp_path)], "patches": doc["patches"]}
+    (doc,) = [
+        yaml.safe_load(body)
+        for lang, body in code_blocks(DOCS["kubernetes"].read_text())
+        if lang == "yaml" and "cuectl-api-db" in body
+    ]
+    k = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(OVERLAYS["nvidia"], tmp_path)],
+        "patches": doc["patches"],
+    }
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(k))
     proc = subprocess.run([kubectl_or_skip(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -234,8 +304,11 @@ def test_quoted_api_db_secret_patch_applies(tmp_path: Path):
 
 
 def test_quoted_ingress_points_at_the_api_service():
-    (ingress,) = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
-                  if lang == "yaml" and "kind: Ingress" in body]
+    (ingress,) = [
+        yaml.safe_load(body)
+        for lang, body in code_blocks(DOCS["kubernetes"].read_text())
+        if lang == "yaml" and "kind: Ingress" in body
+    ]
     service = one(kustomize(OVERLAYS["nvidia"]), "Service", "cuectl-api")
     backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
     assert backend["name"] == service["metadata"]["name"]
@@ -246,8 +319,11 @@ def test_quoted_ingress_points_at_the_api_service():
 
 
 def test_quoted_gpu_pool_matches_the_overlay():
-    quoted = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
-              if lang == "yaml" and "nvidia.com/gpu.product" in body]
+    quoted = [
+        yaml.safe_load(body)
+        for lang, body in code_blocks(DOCS["kubernetes"].read_text())
+        if lang == "yaml" and "nvidia.com/gpu.product" in body
+    ]
     assert len(quoted) == 1
     real = yaml.safe_load((OVERLAYS["nvidia"] / "gpu-pool.yaml").read_text())
     q, r = quoted[0]["spec"]["template"]["spec"], real["spec"]["template"]["spec"]
@@ -257,19 +333,23 @@ def test_quoted_gpu_pool_matches_the_overlay():
 
 
 def test_quoted_servicemonitors_select_their_services():
-    monitors = [yaml.safe_load(body) for lang, body in code_blocks(DOCS["kubernetes"].read_text())
-                if lang == "yaml" and "kind: ServiceMonitor" in body]
+    monitors = [
+        yaml.safe_load(body)
+        for lang, body in code_blocks(DOCS["kubernetes"].read_text())
+        if lang == "yaml" and "kind: ServiceMonitor" in body
+    ]
     assert sorted(m["metadata"]["name"] for m in monitors) == ["cuectl-api", "cuectl-metrics"]
     services = [d for d in kustomize(OVERLAYS["nvidia"]) if d["kind"] == "Service"]
     token_secret = yaml.safe_load((K8S / "examples" / "cuectl-api-token.example.yaml").read_text())
     for monitor in monitors:
-        selected = [s for s in services
-                    if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()]
+        selected = [
+            s for s in services if monitor["spec"]["selector"]["matchLabels"].items() <= s["metadata"]["labels"].items()
+        ]
         assert [s["metadata"]["name"] for s in selected] == [monitor["metadata"]["name"]]
         service = selected[0]
         assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
         assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]
-        if monitor["metadata"]["name"] == "cuectl-api":            # /metrics needs a token
+        if monitor["metadata"]["name"] == "cuectl-api":  # /metrics needs a token
             (endpoint,) = monitor["spec"]["endpoints"]
             auth = endpoint["authorization"]
             assert auth["type"] == "Bearer"
@@ -278,6 +358,7 @@ def test_quoted_servicemonitors_select_their_services():
 
 
 # -- docs/api.md against the routes of the app --------------------------------------------------
+
 
 def _app_routes() -> list[tuple[str, str, set[str]]]:
     """(METHOD, path template, query parameter names) of every route of `cuectl serve`."""
@@ -302,7 +383,7 @@ def _expanded_routes() -> list[tuple[str, str, set[str]]]:
     for method, path, query in _app_routes():
         if path.endswith("/{action}"):
             actions = JOB_ACTIONS if "/jobs/" in path else HOST_ACTIONS if "/hosts/" in path else FRAME_ACTIONS
-            out += [(method, path[:-len("{action}")] + a, query) for a in actions]
+            out += [(method, path[: -len("{action}")] + a, query) for a in actions]
         else:
             out.append((method, path, query))
     return out
@@ -319,7 +400,7 @@ def _api_curls() -> list[tuple[str, str, dict[str, str], list[str]]]:
     for line in shell_lines(DOCS["api"].read_text()):
         if "curl " not in line:
             continue
-        argv = shlex.split(line[line.index("curl "):], comments=True)
+        argv = shlex.split(line[line.index("curl ") :], comments=True)
         urls = [a for a in argv if a.startswith(("$API", "http://", "https://"))]
         assert len(urls) == 1, line
         url = re.sub(r"^(\$API|https?://[^/]+)", "", urls[0])
@@ -349,7 +430,7 @@ def test_api_doc_curls_use_real_routes_and_query_parameters():
     used: dict[tuple[str, str], set[str]] = {}
     for method, path, query, argv in _api_curls():
         if method not in ("GET", "POST"):
-            continue                                        # a 405 example, if any
+            continue  # a 405 example, if any
         route = _route_of(method, path)
         assert route is not None, f"curl {method} {path}: no such route"
         unknown = set(query) - route[2]
@@ -370,9 +451,9 @@ def test_api_doc_curls_use_real_routes_and_query_parameters():
 
 def test_readme_mentions_serve_and_the_api_docs():
     text = (REPO / "README.md").read_text()
-    everyday = text[text.index("## Everyday use"):text.index("## Documentation")]
+    everyday = text[text.index("## Everyday use") : text.index("## Documentation")]
     assert re.search(r"^cuectl serve\b", everyday, re.M)
-    documentation = text[text.index("## Documentation"):]
+    documentation = text[text.index("## Documentation") :]
     for doc in ("docs/api.md", "docs/monitoring.md"):
         assert doc in documentation, doc
         assert (REPO / doc).exists(), doc

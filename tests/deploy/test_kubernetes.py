@@ -59,11 +59,19 @@ def api_parts(docs):
 
 # -- every build ------------------------------------------------------------------------------
 
+
 def test_renders_the_expected_objects(build):
     name, docs = build
     kinds = sorted(d["kind"] for d in docs)
-    for kind, count in {"Namespace": 1, "ServiceAccount": 4, "DaemonSet": 1, "CronJob": 1, "Deployment": 2,
-                        "Service": 2, "PersistentVolumeClaim": 2}.items():
+    for kind, count in {
+        "Namespace": 1,
+        "ServiceAccount": 4,
+        "DaemonSet": 1,
+        "CronJob": 1,
+        "Deployment": 2,
+        "Service": 2,
+        "PersistentVolumeClaim": 2,
+    }.items():
         assert kinds.count(kind) == count, f"{name}: {kind} x{kinds.count(kind)}"
     # The database Secret and the API token are referenced, never shipped (no secret in git).
     assert not objects(docs, "Secret")
@@ -101,7 +109,8 @@ def test_selectors_match_their_pod_labels(build):
     service = one(docs, "Service", "cuectl-metrics")
     assert service["spec"]["selector"].items() <= pod_labels(exporter).items()
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= {
-        p["name"] for p in container(pod_spec(exporter), "node-exporter")["ports"]}
+        p["name"] for p in container(pod_spec(exporter), "node-exporter")["ports"]
+    }
     api, api_spec, api_container = api_parts(docs)
     api_service = one(docs, "Service", "cuectl-api")
     assert api_service["spec"]["selector"].items() <= pod_labels(api).items()
@@ -128,8 +137,9 @@ def test_volume_mounts_and_claims_resolve(build):
         for v in volumes.values():
             if "persistentVolumeClaim" in v:
                 assert v["persistentVolumeClaim"]["claimName"] in claims
-        used = {m["name"] for c in spec.get("initContainers", []) + spec["containers"]
-                for m in c.get("volumeMounts", [])}
+        used = {
+            m["name"] for c in spec.get("initContainers", []) + spec["containers"] for m in c.get("volumeMounts", [])
+        }
         assert set(volumes) == used, f"{obj['metadata']['name']}: unused volumes {set(volumes) - used}"
 
 
@@ -151,6 +161,7 @@ def test_no_privileged_containers_and_no_api_tokens(build):
 
 # -- the worker DaemonSet ---------------------------------------------------------------------
 
+
 def test_worker_runs_on_gpu_nodes_only(build):
     _, docs = build
     _, spec, _ = worker_parts(docs)
@@ -164,7 +175,7 @@ def test_worker_asks_the_device_plugin_for_the_nodes_gpus(build):
     gpus = worker["resources"]["limits"]["nvidia.com/gpu"]
     assert isinstance(gpus, int) and gpus >= 1
     count = spec["nodeSelector"].get("nvidia.com/gpu.count")
-    if count is not None:                     # a pool: the pod takes every GPU of its nodes
+    if count is not None:  # a pool: the pod takes every GPU of its nodes
         assert int(count) == gpus
     assert gpus == {"base": 1, "nvidia": 8, "openshift": 1}[name]
     # Which devices the pod sees is the device plugin's business, not an env var's.
@@ -259,15 +270,18 @@ def test_worker_has_a_big_dev_shm(build):
 
 def test_images(build):
     name, docs = build
-    images = {c["image"] for obj in all_pod_objects(docs) for c in
-              pod_spec(obj).get("initContainers", []) + pod_spec(obj)["containers"]}
+    images = {
+        c["image"]
+        for obj in all_pod_objects(docs)
+        for c in pod_spec(obj).get("initContainers", []) + pod_spec(obj)["containers"]
+    }
     exporter = {i for i in images if "node-exporter" in i}
     assert len(exporter) == 1 and not next(iter(exporter)).endswith(":latest")
     cuectl = images - exporter
-    assert len(cuectl) == 1, cuectl                    # worker, init and report: one image
+    assert len(cuectl) == 1, cuectl  # worker, init and report: one image
     image = next(iter(cuectl))
     if name == "base":
-        assert image == "cuectl"                       # the overlays name the registry
+        assert image == "cuectl"  # the overlays name the registry
     else:
         repo, _, tag = image.rpartition(":")
         assert "/" in repo and tag and tag != "latest"
@@ -275,15 +289,16 @@ def test_images(build):
 
 # -- the REST API (cuectl serve) ------------------------------------------------------------
 
+
 def test_api_serves_on_all_pod_interfaces_with_real_serve_options(build):
     _, docs = build
     _, _, api = api_parts(docs)
     args = api["args"]
     assert "command" not in api, "keep the image's ENTRYPOINT (tini -- cuectl)"
     assert args[0] == "serve"
-    assert args[args.index("--host") + 1] == "0.0.0.0"       # the default 127.0.0.1 is unreachable in a pod
+    assert args[args.index("--host") + 1] == "0.0.0.0"  # the default 127.0.0.1 is unreachable in a pod
     assert int(args[args.index("--port") + 1]) == API_PORT
-    assert "--allow-anonymous-read" not in args               # /metrics and reads need a token
+    assert "--allow-anonymous-read" not in args  # /metrics and reads need a token
     resolved = resolve_command(args)
     assert resolved is not None and resolved[0] == ["serve"]
     for opt in options_used(args):
@@ -308,7 +323,7 @@ def test_api_store_comes_from_the_same_secret_as_the_workers(build):
     env = env_of(api)
     assert env["CUECTL_DB"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "url"}
     assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "password", "optional": True}
-    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"        # no GPU for the API
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"  # no GPU for the API
     assert "nvidia.com/gpu" not in api["resources"].get("limits", {})
     for item in env.values():
         assert "postgresql://" not in str(item.get("value", "")), "the store URL belongs in the Secret"
@@ -321,10 +336,12 @@ def test_api_reads_the_workers_logs_read_only(build):
     _, spec, api = api_parts(docs)
     _, wspec, worker = worker_parts(docs)
     logs = env_of(api)["CUECTL_LOG_DIR"]["value"]
-    assert logs == env_of(worker)["CUECTL_LOG_DIR"]["value"]      # the paths the store records
+    assert logs == env_of(worker)["CUECTL_LOG_DIR"]["value"]  # the paths the store records
     vol = volume_for_mount(spec, api, logs)
-    assert vol["persistentVolumeClaim"]["claimName"] == volume_for_mount(wspec, worker, logs)[
-        "persistentVolumeClaim"]["claimName"]
+    assert (
+        vol["persistentVolumeClaim"]["claimName"]
+        == volume_for_mount(wspec, worker, logs)["persistentVolumeClaim"]["claimName"]
+    )
     assert vol["persistentVolumeClaim"]["readOnly"] is True
     assert [m for m in api["volumeMounts"] if m["mountPath"] == logs][0]["readOnly"] is True
     # Logs are 0640 and group 10001 (the worker's): the API reads them as a member.
@@ -355,6 +372,7 @@ def test_api_service_is_internal_and_not_annotated_for_anonymous_scrapes(build):
 
 # -- the report CronJob and its exporter ------------------------------------------------------
 
+
 def test_report_cronjob_writes_prometheus_text_every_five_minutes(build):
     _, docs = build
     cron = one(docs, "CronJob", "cuectl-report")
@@ -371,7 +389,7 @@ def test_report_cronjob_writes_prometheus_text_every_five_minutes(build):
     env = env_of(report)
     assert env["CUECTL_DB"]["valueFrom"]["secretKeyRef"] == {"name": SECRET, "key": "url"}
     assert env["PGPASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == SECRET
-    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"     # no GPU for a report
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "void"  # no GPU for a report
     assert "nvidia.com/gpu" not in report["resources"].get("limits", {})
     # The output directory is the exporter's textfile directory, on the same volume.
     out_vol = volume_for_mount(spec, report, posixpath.dirname(output))
@@ -410,6 +428,7 @@ def test_exporter_runs_only_the_textfile_collector(build):
 
 # -- overlay specifics ------------------------------------------------------------------------
 
+
 def test_nvidia_overlay_picks_gpu_models_by_gfd_product_label():
     docs = kustomize(OVERLAYS["nvidia"])
     _, spec, _ = worker_parts(docs)
@@ -432,17 +451,27 @@ def test_openshift_overlay_grants_its_own_scc_to_the_worker_only():
     assert scc["allowPrivilegedContainer"] is False
     assert scc["allowPrivilegeEscalation"] is False
     assert not (scc["allowHostNetwork"] or scc["allowHostPID"] or scc["allowHostIPC"] or scc["allowHostPorts"])
-    assert scc["users"] == [] and scc["groups"] == []          # granted through RBAC only
+    assert scc["users"] == [] and scc["groups"] == []  # granted through RBAC only
 
     role = one(docs, "Role")
-    assert role["rules"] == [{"apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
-                              "resourceNames": [name], "verbs": ["use"]}]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["security.openshift.io"],
+            "resources": ["securitycontextconstraints"],
+            "resourceNames": [name],
+            "verbs": ["use"],
+        }
+    ]
     binding = one(docs, "RoleBinding")
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
     ds, spec, worker = worker_parts(docs)
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": spec["serviceAccountName"],
-                                    "namespace": NAMESPACE}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": NAMESPACE}
+    ]
     others = {pod_spec(o)["serviceAccountName"] for o in all_pod_objects(docs) if o is not ds}
     assert spec["serviceAccountName"] not in others
 
@@ -473,7 +502,7 @@ def test_openshift_overlay_relabels_host_dirs_for_selinux():
     assert init["securityContext"]["seLinuxOptions"]["type"] == "spc_t"
     assert "chcon" in init["args"][0] and "container_file_t" in init["args"][0]
     assert spec["securityContext"]["seLinuxOptions"] == {"level": "s0"}
-    assert "seLinuxOptions" not in worker["securityContext"]      # the worker stays container_t
+    assert "seLinuxOptions" not in worker["securityContext"]  # the worker stays container_t
     # Elsewhere nothing is relabelled.
     base_init = container(pod_spec(worker_ds(kustomize(BASE))), "prepare-host-dirs", init=True)
     assert "CUECTL_RELABEL_SELINUX" not in env_of(base_init)
@@ -491,12 +520,13 @@ def test_openshift_report_exporter_and_api_fit_restricted_v2():
 
 # -- components and examples ------------------------------------------------------------------
 
+
 def test_component_gpus_via_runtime(tmp_path: Path):
     docs = kustomize_with(tmp_path, resources=[BASE], components=[COMPONENTS / "gpus-via-runtime"])
     _, _, worker = worker_parts(docs)
     assert "nvidia.com/gpu" not in worker["resources"].get("limits", {})
     assert env_of(worker)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
-    assert "CUECTL_DB" in env_of(worker)                          # the rest of env is kept
+    assert "CUECTL_DB" in env_of(worker)  # the rest of env is kept
 
 
 def test_component_nvidia_runtime_class(tmp_path: Path):
@@ -513,7 +543,7 @@ def test_component_node_local_logs(tmp_path: Path):
     _, spec, worker = worker_parts(docs)
     logs = env_of(worker)["CUECTL_LOG_DIR"]["value"]
     state = env_of(worker)["XDG_STATE_HOME"]["value"]
-    assert logs.startswith(state + "/")                          # on the node's state hostPath
+    assert logs.startswith(state + "/")  # on the node's state hostPath
     assert "logs" not in {v["name"] for v in spec["volumes"]}
     assert {m["mountPath"] for m in worker["volumeMounts"]} == {"/run/cuectl/locks", state, "/dev/shm"}
     # The API server loses its view of the (deleted) logs volume too, and nothing dangles.
@@ -555,12 +585,12 @@ def test_example_api_token_secret_is_a_viewer_token_for_the_scrape():
     assert secret["kind"] == "Secret" and secret["metadata"]["name"] == API_TOKEN_SECRET
     assert secret["metadata"]["namespace"] == NAMESPACE
     assert set(secret["stringData"]) == {"token"}
-    assert secret["stringData"]["token"].startswith("cuectl_")     # the shape of a real secret
+    assert secret["stringData"]["token"].startswith("cuectl_")  # the shape of a real secret
     text = path.read_text()
     assert "--role viewer" in text and "admin token create" in text
     # The command it shows is a real one.
-    create = text[text.index("cuectl admin token create"):].splitlines()[0]
-    words = create.rstrip(")\"").split()[1:]
+    create = text[text.index("cuectl admin token create") :].splitlines()[0]
+    words = create.rstrip(')"').split()[1:]
     resolved = resolve_command(words)
     assert resolved is not None and resolved[0] == ["admin", "token", "create"]
     assert set(options_used(words)) <= resolved[1]
@@ -617,7 +647,7 @@ def test_init_script_really_prepares_the_host_dirs(tmp_path: Path):
         d.mkdir(mode=0o755)
         os.chmod(d, 0o755)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    for _ in range(2):                                   # idempotent: a restart runs it again
+    for _ in range(2):  # idempotent: a restart runs it again
         proc = subprocess.run([sh, "-c", script], env=env, capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
         assert stat.S_IMODE(locks.stat().st_mode) == 0o1777 and locks.stat().st_uid == WORKER_UID
@@ -653,16 +683,22 @@ def test_the_worker_uid_leases_in_the_lock_dir_the_init_script_prepared():
         os.chmod(top, 0o755)
         locks, state = top / "run-locks", top / "var-lib-cuectl"
         for d in (locks, state):
-            d.mkdir(mode=0o755)                        # as kubelet leaves them
+            d.mkdir(mode=0o755)  # as kubelet leaves them
         script = init["args"][0].replace("/run/cuectl/locks", str(locks)).replace("/var/lib/cuectl", str(state))
         proc = subprocess.run([shutil.which("sh") or "sh", "-c", script], capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
         fake = top / "gpus.yaml"
         fake.write_text(yaml.safe_dump({"host": "node", "devices": [{"model": "NVIDIA L40S", "memory": "46068MiB"}]}))
         fake.chmod(0o644)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CUECTL_LOCK_DIR": str(locks),
-               "CUECTL_FAKE_GPUS": str(fake), "CUECTL_SERVICE_USER": service, "CUECTL_RUN_CACHE": "0",
-               "CUECTL_LOCK_REGISTRY": str(top / "registry"), "HOME": str(state)}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "CUECTL_LOCK_DIR": str(locks),
+            "CUECTL_FAKE_GPUS": str(fake),
+            "CUECTL_SERVICE_USER": service,
+            "CUECTL_RUN_CACHE": "0",
+            "CUECTL_LOCK_REGISTRY": str(top / "registry"),
+            "HOME": str(state),
+        }
         exe = str(Path(sys.executable).with_name("cuectl"))
         lease = [exe, "run", "--gpus", "1", "--no-wait", "--", "true"]
 
@@ -674,18 +710,24 @@ def test_the_worker_uid_leases_in_the_lock_dir_the_init_script_prepared():
         assert res.returncode == 0, res.stderr
         (lock,) = locks.glob("*.lock")
         assert lock.stat().st_uid == WORKER_UID, "the worker's account made it: nobody else can delete it"
-        res = run_as(WORKER_UID + 1, env)               # another user: opens the worker's lock file
+        res = run_as(WORKER_UID + 1, env)  # another user: opens the worker's lock file
         assert res.returncode == 0, res.stderr
         res = subprocess.run(lease, env=env, capture_output=True, text=True, timeout=60)
-        assert res.returncode == 0, res.stderr           # root on the node, with the same setting
-        res = subprocess.run(lease, env={k: v for k, v in env.items() if k != "CUECTL_SERVICE_USER"},
-                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr  # root on the node, with the same setting
+        res = subprocess.run(
+            lease,
+            env={k: v for k, v in env.items() if k != "CUECTL_SERVICE_USER"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 1 and "not safe for a root cuectl" in res.stderr, res.stderr
     finally:
         shutil.rmtree(top, ignore_errors=True)
 
 
 # -- the worker's probes and node maintenance (issue 20) --------------------------------------
+
 
 def _probe_words(probe: dict[str, Any]) -> list[str]:
     """The cuectl arguments of an exec probe run through a shell: sh -c 'exec cuectl ...'."""
@@ -715,7 +757,7 @@ def test_worker_probes_check_its_heartbeat(build):
         assert "NODE_NAME" in env_of(worker)
         # Well above the worker's --poll (1 s) and its store heartbeat (--lease-timeout/4).
         assert float(words[words.index("--max-age") + 1]) >= 60
-        assert probe["timeoutSeconds"] >= 10           # Python start-up on a busy node
+        assert probe["timeoutSeconds"] >= 10  # Python start-up on a busy node
     # A database outage must not get the worker restarted (it waits for the server, up to
     # 30 s between tries, refreshing its heartbeat): liveness does not need the store.
     assert "--ready" not in _probe_words(live)
@@ -741,8 +783,12 @@ def test_worker_probe_commands_run_against_a_real_worker(tmp_path: Path):
         pytest.skip("the cuectl executable is not installed beside this Python")
     fake = tmp_path / "gpus.yaml"
     fake.write_text(json.dumps({"devices": [{"model": "Tesla T4", "memory": "15360MiB"}]}))
-    env = dict(os.environ, NODE_NAME="node-a", PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-               CUECTL_FAKE_GPUS=str(fake))
+    env = dict(
+        os.environ,
+        NODE_NAME="node-a",
+        PATH=f"{bindir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        CUECTL_FAKE_GPUS=str(fake),
+    )
     sh = shutil.which("sh")
     assert sh
 
@@ -751,9 +797,13 @@ def test_worker_probe_commands_run_against_a_real_worker(tmp_path: Path):
         return subprocess.run(command, env=env, capture_output=True, timeout=60).returncode
 
     assert run(worker["livenessProbe"]) == 1 and run(worker["readinessProbe"]) == 1
-    proc = subprocess.Popen([str(bindir / "cuectl"), "--db", str(tmp_path / "store.db"), "worker", "--name",
-                             "node-a", "--poll", "0.1"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(bindir / "cuectl"), "--db", str(tmp_path / "store.db"), "worker", "--name", "node-a", "--poll", "0.1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while run(worker["readinessProbe"]) != 0:
@@ -817,8 +867,11 @@ def _names(docs) -> set[tuple[str, str]]:
 def test_opencue_component_adds_only_its_own_objects(opencue_build):
     name, docs = opencue_build
     plain = kustomize(BUILDS[name])
-    assert _names(docs) - _names(plain) == {("ServiceAccount", "cuectl-opencue"), ("Deployment", "cuectl-opencue"),
-                                            ("Service", "cuectl-opencue")}
+    assert _names(docs) - _names(plain) == {
+        ("ServiceAccount", "cuectl-opencue"),
+        ("Deployment", "cuectl-opencue"),
+        ("Service", "cuectl-opencue"),
+    }
     # Nothing else is changed.
     added = [d for d in docs if d["metadata"]["name"] == "cuectl-opencue"]
     assert sorted((d for d in docs if d not in added), key=str) == sorted(plain, key=str)
@@ -826,8 +879,13 @@ def test_opencue_component_adds_only_its_own_objects(opencue_build):
 
 def test_opencue_component_keeps_every_build_rule(opencue_build):
     """The rules every build keeps, with the component in it."""
-    for rule in (test_everything_lives_in_the_cuectl_namespace, test_selectors_match_their_pod_labels,
-                 test_volume_mounts_and_claims_resolve, test_no_privileged_containers_and_no_api_tokens, test_images):
+    for rule in (
+        test_everything_lives_in_the_cuectl_namespace,
+        test_selectors_match_their_pod_labels,
+        test_volume_mounts_and_claims_resolve,
+        test_no_privileged_containers_and_no_api_tokens,
+        test_images,
+    ):
         rule(opencue_build)
 
 
@@ -853,7 +911,7 @@ def test_opencue_serves_on_the_pods_ip_with_real_serve_options(opencue_build, mo
     assert address == f"$(POD_IP):{OPENCUE_PORT}"
     assert env_of(opencue)["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert "--opencue-trust-network" not in args
-    for pod_ip in ("10.244.1.7", "fd00:10:244::7"):           # IPv4 and IPv6 clusters
+    for pod_ip in ("10.244.1.7", "fd00:10:244::7"):  # IPv4 and IPv6 clusters
         expanded = [a.replace("$(POD_IP)", pod_ip) for a in args]
         assert parse_address(expanded[2]) == (pod_ip, OPENCUE_PORT)
         monkeypatch.delenv("CUECTL_OPENCUE", raising=False)
@@ -865,8 +923,15 @@ def test_opencue_serves_on_the_pods_ip_with_real_serve_options(opencue_build, mo
 
 def test_opencue_component_says_what_trusting_the_pod_network_gives_away():
     text = (COMPONENTS / "opencue-grpc" / "opencue.yaml").read_text()
-    for needle in ("--opencue-trust-network", "pod network", "EVERY pod in EVERY namespace", "never taken",
-                   "read", "port-forward", "ClusterIP"):
+    for needle in (
+        "--opencue-trust-network",
+        "pod network",
+        "EVERY pod in EVERY namespace",
+        "never taken",
+        "read",
+        "port-forward",
+        "ClusterIP",
+    ):
         assert needle in text, needle
 
 

@@ -93,7 +93,7 @@ def test_exec_start_runs_the_worker_with_real_options(unit):
     host = argv[argv.index("--name") + 1]
     assert "%H" in host
     if name == "template":
-        assert "%i" in host                   # one host name per instance
+        assert "%i" in host  # one host name per instance
     words = [a for a in argv[1:] if not a.startswith("$")]
     resolved = resolve_command(words)
     assert resolved is not None and resolved[0] == ["worker"]
@@ -125,10 +125,11 @@ def test_env_example_names_the_variables_the_units_use():
     text = (SYSTEMD / "worker.env.example").read_text()
     for var in ("CUECTL_DB", "PGPASSWORD", "CUECTL_WORKER_ARGS", "CUECTL_LOG_DIR"):
         assert re.search(rf"^#?{var}=", text, re.M), var
-    assert "export " not in text                   # EnvironmentFile= takes KEY=VALUE lines
+    assert "export " not in text  # EnvironmentFile= takes KEY=VALUE lines
 
 
 # -- cuectl-serve.service ---------------------------------------------------------------------
+
 
 def env_example_values(path: Path, key: str) -> list[str]:
     """The values an env example gives KEY, commented out or not."""
@@ -190,12 +191,12 @@ def test_serve_unit_hardening_matches_the_worker_and_keeps_what_root_needs():
     worker = parse_unit(UNITS["single"])["Service"]
     assert svc["NoNewPrivileges"] == worker["NoNewPrivileges"] == ["yes"]
     assert svc["PrivateTmp"] == ["yes"]
-    assert svc["ProtectSystem"] == ["full"]     # not "strict": stores and logs may be anywhere
-    assert "ProtectHome" not in svc             # nor hidden homes: ~/.local/state/cuectl stores
+    assert svc["ProtectSystem"] == ["full"]  # not "strict": stores and logs may be anywhere
+    assert "ProtectHome" not in svc  # nor hidden homes: ~/.local/state/cuectl stores
     families = set(svc["RestrictAddressFamilies"][0].split())
     assert {"AF_UNIX", "AF_INET", "AF_INET6"} <= families
     caps = set(svc["CapabilityBoundingSet"][0].split())
-    assert "CAP_CHOWN" in caps                  # a root server gives receipts to their users
+    assert "CAP_CHOWN" in caps  # a root server gives receipts to their users
     assert "CAP_SYS_ADMIN" not in caps and "CAP_SETUID" not in caps
 
 
@@ -239,8 +240,13 @@ def _start_as_the_account(account, tmp_path: Path) -> None:
     fake = tmp_path / "gpus.yaml"
     fake.write_text((REPO / "examples" / "fake-gpus.yaml").read_text())
     fake.chmod(0o644)
-    env.update(CUECTL_LOCK_DIR=str(locks), CUECTL_FAKE_GPUS=str(fake), CUECTL_DB=str(home / "q.db"),
-               CUECTL_LOCK_REGISTRY=str(tmp_path / "registry"), XDG_STATE_HOME=str(home / "state"))
+    env.update(
+        CUECTL_LOCK_DIR=str(locks),
+        CUECTL_FAKE_GPUS=str(fake),
+        CUECTL_DB=str(home / "q.db"),
+        CUECTL_LOCK_REGISTRY=str(tmp_path / "registry"),
+        XDG_STATE_HOME=str(home / "state"),
+    )
     env.pop("CUECTL_CREATE_LOCK_DIR", None)
     cuectl = str(Path(sys.executable).with_name("cuectl"))
     (exec_start,) = u["Service"]["ExecStart"]
@@ -250,8 +256,9 @@ def _start_as_the_account(account, tmp_path: Path) -> None:
     res = account.run(worker, env=env, timeout=60)
     assert res.returncode == 1 and "sudo cuectl admin lease setup" in res.stderr, res.stderr
     (pre,) = u["Service"]["ExecStartPre"]
-    res = subprocess.run([cuectl, *shlex.split(pre.lstrip("+"))[1:]], env=env, capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [cuectl, *shlex.split(pre.lstrip("+"))[1:]], env=env, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 0 and "2 of 2 lock file(s) ready" in res.stdout, res.stderr
     assert sorted(p.stat().st_uid for p in locks.glob("*.lock")) == [0, 0]
     res = account.run(worker, env=env, timeout=60)
@@ -274,8 +281,7 @@ def test_systemd_analyze_verify(tmp_path: Path):
         (tmp_path / name).write_text(text)
         checked.append(tmp_path / name)
     proc = subprocess.run([analyze, "verify", *map(str, checked)], capture_output=True, text=True, timeout=60)
-    complaints = [ln for ln in (proc.stdout + proc.stderr).splitlines()
-                  if any(p.name in ln for p in checked)]
+    complaints = [ln for ln in (proc.stdout + proc.stderr).splitlines() if any(p.name in ln for p in checked)]
     assert proc.returncode == 0 and not complaints, proc.stdout + proc.stderr
 
 
@@ -325,8 +331,15 @@ def test_opencue_unit_sections_and_restart():
     # a LaunchSpec to the caller's uid. The unit says so, and how to run it as another user.
     assert "User" not in svc
     text = OPENCUE.read_text()
-    for needle in ("receipt", "SET ROLE", "User=cuectl-api", "systemctl edit cuectl-opencue",
-                   "--opencue-trust-network", "cuectl[opencue]", "opencue.env.example"):
+    for needle in (
+        "receipt",
+        "SET ROLE",
+        "User=cuectl-api",
+        "systemctl edit cuectl-opencue",
+        "--opencue-trust-network",
+        "cuectl[opencue]",
+        "opencue.env.example",
+    ):
         assert needle in text, needle
 
 
@@ -396,8 +409,15 @@ def test_opencue_env_example_names_the_variables_the_unit_uses():
 def test_opencue_unit_hardening_matches_the_rest_api_and_keeps_the_socket_tables():
     svc = parse_unit(OPENCUE)["Service"]
     rest = parse_unit(SERVE)["Service"]
-    for key in ("NoNewPrivileges", "PrivateTmp", "ProtectSystem", "ProtectKernelTunables", "ProtectKernelModules",
-                "ProtectControlGroups", "CapabilityBoundingSet"):
+    for key in (
+        "NoNewPrivileges",
+        "PrivateTmp",
+        "ProtectSystem",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectControlGroups",
+        "CapabilityBoundingSet",
+    ):
         assert svc[key] == rest[key], key
     assert "ProtectHome" not in svc
     # Who calls is read from the kernel's socket tables: netlink sock_diag, else /proc/net.
@@ -405,11 +425,11 @@ def test_opencue_unit_hardening_matches_the_rest_api_and_keeps_the_socket_tables
     assert {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"} <= families
     for hiding in ("PrivateNetwork", "ProcSubset", "PrivateUsers"):
         assert hiding not in svc, hiding
-    assert "RuntimeDirectory" not in svc          # no socket of its own to keep
-
+    assert "RuntimeDirectory" not in svc  # no socket of its own to keep
 
 
 # -- cuectl-shared.service (issue 35: a machine several people use) ----------------------------
+
 
 def test_shared_unit_serves_a_root_store_on_a_socket_with_real_options():
     u = parse_unit(SHARED)

@@ -60,8 +60,16 @@ class FakeGpu:
 class FakeNvml:
     NVMLError = NVMLError
 
-    def __init__(self, gpus: list[FakeGpu], *, driver: str = "550.54.15", cuda: int = 12040,
-                 init_error: int | None = None, as_bytes: bool = False, memory_v2: bool | str = False) -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        *,
+        driver: str = "550.54.15",
+        cuda: int = 12040,
+        init_error: int | None = None,
+        as_bytes: bool = False,
+        memory_v2: bool | str = False,
+    ) -> None:
         self.gpus = gpus
         if memory_v2:  # pynvml from 11.510: it knows the second memory struct
             self.nvmlMemory_v2 = 0x02000028
@@ -182,8 +190,11 @@ class FakeNvml:
         self._count("nvmlDeviceGetProcessUtilization")
         if handle[0] == "mig":
             raise NVMLError(NOT_SUPPORTED)
-        newer = [SimpleNamespace(pid=p, timeStamp=ts, smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
-                 for p, ts, sm in self._gpu(handle).proc_samples if ts > since]
+        newer = [
+            SimpleNamespace(pid=p, timeStamp=ts, smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
+            for p, ts, sm in self._gpu(handle).proc_samples
+            if ts > since
+        ]
         if not newer:
             raise NVMLError(NOT_FOUND)
         return newer
@@ -191,9 +202,19 @@ class FakeNvml:
 
 def h100_box(n: int = 8) -> FakeNvml:
     """``n`` H100s, for benchmarks and routing tests."""
-    gpus = [FakeGpu(uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000", name="NVIDIA H100 80GB HBM3",
-                    total=85520809984, used=i * 1024**3, util=10 * i, bus_id=f"00000000:{0x10 + i:02X}:00.0",
-                    cc=(9, 0), mig_mode=0, processes=[(1000 + i, 512 * 1024**2)],
-                    proc_samples=[(1000 + i, 1_000_000, 50)])
-            for i in range(n)]
+    gpus = [
+        FakeGpu(
+            uuid=f"GPU-{i:08x}-0000-0000-0000-000000000000",
+            name="NVIDIA H100 80GB HBM3",
+            total=85520809984,
+            used=i * 1024**3,
+            util=10 * i,
+            bus_id=f"00000000:{0x10 + i:02X}:00.0",
+            cc=(9, 0),
+            mig_mode=0,
+            processes=[(1000 + i, 512 * 1024**2)],
+            proc_samples=[(1000 + i, 1_000_000, 50)],
+        )
+        for i in range(n)
+    ]
     return FakeNvml(gpus)

@@ -47,12 +47,18 @@ def nvmlInit():
 
 def factory(nvml: FakeNvml, tmp_path: Path):
     def make(name: str) -> Backend:
-        return {"nvml": lambda: NvmlBackend(nvml=nvml), "smi": SmiBackend,
-                "amd": lambda: AmdBackend(sysfs_root=tmp_path / "no-drm"), "apple": AppleBackend}[name]()
+        return {
+            "nvml": lambda: NvmlBackend(nvml=nvml),
+            "smi": SmiBackend,
+            "amd": lambda: AmdBackend(sysfs_root=tmp_path / "no-drm"),
+            "apple": AppleBackend,
+        }[name]()
+
     return make
 
 
 # -- in-process: the Discovery says who found what ------------------------------------------------
+
 
 def test_fallback_to_nvidia_smi_is_a_warning_naming_why(tools: StubTools, tmp_path: Path) -> None:
     tools.add("nvidia-smi", Out(file=H100_CSV))
@@ -80,6 +86,7 @@ def test_problems_name_the_backends_that_failed(tools: StubTools, tmp_path: Path
 
 # -- a real `cuectl worker` ---------------------------------------------------------------------
 
+
 def worker(tmp_path: Path, *args: str, path: str, fake: Path | None = None) -> subprocess.CompletedProcess:
     """`cuectl worker --until-idle` on an empty store, with NVML made unavailable."""
     stub_mods = tmp_path / "no-nvml"
@@ -92,8 +99,23 @@ def worker(tmp_path: Path, *args: str, path: str, fake: Path | None = None) -> s
     exe = Path(sys.executable).with_name("cuectl")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
     # --no-timestamps: the lines are matched from their start (a pipe would stamp them).
-    return subprocess.run([*cmd, "--db", str(tmp_path / "store.db"), "worker", "--until-idle", "--poll", "0.05",
-                           "--no-timestamps", *args], capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [
+            *cmd,
+            "--db",
+            str(tmp_path / "store.db"),
+            "worker",
+            "--until-idle",
+            "--poll",
+            "0.05",
+            "--no-timestamps",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def test_worker_warns_about_the_fallback_and_names_the_backend(tools: StubTools, tmp_path: Path) -> None:
@@ -121,7 +143,8 @@ def test_worker_with_a_named_backend_that_finds_nothing_fails(tools: StubTools, 
     res = worker(tmp_path, "--backend", "fake", path=str(tools.bin), fake=empty)
     assert res.returncode == 1
     assert [ln for ln in res.stderr.splitlines() if ln.startswith("error:")] == [
-        "error: --backend fake: no GPU found: it found no GPU"]
+        "error: --backend fake: no GPU found: it found no GPU"
+    ]
 
 
 def test_worker_auto_without_gpus_runs_cpu_only(tools: StubTools, tmp_path: Path) -> None:
@@ -146,8 +169,13 @@ def test_worker_backend_nvml_on_a_machine_without_nvml_fails(tmp_path: Path) -> 
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "cuectl"]
     env = {k: v for k, v in os.environ.items() if k != "CUECTL_FAKE_GPUS"}
     db = tmp_path / "store.db"
-    res = subprocess.run([*cmd, "--db", str(db), "worker", "--backend", "nvml", "--until-idle"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [*cmd, "--db", str(db), "worker", "--backend", "nvml", "--until-idle"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert res.returncode == 1, res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith("error: --backend nvml: no GPU found: "), res.stderr

@@ -22,20 +22,47 @@ SYSFS = fixture_path("amd/sysfs/procfs-fixture_class-drm_card0-amdgpu-vega10_car
 # list; >= 7: {"gpu_data": [...]}, values as {"value", "unit"} with MB meaning MiB). They
 # are test inputs written for this file, not captured output.
 AMD_SMI_STATIC = [
-    {"gpu": 0, "asic": {"market_name": "AMD Instinct MI210", "vendor_id": "0x1002", "device_id": "0x740f",
-                        "asic_serial": "0x3B8AF2E1C4D50917", "target_graphics_version": "gfx90a"},
-     "bus": {"bdf": "0000:C1:00.0"}, "vram": {"type": "HBM", "size": {"value": 65520, "unit": "MB"}},
-     "driver": {"name": "amdgpu", "version": "6.7.0"}},
-    {"gpu": 1, "asic": {"market_name": "AMD Instinct MI210", "vendor_id": "0x1002", "device_id": "0x740f",
-                        "asic_serial": "N/A"},
-     "bus": {"bdf": "0000:c2:00.0"}, "vram": {"size": "65520 MB"}, "driver": {"VERSION": "6.7.0"}},
+    {
+        "gpu": 0,
+        "asic": {
+            "market_name": "AMD Instinct MI210",
+            "vendor_id": "0x1002",
+            "device_id": "0x740f",
+            "asic_serial": "0x3B8AF2E1C4D50917",
+            "target_graphics_version": "gfx90a",
+        },
+        "bus": {"bdf": "0000:C1:00.0"},
+        "vram": {"type": "HBM", "size": {"value": 65520, "unit": "MB"}},
+        "driver": {"name": "amdgpu", "version": "6.7.0"},
+    },
+    {
+        "gpu": 1,
+        "asic": {
+            "market_name": "AMD Instinct MI210",
+            "vendor_id": "0x1002",
+            "device_id": "0x740f",
+            "asic_serial": "N/A",
+        },
+        "bus": {"bdf": "0000:c2:00.0"},
+        "vram": {"size": "65520 MB"},
+        "driver": {"VERSION": "6.7.0"},
+    },
 ]
 AMD_SMI_METRIC = [
-    {"gpu": 0, "usage": {"gfx_activity": {"value": 87, "unit": "%"}},
-     "mem_usage": {"total_vram": {"value": 65520, "unit": "MB"}, "used_vram": {"value": 20480, "unit": "MB"},
-                   "free_vram": {"value": 45040, "unit": "MB"}}},
-    {"gpu": 1, "usage": {"gfx_activity": "N/A"},
-     "mem_usage": {"total_vram": {"value": 65520, "unit": "MB"}, "used_vram": {"value": 10, "unit": "MB"}}},
+    {
+        "gpu": 0,
+        "usage": {"gfx_activity": {"value": 87, "unit": "%"}},
+        "mem_usage": {
+            "total_vram": {"value": 65520, "unit": "MB"},
+            "used_vram": {"value": 20480, "unit": "MB"},
+            "free_vram": {"value": 45040, "unit": "MB"},
+        },
+    },
+    {
+        "gpu": 1,
+        "usage": {"gfx_activity": "N/A"},
+        "mem_usage": {"total_vram": {"value": 65520, "unit": "MB"}, "used_vram": {"value": 10, "unit": "MB"}},
+    },
 ]
 
 
@@ -53,15 +80,21 @@ def test_amd_smi_discovery_and_sampling(tools: StubTools, tmp_path: Path, wrap: 
     def doc(value):
         return json.dumps({"gpu_data": value} if wrap else value)
 
-    tools.add("amd-smi", [("static --json", Out(text=doc(AMD_SMI_STATIC))),
-                          ("metric --usage --mem-usage --json", Out(text=doc(AMD_SMI_METRIC)))])
+    tools.add(
+        "amd-smi",
+        [
+            ("static --json", Out(text=doc(AMD_SMI_STATIC))),
+            ("metric --usage --mem-usage --json", Out(text=doc(AMD_SMI_METRIC))),
+        ],
+    )
     tools.add("rocm-smi", Out(file=RX6700))  # present, but amd-smi comes first
     backend = AmdBackend(sysfs_root=tmp_path / "none")
     devices = backend.discover()
     assert backend.source == "amd-smi" and tools.calls("rocm-smi") == []
     assert [(d.uuid, d.model, d.memory_total_bytes, d.pci_bus_id, d.driver_version) for d in devices] == [
         ("GPU-3b8af2e1c4d50917", "AMD Instinct MI210", 65520 * MIB, "0000:c1:00.0", "6.7.0"),
-        ("AMD-PCI-0000:c2:00.0", "AMD Instinct MI210", 65520 * MIB, "0000:c2:00.0", "6.7.0")]
+        ("AMD-PCI-0000:c2:00.0", "AMD Instinct MI210", 65520 * MIB, "0000:c2:00.0", "6.7.0"),
+    ]
     assert devices[0].compute_capability == "gfx90a"
     samples = backend.sample([d.uuid for d in devices])
     assert len(tools.calls("amd-smi")) == 2  # one discovery, one sample for both GPUs
@@ -71,8 +104,9 @@ def test_amd_smi_discovery_and_sampling(tools: StubTools, tmp_path: Path, wrap: 
 
 
 def test_rocm_smi_sampling_is_one_spawn(tools: StubTools, tmp_path: Path) -> None:
-    tools.add("rocm-smi", [("--showproductname*", Out(file=MI100)),
-                           ("--showuse --showmeminfo vram --json", Out(file=MI100))])
+    tools.add(
+        "rocm-smi", [("--showproductname*", Out(file=MI100)), ("--showuse --showmeminfo vram --json", Out(file=MI100))]
+    )
     backend = AmdBackend(sysfs_root=tmp_path / "none")
     devices = backend.discover()
     samples = backend.sample([d.uuid for d in devices])
@@ -82,8 +116,13 @@ def test_rocm_smi_sampling_is_one_spawn(tools: StubTools, tmp_path: Path) -> Non
 
 
 def test_rocm_smi_warning_before_json(tools: StubTools, tmp_path: Path) -> None:
-    tools.add("rocm-smi", Out(text="WARNING: AMD GPU device(s) is/are in a low-power state. Check power "
-                              "control/runtime_status [see docs]\n\n" + RX6700.read_text()))
+    tools.add(
+        "rocm-smi",
+        Out(
+            text="WARNING: AMD GPU device(s) is/are in a low-power state. Check power "
+            "control/runtime_status [see docs]\n\n" + RX6700.read_text()
+        ),
+    )
     (d,) = AmdBackend(sysfs_root=tmp_path / "none").discover()
     assert d.model == "AMD Radeon RX 6700/6700 XT / 6800M"
 
@@ -105,13 +144,19 @@ def test_failing_tools_fall_back_to_sysfs(tools: StubTools, tmp_path: Path) -> N
     (root / "card0" / "device" / "gpu_busy_percent").write_text("61\n")
     (root / "card0" / "device" / "mem_info_vram_used").write_text(f"{2 * 1024**3}\n")
     s = backend.sample([d.uuid])[d.uuid]
-    assert (s.utilization_pct, s.memory_used_bytes, s.memory_free_bytes) == (61.0, 2 * 1024**3, 8573157376 - 2 * 1024**3)
+    assert (s.utilization_pct, s.memory_used_bytes, s.memory_free_bytes) == (
+        61.0,
+        2 * 1024**3,
+        8573157376 - 2 * 1024**3,
+    )
     assert len(tools.calls("amd-smi")) == 1 and len(tools.calls("rocm-smi")) == 1
 
 
 def test_nothing_found_explains_the_failures(tools: StubTools, tmp_path: Path) -> None:
     tools.add("rocm-smi", Out(exit=2, text="ERROR:root:Driver not initialized (amdgpu not found in modules)\n"))
-    with pytest.raises(BackendUnavailable, match=r"rocm-smi failed \(exit 2\): ERROR:root:Driver not initialized") as err:
+    with pytest.raises(
+        BackendUnavailable, match=r"rocm-smi failed \(exit 2\): ERROR:root:Driver not initialized"
+    ) as err:
         AmdBackend(sysfs_root=tmp_path / "none").discover()
     assert "modprobe amdgpu" in (err.value.hint or "")
 
@@ -126,8 +171,10 @@ def test_no_tools_and_no_cards(tools: StubTools, tmp_path: Path) -> None:
 
 # DRM fdinfo files as the kernel documents them (Documentation/gpu/drm-usage-stats.rst);
 # written for these tests.
-FDINFO_NEW = "pos:\t0\nflags:\t02100002\ndrm-driver:\tamdgpu\ndrm-pdev:\t0000:09:00.0\ndrm-client-id:\t42\n" \
-             "drm-memory-vram:\t1048576 KiB\ndrm-memory-gtt:\t2048 KiB\n"
+FDINFO_NEW = (
+    "pos:\t0\nflags:\t02100002\ndrm-driver:\tamdgpu\ndrm-pdev:\t0000:09:00.0\ndrm-client-id:\t42\n"
+    "drm-memory-vram:\t1048576 KiB\ndrm-memory-gtt:\t2048 KiB\n"
+)
 FDINFO_OLD = "pos:\t0\nflags:\t02100002\npdev:\t0000:09:00.0\npasid:\t32770\nvram mem:\t524288 kB\n"
 
 
@@ -150,8 +197,15 @@ def test_parse_fdinfo_both_formats() -> None:
 
 def test_process_vram_counts_each_client_once(tmp_path: Path) -> None:
     proc = tmp_path / "proc"
-    make_proc(proc, 100, {"3": ("/dev/dri/renderD128", FDINFO_NEW), "4": ("/dev/dri/card0", FDINFO_NEW),
-                          "5": ("/tmp/log.txt", FDINFO_NEW)})
+    make_proc(
+        proc,
+        100,
+        {
+            "3": ("/dev/dri/renderD128", FDINFO_NEW),
+            "4": ("/dev/dri/card0", FDINFO_NEW),
+            "5": ("/tmp/log.txt", FDINFO_NEW),
+        },
+    )
     make_proc(proc, 200, {"7": ("/dev/dri/renderD128", FDINFO_OLD)})
     make_proc(proc, 300, {"7": ("/dev/dri/renderD128", FDINFO_NEW)})
     assert process_vram({100, 200, 999}, proc) == {"0000:09:00.0": {100: 1024**3, 200: 512 * MIB}}

@@ -75,15 +75,33 @@ def test_intel_mac_discrete_gpu_shape() -> None:
     """An Intel Mac's two entries (keys as system_profiler names them; values written for
     this test, since no genuine Intel-Mac capture exists): the Radeon has its own VRAM, the
     Intel iGPU shares host memory."""
-    doc = {"SPDisplaysDataType": [
-        {"_name": "AMD Radeon Pro 5500M", "sppci_model": "AMD Radeon Pro 5500M", "spdisplays_vram": "8 GB",
-         "spdisplays_vendor": "sppci_vendor_amd", "sppci_device_type": "spdisplays_gpu",
-         "spdisplays_mtlgpufamilysupport": "spdisplays_metal3"},
-        {"_name": "Intel UHD Graphics 630", "sppci_model": "Intel UHD Graphics 630",
-         "spdisplays_vram_shared": "1536 MB", "spdisplays_vendor": "Intel", "sppci_device_type": "spdisplays_gpu"},
-        {"_name": "Display", "sppci_device_type": "spdisplays_display"}]}
+    doc = {
+        "SPDisplaysDataType": [
+            {
+                "_name": "AMD Radeon Pro 5500M",
+                "sppci_model": "AMD Radeon Pro 5500M",
+                "spdisplays_vram": "8 GB",
+                "spdisplays_vendor": "sppci_vendor_amd",
+                "sppci_device_type": "spdisplays_gpu",
+                "spdisplays_mtlgpufamilysupport": "spdisplays_metal3",
+            },
+            {
+                "_name": "Intel UHD Graphics 630",
+                "sppci_model": "Intel UHD Graphics 630",
+                "spdisplays_vram_shared": "1536 MB",
+                "spdisplays_vendor": "Intel",
+                "sppci_device_type": "spdisplays_gpu",
+            },
+            {"_name": "Display", "sppci_device_type": "spdisplays_display"},
+        ]
+    }
     amd, intel = parse_system_profiler(json.dumps(doc), 32 * 1024**3, host="h")
-    assert (amd.vendor, amd.memory_total_bytes, amd.unified_memory, amd.api_version) == ("AMD", 8 * 1024**3, False, "Metal 3")
+    assert (amd.vendor, amd.memory_total_bytes, amd.unified_memory, amd.api_version) == (
+        "AMD",
+        8 * 1024**3,
+        False,
+        "Metal 3",
+    )
     assert (intel.vendor, intel.memory_total_bytes, intel.unified_memory) == ("Intel", 32 * 1024**3, True)
     assert (amd.index, intel.index) == (0, 1)
 

@@ -43,12 +43,30 @@ def test_list_json_shape(fake_env: Path) -> None:
     assert set(doc) == {"devices", "backends"}
     assert doc["backends"] == [{"name": "fake", "ok": True, "error": None, "hint": None}]
     first, second = doc["devices"]
-    for key in ("index", "uuid", "vendor", "model", "memory_total_bytes", "memory_free_bytes", "utilization_pct",
-                "pci_bus_id", "driver_version", "compute_capability", "backend"):
+    for key in (
+        "index",
+        "uuid",
+        "vendor",
+        "model",
+        "memory_total_bytes",
+        "memory_free_bytes",
+        "utilization_pct",
+        "pci_bus_id",
+        "driver_version",
+        "compute_capability",
+        "backend",
+    ):
         assert key in first
     assert (first["index"], first["uuid"], first["memory_total_bytes"]) == (
-        0, "GPU-11111111-0000-0000-0000-000000000001", 16160 * 1024**2)
-    assert (second["index"], second["utilization_pct"], second["memory_free_bytes"]) == (1, 73.0, 80 * 1024**3 - 5368709120)
+        0,
+        "GPU-11111111-0000-0000-0000-000000000001",
+        16160 * 1024**2,
+    )
+    assert (second["index"], second["utilization_pct"], second["memory_free_bytes"]) == (
+        1,
+        73.0,
+        80 * 1024**3 - 5368709120,
+    )
 
 
 def test_list_table_when_piped(fake_env: Path) -> None:
@@ -56,7 +74,16 @@ def test_list_table_when_piped(fake_env: Path) -> None:
     assert result.exit_code == 0
     header, row0, row1 = result.stdout.splitlines()
     assert header.split("\t") == ["index", "uuid", "vendor", "model", "memory", "free", "util", "driver"]
-    assert row0.split("\t") == ["0", "GPU-11111111…", "NVIDIA", "Tesla V100-SXM2-16GB", "15.8 GiB", "15.8 GiB", "0%", "-"]
+    assert row0.split("\t") == [
+        "0",
+        "GPU-11111111…",
+        "NVIDIA",
+        "Tesla V100-SXM2-16GB",
+        "15.8 GiB",
+        "15.8 GiB",
+        "0%",
+        "-",
+    ]
     assert row1.split("\t")[4:7] == ["80.0 GiB", "75.0 GiB", "73%"]
 
 
@@ -90,10 +117,18 @@ def test_short_uuid() -> None:
 
 def test_doctor_lines_explain_each_backend(tools: StubTools, fake_env: Path) -> None:
     lines = {name: (ok, text) for name, ok, text in doctor_lines()}
-    assert list(lines) == ["gpu backend nvml", "gpu backend smi", "gpu backend amd", "gpu backend apple",
-                           "gpu backend fake"]
-    assert lines["gpu backend smi"] == (False, "nvidia-smi not found on PATH (hint: install the NVIDIA driver (it "
-                                               "ships nvidia-smi); inside a container run it with the NVIDIA "
-                                               "container runtime (--gpus all))")
+    assert list(lines) == [
+        "gpu backend nvml",
+        "gpu backend smi",
+        "gpu backend amd",
+        "gpu backend apple",
+        "gpu backend fake",
+    ]
+    assert lines["gpu backend smi"] == (
+        False,
+        "nvidia-smi not found on PATH (hint: install the NVIDIA driver (it "
+        "ships nvidia-smi); inside a container run it with the NVIDIA "
+        "container runtime (--gpus all))",
+    )
     ok, text = lines["gpu backend fake"]
     assert ok and text.startswith("2 device(s): NVIDIA A100-SXM4-80GB, Tesla V100-SXM2-16GB")

@@ -27,8 +27,13 @@ devices:
 
 def factory(nvml: FakeNvml, sysfs_root: Path):
     def make(name: str) -> Backend:
-        return {"nvml": lambda: NvmlBackend(nvml=nvml), "smi": SmiBackend,
-                "amd": lambda: AmdBackend(sysfs_root=sysfs_root), "apple": AppleBackend}[name]()
+        return {
+            "nvml": lambda: NvmlBackend(nvml=nvml),
+            "smi": SmiBackend,
+            "amd": lambda: AmdBackend(sysfs_root=sysfs_root),
+            "apple": AppleBackend,
+        }[name]()
+
     return make
 
 
@@ -74,17 +79,29 @@ def test_auto_skips_smi_when_nvml_found_gpus_and_combines_vendors(tools: StubToo
     assert [(b.name, b.ok) for b in found.backends] == [("nvml", True), ("amd", True), ("apple", False)]
     assert tools.calls("nvidia-smi") == []
     assert [(d.index, d.backend, d.vendor) for d in found.devices] == [
-        (0, "nvml", "NVIDIA"), (1, "nvml", "NVIDIA"), (2, "amd", "AMD")]
+        (0, "nvml", "NVIDIA"),
+        (1, "nvml", "NVIDIA"),
+        (2, "amd", "AMD"),
+    ]
     assert found.devices[2].attributes["vendor_index"] == 0  # its index within the AMD tools
     apple = found.to_json()["backends"][2]
-    assert apple == {"name": "apple", "ok": False, "error": "system_profiler not found on PATH",
-                     "hint": "Apple GPUs are detected on macOS only (system_profiler is part of macOS)"}
+    assert apple == {
+        "name": "apple",
+        "ok": False,
+        "error": "system_profiler not found on PATH",
+        "hint": "Apple GPUs are detected on macOS only (system_profiler is part of macOS)",
+    }
 
 
 def test_auto_falls_back_to_smi_when_nvml_fails(tools: StubTools, tmp_path: Path) -> None:
     tools.add("nvidia-smi", Out(file=H100_CSV))
     found = discover(fake_file="", make_backend=factory(FakeNvml([], init_error=18), tmp_path / "none"))
-    assert [(b.name, b.ok) for b in found.backends] == [("nvml", False), ("smi", True), ("amd", False), ("apple", False)]
+    assert [(b.name, b.ok) for b in found.backends] == [
+        ("nvml", False),
+        ("smi", True),
+        ("amd", False),
+        ("apple", False),
+    ]
     assert [d.backend for d in found.devices] == ["smi"]
     assert "reboot" in found.backends[0].hint
 
@@ -110,8 +127,9 @@ def test_sample_routes_one_batch_per_backend(tools: StubTools, tmp_path: Path) -
 
 def test_a_failing_backend_does_not_hide_the_others(tools: StubTools, tmp_path: Path) -> None:
     tools.add("nvidia-smi", [("*--query-gpu=index*", Out(file=H100_CSV)), ("*", Out(exit=15, text="GPU is lost\n"))])
-    found = discover(fake_file="", make_backend=factory(FakeNvml([], init_error=12),
-                                                        materialise_sysfs(SYSFS, tmp_path / "drm")))
+    found = discover(
+        fake_file="", make_backend=factory(FakeNvml([], init_error=12), materialise_sysfs(SYSFS, tmp_path / "drm"))
+    )
     smi_uuid, amd_uuid = (d.uuid for d in found.devices)
     samples = found.sample()
     assert list(samples) == [amd_uuid]

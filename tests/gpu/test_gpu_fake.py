@@ -42,7 +42,8 @@ def test_design_example(tmp_path: Path) -> None:
     assert [(d.index, d.vendor, d.model, d.memory_total_bytes) for d in devices] == [
         (0, "NVIDIA", "Tesla V100-SXM2-16GB", 16160 * MIB),
         (1, "NVIDIA", "NVIDIA A100-SXM4-80GB", 80 * GIB),
-        (2, "Apple", "Apple M3 Max", 68719476736)]
+        (2, "Apple", "Apple M3 Max", 68719476736),
+    ]
     assert devices[0].uuid == "GPU-11111111-0000-0000-0000-000000000001"
     assert all(d.backend == "fake" and d.utilization_pct == 0.0 for d in devices)
     assert devices[1].memory_free_bytes == 80 * GIB  # no state file: idle
@@ -79,10 +80,18 @@ def test_sampling_reads_state_files(tmp_path: Path) -> None:
     devices = backend.discover()
     state = tmp_path / "state"  # relative state_dir: beside the YAML file
     state.mkdir()
-    (state / "1.json").write_text(json.dumps({
-        "utilization_pct": 73, "memory_used_bytes": 5 * GIB,
-        "processes": [{"pid": 4242, "memory_used_bytes": GIB, "utilization_pct": 40},
-                      {"pid": 17, "memory_used_bytes": 2 * GIB}]}))
+    (state / "1.json").write_text(
+        json.dumps(
+            {
+                "utilization_pct": 73,
+                "memory_used_bytes": 5 * GIB,
+                "processes": [
+                    {"pid": 4242, "memory_used_bytes": GIB, "utilization_pct": 40},
+                    {"pid": 17, "memory_used_bytes": 2 * GIB},
+                ],
+            }
+        )
+    )
     (state / "2.json").write_text('{"utilization_pct": 12, "memory_')  # half-written by a test frame
     samples = backend.sample([d.uuid for d in devices] + ["GPU-unknown"], pids={4242})
     assert set(samples) == {d.uuid for d in devices}
@@ -109,24 +118,32 @@ def test_absolute_state_dir(tmp_path: Path) -> None:
     assert backend.sample([d.uuid])[d.uuid].utilization_pct == 99.0
 
 
-@pytest.mark.parametrize("text, message", [
-    ("devices: [\n", "malformed YAML"),
-    ("- a\n- b\n", "expected a mapping with a 'devices' list"),
-    ("gpus: []\n", "gpus: unknown key in fake GPU file"),
-    ("devices: {model: x}\n", "devices: expected a list of devices"),
-    ("devices:\n  - {model: T4, memory: 16G}\n  - {model: T4, memory: x}\n", "devices[1].memory: invalid size 'x'"),
-    ("devices:\n  - {model: T4, memory: 1.5}\n", "devices[0].memory: invalid size 1.5"),
-    ("devices:\n  - {model: T4, memory: 0}\n", "devices[0].memory: must be more than 0"),
-    ("devices:\n  - {model: T4, memory: 16160}\n", "devices[0].memory: 16160 bytes is less than 1 MiB"),
-    ("devices:\n  - {model: T4}\n", "devices[0].memory: required"),
-    ("devices:\n  - {memory: 16G}\n", "devices[0].model: required"),
-    ("devices:\n  - {model: T4, memory: 16G, colour: red}\n", "devices[0].colour: unknown key"),
-    ("devices:\n  - {model: T4, memory: 16G, vendor: Matrox}\n", "devices[0].vendor: unknown vendor 'Matrox'"),
-    ("devices:\n  - {model: T4, memory: 16G, uuid: GPU-1}\n  - {model: T4, memory: 16G, uuid: GPU-1}\n",
-     "devices[1].uuid: 'GPU-1' already used by devices[0]"),
-    ("devices:\n  - {model: T4, memory: 16G, uuid: 'GPU 1'}\n", "devices[0].uuid: expected a string without spaces"),
-    ("host: 12\ndevices: []\n", "host: expected a non-empty string"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("devices: [\n", "malformed YAML"),
+        ("- a\n- b\n", "expected a mapping with a 'devices' list"),
+        ("gpus: []\n", "gpus: unknown key in fake GPU file"),
+        ("devices: {model: x}\n", "devices: expected a list of devices"),
+        ("devices:\n  - {model: T4, memory: 16G}\n  - {model: T4, memory: x}\n", "devices[1].memory: invalid size 'x'"),
+        ("devices:\n  - {model: T4, memory: 1.5}\n", "devices[0].memory: invalid size 1.5"),
+        ("devices:\n  - {model: T4, memory: 0}\n", "devices[0].memory: must be more than 0"),
+        ("devices:\n  - {model: T4, memory: 16160}\n", "devices[0].memory: 16160 bytes is less than 1 MiB"),
+        ("devices:\n  - {model: T4}\n", "devices[0].memory: required"),
+        ("devices:\n  - {memory: 16G}\n", "devices[0].model: required"),
+        ("devices:\n  - {model: T4, memory: 16G, colour: red}\n", "devices[0].colour: unknown key"),
+        ("devices:\n  - {model: T4, memory: 16G, vendor: Matrox}\n", "devices[0].vendor: unknown vendor 'Matrox'"),
+        (
+            "devices:\n  - {model: T4, memory: 16G, uuid: GPU-1}\n  - {model: T4, memory: 16G, uuid: GPU-1}\n",
+            "devices[1].uuid: 'GPU-1' already used by devices[0]",
+        ),
+        (
+            "devices:\n  - {model: T4, memory: 16G, uuid: 'GPU 1'}\n",
+            "devices[0].uuid: expected a string without spaces",
+        ),
+        ("host: 12\ndevices: []\n", "host: expected a non-empty string"),
+    ],
+)
 def test_invalid_files_name_the_field(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(InvalidInput) as err:
         load_fake_config(write(tmp_path, text))
@@ -142,7 +159,8 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_empty_file_is_a_host_without_gpus(tmp_path: Path) -> None:
     found = discover("auto", fake_file=write(tmp_path, ""))
     assert found.devices == [] and [b.to_json() for b in found.backends] == [
-        {"name": "fake", "ok": True, "error": None, "hint": None}]
+        {"name": "fake", "ok": True, "error": None, "hint": None}
+    ]
 
 
 def test_fake_backend_needs_a_file() -> None:

@@ -22,13 +22,26 @@ from cuectl.gpu.smi import SmiBackend, parse_list, parse_query_gpu, parse_xml, r
 from cuectl.units import MIB
 
 MASKED = "GPU-00000000-0000-0000-0000-000000000000"
-TELEGRAF_2018_FIELDS = ("fan.speed", "memory.total", "memory.used", "memory.free", "pstate", "temperature.gpu",
-                        "name", "uuid", "compute_mode", "utilization.gpu", "utilization.memory", "index")
+TELEGRAF_2018_FIELDS = (
+    "fan.speed",
+    "memory.total",
+    "memory.used",
+    "memory.free",
+    "pstate",
+    "temperature.gpu",
+    "name",
+    "uuid",
+    "compute_mode",
+    "utilization.gpu",
+    "utilization.memory",
+    "index",
+)
 MEMSIZE = 68719476736  # what the sysctl stub prints: a 64 GiB Mac
 
 
-def _smi_discover(tools: StubTools, query_fixture: str, list_fixture: str | None = None,
-                  xml_fixture: str | None = None) -> list:
+def _smi_discover(
+    tools: StubTools, query_fixture: str, list_fixture: str | None = None, xml_fixture: str | None = None
+) -> list:
     rules = [("*--query-gpu=index*", Out(file=fixture_path(query_fixture)))]
     if list_fixture:
         rules.append(("-L", Out(file=fixture_path(list_fixture))))
@@ -39,9 +52,15 @@ def _smi_discover(tools: StubTools, query_fixture: str, list_fixture: str | None
 
 
 def _card(model, total_mib, free_mib, util, pci, cc, driver):
-    return dict(model=model, memory_total_bytes=None if total_mib is None else total_mib * MIB,
-                memory_free_bytes=None if free_mib is None else free_mib * MIB, utilization_pct=util,
-                pci_bus_id=pci, compute_capability=cc, driver_version=driver)
+    return dict(
+        model=model,
+        memory_total_bytes=None if total_mib is None else total_mib * MIB,
+        memory_free_bytes=None if free_mib is None else free_mib * MIB,
+        utilization_pct=util,
+        pci_bus_id=pci,
+        compute_capability=cc,
+        driver_version=driver,
+    )
 
 
 def _assert_devices(devices, expected: list[dict]) -> None:
@@ -123,8 +142,13 @@ def compute_apps_case(query_rel: str, apps_rel: str, pids: set[int], expected: d
     """Per-process memory through SmiBackend.sample: one --query-gpu and one compute-apps spawn."""
 
     def check(tools: StubTools, tmp: Path) -> None:
-        tools.add("nvidia-smi", [("*--query-compute-apps*", Out(file=fixture_path(apps_rel))),
-                                 ("*--query-gpu=*", Out(file=fixture_path(query_rel)))])
+        tools.add(
+            "nvidia-smi",
+            [
+                ("*--query-compute-apps*", Out(file=fixture_path(apps_rel))),
+                ("*--query-gpu=*", Out(file=fixture_path(query_rel))),
+            ],
+        )
         backend = SmiBackend()
         (device,) = backend.discover()
         before = len(tools.calls("nvidia-smi"))
@@ -137,12 +161,18 @@ def compute_apps_case(query_rel: str, apps_rel: str, pids: set[int], expected: d
 
 def mig_compute_apps(tools: StubTools, tmp: Path) -> None:
     """Rows name the parent card: credited to the one wanted MIG instance of that card."""
-    tools.add("nvidia-smi", [
-        ("*--query-compute-apps*", Out(file=fixture_path(
-            "nvidia-smi/query-compute-apps/h100-80gb-hbm3-mig_590.48.01_load.csv"))),
-        ("*--query-gpu=*", Out(file=fixture_path("nvidia-smi/query-gpu/h100-80gb-hbm3-mig_590.48.01_load.csv"))),
-        ("-L", Out(file=fixture_path("nvidia-smi/list/h100-80gb-hbm3-mig_590.48.01_L.txt"))),
-        ("-q -x", Out(file=fixture_path("nvidia-smi/xml/a100-sxm4-40gb-mig_510.47.03.xml")))])
+    tools.add(
+        "nvidia-smi",
+        [
+            (
+                "*--query-compute-apps*",
+                Out(file=fixture_path("nvidia-smi/query-compute-apps/h100-80gb-hbm3-mig_590.48.01_load.csv")),
+            ),
+            ("*--query-gpu=*", Out(file=fixture_path("nvidia-smi/query-gpu/h100-80gb-hbm3-mig_590.48.01_load.csv"))),
+            ("-L", Out(file=fixture_path("nvidia-smi/list/h100-80gb-hbm3-mig_590.48.01_L.txt"))),
+            ("-q -x", Out(file=fixture_path("nvidia-smi/xml/a100-sxm4-40gb-mig_510.47.03.xml"))),
+        ],
+    )
     backend = SmiBackend()
     migs = backend.discover()
     one = backend.sample([migs[0].uuid], pids={21180, 21198})[migs[0].uuid]
@@ -203,9 +233,13 @@ def error_case(rel: str, exit_code: int, hint_word: str):
 
 def invalid_field_retry(tools: StubTools, tmp: Path) -> None:
     """Driver 465 rejects compute_cap (exit 2): asked again without it, once, then remembered."""
-    tools.add("nvidia-smi", [
-        ("*compute_cap*", Out(file=fixture_path("nvidia-smi/errors/invalid-query-field_compute_cap.txt"), exit=2)),
-        ("*--query-gpu=*", Out(file=fixture_path("nvidia-smi/query-gpu/rtx-2080-super_linux_465.27_2021.csv")))])
+    tools.add(
+        "nvidia-smi",
+        [
+            ("*compute_cap*", Out(file=fixture_path("nvidia-smi/errors/invalid-query-field_compute_cap.txt"), exit=2)),
+            ("*--query-gpu=*", Out(file=fixture_path("nvidia-smi/query-gpu/rtx-2080-super_linux_465.27_2021.csv"))),
+        ],
+    )
     backend = SmiBackend()
     (d,) = backend.discover()
     assert (d.model, d.compute_capability, d.memory_total_bytes) == ("NVIDIA GeForce RTX 2080 SUPER", None, 7979 * MIB)
@@ -242,8 +276,9 @@ def rocm_case(rel: str, expected: list[dict]):
 
 
 def _amd(uuid, model, total, free, util, pci):
-    return dict(uuid=uuid, model=model, memory_total_bytes=total, memory_free_bytes=free, utilization_pct=util,
-                pci_bus_id=pci)
+    return dict(
+        uuid=uuid, model=model, memory_total_bytes=total, memory_free_bytes=free, utilization_pct=util, pci_bus_id=pci
+    )
 
 
 def sysfs_case(tools: StubTools, tmp: Path) -> None:
@@ -252,8 +287,10 @@ def sysfs_case(tools: StubTools, tmp: Path) -> None:
     devices = backend.discover()
     assert backend.source == "sysfs"
     # card1 is the Intel iGPU (i915): not listed.
-    _assert_devices(devices, [_amd("GPU-0123456789abcdef", "AMD GPU 0x687f", 8573157376, 8573157376 - 1490378752,
-                                   4.0, "0000:09:00.0")])
+    _assert_devices(
+        devices,
+        [_amd("GPU-0123456789abcdef", "AMD GPU 0x687f", 8573157376, 8573157376 - 1490378752, 4.0, "0000:09:00.0")],
+    )
 
 
 SYSFS = "amd/sysfs/procfs-fixture_class-drm_card0-amdgpu-vega10_card1-i915.json"
@@ -268,135 +305,244 @@ CASES: dict[str, Callable[[StubTools, Path], None]] = {
     # query-gpu
     QG + "h100-80gb-hbm3_590.48.01_load.csv": query_gpu_case(
         QG + "h100-80gb-hbm3_590.48.01_load.csv",
-        _card("NVIDIA H100 80GB HBM3", 81559, 61263, 100.0, "0000:00:09.0", "9.0", "590.48.01")),
+        _card("NVIDIA H100 80GB HBM3", 81559, 61263, 100.0, "0000:00:09.0", "9.0", "590.48.01"),
+    ),
     QG + "h100-80gb-hbm3-mig_590.48.01_load.csv": mig_query_case(
-        QG + "h100-80gb-hbm3-mig_590.48.01_load.csv", "nvidia-smi/list/h100-80gb-hbm3-mig_590.48.01_L.txt",
-        ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"], "NVIDIA H100 80GB HBM3"),
+        QG + "h100-80gb-hbm3-mig_590.48.01_load.csv",
+        "nvidia-smi/list/h100-80gb-hbm3-mig_590.48.01_L.txt",
+        ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+        "NVIDIA H100 80GB HBM3",
+    ),
     QG + "h200_590.48.01_idle.csv": query_gpu_case(
-        QG + "h200_590.48.01_idle.csv", _card("NVIDIA H200", 143771, 143158, 0.0, "0000:83:00.0", "9.0", "590.48.01")),
+        QG + "h200_590.48.01_idle.csv", _card("NVIDIA H200", 143771, 143158, 0.0, "0000:83:00.0", "9.0", "590.48.01")
+    ),
     QG + "h200-mig_590.48.01_load.csv": mig_query_case(
-        QG + "h200-mig_590.48.01_load.csv", "nvidia-smi/list/h200-mig_590.48.01_L.txt",
-        ["1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"], "NVIDIA H200"),
+        QG + "h200-mig_590.48.01_load.csv",
+        "nvidia-smi/list/h200-mig_590.48.01_L.txt",
+        ["1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"],
+        "NVIDIA H200",
+    ),
     QG + "l40s_595.80_load.csv": query_gpu_case(
-        QG + "l40s_595.80_load.csv", _card("NVIDIA L40S", 46068, 44225, 9.0, "0000:01:00.0", "8.9", "595.80")),
+        QG + "l40s_595.80_load.csv", _card("NVIDIA L40S", 46068, 44225, 9.0, "0000:01:00.0", "8.9", "595.80")
+    ),
     QG + "rtx-4080-super_595.71.05_load.csv": query_gpu_case(
         QG + "rtx-4080-super_595.71.05_load.csv",
-        _card("NVIDIA GeForce RTX 4080 SUPER", 16376, 14470, 7.0, "0000:01:00.0", "8.9", "595.71.05")),
+        _card("NVIDIA GeForce RTX 4080 SUPER", 16376, 14470, 7.0, "0000:01:00.0", "8.9", "595.71.05"),
+    ),
     QG + "rtx-2080-super_linux_610.57.04_idle.csv": query_gpu_case(
         QG + "rtx-2080-super_linux_610.57.04_idle.csv",
-        _card("NVIDIA GeForce RTX 2080 SUPER", 8192, 7582, 0.0, "0000:0c:00.0", "7.5", "610.57.04")),
+        _card("NVIDIA GeForce RTX 2080 SUPER", 8192, 7582, 0.0, "0000:0c:00.0", "7.5", "610.57.04"),
+    ),
     QG + "rtx-2080-super_windows-wddm_610.62_load.csv": query_gpu_case(
         QG + "rtx-2080-super_windows-wddm_610.62_load.csv",
-        _card("NVIDIA GeForce RTX 2080 SUPER", 8192, 6622, 7.0, "0000:0c:00.0", "7.5", "610.62")),
+        _card("NVIDIA GeForce RTX 2080 SUPER", 8192, 6622, 7.0, "0000:0c:00.0", "7.5", "610.62"),
+    ),
     QG + "rtx-2080-super_linux_465.27_2021.csv": query_gpu_case(
         QG + "rtx-2080-super_linux_465.27_2021.csv",
-        dict(_card("NVIDIA GeForce RTX 2080 SUPER", 7979, 7635, 0.0, "0000:0c:00.0", None, "465.27"),
-             uuid="GPU-1937b558-347d-0f30-105b-893b98985668")),
+        dict(
+            _card("NVIDIA GeForce RTX 2080 SUPER", 7979, 7635, 0.0, "0000:0c:00.0", None, "465.27"),
+            uuid="GPU-1937b558-347d-0f30-105b-893b98985668",
+        ),
+    ),
     QG + "tesla-p100-pcie-16gb_510.47.03_csv-nounits.csv": query_gpu_case(
         QG + "tesla-p100-pcie-16gb_510.47.03_csv-nounits.csv",
         # netdata's field list has no memory.total, pci.bus_id or driver_version: unknown, not guessed
-        dict(_card("Tesla P100-PCIE-16GB", None, 16280, 0.0, None, None, None), index=0)),
+        dict(_card("Tesla P100-PCIE-16GB", None, 16280, 0.0, None, None, None), index=0),
+    ),
     QG + "gtx-1070-ti_noheader-nounits.csv": noheader_case(
-        QG + "gtx-1070-ti_noheader-nounits.csv", TELEGRAF_2018_FIELDS, _gtx_1070_ti),
+        QG + "gtx-1070-ti_noheader-nounits.csv", TELEGRAF_2018_FIELDS, _gtx_1070_ti
+    ),
     QG + "tesla-p4_not-supported_noheader-nounits.csv": noheader_case(
-        QG + "tesla-p4_not-supported_noheader-nounits.csv", TELEGRAF_2018_FIELDS, _tesla_p4),
+        QG + "tesla-p4_not-supported_noheader-nounits.csv", TELEGRAF_2018_FIELDS, _tesla_p4
+    ),
     QG + "8x-16130MiB_memory-total-free-count_noheader.csv": noheader_case(
-        QG + "8x-16130MiB_memory-total-free-count_noheader.csv", ("memory.total", "memory.free", "count"),
-        _eight_v100s),
+        QG + "8x-16130MiB_memory-total-free-count_noheader.csv", ("memory.total", "memory.free", "count"), _eight_v100s
+    ),
     # compute apps
     QA + "h100-80gb-hbm3_590.48.01_load.csv": compute_apps_case(
-        QG + "h100-80gb-hbm3_590.48.01_load.csv", QA + "h100-80gb-hbm3_590.48.01_load.csv", {11327, 11345, 4},
-        {11327: 2566 * MIB, 11345: 15690 * MIB}),
+        QG + "h100-80gb-hbm3_590.48.01_load.csv",
+        QA + "h100-80gb-hbm3_590.48.01_load.csv",
+        {11327, 11345, 4},
+        {11327: 2566 * MIB, 11345: 15690 * MIB},
+    ),
     QA + "h100-80gb-hbm3-mig_590.48.01_load.csv": mig_compute_apps,
     QA + "rtx-2080-super_windows-wddm_610.62_load.csv": compute_apps_case(
-        QG + "rtx-2080-super_windows-wddm_610.62_load.csv", QA + "rtx-2080-super_windows-wddm_610.62_load.csv",
-        {2140, 12940}, {2140: None, 12940: None}),  # WDDM: nvidia-smi cannot tell per-process memory
+        QG + "rtx-2080-super_windows-wddm_610.62_load.csv",
+        QA + "rtx-2080-super_windows-wddm_610.62_load.csv",
+        {2140, 12940},
+        {2140: None, 12940: None},
+    ),  # WDDM: nvidia-smi cannot tell per-process memory
     QA + "l40s_595.80_idle_no-processes.csv": compute_apps_case(
-        QG + "l40s_595.80_load.csv", QA + "l40s_595.80_idle_no-processes.csv", {1, 2}, {}),
+        QG + "l40s_595.80_load.csv", QA + "l40s_595.80_idle_no-processes.csv", {1, 2}, {}
+    ),
     # -L
     "nvidia-smi/list/h100-80gb-hbm3-mig_590.48.01_L.txt": list_case(
-        "nvidia-smi/list/h100-80gb-hbm3-mig_590.48.01_L.txt", "NVIDIA H100 80GB HBM3",
-        ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]),
+        "nvidia-smi/list/h100-80gb-hbm3-mig_590.48.01_L.txt",
+        "NVIDIA H100 80GB HBM3",
+        ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"],
+    ),
     "nvidia-smi/list/h200-mig_590.48.01_L.txt": list_case(
-        "nvidia-smi/list/h200-mig_590.48.01_L.txt", "NVIDIA H200",
-        ["1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]),
+        "nvidia-smi/list/h200-mig_590.48.01_L.txt",
+        "NVIDIA H200",
+        ["1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"],
+    ),
     # default tables
     "nvidia-smi/table/h100-80gb-hbm3-mig_590.48.01_load.txt": table_case(
-        "nvidia-smi/table/h100-80gb-hbm3-mig_590.48.01_load.txt"),
+        "nvidia-smi/table/h100-80gb-hbm3-mig_590.48.01_load.txt"
+    ),
     "nvidia-smi/table/rtx-2080-super_windows-wddm_610.62_load.txt": table_case(
-        "nvidia-smi/table/rtx-2080-super_windows-wddm_610.62_load.txt"),
+        "nvidia-smi/table/rtx-2080-super_windows-wddm_610.62_load.txt"
+    ),
     "nvidia-smi/table/8x-tesla-v100-sxm2-32gb_460.32.03_inforom-corrupted-warning.txt": table_case(
-        "nvidia-smi/table/8x-tesla-v100-sxm2-32gb_460.32.03_inforom-corrupted-warning.txt"),
+        "nvidia-smi/table/8x-tesla-v100-sxm2-32gb_460.32.03_inforom-corrupted-warning.txt"
+    ),
     # -q -x
-    XML + "2x-rtx-a5000_dual-gpu.xml": xml_case(XML + "2x-rtx-a5000_dual-gpu.xml", [
-        _card("NVIDIA RTX A5000", 24564, 1678, 0.0, "0000:81:00.0", None, "590.44.01"),
-        _card("NVIDIA RTX A5000", 24564, 6862, 0.0, "0000:c1:00.0", None, "590.44.01")], [0, 0], [1, 1]),
-    XML + "a100-sxm4-40gb-mig_510.47.03.xml": xml_case(XML + "a100-sxm4-40gb-mig_510.47.03.xml", [
-        _card("NVIDIA A100-SXM4-40GB", 40960, 40315, None, "0000:00:04.0", None, "510.47.03")], [2], [0]),
-    XML + "a100-sxm4-80gb_535.54.03.xml": xml_case(XML + "a100-sxm4-80gb_535.54.03.xml", [
-        _card("NVIDIA A100-SXM4-80GB", 81920, 80999, None, "0000:01:00.0", None, "535.54.03")], [4], [0]),
-    XML + "rtx-3090_525.147.05.xml": xml_case(XML + "rtx-3090_525.147.05.xml", [
-        _card("NVIDIA GeForce RTX 3090", 24576, 24258, 0.0, "0000:00:10.0", None, "525.147.05")], [0], [0]),
-    XML + "rtx-4090_535.86.05.xml": xml_case(XML + "rtx-4090_535.86.05.xml", [
-        _card("NVIDIA GeForce RTX 4090", 24564, 24214, 0.0, "0000:84:00.0", None, "535.86.05")], [0], [0]),
-    XML + "tesla-p100-pcie-16gb_510.47.03.xml": xml_case(XML + "tesla-p100-pcie-16gb_510.47.03.xml", [
-        _card("Tesla P100-PCIE-16GB", 16384, 16280, 0.0, "0000:00:04.0", None, "510.47.03")], [0], [0]),
-    XML + "tesla-t4_515.105.01.xml": xml_case(XML + "tesla-t4_515.105.01.xml", [
-        _card("Tesla T4", 15360, 13939, 0.0, "0000:00:1e.0", None, "515.105.01")], [0], [2]),
-    XML + "rtx-2080_windows_516.59_with-processes.xml": xml_case(XML + "rtx-2080_windows_516.59_with-processes.xml", [
-        _card("NVIDIA GeForce RTX 2080", 8192, 7147, 2.0, "0000:0a:00.0", None, "516.59")], [0], [26]),
+    XML + "2x-rtx-a5000_dual-gpu.xml": xml_case(
+        XML + "2x-rtx-a5000_dual-gpu.xml",
+        [
+            _card("NVIDIA RTX A5000", 24564, 1678, 0.0, "0000:81:00.0", None, "590.44.01"),
+            _card("NVIDIA RTX A5000", 24564, 6862, 0.0, "0000:c1:00.0", None, "590.44.01"),
+        ],
+        [0, 0],
+        [1, 1],
+    ),
+    XML + "a100-sxm4-40gb-mig_510.47.03.xml": xml_case(
+        XML + "a100-sxm4-40gb-mig_510.47.03.xml",
+        [_card("NVIDIA A100-SXM4-40GB", 40960, 40315, None, "0000:00:04.0", None, "510.47.03")],
+        [2],
+        [0],
+    ),
+    XML + "a100-sxm4-80gb_535.54.03.xml": xml_case(
+        XML + "a100-sxm4-80gb_535.54.03.xml",
+        [_card("NVIDIA A100-SXM4-80GB", 81920, 80999, None, "0000:01:00.0", None, "535.54.03")],
+        [4],
+        [0],
+    ),
+    XML + "rtx-3090_525.147.05.xml": xml_case(
+        XML + "rtx-3090_525.147.05.xml",
+        [_card("NVIDIA GeForce RTX 3090", 24576, 24258, 0.0, "0000:00:10.0", None, "525.147.05")],
+        [0],
+        [0],
+    ),
+    XML + "rtx-4090_535.86.05.xml": xml_case(
+        XML + "rtx-4090_535.86.05.xml",
+        [_card("NVIDIA GeForce RTX 4090", 24564, 24214, 0.0, "0000:84:00.0", None, "535.86.05")],
+        [0],
+        [0],
+    ),
+    XML + "tesla-p100-pcie-16gb_510.47.03.xml": xml_case(
+        XML + "tesla-p100-pcie-16gb_510.47.03.xml",
+        [_card("Tesla P100-PCIE-16GB", 16384, 16280, 0.0, "0000:00:04.0", None, "510.47.03")],
+        [0],
+        [0],
+    ),
+    XML + "tesla-t4_515.105.01.xml": xml_case(
+        XML + "tesla-t4_515.105.01.xml",
+        [_card("Tesla T4", 15360, 13939, 0.0, "0000:00:1e.0", None, "515.105.01")],
+        [0],
+        [2],
+    ),
+    XML + "rtx-2080_windows_516.59_with-processes.xml": xml_case(
+        XML + "rtx-2080_windows_516.59_with-processes.xml",
+        [_card("NVIDIA GeForce RTX 2080", 8192, 7147, 2.0, "0000:0a:00.0", None, "516.59")],
+        [0],
+        [26],
+    ),
     # errors: exit codes from the nvidia-smi man page as listed in the fixture README
     ERR + "driver-not-loaded_couldnt-communicate.txt": error_case(
-        ERR + "driver-not-loaded_couldnt-communicate.txt", 9, "modprobe nvidia"),
+        ERR + "driver-not-loaded_couldnt-communicate.txt", 9, "modprobe nvidia"
+    ),
     ERR + "no-devices-were-found.txt": error_case(ERR + "no-devices-were-found.txt", 6, "RmInitAdapter"),
-    ERR + "driver-library-version-mismatch.txt": error_case(
-        ERR + "driver-library-version-mismatch.txt", 18, "reboot"),
+    ERR + "driver-library-version-mismatch.txt": error_case(ERR + "driver-library-version-mismatch.txt", 18, "reboot"),
     ERR + "driver-library-version-mismatch_with-nvml-library-version.txt": error_case(
-        ERR + "driver-library-version-mismatch_with-nvml-library-version.txt", 18, "reboot"),
+        ERR + "driver-library-version-mismatch_with-nvml-library-version.txt", 18, "reboot"
+    ),
     ERR + "nvml-unknown-error_container.txt": error_case(
-        ERR + "nvml-unknown-error_container.txt", 255, "restart the container"),
+        ERR + "nvml-unknown-error_container.txt", 255, "restart the container"
+    ),
     ERR + "no-supported-gpus.txt": error_case(ERR + "no-supported-gpus.txt", 255, "lspci -k"),
     ERR + "invalid-query-field_compute_cap.txt": invalid_field_retry,
     # macOS
     "macos/apple-m1_laptop_torchserve.json": apple_case(
-        "macos/apple-m1_laptop_torchserve.json", "Apple M1", 7, "Metal (GPU family Apple7)"),
+        "macos/apple-m1_laptop_torchserve.json", "Apple M1", 7, "Metal (GPU family Apple7)"
+    ),
     "macos/apple-m2-max_macos-15_sensoryplex_display-entry-trimmed.json": apple_case(
-        "macos/apple-m2-max_macos-15_sensoryplex_display-entry-trimmed.json", "Apple M2 Max", 30, "Metal 4"),
+        "macos/apple-m2-max_macos-15_sensoryplex_display-entry-trimmed.json", "Apple M2 Max", 30, "Metal 4"
+    ),
     "macos/apple-m3-max_headless_macos-15.5_joulewise.json": apple_case(
-        "macos/apple-m3-max_headless_macos-15.5_joulewise.json", "Apple M3 Max", 40, "Metal"),
+        "macos/apple-m3-max_headless_macos-15.5_joulewise.json", "Apple M3 Max", 40, "Metal"
+    ),
     # AMD rocm-smi
     "amd/rocm-smi/4x-mi100_rocm-6.0.2_telegraf-query.json": rocm_case(
-        "amd/rocm-smi/4x-mi100_rocm-6.0.2_telegraf-query.json", [
+        "amd/rocm-smi/4x-mi100_rocm-6.0.2_telegraf-query.json",
+        [
             _amd("GPU-79ccd55167a2124a", MI100, 34342961152, 34342961152 - 6750208, 0.0, "0000:83:00.0"),
             _amd("GPU-04edfb117a17a07d", MI100, 34342961152, 34342961152 - 6750208, 0.0, "0000:a3:00.0"),
             _amd("GPU-d4a9ec48d03d261d", MI100, 34342961152, 34342961152 - 6750208, 0.0, "0000:c3:00.0"),
-            _amd("GPU-1b9dd972253c3736", MI100, 34342961152, 34342961152 - 6750208, 0.0, "0000:e3:00.0")]),
+            _amd("GPU-1b9dd972253c3736", MI100, 34342961152, 34342961152 - 6750208, 0.0, "0000:e3:00.0"),
+        ],
+    ),
     "amd/rocm-smi/rx6700xt_rocm-6.1.2_telegraf-query.json": rocm_case(
-        "amd/rocm-smi/rx6700xt_rocm-6.1.2_telegraf-query.json", [
-            dict(_amd("AMD-PCI-0000:07:00.0", "AMD Radeon RX 6700/6700 XT / 6800M", 12868124672,
-                      12868124672 - 1572745216, 0.0, "0000:07:00.0"), compute_capability="gfx1031",
-                 driver_version="6.3.6")]),
+        "amd/rocm-smi/rx6700xt_rocm-6.1.2_telegraf-query.json",
+        [
+            dict(
+                _amd(
+                    "AMD-PCI-0000:07:00.0",
+                    "AMD Radeon RX 6700/6700 XT / 6800M",
+                    12868124672,
+                    12868124672 - 1572745216,
+                    0.0,
+                    "0000:07:00.0",
+                ),
+                compute_capability="gfx1031",
+                driver_version="6.3.6",
+            )
+        ],
+    ),
     "amd/rocm-smi/rx6700xt_rocm-4.3.0_telegraf-query.json": rocm_case(
-        "amd/rocm-smi/rx6700xt_rocm-4.3.0_telegraf-query.json", [
+        "amd/rocm-smi/rx6700xt_rocm-4.3.0_telegraf-query.json",
+        [
             # "Card series": "0x1002" is the vendor id, not a name: only the device id is left
-            _amd("AMD-PCI-0000:07:00.0", "AMD GPU 0x73df", 12868124672, 12868124672 - 1622728704, 0.0,
-                 "0000:07:00.0")]),
+            _amd("AMD-PCI-0000:07:00.0", "AMD GPU 0x73df", 12868124672, 12868124672 - 1622728704, 0.0, "0000:07:00.0")
+        ],
+    ),
     "amd/rocm-smi/mi50-vega20_telegraf-query.json": rocm_case(
-        "amd/rocm-smi/mi50-vega20_telegraf-query.json", [
-            dict(_amd("GPU-02f048617326b1ea", "AMD Radeon Instinct MI50 32GB", 34342961152, 34342961152 - 10850304,
-                      0.0, "0000:63:00.0"), driver_version="5.9.17")]),
+        "amd/rocm-smi/mi50-vega20_telegraf-query.json",
+        [
+            dict(
+                _amd(
+                    "GPU-02f048617326b1ea",
+                    "AMD Radeon Instinct MI50 32GB",
+                    34342961152,
+                    34342961152 - 10850304,
+                    0.0,
+                    "0000:63:00.0",
+                ),
+                driver_version="5.9.17",
+            )
+        ],
+    ),
     "amd/rocm-smi/2x-mi250-gcd_showproductname-P_torchserve.json": rocm_case(
-        "amd/rocm-smi/2x-mi250-gcd_showproductname-P_torchserve.json", [
-            _amd("AMD-card0", MI250, None, None, None, None), _amd("AMD-card1", MI250, None, None, None, None)]),
+        "amd/rocm-smi/2x-mi250-gcd_showproductname-P_torchserve.json",
+        [_amd("AMD-card0", MI250, None, None, None, None), _amd("AMD-card1", MI250, None, None, None, None)],
+    ),
     "amd/rocm-smi/2x-mi250-gcd_showid-showproductname-showuse-showmemuse-showmeminfo-vram-P_torchserve.json": rocm_case(
-        "amd/rocm-smi/2x-mi250-gcd_showid-showproductname-showuse-showmemuse-showmeminfo-vram-P_torchserve.json", [
-            dict(_amd("AMD-card0", MI250, 68702699520, 68702699520 - 51527024640, 50.0, None),
-                 attributes={"secondary_die": False}),
-            dict(_amd("AMD-card1", MI250, 68702699520, 68702699520 - 51527024640, 50.0, None),
-                 attributes={"secondary_die": True})]),
+        "amd/rocm-smi/2x-mi250-gcd_showid-showproductname-showuse-showmemuse-showmeminfo-vram-P_torchserve.json",
+        [
+            dict(
+                _amd("AMD-card0", MI250, 68702699520, 68702699520 - 51527024640, 50.0, None),
+                attributes={"secondary_die": False},
+            ),
+            dict(
+                _amd("AMD-card1", MI250, 68702699520, 68702699520 - 51527024640, 50.0, None),
+                attributes={"secondary_die": True},
+            ),
+        ],
+    ),
     "amd/rocm-smi/mi250-gcd_a-json_wandb.json": rocm_case(
-        "amd/rocm-smi/mi250-gcd_a-json_wandb.json", [
-            dict(_amd("GPU-719d230578348e8c", MI250, None, None, 0.0, "0000:2f:00.0"), driver_version="6.2.4")]),
+        "amd/rocm-smi/mi250-gcd_a-json_wandb.json",
+        [dict(_amd("GPU-719d230578348e8c", MI250, None, None, 0.0, "0000:2f:00.0"), driver_version="6.2.4")],
+    ),
     SYSFS: sysfs_case,
 }
 

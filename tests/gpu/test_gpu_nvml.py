@@ -18,15 +18,40 @@ GIB = 1024**3
 
 
 def two_card_host(**kw) -> FakeNvml:
-    plain = FakeGpu(uuid="GPU-aaaa", name="NVIDIA RTX A6000", total=48 * GIB, used=2 * GIB, util=37,
-                    bus_id="00000000:1A:00.0", cc=(8, 6), mig_mode=None,
-                    processes=[(100, 1 * GIB), (200, None), (300, 2**64 - 1)],
-                    proc_samples=[(100, 10, 20), (100, 20, 40), (999, 20, 90)])
-    mig = FakeGpu(uuid="GPU-bbbb", name="NVIDIA A100-SXM4-80GB", total=80 * GIB, used=0, util=None,
-                  bus_id="00000000:B1:00.0", cc=(8, 0), mig_mode=1,
-                  migs=[FakeMig(uuid="MIG-1111", profile="3g.40gb", total=40 * GIB, used=5 * GIB, slot=0,
-                                gpu_instance_id=2, processes=[(100, 3 * GIB)]),
-                        FakeMig(uuid="MIG-2222", profile="1g.10gb", total=10 * GIB, slot=3, gpu_instance_id=9)])
+    plain = FakeGpu(
+        uuid="GPU-aaaa",
+        name="NVIDIA RTX A6000",
+        total=48 * GIB,
+        used=2 * GIB,
+        util=37,
+        bus_id="00000000:1A:00.0",
+        cc=(8, 6),
+        mig_mode=None,
+        processes=[(100, 1 * GIB), (200, None), (300, 2**64 - 1)],
+        proc_samples=[(100, 10, 20), (100, 20, 40), (999, 20, 90)],
+    )
+    mig = FakeGpu(
+        uuid="GPU-bbbb",
+        name="NVIDIA A100-SXM4-80GB",
+        total=80 * GIB,
+        used=0,
+        util=None,
+        bus_id="00000000:B1:00.0",
+        cc=(8, 0),
+        mig_mode=1,
+        migs=[
+            FakeMig(
+                uuid="MIG-1111",
+                profile="3g.40gb",
+                total=40 * GIB,
+                used=5 * GIB,
+                slot=0,
+                gpu_instance_id=2,
+                processes=[(100, 3 * GIB)],
+            ),
+            FakeMig(uuid="MIG-2222", profile="1g.10gb", total=10 * GIB, slot=3, gpu_instance_id=9),
+        ],
+    )
     return FakeNvml([plain, mig], **kw)
 
 
@@ -36,12 +61,24 @@ def test_discovery_lists_cards_and_mig_instances_not_mig_parents() -> None:
     assert [d.uuid for d in devices] == ["GPU-aaaa", "MIG-1111", "MIG-2222"]
     assert [d.index for d in devices] == [0, 1, 2]
     card = devices[0]
-    assert (card.model, card.memory_total_bytes, card.memory_free_bytes, card.utilization_pct) == \
-        ("NVIDIA RTX A6000", 48 * GIB, 46 * GIB, 37.0)
-    assert (card.pci_bus_id, card.compute_capability, card.driver_version, card.api_version) == \
-        ("0000:1a:00.0", "8.6", "550.54.15", "CUDA 12.4")
+    assert (card.model, card.memory_total_bytes, card.memory_free_bytes, card.utilization_pct) == (
+        "NVIDIA RTX A6000",
+        48 * GIB,
+        46 * GIB,
+        37.0,
+    )
+    assert (card.pci_bus_id, card.compute_capability, card.driver_version, card.api_version) == (
+        "0000:1a:00.0",
+        "8.6",
+        "550.54.15",
+        "CUDA 12.4",
+    )
     mig = devices[1]
-    assert (mig.model, mig.mig_profile, mig.mig_parent_uuid) == ("NVIDIA A100-SXM4-80GB MIG 3g.40gb", "3g.40gb", "GPU-bbbb")
+    assert (mig.model, mig.mig_profile, mig.mig_parent_uuid) == (
+        "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+        "3g.40gb",
+        "GPU-bbbb",
+    )
     assert (mig.memory_total_bytes, mig.memory_free_bytes, mig.utilization_pct) == (40 * GIB, 35 * GIB, None)
     assert (mig.pci_bus_id, mig.compute_capability) == ("0000:b1:00.0", "8.0")
     assert mig.attributes == {"vendor_index": 1, "mig_device_index": 0, "gpu_instance_id": 2}
@@ -57,14 +94,17 @@ def test_init_happens_once() -> None:
     assert lib.calls["nvmlInit"] == 1
 
 
-@pytest.mark.parametrize("code, message, hint", [
-    (12, "NVML library (libnvidia-ml) not found", "install the NVIDIA driver"),
-    (9, "the NVIDIA driver is not loaded", "modprobe nvidia"),
-    (18, "versions differ", "reboot"),
-    (4, "no permission", "group"),
-    (999, "unknown error", "restart the container"),
-    (15, "fell off the bus", "Xid"),
-])
+@pytest.mark.parametrize(
+    "code, message, hint",
+    [
+        (12, "NVML library (libnvidia-ml) not found", "install the NVIDIA driver"),
+        (9, "the NVIDIA driver is not loaded", "modprobe nvidia"),
+        (18, "versions differ", "reboot"),
+        (4, "no permission", "group"),
+        (999, "unknown error", "restart the container"),
+        (15, "fell off the bus", "Xid"),
+    ],
+)
 def test_init_errors_become_clear_unavailable(code: int, message: str, hint: str) -> None:
     with pytest.raises(BackendUnavailable, match=re.escape(message)) as err:
         NvmlBackend(nvml=FakeNvml([], init_error=code)).discover()
@@ -99,8 +139,11 @@ def test_sample_values_processes_and_process_utilisation_window() -> None:
     card = first["GPU-aaaa"]
     assert (card.utilization_pct, card.memory_used_bytes, card.memory_free_bytes) == (37.0, 2 * GIB, 46 * GIB)
     # Mean SM utilisation of pid 100 over its two samples; pid 999 was not asked for.
-    assert [(p.pid, p.memory_used_bytes, p.utilization_pct) for p in card.processes] == \
-        [(100, 1 * GIB, 30.0), (200, None, None), (300, None, None)]
+    assert [(p.pid, p.memory_used_bytes, p.utilization_pct) for p in card.processes] == [
+        (100, 1 * GIB, 30.0),
+        (200, None, None),
+        (300, None, None),
+    ]
     mig = first["MIG-1111"]
     assert (mig.utilization_pct, mig.memory_used_bytes) == (None, 5 * GIB)
     assert [(p.pid, p.memory_used_bytes, p.utilization_pct) for p in mig.processes] == [(100, 3 * GIB, None)]
@@ -167,8 +210,7 @@ H200_TOTAL, H200_RESERVED, H200_BUSY_USED = 150_754_820_096, 644_939_776, 1_626_
 
 @pytest.mark.parametrize("memory_v2, idle_used", [(True, 0), (False, H200_RESERVED), ("old-driver", H200_RESERVED)])
 def test_used_memory_leaves_out_what_the_driver_reserves_where_nvml_says(memory_v2, idle_used) -> None:
-    gpu = FakeGpu(uuid="GPU-793a", name="NVIDIA H200", total=H200_TOTAL, reserved=H200_RESERVED, util=0,
-                  cc=(9, 0))
+    gpu = FakeGpu(uuid="GPU-793a", name="NVIDIA H200", total=H200_TOTAL, reserved=H200_RESERVED, util=0, cc=(9, 0))
     backend = NvmlBackend(nvml=FakeNvml([gpu], memory_v2=memory_v2))
     (device,) = backend.discover()
     assert device.memory_free_bytes == H200_TOTAL - H200_RESERVED  # free is the same either way

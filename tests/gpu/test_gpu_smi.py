@@ -21,8 +21,11 @@ def _uuid(i: int) -> str:
 
 def noheader_rows(n: int) -> str:
     """What the discovery query prints (noheader,nounits) on an n-GPU host, in QUERY_FIELDS order."""
-    return "".join(f"{i}, {_uuid(i)}, Tesla V100-SXM2-32GB, 32510, {32510 - i}, {i}, {10 * i}, 00000000:{i + 1:02X}:00.0, "
-                   f"460.32.03, 7.0, [N/A]\n" for i in range(n))
+    return "".join(
+        f"{i}, {_uuid(i)}, Tesla V100-SXM2-32GB, 32510, {32510 - i}, {i}, {10 * i}, 00000000:{i + 1:02X}:00.0, "
+        f"460.32.03, 7.0, [N/A]\n"
+        for i in range(n)
+    )
 
 
 def sample_rows(n: int) -> str:
@@ -62,15 +65,22 @@ def test_header_is_only_taken_when_it_names_asked_fields() -> None:
 
 
 def test_placeholders_are_none() -> None:
-    (row,) = parse_query_gpu("0, GPU-1, Tesla P4, [Not Supported], [N/A], [N/A], [Unknown Error], , 1.0, [N/A], [N/A]\n")
+    (row,) = parse_query_gpu(
+        "0, GPU-1, Tesla P4, [Not Supported], [N/A], [N/A], [Unknown Error], , 1.0, [N/A], [N/A]\n"
+    )
     assert (row.memory_total_bytes, row.memory_free_bytes, row.utilization_pct, row.pci_bus_id) == (None,) * 4
     assert row.compute_capability is None and row.driver_version == "1.0"
 
 
 def test_sample_is_one_spawn_without_pids_and_two_with(tools: StubTools) -> None:
-    tools.add("nvidia-smi", [("*--query-gpu=index*", Out(text=noheader_rows(8))),
-                             ("*--query-gpu=uuid*", Out(text=sample_rows(8))),
-                             ("*--query-compute-apps*", Out(text=f"4242, {_uuid(3)}, 700\n77, {_uuid(3)}, 5\n"))])
+    tools.add(
+        "nvidia-smi",
+        [
+            ("*--query-gpu=index*", Out(text=noheader_rows(8))),
+            ("*--query-gpu=uuid*", Out(text=sample_rows(8))),
+            ("*--query-compute-apps*", Out(text=f"4242, {_uuid(3)}, 700\n77, {_uuid(3)}, 5\n")),
+        ],
+    )
     backend = SmiBackend()
     uuids = [d.uuid for d in backend.discover()]
     n0 = len(tools.calls("nvidia-smi"))
@@ -83,13 +93,16 @@ def test_sample_is_one_spawn_without_pids_and_two_with(tools: StubTools) -> None
     with_pids = backend.sample([_uuid(3), "GPU-unknown"], pids={4242})
     assert len(tools.calls("nvidia-smi")) - n0 == 3
     assert list(with_pids) == [_uuid(3)]
-    assert [(p.pid, p.memory_used_bytes, p.utilization_pct) for p in with_pids[_uuid(3)].processes] == \
-        [(4242, 700 * MIB, None)]
+    assert [(p.pid, p.memory_used_bytes, p.utilization_pct) for p in with_pids[_uuid(3)].processes] == [
+        (4242, 700 * MIB, None)
+    ]
 
 
 def test_sample_before_discover_discovers_first(tools: StubTools) -> None:
-    tools.add("nvidia-smi", [("*--query-gpu=index*", Out(text=noheader_rows(1))),
-                             ("*--query-gpu=uuid*", Out(text=sample_rows(1)))])
+    tools.add(
+        "nvidia-smi",
+        [("*--query-gpu=index*", Out(text=noheader_rows(1))), ("*--query-gpu=uuid*", Out(text=sample_rows(1)))],
+    )
     assert list(SmiBackend().sample([_uuid(0)])) == [_uuid(0)]
 
 
@@ -120,16 +133,23 @@ A100_UUID = "GPU-27b94a00-ed54-5c24-b1fd-1054085de32a"
 def test_mig_instances_take_their_memory_from_the_xml_log(tools: StubTools) -> None:
     """The A100 of the MIG XML fixture, with -L and query lines written in nvidia-smi's format
     for that card (no capture of those two commands exists for it)."""
-    listing = (f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {A100_UUID})\n"
-               "  MIG 3g.20gb     Device  0: (UUID: MIG-aaaaaaaa-0000-0000-0000-000000000000)\n"
-               "  MIG 3g.20gb     Device  1: (UUID: MIG-bbbbbbbb-0000-0000-0000-000000000000)\n")
-    query = f"0, {A100_UUID}, NVIDIA A100-SXM4-40GB, 40960, 40315, 38, [N/A], 00000000:00:04.0, 510.47.03, 8.0, Enabled\n"
-    tools.add("nvidia-smi", [("*--query-gpu=index*", Out(text=query)), ("-L", Out(text=listing)),
-                             ("-q -x", Out(file=A100_XML))])
+    listing = (
+        f"GPU 0: NVIDIA A100-SXM4-40GB (UUID: {A100_UUID})\n"
+        "  MIG 3g.20gb     Device  0: (UUID: MIG-aaaaaaaa-0000-0000-0000-000000000000)\n"
+        "  MIG 3g.20gb     Device  1: (UUID: MIG-bbbbbbbb-0000-0000-0000-000000000000)\n"
+    )
+    query = (
+        f"0, {A100_UUID}, NVIDIA A100-SXM4-40GB, 40960, 40315, 38, [N/A], 00000000:00:04.0, 510.47.03, 8.0, Enabled\n"
+    )
+    tools.add(
+        "nvidia-smi",
+        [("*--query-gpu=index*", Out(text=query)), ("-L", Out(text=listing)), ("-q -x", Out(file=A100_XML))],
+    )
     devices = SmiBackend().discover()
     assert [(d.uuid, d.mig_profile, d.memory_total_bytes, d.memory_free_bytes) for d in devices] == [
         ("MIG-aaaaaaaa-0000-0000-0000-000000000000", "3g.20gb", 19968 * MIB, 19948 * MIB),
-        ("MIG-bbbbbbbb-0000-0000-0000-000000000000", "3g.20gb", 19968 * MIB, 19948 * MIB)]
+        ("MIG-bbbbbbbb-0000-0000-0000-000000000000", "3g.20gb", 19968 * MIB, 19948 * MIB),
+    ]
     assert [d.attributes["gpu_instance_id"] for d in devices] == [1, 2]
     assert all(d.model == "NVIDIA A100-SXM4-40GB MIG 3g.20gb" and d.mig_parent_uuid == A100_UUID for d in devices)
     assert all(d.compute_capability == "8.0" and d.pci_bus_id == "0000:00:04.0" for d in devices)

@@ -42,8 +42,14 @@ def _spec(name: str, user: str, layer: dict[str, Any]):
 
 
 def _usage(util: float, alloc: float, busy: float, peak: int, models: list[str]) -> dict[str, Any]:
-    return {"gpu_util_mean_pct": util, "gpu_util_max_pct": util, "gpu_seconds": alloc, "gpu_busy_seconds": busy,
-            "gpu_memory_peak_bytes": peak, "gpu_models": models}
+    return {
+        "gpu_util_mean_pct": util,
+        "gpu_util_max_pct": util,
+        "gpu_seconds": alloc,
+        "gpu_busy_seconds": busy,
+        "gpu_memory_peak_bytes": peak,
+        "gpu_models": models,
+    }
 
 
 @dataclass
@@ -52,43 +58,51 @@ class Farm:
 
     def claim(self, job_id: int, *, host: str, uuids: list[str], at: float, lease_s: float = 3600.0):
         layer = next(layer for layer in self.store.runnable_layers() if layer.job_id == job_id)
-        claimed = self.store.claim_frame(layer.layer_id, host=host, worker=f"{host}-w", gpu_uuids=uuids, now=at,
-                                         lease_s=lease_s)
+        claimed = self.store.claim_frame(
+            layer.layer_id, host=host, worker=f"{host}-w", gpu_uuids=uuids, now=at, lease_s=lease_s
+        )
         assert claimed is not None
         return claimed
 
-    def complete(self, claimed, *, start: float, end: float, code: int = 0,
-                 usage: dict[str, Any] | None = None) -> str | None:
-        return self.store.complete_frame(claimed.frame_id, claimed.attempt,
-                                         FrameResult(exit_code=code, started_at=start, ended_at=end,
-                                                     usage=usage or {}), now=end)
+    def complete(
+        self, claimed, *, start: float, end: float, code: int = 0, usage: dict[str, Any] | None = None
+    ) -> str | None:
+        return self.store.complete_frame(
+            claimed.frame_id,
+            claimed.attempt,
+            FrameResult(exit_code=code, started_at=start, ended_at=end, usage=usage or {}),
+            now=end,
+        )
 
 
 def build_known_store(path: Path) -> None:
     store = open_store(str(path))
     farm = Farm(store)
     try:
-        train = store.submit(_spec("train", "alice", {"name": "fit", "range": "1-2", "gpus": 1, "cores": 2,
-                                                      "retries": 1}), now=T0)
-        mixed = store.submit(_spec("mixed", "alice", {"name": "sim", "range": "1", "gpus": 2, "cores": 1}),
-                             now=T0 + 5)
+        train = store.submit(
+            _spec("train", "alice", {"name": "fit", "range": "1-2", "gpus": 1, "cores": 2, "retries": 1}), now=T0
+        )
+        mixed = store.submit(_spec("mixed", "alice", {"name": "sim", "range": "1", "gpus": 2, "cores": 1}), now=T0 + 5)
         comp = store.submit(_spec("comp", "bob", {"name": "beauty", "range": "1-2", "cores": 4}), now=T0)
-        flaky = store.submit(_spec("flaky", "bob", {"name": "gpu", "range": "1", "gpus": 1, "cores": 1,
-                                                    "retries": 0}), now=T0 + 100)
+        flaky = store.submit(
+            _spec("flaky", "bob", {"name": "gpu", "range": "1", "gpus": 1, "cores": 1, "retries": 0}), now=T0 + 100
+        )
         old = store.submit(_spec("old", "carol", {"name": "x", "range": "1"}), now=T0 - 7200)
         late = store.submit(_spec("late", "carol", {"name": "x", "range": "1"}), now=T0)
         assert (train, mixed, comp, flaky, old, late) == (1, 2, 3, 4, 5, 6)
 
         f1 = farm.claim(train, host="h1", uuids=["GPU-a"], at=T0 + 10)
         f2 = farm.claim(train, host="h1", uuids=["GPU-b"], at=T0 + 20)
-        assert farm.complete(f2, start=T0 + 20, end=T0 + 70, code=1,
-                             usage=_usage(20, 50, 10, 2 * GIB, [A100])) == "WAITING"
+        assert (
+            farm.complete(f2, start=T0 + 20, end=T0 + 70, code=1, usage=_usage(20, 50, 10, 2 * GIB, [A100]))
+            == "WAITING"
+        )
         f2b = farm.claim(train, host="h2", uuids=["GPU-c"], at=T0 + 100)
         assert f2b.attempt == 2
-        assert farm.complete(f1, start=T0 + 10, end=T0 + 110, usage=_usage(55, 100, 50, 4 * GIB, [A100])) \
-            == "SUCCEEDED"
-        assert farm.complete(f2b, start=T0 + 100, end=T0 + 130, code=1, usage=_usage(0, 30, 0, 1 * GIB, [V100])) \
-            == "DEAD"
+        assert farm.complete(f1, start=T0 + 10, end=T0 + 110, usage=_usage(55, 100, 50, 4 * GIB, [A100])) == "SUCCEEDED"
+        assert (
+            farm.complete(f2b, start=T0 + 100, end=T0 + 130, code=1, usage=_usage(0, 30, 0, 1 * GIB, [V100])) == "DEAD"
+        )
 
         m1 = farm.claim(mixed, host="h2", uuids=["GPU-c", "GPU-d"], at=T0 + 45)
         farm.complete(m1, start=T0 + 45, end=T0 + 65, usage=_usage(75, 40, 30, 8 * GIB, [A100, V100]))

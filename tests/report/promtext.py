@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-SAMPLE_RE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$')
+SAMPLE_RE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})? (?P<value>\S+)$")
 LABEL_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(?:,|$)')
 
 
@@ -33,8 +33,7 @@ def parse_prometheus(text: str) -> tuple[dict[tuple[str, frozenset], float], dic
             labels_text = m["labels"] or ""
             pairs = LABEL_RE.findall(labels_text)
             assert "".join(f'{k}="{v}",' for k, v in pairs).rstrip(",") == labels_text
-            labels = frozenset((k, v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\"))
-                               for k, v in pairs)
+            labels = frozenset((k, v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")) for k, v in pairs)
             key = (m["name"], labels)
             assert key not in samples, f"duplicate series {key}"
             samples[key] = float(m["value"])

@@ -21,21 +21,63 @@ V100 = "Tesla V100-SXM2-16GB"
 WINDOW = ("--since", "2024-03-01T00:00:00Z", "--until", "2024-03-01T01:00:00Z")
 
 # --by user over WINDOW, worked out by hand from conftest.py.
-ALICE = {"group": "alice", "frames": 3, "succeeded": 2, "dead": 1, "retries": 1, "wall_seconds": 200.0,
-         "gpu_seconds_allocated": 220.0, "gpu_seconds_busy": 90.0, "gpu_efficiency_pct": 40.91,
-         # (55*100 + 20*50 + 0*30 + 75*40) / 220
-         "gpu_util_mean_pct": 43.18, "gpu_memory_peak_bytes": 8 * GIB, "core_seconds": 380.0,
-         # waits 10, 20, 30, 40 -> nearest rank: p50 = 2nd, p95 = 4th
-         "wait_p50_s": 20.0, "wait_p95_s": 40.0, "gpu_seconds_wasted": 130.0, "attempts": 4}
-BOB = {"group": "bob", "frames": 3, "succeeded": 2, "dead": 1, "retries": 0, "wall_seconds": 220.0,
-       # the lost attempt never reported usage: charged wall (100 s) x 1 device, none busy
-       "gpu_seconds_allocated": 100.0, "gpu_seconds_busy": 0.0, "gpu_efficiency_pct": 0.0,
-       "gpu_util_mean_pct": None, "gpu_memory_peak_bytes": None, "core_seconds": 580.0,
-       "wait_p50_s": 90.0, "wait_p95_s": 100.0, "gpu_seconds_wasted": 100.0, "attempts": 3}
-TOTAL = {"group": "total", "frames": 6, "succeeded": 4, "dead": 2, "retries": 1, "wall_seconds": 420.0,
-         "gpu_seconds_allocated": 320.0, "gpu_seconds_busy": 90.0, "gpu_efficiency_pct": 28.12,
-         "gpu_util_mean_pct": 43.18, "gpu_memory_peak_bytes": 8 * GIB, "core_seconds": 960.0,
-         "wait_p50_s": 40.0, "wait_p95_s": 100.0, "gpu_seconds_wasted": 230.0, "attempts": 7}
+ALICE = {
+    "group": "alice",
+    "frames": 3,
+    "succeeded": 2,
+    "dead": 1,
+    "retries": 1,
+    "wall_seconds": 200.0,
+    "gpu_seconds_allocated": 220.0,
+    "gpu_seconds_busy": 90.0,
+    "gpu_efficiency_pct": 40.91,
+    # (55*100 + 20*50 + 0*30 + 75*40) / 220
+    "gpu_util_mean_pct": 43.18,
+    "gpu_memory_peak_bytes": 8 * GIB,
+    "core_seconds": 380.0,
+    # waits 10, 20, 30, 40 -> nearest rank: p50 = 2nd, p95 = 4th
+    "wait_p50_s": 20.0,
+    "wait_p95_s": 40.0,
+    "gpu_seconds_wasted": 130.0,
+    "attempts": 4,
+}
+BOB = {
+    "group": "bob",
+    "frames": 3,
+    "succeeded": 2,
+    "dead": 1,
+    "retries": 0,
+    "wall_seconds": 220.0,
+    # the lost attempt never reported usage: charged wall (100 s) x 1 device, none busy
+    "gpu_seconds_allocated": 100.0,
+    "gpu_seconds_busy": 0.0,
+    "gpu_efficiency_pct": 0.0,
+    "gpu_util_mean_pct": None,
+    "gpu_memory_peak_bytes": None,
+    "core_seconds": 580.0,
+    "wait_p50_s": 90.0,
+    "wait_p95_s": 100.0,
+    "gpu_seconds_wasted": 100.0,
+    "attempts": 3,
+}
+TOTAL = {
+    "group": "total",
+    "frames": 6,
+    "succeeded": 4,
+    "dead": 2,
+    "retries": 1,
+    "wall_seconds": 420.0,
+    "gpu_seconds_allocated": 320.0,
+    "gpu_seconds_busy": 90.0,
+    "gpu_efficiency_pct": 28.12,
+    "gpu_util_mean_pct": 43.18,
+    "gpu_memory_peak_bytes": 8 * GIB,
+    "core_seconds": 960.0,
+    "wait_p50_s": 40.0,
+    "wait_p95_s": 100.0,
+    "gpu_seconds_wasted": 230.0,
+    "attempts": 7,
+}
 
 
 def report(cli, *args: str):
@@ -78,13 +120,30 @@ def test_by_job_rows_labels_and_order(cli, known_store):
     got = {r["group"]: r for r in rows}
     assert [r["group"] for r in rows] == ["1 train", "4 flaky", "2 mixed", "3 comp"]
     assert got["1 train"]["labels"] == {"job_id": "1", "job_name": "train"}
-    assert_row(got["1 train"], frames=2, succeeded=1, dead=1, retries=1, wall_seconds=180.0,
-               gpu_seconds_allocated=180.0, gpu_seconds_busy=60.0, gpu_seconds_wasted=120.0,
-               gpu_efficiency_pct=33.33, gpu_util_mean_pct=36.11, gpu_memory_peak_bytes=4 * GIB,
-               core_seconds=360.0, wait_p50_s=20.0, wait_p95_s=30.0)
+    assert_row(
+        got["1 train"],
+        frames=2,
+        succeeded=1,
+        dead=1,
+        retries=1,
+        wall_seconds=180.0,
+        gpu_seconds_allocated=180.0,
+        gpu_seconds_busy=60.0,
+        gpu_seconds_wasted=120.0,
+        gpu_efficiency_pct=33.33,
+        gpu_util_mean_pct=36.11,
+        gpu_memory_peak_bytes=4 * GIB,
+        core_seconds=360.0,
+        wait_p50_s=20.0,
+        wait_p95_s=30.0,
+    )
     comp = got["3 comp"]
-    assert (comp["frames"], comp["succeeded"], comp["core_seconds"], comp["gpu_seconds_allocated"]) == \
-        (2, 2, 480.0, 0.0)
+    assert (comp["frames"], comp["succeeded"], comp["core_seconds"], comp["gpu_seconds_allocated"]) == (
+        2,
+        2,
+        480.0,
+        0.0,
+    )
     assert comp["gpu_efficiency_pct"] is None and comp["gpu_util_mean_pct"] is None  # CPU only: unknown, not 0
     assert (comp["wait_p50_s"], comp["wait_p95_s"]) == (60.0, 90.0)
     assert (got["2 mixed"]["gpu_efficiency_pct"], got["4 flaky"]["dead"]) == (75.0, 1)
@@ -97,8 +156,11 @@ def test_by_layer_and_host(cli, known_store):
     hosts = {r["group"]: r for r in report(cli, "--by", "host", "--json").json()["rows"]}
     # h1: train f1 (100) + f2 attempt 1 (50) + the lost flaky attempt (100); the dead train
     # frame's last attempt ran on h2, so h2 has that death and h1 the flaky one.
-    assert {h: (r["gpu_seconds_allocated"], r["dead"], r["retries"], r["frames"]) for h, r in hosts.items()} == \
-        {"h1": (250.0, 1, 0, 3), "h2": (70.0, 1, 1, 2), "h3": (0.0, 0, 0, 2)}
+    assert {h: (r["gpu_seconds_allocated"], r["dead"], r["retries"], r["frames"]) for h, r in hosts.items()} == {
+        "h1": (250.0, 1, 0, 3),
+        "h2": (70.0, 1, 1, 2),
+        "h3": (0.0, 0, 0, 2),
+    }
 
 
 def test_by_gpu_model_splits_mixed_attempts(cli, known_store):
@@ -106,10 +168,26 @@ def test_by_gpu_model_splits_mixed_attempts(cli, known_store):
     got = {r["group"]: r for r in rows}
     assert [r["group"] for r in rows] == [A100, "unknown", V100, "cpu"]
     # The A100+V100 attempt (alloc 40, busy 30) gives each model half of its GPU figures.
-    assert_row(got[A100], gpu_seconds_allocated=170.0, gpu_seconds_busy=75.0, frames=3, dead=0, retries=0,
-               gpu_util_mean_pct=47.06, wall_seconds=170.0)  # util: (55*100 + 20*50 + 75*20) / 170
-    assert_row(got[V100], gpu_seconds_allocated=50.0, gpu_seconds_busy=15.0, gpu_efficiency_pct=30.0, frames=2,
-               dead=1, retries=1, gpu_util_mean_pct=30.0)
+    assert_row(
+        got[A100],
+        gpu_seconds_allocated=170.0,
+        gpu_seconds_busy=75.0,
+        frames=3,
+        dead=0,
+        retries=0,
+        gpu_util_mean_pct=47.06,
+        wall_seconds=170.0,
+    )  # util: (55*100 + 20*50 + 75*20) / 170
+    assert_row(
+        got[V100],
+        gpu_seconds_allocated=50.0,
+        gpu_seconds_busy=15.0,
+        gpu_efficiency_pct=30.0,
+        frames=2,
+        dead=1,
+        retries=1,
+        gpu_util_mean_pct=30.0,
+    )
     assert got["unknown"]["gpu_seconds_allocated"] == 100.0  # lost: devices known, models not reported
     assert got["cpu"]["frames"] == 2 and got["cpu"]["gpu_seconds_allocated"] == 0.0
     # GPU-seconds add up to the total; nothing is counted twice or lost in the split.
@@ -156,10 +234,17 @@ def test_prometheus_by_user_known_numbers(cli, known_store):
         return samples.get((f"cuectl_report_{name}", frozenset({"by": "user", "group": group, **extra}.items())))
 
     expected = {
-        "frames": (3, 3), "frames_succeeded": (2, 2), "frames_dead": (1, 1), "retries": (1, 0),
-        "wall_seconds": (200, 220), "gpu_seconds_allocated": (220, 100), "gpu_seconds_busy": (90, 0),
-        "gpu_seconds_wasted": (130, 100), "gpu_efficiency_ratio": (90 / 220, 0.0),
-        "gpu_utilization_mean_ratio": (0.431818, None), "gpu_memory_peak_bytes": (8 * GIB, None),
+        "frames": (3, 3),
+        "frames_succeeded": (2, 2),
+        "frames_dead": (1, 1),
+        "retries": (1, 0),
+        "wall_seconds": (200, 220),
+        "gpu_seconds_allocated": (220, 100),
+        "gpu_seconds_busy": (90, 0),
+        "gpu_seconds_wasted": (130, 100),
+        "gpu_efficiency_ratio": (90 / 220, 0.0),
+        "gpu_utilization_mean_ratio": (0.431818, None),
+        "gpu_memory_peak_bytes": (8 * GIB, None),
         "core_seconds": (380, 580),
     }
     for name, (alice, bob) in expected.items():
@@ -182,12 +267,14 @@ def test_prometheus_by_job_labels_escaped(cli, db_path):
 
     store = open_store(str(db_path))
     name = 'say "hi" \\ there'
-    store.submit(spec_from_mapping({"name": name, "layers": [{"name": "l", "command": ["true"]}]}, user="u"),
-                 now=1000.0)
+    store.submit(
+        spec_from_mapping({"name": name, "layers": [{"name": "l", "command": ["true"]}]}, user="u"), now=1000.0
+    )
     layer = store.runnable_layers()[0]
     c = store.claim_frame(layer.layer_id, host="h", worker="w", gpu_uuids=[], now=1000.0, lease_s=60)
-    store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=1000.0, ended_at=1010.0),
-                         now=1010.0)
+    store.complete_frame(
+        c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=1000.0, ended_at=1010.0), now=1010.0
+    )
     store.close()
     res = cli("admin", "report", "--by", "job", "--since", "1970-01-01", "--format", "prometheus")
     assert res.exit_code == 0, res
@@ -207,10 +294,18 @@ def test_table_shows_groups_wasted_and_total(cli, known_store):
     assert list(cells) == ["alice", "bob", "TOTAL"]
     alice = cells["alice"]
     assert (alice["FRAMES"], alice["OK"], alice["DEAD"], alice["RETRIES"]) == ("3", "2", "1", "1")
-    assert (alice["WALL"], alice["GPU-H ALLOC"], alice["GPU-H BUSY"], alice["WASTED"]) == \
-        ("3m20s", f"{220 / 3600:.2f}", f"{90 / 3600:.2f}", f"{130 / 3600:.2f}")
-    assert (alice["EFF%"], alice["UTIL%"], alice["PEAK MEM"], alice["WAIT P50/P95"]) == \
-        ("40.9", "43.2", "8.0 GiB", "20s/40s")
+    assert (alice["WALL"], alice["GPU-H ALLOC"], alice["GPU-H BUSY"], alice["WASTED"]) == (
+        "3m20s",
+        f"{220 / 3600:.2f}",
+        f"{90 / 3600:.2f}",
+        f"{130 / 3600:.2f}",
+    )
+    assert (alice["EFF%"], alice["UTIL%"], alice["PEAK MEM"], alice["WAIT P50/P95"]) == (
+        "40.9",
+        "43.2",
+        "8.0 GiB",
+        "20s/40s",
+    )
     assert (cells["bob"]["UTIL%"], cells["bob"]["PEAK MEM"], cells["bob"]["EFF%"]) == ("-", "-", "0.0")
     assert cells["TOTAL"]["FRAMES"] == "6" and cells["TOTAL"]["EFF%"] == "28.1"
     assert "WASTED = allocated - busy" in res.stderr
@@ -221,8 +316,10 @@ def test_empty_window(cli, known_store):
     assert res.exit_code == 0 and res.stdout == "" and "no frame attempts ended" in res.stderr
     doc = cli("admin", "report", "--since", "2020-01-01", "--until", "2020-01-02", "--json").json()
     assert doc["rows"] == [] and doc["total"]["frames"] == 0 and doc["total"]["gpu_efficiency_pct"] is None
-    assert cli("admin", "report", "--since", "2020-01-01", "--until", "2020-01-02", "--format", "csv").stdout \
+    assert (
+        cli("admin", "report", "--since", "2020-01-01", "--until", "2020-01-02", "--format", "csv").stdout
         == ",".join(CSV_COLUMNS) + "\n"
+    )
 
 
 def test_default_window_is_last_7_days(cli, known_store):
@@ -231,15 +328,18 @@ def test_default_window_is_last_7_days(cli, known_store):
 
 
 # -- bad input --------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (("--by", "team"), "--by: unknown grouping 'team'"),
-    (("--format", "xml"), "--format: unknown format 'xml'"),
-    (("--since", "yesterday"), "--since: invalid time 'yesterday'"),
-    (("--until", "31/01/2024"), "--until: invalid time"),
-    (("--since", "2024-03-02", "--until", "2024-03-01"), "must be before --until"),
-    (("--since", "1d", "--until", "1d"), "must be before --until"),
-    (("--output", "x.txt"), "--output needs a machine format"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--by", "team"), "--by: unknown grouping 'team'"),
+        (("--format", "xml"), "--format: unknown format 'xml'"),
+        (("--since", "yesterday"), "--since: invalid time 'yesterday'"),
+        (("--until", "31/01/2024"), "--until: invalid time"),
+        (("--since", "2024-03-02", "--until", "2024-03-01"), "must be before --until"),
+        (("--since", "1d", "--until", "1d"), "must be before --until"),
+        (("--output", "x.txt"), "--output needs a machine format"),
+    ],
+)
 def test_bad_input_exits_2(cli, known_store, tmp_path, args, message):
     res = cli("admin", "report", *args)
     assert res.exit_code == 2, res
@@ -280,5 +380,3 @@ def test_output_into_missing_or_unwritable_dir_exits_1(cli, known_store, tmp_pat
     # stop root, which CI runs as): /proc.
     res = cli("admin", "report", "--format", "csv", "--output", "/proc/cuectl-report.csv")
     assert res.exit_code == 1 and "error: cannot write" in res.stderr and "Traceback" not in res.stderr
-
-

@@ -24,8 +24,7 @@ def cuectl(tmp_path: Path, args: list[str], *, full: bool, env: dict[str, str] |
     return run_entry(tmp_path, args, full=full, env=env)
 
 
-def both(tmp_path: Path, args: list[str], *, fast_expected: bool = True,
-         env: dict[str, str] | None = None) -> Any:
+def both(tmp_path: Path, args: list[str], *, fast_expected: bool = True, env: dict[str, str] | None = None) -> Any:
     """ARGS both ways: the same exit code, stdout and stderr (the moment a machine format
     was generated aside); one of the results."""
     fast, fast_path = cuectl(tmp_path, args, full=False, env=env)
@@ -45,11 +44,15 @@ def test_every_grouping_and_format_prints_the_same(tmp_path, known_store, by, fm
     assert res.returncode == 0 and res.stdout.strip()
 
 
-@pytest.mark.parametrize("args", [
-    ["--by=user", "--json"],
-    ["-o", "{out}", "--format", "csv", "--by", "host"],
-    ["--output={out}", "--format=prometheus"],
-], ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--by=user", "--json"],
+        ["-o", "{out}", "--format", "csv", "--by", "host"],
+        ["--output={out}", "--format=prometheus"],
+    ],
+    ids=lambda a: " ".join(a),
+)
 def test_option_spellings_and_output_files(tmp_path, known_store, args):
     files = []
     for full in (False, True):
@@ -63,14 +66,18 @@ def test_option_spellings_and_output_files(tmp_path, known_store, args):
     assert files[0] == files[1] and files[0].strip()
 
 
-@pytest.mark.parametrize("args", [
-    ["--by", "nope"],
-    ["--format", "xml"],
-    ["--json", "--format", "csv"],
-    ["--output", "x.txt"],                 # a table cannot go to a file
-    ["--since", "yesterday-ish"],
-    ["--since", "2024-03-02", "--until", "2024-03-01"],
-], ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--by", "nope"],
+        ["--format", "xml"],
+        ["--json", "--format", "csv"],
+        ["--output", "x.txt"],  # a table cannot go to a file
+        ["--since", "yesterday-ish"],
+        ["--since", "2024-03-02", "--until", "2024-03-01"],
+    ],
+    ids=lambda a: " ".join(a),
+)
 def test_bad_input_is_refused_the_same_way(tmp_path, known_store, args):
     res = both(tmp_path, ["--db", str(known_store), "admin", "report", *args])
     assert res.returncode == 2 and res.stderr.startswith("error:") and res.stdout == ""
@@ -89,49 +96,75 @@ def test_the_default_store_comes_from_cuectl_db(tmp_path, known_store):
     assert "alice" in res.stdout
 
 
-@pytest.mark.parametrize("args", [
-    ["admin", "report", "--help"],
-    ["admin", "report", "-h"],
-    ["--debug", "admin", "report"],
-    ["admin", "report", "--by", "user", "--by", "job"],  # repeated: typer keeps the last
-    ["admin", "report", "extra"],
-    ["admin", "report", "--since"],
-    ["admin", "report", "--since", "-1d"],
-    ["admin", "report", "--by", ""],
-    ["admin", "report", "-ofile.csv", "--format", "csv"],
-    ["admin", "report", "-o=file.csv", "--format", "csv"],
-    ["admin", "report", "--json=yes"],
-    ["--db", "admin", "report"],
-    ["admin", "report", "--db", "x.db"],
-    ["admin", "reports"],
-    ["report"],
-], ids=lambda a: " ".join(a) or "(none)")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["admin", "report", "--help"],
+        ["admin", "report", "-h"],
+        ["--debug", "admin", "report"],
+        ["admin", "report", "--by", "user", "--by", "job"],  # repeated: typer keeps the last
+        ["admin", "report", "extra"],
+        ["admin", "report", "--since"],
+        ["admin", "report", "--since", "-1d"],
+        ["admin", "report", "--by", ""],
+        ["admin", "report", "-ofile.csv", "--format", "csv"],
+        ["admin", "report", "-o=file.csv", "--format", "csv"],
+        ["admin", "report", "--json=yes"],
+        ["--db", "admin", "report"],
+        ["admin", "report", "--db", "x.db"],
+        ["admin", "reports"],
+        ["report"],
+    ],
+    ids=lambda a: " ".join(a) or "(none)",
+)
 def test_the_unusual_is_left_to_typer(args):
     assert entry._parse_report(args) is None
 
 
 def test_what_the_fast_parser_reads():
     assert entry._parse_report(["admin", "report"]) == (None, {})
-    assert entry._parse_report(["--db", "s.db", "admin", "report", "--since", "2d", "--until=now", "--by", "gpu-model",
-                                "--format", "json", "-o", "r.json"]) == (
-        "s.db", {"since": "2d", "until": "now", "by": "gpu-model", "format_": "json", "output": "r.json"})
+    assert entry._parse_report(
+        [
+            "--db",
+            "s.db",
+            "admin",
+            "report",
+            "--since",
+            "2d",
+            "--until=now",
+            "--by",
+            "gpu-model",
+            "--format",
+            "json",
+            "-o",
+            "r.json",
+        ]
+    ) == ("s.db", {"since": "2d", "until": "now", "by": "gpu-model", "format_": "json", "output": "r.json"})
     assert entry._parse_report(["--db=s.db", "admin", "report", "--json"]) == ("s.db", {"as_json": True})
 
 
-@pytest.mark.parametrize("args", [
-    ["admin", "report", "--help"],
-    ["--debug", "admin", "report", "--by", "nope"],
-    ["admin", "report", "--by", "user", "--by", "nope"],
-], ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["admin", "report", "--help"],
+        ["--debug", "admin", "report", "--by", "nope"],
+        ["admin", "report", "--by", "user", "--by", "nope"],
+    ],
+    ids=lambda a: " ".join(a),
+)
 def test_what_goes_to_typer_is_answered_there(tmp_path, known_store, args):
-    res = both(tmp_path, ["--db", str(known_store), *args] if args[0] != "--debug" else
-               ["--debug", "--db", str(known_store), *args[1:]], fast_expected=False)
+    res = both(
+        tmp_path,
+        ["--db", str(known_store), *args] if args[0] != "--debug" else ["--debug", "--db", str(known_store), *args[1:]],
+        fast_expected=False,
+    )
     assert res.stdout or res.stderr
 
 
 def test_the_report_is_the_same_json_as_the_library_gives(tmp_path, known_store):
-    res, path = cuectl(tmp_path, ["--db", str(known_store), "admin", "report", *WINDOW, "--by", "user", "--json"],
-                       full=False)
+    res, path = cuectl(
+        tmp_path, ["--db", str(known_store), "admin", "report", *WINDOW, "--by", "user", "--json"], full=False
+    )
     assert path == "fast"
     doc = json.loads(res.stdout)
     assert {row["group"] for row in doc["rows"]} == {"alice", "bob"}

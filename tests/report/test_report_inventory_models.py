@@ -21,16 +21,29 @@ WINDOW = {"since": T0, "until": T0 + 3600}
 
 
 def _gpu(index: int, uuid: str, model: str) -> dict[str, Any]:
-    return {"index": index, "uuid": uuid, "vendor": "NVIDIA", "model": model, "backend": "fake",
-            "memory_total_bytes": 16 * GIB}
+    return {
+        "index": index,
+        "uuid": uuid,
+        "vendor": "NVIDIA",
+        "model": model,
+        "backend": "fake",
+        "memory_total_bytes": 16 * GIB,
+    }
 
 
 def lose(store: Any, job: str, *, host: str, uuids: list[str], claimed: float, reaped: float) -> int:
     """Submit a one-frame GPU job, claim it on ``host`` and reap it after its lease ran
     out, as happens when the worker dies: one ``lost`` attempt, no usage, no models."""
-    job_id = store.submit(spec_from_mapping({"name": job, "layers": [
-        {"name": "r", "command": ["true"], "range": "1", "gpus": len(uuids), "retries": 0}]}, user="ann"),
-        now=claimed)
+    job_id = store.submit(
+        spec_from_mapping(
+            {
+                "name": job,
+                "layers": [{"name": "r", "command": ["true"], "range": "1", "gpus": len(uuids), "retries": 0}],
+            },
+            user="ann",
+        ),
+        now=claimed,
+    )
     layer = next(layer for layer in store.runnable_layers() if layer.job_id == job_id)
     c = store.claim_frame(layer.layer_id, host=host, worker=f"{host}:1", gpu_uuids=uuids, now=claimed, lease_s=10)
     assert c is not None
@@ -40,9 +53,15 @@ def lose(store: Any, job: str, *, host: str, uuids: list[str], claimed: float, r
 
 
 def build(store: Any) -> None:
-    store.register_host(HostInfo(name="h1", cores=8, memory_bytes=64 * GIB,
-                                 gpus=[_gpu(0, "GPU-a", V100), _gpu(1, "GPU-b", A100), _gpu(2, "GPU-c", V100)]),
-                        now=T0)
+    store.register_host(
+        HostInfo(
+            name="h1",
+            cores=8,
+            memory_bytes=64 * GIB,
+            gpus=[_gpu(0, "GPU-a", V100), _gpu(1, "GPU-b", A100), _gpu(2, "GPU-c", V100)],
+        ),
+        now=T0,
+    )
     # Lost on two devices of two models: wall 100 s x 2 devices, half to each model.
     lose(store, "mixed", host="h1", uuids=["GPU-a", "GPU-b"], claimed=T0 + 100, reaped=T0 + 200)
     # Lost on two V100s: wall 50 s x 2 devices, all V100, counted once.
@@ -51,14 +70,26 @@ def build(store: Any) -> None:
     lose(store, "gone", host="h1", uuids=["GPU-z"], claimed=T0 + 400, reaped=T0 + 420)
     lose(store, "nohost", host="h9", uuids=["GPU-a"], claimed=T0 + 500, reaped=T0 + 520)
     # A reported attempt keeps the models its worker recorded.
-    job_id = store.submit(spec_from_mapping({"name": "ok", "layers": [
-        {"name": "r", "command": ["true"], "range": "1", "gpus": 1}]}, user="ann"), now=T0)
+    job_id = store.submit(
+        spec_from_mapping(
+            {"name": "ok", "layers": [{"name": "r", "command": ["true"], "range": "1", "gpus": 1}]}, user="ann"
+        ),
+        now=T0,
+    )
     layer = next(layer for layer in store.runnable_layers() if layer.job_id == job_id)
     c = store.claim_frame(layer.layer_id, host="h1", worker="h1:1", gpu_uuids=["GPU-b"], now=T0 + 600, lease_s=600)
     assert c is not None
-    store.complete_frame(c.frame_id, 1, FrameResult(exit_code=0, started_at=T0 + 600, ended_at=T0 + 640, usage={
-        "gpu_util_mean_pct": 50.0, "gpu_seconds": 40.0, "gpu_busy_seconds": 20.0, "gpu_models": [A100]}),
-        now=T0 + 640)
+    store.complete_frame(
+        c.frame_id,
+        1,
+        FrameResult(
+            exit_code=0,
+            started_at=T0 + 600,
+            ended_at=T0 + 640,
+            usage={"gpu_util_mean_pct": 50.0, "gpu_seconds": 40.0, "gpu_busy_seconds": 20.0, "gpu_models": [A100]},
+        ),
+        now=T0 + 640,
+    )
 
 
 def test_lost_attempts_take_their_models_from_the_host_inventory(store_url):
@@ -86,13 +117,22 @@ def test_lost_attempts_take_their_models_from_the_host_inventory(store_url):
 def test_report_cli_names_the_model_of_a_lost_attempt(cli, db_path):
     store = open_store(str(db_path))
     try:
-        store.register_host(HostInfo(name="h1", cores=8, memory_bytes=64 * GIB, gpus=[_gpu(0, "GPU-a", V100)]),
-                            now=T0)
+        store.register_host(HostInfo(name="h1", cores=8, memory_bytes=64 * GIB, gpus=[_gpu(0, "GPU-a", V100)]), now=T0)
         lose(store, "lost", host="h1", uuids=["GPU-a"], claimed=T0 + 100, reaped=T0 + 200)
     finally:
         store.close()
-    res = cli("admin", "report", "--by", "gpu-model", "--since", "2024-03-01T00:00:00Z",
-              "--until", "2024-03-01T01:00:00Z", "--format", "json")
+    res = cli(
+        "admin",
+        "report",
+        "--by",
+        "gpu-model",
+        "--since",
+        "2024-03-01T00:00:00Z",
+        "--until",
+        "2024-03-01T01:00:00Z",
+        "--format",
+        "json",
+    )
     assert res.exit_code == 0, res
     rows = res.json()["rows"]
     assert [(r["group"], r["gpu_seconds_allocated"], r["dead"]) for r in rows] == [(V100, 100.0, 1)]

@@ -23,13 +23,42 @@ def test_worker_usage_reaches_the_report(cli, db_path: Path, tmp_path: Path):
         (state / f"{index}.json").write_text(json.dumps({"utilization_pct": 50, "memory_used_bytes": GIB}))
     fake = tmp_path / "gpus.yaml"
     fake.write_text(yaml.safe_dump({"host": "render-01", "state_dir": str(state), "devices": [V100, A100]}))
-    res = cli("submit", "--name", "shot", "--range", "1-4", "--gpus", "1", "--cores", "1", "--",
-              sys.executable, "-c", "import time; time.sleep(0.5)")
+    res = cli(
+        "submit",
+        "--name",
+        "shot",
+        "--range",
+        "1-4",
+        "--gpus",
+        "1",
+        "--cores",
+        "1",
+        "--",
+        sys.executable,
+        "-c",
+        "import time; time.sleep(0.5)",
+    )
     assert res.exit_code == 0, res
     worker = subprocess.run(
-        [*_cuectl(), "--db", str(db_path), "worker", "--until-idle", "--poll", "0.05", "--lease-timeout", "5",
-         "--sample-interval", "0.1", "--quiet"],
-        env={**_env(), "CUECTL_FAKE_GPUS": str(fake)}, capture_output=True, text=True, timeout=60)
+        [
+            *_cuectl(),
+            "--db",
+            str(db_path),
+            "worker",
+            "--until-idle",
+            "--poll",
+            "0.05",
+            "--lease-timeout",
+            "5",
+            "--sample-interval",
+            "0.1",
+            "--quiet",
+        ],
+        env={**_env(), "CUECTL_FAKE_GPUS": str(fake)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert worker.returncode == 0, worker.stderr
 
     res = cli("admin", "report", "--since", "1h", "--by", "job", "--json")
@@ -43,8 +72,9 @@ def test_worker_usage_reaches_the_report(cli, db_path: Path, tmp_path: Path):
     assert row["gpu_memory_peak_bytes"] == GIB
     assert row["wait_p50_s"] is not None and row["wait_p95_s"] >= row["wait_p50_s"]
 
-    by_model = {r["group"]: r for r in cli("admin", "report", "--since", "1h", "--by", "gpu-model", "--json")
-                .json()["rows"]}
+    by_model = {
+        r["group"]: r for r in cli("admin", "report", "--since", "1h", "--by", "gpu-model", "--json").json()["rows"]
+    }
     assert set(by_model) <= {V100["model"], A100["model"]} and sum(r["frames"] for r in by_model.values()) == 4
     assert {r["gpu_memory_peak_bytes"] for r in by_model.values()} == {GIB}
 

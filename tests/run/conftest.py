@@ -67,8 +67,15 @@ class Child:
     """A real process holding (or trying to hold) a lease; see lease_child.py."""
 
     def __init__(self, argv: list[str], *, env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True, env=env)
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env=env,
+        )
         self.pid = self.proc.pid
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -177,8 +184,9 @@ def race():
     """``race(n=100, wait=False)``: run lease_race.py, return its JSON summary."""
 
     def run(**params: Any) -> dict[str, Any]:
-        out = subprocess.run([sys.executable, str(RACE), json.dumps(params)], capture_output=True, text=True,
-                             timeout=120)
+        out = subprocess.run(
+            [sys.executable, str(RACE), json.dumps(params)], capture_output=True, text=True, timeout=120
+        )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 

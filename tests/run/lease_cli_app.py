@@ -26,8 +26,7 @@ def build() -> typer.Typer:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        result = build()(args=list(sys.argv[1:] if argv is None else argv), prog_name="cuectl",
-                         standalone_mode=False)
+        result = build()(args=list(sys.argv[1:] if argv is None else argv), prog_name="cuectl", standalone_mode=False)
     except CuectlError as exc:
         term.error(exc.message, exc.hint)
         return exc.exit_code

@@ -12,11 +12,26 @@ from cuectl.run.devicefilter import foreign_use, select_inventory
 from cuectl.units import GIB, MIB
 
 
-def gpu(index: int, uuid: str, *, total: int | None = 24 * GIB, free: int | None = 24 * GIB,
-        util: float | None = 0.0, parent: str | None = None) -> Device:
-    return Device(index=index, uuid=uuid, vendor="NVIDIA", model="NVIDIA RTX A5000", backend="fake",
-                  memory_total_bytes=total, memory_free_bytes=free, utilization_pct=util,
-                  mig_parent_uuid=parent)
+def gpu(
+    index: int,
+    uuid: str,
+    *,
+    total: int | None = 24 * GIB,
+    free: int | None = 24 * GIB,
+    util: float | None = 0.0,
+    parent: str | None = None,
+) -> Device:
+    return Device(
+        index=index,
+        uuid=uuid,
+        vendor="NVIDIA",
+        model="NVIDIA RTX A5000",
+        backend="fake",
+        memory_total_bytes=total,
+        memory_free_bytes=free,
+        utilization_pct=util,
+        mig_parent_uuid=parent,
+    )
 
 
 G0 = gpu(0, "GPU-aaaa1111-0000-0000-0000-000000000000")
@@ -71,8 +86,7 @@ def test_unknown_item_names_it_and_lists_indices() -> None:
     with pytest.raises(InvalidInput) as info:
         select_inventory(PLAIN, ["1,7"], [])
     message = str(info.value)
-    assert message == ("--devices: no device '7' on this host (indices: 0, 1, 2, 3; "
-                       "or a UUID from `cuectl gpu list`)")
+    assert message == ("--devices: no device '7' on this host (indices: 0, 1, 2, 3; or a UUID from `cuectl gpu list`)")
     assert info.value.exit_code == 2
     with pytest.raises(InvalidInput, match=r"^--exclude-devices: no device 'GPU-zzzz' "):
         select_inventory(PLAIN, None, ["GPU-zzzz"])
@@ -125,8 +139,10 @@ def test_a_bare_string_is_one_item() -> None:
     assert select_inventory(PLAIN, "1,2", "2") == [G1]
 
 
-@given(st.lists(st.sampled_from(["0", "1", "2", "3"]), max_size=4),
-       st.lists(st.sampled_from(["0", "1", "2", "3"]), max_size=4))
+@given(
+    st.lists(st.sampled_from(["0", "1", "2", "3"]), max_size=4),
+    st.lists(st.sampled_from(["0", "1", "2", "3"]), max_size=4),
+)
 def test_selection_is_an_ordered_subset(include: list[str], exclude: list[str]) -> None:
     got = select_inventory(PLAIN, include or None, exclude)
     assert got == [d for d in PLAIN if d in got]
@@ -140,9 +156,17 @@ def test_selection_is_an_ordered_subset(include: list[str], exclude: list[str]) 
 def busy(device: Device, used: int, util: float | None) -> Device:
     total = device.memory_total_bytes
     assert total is not None
-    return Device(index=device.index, uuid=device.uuid, vendor=device.vendor, model=device.model,
-                  backend=device.backend, memory_total_bytes=total, memory_free_bytes=total - used,
-                  utilization_pct=util, mig_parent_uuid=device.mig_parent_uuid)
+    return Device(
+        index=device.index,
+        uuid=device.uuid,
+        vendor=device.vendor,
+        model=device.model,
+        backend=device.backend,
+        memory_total_bytes=total,
+        memory_free_bytes=total - used,
+        utilization_pct=util,
+        mig_parent_uuid=device.mig_parent_uuid,
+    )
 
 
 def test_reason_text_for_the_flag_example() -> None:
@@ -175,9 +199,11 @@ def test_thresholds_off() -> None:
     d = busy(G0, 20 * GIB, 100.0)
     assert foreign_use([d], set(), max_memory_bytes=None, max_util_pct=None) == {}
     assert foreign_use([d], set(), max_memory_bytes=None, max_util_pct=50) == {
-        G0.uuid: "in use by another process: 20 GiB used, 100 % busy (NIMBY threshold 50 %)"}
+        G0.uuid: "in use by another process: 20 GiB used, 100 % busy (NIMBY threshold 50 %)"
+    }
     assert foreign_use([d], set(), max_memory_bytes=512 * MIB, max_util_pct=None) == {
-        G0.uuid: "in use by another process: 20 GiB used, 100 % busy (NIMBY threshold 512 MiB)"}
+        G0.uuid: "in use by another process: 20 GiB used, 100 % busy (NIMBY threshold 512 MiB)"
+    }
 
 
 def test_zero_threshold_means_any_use() -> None:
@@ -186,13 +212,13 @@ def test_zero_threshold_means_any_use() -> None:
 
 
 def test_unknown_values_never_trigger() -> None:
-    unknown = [gpu(0, G0.uuid, total=None, free=None, util=None), gpu(1, G1.uuid, total=24 * GIB, free=None,
-                                                                      util=None)]
+    unknown = [gpu(0, G0.uuid, total=None, free=None, util=None), gpu(1, G1.uuid, total=24 * GIB, free=None, util=None)]
     assert foreign_use(unknown, set(), max_memory_bytes=0, max_util_pct=0) == {}
     # Known utilisation with unknown memory: the reason shows only what is known.
     d = gpu(2, G2.uuid, total=None, free=None, util=80.0)
     assert foreign_use([d], set(), max_memory_bytes=GIB, max_util_pct=10) == {
-        G2.uuid: "in use by another process: 80 % busy (NIMBY threshold 1 GiB / 10 %)"}
+        G2.uuid: "in use by another process: 80 % busy (NIMBY threshold 1 GiB / 10 %)"
+    }
 
 
 def test_mig_instances_and_their_card() -> None:
@@ -219,25 +245,43 @@ def test_samples_override_the_snapshot() -> None:
 
 
 def test_cuectl_processes_are_subtracted() -> None:
-    sample = DeviceSample(uuid=G0.uuid, timestamp=1.0, utilization_pct=70.0, memory_used_bytes=6 * GIB,
-                          processes=(ProcessSample(pid=100, memory_used_bytes=5 * GIB, utilization_pct=60.0),))
+    sample = DeviceSample(
+        uuid=G0.uuid,
+        timestamp=1.0,
+        utilization_pct=70.0,
+        memory_used_bytes=6 * GIB,
+        processes=(ProcessSample(pid=100, memory_used_bytes=5 * GIB, utilization_pct=60.0),),
+    )
     # pid 100 is a cuectl frame that escaped its lease's device (or one not yet recorded):
     # what is left, 1 GiB and 10 %, is someone else's.
-    assert foreign_use([G0], set(), max_memory_bytes=2 * GIB, max_util_pct=20, samples={G0.uuid: sample},
-                       cuectl_pids={100}) == {}
-    got = foreign_use([G0], set(), max_memory_bytes=512 * MIB, max_util_pct=5, samples={G0.uuid: sample},
-                      cuectl_pids={100})
+    assert (
+        foreign_use(
+            [G0], set(), max_memory_bytes=2 * GIB, max_util_pct=20, samples={G0.uuid: sample}, cuectl_pids={100}
+        )
+        == {}
+    )
+    got = foreign_use(
+        [G0], set(), max_memory_bytes=512 * MIB, max_util_pct=5, samples={G0.uuid: sample}, cuectl_pids={100}
+    )
     assert got == {G0.uuid: "in use by another process: 1 GiB used, 10 % busy (NIMBY threshold 512 MiB / 5 %)"}
     # Not a cuectl pid: nothing is subtracted.
-    assert G0.uuid in foreign_use([G0], set(), max_memory_bytes=2 * GIB, max_util_pct=None,
-                                  samples={G0.uuid: sample}, cuectl_pids={999})
+    assert G0.uuid in foreign_use(
+        [G0], set(), max_memory_bytes=2 * GIB, max_util_pct=None, samples={G0.uuid: sample}, cuectl_pids={999}
+    )
 
 
 def test_cuectl_process_with_unknown_share_makes_the_value_unknown() -> None:
-    sample = DeviceSample(uuid=G0.uuid, timestamp=1.0, utilization_pct=90.0, memory_used_bytes=20 * GIB,
-                          processes=(ProcessSample(pid=100, memory_used_bytes=None, utilization_pct=None),))
-    assert foreign_use([G0], set(), max_memory_bytes=GIB, max_util_pct=10, samples={G0.uuid: sample},
-                       cuectl_pids=[100]) == {}
+    sample = DeviceSample(
+        uuid=G0.uuid,
+        timestamp=1.0,
+        utilization_pct=90.0,
+        memory_used_bytes=20 * GIB,
+        processes=(ProcessSample(pid=100, memory_used_bytes=None, utilization_pct=None),),
+    )
+    assert (
+        foreign_use([G0], set(), max_memory_bytes=GIB, max_util_pct=10, samples={G0.uuid: sample}, cuectl_pids=[100])
+        == {}
+    )
 
 
 def test_negative_thresholds_are_bad_input() -> None:
@@ -247,16 +291,20 @@ def test_negative_thresholds_are_bad_input() -> None:
         foreign_use([G0], set(), max_memory_bytes=None, max_util_pct=-5)
 
 
-@given(used=st.integers(0, 24 * GIB), util=st.one_of(st.none(), st.floats(0, 100)),
-       mem_limit=st.one_of(st.none(), st.integers(0, 24 * GIB)),
-       util_limit=st.one_of(st.none(), st.floats(0, 100)))
-def test_triggers_exactly_when_a_known_value_is_above_its_limit(used: int, util: float | None,
-                                                                mem_limit: int | None,
-                                                                util_limit: float | None) -> None:
+@given(
+    used=st.integers(0, 24 * GIB),
+    util=st.one_of(st.none(), st.floats(0, 100)),
+    mem_limit=st.one_of(st.none(), st.integers(0, 24 * GIB)),
+    util_limit=st.one_of(st.none(), st.floats(0, 100)),
+)
+def test_triggers_exactly_when_a_known_value_is_above_its_limit(
+    used: int, util: float | None, mem_limit: int | None, util_limit: float | None
+) -> None:
     d = busy(G0, used, util)
     got = foreign_use([d], set(), max_memory_bytes=mem_limit, max_util_pct=util_limit)
     expected = (mem_limit is not None and used > mem_limit) or (
-        util_limit is not None and util is not None and util > util_limit)
+        util_limit is not None and util is not None and util > util_limit
+    )
     assert (G0.uuid in got) == expected
     if expected:
         assert got[G0.uuid].startswith("in use by another process: ") and "(NIMBY threshold " in got[G0.uuid]

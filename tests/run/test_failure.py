@@ -54,8 +54,9 @@ def test_unknown_signal_number() -> None:
 def test_timeout() -> None:
     got = classify(exit_code=None, exit_signal=int(signal.SIGTERM), timed_out=True, timeout_s=30)
     assert got == Failure("timeout", "timed out after 30 s", False)
-    assert classify(exit_code=0, exit_signal=None, timed_out=True, timeout_s=1.5) == \
-        Failure("timeout", "timed out after 1.5 s", False)
+    assert classify(exit_code=0, exit_signal=None, timed_out=True, timeout_s=1.5) == Failure(
+        "timeout", "timed out after 1.5 s", False
+    )
     got = classify(exit_code=None, exit_signal=SIGKILL, timed_out=True)
     assert got is not None and (got.kind, got.text) == ("timeout", "timed out")
 
@@ -75,8 +76,10 @@ def test_gpu_oom_kind() -> None:
     tail = b"step 12\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.8 GiB)\n"
     got = _exit(1, log_tail=tail)
     assert got == Failure(
-        "gpu-oom", "GPU out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB "
-        "(GPU 0; 7.8 GiB)", False)
+        "gpu-oom",
+        "GPU out of memory: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 7.8 GiB)",
+        False,
+    )
     # Also when the process died of a signal (an abort after the error).
     sig = classify(exit_code=None, exit_signal=int(signal.SIGABRT), timed_out=False, log_tail=tail)
     assert sig is not None and sig.kind == "gpu-oom"
@@ -99,8 +102,15 @@ def test_launch_error_is_permanent_and_wins_over_126() -> None:
 
 def test_user_action_wins_over_everything() -> None:
     for action, text in [("kill", "killed by a user"), ("retry", "retried by a user"), ("eat", "eaten by a user")]:
-        got = classify(exit_code=None, exit_signal=int(signal.SIGTERM), timed_out=True, user_action=action,
-                       launch_error="x", oom_killed=True, log_tail=b"CUDA error: out of memory\n")
+        got = classify(
+            exit_code=None,
+            exit_signal=int(signal.SIGTERM),
+            timed_out=True,
+            user_action=action,
+            launch_error="x",
+            oom_killed=True,
+            log_tail=b"CUDA error: out of memory\n",
+        )
         assert got == Failure("killed", text, False)
     # Even a frame that exited 0 after the user's kill request was acted on.
     got = _exit(0, user_action="kill")
@@ -115,11 +125,21 @@ def test_lost() -> None:
 
 
 def test_precedence_timeout_over_oom_and_gpu() -> None:
-    got = classify(exit_code=None, exit_signal=SIGKILL, timed_out=True, oom_killed=True,
-                   log_tail=b"RuntimeError: CUDA error: out of memory\n")
+    got = classify(
+        exit_code=None,
+        exit_signal=SIGKILL,
+        timed_out=True,
+        oom_killed=True,
+        log_tail=b"RuntimeError: CUDA error: out of memory\n",
+    )
     assert got is not None and got.kind == "timeout"
-    got = classify(exit_code=None, exit_signal=SIGKILL, timed_out=False, oom_killed=True,
-                   log_tail=b"RuntimeError: CUDA error: out of memory\n")
+    got = classify(
+        exit_code=None,
+        exit_signal=SIGKILL,
+        timed_out=False,
+        oom_killed=True,
+        log_tail=b"RuntimeError: CUDA error: out of memory\n",
+    )
     assert got is not None and got.kind == "oom-killed"
     # A GPU OOM message beats the exit code, even 127 from a wrapper script.
     got = _exit(127, log_tail=b"RuntimeError: CUDA error: out of memory\n")
@@ -127,8 +147,19 @@ def test_precedence_timeout_over_oom_and_gpu() -> None:
 
 
 def test_every_kind_is_listed() -> None:
-    assert set(failure.KINDS) == {"exit", "signal", "timeout", "oom-killed", "gpu-oom", "lost", "not-found",
-                                  "not-executable", "launch", "killed", "log-lost"}
+    assert set(failure.KINDS) == {
+        "exit",
+        "signal",
+        "timeout",
+        "oom-killed",
+        "gpu-oom",
+        "lost",
+        "not-found",
+        "not-executable",
+        "launch",
+        "killed",
+        "log-lost",
+    }
 
 
 # -- GPU out of memory, as the frameworks print it -----------------------------------------
@@ -325,9 +356,28 @@ vkAllocateMemory failed with VK_ERROR_OUT_OF_DEVICE_MEMORY
         (LLAMA_CPP, "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 38912.00 MiB on device 0: cudaMalloc"),
         (VULKAN, "vkAllocateMemory failed with VK_ERROR_OUT_OF_DEVICE_MEMORY"),
     ],
-    ids=["pytorch2", "pytorch1.13", "pytorch-old", "cuda-error", "rocm-hip", "mps", "cublas", "cudnn", "numba",
-         "cupy-runtime", "cupy-pool", "tensorflow", "tensorflow-graph", "jax", "jax-old", "hip-runtime",
-         "blender-cycles", "blender-cumemalloc", "llama.cpp", "vulkan"],
+    ids=[
+        "pytorch2",
+        "pytorch1.13",
+        "pytorch-old",
+        "cuda-error",
+        "rocm-hip",
+        "mps",
+        "cublas",
+        "cudnn",
+        "numba",
+        "cupy-runtime",
+        "cupy-pool",
+        "tensorflow",
+        "tensorflow-graph",
+        "jax",
+        "jax-old",
+        "hip-runtime",
+        "blender-cycles",
+        "blender-cumemalloc",
+        "llama.cpp",
+        "vulkan",
+    ],
 )
 def test_framework_messages(log: str, expect: str) -> None:
     line = find_gpu_oom(log.encode())
@@ -339,9 +389,13 @@ def test_framework_messages(log: str, expect: str) -> None:
 
 def test_long_line_keeps_the_message() -> None:
     # A long log prefix before the message: the excerpt starts at the message.
-    line = "2024-05-02 14:03:11.401234: E external/xla/xla/pjrt/pjrt_stream_executor_client.cc:2732] " \
-           + "Execution of replica 0 failed: " * 4 + "RESOURCE_EXHAUSTED: Out of memory while trying to allocate " \
-           + "17179869184 bytes." + " x" * 100
+    line = (
+        "2024-05-02 14:03:11.401234: E external/xla/xla/pjrt/pjrt_stream_executor_client.cc:2732] "
+        + "Execution of replica 0 failed: " * 4
+        + "RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+        + "17179869184 bytes."
+        + " x" * 100
+    )
     got = find_gpu_oom(line.encode())
     assert got is not None and got.startswith("…RESOURCE_EXHAUSTED: Out of memory") and got.endswith("…")
     assert len(got) <= 160
@@ -351,7 +405,7 @@ def test_long_line_keeps_the_message() -> None:
     "log",
     [
         # Host RAM in Python.
-        "Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n"
+        'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n'
         "    a = bytearray(1 << 40)\nMemoryError\n",
         "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 64.0 GiB for an array with shape "
         "(8589934592,) and data type float64\n",
@@ -368,8 +422,18 @@ def test_long_line_keeps_the_message() -> None:
         "shape[100000,100000] and type float on /job:localhost/replica:0/task:0/device:CPU:0 by allocator cpu\n",
         "",
     ],
-    ids=["python-memoryerror", "numpy", "shell-killed", "bad-alloc", "enomem", "gpu-memory-mention", "tip",
-         "no-oom", "tensorflow-cpu", "empty"],
+    ids=[
+        "python-memoryerror",
+        "numpy",
+        "shell-killed",
+        "bad-alloc",
+        "enomem",
+        "gpu-memory-mention",
+        "tip",
+        "no-oom",
+        "tensorflow-cpu",
+        "empty",
+    ],
 )
 def test_not_gpu_oom(log: str) -> None:
     assert find_gpu_oom(log.encode()) is None
@@ -377,16 +441,20 @@ def test_not_gpu_oom(log: str) -> None:
 
 
 def test_last_match_wins_and_ansi_is_ignored() -> None:
-    log = (b"RuntimeError: CUDA error: out of memory  (caught, retrying with batch 16)\n"
-           b"\x1b[31mtorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB\x1b[0m\n")
+    log = (
+        b"RuntimeError: CUDA error: out of memory  (caught, retrying with batch 16)\n"
+        b"\x1b[31mtorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB\x1b[0m\n"
+    )
     assert find_gpu_oom(log) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB"
 
 
 def test_only_the_last_attempt_counts() -> None:
-    log = (b"=== cuectl frame 7 attempt 1 on h1 at 2024-01-01T00:00:00Z ===\n"
-           b"RuntimeError: CUDA error: out of memory\n"
-           b"=== cuectl frame 7 attempt 2 on h1 at 2024-01-01T00:01:00Z ===\n"
-           b"ValueError: bad input\n")
+    log = (
+        b"=== cuectl frame 7 attempt 1 on h1 at 2024-01-01T00:00:00Z ===\n"
+        b"RuntimeError: CUDA error: out of memory\n"
+        b"=== cuectl frame 7 attempt 2 on h1 at 2024-01-01T00:01:00Z ===\n"
+        b"ValueError: bad input\n"
+    )
     assert find_gpu_oom(log) is None
 
 
@@ -446,13 +514,20 @@ def test_real_frame_process_gpu_oom(tmp_path: Path) -> None:
     log = tmp_path / "frame.log"
     with open(log, "ab") as fh:
         rc = subprocess.run(
-            ["sh", "-c", 'echo "loading"; echo "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" >&2; '
-                         'exit 1'],
-            stdout=fh, stderr=subprocess.STDOUT, timeout=30).returncode
+            [
+                "sh",
+                "-c",
+                'echo "loading"; echo "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB" >&2; exit 1',
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            timeout=30,
+        ).returncode
     assert rc == 1
     got = classify(exit_code=rc, exit_signal=None, timed_out=False, log_tail=read_log_tail(log))
-    assert got == Failure("gpu-oom", "GPU out of memory: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
-                          False)
+    assert got == Failure(
+        "gpu-oom", "GPU out of memory: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", False
+    )
 
 
 def test_real_frame_process_killed(tmp_path: Path) -> None:
@@ -498,9 +573,11 @@ def test_own_cgroup_dir_v2(tmp_path: Path) -> None:
     leaf.mkdir(parents=True)
     (leaf / "memory.events").write_text(MEMORY_EVENTS)
     cg, mi = _fake_proc(
-        tmp_path, "0::/user.slice/user-1000.slice/session-3.scope\n",
+        tmp_path,
+        "0::/user.slice/user-1000.slice/session-3.scope\n",
         f"22 27 0:21 / /proc rw,nosuid - proc proc rw\n"
-        f"30 24 0:26 / {mount} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n")
+        f"30 24 0:26 / {mount} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n",
+    )
     assert own_cgroup_dir(cgroup_file=cg, mountinfo=mi) == leaf
     assert oom_kill_count(own_cgroup_dir(cgroup_file=cg, mountinfo=mi)) == 3
 
@@ -511,8 +588,9 @@ def test_own_cgroup_dir_v2_mount_root_and_escapes(tmp_path: Path) -> None:
     (mount / "job").mkdir(parents=True)
     (mount / "job" / "memory.events").write_text(MEMORY_EVENTS)
     escaped = str(mount).replace(" ", "\\040")
-    cg, mi = _fake_proc(tmp_path, "0::/kubepods/pod1/job\n",
-                        f"40 31 0:38 /kubepods/pod1 {escaped} rw - cgroup2 cgroup2 rw\n")
+    cg, mi = _fake_proc(
+        tmp_path, "0::/kubepods/pod1/job\n", f"40 31 0:38 /kubepods/pod1 {escaped} rw - cgroup2 cgroup2 rw\n"
+    )
     assert own_cgroup_dir(cgroup_file=cg, mountinfo=mi) == mount / "job"
 
 
@@ -529,9 +607,11 @@ def test_own_cgroup_dir_v1_hybrid(tmp_path: Path) -> None:
     (memory / "docker" / "abc").mkdir(parents=True)
     (memory / "docker" / "abc" / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 2\n")
     cg, mi = _fake_proc(
-        tmp_path, "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/docker/abc\n",
+        tmp_path,
+        "12:pids:/docker/abc\n4:memory:/docker/abc\n0::/docker/abc\n",
         f"35 31 0:32 / {memory} rw,relatime - cgroup cgroup rw,memory\n"
-        f"41 31 0:38 / {unified} rw,relatime - cgroup2 cgroup2 rw\n")
+        f"41 31 0:38 / {unified} rw,relatime - cgroup2 cgroup2 rw\n",
+    )
     found = own_cgroup_dir(cgroup_file=cg, mountinfo=mi)
     assert found == memory / "docker" / "abc"
     assert oom_kill_count(found) == 2
@@ -551,9 +631,12 @@ def test_real_cgroup_does_not_crash() -> None:
 
 
 def test_tensorflow_failed_to_allocate() -> None:
-    log = (b"  File \"/srv/eager.py\", line 4, in <module>\n    y = x + x\n"
-           b"tensorflow.python.framework.errors_impl.ResourceExhaustedError: failed to allocate memory [Op:AddV2]\n")
-    assert find_gpu_oom(log) == ("tensorflow.python.framework.errors_impl.ResourceExhaustedError: failed to "
-                                 "allocate memory [Op:AddV2]")
+    log = (
+        b'  File "/srv/eager.py", line 4, in <module>\n    y = x + x\n'
+        b"tensorflow.python.framework.errors_impl.ResourceExhaustedError: failed to allocate memory [Op:AddV2]\n"
+    )
+    assert find_gpu_oom(log) == (
+        "tensorflow.python.framework.errors_impl.ResourceExhaustedError: failed to allocate memory [Op:AddV2]"
+    )
     # The class name alone, repeated over a whole tail, is no evidence (and stays a linear scan).
-    assert find_gpu_oom((b"ResourceExhaustedError " * 3000)[:failure.DEFAULT_TAIL_BYTES]) is None
+    assert find_gpu_oom((b"ResourceExhaustedError " * 3000)[: failure.DEFAULT_TAIL_BYTES]) is None

@@ -27,6 +27,7 @@ def scripted(log: Path, events: list[Callable[[], None]]) -> Callable[[], dict[s
             left.pop(0)()
             return {"attempts": 1, "state": "RUNNING"}
         return {"attempts": 1, "state": "SUCCEEDED"}
+
     return refresh
 
 
@@ -34,6 +35,7 @@ def append(log: Path, data: bytes) -> Callable[[], None]:
     def do() -> None:
         with log.open("ab") as f:
             f.write(data)
+
     return do
 
 
@@ -43,12 +45,19 @@ def cut(log: Path, keep: bytes) -> Callable[[], None]:
             f.seek(0)
             f.write(keep)
             f.truncate(len(keep))
+
     return do
 
 
 def events_for(log: Path) -> list[Callable[[], None]]:
-    return [append(log, b"-rest\nfour\n"), lambda: None, append(log, b"five"), append(log, b"-end\n" + b"x" * 100),
-            cut(log, b"head\n=== cut ===\nrecent 1\nrecent 2\n"), append(log, b"footer\n")]
+    return [
+        append(log, b"-rest\nfour\n"),
+        lambda: None,
+        append(log, b"five"),
+        append(log, b"-end\n" + b"x" * 100),
+        cut(log, b"head\n=== cut ===\nrecent 1\nrecent 2\n"),
+        append(log, b"footer\n"),
+    ]
 
 
 def follow_sync(log: Path, tail: int | None) -> tuple[bytes, list[str]]:
@@ -57,8 +66,9 @@ def follow_sync(log: Path, tail: int | None) -> tuple[bytes, list[str]]:
     fd = os.open(log, os.O_RDONLY)
     try:
         steps = framelog.follow(fd, {"attempts": 1, "state": "RUNNING"}, 1, tail=tail, poll_s=0, file_poll_s=0)
-        end = framelog.drive(steps, write=out.append, note=notes.append, refresh=scripted(log, events_for(log)),
-                             sleep=lambda s: None)
+        end = framelog.drive(
+            steps, write=out.append, note=notes.append, refresh=scripted(log, events_for(log)), sleep=lambda s: None
+        )
     finally:
         os.close(fd)
     assert end["state"] == "SUCCEEDED"
@@ -74,11 +84,11 @@ def follow_async(log: Path, tail: int | None) -> bytes:
     async def run() -> bytes:
         fd = os.open(log, os.O_RDONLY)
         try:
-            steps = framelog.follow(fd, {"attempts": 1, "state": "RUNNING"}, 1, tail=tail, poll_s=0,
-                                    file_poll_s=0)
+            steps = framelog.follow(fd, {"attempts": 1, "state": "RUNNING"}, 1, tail=tail, poll_s=0, file_poll_s=0)
             return b"".join([data async for data in framelog.drive_async(steps, answer)])
         finally:
             os.close(fd)
+
     return asyncio.run(run())
 
 
@@ -89,20 +99,30 @@ def test_the_cli_and_the_api_drive_one_follower_to_the_same_bytes(tmp_path: Path
     got, notes = follow_sync(log, tail)
     log.write_bytes(b"one\ntwo\nthree-partial")
     assert follow_async(log, tail) == got
-    start = {None: b"one\ntwo\nthree-partial", 0: b"", 1: b"three-partial", 2: b"two\nthree-partial",
-             10: b"one\ntwo\nthree-partial"}[tail]
+    start = {
+        None: b"one\ntwo\nthree-partial",
+        0: b"",
+        1: b"three-partial",
+        2: b"two\nthree-partial",
+        10: b"one\ntwo\nthree-partial",
+    }[tail]
     assert got.startswith(start + b"-rest\nfour\nfive-end\n"), got
     assert got.endswith(b"recent 1\nrecent 2\nfooter\n"), got  # taken up again near the new end
-    assert notes == ["--- the log was cut back to its size limit; going on near its new end "
-                     "(a few lines may repeat) ---"]
+    assert notes == [
+        "--- the log was cut back to its size limit; going on near its new end (a few lines may repeat) ---"
+    ]
 
 
 def test_tail_is_byte_for_byte(tmp_path: Path) -> None:
     log = tmp_path / "a.log"
-    for data, lines, want in ((b"one\ntwo\nthree-partial", 1, b"three-partial"),
-                              (b"one\ntwo\nthree-partial", 2, b"two\nthree-partial"),
-                              (b"one\ntwo\n", 1, b"two\n"), (b"one\ntwo\n", 5, b"one\ntwo\n"),
-                              (b"", 3, b""), (b"abc", 0, b"")):
+    for data, lines, want in (
+        (b"one\ntwo\nthree-partial", 1, b"three-partial"),
+        (b"one\ntwo\nthree-partial", 2, b"two\nthree-partial"),
+        (b"one\ntwo\n", 1, b"two\n"),
+        (b"one\ntwo\n", 5, b"one\ntwo\n"),
+        (b"", 3, b""),
+        (b"abc", 0, b""),
+    ):
         log.write_bytes(data)
         fd = os.open(log, os.O_RDONLY)
         try:
@@ -123,7 +143,8 @@ def test_the_log_name_has_one_definition() -> None:
             col = f"{alias}." if alias else ""
             assert lifecycle.log_path_sql(dialect, alias) == (
                 f"CAST(? AS TEXT) || '/' || {col}job_id || '/' || {dialect.pad4(col + 'number')} || '-' || "
-                f"CAST(? AS TEXT) || '.' || ({col}attempts + 1) || '.log'")
+                f"CAST(? AS TEXT) || '.' || ({col}attempts + 1) || '.log'"
+            )
 
 
 def test_the_sql_name_is_the_python_name(tmp_path: Path) -> None:

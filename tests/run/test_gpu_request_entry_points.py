@@ -21,8 +21,12 @@ import cuectl
 from cuectl.errors import InvalidInput, NoMatchingDevice
 
 # How each flag is spelled as a Python keyword, to compare messages across the two.
-_KEYWORD_OF_FLAG = {"--gpus": "gpus", "--gpu-vendor": "gpu_vendor", "--gpu-model": "gpu_models",
-                    "--gpu-memory-min": "gpu_memory_min"}
+_KEYWORD_OF_FLAG = {
+    "--gpus": "gpus",
+    "--gpu-vendor": "gpu_vendor",
+    "--gpu-model": "gpu_models",
+    "--gpu-memory-min": "gpu_memory_min",
+}
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,7 @@ class Ask:
         return out
 
     def keywords(self) -> dict[str, Any]:
-        return {"gpus": self.gpus, "gpu_vendor": self.vendor, "gpu_models": self.models,
-                "gpu_memory_min": self.memory}
+        return {"gpus": self.gpus, "gpu_vendor": self.vendor, "gpu_models": self.models, "gpu_memory_min": self.memory}
 
 
 # Four fake Tesla V100-SXM2-16GB (16160 MiB) cards: some valid requests match, some cannot.
@@ -64,10 +67,19 @@ INVALID = [
     Ask(1, "Matrox", refusal="--gpu-vendor: unknown vendor 'Matrox' (expected one of NVIDIA, AMD, Apple, Intel)"),
     Ask(1, None, ("",), refusal="--gpu-model: invalid GPU model '' (1-200 printable characters)"),
     Ask(1, None, ("V100", "A\x01"), refusal="--gpu-model: invalid GPU model 'A\\x01' (1-200 printable characters)"),
-    Ask(1, None, ("x" * 201,), refusal=f"--gpu-model: invalid GPU model {'x' * 60 + '...'!r} (1-200 printable "
-                                      f"characters)"),
-    Ask(1, None, (), "lots", refusal="--gpu-memory-min: invalid size 'lots' (use e.g. 512M, 8G, 24GiB; a bare "
-                                     "number is MiB)"),
+    Ask(
+        1,
+        None,
+        ("x" * 201,),
+        refusal=f"--gpu-model: invalid GPU model {'x' * 60 + '...'!r} (1-200 printable characters)",
+    ),
+    Ask(
+        1,
+        None,
+        (),
+        "lots",
+        refusal="--gpu-memory-min: invalid size 'lots' (use e.g. 512M, 8G, 24GiB; a bare number is MiB)",
+    ),
     Ask(1, None, (), "2000000T", refusal="--gpu-memory-min: '2000000T' is too large"),
     Ask(0, "NVIDIA", refusal="--gpu-vendor: only applies to GPU requests; set --gpus to 1 or more"),
     Ask(0, None, ("V100",), refusal="--gpu-model: only applies to GPU requests; set --gpus to 1 or more"),
@@ -76,7 +88,7 @@ INVALID = [
 
 
 def _error_line(stderr: str) -> str:
-    return next(line[len("error: "):] for line in stderr.splitlines() if line.startswith("error: "))
+    return next(line[len("error: ") :] for line in stderr.splitlines() if line.startswith("error: "))
 
 
 def _as_keywords(cli_message: str) -> str:
@@ -122,7 +134,9 @@ def test_submit_run_and_lease_agree(gpus4, cli, ask: Ask) -> None:
 @pytest.mark.parametrize("flag", ["--gpu-memory-free-min", "--min-free-memory"])  # the second: its old name
 def test_run_names_the_free_memory_flag_as_lease_names_its_keyword(gpus4, cli, flag: str) -> None:
     res = cli("run", "--no-wait", flag, "lots", "--", "true", db=False)
-    assert (res.exit_code, _error_line(res.stderr)) == (2, "--gpu-memory-free-min: invalid size 'lots' (use e.g. "
-                                                          "512M, 8G, 24GiB; a bare number is MiB)")
+    assert (res.exit_code, _error_line(res.stderr)) == (
+        2,
+        "--gpu-memory-free-min: invalid size 'lots' (use e.g. 512M, 8G, 24GiB; a bare number is MiB)",
+    )
     with pytest.raises(InvalidInput, match=r"^gpu_memory_free_min: invalid size 'lots'"):
         cuectl.lease(gpu_memory_free_min="lots")

@@ -102,8 +102,14 @@ def test_spelling_is_forgiving_and_normalised() -> None:
 
 
 def test_always_open_has_no_next_change() -> None:
-    for text in ("daily", "*", "Mon-Sun", "00:00-00:00", "Mon-Fri, Sat-Sun",
-                 "Sat 12:00-12:00, Sun-Fri, Sat 00:00-12:00"):
+    for text in (
+        "daily",
+        "*",
+        "Mon-Sun",
+        "00:00-00:00",
+        "Mon-Fri, Sat-Sun",
+        "Sat 12:00-12:00, Sun-Fri, Sat 00:00-12:00",
+    ):
         s = parse_schedule(text)
         assert s.always_open(), text
         assert s.next_change(at(3, "10:00")) is None
@@ -146,24 +152,27 @@ def test_aware_datetimes_use_their_wall_clock() -> None:
     assert nxt is not None and (nxt.month, nxt.day, nxt.hour, nxt.minute) == (4, 1, 19, 0)
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("", "empty schedule"),
-    ("   ", "empty schedule"),
-    ("Mon,", "empty entry"),
-    ("Mon,,Tue", "empty entry"),
-    ("Mun", "unknown day 'Mun'"),
-    ("Mon-Fry 19:00-08:00", "unknown day 'Fry'"),
-    ("Mon-Tue-Wed", "bad day range"),
-    ("Mon 25:00-08:00", "bad time '25:00'"),
-    ("Mon 19:60-08:00", "bad time '19:60'"),
-    ("Mon 24:30-08:00", "bad time '24:30'"),
-    ("Mon 24:00-08:00", "cannot start at 24:00"),
-    ("Mon 19:00", "bad time range '19:00'"),
-    ("Mon 7pm-8am", "bad time '7pm'"),
-    ("Mon 19:00-08:00 extra", "expected DAYS [HH:MM-HH:MM]"),
-    ("19:00-08:00 Mon", "days come before"),
-    ("Mon 1900-0800", "bad time '1900'"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("", "empty schedule"),
+        ("   ", "empty schedule"),
+        ("Mon,", "empty entry"),
+        ("Mon,,Tue", "empty entry"),
+        ("Mun", "unknown day 'Mun'"),
+        ("Mon-Fry 19:00-08:00", "unknown day 'Fry'"),
+        ("Mon-Tue-Wed", "bad day range"),
+        ("Mon 25:00-08:00", "bad time '25:00'"),
+        ("Mon 19:60-08:00", "bad time '19:60'"),
+        ("Mon 24:30-08:00", "bad time '24:30'"),
+        ("Mon 24:00-08:00", "cannot start at 24:00"),
+        ("Mon 19:00", "bad time range '19:00'"),
+        ("Mon 7pm-8am", "bad time '7pm'"),
+        ("Mon 19:00-08:00 extra", "expected DAYS [HH:MM-HH:MM]"),
+        ("19:00-08:00 Mon", "days come before"),
+        ("Mon 1900-0800", "bad time '1900'"),
+    ],
+)
 def test_bad_input_names_the_bad_part(text: str, fragment: str) -> None:
     with pytest.raises(InvalidInput) as info:
         parse_schedule(text)

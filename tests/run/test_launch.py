@@ -31,16 +31,27 @@ from cuectl.run.launch import (
 )
 
 PY = sys.executable
-HOSTILE = "a'b;$(touch X)`touch Y` \"c\" $HOME"
+HOSTILE = 'a\'b;$(touch X)`touch Y` "c" $HOME'
 MIB = 1024 * 1024
 
 
 def make_ctx(tmp_path: Path, **over: object) -> FrameContext:
     values: dict[str, object] = dict(
-        job="shot01", job_id="j-1", layer="render", layer_id="l-1", frame_id="f-7",
-        frame_number=5, frames=(5, 6, 7), layer_range="1-100", chunk=3, attempt=2,
-        cores=2.7, memory_bytes=8 * 1024 * MIB, gpu_memory_bytes=16 * 1024 * MIB,
-        log_path=tmp_path / "logs" / "f-7.log", user="alice",
+        job="shot01",
+        job_id="j-1",
+        layer="render",
+        layer_id="l-1",
+        frame_id="f-7",
+        frame_number=5,
+        frames=(5, 6, 7),
+        layer_range="1-100",
+        chunk=3,
+        attempt=2,
+        cores=2.7,
+        memory_bytes=8 * 1024 * MIB,
+        gpu_memory_bytes=16 * 1024 * MIB,
+        log_path=tmp_path / "logs" / "f-7.log",
+        user="alice",
     )
     values.update(over)
     return FrameContext(**values)  # type: ignore[arg-type]
@@ -80,10 +91,21 @@ def test_tokens_in_argv_form(tmp_path: Path) -> None:
     # the frame's name, #FRAME_CHUNK# the layer's chunk size.
     ctx = make_ctx(tmp_path)
     argv = substitute_tokens(
-        ["render", "-f", "#IFRAME#", "#FRAME#", "#ZFRAME#", "#FRAME_START#-#FRAME_END#",
-         "--spec=#FRAMESPEC#", "#LAYER#/#JOB#", "#FRAME_CHUNK#", "#UNKNOWN#"], ctx)
-    assert argv == ["render", "-f", "5", "0005-render", "0005", "5-7", "--spec=5-7", "render/shot01", "3",
-                    "#UNKNOWN#"]
+        [
+            "render",
+            "-f",
+            "#IFRAME#",
+            "#FRAME#",
+            "#ZFRAME#",
+            "#FRAME_START#-#FRAME_END#",
+            "--spec=#FRAMESPEC#",
+            "#LAYER#/#JOB#",
+            "#FRAME_CHUNK#",
+            "#UNKNOWN#",
+        ],
+        ctx,
+    )
+    assert argv == ["render", "-f", "5", "0005-render", "0005", "5-7", "--spec=5-7", "render/shot01", "3", "#UNKNOWN#"]
 
 
 def test_tokens_opencue_does_not_have_are_left_alone(tmp_path: Path) -> None:
@@ -95,7 +117,12 @@ def test_tokens_opencue_does_not_have_are_left_alone(tmp_path: Path) -> None:
 def test_zero_padding_and_chunk_order(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path, frame_number=-1, frames=(-1, 3, 1))
     assert substitute_tokens(["#FRAME#", "#ZFRAME#", "#IFRAME#", "#FRAME_START#", "#FRAME_END#"], ctx) == [
-        "-001-render", "-001", "-1", "-1", "1"]
+        "-001-render",
+        "-001",
+        "-1",
+        "-1",
+        "1",
+    ]
     assert substitute_tokens(["#ZFRAME#"], make_ctx(tmp_path, frame_number=12345, frames=(12345,))) == ["12345"]
 
 
@@ -136,15 +163,33 @@ def test_empty_commands_are_invalid(tmp_path: Path) -> None:
 
 def test_frame_env_table(tmp_path: Path) -> None:
     ctx = make_ctx(tmp_path)
-    env = frame_env(ctx, layer_env={"FOO": "bar"}, isolation={"CUE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "3"},
-                    base={"PATH": "/bin"})
+    env = frame_env(
+        ctx, layer_env={"FOO": "bar"}, isolation={"CUE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "3"}, base={"PATH": "/bin"}
+    )
     # Cuebot's prepareRqdRunFrame set (less CUE_THREADABLE: docs/opencue.md); no show/shot: empty.
     assert env == {
-        "PATH": "/bin", "FOO": "bar", "CUE_GPUS": "1", "CUDA_VISIBLE_DEVICES": "3",
-        "CUE3": "1", "CUE_USER": "alice", "CUE_SHOW": "", "CUE_SHOT": "", "CUE_JOB": "shot01", "CUE_JOB_ID": "j-1", "CUE_LAYER": "render", "CUE_LAYER_ID": "l-1",
-        "CUE_FRAME_ID": "f-7", "CUE_IFRAME": "5", "CUE_FRAME": "0005-render", "CUE_RANGE": "1-100",
-        "CUE_CHUNK": "3", "CUE_ATTEMPT": "2", "CUE_THREADS": "2", "CUE_MEMORY": str(8 * 1024 * MIB),
-        "CUE_GPU_MEMORY": str(16 * 1024 * MIB), "CUE_LOG_PATH": str(ctx.log_path),
+        "PATH": "/bin",
+        "FOO": "bar",
+        "CUE_GPUS": "1",
+        "CUDA_VISIBLE_DEVICES": "3",
+        "CUE3": "1",
+        "CUE_USER": "alice",
+        "CUE_SHOW": "",
+        "CUE_SHOT": "",
+        "CUE_JOB": "shot01",
+        "CUE_JOB_ID": "j-1",
+        "CUE_LAYER": "render",
+        "CUE_LAYER_ID": "l-1",
+        "CUE_FRAME_ID": "f-7",
+        "CUE_IFRAME": "5",
+        "CUE_FRAME": "0005-render",
+        "CUE_RANGE": "1-100",
+        "CUE_CHUNK": "3",
+        "CUE_ATTEMPT": "2",
+        "CUE_THREADS": "2",
+        "CUE_MEMORY": str(8 * 1024 * MIB),
+        "CUE_GPU_MEMORY": str(16 * 1024 * MIB),
+        "CUE_LOG_PATH": str(ctx.log_path),
     }
 
 
@@ -156,8 +201,13 @@ def test_frame_env_small_values(tmp_path: Path) -> None:
 
 def test_frame_env_precedence(tmp_path: Path) -> None:
     base = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "HOME": "/home/w", "CUE_GPU_UUIDS": "GPU-stale", "KEEP": "base"}
-    layer = {"CUDA_VISIBLE_DEVICES": "0,1,2,3", "NVIDIA_VISIBLE_DEVICES": "all", "HOME": "/home/layer",
-             "CUE_JOB": "spoofed", "CUE_CUSTOM": "mine"}
+    layer = {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "NVIDIA_VISIBLE_DEVICES": "all",
+        "HOME": "/home/layer",
+        "CUE_JOB": "spoofed",
+        "CUE_CUSTOM": "mine",
+    }
     isolation = {"CUDA_VISIBLE_DEVICES": "2", "NVIDIA_VISIBLE_DEVICES": "GPU-2", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     env = frame_env(make_ctx(tmp_path), layer_env=layer, isolation=isolation, base=base)
     assert env["CUDA_VISIBLE_DEVICES"] == "2"  # the layer cannot un-hide devices
@@ -184,7 +234,9 @@ def test_a_base_stripped_once_gives_the_same_env(tmp_path: Path) -> None:
     assert dict(base) == {"PATH": "/bin", "HOME": "/h"}
     once = frame_env(make_ctx(tmp_path), layer_env={"A": "1"}, isolation={"CUE_GPUS": "0"}, base=base)
     assert once == frame_env(make_ctx(tmp_path), layer_env={"A": "1"}, isolation={"CUE_GPUS": "0"}, base=inherited)
-    assert "PGPASSWORD" not in once and once["CUE_FRAME"] == "0005-render" and dict(base) == {"PATH": "/bin", "HOME": "/h"}
+    assert (
+        "PGPASSWORD" not in once and once["CUE_FRAME"] == "0005-render" and dict(base) == {"PATH": "/bin", "HOME": "/h"}
+    )
 
 
 @pytest.mark.parametrize("bad", [{"": "x"}, {"A=B": "x"}, {"A": "x\0y"}, {"A": 1}])
@@ -210,8 +262,12 @@ def test_log_gets_header_stdout_and_stderr_with_private_mode(tmp_path: Path) -> 
         log = tmp_path / "deep" / "er" / "f.log"
         header = log_header("f-7", 2, "render-01", at=0.0)
         assert header == "=== cuectl frame f-7 attempt 2 on render-01 at 1970-01-01T00:00:00.000Z ==="
-        proc = FrameProcess.start([PY, "-c", "import sys; print('out'); print('err', file=sys.stderr)"],
-                                  env=dict(os.environ), log_path=log, header=header + "\nforged line")
+        proc = FrameProcess.start(
+            [PY, "-c", "import sys; print('out'); print('err', file=sys.stderr)"],
+            env=dict(os.environ),
+            log_path=log,
+            header=header + "\nforged line",
+        )
         info = proc.wait(10)
     finally:
         os.umask(old)
@@ -245,10 +301,13 @@ def test_exit_signal(tmp_path: Path) -> None:
     assert info.exit_code is None and info.exit_signal == signal.SIGUSR1 and not info.killed
 
 
-@pytest.mark.parametrize("argv,code,message", [
-    (["/nonexistent/cuectl-no-such-command"], 127, "No such file or directory"),
-    (["cuectl-no-such-command-on-path"], 127, "cuectl-no-such-command-on-path"),
-])
+@pytest.mark.parametrize(
+    "argv,code,message",
+    [
+        (["/nonexistent/cuectl-no-such-command"], 127, "No such file or directory"),
+        (["cuectl-no-such-command-on-path"], 127, "cuectl-no-such-command-on-path"),
+    ],
+)
 def test_missing_command_gives_127(tmp_path: Path, argv: list[str], code: int, message: str) -> None:
     info, log, proc = run(argv, tmp_path, header="hdr")
     assert info.exit_code == code and info.exit_signal is None
@@ -289,8 +348,9 @@ def test_timeout_kills_the_whole_group_including_a_term_ignoring_grandchild(tmp_
     pidfile = tmp_path / "grandchild.pid"
     code = STUBBORN_GRANDCHILD.replace("{tail}", "time.sleep(60)")
     t0 = time.monotonic()
-    proc = FrameProcess.start([PY, "-c", code, str(pidfile)], env=dict(os.environ),
-                              log_path=tmp_path / "f.log", timeout_s=0.8, grace=0.5)
+    proc = FrameProcess.start(
+        [PY, "-c", code, str(pidfile)], env=dict(os.environ), log_path=tmp_path / "f.log", timeout_s=0.8, grace=0.5
+    )
     grandchild = int(wait_for_file(pidfile))
     assert grandchild in proc.pids()
     info = proc.wait(15)
@@ -315,8 +375,10 @@ def test_leftover_processes_are_put_down_when_the_leader_exits(tmp_path: Path) -
 
 def test_user_kill_terms_then_kills(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "open(sys.argv[1], 'w').write('x\\n'); time.sleep(60)")
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "open(sys.argv[1], 'w').write('x\\n'); time.sleep(60)"
+    )
     proc = FrameProcess.start([PY, "-c", code, str(ready)], env=dict(os.environ), log_path=tmp_path / "f.log")
     wait_for_file(ready)
     assert proc.poll() is None
@@ -379,10 +441,10 @@ def test_pass_fds_keeps_a_lease_lock_alive_in_the_frame(tmp_path: Path) -> None:
     held = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     ready = tmp_path / "ready"
-    code = ("import os, sys, time; os.fstat(int(sys.argv[1])); open(sys.argv[2], 'w').write('x\\n');"
-            "time.sleep(0.6)")
-    proc = FrameProcess.start([PY, "-c", code, str(held), str(ready)], env=dict(os.environ),
-                              log_path=tmp_path / "f.log", pass_fds=[held])
+    code = "import os, sys, time; os.fstat(int(sys.argv[1])); open(sys.argv[2], 'w').write('x\\n');time.sleep(0.6)"
+    proc = FrameProcess.start(
+        [PY, "-c", code, str(held), str(ready)], env=dict(os.environ), log_path=tmp_path / "f.log", pass_fds=[held]
+    )
     os.close(held)  # the worker lets go (or dies): the frame alone holds the lease now
     wait_for_file(ready)
     probe = os.open(lock_path, os.O_RDWR)
@@ -405,14 +467,12 @@ def test_log_fd_is_not_leaked_to_the_worker(tmp_path: Path) -> None:
     assert len(os.listdir("/proc/self/fd")) <= before
 
 
-ALLOC_50M = ("import sys, time; b = b'\\x01' * (50 * 1024 * 1024); "
-             "open(sys.argv[1], 'w').write('x\\n'); time.sleep(0.4)")
+ALLOC_50M = "import sys, time; b = b'\\x01' * (50 * 1024 * 1024); open(sys.argv[1], 'w').write('x\\n'); time.sleep(0.4)"
 
 
 def test_peak_rss_of_a_child_that_allocates_50mb(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    proc = FrameProcess.start([PY, "-c", ALLOC_50M, str(ready)], env=dict(os.environ),
-                              log_path=tmp_path / "f.log")
+    proc = FrameProcess.start([PY, "-c", ALLOC_50M, str(ready)], env=dict(os.environ), log_path=tmp_path / "f.log")
     wait_for_file(ready)
     rss, cpu = proc.sample_tree()
     assert rss >= 40 * MIB and cpu >= 0
@@ -423,7 +483,7 @@ def test_peak_rss_of_a_child_that_allocates_50mb(tmp_path: Path) -> None:
 
 def test_peak_rss_of_a_grandchild_under_a_shell(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
-    script = f"{PY} -c \"{ALLOC_50M}\" {ready}; echo done"
+    script = f'{PY} -c "{ALLOC_50M}" {ready}; echo done'
     info, log, _ = run(["/bin/sh", "-c", script], tmp_path, sample_interval=0.05)
     assert info.exit_code == 0 and "done" in log
     assert info.max_rss_bytes is not None and info.max_rss_bytes >= 40 * MIB
@@ -457,11 +517,28 @@ def test_peak_rss_does_not_inherit_the_workers_size(tmp_path: Path) -> None:
 
 
 def test_worker_store_credentials_do_not_reach_frames(tmp_path):
-    ctx = FrameContext(job="j", job_id="1", layer="l", layer_id="2", frame_id="3", frame_number=1, frames=(1,),
-                       layer_range="1", chunk=1, attempt=1, cores=1, memory_bytes=0, gpu_memory_bytes=None,
-                       log_path=tmp_path / "f.log")
-    env = frame_env(ctx, layer_env={}, isolation={},
-                    base={"PGPASSWORD": "farm-secret", "PGPASSFILE": "/root/.pgpass", "HOME": "/home/w"})
+    ctx = FrameContext(
+        job="j",
+        job_id="1",
+        layer="l",
+        layer_id="2",
+        frame_id="3",
+        frame_number=1,
+        frames=(1,),
+        layer_range="1",
+        chunk=1,
+        attempt=1,
+        cores=1,
+        memory_bytes=0,
+        gpu_memory_bytes=None,
+        log_path=tmp_path / "f.log",
+    )
+    env = frame_env(
+        ctx,
+        layer_env={},
+        isolation={},
+        base={"PGPASSWORD": "farm-secret", "PGPASSFILE": "/root/.pgpass", "HOME": "/home/w"},
+    )
     assert "PGPASSWORD" not in env and "PGPASSFILE" not in env and env["HOME"] == "/home/w"
     assert frame_env(ctx, layer_env={"PGPASSWORD": "mine"}, isolation={}, base={})["PGPASSWORD"] == "mine"
 
@@ -489,10 +566,12 @@ def test_process_table_knows_parents_groups_and_zombies(tmp_path: Path) -> None:
 
 def test_pids_from_a_shared_snapshot_include_children_that_left_the_group(tmp_path: Path) -> None:
     pidfile = tmp_path / "escaped.pid"
-    code = ("import os, subprocess, sys, time\n"
-            "p = subprocess.Popen(['sleep', '30'], start_new_session=True)\n"
-            "open(sys.argv[1], 'w').write(f'{p.pid}\\n')\n"
-            "time.sleep(30)\n")
+    code = (
+        "import os, subprocess, sys, time\n"
+        "p = subprocess.Popen(['sleep', '30'], start_new_session=True)\n"
+        "open(sys.argv[1], 'w').write(f'{p.pid}\\n')\n"
+        "time.sleep(30)\n"
+    )
     proc = FrameProcess.start([PY, "-c", code, str(pidfile)], env=dict(os.environ), log_path=tmp_path / "f.log")
     try:
         escaped = int(wait_for_file(pidfile))

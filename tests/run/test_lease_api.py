@@ -115,13 +115,16 @@ def test_explicit_device_by_uuid_and_index(gpus4):
         assert [d.index for d in held.devices] == [2, 3]
 
 
-@pytest.mark.parametrize("request_kwargs, words", [
-    ({"gpu_vendor": "AMD"}, "vendor AMD"),
-    ({"gpus": 5}, "5 GPU devices"),
-    ({"gpu_models": ["A100"]}, "A100"),
-    ({"gpu_memory_min": "32G"}, "memory"),
-    ({"devices": [0, 1], "gpus": 3}, "devices named"),
-])
+@pytest.mark.parametrize(
+    "request_kwargs, words",
+    [
+        ({"gpu_vendor": "AMD"}, "vendor AMD"),
+        ({"gpus": 5}, "5 GPU devices"),
+        ({"gpu_models": ["A100"]}, "A100"),
+        ({"gpu_memory_min": "32G"}, "memory"),
+        ({"devices": [0, 1], "gpus": 3}, "devices named"),
+    ],
+)
 def test_no_device_could_ever_match(gpus4, request_kwargs, words):
     with pytest.raises(NoMatchingDevice, match=words):
         cuectl.lease(wait=True, **request_kwargs)  # fails at once even when waiting
@@ -261,8 +264,7 @@ def test_async_lease_waits_without_blocking_the_event_loop(gpus4, spawn):
                 ticks += 1
 
         async def take() -> int:
-            async with async_lease(devices=[0], wait=True, timeout=30,
-                                   on_wait=lambda exc: queued.set()) as held:
+            async with async_lease(devices=[0], wait=True, timeout=30, on_wait=lambda exc: queued.set()) as held:
                 return held.devices[0].index
 
         tick_task = asyncio.create_task(ticker())
@@ -292,12 +294,15 @@ def test_async_lease_can_be_awaited_and_refuses_when_busy(gpus4, spawn):
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize(("old", "new", "value"), [
-    ("vendor", "gpu_vendor", "nvidia"),
-    ("models", "gpu_models", ["V100"]),
-    ("min_memory", "gpu_memory_min", "16G"),
-    ("min_free_memory", "gpu_memory_free_min", "8G"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "value"),
+    [
+        ("vendor", "gpu_vendor", "nvidia"),
+        ("models", "gpu_models", ["V100"]),
+        ("min_memory", "gpu_memory_min", "16G"),
+        ("min_free_memory", "gpu_memory_free_min", "8G"),
+    ],
+)
 def test_the_old_keywords_still_work_with_a_deprecation_warning(gpus4, old, new, value):
     with pytest.warns(DeprecationWarning, match=f"the {old}= keyword is deprecated; use {new}=") as warned:
         held = cuectl.lease(**{old: value})

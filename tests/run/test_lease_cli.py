@@ -17,15 +17,16 @@ from cuectl.errors import DevicesBusy
 from cuectl.gpu import discover
 from cuectl.run.lease import list_leases, prepare_lock_dir, try_lock
 
-SHOW_ENV = ("import json, os, sys; print(json.dumps({k: v for k, v in os.environ.items() "
-            "if k.startswith(('CUE_', 'CUDA_', 'NVIDIA_'))})); sys.exit(int(sys.argv[1]))")
+SHOW_ENV = (
+    "import json, os, sys; print(json.dumps({k: v for k, v in os.environ.items() "
+    "if k.startswith(('CUE_', 'CUDA_', 'NVIDIA_'))})); sys.exit(int(sys.argv[1]))"
+)
 # Prints "ready", then waits for a line on stdin (its stdin is the test's pipe to `cuectl run`).
 READY_THEN_WAIT = "import sys; print('ready', flush=True); sys.stdin.readline()"
 
 
 def run_cli(lease_cli, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(lease_cli(*args), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(lease_cli(*args), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_run_gives_the_command_the_isolation_env_and_returns_its_status(gpus4, lease_cli):
@@ -76,14 +77,17 @@ def test_run_wait_timeout_exits_1(gpus4, spawn, lease_cli):
     assert "waiting" in out.stderr and "no lease after waiting 0.3 s" in out.stderr
 
 
-@pytest.mark.parametrize("args, code, words", [
-    (["--device", "9", "--", "true"], 2, "no device '9'"),
-    (["--gpu-vendor", "Matrox", "--", "true"], 2, "unknown vendor"),
-    (["--no-wait", "--timeout", "5", "--", "true"], 2, "only meaningful when waiting"),
-    ([], 2, "no command given"),
-    (["--gpu-model", "A100", "--", "true"], 1, "can ever satisfy"),
-    (["--", "/nonexistent/cmd"], 127, "command not found"),
-])
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["--device", "9", "--", "true"], 2, "no device '9'"),
+        (["--gpu-vendor", "Matrox", "--", "true"], 2, "unknown vendor"),
+        (["--no-wait", "--timeout", "5", "--", "true"], 2, "only meaningful when waiting"),
+        ([], 2, "no command given"),
+        (["--gpu-model", "A100", "--", "true"], 1, "can ever satisfy"),
+        (["--", "/nonexistent/cmd"], 127, "command not found"),
+    ],
+)
 def test_run_rejects_bad_requests(gpus4, lease_cli, args, code, words):
     out = run_cli(lease_cli, "run", *args)
     assert out.returncode == code, out.stderr
@@ -91,9 +95,11 @@ def test_run_rejects_bad_requests(gpus4, lease_cli, args, code, words):
 
 
 def test_run_forwards_sigterm_to_the_command(gpus4, spawn, lease_cli):
-    trap = ("import signal, sys, time\n"
-            "def bye(*_):\n    print('got TERM', flush=True); sys.exit(5)\n"
-            "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    trap = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n    print('got TERM', flush=True); sys.exit(5)\n"
+        "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    )
     runner = spawn.argv(lease_cli("run", "--", sys.executable, "-c", trap))
     assert runner.line() == "ready"
     os.kill(runner.pid, signal.SIGTERM)  # to `cuectl run`, not to the command
@@ -102,8 +108,9 @@ def test_run_forwards_sigterm_to_the_command(gpus4, spawn, lease_cli):
 
 
 def test_the_lease_outlives_a_killed_cuectl_run_for_as_long_as_its_command(gpus4, spawn, lease_cli, lock_dir):
-    runner = spawn.argv(lease_cli("run", "--device", "0", "--label", "research", "--",
-                                  sys.executable, "-c", READY_THEN_WAIT))
+    runner = spawn.argv(
+        lease_cli("run", "--device", "0", "--label", "research", "--", sys.executable, "-c", READY_THEN_WAIT)
+    )
     assert runner.line() == "ready"
     os.kill(runner.pid, signal.SIGKILL)  # cuectl run dies; its command (own process group) lives on
     runner.wait()
@@ -128,8 +135,9 @@ def test_gpu_leases_lists_every_holder_kind(gpus4, spawn, lease_cli, lease_app, 
     api = spawn(devices=[0], label="svc")
     api.event("acquired")
     worker_lock = try_lock(prepare_lock_dir(lock_dir), discover().devices[1], holder="frame 42")
-    runner = spawn.argv(lease_cli("run", "--device", "2", "--label", "research", "--",
-                                  sys.executable, "-c", READY_THEN_WAIT))
+    runner = spawn.argv(
+        lease_cli("run", "--device", "2", "--label", "research", "--", sys.executable, "-c", READY_THEN_WAIT)
+    )
     assert runner.line() == "ready"
     out = CliRunner().invoke(lease_app, ["gpu", "leases", "--json"])
     assert out.exit_code == 0, out.output
@@ -207,17 +215,20 @@ def test_interactive_command_gets_the_terminal_and_ctrl_c(gpus4, lease_cli):
 #: lost the Ctrl-C now and then on a loaded machine (CPython runs a signal's handler between
 #: bytecodes, and one that arrives after the last check but before ``read()`` blocks waits
 #: for the read to return: a hang, which CI hit twice).
-TERMINAL_COMMAND = (sys.executable, "-c",
-                    "import os, signal\n"
-                    "line = input()\n"
-                    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
-                    "print('echo:' + line, flush=True)\n"
-                    "signal.sigwait({signal.SIGINT})\n"
-                    "if signal.sigtimedwait({signal.SIGINT}, 0.3) is not None:\n"
-                    "    os._exit(99)\n"
-                    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
-                    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
-                    "os.kill(os.getpid(), signal.SIGINT)\n")
+TERMINAL_COMMAND = (
+    sys.executable,
+    "-c",
+    "import os, signal\n"
+    "line = input()\n"
+    "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+    "print('echo:' + line, flush=True)\n"
+    "signal.sigwait({signal.SIGINT})\n"
+    "if signal.sigtimedwait({signal.SIGINT}, 0.3) is not None:\n"
+    "    os._exit(99)\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})\n"
+    "os.kill(os.getpid(), signal.SIGINT)\n",
+)
 
 
 def ctrl_c_at_a_terminal(argv: list[str]) -> int:

@@ -30,9 +30,24 @@ def one_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 def hold_elsewhere(tmp_path: Path) -> subprocess.Popen[str]:
     """`cuectl run` holding the GPU through a second lock directory, until killed."""
     env = {**os.environ, "CUECTL_LOCK_DIR": str(tmp_path / "other-locks")}
-    proc = subprocess.Popen([EXE, "run", "--gpus", "1", "--no-wait", "--", sys.executable, "-c",
-                             "import sys; print('held', flush=True); sys.stdin.read()"],
-                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            EXE,
+            "run",
+            "--gpus",
+            "1",
+            "--no-wait",
+            "--",
+            sys.executable,
+            "-c",
+            "import sys; print('held', flush=True); sys.stdin.read()",
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "held\n", proc.stderr
     return proc
 
@@ -45,8 +60,9 @@ def release(holder: subprocess.Popen[str]) -> None:
 
 
 def run_once() -> subprocess.CompletedProcess[str]:
-    return subprocess.run([EXE, "run", "--gpus", "1", "--no-wait", "--", "true"], capture_output=True, text=True,
-                          timeout=STEP_TIMEOUT_S)
+    return subprocess.run(
+        [EXE, "run", "--gpus", "1", "--no-wait", "--", "true"], capture_output=True, text=True, timeout=STEP_TIMEOUT_S
+    )
 
 
 def test_cuectl_run_warns_on_both_paths(tmp_path: Path, one_gpu) -> None:

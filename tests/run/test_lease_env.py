@@ -6,18 +6,33 @@ from cuectl.gpu.device import Device
 from cuectl.run.lease import isolation_env
 
 
-def dev(index: int, vendor: str = "NVIDIA", *, uuid: str | None = None, vendor_index: int | None = None,
-        mig_parent: str | None = None) -> Device:
-    return Device(index=index, uuid=uuid or f"GPU-{vendor}-{index}", vendor=vendor, model="m", backend="fake",
-                  mig_parent_uuid=mig_parent,
-                  attributes={} if vendor_index is None else {"vendor_index": vendor_index})
+def dev(
+    index: int,
+    vendor: str = "NVIDIA",
+    *,
+    uuid: str | None = None,
+    vendor_index: int | None = None,
+    mig_parent: str | None = None,
+) -> Device:
+    return Device(
+        index=index,
+        uuid=uuid or f"GPU-{vendor}-{index}",
+        vendor=vendor,
+        model="m",
+        backend="fake",
+        mig_parent_uuid=mig_parent,
+        attributes={} if vendor_index is None else {"vendor_index": vendor_index},
+    )
 
 
 def test_nvidia_devices_by_index_and_uuid():
     env = isolation_env([dev(1), dev(3)], all_vendors_present={"NVIDIA"})
     assert env == {
-        "CUE_GPUS": "2", "CUE_GPU_CORES": "1,3", "CUE_GPU_UUIDS": "GPU-NVIDIA-1,GPU-NVIDIA-3",
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1,3",
+        "CUE_GPUS": "2",
+        "CUE_GPU_CORES": "1,3",
+        "CUE_GPU_UUIDS": "GPU-NVIDIA-1,GPU-NVIDIA-3",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "1,3",
         "NVIDIA_VISIBLE_DEVICES": "GPU-NVIDIA-1,GPU-NVIDIA-3",
     }
 
@@ -35,9 +50,15 @@ def test_no_devices_hides_every_vendor_even_where_discovery_found_no_gpu():
     # A container whose driver library is missing finds no GPU, yet the devices may be
     # there: a CPU frame must not see them.
     assert isolation_env([], all_vendors_present=()) == {
-        "CUE_GPUS": "0", "CUE_GPU_CORES": "", "CUE_GPU_UUIDS": "", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        "CUDA_VISIBLE_DEVICES": "-1", "NVIDIA_VISIBLE_DEVICES": "void",
-        "ROCR_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1"}
+        "CUE_GPUS": "0",
+        "CUE_GPU_CORES": "",
+        "CUE_GPU_UUIDS": "",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": "-1",
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        "ROCR_VISIBLE_DEVICES": "-1",
+        "HIP_VISIBLE_DEVICES": "-1",
+    }
 
 
 def test_mig_instances_are_selected_by_uuid():
@@ -48,8 +69,10 @@ def test_mig_instances_are_selected_by_uuid():
 
 
 def test_amd_uses_rocr_uuids_and_renumbers_hip():
-    cards = [dev(4, "AMD", uuid="GPU-a1b2c3d4e5f60718", vendor_index=0),
-             dev(6, "AMD", uuid="GPU-0011223344556677", vendor_index=2)]
+    cards = [
+        dev(4, "AMD", uuid="GPU-a1b2c3d4e5f60718", vendor_index=0),
+        dev(6, "AMD", uuid="GPU-0011223344556677", vendor_index=2),
+    ]
     env = isolation_env(cards, all_vendors_present={"AMD"})
     assert env["ROCR_VISIBLE_DEVICES"] == "GPU-a1b2c3d4e5f60718,GPU-0011223344556677"
     # HIP numbers what ROCr left visible: 0 and 1, not the host's 4 and 6.

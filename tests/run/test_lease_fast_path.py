@@ -145,7 +145,8 @@ def test_forget_discovery_drops_the_plans(gpus4: FakeHost) -> None:
 
 
 def test_a_remembered_call_follows_the_lock_directory_the_environment_names(
-        gpus4: FakeHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus4: FakeHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for _ in range(2):
         with cuectl.lease(gpus=1) as held:
             assert held.lock_dir == lock_dir()
@@ -157,11 +158,18 @@ def test_a_remembered_call_follows_the_lock_directory_the_environment_names(
             assert lock_path(other, held.uuids[0]).read_bytes()  # its record is there
 
 
-@pytest.mark.parametrize("valid, invalid", [(dict(gpus=1), dict(gpus=True)), (dict(gpus=1), dict(gpus=1.0)),
-                                            (dict(devices=(1,)), dict(devices=(True,))),
-                                            (dict(wait=True, timeout=1), dict(wait=True, timeout=True))])
+@pytest.mark.parametrize(
+    "valid, invalid",
+    [
+        (dict(gpus=1), dict(gpus=True)),
+        (dict(gpus=1), dict(gpus=1.0)),
+        (dict(devices=(1,)), dict(devices=(True,))),
+        (dict(wait=True, timeout=1), dict(wait=True, timeout=True)),
+    ],
+)
 def test_an_argument_equal_to_a_remembered_one_but_of_another_type_is_still_refused(
-        gpus4: FakeHost, valid: dict[str, object], invalid: dict[str, object]) -> None:
+    gpus4: FakeHost, valid: dict[str, object], invalid: dict[str, object]
+) -> None:
     # True == 1 == 1.0: a key of values alone would find the plan made for the valid call.
     for _ in range(2):
         with cuectl.lease(**valid):  # type: ignore[arg-type]
@@ -183,7 +191,8 @@ def test_a_remembered_call_notices_a_rewritten_fake_gpu_file(tmp_path: Path, gpu
 
 
 def test_a_remembered_call_made_inside_a_frame_checks_the_frames_devices(
-        gpus4: FakeHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus4: FakeHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for _ in range(2):
         with cuectl.lease(gpus=1):
             pass
@@ -196,7 +205,8 @@ def test_a_remembered_call_made_inside_a_frame_checks_the_frames_devices(
 
 
 def test_a_remembered_call_without_a_label_records_the_programs_name_now(
-        gpus4: FakeHost, monkeypatch: pytest.MonkeyPatch) -> None:
+    gpus4: FakeHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("sys.argv", ["/opt/tools/first-name"])
     for _ in range(2):
         with cuectl.lease(gpus=1) as held:

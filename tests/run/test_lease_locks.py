@@ -139,7 +139,12 @@ def test_record_shape_and_update_holder(lock_dir, devices):
     data = info.to_json()
     assert {"uuid", "index", "pid", "holder", "since"} <= set(data)
     assert (data["uuid"], data["index"], data["pid"], data["holder"], data["kind"]) == (
-        devices[1].uuid, 1, os.getppid(), "frame 42", "worker")
+        devices[1].uuid,
+        1,
+        os.getppid(),
+        "frame 42",
+        "worker",
+    )
     assert data["since"].endswith("Z") and data["since"].startswith(time.strftime("%Y-", time.gmtime()))
     lock.release()
     assert list_leases(lock_dir) == []
@@ -217,8 +222,9 @@ def test_release_is_immediate_even_if_a_forked_helper_inherited_the_fd(lock_dir,
 def test_a_shared_lock_stays_with_the_child_after_release(lock_dir, devices):
     prepare_lock_dir(lock_dir)
     lock = try_lock(lock_dir, devices[0], holder="frame 7")
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
-                             pass_fds=[lock.fd])  # the worker's way: the raw fd counts as shared
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE, pass_fds=[lock.fd]
+    )  # the worker's way: the raw fd counts as shared
     try:
         lock.release()  # the worker lets go; the frame still holds the device
         assert try_lock(lock_dir, devices[0], holder="other") is None

@@ -21,9 +21,23 @@ def _exit_codes_of_all_but_one(children, timeout: float = 60.0) -> dict[int, int
 def test_10_cuectl_run_processes_race_for_one_device(gpus4, spawn, lease_cli):
     # Real `cuectl run --no-wait` processes; the winner's command holds the device until
     # every loser has given up, so each loser really met a held device.
-    racers = [spawn.argv(lease_cli("run", "--no-wait", "--device", "0", "--label", f"racer{i}", "--",
-                                  "sh", "-c", "echo won; exec cat >/dev/null"))
-              for i in range(10)]
+    racers = [
+        spawn.argv(
+            lease_cli(
+                "run",
+                "--no-wait",
+                "--device",
+                "0",
+                "--label",
+                f"racer{i}",
+                "--",
+                "sh",
+                "-c",
+                "echo won; exec cat >/dev/null",
+            )
+        )
+        for i in range(10)
+    ]
     codes = _exit_codes_of_all_but_one(racers)
     assert Counter(codes.values()) == {1: 9}, codes
     [winner] = [r for r in racers if r.pid not in codes]
@@ -57,8 +71,11 @@ def test_waiting_cuectl_run_processes_take_turns(gpus4, spawn, lease_cli, tmp_pa
     occupancy.mkdir()
     # noclobber: `>` fails if the file exists, so two commands on one device would exit 99.
     work = f'set -C; : > "{occupancy}/$CUE_GPU_UUIDS" || exit 99; sleep 0.05; rm "{occupancy}/$CUE_GPU_UUIDS"'
-    runners = [spawn.argv(lease_cli("run", "--wait", "--timeout", "60", "--device", "0", "--device", "1", "--",
-                                   "sh", "-c", work))
-               for _ in range(6)]
+    runners = [
+        spawn.argv(
+            lease_cli("run", "--wait", "--timeout", "60", "--device", "0", "--device", "1", "--", "sh", "-c", work)
+        )
+        for _ in range(6)
+    ]
     assert [r.wait(timeout=60) for r in runners] == [0] * 6
     assert list(occupancy.iterdir()) == []

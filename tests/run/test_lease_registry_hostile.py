@@ -34,8 +34,14 @@ def hostile_registry(os_users, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     registry.mkdir(mode=0o1777)
     os.chmod(registry, 0o1777)
     lock = hers / f"{host.uuids[0]}.lock"
-    res = alice.run(["sh", "-c", f"mkdir -m 755 {hers} && mkfifo -m 666 {lock} && mkfifo -m 666 {registry}/fifo "
-                                 f"&& printf %s {hers} > {registry}/hers"])
+    res = alice.run(
+        [
+            "sh",
+            "-c",
+            f"mkdir -m 755 {hers} && mkfifo -m 666 {lock} && mkfifo -m 666 {registry}/fifo "
+            f"&& printf %s {hers} > {registry}/hers",
+        ]
+    )
     assert res.returncode == 0, res.stderr
     monkeypatch.setenv("CUECTL_FAKE_GPUS", str(host.yaml_path))
     monkeypatch.setenv("CUECTL_LOCK_REGISTRY", str(registry))
@@ -50,8 +56,11 @@ def test_a_fifo_planted_in_the_registry_does_not_hang_a_lease(hostile_registry, 
     env = dict(os.environ)
     if path == "full":
         env["CUECTL_RUN_CACHE"] = "0"
-    argv = ([sys.executable, "-c", "import cuectl; cuectl.lease(1).release(); print('leased')"] if path == "api"
-            else [EXE, "run", "--gpus", "1", "--no-wait", "--", "echo", "leased"])
+    argv = (
+        [sys.executable, "-c", "import cuectl; cuectl.lease(1).release(); print('leased')"]
+        if path == "api"
+        else [EXE, "run", "--gpus", "1", "--no-wait", "--", "echo", "leased"]
+    )
     if path == "quick":  # a first run leaves the cache the quick path reads
         subprocess.run(argv, env=env, capture_output=True, text=True, timeout=LIMIT_S)
     res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=LIMIT_S)

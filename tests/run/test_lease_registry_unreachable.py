@@ -44,14 +44,21 @@ def alice_and_a_private_entry(request, os_users):
         os.mkfifo(registry / "fifo", 0o666)
     state = top / "gpus-state"
     state.mkdir()
-    (top / "gpus.yaml").write_text(yaml.safe_dump({"host": "reg-test", "state_dir": str(state),
-                                                   "devices": [dict(V100)]}))
+    (top / "gpus.yaml").write_text(
+        yaml.safe_dump({"host": "reg-test", "state_dir": str(state), "devices": [dict(V100)]})
+    )
     subprocess.run(["chown", "-R", f"{alice.uid}:{alice.gid}", str(top)], check=True)
     os.chmod(registry, 0o1777)
     env = dict(os.environ)
-    env.update(CUECTL_FAKE_GPUS=str(top / "gpus.yaml"), CUECTL_LOCK_DIR=str(top / "locks"),
-               CUECTL_LOCK_REGISTRY=str(registry), CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(top / "state"),
-               CUECTL_RUN_CACHE=str(top / "run.cache"), CUECTL_DB=str(top / "q.db"))
+    env.update(
+        CUECTL_FAKE_GPUS=str(top / "gpus.yaml"),
+        CUECTL_LOCK_DIR=str(top / "locks"),
+        CUECTL_LOCK_REGISTRY=str(registry),
+        CUECTL_CREATE_LOCK_DIR="1",
+        XDG_STATE_HOME=str(top / "state"),
+        CUECTL_RUN_CACHE=str(top / "run.cache"),
+        CUECTL_DB=str(top / "q.db"),
+    )
     yield alice, top, (hidden if request.param == "private" else registry / "fifo"), env
     shutil.rmtree(top, ignore_errors=True)
     shutil.rmtree(private, ignore_errors=True)
@@ -70,8 +77,10 @@ def test_a_worker_skips_an_entry_it_cannot_reach(alice_and_a_private_entry) -> N
 @pytest.mark.skipif(os.geteuid() != 0, reason="real throwaway users need root")
 def test_run_and_gpu_leases_go_on_past_it(alice_and_a_private_entry) -> None:
     alice, top, _, env = alice_and_a_private_entry
-    for argv in ([EXE, "run", "--gpus", "1", "--no-wait", "--", "echo", "leased"],  # the full path
-                 [EXE, "run", "--gpus", "1", "--no-wait", "--", "echo", "leased"]):  # the quick path (its cache)
+    for argv in (
+        [EXE, "run", "--gpus", "1", "--no-wait", "--", "echo", "leased"],  # the full path
+        [EXE, "run", "--gpus", "1", "--no-wait", "--", "echo", "leased"],
+    ):  # the quick path (its cache)
         res = alice.run(argv, env=env, cwd=top, timeout=LIMIT_S)
         assert res.returncode == 0 and res.stdout.strip() == "leased", res.stderr
         assert "Traceback" not in res.stderr and "internal error" not in res.stderr, res.stderr

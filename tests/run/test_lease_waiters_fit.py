@@ -62,8 +62,7 @@ def mixed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> MixedHost:
 
 
 def _run(lease_cli, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(lease_cli("run", *args), capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(lease_cli("run", *args), capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
 
 
 def _tickets(lock_dir: Path) -> list[dict]:

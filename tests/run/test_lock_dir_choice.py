@@ -42,8 +42,9 @@ def test_cuectl_run_refuses_a_mistyped_lock_dir_with_one_line(tmp_path, no_creat
     fake = fake_gpus([{"model": "Tesla V100-SXM2-16GB", "vendor": "NVIDIA", "memory": "16160MiB"}])
     env = {**os.environ, "CUECTL_FAKE_GPUS": str(fake), "CUECTL_LOCK_DIR": str(tmp_path / "nope" / "x")}
     exe = Path(sys.executable).with_name("cuectl")
-    res = subprocess.run([str(exe), "run", "--gpus", "1", "--", "true"], env=env, capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [str(exe), "run", "--gpus", "1", "--", "true"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 1, res.stderr
     assert res.stderr.startswith(f"error: lock directory {tmp_path / 'nope' / 'x'} does not exist"), res.stderr
     assert not (tmp_path / "nope").exists()
@@ -110,8 +111,9 @@ def test_another_users_stale_entry_is_theirs_to_drop(tmp_path, os_users):
 def test_help_docs_and_code_agree_on_the_default():
     exe = Path(sys.executable).with_name("cuectl")
     for command in (["worker", "--help"], ["run", "--help"]):
-        out = subprocess.run([str(exe), *command], capture_output=True, text=True, timeout=60,
-                             env={**os.environ, "COLUMNS": "300"}).stdout
+        out = subprocess.run(
+            [str(exe), *command], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "300"}
+        ).stdout
         assert "/run/cuectl/locks if it exists, else /dev/shm/cuectl-locks" in " ".join(out.split()), command
     doc = (Path(__file__).resolve().parents[2] / "docs" / "environment.md").read_text()
     assert "`/run/cuectl/locks` if it exists, else `/dev/shm/cuectl-locks`" in doc

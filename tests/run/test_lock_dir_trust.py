@@ -49,8 +49,14 @@ class Machine:
         os.chmod(registry, 0o1777)
         self.host = make_fake_host(top, [dict(V100)])
         self.lock_file = self.locks / f"{self.host.uuids[0]}.lock"
-        self.env = {**os.environ, "CUECTL_FAKE_GPUS": str(self.host.yaml_path), "CUECTL_LOCK_DIR": str(self.locks),
-                    "CUECTL_LOCK_REGISTRY": str(registry), "CUECTL_RUN_CACHE": "0", "CUECTL_DB": str(store / "q.db")}
+        self.env = {
+            **os.environ,
+            "CUECTL_FAKE_GPUS": str(self.host.yaml_path),
+            "CUECTL_LOCK_DIR": str(self.locks),
+            "CUECTL_LOCK_REGISTRY": str(registry),
+            "CUECTL_RUN_CACHE": "0",
+            "CUECTL_DB": str(store / "q.db"),
+        }
         self.env.pop("CUECTL_CREATE_LOCK_DIR", None)
         self.env.pop("CUECTL_USER", None)
 
@@ -66,14 +72,18 @@ class Machine:
     def hold(self, user: Any) -> subprocess.Popen:
         """``user`` holds the GPU through `cuectl run` until killed."""
         env = {**self.env, "USER": user.name, "LOGNAME": user.name, "HOME": "/nonexistent"}
-        argv = self.osusers.as_user(user, [EXE, "run", "--gpus", "1", "--no-wait", "--label", "held", "--",
-                                           "sh", "-c", "echo held; exec sleep 120"])
+        argv = self.osusers.as_user(
+            user,
+            [EXE, "run", "--gpus", "1", "--no-wait", "--label", "held", "--", "sh", "-c", "echo held; exec sleep 120"],
+        )
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if line.strip() != "held":
             proc.kill()
-            raise AssertionError(f"{user.name} could not hold the GPU: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+            raise AssertionError(
+                f"{user.name} could not hold the GPU: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+            )
         return proc
 
 
@@ -81,7 +91,9 @@ class Machine:
 def machine(os_users) -> Iterator[Machine]:
     top = Path(tempfile.mkdtemp(prefix="cuectl-lock-trust-", dir="/tmp"))
     os.chmod(top, 0o755)  # root's; every user may look inside
-    store = Path(tempfile.mkdtemp(prefix="cuectl-lock-trust-store-", dir="/tmp"))  # root's alone, as a root worker requires
+    store = Path(
+        tempfile.mkdtemp(prefix="cuectl-lock-trust-store-", dir="/tmp")
+    )  # root's alone, as a root worker requires
     yield Machine(top, store, os_users("alice", "bob", "carol"))
     shutil.rmtree(top, ignore_errors=True)
     shutil.rmtree(store, ignore_errors=True)
@@ -192,7 +204,9 @@ def test_lease_setup_is_roots_waits_for_nobody_and_says_what_it_left(machine: Ma
     alice made by hand (the same file, so a holder would keep its lock), and names a lock file nobody can use (exit 1)."""
     m = machine
     line = _one_error(m.as_user(m.alice, "admin", "lease", "setup"))
-    assert line.startswith(f"error: lock directory {m.locks} is not set up: ") and "sudo cuectl admin lease setup" in line
+    assert (
+        line.startswith(f"error: lock directory {m.locks} is not set up: ") and "sudo cuectl admin lease setup" in line
+    )
     assert list(m.locks.iterdir()) == []
     set_up_by_root(m, "setup")
     m.lock_file.unlink()
@@ -206,8 +220,9 @@ def test_lease_setup_is_roots_waits_for_nobody_and_says_what_it_left(machine: Ma
         assert res.returncode == 0, res.stderr
         done = json.loads(res.stdout)
         assert (done["lock_dir"], done["owner_uid"], done["mode"], done["ready"]) == (str(m.locks), 0, "1777", True)
-        assert [(d["uuid"], d["lock_file"], d["ready"]) for d in done["devices"]] == \
-            [(m.host.uuids[0], str(m.lock_file), True)]
+        assert [(d["uuid"], d["lock_file"], d["ready"]) for d in done["devices"]] == [
+            (m.host.uuids[0], str(m.lock_file), True)
+        ]
     finally:
         stop(bob)
     m.lock_file.unlink()
@@ -235,10 +250,14 @@ def test_doctor_says_which_devices_nobody_but_root_can_lease_yet(machine: Machin
         return {c["name"]: (c["status"], c["detail"]) for c in checks if c["name"] in ("lock dir", "lock files")}
 
     before = lock_checks()
-    assert before["lock dir"] == ("ok", f"{m.locks} (root (uid 0), mode 1777): shared; only its owner or root makes "
-                                        f"lock files")
-    assert before["lock files"] == ("warn", f"gpu 0: no usable lock file, so only root can lease it: "
-                                            f"`sudo cuectl admin lease setup --lock-dir {m.locks}`")
+    assert before["lock dir"] == (
+        "ok",
+        f"{m.locks} (root (uid 0), mode 1777): shared; only its owner or root makes lock files",
+    )
+    assert before["lock files"] == (
+        "warn",
+        f"gpu 0: no usable lock file, so only root can lease it: `sudo cuectl admin lease setup --lock-dir {m.locks}`",
+    )
     set_up_by_root(m, "setup")
     assert lock_checks()["lock files"] == ("ok", "1 device(s), each with its lock file")
 
@@ -248,8 +267,13 @@ def test_leases_inside_frames_of_two_users_each_get_their_own_sublocks(machine: 
     (``nested/<uid>/<level>``): one under the shared lock directory that alice's frame made
     would be refused to bob's frame, whose sub-leases would then all fail."""
     m = machine
-    outer = subprocess.Popen([EXE, "run", "--gpus", "1", "--no-wait", "--", "sh", "-c", "echo held; exec sleep 120"],
-                             env=m.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    outer = subprocess.Popen(
+        [EXE, "run", "--gpus", "1", "--no-wait", "--", "sh", "-c", "echo held; exec sleep 120"],
+        env=m.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert outer.stdout is not None and outer.stdout.readline().strip() == "held"
         frame = {**m.env, "CUE_FRAME_ID": "7", "CUE_GPUS": "1", "CUE_GPU_UUIDS": m.host.uuids[0]}
@@ -303,12 +327,15 @@ def _make(m: Machine, case: str) -> Path:
 
 
 def _snapshot(path: Path) -> list[tuple[str, int, int]]:
-    return sorted((str(p), p.lstat().st_uid, p.lstat().st_mode) for p in [path, *path.rglob("*")]) \
-        if path.exists() else []
+    return (
+        sorted((str(p), p.lstat().st_uid, p.lstat().st_mode) for p in [path, *path.rglob("*")]) if path.exists() else []
+    )
 
 
-@pytest.mark.parametrize("case", ["owned by a user", "link to a user's", "link to root's", "under a user's directory",
-                                  "group-writable, not sticky"])
+@pytest.mark.parametrize(
+    "case",
+    ["owned by a user", "link to a user's", "link to root's", "under a user's directory", "group-writable, not sticky"],
+)
 @pytest.mark.parametrize("entry", ["run", "lease", "worker"])
 def test_root_refuses_a_lock_dir_another_user_could_change(machine: Machine, case: str, entry: str) -> None:
     m = machine
@@ -317,8 +344,17 @@ def test_root_refuses_a_lock_dir_another_user_could_change(machine: Machine, cas
     before = _snapshot(real)
     env = {**m.env, "CUECTL_LOCK_DIR": str(given)}
     if entry == "lease":
-        res = subprocess.run([sys.executable, "-c", "import cuectl\ntry:\n cuectl.lease(1)\nexcept Exception as e:\n"
-                              " print(type(e).__name__, e)"], env=env, capture_output=True, text=True, timeout=LIMIT_S)
+        res = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import cuectl\ntry:\n cuectl.lease(1)\nexcept Exception as e:\n print(type(e).__name__, e)",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=LIMIT_S,
+        )
         assert res.stdout.startswith(f"LeaseError lock directory {given} is not safe for a root cuectl: "), res
         return
     res = m.as_root(*(["run", "--gpus", "1", "--", "true"] if entry == "run" else ["worker", "--until-idle"]), env=env)
@@ -332,9 +368,12 @@ def test_root_refuses_a_lock_dir_another_user_could_change(machine: Machine, cas
 
 def test_root_names_what_is_wrong(machine: Machine) -> None:
     m = machine
-    for case, why in [("owned by a user", f"belongs to {m.alice.name}"), ("link to root's", "it is a symbolic link"),
-                      ("under a user's directory", f"{m.top / 'alice'} belongs to {m.alice.name}"),
-                      ("group-writable, not sticky", "is writable by its group but not sticky")]:
+    for case, why in [
+        ("owned by a user", f"belongs to {m.alice.name}"),
+        ("link to root's", "it is a symbolic link"),
+        ("under a user's directory", f"{m.top / 'alice'} belongs to {m.alice.name}"),
+        ("group-writable, not sticky", "is writable by its group but not sticky"),
+    ]:
         given = _make(m, case)
         res = m.as_root("run", "--gpus", "1", "--", "true", env={**m.env, "CUECTL_LOCK_DIR": str(given)})
         assert res.returncode == 1 and why in res.stderr.splitlines()[0], (case, res.stderr)
@@ -360,8 +399,12 @@ def test_a_users_own_lock_dir_works_as_before(machine: Machine) -> None:
     res = m.shell(m.alice, f"mkdir -m 700 {m.top / 'alice'}")
     assert res.returncode == 0, res.stderr
     own = m.top / "alice" / "locks"
-    env = {**m.env, "CUECTL_LOCK_DIR": str(own), "CUECTL_CREATE_LOCK_DIR": "1",
-           "CUECTL_RUN_CACHE": str(m.top / "alice" / "run.cache")}
+    env = {
+        **m.env,
+        "CUECTL_LOCK_DIR": str(own),
+        "CUECTL_CREATE_LOCK_DIR": "1",
+        "CUECTL_RUN_CACHE": str(m.top / "alice" / "run.cache"),
+    }
     for _ in range(2):  # the full path, then the quick path (its cache)
         res = m.as_user(m.alice, "run", "--gpus", "1", "--no-wait", "--", "true", env=env)
         assert res.returncode == 0, res.stderr

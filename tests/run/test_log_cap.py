@@ -46,19 +46,20 @@ def start(tmp_path: Path, argv: list[str], **kw) -> tuple[FrameProcess, Path]:
 
 def test_a_huge_log_keeps_its_head_and_tail_within_the_limit(tmp_path: Path) -> None:
     limit = 64 * KIB
-    proc, log = start(tmp_path, [PY, "-c", WRITER, str(8 * MIB), str(MIB), "0"], log_limit=limit,
-                      header="=== header ===")
+    proc, log = start(
+        tmp_path, [PY, "-c", WRITER, str(8 * MIB), str(MIB), "0"], log_limit=limit, header="=== header ==="
+    )
     info = proc.wait(timeout=30)
     assert info is not None and info.exit_code == 0
     data = log.read_bytes()
-    note = data[data.rindex(b"=== cuectl:"):]
+    note = data[data.rindex(b"=== cuectl:") :]
     assert len(data) - len(note) <= limit, len(data)
     assert data.startswith(b"=== header ===\nHEAD-MARK\n")
     assert b"reached its limit of 65536 bytes" in data
     assert b"TAIL-MARK" in data and data.count(b"\0") == 0
     assert note.startswith(b"=== cuectl: ") and b"bytes of output were cut" in note
     # The kept tail is the most recent output, in order, right up to the last line.
-    tail = data[data.index(b"follows ===\n") + len(b"follows ===\n"):data.index(b"TAIL-MARK")]
+    tail = data[data.index(b"follows ===\n") + len(b"follows ===\n") : data.index(b"TAIL-MARK")]
     numbers = [int(line.split()[1]) for line in tail.splitlines()[1:] if line.startswith(b"line ")]
     last = int(data.split(b"TAIL-MARK last=")[1].split()[0])
     assert numbers and numbers == list(range(numbers[0], last + 1))

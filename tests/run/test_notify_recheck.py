@@ -37,21 +37,25 @@ def store(tmp_path: Path) -> Iterator:
 
 def add_rows(store, tmp_path: Path, targets: list[tuple[str, str]]) -> int:
     """A job, and one due ``finished`` row per (kind, target), written into the file directly."""
-    job = store.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"]}]},
-                                         user="alice"), now=1.0)
+    job = store.submit(
+        spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"]}]}, user="alice"), now=1.0
+    )
     with sqlite3.connect(tmp_path / "q.db") as db:
         for kind, target in targets:
-            db.execute("INSERT INTO notifications(job_id, event, frame_id, target, created_at, attempts, next_at) "
-                       "VALUES (?, 'finished', 0, ?, 1, 0, 1)",
-                       (job, json.dumps({"kind": kind, "target": target}, sort_keys=True, separators=(",", ":"))))
+            db.execute(
+                "INSERT INTO notifications(job_id, event, frame_id, target, created_at, attempts, next_at) "
+                "VALUES (?, 'finished', 0, ?, 1, 0, 1)",
+                (job, json.dumps({"kind": kind, "target": target}, sort_keys=True, separators=(",", ":"))),
+            )
     return job
 
 
 def deliver(store) -> tuple[tuple[int, int], dict[str, dict]]:
     """One `admin notify deliver` pass: (delivered, failed) and the rows by (whole) target."""
     counts = notify.Deliverer(store, deliverer_id="t:1").run_once(store.clock())
-    return counts, {r["target"]: r for r in (notes.row_json(row, mask=False)
-                                            for row in store._read("SELECT * FROM notifications"))}
+    return counts, {
+        r["target"]: r for r in (notes.row_json(row, mask=False) for row in store._read("SELECT * FROM notifications"))
+    }
 
 
 class Listener:
@@ -105,8 +109,14 @@ def test_a_webhook_row_that_is_no_http_url_is_never_opened(store, tmp_path):
     a worker's drain), ftp:// and data: URLs, and a path was no error until urlopen."""
     fifo = FifoWatch(tmp_path / "fifo")
     ftp = Listener()
-    targets = [f"file://{fifo.path}", str(fifo.path), f"ftp://127.0.0.1:{ftp.port}/x", "data:,hello",
-               "gopher://127.0.0.1/", "http://127.0.0.1:9/a\x01b"]
+    targets = [
+        f"file://{fifo.path}",
+        str(fifo.path),
+        f"ftp://127.0.0.1:{ftp.port}/x",
+        "data:,hello",
+        "gopher://127.0.0.1/",
+        "http://127.0.0.1:9/a\x01b",
+    ]
     add_rows(store, tmp_path, [("webhook", t) for t in targets])
     started = time.monotonic()
     (delivered, failed), rows = deliver(store)
@@ -137,8 +147,9 @@ class Redirecting:
                     self.send_response(200)
                 else:
                     self.send_response(302)
-                    self.send_header("Location", f"ftp://127.0.0.1:{ftp_port}/x" if self.path == "/to-ftp"
-                                     else "/landed")
+                    self.send_header(
+                        "Location", f"ftp://127.0.0.1:{ftp_port}/x" if self.path == "/to-ftp" else "/landed"
+                    )
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -176,9 +187,17 @@ def test_a_redirect_to_another_scheme_is_not_followed(store, tmp_path):
     assert server.paths.index("/to-here") < server.paths.index("/landed")
 
 
-@pytest.mark.parametrize("address", ["lead@studio.example\nBcc: spy@evil.example", "a@b.example\r\nBcc: c@d.example",
-                                     "a@b.example\rBcc: c@d.example", "a@b.example\x85Bcc: c@d.example",
-                                     "a\x7f@b.example", "a@b.example\u2028Bcc: c@d.example"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "lead@studio.example\nBcc: spy@evil.example",
+        "a@b.example\r\nBcc: c@d.example",
+        "a@b.example\rBcc: c@d.example",
+        "a@b.example\x85Bcc: c@d.example",
+        "a\x7f@b.example",
+        "a@b.example\u2028Bcc: c@d.example",
+    ],
+)
 def test_an_email_address_that_would_add_a_header_is_refused(store, tmp_path, monkeypatch, address):
     """Before: the address went into the To: line that `sendmail -t` reads recipients from,
     so a row's `\\nBcc: …` mailed someone else."""
@@ -255,7 +274,7 @@ ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="switching to another u
 def test_a_hook_enters_its_directory_as_its_user(os_users):
     """Before: subprocess changed into the user's home directory as root, then dropped to
     the user, so a home (the passwd entry's) in a directory she may not enter was entered."""
-    alice, = os_users("alice")
+    (alice,) = os_users("alice")
     top = Path(tempfile.mkdtemp(prefix="cuectl-hookdir-", dir="/tmp"))
     try:
         os.chmod(top, 0o755)
@@ -263,8 +282,14 @@ def test_a_hook_enters_its_directory_as_its_user(os_users):
         (top / "shut").mkdir(mode=0o700)  # root's
         run_as = launch.RunAs.lookup(alice.name)
         for where, expect in (("open", str(top / "open")), ("shut", "/")):
-            code, out = notify._run_child(["/bin/sh", "-c", "pwd; id -u"], stdin=b"", env={"PATH": os.defpath},
-                                          timeout=10, run_as=run_as, cwd=str(top / where))
+            code, out = notify._run_child(
+                ["/bin/sh", "-c", "pwd; id -u"],
+                stdin=b"",
+                env={"PATH": os.defpath},
+                timeout=10,
+                run_as=run_as,
+                cwd=str(top / where),
+            )
             assert code == 0 and out.split() == [expect, str(alice.uid)], (where, out)
     finally:
         import shutil

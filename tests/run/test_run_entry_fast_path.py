@@ -23,8 +23,12 @@ from cuectl.cli import entry
 
 from .conftest import V100, make_fake_host
 
-SHOW_ENV = ("import json, os, sys; print(json.dumps({k: v for k, v in sorted(os.environ.items()) "
-            "if k.startswith(('CUE_', 'CUDA_', 'NVIDIA_', 'ROCR_', 'HIP_'))})); sys.exit(int(sys.argv[1]))")
+SHOW_ENV = (
+    "import json, os, sys; print(json.dumps({k: v for k, v in sorted(os.environ.items()) "
+    "if k.startswith(('CUE_', 'CUDA_', 'NVIDIA_', 'ROCR_', 'HIP_'))})); sys.exit(int(sys.argv[1]))"
+)
+
+
 def cuectl_run(tmp_path: Path, *args: str, full: bool, env: dict[str, str] | None = None) -> tuple[Any, str]:
     """``cuectl run ARGS`` as a real process; (the result, "fast" or "typer")."""
     return run_entry(tmp_path, ["run", *args], full=full, env=env)
@@ -42,8 +46,10 @@ def both(tmp_path: Path, *args: str, fast_expected: bool = True, env: dict[str, 
 
 @pytest.fixture
 def gpus4(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    host = make_fake_host(tmp_path, [dict(V100) for _ in range(3)]
-                          + [{"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "81920MiB"}])
+    host = make_fake_host(
+        tmp_path,
+        [dict(V100) for _ in range(3)] + [{"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "81920MiB"}],
+    )
     monkeypatch.setenv("CUECTL_FAKE_GPUS", str(host.yaml_path))
     return host
 
@@ -57,16 +63,22 @@ def test_one_gpu_on_fake_gpus_gives_the_same_environment(gpus4, tmp_path):
     assert out.stderr.startswith("cuectl run: leased gpu 0 (")
 
 
-@pytest.mark.parametrize("args", [
-    ("--gpus", "2", "--no-wait"),
-    ("--gpus=3", "--wait", "--timeout", "30"),
-    ("--gpu-model", "A100", "--gpu-memory-min", "40G"),
-    ("--gpu-vendor", "nvidia", "--gpu-model", "V100", "--gpu-model", "A100", "--gpus", "2"),
-    ("--device", "3", "--device", "uuid0"),
-    ("--gpus", "0",),
-    ("--min-free-memory", "1G", "--label", "my job"),
-    (),
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--gpus", "2", "--no-wait"),
+        ("--gpus=3", "--wait", "--timeout", "30"),
+        ("--gpu-model", "A100", "--gpu-memory-min", "40G"),
+        ("--gpu-vendor", "nvidia", "--gpu-model", "V100", "--gpu-model", "A100", "--gpus", "2"),
+        ("--device", "3", "--device", "uuid0"),
+        (
+            "--gpus",
+            "0",
+        ),
+        ("--min-free-memory", "1G", "--label", "my job"),
+        (),
+    ],
+)
 def test_requests_give_the_same_devices_and_environment(gpus4, tmp_path, args):
     args = tuple(gpus4.uuids[0] if a == "uuid0" else a for a in args)
     out = both(tmp_path, *args, "--", sys.executable, "-c", SHOW_ENV, "0")
@@ -88,25 +100,28 @@ def test_a_command_that_cannot_start(gpus4, tmp_path):
     assert both(tmp_path, "--", str(tmp_path / "not-executable")).returncode == 126
 
 
-@pytest.mark.parametrize("args, code, fast", [
-    (("--gpus", "-1", "--", "true"), 2, False),       # left to typer (a value starting with -)
-    (("--gpus", "x", "--", "true"), 2, False),        # typer's int conversion refuses it
-    (("--gpus", " 1", "--", "true"), None, False),    # typer's conversion accepts it: its call
-    (("--bogus", "--", "true"), 2, False),
-    (("--gpus",), 2, False),
-    (("--gpus", "1", "--gpus", "2", "--", "true"), None, False),
-    ((), 2, False),
-    (("--",), 2, False),
-    (("--no-wait=1", "--", "true"), 2, False),
-    (("-h",), 0, False),
-    (("--gpus", "9", "--", "true"), 1, True),          # no device here could ever fit: exit 1
-    (("--gpu-vendor", "Matrox", "--", "true"), 2, True),
-    (("--gpu-memory-min", "lots", "--", "true"), 2, True),
-    (("--timeout", "soon", "--", "true"), 2, True),
-    (("--timeout", "5", "--no-wait", "--", "true"), 2, True),
-    (("--device", "7", "--", "true"), 2, True),
-    (("--lock-dir", "/nonexistent/cuectl-locks", "--", "true"), 1, True),
-])
+@pytest.mark.parametrize(
+    "args, code, fast",
+    [
+        (("--gpus", "-1", "--", "true"), 2, False),  # left to typer (a value starting with -)
+        (("--gpus", "x", "--", "true"), 2, False),  # typer's int conversion refuses it
+        (("--gpus", " 1", "--", "true"), None, False),  # typer's conversion accepts it: its call
+        (("--bogus", "--", "true"), 2, False),
+        (("--gpus",), 2, False),
+        (("--gpus", "1", "--gpus", "2", "--", "true"), None, False),
+        ((), 2, False),
+        (("--",), 2, False),
+        (("--no-wait=1", "--", "true"), 2, False),
+        (("-h",), 0, False),
+        (("--gpus", "9", "--", "true"), 1, True),  # no device here could ever fit: exit 1
+        (("--gpu-vendor", "Matrox", "--", "true"), 2, True),
+        (("--gpu-memory-min", "lots", "--", "true"), 2, True),
+        (("--timeout", "soon", "--", "true"), 2, True),
+        (("--timeout", "5", "--no-wait", "--", "true"), 2, True),
+        (("--device", "7", "--", "true"), 2, True),
+        (("--lock-dir", "/nonexistent/cuectl-locks", "--", "true"), 1, True),
+    ],
+)
 def test_bad_input_is_refused_the_same_way(gpus4, tmp_path, monkeypatch, args, code, fast):
     if "--lock-dir" in args:
         monkeypatch.delenv("CUECTL_CREATE_LOCK_DIR")
@@ -130,8 +145,9 @@ def test_the_lease_record_names_the_command(gpus4, tmp_path):
     leases = [sys.executable, "-m", "cuectl", "gpu", "leases", "--json"]
     records = []
     for full in (False, True):
-        out, _ = cuectl_run(tmp_path, "--gpus", "2", "--label", "lbl", "--", sys.executable, "-c", show, *leases,
-                            full=full)
+        out, _ = cuectl_run(
+            tmp_path, "--gpus", "2", "--label", "lbl", "--", sys.executable, "-c", show, *leases, full=full
+        )
         assert out.returncode == 0, out.stderr
         held = [d["lease"] for d in json.loads(out.stdout)["devices"] if d["lease"]]
         records.append([{k: v for k, v in h.items() if k not in ("pid", "since")} for h in held])
@@ -159,11 +175,25 @@ PARSED = [
     ["--wait", "--timeout", "15m", "--label", "a b", "--lock-dir", "/tmp//x/", "-", "y"],
 ]
 FALLBACK = [
-    [], ["--"], ["--help"], ["-h"], ["--gpus"], ["--gpus", "-1", "x"], ["--gpus", "1.5", "x"], ["--gpus", "+1", "x"],
-    ["--gpus", "１", "x"], ["--gpu", "1", "x"], ["--label", "", "x"], ["--label", "-x", "x"], ["--label=", "x"],
-    ["--wait", "--no-wait", "x"], ["--timeout", "1", "--timeout", "2", "x"], ["--gpu-memory-free-min", "1G",
-                                                                            "--min-free-memory", "2G", "x"],
-    ["--no-wait=yes", "x"], ["--debug", "x"], ["-g", "x"],
+    [],
+    ["--"],
+    ["--help"],
+    ["-h"],
+    ["--gpus"],
+    ["--gpus", "-1", "x"],
+    ["--gpus", "1.5", "x"],
+    ["--gpus", "+1", "x"],
+    ["--gpus", "１", "x"],
+    ["--gpu", "1", "x"],
+    ["--label", "", "x"],
+    ["--label", "-x", "x"],
+    ["--label=", "x"],
+    ["--wait", "--no-wait", "x"],
+    ["--timeout", "1", "--timeout", "2", "x"],
+    ["--gpu-memory-free-min", "1G", "--min-free-memory", "2G", "x"],
+    ["--no-wait=yes", "x"],
+    ["--debug", "x"],
+    ["-g", "x"],
 ]
 
 
@@ -192,8 +222,11 @@ def fast_kwargs(args: list[str]) -> dict[str, Any] | None:
     parsed = entry._parse_run(args)
     if parsed is None:
         return None
-    defaults = {name: p.default for name, p in inspect.signature(adhoc.run_command).parameters.items()
-                if p.default is not inspect.Parameter.empty}
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(adhoc.run_command).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
     kw = {**defaults, **parsed}
     kw["gpu_models"] = list(kw["gpu_models"] or ())
     kw["devices"] = list(kw["devices"]) if kw["devices"] else None
@@ -231,9 +264,11 @@ def fast_argv(*args: str) -> list[str]:
 
 def test_sigterm_to_cuectl_run_reaches_the_command(gpus4, spawn, monkeypatch):
     monkeypatch.delenv("CUECTL_FULL_CLI", raising=False)
-    trap = ("import signal, sys, time\n"
-            "def bye(*_):\n    print('got TERM', flush=True); sys.exit(5)\n"
-            "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    trap = (
+        "import signal, sys, time\n"
+        "def bye(*_):\n    print('got TERM', flush=True); sys.exit(5)\n"
+        "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(60)\n"
+    )
     runner = spawn.argv(fast_argv("--", sys.executable, "-c", trap))
     assert runner.line() == "ready"
     os.kill(runner.pid, signal.SIGTERM)  # to `cuectl run`, not to the command

@@ -28,17 +28,20 @@ from cuectl.run.lease import locks
 
 from .conftest import STEP_TIMEOUT_S, V100, make_fake_host
 
-SHOW_ENV = ("import json, os, sys; print(json.dumps({k: v for k, v in sorted(os.environ.items()) "
-            "if k.startswith(('CUE_', 'CUDA_', 'NVIDIA_', 'ROCR_', 'HIP_'))}))")
+SHOW_ENV = (
+    "import json, os, sys; print(json.dumps({k: v for k, v in sorted(os.environ.items()) "
+    "if k.startswith(('CUE_', 'CUDA_', 'NVIDIA_', 'ROCR_', 'HIP_'))}))"
+)
 
 
 def way_of(fast_or_typer: str, discovered: bool) -> str:
-    """"quick" (no discovery: no GPU backend loaded), "full" or "typer"."""
+    """ "quick" (no discovery: no GPU backend loaded), "full" or "typer"."""
     return "typer" if fast_or_typer == "typer" else "full" if discovered else "quick"
 
 
-def cuectl_run(tmp_path: Path, *args: str, full: bool = False,
-               env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str], str]:
+def cuectl_run(
+    tmp_path: Path, *args: str, full: bool = False, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], str]:
     """``cuectl run ARGS`` as a real process; (the result, "quick", "full" or "typer")."""
     out, way, discovered = run_entry_noting(tmp_path, ["run", *args], full=full, env=env)
     return out, way_of(way, discovered)
@@ -47,8 +50,10 @@ def cuectl_run(tmp_path: Path, *args: str, full: bool = False,
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Three V100s and an A100 (the A100 comes last in the matcher's preference: largest)."""
-    fake = make_fake_host(tmp_path, [dict(V100) for _ in range(3)]
-                          + [{"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "81920MiB"}])
+    fake = make_fake_host(
+        tmp_path,
+        [dict(V100) for _ in range(3)] + [{"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "81920MiB"}],
+    )
     monkeypatch.setenv("CUECTL_FAKE_GPUS", str(fake.yaml_path))
     return fake
 
@@ -68,8 +73,11 @@ def test_the_second_run_is_quick_and_the_same_as_the_full_path(host, tmp_path):
         assert way == "quick", (args, quick_out.stderr)
         full_out, way = cuectl_run(tmp_path, *args, "--", sys.executable, "-c", SHOW_ENV, full=True)
         assert way == "typer"
-        assert (quick_out.returncode, quick_out.stdout, quick_out.stderr) == \
-            (full_out.returncode, full_out.stdout, full_out.stderr), args
+        assert (quick_out.returncode, quick_out.stdout, quick_out.stderr) == (
+            full_out.returncode,
+            full_out.stdout,
+            full_out.stderr,
+        ), args
     env = json.loads(quick_out.stdout)
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["NVIDIA_VISIBLE_DEVICES"] == host.uuids[0]
 
@@ -94,15 +102,21 @@ def test_exit_statuses_and_a_command_that_cannot_start(host, tmp_path):
 
 def test_the_record_names_the_command_and_its_pid(host, tmp_path, lock_dir):
     warm(tmp_path)
-    show = ("import os, sys; print(os.getpid()); "
-            "print(open(sys.argv[1]).read())")
+    show = "import os, sys; print(os.getpid()); print(open(sys.argv[1]).read())"
     path = locks.lock_path(lock_dir, host.uuids[0])
-    out, way = cuectl_run(tmp_path, "--label", "train \"a\" é", "--", sys.executable, "-c", show, str(path))
+    out, way = cuectl_run(tmp_path, "--label", 'train "a" é', "--", sys.executable, "-c", show, str(path))
     assert way == "quick" and out.returncode == 0, out.stderr
     pid, text = out.stdout.split("\n", 1)
     record = json.loads(text)
-    assert record == {**record, "uuid": host.uuids[0], "index": 0, "pid": int(pid), "kind": "run",
-                      "holder": "train \"a\" é", "label": "train \"a\" é"}
+    assert record == {
+        **record,
+        "uuid": host.uuids[0],
+        "index": 0,
+        "pid": int(pid),
+        "kind": "run",
+        "holder": 'train "a" é',
+        "label": 'train "a" é',
+    }
     assert set(record) == {"uuid", "index", "pid", "holder", "kind", "label", "user", "host", "since"}
 
 
@@ -125,9 +139,14 @@ def test_a_live_waiter_sends_it_to_the_full_path(host, tmp_path):
     waits, the quick path steps aside, whatever the waiter wants."""
     warm(tmp_path)
     with cuectl.lease(devices=[3]):
-        waiter = subprocess.Popen([sys.executable, "-c", ENTRY, "run", "--gpu-model", "A100", "--", "true"],
-                                  env={**os.environ, "ENTRY_PROBE": str(tmp_path / "waiter-probe")},
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        waiter = subprocess.Popen(
+            [sys.executable, "-c", ENTRY, "run", "--gpu-model", "A100", "--", "true"],
+            env={**os.environ, "ENTRY_PROBE": str(tmp_path / "waiter-probe")},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         queue = Path(os.environ["CUECTL_LOCK_DIR"]) / "queue"
         deadline = time.monotonic() + STEP_TIMEOUT_S
         while not list(queue.glob("*.ticket")) and time.monotonic() < deadline:
@@ -158,7 +177,12 @@ def test_a_changed_fake_file_invalidates_the_cache(host, tmp_path, monkeypatch):
 
 def test_flags_it_does_not_know_and_frames_take_the_full_path(host, tmp_path):
     warm(tmp_path)
-    for args in (("--gpus", "2"), ("--gpu-model", "V100"), ("--device", "1"), ("--lock-dir", os.environ["CUECTL_LOCK_DIR"])):
+    for args in (
+        ("--gpus", "2"),
+        ("--gpu-model", "V100"),
+        ("--device", "1"),
+        ("--lock-dir", os.environ["CUECTL_LOCK_DIR"]),
+    ):
         out, way = cuectl_run(tmp_path, *args, "--", "true")
         assert (out.returncode, way) == (0, "full"), (args, out.stderr)
     with cuectl.lease(gpus=1) as held:
@@ -205,8 +229,10 @@ def test_leftovers_are_put_down_before_it_returns(host, tmp_path, lock_dir):
     warm(tmp_path)
     pidfile = tmp_path / "leftover.pid"
     pid_path = shlex.quote(str(pidfile))
-    script = (f"setsid sh -c 'echo $$ > {pid_path}.tmp && mv {pid_path}.tmp {pid_path}; exec sleep 60' & "
-              f"while [ ! -s {pid_path} ]; do sleep 0.01; done")
+    script = (
+        f"setsid sh -c 'echo $$ > {pid_path}.tmp && mv {pid_path}.tmp {pid_path}; exec sleep 60' & "
+        f"while [ ! -s {pid_path} ]; do sleep 0.01; done"
+    )
     out, way = cuectl_run(tmp_path, "--", "sh", "-c", script)
     assert (out.returncode, way) == (0, "quick"), out.stderr
     leftover = int(pidfile.read_text())
@@ -219,9 +245,14 @@ def test_signals_reach_the_commands_group(host, tmp_path):
     warm(tmp_path)
     ready = tmp_path / "ready"
     script = f"trap 'exit 42' TERM; touch {shlex.quote(str(ready))}; while :; do sleep 0.05; done"
-    proc = subprocess.Popen([sys.executable, "-c", ENTRY, "run", "--", "sh", "-c", script],
-                            env={**os.environ, "ENTRY_PROBE": str(tmp_path / "probe")}, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ENTRY, "run", "--", "sh", "-c", script],
+        env={**os.environ, "ENTRY_PROBE": str(tmp_path / "probe")},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + STEP_TIMEOUT_S
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -239,9 +270,14 @@ def test_inherited_descriptors_do_not_reach_the_command(host, tmp_path):
     try:
         show = "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
         probe = tmp_path / "probe"
-        out = subprocess.run([sys.executable, "-c", ENTRY, "run", "--", sys.executable, "-c", show],
-                             env={**os.environ, "ENTRY_PROBE": str(probe)}, capture_output=True, text=True,
-                             pass_fds=(w,), timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", ENTRY, "run", "--", sys.executable, "-c", show],
+            env={**os.environ, "ENTRY_PROBE": str(probe)},
+            capture_output=True,
+            text=True,
+            pass_fds=(w,),
+            timeout=120,
+        )
     finally:
         os.close(r)
         os.close(w)
@@ -260,8 +296,13 @@ def test_command_label_quotes_as_shlex_does(words):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(st.text(), st.none() | st.booleans() | st.integers() | st.text()
-                       | st.floats(allow_nan=False, allow_infinity=False), max_size=8))
+@given(
+    st.dictionaries(
+        st.text(),
+        st.none() | st.booleans() | st.integers() | st.text() | st.floats(allow_nan=False, allow_infinity=False),
+        max_size=8,
+    )
+)
 def test_records_encode_as_json_does(record):
     assert lockfile.encode_record(record) == json.dumps(record, separators=(",", ":")).encode()
 

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fr
 
 PY = sys.executable
 # What the frame reports about itself: its session, its open fds, its cwd.
-REPORT = ("import os; print('sid', os.getsid(0) == os.getpid()); "
-          "print('fds', sorted(int(f) for f in os.listdir('/proc/self/fd'))); print('cwd', os.getcwd())")
+REPORT = (
+    "import os; print('sid', os.getsid(0) == os.getpid()); "
+    "print('fds', sorted(int(f) for f in os.listdir('/proc/self/fd'))); print('cwd', os.getcwd())"
+)
 
 
 @pytest.fixture(params=["spawn", "popen"])
@@ -119,7 +121,8 @@ def test_inherited_descriptors_are_marked_close_on_exec_in_one_call_where_the_sy
 
 
 def test_where_descriptors_cannot_be_marked_at_once_they_are_closed_in_the_child(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # No close_range (older glibc or kernel): each inherited descriptor gets a close action.
     monkeypatch.setattr(spawn, "_CLOSE_RANGE", False)
     r, w = os.pipe()
@@ -162,7 +165,7 @@ def test_a_relative_program_runs_from_the_frames_directory(tmp_path: Path, way: 
     work = tmp_path / "work"
     work.mkdir()
     script = work / "render.sh"
-    script.write_text("#!/bin/sh\necho rendered in \"$PWD\"\n")
+    script.write_text('#!/bin/sh\necho rendered in "$PWD"\n')
     script.chmod(0o755)
     info, log, _ = run(["./render.sh"], tmp_path, cwd=work)
     assert info.exit_code == 0 and f"rendered in {work}" in log, log
@@ -193,8 +196,9 @@ def test_a_worker_of_another_identity_keeps_popen(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(launch.subprocess, "Popen", popen)
     log_fd = os.open(tmp_path / "f.log", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
-        child = launch._start_child(["true"], dict(os.environ), log_fd, None, (),
-                                    {"user": 12345, "group": 12345, "extra_groups": []})
+        child = launch._start_child(
+            ["true"], dict(os.environ), log_fd, None, (), {"user": 12345, "group": 12345, "extra_groups": []}
+        )
         assert isinstance(child, real)
         child.wait()
         assert seen and seen[0]["start_new_session"] and seen[0]["close_fds"]
@@ -217,8 +221,7 @@ def test_resolve_follows_execvpe(tmp_path: Path) -> None:
     assert spawn.resolve("sh", {}) in ("/bin/sh", "/usr/bin/sh")  # no PATH: execvpe's default
 
 
-def test_the_worker_comes_back_to_wherever_it_is_now(tmp_path: Path, way: str,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_worker_comes_back_to_wherever_it_is_now(tmp_path: Path, way: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Spawning in a frame's directory returns to the directory the process is in at that
     moment, not to one it was in at an earlier spawn."""
     work, first, second = tmp_path / "work", tmp_path / "first", tmp_path / "second"
@@ -232,8 +235,9 @@ def test_the_worker_comes_back_to_wherever_it_is_now(tmp_path: Path, way: str,
     assert os.getcwd() == str(second)
 
 
-def test_a_worker_whose_own_directory_was_removed_still_starts_frames(tmp_path: Path, way: str,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_whose_own_directory_was_removed_still_starts_frames(
+    tmp_path: Path, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     work, gone = tmp_path / "work", tmp_path / "gone"
     work.mkdir()
     gone.mkdir()
@@ -244,8 +248,9 @@ def test_a_worker_whose_own_directory_was_removed_still_starts_frames(tmp_path: 
     assert os.stat(".").st_nlink == 0  # still in the removed directory, as before
 
 
-def test_when_the_way_back_cannot_be_opened_popen_starts_the_frame(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_when_the_way_back_cannot_be_opened_popen_starts_the_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if not spawn.usable():
         pytest.fail("this suite runs on glibc 2.29+ Linux, where frames are spawned")
     work = tmp_path / "work"

@@ -14,11 +14,11 @@ from cuectl.run.launch import FrameContext, frame_env, substitute_tokens
 # Each closes a quote of some kind and then runs `touch pwned`, in a different way.
 HOSTILE = [
     "x'; touch pwned #",
-    "x\"; touch pwned #",
+    'x"; touch pwned #',
     "x'\"; touch pwned; echo \"'",
     "$(touch pwned)",
     "`touch pwned`",
-    "x\\\"; touch pwned #",
+    'x\\"; touch pwned #',
     "a b  c * ? [x] ~ ${HOME} $HOME \\n",
     "}; touch pwned; x=${y",
     ")'\"; touch pwned #",
@@ -34,7 +34,7 @@ POSITIONS = [
     ("printf '[%s]' 'job=#JOB#!'", "[job={}!]"),
     ("printf '[%s]' job=#JOB#", "[job={}]"),
     ("printf '[%s]' \"$(printf %s '#JOB#')\"", "[{}]"),
-    ("printf '[%s]' \"$(printf %s \"#JOB#\")\"", "[{}]"),
+    ('printf \'[%s]\' "$(printf %s "#JOB#")"', "[{}]"),
     ("x=${UNSET_VAR:-#JOB#}; printf '[%s]' \"$x\"", "[{}]"),
     ("printf '[%s]' \"${UNSET_VAR:-#JOB#}\"", "[{}]"),
     ("# it's a comment\nprintf '[%s]' \"#JOB#\"", "[{}]"),
@@ -43,9 +43,22 @@ POSITIONS = [
 
 
 def ctx_for(tmp_path: Path, job: str) -> FrameContext:
-    return FrameContext(job=job, job_id="1", layer="render", layer_id="1", frame_id="1", frame_number=7,
-                        frames=(7,), layer_range="1-10", chunk=1, attempt=1, cores=1.0, memory_bytes=0,
-                        gpu_memory_bytes=None, log_path=tmp_path / "logs" / "1" / "0007-render.1.log")
+    return FrameContext(
+        job=job,
+        job_id="1",
+        layer="render",
+        layer_id="1",
+        frame_id="1",
+        frame_number=7,
+        frames=(7,),
+        layer_range="1-10",
+        chunk=1,
+        attempt=1,
+        cores=1.0,
+        memory_bytes=0,
+        gpu_memory_bytes=None,
+        log_path=tmp_path / "logs" / "1" / "0007-render.1.log",
+    )
 
 
 def run_shell(command: str, tmp_path: Path, job: str) -> subprocess.CompletedProcess:
@@ -58,8 +71,9 @@ def run_shell(command: str, tmp_path: Path, job: str) -> subprocess.CompletedPro
 
 @pytest.mark.parametrize("name", HOSTILE)
 @pytest.mark.parametrize("command,expected", POSITIONS)
-def test_hostile_names_are_text_in_every_quoting_position(tmp_path: Path, name: str, command: str,
-                                                         expected: str) -> None:
+def test_hostile_names_are_text_in_every_quoting_position(
+    tmp_path: Path, name: str, command: str, expected: str
+) -> None:
     res = run_shell(command, tmp_path, name)
     assert not (tmp_path / "pwned").exists(), f"{command!r} with {name!r} ran code: {res}"
     assert res.returncode == 0, res.stderr
@@ -75,8 +89,9 @@ def test_issue_repro_echo_in_double_quotes(tmp_path: Path) -> None:
 
 def test_plain_values_are_put_in_as_they_are(tmp_path: Path) -> None:
     """Frame numbers, layer names and ordinary job names stay readable in `ps` and logs."""
-    argv = substitute_tokens("render --job #JOB# --layer '#LAYER#' -f \"#IFRAME#\" #FRAMESPEC#",
-                             ctx_for(tmp_path, "shot_010.v2"))
+    argv = substitute_tokens(
+        "render --job #JOB# --layer '#LAYER#' -f \"#IFRAME#\" #FRAMESPEC#", ctx_for(tmp_path, "shot_010.v2")
+    )
     assert argv[2] == "render --job shot_010.v2 --layer 'render' -f \"7\" 7"
 
 

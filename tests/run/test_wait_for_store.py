@@ -25,8 +25,10 @@ def test_backs_off_until_the_store_opens():
     assert warnings[0] == "cannot connect to PostgreSQL at x: refused; trying again in 1 s" and len(warnings) == 7
 
 
-@pytest.mark.parametrize("error", [StoreError("cannot log in to x: password authentication failed"),
-                                   SchemaTooNew("store x has schema version 9")])
+@pytest.mark.parametrize(
+    "error",
+    [StoreError("cannot log in to x: password authentication failed"), SchemaTooNew("store x has schema version 9")],
+)
 def test_errors_that_waiting_cannot_fix_are_raised_at_once(error):
     slept: list[float] = []
 

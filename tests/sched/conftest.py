@@ -45,8 +45,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
     sessionless = metafunc.definition.get_closest_marker("acts_as_user") is None
     internal = metafunc.definition.get_closest_marker("sql_internals") is not None
-    wanted = {"pgbouncer": module in POOLED_MODULES and sessionless,
-              "socket": module in SOCKET_MODULES and sessionless and not internal}
+    wanted = {
+        "pgbouncer": module in POOLED_MODULES and sessionless,
+        "socket": module in SOCKET_MODULES and sessionless and not internal,
+    }
     metafunc.parametrize("store_url", [b for b in BACKENDS if wanted.get(b, True)], indirect=True)
 
 
@@ -95,7 +97,7 @@ def roles(pg_url):
     sql(roles_sql())
     for who, role in names.items():
         sql(f"CREATE ROLE {role} LOGIN")
-        sql(f"GRANT {({'worker': 'cuectl_worker', 'boss': 'cuectl_admin'}.get(who, 'cuectl_user'))} TO {role}")
+        sql(f"GRANT { ({'worker': 'cuectl_worker', 'boss': 'cuectl_admin'}.get(who, 'cuectl_user')) } TO {role}")
     yield names
     for role in names.values():
         sql(f"REASSIGN OWNED BY {role} TO postgres; DROP OWNED BY {role}")

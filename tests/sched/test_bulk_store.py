@@ -40,8 +40,9 @@ def test_kill_jobs_kills_many_in_order_given_and_by_name(store):
     assert store.get_frame(running.frame_id)["pending_action"] == "eat"
     assert store.get_job(ids[3])["frame_counts"] == {m.WAITING: 3}  # untouched
     # The worker reports the killed frame: the job finishes, killed.
-    store.complete_frame(running.frame_id, running.attempt,
-                         FrameResult(exit_code=None, exit_signal=15, user_action="eat"), now=NOW + 2)
+    store.complete_frame(
+        running.frame_id, running.attempt, FrameResult(exit_code=None, exit_signal=15, user_action="eat"), now=NOW + 2
+    )
     assert store.get_job(ids[0])["outcome"] == "KILLED"
 
 
@@ -57,8 +58,7 @@ def test_bulk_job_actions_pause_resume_priority_retry(store):
         store.set_jobs_priority(ids, 2**40)
     store.kill_jobs(ids, now=NOW)
     retried = store.retry_jobs(ids[:2], now=NOW + 1)
-    assert [(j["state"], j["frame_counts"], j["outcome"]) for j in retried] == \
-        [("PENDING", {m.WAITING: 3}, None)] * 2
+    assert [(j["state"], j["frame_counts"], j["outcome"]) for j in retried] == [("PENDING", {m.WAITING: 3}, None)] * 2
     assert store.get_job(ids[2])["outcome"] == "KILLED"
     assert store.retry_jobs([ids[0]], now=NOW + 2)[0]["frame_counts"] == {m.WAITING: 3}  # nothing to retry: as is
 
@@ -87,9 +87,13 @@ def test_bulk_action_over_someone_elses_job_changes_nothing(store):
     every = mine + bobs
     frames = [f["id"] for f in store.list_frames(job=bobs[0])[0]] + [f["id"] for f in store.list_frames(job=mine[0])[0]]
     with store.acting_as(Actor("bulk_ann", False)):
-        for change in (lambda: store.kill_jobs(every, now=NOW), lambda: store.set_jobs_paused(every, True),
-                       lambda: store.set_jobs_priority(every, 9), lambda: store.retry_jobs(every, now=NOW),
-                       lambda: store.frames_action(frames, "eat", now=NOW)):
+        for change in (
+            lambda: store.kill_jobs(every, now=NOW),
+            lambda: store.set_jobs_paused(every, True),
+            lambda: store.set_jobs_priority(every, 9),
+            lambda: store.retry_jobs(every, now=NOW),
+            lambda: store.frames_action(frames, "eat", now=NOW),
+        ):
             with pytest.raises(NotOwner) as caught:
                 change()
             assert "bulk_bob" in str(caught.value) and str(bobs[0]) in str(caught.value)
@@ -101,8 +105,16 @@ def test_bulk_action_over_someone_elses_job_changes_nothing(store):
 
 
 def test_frames_action_and_select_frames(store):
-    job_id = store.submit(spec("shot", layers=[{"name": "sim", "command": ["true"], "range": "1-4"},
-                                               {"name": "render", "command": ["true"], "range": "1-10"}]), now=NOW)
+    job_id = store.submit(
+        spec(
+            "shot",
+            layers=[
+                {"name": "sim", "command": ["true"], "range": "1-4"},
+                {"name": "render", "command": ["true"], "range": "1-10"},
+            ],
+        ),
+        now=NOW,
+    )
     assert len(store.select_frames(job_id)) == 14
     sim, render = store.select_frames(job_id, layer="sim"), store.select_frames(job_id, layer="render")
     assert len(sim) == 4 and len(render) == 10
@@ -140,8 +152,16 @@ def test_bulk_kill_of_many_jobs_spans_id_batches(store):
 
 def test_bulk_kill_records_each_finished_jobs_notification_once(store):
     hook = {"webhook": "http://127.0.0.1:9/hook", "on": ["failed"]}
-    told = [store.submit(spec_from_mapping({"name": f"told-{i}", "notify": [hook], "layers": [
-        {"name": "l", "command": ["true"], "range": "1-2"}]}, user="alice"), now=NOW) for i in range(2)]
+    told = [
+        store.submit(
+            spec_from_mapping(
+                {"name": f"told-{i}", "notify": [hook], "layers": [{"name": "l", "command": ["true"], "range": "1-2"}]},
+                user="alice",
+            ),
+            now=NOW,
+        )
+        for i in range(2)
+    ]
     silent = store.submit(spec("silent"), now=NOW)
     running = claim_one(store)  # a frame of told-0 runs: that job finishes (and tells) when it ends
     store.kill_jobs([*told, silent], now=NOW + 1)
@@ -149,6 +169,7 @@ def test_bulk_kill_records_each_finished_jobs_notification_once(store):
     assert store.list_notifications(job=told[0]) == [] and store.list_notifications(job=silent) == []
     store.kill_jobs(told, now=NOW + 2)  # killing again finishes nothing new: nothing recorded twice
     assert len(store.list_notifications(job=told[1])) == 1
-    store.complete_frame(running.frame_id, running.attempt,
-                         FrameResult(exit_code=None, exit_signal=15, user_action="eat"), now=NOW + 3)
+    store.complete_frame(
+        running.frame_id, running.attempt, FrameResult(exit_code=None, exit_signal=15, user_action="eat"), now=NOW + 3
+    )
     assert [r["event"] for r in store.list_notifications(job=told[0])] == ["failed"]

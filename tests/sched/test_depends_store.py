@@ -23,9 +23,16 @@ NOW = 1_700_000_000.0
 
 def two_pass(name: str, retries: int = 3):
     """One job of Cuebot's jobspec_depend_test.xml: layers pass_1 and pass_2, frames 1-10."""
-    return spec_from_mapping({"name": name, "layers": [
-        {"name": "pass_1", "command": ["true"], "range": "1-10", "retries": retries},
-        {"name": "pass_2", "command": ["true"], "range": "1-10", "retries": retries}]}, user="alice")
+    return spec_from_mapping(
+        {
+            "name": name,
+            "layers": [
+                {"name": "pass_1", "command": ["true"], "range": "1-10", "retries": retries},
+                {"name": "pass_2", "command": ["true"], "range": "1-10", "retries": retries},
+            ],
+        },
+        user="alice",
+    )
 
 
 @pytest.fixture
@@ -55,11 +62,15 @@ def finish_frames(store, job_id, layer, numbers, code=0):
         if lay.job_id != job_id or lay.layer != layer:
             continue
         held = []
-        while wanted and (c := store.claim_frame(lay.layer_id, host="h", worker="h:1", gpu_uuids=[], now=NOW + 10,
-                                                 lease_s=60)) is not None:
+        while (
+            wanted
+            and (c := store.claim_frame(lay.layer_id, host="h", worker="h:1", gpu_uuids=[], now=NOW + 10, lease_s=60))
+            is not None
+        ):
             if c.number in wanted:
-                store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=code, started_at=NOW,
-                                                                        ended_at=NOW), now=NOW + 10)
+                store.complete_frame(
+                    c.frame_id, c.attempt, FrameResult(exit_code=code, started_at=NOW, ended_at=NOW), now=NOW + 10
+                )
                 wanted.discard(c.number)
             else:
                 held.append(c)
@@ -131,8 +142,10 @@ def test_layer_on_layer(store, ab):
 def test_layer_on_frame(store, ab):
     """testCreateAndSatisfyLayerOnFrame."""
     a, b = ab
-    assert store.add_depend(a, layer="pass_1", on_job=b, on_layer="pass_1", on_frame=5,
-                            now=NOW)["type"] == "layer-on-frame"
+    assert (
+        store.add_depend(a, layer="pass_1", on_job=b, on_layer="pass_1", on_frame=5, now=NOW)["type"]
+        == "layer-on-frame"
+    )
     assert depend_frames(store, a) == PASS1
     finish_frames(store, b, "pass_1", [5])
     assert depend_frames(store, a) == []
@@ -141,8 +154,7 @@ def test_layer_on_frame(store, ab):
 def test_layer_on_sim_frame(store, ab):
     """testCreateAndSatisfyLayerOnSimFrame: every frame of the layer on one frame."""
     a, b = ab
-    d = store.add_depend(a, layer="pass_1", on_job=b, on_layer="pass_1", on_frame=5, kind="layer-on-sim-frame",
-                         now=NOW)
+    d = store.add_depend(a, layer="pass_1", on_job=b, on_layer="pass_1", on_frame=5, kind="layer-on-sim-frame", now=NOW)
     assert d["type"] == "layer-on-sim-frame" and depend_frames(store, a) == PASS1
     finish_frames(store, b, "pass_1", [5])
     assert depend_frames(store, a) == []
@@ -160,8 +172,9 @@ def test_frame_on_job(store, ab):
 def test_frame_on_layer(store, ab):
     """testCreateAndSatisfyFrameOnLayer."""
     a, b = ab
-    assert store.add_depend(a, layer="pass_1", frame=5, on_job=b, on_layer="pass_2",
-                            now=NOW)["type"] == "frame-on-layer"
+    assert (
+        store.add_depend(a, layer="pass_1", frame=5, on_job=b, on_layer="pass_2", now=NOW)["type"] == "frame-on-layer"
+    )
     assert depend_frames(store, a) == ["0005-pass_1"]
     run(store, b, layer="pass_1")
     assert depend_frames(store, a) == ["0005-pass_1"]
@@ -172,8 +185,10 @@ def test_frame_on_layer(store, ab):
 def test_frame_on_frame(store, ab):
     """testCreateAndSatisfyFrameOnFrame."""
     a, b = ab
-    assert store.add_depend(a, layer="pass_1", frame=5, on_job=b, on_layer="pass_1", on_frame=5,
-                            now=NOW)["type"] == "frame-on-frame"
+    assert (
+        store.add_depend(a, layer="pass_1", frame=5, on_job=b, on_layer="pass_1", on_frame=5, now=NOW)["type"]
+        == "frame-on-frame"
+    )
     assert depend_frames(store, a) == ["0005-pass_1"]
     finish_frames(store, b, "pass_1", [5])
     assert depend_frames(store, a) == []
@@ -182,8 +197,10 @@ def test_frame_on_frame(store, ab):
 def test_frame_by_frame(store, ab):
     """testCreateAndSatisfyFrameByFrame: frame N of A's pass_1 goes when frame N of B's does."""
     a, b = ab
-    assert store.add_depend(a, layer="pass_1", on_job=b, on_layer="pass_1", kind="frame-by-frame",
-                            now=NOW)["type"] == "frame-by-frame"
+    assert (
+        store.add_depend(a, layer="pass_1", on_job=b, on_layer="pass_1", kind="frame-by-frame", now=NOW)["type"]
+        == "frame-by-frame"
+    )
     assert depend_frames(store, a) == PASS1
     finish_frames(store, b, "pass_1", [3, 7])
     assert depend_frames(store, a) == sorted(set(PASS1) - {"0003-pass_1", "0007-pass_1"})
@@ -214,8 +231,10 @@ def test_previous_frame(store, ab):
     """testCreateAndSatisfyPreviousFrame: 9 of 10 frames wait (the first has no previous);
     B's frame 9 done releases A's frame 10 only."""
     a, b = ab
-    assert store.add_depend(a, layer="pass_1", on_job=b, on_layer="pass_1", kind="previous-frame",
-                            now=NOW)["type"] == "previous-frame"
+    assert (
+        store.add_depend(a, layer="pass_1", on_job=b, on_layer="pass_1", kind="previous-frame", now=NOW)["type"]
+        == "previous-frame"
+    )
     assert depend_frames(store, a) == PASS1[1:]
     finish_frames(store, b, "pass_1", [9])
     assert depend_frames(store, a) == PASS1[1:9]
@@ -224,29 +243,57 @@ def test_previous_frame(store, ab):
 # -- in a spec, at submit -----------------------------------------------------------------------
 def test_spec_depends_on_other_jobs_and_a_previous_frame_chain(store):
     up = store.submit(two_pass("up"), now=NOW)
-    down = store.submit(spec_from_mapping({"name": "down", "depends": [{"job": "up", "layer": "pass_2"}], "layers": [
-        {"name": "comp", "command": ["true"], "range": "1-3",
-         "depends": [{"job": str(up), "layer": "pass_1", "type": "frame"}]},
-        {"name": "sim", "command": ["true"], "range": "1-4", "depends": [{"layer": "sim", "type": "previous"}]},
-        {"name": "one", "command": ["true"], "depends": [{"layer": "sim", "frame": 2}]},
-    ]}, user="alice"), now=NOW)
+    down = store.submit(
+        spec_from_mapping(
+            {
+                "name": "down",
+                "depends": [{"job": "up", "layer": "pass_2"}],
+                "layers": [
+                    {
+                        "name": "comp",
+                        "command": ["true"],
+                        "range": "1-3",
+                        "depends": [{"job": str(up), "layer": "pass_1", "type": "frame"}],
+                    },
+                    {
+                        "name": "sim",
+                        "command": ["true"],
+                        "range": "1-4",
+                        "depends": [{"layer": "sim", "type": "previous"}],
+                    },
+                    {"name": "one", "command": ["true"], "depends": [{"layer": "sim", "frame": 2}]},
+                ],
+            },
+            user="alice",
+        ),
+        now=NOW,
+    )
     types = [(d["type"], d["layer"], d["on_layer"]) for d in store.list_depends(down)["depends"]]
-    assert sorted(types) == sorted([("previous-frame", "sim", "sim"), ("layer-on-frame", "one", "sim"),
-                                    ("job-on-layer", None, "pass_2"), ("frame-by-frame", "comp", "pass_1")])
+    assert sorted(types) == sorted(
+        [
+            ("previous-frame", "sim", "sim"),
+            ("layer-on-frame", "one", "sim"),
+            ("job-on-layer", None, "pass_2"),
+            ("frame-by-frame", "comp", "pass_1"),
+        ]
+    )
     assert [d["job"]["id"] for d in store.list_depends(up)["dependents"]] == [down, down]
-    assert states(store, down) == dict.fromkeys(["0001-comp", "0002-comp", "0003-comp", "0001-sim", "0002-sim",
-                                                 "0003-sim", "0004-sim", "0001-one"], "DEPEND")
+    assert states(store, down) == dict.fromkeys(
+        ["0001-comp", "0002-comp", "0003-comp", "0001-sim", "0002-sim", "0003-sim", "0004-sim", "0001-one"], "DEPEND"
+    )
     run(store, up, layer="pass_2")
-    assert depend_frames(store, down) == sorted(["0001-comp", "0002-comp", "0003-comp", "0001-one", "0002-sim",
-                                                 "0003-sim", "0004-sim"])
+    assert depend_frames(store, down) == sorted(
+        ["0001-comp", "0002-comp", "0003-comp", "0001-one", "0002-sim", "0003-sim", "0004-sim"]
+    )
     finish_frames(store, up, "pass_1", [2])
     sim = next(lay.layer_id for lay in store.runnable_layers() if lay.job_id == down and lay.layer == "sim")
     for number in (1, 2, 3, 4):  # the chain runs in order: one frame claimable at a time
         c = store.claim_frame(sim, host="h", worker="h:1", gpu_uuids=[], now=NOW + 10, lease_s=60)
         assert c is not None and c.number == number
         assert store.claim_frame(sim, host="h", worker="h:1", gpu_uuids=[], now=NOW + 10, lease_s=60) is None
-        store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW),
-                             now=NOW + 10)
+        store.complete_frame(
+            c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW), now=NOW + 10
+        )
     assert states(store, down)["0002-comp"] == "WAITING" and states(store, down)["0001-one"] == "WAITING"
     assert depend_frames(store, down) == ["0001-comp", "0003-comp"]
 
@@ -263,10 +310,18 @@ def test_a_killed_job_releases_its_dependents_and_one_with_dead_frames_does_not(
 
 
 def test_eating_the_last_dead_frame_releases_a_job_dependency(store):
-    up = store.submit(spec_from_mapping({"name": "up", "layers": [
-        {"name": "l", "command": ["false"], "range": "1-2", "retries": 0}]}, user="alice"), now=NOW)
-    down = store.submit(spec_from_mapping({"name": "down", "depends": ["up"], "layers": [
-        {"name": "l", "command": ["true"]}]}, user="alice"), now=NOW)
+    up = store.submit(
+        spec_from_mapping(
+            {"name": "up", "layers": [{"name": "l", "command": ["false"], "range": "1-2", "retries": 0}]}, user="alice"
+        ),
+        now=NOW,
+    )
+    down = store.submit(
+        spec_from_mapping(
+            {"name": "down", "depends": ["up"], "layers": [{"name": "l", "command": ["true"]}]}, user="alice"
+        ),
+        now=NOW,
+    )
     run(store, up, code=1)
     frames, _ = store.list_frames(job=up)
     assert {f["state"] for f in frames} == {"DEAD"} and depend_frames(store, down) == ["0001-l"]
@@ -285,11 +340,20 @@ def test_a_dependency_on_what_is_done_is_recorded_satisfied(store, ab):
 
 
 def test_undepend_all_releases_spec_dependencies_too(store):
-    job = store.submit(spec_from_mapping({"name": "j", "layers": [
-        {"name": "a", "command": ["true"], "range": "1-3"},
-        {"name": "b", "command": ["true"], "range": "1-3", "depends": ["a"]},
-        {"name": "c", "command": ["true"], "range": "1-3", "depends": [{"layer": "a", "type": "frame"}]}]},
-        user="alice"), now=NOW)
+    job = store.submit(
+        spec_from_mapping(
+            {
+                "name": "j",
+                "layers": [
+                    {"name": "a", "command": ["true"], "range": "1-3"},
+                    {"name": "b", "command": ["true"], "range": "1-3", "depends": ["a"]},
+                    {"name": "c", "command": ["true"], "range": "1-3", "depends": [{"layer": "a", "type": "frame"}]},
+                ],
+            },
+            user="alice",
+        ),
+        now=NOW,
+    )
     assert len(depend_frames(store, job)) == 6
     dropped = store.drop_depends(job, None, now=NOW + 1)
     assert {d["state"] for d in dropped} == {"dropped"} and depend_frames(store, job) == []
@@ -300,17 +364,17 @@ def test_refusals_change_nothing(store, ab):
     a, b = ab
     before = states(store, a)
     for kwargs, error, text in (
-            ({"on_job": a}, InvalidInput, "on itself"),
-            ({"layer": "pass_1", "on_layer": "pass_1"}, InvalidInput, "on itself"),
-            ({"frame": 3}, InvalidInput, "needs its --layer"),
-            ({"on_job": b, "on_frame": 3}, InvalidInput, "needs its --on-layer"),
-            ({"on_job": b, "how": "any"}, InvalidInput, "--any-frame"),
-            ({"on_job": b, "kind": "frame-by-frame"}, InvalidInput, "only a layer waits on a layer"),
-            ({"on_job": b, "kind": "layer-on-layer"}, InvalidInput, "make a job-on-job"),
-            ({"on_job": b, "kind": "bogus"}, InvalidInput, "not a dependency type"),
-            ({"on_job": b, "on_layer": "nope"}, NotFound, "no layer 'nope'"),
-            ({"on_job": b, "on_layer": "pass_1", "on_frame": 99}, NotFound, "no frame 99"),
-            ({"on_job": "no-such-job"}, NotFound, "no job"),
+        ({"on_job": a}, InvalidInput, "on itself"),
+        ({"layer": "pass_1", "on_layer": "pass_1"}, InvalidInput, "on itself"),
+        ({"frame": 3}, InvalidInput, "needs its --layer"),
+        ({"on_job": b, "on_frame": 3}, InvalidInput, "needs its --on-layer"),
+        ({"on_job": b, "how": "any"}, InvalidInput, "--any-frame"),
+        ({"on_job": b, "kind": "frame-by-frame"}, InvalidInput, "only a layer waits on a layer"),
+        ({"on_job": b, "kind": "layer-on-layer"}, InvalidInput, "make a job-on-job"),
+        ({"on_job": b, "kind": "bogus"}, InvalidInput, "not a dependency type"),
+        ({"on_job": b, "on_layer": "nope"}, NotFound, "no layer 'nope'"),
+        ({"on_job": b, "on_layer": "pass_1", "on_frame": 99}, NotFound, "no frame 99"),
+        ({"on_job": "no-such-job"}, NotFound, "no job"),
     ):
         with pytest.raises(error, match=text):
             store.add_depend(a, now=NOW, **kwargs)
@@ -350,8 +414,10 @@ def test_the_sweep_releases_edges_whose_target_is_done(store, ab):
     layer_id = store.get_job(a)["layers"][0]["id"]
 
     def restore(tx):
-        tx.run("INSERT INTO depend_edges(depend_id, layer_id, frame_id, on_kind, on_id) VALUES (?, ?, NULL, "
-               "'frame', ?)", (d["id"], layer_id, frame_id))
+        tx.run(
+            "INSERT INTO depend_edges(depend_id, layer_id, frame_id, on_kind, on_id) VALUES (?, ?, NULL, 'frame', ?)",
+            (d["id"], layer_id, frame_id),
+        )
         tx.run("UPDATE layers SET depend_count = depend_count + 1 WHERE id = ?", (layer_id,))
         tx.run("UPDATE frames SET state = 'DEPEND' WHERE layer_id = ? AND state = 'WAITING'", (layer_id,))
 
@@ -375,10 +441,15 @@ def test_postgres_roles_between_users(pg_url, roles):
         return open_store(pg_url.replace("postgres@", f"{roles[who]}@", 1))
 
     alice, bob, worker = as_("alice"), as_("bob"), as_("worker")
-    a = alice.submit(spec_from_mapping({"name": "a", "layers": [{"name": "l", "command": ["true"]}]},
-                                       user=roles["alice"]), now=NOW)
-    b = bob.submit(spec_from_mapping({"name": "b", "layers": [{"name": "l", "command": ["true"], "range": "1-2"}]},
-                                     user=roles["bob"]), now=NOW)
+    a = alice.submit(
+        spec_from_mapping({"name": "a", "layers": [{"name": "l", "command": ["true"]}]}, user=roles["alice"]), now=NOW
+    )
+    b = bob.submit(
+        spec_from_mapping(
+            {"name": "b", "layers": [{"name": "l", "command": ["true"], "range": "1-2"}]}, user=roles["bob"]
+        ),
+        now=NOW,
+    )
     d = alice.add_depend(a, on_job=b, now=NOW)
     with pytest.raises(NotOwner):
         bob.add_depend(a, on_job=b, on_layer="l", now=NOW)
@@ -388,8 +459,9 @@ def test_postgres_roles_between_users(pg_url, roles):
         assert conn.execute("DELETE FROM depend_edges").rowcount == 0
         assert conn.execute("UPDATE depends SET satisfied_at = 1").rowcount == 0
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("INSERT INTO depends(type, job_id, on_job_id, created_at) VALUES ('job-on-job', %s, %s, 1)",
-                         (a, b))
+            conn.execute(
+                "INSERT INTO depends(type, job_id, on_job_id, created_at) VALUES ('job-on-job', %s, %s, 1)", (a, b)
+            )
     assert depend_frames(alice, a) == ["0001-l"]
     bob.kill_job(b, now=NOW + 1)
     assert depend_frames(alice, a) == ["0001-l"]  # Bob's transaction could not release Alice's frame

@@ -125,7 +125,9 @@ def test_huge_range_is_refused_at_once_with_tiny_memory() -> None:
         tracemalloc.stop()
     assert time.perf_counter() - started < 20  # a bound on a blow-up, not a speed measure
     assert peak < 1_000_000
-    assert str(info.value) == "frame range '1-1000000000' has 1000000000 frames; the limit is 100000 (CUECTL_FRAME_LIMIT)"
+    assert (
+        str(info.value) == "frame range '1-1000000000' has 1000000000 frames; the limit is 100000 (CUECTL_FRAME_LIMIT)"
+    )
 
 
 def test_huge_section_among_others_is_a_lower_bound() -> None:
@@ -242,13 +244,15 @@ def _inclusive(a: int, b: int) -> list[int]:
 
 def _progressions() -> st.SearchStrategy[list[int]]:
     """Distinct lists made of arithmetic runs (what real chunks look like) plus noise."""
-    run = st.tuples(FRAMES, st.integers(-7, 7), st.integers(1, 12)).map(lambda t: [t[0] + t[1] * i for i in range(t[2])])
+    run = st.tuples(FRAMES, st.integers(-7, 7), st.integers(1, 12)).map(
+        lambda t: [t[0] + t[1] * i for i in range(t[2])]
+    )
     return st.lists(st.one_of(run, st.lists(FRAMES, max_size=3)), max_size=8).map(
         lambda parts: list(dict.fromkeys(f for part in parts for f in part))
     )
 
 
-@given(st.one_of(st.lists(st.integers(-10**6, 10**6), unique=True, max_size=40), _progressions()))
+@given(st.one_of(st.lists(st.integers(-(10**6), 10**6), unique=True, max_size=40), _progressions()))
 def test_compact_range_round_trips(frames: list[int]) -> None:
     text = compact_range(frames)
     if frames:

@@ -27,8 +27,9 @@ def test_the_flags_are_one_frozen_dataclass_named_by_spec_keys():
         assert key in spec.JOB_KEYS or key in spec.LAYER_KEYS, f.name
         assert f.metadata["flags"] and all(name.startswith("-") for name in f.metadata["flags"])
     assert intake.FLAG_OPTIONS["-D"] == intake.FLAG_OPTIONS["--chdir"] == ("cwd", "str")
-    assert intake.SubmitFlags.from_options({"--gpu-model": ["A100"], "--paused": True}) == \
-        intake.SubmitFlags(gpu_models=("A100",), paused=True)
+    assert intake.SubmitFlags.from_options({"--gpu-model": ["A100"], "--paused": True}) == intake.SubmitFlags(
+        gpu_models=("A100",), paused=True
+    )
     # the fast path's tables cover every option
     assert set(intake.VALUE_OPTIONS) | set(intake.SWITCHES) == set(intake.FLAG_OPTIONS)
 
@@ -45,8 +46,9 @@ def test_the_flag_form_names_the_flag_at_fault():
 def test_flags_override_a_spec_and_a_layer_flag_needs_one_layer(tmp_path: Path):
     one = tmp_path / "one.yaml"
     one.write_text("name: one\npriority: 3\nlayers:\n  - name: a\n    command: 'true'\n    gpus: 0\n")
-    loaded = intake.load(intake.read_source(one), CONTEXT,
-                         flags=intake.SubmitFlags(priority=9, gpus=2, env=("A=1",), log_limit="1M"))
+    loaded = intake.load(
+        intake.read_source(one), CONTEXT, flags=intake.SubmitFlags(priority=9, gpus=2, env=("A=1",), log_limit="1M")
+    )
     job = loaded.one()
     assert (job.priority, job.layers[0].gpus, dict(job.layers[0].env)["A"]) == (9, 2, "1")
     assert job.layers[0].log_limit_bytes == 1024 * 1024

@@ -17,8 +17,13 @@ NOW = time.time()
 
 
 def submit(store, name: str = "sweep", range_: str = "1-3", retries: int = 0) -> int:
-    return store.submit(spec_from_mapping({"name": name, "layers": [
-        {"name": "main", "command": ["true"], "range": range_, "retries": retries}]}, user="alice"), now=NOW)
+    return store.submit(
+        spec_from_mapping(
+            {"name": name, "layers": [{"name": "main", "command": ["true"], "range": range_, "retries": retries}]},
+            user="alice",
+        ),
+        now=NOW,
+    )
 
 
 def frame_ids(store, job: int) -> list[int]:
@@ -48,9 +53,19 @@ def test_killing_a_running_frame_keeps_the_killer_through_the_workers_report(sto
     claimed = store.claim_frame(layer.layer_id, host="h1", worker="w", gpu_uuids=[], now=NOW, lease_s=600)
     store.frames_action([claimed.frame_id], "kill", now=NOW + 1)
     # The worker kills the group and reports how it ended, as it does for a user's kill.
-    store.complete_frame(claimed.frame_id, claimed.attempt,
-                         FrameResult(exit_code=None, exit_signal=15, started_at=NOW, ended_at=NOW + 1,
-                                     failure="killed by a user", failure_kind="killed"), now=NOW + 1)
+    store.complete_frame(
+        claimed.frame_id,
+        claimed.attempt,
+        FrameResult(
+            exit_code=None,
+            exit_signal=15,
+            started_at=NOW,
+            ended_at=NOW + 1,
+            failure="killed by a user",
+            failure_kind="killed",
+        ),
+        now=NOW + 1,
+    )
     frame = store.get_frame(claimed.frame_id)
     me = store.actor().name
     assert (frame["state"], frame["failure"]) == ("DEAD", f"killed by {me} (frame kill)")
@@ -62,8 +77,9 @@ def test_a_frame_that_failed_is_counted_as_failed(store):
     job = submit(store, range_="1-2")
     layer = store.runnable_layers()[0]
     claimed = store.claim_frame(layer.layer_id, host="h1", worker="w", gpu_uuids=[], now=NOW, lease_s=600)
-    store.complete_frame(claimed.frame_id, claimed.attempt,
-                         FrameResult(exit_code=3, started_at=NOW, ended_at=NOW + 1), now=NOW + 1)
+    store.complete_frame(
+        claimed.frame_id, claimed.attempt, FrameResult(exit_code=3, started_at=NOW, ended_at=NOW + 1), now=NOW + 1
+    )
     store.frames_action([i for i in frame_ids(store, job) if i != claimed.frame_id], "kill", now=NOW + 2)
     me = store.actor().name
     assert store.get_job(job)["outcome_reason"] == f"1 frame killed by {me}, 1 frame failed"
@@ -78,9 +94,18 @@ def test_a_succeeded_or_unfinished_job_has_no_reason(store):
 
 def test_outcome_reason_words() -> None:
     assert outcome_reason({}) is None
-    assert outcome_reason({"killed by bob (frame kill)": 2, "killed by alice (frame kill)": 1, "exit 1": 3,
-                           None: 1, "killed by signal 9 (SIGKILL)": 1}) == \
-        "2 frames killed by bob, 1 frame killed by alice, 5 frames failed"
+    assert (
+        outcome_reason(
+            {
+                "killed by bob (frame kill)": 2,
+                "killed by alice (frame kill)": 1,
+                "exit 1": 3,
+                None: 1,
+                "killed by signal 9 (SIGKILL)": 1,
+            }
+        )
+        == "2 frames killed by bob, 1 frame killed by alice, 5 frames failed"
+    )
 
 
 def test_frame_id_by_name(store):
@@ -91,9 +116,19 @@ def test_frame_id_by_name(store):
     assert store.frame_id(str(ids[0])) == ids[0]
     with pytest.raises(NotFound):
         store.frame_id("shots/sq010/0003-main")
-    other = store.submit(spec_from_mapping({"name": "two", "layers": [
-        {"name": "a", "command": ["true"], "range": "1"}, {"name": "b", "command": ["true"], "range": "1"}]},
-        user="alice"), now=NOW)
+    other = store.submit(
+        spec_from_mapping(
+            {
+                "name": "two",
+                "layers": [
+                    {"name": "a", "command": ["true"], "range": "1"},
+                    {"name": "b", "command": ["true"], "range": "1"},
+                ],
+            },
+            user="alice",
+        ),
+        now=NOW,
+    )
     with pytest.raises(Conflict):
         store.frame_id(f"{other}/1")
     assert store.frame_id(f"{other}/0001-b") == frame_ids(store, other)[1]

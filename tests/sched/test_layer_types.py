@@ -16,9 +16,11 @@ def spec(*layers):
 
 
 def test_a_post_layer_waits_for_every_other_layer(tmp_path):
-    job = spec({"name": "render", "command": ["true"], "range": "1-3"},
-               {"name": "notify", "command": ["true"], "type": "post"},
-               {"name": "util", "command": ["true"], "type": "Util"})
+    job = spec(
+        {"name": "render", "command": ["true"], "range": "1-3"},
+        {"name": "notify", "command": ["true"], "type": "post"},
+        {"name": "util", "command": ["true"], "type": "Util"},
+    )
     types = {layer.name: layer.type for layer in job.layers}
     assert types == {"render": "Render", "notify": "Post", "util": "Util"}
     post = next(layer for layer in job.layers if layer.name == "notify")

@@ -414,7 +414,10 @@ def test_explain_fits_somewhere() -> None:
 
 def test_explain_vendor() -> None:
     reason = explain_hosts(GpuRequest(gpus=1, gpu_vendor="AMD"), {"render-01": V100_HOST})
-    assert reason == "no registered host has 1 device matching vendor AMD (hosts have: NVIDIA Tesla V100-SXM2-16GB ×4 on render-01)"
+    assert (
+        reason
+        == "no registered host has 1 device matching vendor AMD (hosts have: NVIDIA Tesla V100-SXM2-16GB ×4 on render-01)"
+    )
 
 
 def test_explain_count() -> None:
@@ -423,7 +426,10 @@ def test_explain_count() -> None:
 
 
 def test_explain_count_after_a_constraint() -> None:
-    hosts = {"render-01": V100_HOST, "render-02": [dev(0, model=A100, total=80 * GIB), dev(1, model=A100, total=80 * GIB)]}
+    hosts = {
+        "render-01": V100_HOST,
+        "render-02": [dev(0, model=A100, total=80 * GIB), dev(1, model=A100, total=80 * GIB)],
+    }
     reason = explain_hosts(GpuRequest(gpus=3, gpu_models=("A100",)), hosts)
     assert reason == "no registered host has 3 devices matching model 'A100' (most: 2 on render-02)"
 

@@ -22,8 +22,14 @@ SHOWN = "http://127.0.0.1:9/***"  # webhook URLs are shown masked (they may hold
 
 
 def job(notify, *, frames="1-2", retries=0, name="j", user="alice"):
-    return spec_from_mapping({"name": name, "notify": notify, "layers": [
-        {"name": "l", "command": ["true"], "range": frames, "retries": retries, "retry_delay": 0}]}, user=user)
+    return spec_from_mapping(
+        {
+            "name": name,
+            "notify": notify,
+            "layers": [{"name": "l", "command": ["true"], "range": frames, "retries": retries, "retry_delay": 0}],
+        },
+        user=user,
+    )
 
 
 def run_all(store, job_id, code=0, now=NOW):
@@ -38,16 +44,21 @@ def rows(store, job_id=None):
 # -- the spec --------------------------------------------------------------------------------
 def test_spec_validates_and_names_the_field():
     spec = job([HOOK, {"command": "echo done", "on": ["dead", "failed"]}, {"email": "a@b.example", "on": "finished"}])
-    assert [(n.kind, n.on) for n in spec.notify] == [("webhook", ("finished", "failed")),
-                                                     ("command", ("failed", "dead")), ("email", ("finished",))]
-    for bad, message in (([{"webhook": "ftp://x"}], r"notify\[0\]\.webhook: .*not an http"),
-                         ([HOOK, {"email": "nobody"}], r"notify\[1\]\.email: .*not an email"),
-                         ([{"webhook": "http://h/", "email": "a@b"}], r"notify\[0\]: exactly one of"),
-                         ([{"on": ["finished"]}], r"notify\[0\]: exactly one of"),
-                         ([{"command": "x", "on": ["done"]}], r"notify\[0\]\.on: 'done' is not one of"),
-                         ([{"command": "x", "to": 1}], r"notify\[0\]: unknown key 'to'"),
-                         ("http://h/", r"notify: expected a list"),
-                         ([{"email": "a@b\nBcc: c@d"}], r"notify\[0\]\.email")):
+    assert [(n.kind, n.on) for n in spec.notify] == [
+        ("webhook", ("finished", "failed")),
+        ("command", ("failed", "dead")),
+        ("email", ("finished",)),
+    ]
+    for bad, message in (
+        ([{"webhook": "ftp://x"}], r"notify\[0\]\.webhook: .*not an http"),
+        ([HOOK, {"email": "nobody"}], r"notify\[1\]\.email: .*not an email"),
+        ([{"webhook": "http://h/", "email": "a@b"}], r"notify\[0\]: exactly one of"),
+        ([{"on": ["finished"]}], r"notify\[0\]: exactly one of"),
+        ([{"command": "x", "on": ["done"]}], r"notify\[0\]\.on: 'done' is not one of"),
+        ([{"command": "x", "to": 1}], r"notify\[0\]: unknown key 'to'"),
+        ("http://h/", r"notify: expected a list"),
+        ([{"email": "a@b\nBcc: c@d"}], r"notify\[0\]\.email"),
+    ):
         with pytest.raises(InvalidInput, match=message):
             job(bad)
     flags = nt.from_flags(webhooks=["https://h/x"], commands=["true"], on=["dead"])
@@ -66,22 +77,21 @@ def test_finished_job_records_one_row_per_target(store):
     assert store.get_job(job_id)["notify"][0] == {"on": ["finished", "failed"], "webhook": "http://127.0.0.1:9/***"}
     run_all(store, job_id)
     assert store.get_job(job_id)["outcome"] == "SUCCEEDED"
-    assert sorted(rows(store, job_id)) == [("finished", None, "command", "true"),
-                                           ("finished", None, "webhook", SHOWN)]
+    assert sorted(rows(store, job_id)) == [("finished", None, "command", "true"), ("finished", None, "webhook", SHOWN)]
     other = store.submit(job([]), now=NOW)  # no notify, no defaults: nothing
     run_all(store, other)
     assert rows(store, other) == []
 
 
 def test_failure_and_dead_frames(store):
-    job_id = store.submit(job([{**HOOK, "on": ["failed", "dead"]}, {"command": "true", "on": ["finished"]}],
-                              frames="1-3"), now=NOW)
+    job_id = store.submit(
+        job([{**HOOK, "on": ["failed", "dead"]}, {"command": "true", "on": ["finished"]}], frames="1-3"), now=NOW
+    )
     states = run_all(store, job_id, code=1)
     assert states == ["DEAD"] * 3
     got = sorted(rows(store, job_id), key=lambda r: (r[0], r[1] or 0))
     frames = sorted(f["id"] for f in store.list_frames(job=job_id)[0])
-    assert got == [*(("dead", f, "webhook", SHOWN) for f in frames),
-                   ("failed", None, "webhook", SHOWN)]
+    assert got == [*(("dead", f, "webhook", SHOWN) for f in frames), ("failed", None, "webhook", SHOWN)]
 
 
 def test_kill_is_a_failure_and_a_killed_waiting_frame_is_dead(store):
@@ -127,13 +137,17 @@ def test_repeat_safe_and_a_new_finish_rearms(store):
 def test_farm_defaults_apply_to_every_job(store):
     assert store.notify_defaults() == []
     store.set_notify_defaults(nt.entries([{"webhook": "http://127.0.0.1:9/farm", "on": ["failed"]}, HOOK]))
-    assert store.notify_defaults() == [{"on": ["failed"], "webhook": "http://127.0.0.1:9/farm"},
-                                       {"on": ["finished", "failed"], "webhook": HOOK["webhook"]}]
+    assert store.notify_defaults() == [
+        {"on": ["failed"], "webhook": "http://127.0.0.1:9/farm"},
+        {"on": ["finished", "failed"], "webhook": HOOK["webhook"]},
+    ]
     job_id = store.submit(job([HOOK]), now=NOW)  # the same target as a default: one row
     run_all(store, job_id, code=1)
     assert len(rows(store, job_id)) == 2
-    assert sorted(r["target"] for r in store.claim_notifications("d:1", now=NOW + 5)) == \
-        ["http://127.0.0.1:9/farm", HOOK["webhook"]]  # a deliverer gets them whole
+    assert sorted(r["target"] for r in store.claim_notifications("d:1", now=NOW + 5)) == [
+        "http://127.0.0.1:9/farm",
+        HOOK["webhook"],
+    ]  # a deliverer gets them whole
     store.set_notify_defaults([])
     assert store.notify_defaults() == []
 
@@ -144,8 +158,13 @@ def test_claims_back_off_and_give_up(store):
     run_all(store, job_id)
     [row] = store.list_notifications(job=job_id)
     [c] = store.claim_notifications("a:1", now=NOW + 2, lease_s=30)
-    assert (c["job"], c["user"], c["kind"], c["target"], c["event"]) == ("j", "alice", "webhook", HOOK["webhook"],
-                                                                         "finished")
+    assert (c["job"], c["user"], c["kind"], c["target"], c["event"]) == (
+        "j",
+        "alice",
+        "webhook",
+        HOOK["webhook"],
+        "finished",
+    )
     assert store.claim_notifications("b:1", now=NOW + 3) == []  # claimed: nobody else gets it
     assert not store.notification_delivered(row["id"], "b:1", now=NOW + 3)  # not b's claim
     assert store.notification_failed(row["id"], "a:1", "HTTP 500", now=NOW + 4)
@@ -230,13 +249,18 @@ def test_postgres_roles(pg_url, roles):
     # A user's own `job kill` finishes the job: the rows are written by the user's role.
     job_id = alice.submit(job([HOOK], frames="1-2", user=roles["alice"]), now=NOW)
     alice.kill_job(job_id, now=NOW + 1)
-    assert sorted((r["event"], r["kind"]) for r in alice.list_notifications(job=job_id)) == \
-        [("failed", "email"), ("failed", "webhook")]
+    assert sorted((r["event"], r["kind"]) for r in alice.list_notifications(job=job_id)) == [
+        ("failed", "email"),
+        ("failed", "webhook"),
+    ]
     # Nobody else inserts, changes or removes a user's rows; the worker delivers them.
     with psycopg.connect(pg_url.replace("postgres@", f"{roles['bob']}@", 1), autocommit=True) as conn:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("INSERT INTO notifications(job_id, event, frame_id, target, created_at, next_at) "
-                         "VALUES (%s, 'failed', 0, '{\"kind\":\"command\",\"target\":\"id\"}', 1, 1)", (job_id,))
+            conn.execute(
+                "INSERT INTO notifications(job_id, event, frame_id, target, created_at, next_at) "
+                'VALUES (%s, \'failed\', 0, \'{"kind":"command","target":"id"}\', 1, 1)',
+                (job_id,),
+            )
         assert conn.execute("UPDATE notifications SET delivered_at = 1 WHERE job_id = %s", (job_id,)).rowcount == 0
         assert conn.execute("DELETE FROM notifications WHERE job_id = %s", (job_id,)).rowcount == 0
         with pytest.raises(psycopg.errors.InsufficientPrivilege):

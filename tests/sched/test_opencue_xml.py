@@ -20,7 +20,7 @@ from cuectl.sched.opencue_xml import (
 from cuectl.sched.spec import spec_from_mapping
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "opencue"
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _read(name: str, submitter: str | None = "testuser"):
@@ -92,7 +92,9 @@ def test_frame_by_frame_and_post_layers():
 def test_several_jobs_in_one_spec():
     # cuebot/src/test/resources/conf/jobspec/jobspec_depend_test.xml
     assert [s.name for s in _specs("jobspec_depend_test.xml")] == [
-        "pipe-dev.cue-testuser_depend_test_a", "pipe-dev.cue-testuser_depend_test_b"]
+        "pipe-dev.cue-testuser_depend_test_a",
+        "pipe-dev.cue-testuser_depend_test_b",
+    ]
 
 
 def test_every_cuebot_depend_type_maps_within_and_across_jobs():
@@ -102,37 +104,55 @@ def test_every_cuebot_depend_type_maps_within_and_across_jobs():
 
     def depend(kind, er_layer="", on_layer="", on_frame="", er_frame="", er=b, on=a, anyframe=""):
         parts = [f"<depjob>{er}</depjob>", f"<onjob>{on}</onjob>"]
-        parts += [f"<{tag}>{value}</{tag}>" for tag, value in (("deplayer", er_layer), ("onlayer", on_layer),
-                                                                ("onframe", on_frame), ("depframe", er_frame)) if value]
+        parts += [
+            f"<{tag}>{value}</{tag}>"
+            for tag, value in (
+                ("deplayer", er_layer),
+                ("onlayer", on_layer),
+                ("onframe", on_frame),
+                ("depframe", er_frame),
+            )
+            if value
+        ]
         extra = f' anyframe="{anyframe}"' if anyframe else ""
         return f'<depend type="{kind}"{extra}>{"".join(parts)}</depend>'
 
-    depends = "".join([
-        depend("JOB_ON_JOB"), depend("JOB_ON_LAYER", on_layer="pass_1"), depend("JOB_ON_FRAME", on_frame="0003-pass_2"),
-        depend("LAYER_ON_JOB", er_layer="pass_1"), depend("LAYER_ON_LAYER", "pass_2", "pass_2", anyframe="true"),
-        depend("LAYER_ON_FRAME", "pass_1", "pass_1", "0005-pass_1"), depend("FRAME_BY_FRAME", "pass_2", "pass_1"),
-        depend("PREVIOUS_FRAME", "pass_1", "pass_1", er=a, on=a), depend("LAYER_ON_SIM_FRAME", "pass_2",
-                                                                          on_frame="0001-pass_1", er=a, on=a),
-        depend("FRAME_ON_FRAME", "pass_1", "pass_1", "0002-pass_1", er_frame="0002-pass_1")])
+    depends = "".join(
+        [
+            depend("JOB_ON_JOB"),
+            depend("JOB_ON_LAYER", on_layer="pass_1"),
+            depend("JOB_ON_FRAME", on_frame="0003-pass_2"),
+            depend("LAYER_ON_JOB", er_layer="pass_1"),
+            depend("LAYER_ON_LAYER", "pass_2", "pass_2", anyframe="true"),
+            depend("LAYER_ON_FRAME", "pass_1", "pass_1", "0005-pass_1"),
+            depend("FRAME_BY_FRAME", "pass_2", "pass_1"),
+            depend("PREVIOUS_FRAME", "pass_1", "pass_1", er=a, on=a),
+            depend("LAYER_ON_SIM_FRAME", "pass_2", on_frame="0001-pass_1", er=a, on=a),
+            depend("FRAME_ON_FRAME", "pass_1", "pass_1", "0002-pass_1", er_frame="0002-pass_1"),
+        ]
+    )
     text = (FIXTURES / "jobspec_depend_test.xml").read_text().replace("</spec>", f"<depends>{depends}</depends></spec>")
     imported = parse_opencue_xml(text)
     (job_a, _), (job_b, _) = imported
     assert job_b["depends"] == [{"job": a}, {"job": a, "layer": "pass_1"}, {"job": a, "layer": "pass_2", "frame": 3}]
     by_layer = {layer["name"]: layer.get("depends") for layer in job_b["layers"]}
-    assert by_layer == {"pass_1": [{"job": a}, {"job": a, "layer": "pass_1", "frame": 5}],
-                        "pass_2": [{"job": a, "layer": "pass_2", "type": "any"},
-                                   {"job": a, "layer": "pass_1", "type": "frame"}]}
+    assert by_layer == {
+        "pass_1": [{"job": a}, {"job": a, "layer": "pass_1", "frame": 5}],
+        "pass_2": [{"job": a, "layer": "pass_2", "type": "any"}, {"job": a, "layer": "pass_1", "type": "frame"}],
+    }
     assert [layer.get("depends") for layer in job_a["layers"]] == [
-        [{"layer": "pass_1", "type": "previous"}], [{"layer": "pass_1", "frame": 1}]]
+        [{"layer": "pass_1", "type": "previous"}],
+        [{"layer": "pass_1", "frame": 1}],
+    ]
     notes = [str(n) for _, ns in imported for n in ns]
     assert notes == []  # FRAME_ON_FRAME too is honoured (issue 41), not noted
-    assert take_frame_depends(job_b) == [{"type": "frame-on-frame", "layer": "pass_1", "frame": 2, "on_job": a,
-                                          "on_layer": "pass_1", "on_frame": 2}]
+    assert take_frame_depends(job_b) == [
+        {"type": "frame-on-frame", "layer": "pass_1", "frame": 2, "on_job": a, "on_layer": "pass_1", "on_frame": 2}
+    ]
     assert take_frame_depends(job_b) == [] and take_frame_depends(job_a) == []
     assert order_jobs(imported, "x") == [0, 1]  # b waits on a: a first
     with pytest.raises(InvalidInput, match="wait on each other in a cycle"):
-        order_jobs(parse_opencue_xml(text.replace("</depends>", depend("JOB_ON_JOB", er=a, on=b) + "</depends>")),
-                   "x")
+        order_jobs(parse_opencue_xml(text.replace("</depends>", depend("JOB_ON_JOB", er=a, on=b) + "</depends>")), "x")
 
 
 def test_notes_for_unsupported_elements():
@@ -148,8 +168,11 @@ def test_notes_for_unsupported_elements():
 
 
 def test_several_tags_are_any_of():
-    text = (FIXTURES / "jobspec_simple.xml").read_text().replace("<chunk>1</chunk>",
-                                                                   "<chunk>1</chunk><tags>gpu | desktop</tags>")
+    text = (
+        (FIXTURES / "jobspec_simple.xml")
+        .read_text()
+        .replace("<chunk>1</chunk>", "<chunk>1</chunk><tags>gpu | desktop</tags>")
+    )
     ((mapping, notes),) = parse_opencue_xml(text)
     assert mapping["layers"][0]["tags"] == ["gpu | desktop"]  # one entry: either tag will do
     assert not any("<tags>" in str(n) for n in notes)
@@ -167,22 +190,24 @@ def test_pyoutline_output():
     assert notes == []
     spec = spec_from_mapping(mapping, user="artist")
     render, comp, publish = spec.layers
-    assert (render.cores, render.memory_bytes, render.gpus, render.gpu_memory_min_bytes) == (2.0, 512 * 1024 ** 2,
-                                                                                              1, GIB)
+    assert (render.cores, render.memory_bytes, render.gpus, render.gpu_memory_min_bytes) == (2.0, 512 * 1024**2, 1, GIB)
     assert render.timeout_s == 1800 and render.retries == 2 and render.tags == ("gpu",)
     assert [(d.on, d.type) for d in comp.depends] == [("render", "frame")]
     assert {d.on for d in publish.depends} == {"render", "comp"}
     assert spec.priority == 10 and spec.max_gpus == 4 and spec.project == "demo"
 
 
-@pytest.mark.parametrize("text,points", [("100", 100), ("25", 25), ("1.0", 100), ("1.5", 150), ("5", 100),
-                                         ("0", 0), ("-100", -100)])
+@pytest.mark.parametrize(
+    "text,points", [("100", 100), ("25", 25), ("1.0", 100), ("1.5", 150), ("5", 100), ("0", 0), ("-100", -100)]
+)
 def test_core_points(text, points):
     assert core_points(text, "x") == points
 
 
-@pytest.mark.parametrize("text,kib", [("1", 1024 ** 2), ("2gb", 2 * 1024 ** 2), ("512m", 512 * 1024),
-                                      ("7g", 7 * 1024 ** 2), ("1.5G", int(1.5 * 1024 ** 2))])
+@pytest.mark.parametrize(
+    "text,kib",
+    [("1", 1024**2), ("2gb", 2 * 1024**2), ("512m", 512 * 1024), ("7g", 7 * 1024**2), ("1.5G", int(1.5 * 1024**2))],
+)
 def test_memory_units(text, kib):
     assert memory_kib(text, "x") == kib
 
@@ -194,15 +219,18 @@ BOMB = """<?xml version="1.0"?>
 EXTERNAL = """<?xml version="1.0"?><!DOCTYPE spec [<!ENTITY x SYSTEM "file:///etc/passwd">]><spec>&x;</spec>"""
 
 
-@pytest.mark.parametrize("text,message", [
-    (BOMB, "entity declarations (<!ENTITY) are refused"),
-    (EXTERNAL, "entity declarations (<!ENTITY) are refused"),
-    ("<spec><job name='x'>", "invalid XML at line 1"),
-    ("<spec>&undefined;</spec>", "invalid XML at line 1, column 7: undefined entity"),
-    ("<job name='x'/>", "not an OpenCue job spec (the root element is <job>"),
-    ("<spec><show>a</show></spec>", "the spec has no <job>"),
-    ("<spec>" + " " * (10 * 1024 * 1024) + "</spec>", "larger than 10 MB"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        (BOMB, "entity declarations (<!ENTITY) are refused"),
+        (EXTERNAL, "entity declarations (<!ENTITY) are refused"),
+        ("<spec><job name='x'>", "invalid XML at line 1"),
+        ("<spec>&undefined;</spec>", "invalid XML at line 1, column 7: undefined entity"),
+        ("<job name='x'/>", "not an OpenCue job spec (the root element is <job>"),
+        ("<spec><show>a</show></spec>", "the spec has no <job>"),
+        ("<spec>" + " " * (10 * 1024 * 1024) + "</spec>", "larger than 10 MB"),
+    ],
+)
 def test_hostile_or_malformed_xml_is_one_clear_error(text, message):
     with pytest.raises(InvalidInput) as err:
         parse_opencue_xml(text, source="job.xml")
@@ -211,60 +239,94 @@ def test_hostile_or_malformed_xml_is_one_clear_error(text, message):
 
 def test_bad_values_name_the_element():
     text = (FIXTURES / "jobspec_simple.xml").read_text()
-    for old, new, message in [("<chunk>1</chunk>", "<chunk>x</chunk>", "<chunk>: expected a whole number"),
-                              ('type="Render"', 'type="Bake"', "type must be Render, Util or Post"),
-                              ("<paused>False</paused>", "<paused>maybe</paused>", "<paused>: expected True")]:
+    for old, new, message in [
+        ("<chunk>1</chunk>", "<chunk>x</chunk>", "<chunk>: expected a whole number"),
+        ('type="Render"', 'type="Bake"', "type must be Render, Util or Post"),
+        ("<paused>False</paused>", "<paused>maybe</paused>", "<paused>: expected True"),
+    ]:
         with pytest.raises(InvalidInput, match=message):
             parse_opencue_xml(text.replace(old, new))
 
 
 # -- cuectl's extension elements (docs/opencue-xml.md): a layer's per-device GPU request ----------
 def _gpu_layer(elements: str, gpus: str = "<gpus>2</gpus>") -> str:
-    return (f"<spec><show>demo</show><job name='shot'><layers><layer name='beauty' type='Render'>"
-            f"<cmd>render #IFRAME#</cmd><range>1-4</range>{gpus}{elements}</layer></layers></job></spec>")
+    return (
+        f"<spec><show>demo</show><job name='shot'><layers><layer name='beauty' type='Render'>"
+        f"<cmd>render #IFRAME#</cmd><range>1-4</range>{gpus}{elements}</layer></layers></job></spec>"
+    )
 
 
 def test_extension_elements_are_the_layers_gpu_request():
-    ((mapping, notes),) = parse_opencue_xml(_gpu_layer(
-        "<gpu_vendor>nvidia</gpu_vendor><gpu_models_allowed>A100, RTX 4090 ,</gpu_models_allowed>"
-        f"<min_gpu_memory_bytes>{24 * GIB}</min_gpu_memory_bytes>"), source="job.xml")
+    ((mapping, notes),) = parse_opencue_xml(
+        _gpu_layer(
+            "<gpu_vendor>nvidia</gpu_vendor><gpu_models_allowed>A100, RTX 4090 ,</gpu_models_allowed>"
+            f"<min_gpu_memory_bytes>{24 * GIB}</min_gpu_memory_bytes>"
+        ),
+        source="job.xml",
+    )
     assert notes == []  # known elements: no "not an element of any CJSL version" warning
     (layer,) = spec_from_mapping(mapping, user="u").layers
     assert (layer.gpus, layer.gpu_vendor, layer.gpu_models, layer.gpu_memory_min_bytes) == (
-        2, "NVIDIA", ("A100", "RTX 4090"), 24 * GIB)
+        2,
+        "NVIDIA",
+        ("A100", "RTX 4090"),
+        24 * GIB,
+    )
 
 
 def test_min_gpu_memory_and_opencues_gpu_memory_both_hold():
     # <gpu_memory> is OpenCue's total over the frame's devices (8 GiB / 2 = 4 GiB each): a
     # device must meet it and the per-device minimum, so the larger of the two wins.
     for per_device, expected in ((6 * GIB, 6 * GIB), (GIB, 4 * GIB)):
-        ((mapping, _),) = parse_opencue_xml(_gpu_layer(
-            f"<gpu_memory>8g</gpu_memory><min_gpu_memory_bytes>{per_device}</min_gpu_memory_bytes>"))
+        ((mapping, _),) = parse_opencue_xml(
+            _gpu_layer(f"<gpu_memory>8g</gpu_memory><min_gpu_memory_bytes>{per_device}</min_gpu_memory_bytes>")
+        )
         assert spec_from_mapping(mapping, user="u").layers[0].gpu_memory_min_bytes == expected
 
 
 def test_empty_extension_elements_ask_nothing():
-    ((mapping, notes),) = parse_opencue_xml(_gpu_layer(
-        "<gpu_vendor/><gpu_models_allowed> </gpu_models_allowed><min_gpu_memory_bytes>0</min_gpu_memory_bytes>",
-        gpus=""))
+    ((mapping, notes),) = parse_opencue_xml(
+        _gpu_layer(
+            "<gpu_vendor/><gpu_models_allowed> </gpu_models_allowed><min_gpu_memory_bytes>0</min_gpu_memory_bytes>",
+            gpus="",
+        )
+    )
     assert notes == []
     (layer,) = spec_from_mapping(mapping, user="u").layers
     assert (layer.gpus, layer.gpu_vendor, layer.gpu_models, layer.gpu_memory_min_bytes) == (0, None, (), 0)
 
 
-@pytest.mark.parametrize("elements,gpus,message", [
-    ("<gpu_vendor>NVIDA</gpu_vendor>", "<gpus>1</gpus>", "(beauty): <gpu_vendor>: unknown vendor 'NVIDA'"),
-    ("<gpu_models_allowed>A100," + "x" * 201 + "</gpu_models_allowed>", "<gpus>1</gpus>",
-     "(beauty): <gpu_models_allowed>[1]: invalid GPU model"),
-    ("<gpu_models_allowed><gpu_model>A100</gpu_model></gpu_models_allowed>", "<gpus>1</gpus>",
-     "(beauty): <gpu_models_allowed>: expected model names separated by commas"),
-    ("<min_gpu_memory_bytes>24G</min_gpu_memory_bytes>", "<gpus>1</gpus>",
-     "(beauty): <min_gpu_memory_bytes>: expected a whole number, got '24G'"),
-    ("<min_gpu_memory_bytes>-1</min_gpu_memory_bytes>", "<gpus>1</gpus>",
-     "(beauty): <min_gpu_memory_bytes>: must be 0 or more"),
-    ("<gpu_vendor>AMD</gpu_vendor>", "",
-     "(beauty): <gpu_vendor>: only applies to GPU requests; set <gpus> to 1 or more"),
-])
+@pytest.mark.parametrize(
+    "elements,gpus,message",
+    [
+        ("<gpu_vendor>NVIDA</gpu_vendor>", "<gpus>1</gpus>", "(beauty): <gpu_vendor>: unknown vendor 'NVIDA'"),
+        (
+            "<gpu_models_allowed>A100," + "x" * 201 + "</gpu_models_allowed>",
+            "<gpus>1</gpus>",
+            "(beauty): <gpu_models_allowed>[1]: invalid GPU model",
+        ),
+        (
+            "<gpu_models_allowed><gpu_model>A100</gpu_model></gpu_models_allowed>",
+            "<gpus>1</gpus>",
+            "(beauty): <gpu_models_allowed>: expected model names separated by commas",
+        ),
+        (
+            "<min_gpu_memory_bytes>24G</min_gpu_memory_bytes>",
+            "<gpus>1</gpus>",
+            "(beauty): <min_gpu_memory_bytes>: expected a whole number, got '24G'",
+        ),
+        (
+            "<min_gpu_memory_bytes>-1</min_gpu_memory_bytes>",
+            "<gpus>1</gpus>",
+            "(beauty): <min_gpu_memory_bytes>: must be 0 or more",
+        ),
+        (
+            "<gpu_vendor>AMD</gpu_vendor>",
+            "",
+            "(beauty): <gpu_vendor>: only applies to GPU requests; set <gpus> to 1 or more",
+        ),
+    ],
+)
 def test_bad_extension_elements_name_the_element(elements, gpus, message):
     with pytest.raises(InvalidInput) as err:
         parse_opencue_xml(_gpu_layer(elements, gpus=gpus), source="job.xml")
@@ -274,5 +336,6 @@ def test_bad_extension_elements_name_the_element(elements, gpus, message):
 
 def test_unknown_layer_elements_still_warn_beside_the_extension():
     ((_, notes),) = parse_opencue_xml(_gpu_layer("<gpu_vendor>NVIDIA</gpu_vendor><gpu_colour>green</gpu_colour>"))
-    assert [str(n) for n in notes] == ["shot: layer beauty: <gpu_colour>: not honoured: not an element of any "
-                                       "CJSL version"]
+    assert [str(n) for n in notes] == [
+        "shot: layer beauty: <gpu_colour>: not honoured: not an element of any CJSL version"
+    ]

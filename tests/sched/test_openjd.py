@@ -55,15 +55,26 @@ def test_embedded_script_really_runs(tmp_path):
     """The shell string that materialises the embedded file runs under /bin/sh as the
     worker would run it (the token replaced by the frame number)."""
     template = {
-        "specificationVersion": "jobtemplate-2023-09", "name": "emb",
+        "specificationVersion": "jobtemplate-2023-09",
+        "name": "emb",
         "parameterDefinitions": [{"name": "Out", "type": "PATH", "default": str(tmp_path)}],
-        "steps": [{
-            "name": "s",
-            "parameterSpace": {"taskParameterDefinitions": [{"name": "F", "type": "INT", "range": "3"}]},
-            "script": {"actions": {"onRun": {"command": "sh", "args": ["{{Task.File.Run}}", "it's"]}},
-                       "embeddedFiles": [{"name": "Run", "type": "TEXT", "runnable": True,
-                                          "data": "echo \"frame {{Task.Param.F}} $1 $0\" > '{{Param.Out}}/out'\n"}]},
-        }],
+        "steps": [
+            {
+                "name": "s",
+                "parameterSpace": {"taskParameterDefinitions": [{"name": "F", "type": "INT", "range": "3"}]},
+                "script": {
+                    "actions": {"onRun": {"command": "sh", "args": ["{{Task.File.Run}}", "it's"]}},
+                    "embeddedFiles": [
+                        {
+                            "name": "Run",
+                            "type": "TEXT",
+                            "runnable": True,
+                            "data": "echo \"frame {{Task.Param.F}} $1 $0\" > '{{Param.Out}}/out'\n",
+                        }
+                    ],
+                },
+            }
+        ],
     }
     mapping, notes = openjd.openjd_to_spec(template, [])
     command = mapping["layers"][0]["command"].replace("#IFRAME#", "3")
@@ -84,15 +95,18 @@ def test_multi_step_dependencies_and_other_spaces():
     # A STRING parameter space: one frame per task, the task's values chosen by frame number.
     assert prores.range == "1-2"
     assert "case #IFRAME# in 1) ffmpeg" in prores.command and "-profile:v 3" in prores.command
-    assert notes == ["step 'prores': its parameter space (Quality) becomes frames 1-2, one per task in "
-                     "OpenJD's order"]
+    assert notes == ["step 'prores': its parameter space (Quality) becomes frames 1-2, one per task in OpenJD's order"]
 
 
 def test_case_table_runs_the_right_task(tmp_path):
     spec, _ = load("gpu-train.yaml")
     sweep = spec.layers[1]
-    out = subprocess.run(["/bin/sh", "-c", sweep.command.replace("python3", "echo").replace("#IFRAME#", "5")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["/bin/sh", "-c", sweep.command.replace("python3", "echo").replace("#IFRAME#", "5")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out == "sweep.py 0.01 2\n"
     bad = subprocess.run(["/bin/sh", "-c", sweep.command.replace("#IFRAME#", "9")], capture_output=True, text=True)
     assert bad.returncode == 1 and "no task for frame 9" in bad.stderr
@@ -114,13 +128,11 @@ def test_gpu_host_requirements():
     assert sweep.range == "1-6"
     assert set(notes) == {
         "step 'Train Shards': layer named 'Train_Shards' (layer names are [A-Za-z0-9_.-])",
-        "step 'Train Shards': environment 'Conda': its script (onEnter/onExit) is not run; only its variables "
-        "are set",
+        "step 'Train Shards': environment 'Conda': its script (onEnter/onExit) is not run; only its variables are set",
         "step 'Train Shards': host requirement amount.worker.disk.scratch not honoured (cuectl does not track it)",
         "step 'Train Shards': amount.worker.gpu.memory is required of each of the 2 GPUs (cuectl never adds "
         "memory across devices)",
-        "step 'Train Shards': host requirement attr.worker.cpu.arch not honoured (cuectl does not match hosts "
-        "by it)",
+        "step 'Train Shards': host requirement attr.worker.cpu.arch not honoured (cuectl does not match hosts by it)",
         "step 'Sweep': its parameter space (LR, Seed) becomes frames 1-6, one per task in OpenJD's order",
         "step 'Sweep': amount.worker.gpu.memory without amount.worker.gpu: asks for 1 GPU",
     }
@@ -131,8 +143,10 @@ def test_cpu_host_requirements_and_notes():
     one, two = spec.layers
     assert one.cores == 1 and one.memory_bytes == 256 * MIB and one.gpus == 0
     assert two.cores == 4 and two.memory_bytes == 8192 * MIB
-    assert "step 'StepTwo': host requirement attr.custom.host_config not honoured (cuectl does not match hosts " \
-           "by it)" in notes
+    assert (
+        "step 'StepTwo': host requirement attr.custom.host_config not honoured (cuectl does not match hosts "
+        "by it)" in notes
+    )
     assert "step 'StepOne': amount.worker.memory max not honoured (cuectl reserves the minimum)" in notes
 
 
@@ -140,14 +154,24 @@ def test_blender_ffmpeg_sample_two_steps():
     spec, notes = load("blender-ffmpeg.yaml", "JobName=shot 10")
     assert spec.name == "shot 10"
     render, video = spec.layers
-    assert render.range == "1" and "--render-frame \"1..100\"" in render.command
+    assert render.range == "1" and '--render-frame "1..100"' in render.command
     assert video.depends == (Dependency("RenderScene", "layer"),) and 'chmod +x "$d/Encode"' in video.command
 
 
 def test_invalid_template_is_one_line_from_the_validator():
-    bad = yaml.safe_dump({"specificationVersion": "jobtemplate-2023-09", "name": "x", "steps": [
-        {"name": "a", "script": {"actions": {"onRun": {"command": "true"}}},
-         "parameterSpace": {"taskParameterDefinitions": [{"name": "F", "type": "INT", "range": "a-b"}]}}]})
+    bad = yaml.safe_dump(
+        {
+            "specificationVersion": "jobtemplate-2023-09",
+            "name": "x",
+            "steps": [
+                {
+                    "name": "a",
+                    "script": {"actions": {"onRun": {"command": "true"}}},
+                    "parameterSpace": {"taskParameterDefinitions": [{"name": "F", "type": "INT", "range": "a-b"}]},
+                }
+            ],
+        }
+    )
     with pytest.raises(InvalidInput) as err:
         load_spec_text(bad, source="t.yaml")
     message = err.value.message

@@ -58,15 +58,20 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 
 
 # -- URLs and passwords ----------------------------------------------------------------------------
-@pytest.mark.parametrize("url, expected", [
-    ("postgresql://bob:hunter2@db:5432/farm", "postgresql://bob:***@db:5432/farm"),
-    ("postgres://bob:p%40ss@db/farm?sslmode=require", "postgres://bob:***@db/farm?sslmode=require"),
-    ("postgresql://bob:a@b@db/farm", "postgresql://bob:***@db/farm"),  # unencoded @ in the password
-    ("postgresql://db/farm?user=bob&password=hunter2&sslmode=verify-full",
-     "postgresql://db/farm?user=bob&password=***&sslmode=verify-full"),
-    ("postgresql://bob@h1:5432,h2:5433/farm", "postgresql://bob@h1:5432,h2:5433/farm"),
-    ("postgresql:///farm?host=/run/postgresql", "postgresql:///farm?host=/run/postgresql"),
-])
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("postgresql://bob:hunter2@db:5432/farm", "postgresql://bob:***@db:5432/farm"),
+        ("postgres://bob:p%40ss@db/farm?sslmode=require", "postgres://bob:***@db/farm?sslmode=require"),
+        ("postgresql://bob:a@b@db/farm", "postgresql://bob:***@db/farm"),  # unencoded @ in the password
+        (
+            "postgresql://db/farm?user=bob&password=hunter2&sslmode=verify-full",
+            "postgresql://db/farm?user=bob&password=***&sslmode=verify-full",
+        ),
+        ("postgresql://bob@h1:5432,h2:5433/farm", "postgresql://bob@h1:5432,h2:5433/farm"),
+        ("postgresql:///farm?host=/run/postgresql", "postgresql:///farm?host=/run/postgresql"),
+    ],
+)
 def test_url_redaction(url, expected):
     assert pg.redact_url(url) == expected
 
@@ -124,11 +129,13 @@ def test_password_in_the_url_never_reaches_output(pg_server):
 
 
 def test_missing_psycopg_names_the_extra():
-    code = ("import sys; sys.modules['psycopg'] = None\n"
-            "from cuectl.errors import InvalidInput\n"
-            "from cuectl.sched.store import open_store\n"
-            "try:\n    open_store('postgresql://u:pw@localhost/x')\n"
-            "except InvalidInput as exc:\n    print(exc.message, '|', exc.hint)\n")
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from cuectl.errors import InvalidInput\n"
+        "from cuectl.sched.store import open_store\n"
+        "try:\n    open_store('postgresql://u:pw@localhost/x')\n"
+        "except InvalidInput as exc:\n    print(exc.message, '|', exc.hint)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert "postgres extra" in out and "pip install 'cuectl[postgres]'" in out
 
@@ -155,15 +162,23 @@ def test_old_schema_migrates_forward_with_its_data(pg_url):
 def test_newer_schema_is_refused_untouched(pg_url):
     open_store(pg_url).close()
     sql(pg_url, "UPDATE meta SET value = '99' WHERE key = 'schema_version'")
-    before = sql(pg_url, "SELECT table_name, column_name FROM information_schema.columns "
-                         "WHERE table_schema = 'public' ORDER BY 1, 2")
+    before = sql(
+        pg_url,
+        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public' ORDER BY 1, 2",
+    )
     with pytest.raises(SchemaTooNew, match="schema version 99"):
         open_store(pg_url)
     with pytest.raises(SchemaTooNew):
         open_store(pg_url, migrate=False).migrate()
     assert sql(pg_url, "SELECT value FROM meta") == [("99",)]
-    assert sql(pg_url, "SELECT table_name, column_name FROM information_schema.columns "
-                       "WHERE table_schema = 'public' ORDER BY 1, 2") == before
+    assert (
+        sql(
+            pg_url,
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = 'public' ORDER BY 1, 2",
+        )
+        == before
+    )
 
 
 def test_foreign_tables_are_refused(pg_url):
@@ -329,8 +344,15 @@ def test_notify_wakes_a_listener_only_when_work_is_queued(pg_url):
 
 def test_completion_that_releases_dependents_notifies(pg_url):
     worker, user = open_store(pg_url), open_store(pg_url)
-    user.submit(job(layers=[{"name": "a", "command": ["true"], "range": "1-2"},
-                            {"name": "b", "command": ["true"], "range": "1", "depends": ["a"]}]), now=NOW)
+    user.submit(
+        job(
+            layers=[
+                {"name": "a", "command": ["true"], "range": "1-2"},
+                {"name": "b", "command": ["true"], "range": "1", "depends": ["a"]},
+            ]
+        ),
+        now=NOW,
+    )
     a1, a2 = claim_next(user), claim_next(user)
     worker.notify_fileno()
     worker.drain_notifications()
@@ -348,8 +370,9 @@ def test_claims_skip_frames_locked_by_another_claimer(pg_url):
     s = open_store(pg_url)
     s.submit(job(), now=NOW)
     with psycopg.connect(pg_url) as other:  # a claimer stuck half-way through its statement
-        first = other.execute("SELECT id FROM frames WHERE state = 'WAITING' ORDER BY id LIMIT 1 "
-                              "FOR UPDATE").fetchone()[0]
+        first = other.execute(
+            "SELECT id FROM frames WHERE state = 'WAITING' ORDER BY id LIMIT 1 FOR UPDATE"
+        ).fetchone()[0]
         t0 = time.monotonic()
         c = claim_next(s)
         assert time.monotonic() - t0 < 1.0, "SKIP LOCKED: no waiting on a locked row"
@@ -366,11 +389,22 @@ def test_concurrent_completions_release_the_dependent_layer(pg_url, rounds):
     stores = [open_store(pg_url) for _ in range(8)]
     try:
         for r in range(rounds):
-            job_id = stores[0].submit(job(f"r{r}", layers=[
-                {"name": "a", "command": ["true"], "range": "1-8"},
-                {"name": "b", "command": ["true"], "range": "1-2", "depends": ["a"]},
-                {"name": "c", "command": ["true"], "range": "1-8",
-                 "depends": [{"layer": "a", "type": "frame"}]}]), now=NOW)
+            job_id = stores[0].submit(
+                job(
+                    f"r{r}",
+                    layers=[
+                        {"name": "a", "command": ["true"], "range": "1-8"},
+                        {"name": "b", "command": ["true"], "range": "1-2", "depends": ["a"]},
+                        {
+                            "name": "c",
+                            "command": ["true"],
+                            "range": "1-8",
+                            "depends": [{"layer": "a", "type": "frame"}],
+                        },
+                    ],
+                ),
+                now=NOW,
+            )
             claims = [claim_next(stores[0]) for _ in range(8)]
             assert {c.layer for c in claims} == {"a"}
             barrier = threading.Barrier(8)
@@ -396,12 +430,27 @@ def test_concurrent_completions_release_the_dependent_layer(pg_url, rounds):
 
 def test_large_submit_keeps_dispatch_order_and_dependencies(pg_url):
     s = open_store(pg_url)
-    job_id = s.submit(job(layers=[
-        {"name": "a", "command": ["true"], "range": "1-20000"},
-        {"name": "b", "command": ["true"], "range": "1-20000", "chunk": 3,
-         "depends": [{"layer": "a", "type": "frame"}]}]), now=NOW)
-    rows = sql(pg_url, "SELECT l.name, f.number, f.state, f.depend_count FROM frames f "
-                       "JOIN layers l ON l.id = f.layer_id WHERE f.job_id = %s ORDER BY f.id", (job_id,))
+    job_id = s.submit(
+        job(
+            layers=[
+                {"name": "a", "command": ["true"], "range": "1-20000"},
+                {
+                    "name": "b",
+                    "command": ["true"],
+                    "range": "1-20000",
+                    "chunk": 3,
+                    "depends": [{"layer": "a", "type": "frame"}],
+                },
+            ]
+        ),
+        now=NOW,
+    )
+    rows = sql(
+        pg_url,
+        "SELECT l.name, f.number, f.state, f.depend_count FROM frames f "
+        "JOIN layers l ON l.id = f.layer_id WHERE f.job_id = %s ORDER BY f.id",
+        (job_id,),
+    )
     assert [r[1] for r in rows[:20000]] == list(range(1, 20001))
     assert [r[1] for r in rows[20000:]] == list(range(1, 20001, 3))
     assert {(r[2], r[3]) for r in rows[20000:-1]} == {("DEPEND", 3)}
@@ -424,29 +473,39 @@ def roles(pg_url):
 def test_the_server_records_who_submitted_and_nobody_changes_it(pg_url, roles):
     alice, bob = roles["alice"], roles["bob"]
     a = open_store(_role_url(pg_url, alice))
-    job_id = a.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"]}]},
-                                        user=alice), now=NOW)
+    job_id = a.submit(
+        spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"]}]}, user=alice), now=NOW
+    )
     assert a.get_job(job_id)["submitted_by"] == alice
     a.close()
     with pytest.raises(psycopg.errors.InsufficientPrivilege, match="recorded by the server"):
         sql(_role_url(pg_url, alice), "UPDATE jobs SET submitted_by = %s WHERE id = %s", (bob, job_id))
     # A client cannot claim to be someone else: the trigger overrides the value it sends.
-    sql(_role_url(pg_url, bob), "INSERT INTO jobs(name, \"user\", created_at, submitted_by) "
-                                "VALUES ('forged', %s, 1, %s)", (alice, alice))
+    sql(
+        _role_url(pg_url, bob),
+        "INSERT INTO jobs(name, \"user\", created_at, submitted_by) VALUES ('forged', %s, 1, %s)",
+        (alice, alice),
+    )
     assert sql(pg_url, "SELECT submitted_by FROM jobs WHERE name = 'forged'") == [(bob,)]
 
 
 def test_only_the_owner_or_an_admin_changes_a_job(pg_url, roles):
     alice, bob = roles["alice"], roles["bob"]
     a = open_store(_role_url(pg_url, alice))
-    job_id = a.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"],
-                                                                  "range": "1-2"}]}, user=alice), now=NOW)
+    job_id = a.submit(
+        spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"], "range": "1-2"}]}, user=alice),
+        now=NOW,
+    )
     b = open_store(_role_url(pg_url, bob))
     from cuectl.errors import NotOwner
 
-    for change in (lambda: b.kill_job(job_id, now=NOW), lambda: b.kill_job(job_id, now=NOW, force=True),
-                   lambda: b.set_job_priority(job_id, 90), lambda: b.set_job_paused(job_id, True),
-                   lambda: b.frame_action([b.list_frames(job=job_id)[0][0]["id"]], "eat", now=NOW)):
+    for change in (
+        lambda: b.kill_job(job_id, now=NOW),
+        lambda: b.kill_job(job_id, now=NOW, force=True),
+        lambda: b.set_job_priority(job_id, 90),
+        lambda: b.set_job_paused(job_id, True),
+        lambda: b.frame_action([b.list_frames(job=job_id)[0][0]["id"]], "eat", now=NOW),
+    ):
         with pytest.raises(NotOwner, match=f"belongs to {alice}"):
             change()
     # Past the client's check, the server's row-level security still changes nothing.
@@ -474,8 +533,9 @@ def test_a_host_whose_clock_is_two_minutes_slow_keeps_its_frames(pg_url, monkeyp
     true_time = time.time
     reaper = open_store(pg_url)
     reaper.submit(job(), now=reaper.clock())
-    monkeypatch.setattr(pg, "time", types.SimpleNamespace(time=lambda: true_time() - 120,
-                                                         monotonic=time.monotonic, sleep=time.sleep))
+    monkeypatch.setattr(
+        pg, "time", types.SimpleNamespace(time=lambda: true_time() - 120, monotonic=time.monotonic, sleep=time.sleep)
+    )
     slow = open_store(pg_url)
     from cuectl.sched.store import HostInfo
 
@@ -514,15 +574,15 @@ def test_an_api_login_acts_as_a_granted_user_under_row_level_security(pg_url, ro
     alice, bob, boss = roles["alice"], roles["bob"], roles["boss"]
     sql(pg_url, f"GRANT {alice} TO {boss}")  # the API's login role (an admin, for the tokens table)
     b = open_store(_role_url(pg_url, bob))
-    bobs = b.submit(spec_from_mapping({"name": "b", "layers": [{"name": "l", "command": ["true"]}]}, user=bob),
-                    now=NOW)
+    bobs = b.submit(spec_from_mapping({"name": "b", "layers": [{"name": "l", "command": ["true"]}]}, user=bob), now=NOW)
     b.close()
     api = open_store(_role_url(pg_url, boss))
     try:
         with api.acting_as(Actor(alice, False)):
             assert api.actor() == Actor(alice, False)
-            mine = api.submit(spec_from_mapping({"name": "a", "layers": [{"name": "l", "command": ["true"]}]},
-                                                user=alice), now=NOW)
+            mine = api.submit(
+                spec_from_mapping({"name": "a", "layers": [{"name": "l", "command": ["true"]}]}, user=alice), now=NOW
+            )
             with pytest.raises(NotOwner, match=f"belongs to {bob}"):
                 api.kill_job(bobs, now=NOW)
             # Past the client's check, the server judges alice: bob's job does not change.

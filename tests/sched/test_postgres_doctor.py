@@ -45,8 +45,13 @@ def populate(url: str) -> dict[str, int]:
         store.complete_frame(first.frame_id, first.attempt, FrameResult(exit_code=0), now=NOW + 1)
         running = store.claim_frame(layers[job], host="h1", worker="w", gpu_uuids=[], now=NOW, lease_s=3600)
         assert running is not None
-        return {"job": job, "done_job": done, "running": running.frame_id, "finished": first.frame_id,
-                "layer": layers[job]}
+        return {
+            "job": job,
+            "done_job": done,
+            "running": running.frame_id,
+            "finished": first.frame_id,
+            "layer": layers[job],
+        }
     finally:
         store.close()
 
@@ -101,34 +106,41 @@ Breakage = Callable[[str, dict[str, int]], None]
 BREAKAGES: dict[str, tuple[Breakage, tuple[str, ...]]] = {
     "running frame without host": (
         lambda url, ids: sql(url, f"UPDATE frames SET host = NULL WHERE id = {ids['running']}"),
-        ("RUNNING frames without a host or lease expiry", "1 (id {running})")),
+        ("RUNNING frames without a host or lease expiry", "1 (id {running})"),
+    ),
     "running frame without lease expiry": (
         lambda url, ids: sql(url, f"UPDATE frames SET lease_expires = NULL WHERE id = {ids['running']}"),
-        ("RUNNING frames without a host or lease expiry", "id {running}")),
+        ("RUNNING frames without a host or lease expiry", "id {running}"),
+    ),
     "running frame on an unregistered host": (
         lambda url, ids: sql(url, "DELETE FROM hosts WHERE name = 'h1'"),
-        ("RUNNING frames on hosts that are not registered", "id {running}: h1")),
+        ("RUNNING frames on hosts that are not registered", "id {running}: h1"),
+    ),
     "attempt without its frame": (
         lambda url, ids: sql(url, f"DELETE FROM frames WHERE id = {ids['finished']}", replica=True),
-        ("attempts whose frame is missing", "frame {finished}")),
+        ("attempts whose frame is missing", "frame {finished}"),
+    ),
     "frame without its layer": (
         lambda url, ids: sql(url, f"DELETE FROM layers WHERE id = {ids['layer']}", replica=True),
-        ("frames whose layer is missing", "layer {layer}")),
+        ("frames whose layer is missing", "layer {layer}"),
+    ),
     "frame and layer without their job": (
         lambda url, ids: sql(url, f"DELETE FROM jobs WHERE id = {ids['job']}", replica=True),
-        ("frames whose job is missing", "job {job}", "layers whose job is missing")),
+        ("frames whose job is missing", "job {job}", "layers whose job is missing"),
+    ),
     "finished job with unfinished frames": (
         lambda url, ids: sql(url, f"UPDATE jobs SET state = 'FINISHED' WHERE id = {ids['job']}"),
-        ("FINISHED jobs with frames still WAITING, DEPEND or RUNNING", "id {job}")),
+        ("FINISHED jobs with frames still WAITING, DEPEND or RUNNING", "id {job}"),
+    ),
     "missing column": (
         lambda url, ids: sql(url, "ALTER TABLE frames DROP COLUMN gpu_sampled_at"),
-        ("table frames lacks column(s) gpu_sampled_at",)),
-    "missing table": (
-        lambda url, ids: sql(url, "DROP TABLE samples"),
-        ("table samples is missing",)),
+        ("table frames lacks column(s) gpu_sampled_at",),
+    ),
+    "missing table": (lambda url, ids: sql(url, "DROP TABLE samples"), ("table samples is missing",)),
     "submitter trigger disabled": (
         lambda url, ids: sql(url, "ALTER TABLE jobs DISABLE TRIGGER jobs_submitter"),
-        ("trigger jobs_submitter is missing or disabled",)),
+        ("trigger jobs_submitter is missing or disabled",),
+    ),
 }
 
 
@@ -152,18 +164,23 @@ def test_each_problem_is_its_own_finding_with_a_count(pg_url, capsys):
     store = open_store(pg_url)
     try:
         layer = ids["layer"]
-        extra = [store.claim_frame(layer, host="h1", worker="w", gpu_uuids=[], now=NOW, lease_s=60)
-                 for _ in range(2)]
+        extra = [store.claim_frame(layer, host="h1", worker="w", gpu_uuids=[], now=NOW, lease_s=60) for _ in range(2)]
     finally:
         store.close()
-    sql(pg_url, "UPDATE frames SET host = NULL WHERE state = 'RUNNING'",
-        f"UPDATE jobs SET state = 'FINISHED' WHERE id = {ids['job']}")
+    sql(
+        pg_url,
+        "UPDATE frames SET host = NULL WHERE state = 'RUNNING'",
+        f"UPDATE jobs SET state = 'FINISHED' WHERE id = {ids['job']}",
+    )
     code, out, _ = doctor(pg_url, capsys, "--json")
     failed = [c["detail"] for c in findings(out["checks"])]
     assert code == 1 and len(failed) == 2, failed
     running = sorted([ids["running"], *(c.frame_id for c in extra if c is not None)])
-    assert any(f.startswith("RUNNING frames without a host or lease expiry")
-               and f.endswith(f": 3 (id {running[0]}; id {running[1]}; id {running[2]})") for f in failed), failed
+    assert any(
+        f.startswith("RUNNING frames without a host or lease expiry")
+        and f.endswith(f": 3 (id {running[0]}; id {running[1]}; id {running[2]})")
+        for f in failed
+    ), failed
 
 
 def test_a_schema_version_other_than_ours_is_named(pg_url):
@@ -189,8 +206,11 @@ def test_more_workers_than_the_server_admits_is_a_warning(pg_url, capsys):
         row = conn.execute("SELECT current_setting('max_connections')::int").fetchone()
         assert row is not None
         hosts = row[0] // CONNECTIONS_PER_WORKER + 1
-        conn.execute("INSERT INTO hosts (name, cores, memory_bytes, gpus, registered_at, last_heartbeat) "
-                     "SELECT 'node-' || i, 8, 1073741824, '[]', 0, 0 FROM generate_series(1, %s) i", (hosts,))
+        conn.execute(
+            "INSERT INTO hosts (name, cores, memory_bytes, gpus, registered_at, last_heartbeat) "
+            "SELECT 'node-' || i, 8, 1073741824, '[]', 0, 0 FROM generate_series(1, %s) i",
+            (hosts,),
+        )
     code, out, _ = doctor(pg_url, capsys, "--json")
     (conns,) = findings(out["checks"], "store connections")
     assert conns["status"] == "warn", conns

@@ -27,8 +27,18 @@ def roles(pg_url):
 def test_another_user_cannot_rename_a_job_or_its_layer(pg_url, roles):
     alice, mallory = roles["alice"], roles["mallory"]
     a = open_store(as_role(pg_url, alice))
-    job_id = a.submit(spec_from_mapping({"name": "render", "show": "s", "shot": "010", "layers": [
-        {"name": "w", "command": ["sh", "-c", "echo #JOB#"]}]}, user=alice), now=NOW)
+    job_id = a.submit(
+        spec_from_mapping(
+            {
+                "name": "render",
+                "show": "s",
+                "shot": "010",
+                "layers": [{"name": "w", "command": ["sh", "-c", "echo #JOB#"]}],
+            },
+            user=alice,
+        ),
+        now=NOW,
+    )
     a.close()
     hostile = "$(id > /tmp/pwned)"
     url = as_role(pg_url, mallory)

@@ -37,8 +37,17 @@ def target(kind: str, value: str) -> str:
 def submit(pg_url: str, role: str, notify: list, frames: str = "1-2") -> int:
     s = open_store(as_role(pg_url, role))
     try:
-        return s.submit(spec_from_mapping({"name": "n", "notify": notify, "layers": [
-            {"name": "l", "command": ["true"], "range": frames, "retries": 0}]}, user=role), now=NOW)
+        return s.submit(
+            spec_from_mapping(
+                {
+                    "name": "n",
+                    "notify": notify,
+                    "layers": [{"name": "l", "command": ["true"], "range": frames, "retries": 0}],
+                },
+                user=role,
+            ),
+            now=NOW,
+        )
     finally:
         s.close()
 
@@ -52,8 +61,11 @@ def kill(pg_url: str, role: str, job: int, now: float) -> None:
 
 
 def rows(pg_url: str, job: int) -> list[tuple]:
-    return sql(pg_url, "SELECT event, frame_id, target, created_at, delivered_at FROM notifications "
-                       "WHERE job_id = %s ORDER BY id", (job,))
+    return sql(
+        pg_url,
+        "SELECT event, frame_id, target, created_at, delivered_at FROM notifications WHERE job_id = %s ORDER BY id",
+        (job,),
+    )
 
 
 def test_an_owner_cannot_write_her_notification_rows_herself(pg_url, roles):
@@ -66,14 +78,23 @@ def test_an_owner_cannot_write_her_notification_rows_herself(pg_url, roles):
     assert (event, text) == ("failed", target("webhook", HOOK))  # her kill recorded it, through the guard
     url = as_role(pg_url, alice)
     with pytest.raises(Refused, match="row-level security"):
-        sql(url, "INSERT INTO notifications(job_id, event, frame_id, target, created_at, next_at) "
-                 "VALUES (%s, 'failed', 0, %s, 5, 5)", (mine, target("command", "id")))
-    for change in ("delivered_at = 1", "claimed_by = 'me', claimed_until = 1e18", "attempts = 99",
-                   "created_at = 0, next_at = 0"):
+        sql(
+            url,
+            "INSERT INTO notifications(job_id, event, frame_id, target, created_at, next_at) "
+            "VALUES (%s, 'failed', 0, %s, 5, 5)",
+            (mine, target("command", "id")),
+        )
+    for change in (
+        "delivered_at = 1",
+        "claimed_by = 'me', claimed_until = 1e18",
+        "attempts = 99",
+        "created_at = 0, next_at = 0",
+    ):
         assert sql(url, f"UPDATE notifications SET {change} WHERE job_id = %s", (mine,)) == 0, change
     assert sql(url, "DELETE FROM notifications WHERE job_id = %s", (mine,)) == 0
-    assert sql(pg_url, "SELECT attempts, claimed_by, delivered_at FROM notifications WHERE job_id = %s",
-               (mine,)) == [(0, None, None)]
+    assert sql(pg_url, "SELECT attempts, claimed_by, delivered_at FROM notifications WHERE job_id = %s", (mine,)) == [
+        (0, None, None)
+    ]
 
 
 def test_the_guard_writes_only_what_this_transactions_event_asks_for(pg_url, roles):
@@ -96,13 +117,15 @@ def test_the_guard_writes_only_what_this_transactions_event_asks_for(pg_url, rol
     bobs_frame = sql(pg_url, "SELECT id FROM frames WHERE job_id = %s ORDER BY id LIMIT 1", (bobs,))[0][0]
     with psycopg.connect(as_role(pg_url, alice)) as conn:
         assert conn.execute("UPDATE jobs SET priority = priority WHERE id = %s", (mine,)).rowcount == 1
-        for args in ((mine, "failed", 0, target("command", "id"), NOW + 60),
-                     (mine, "failed", 0, target("email", "me@example.com"), NOW + 60),
-                     (mine, "finished", 0, hook, NOW + 60),
-                     (mine, "failed", 0, json.dumps({"kind": "webhook", "target": HOOK}), NOW + 60),
-                     (mine, "dead", bobs_frame, hook, NOW + 60),
-                     (bobs, "dead", bobs_frame, hook, NOW + 60),
-                     (mine, "failed", 0, "not json", NOW + 60)):
+        for args in (
+            (mine, "failed", 0, target("command", "id"), NOW + 60),
+            (mine, "failed", 0, target("email", "me@example.com"), NOW + 60),
+            (mine, "finished", 0, hook, NOW + 60),
+            (mine, "failed", 0, json.dumps({"kind": "webhook", "target": HOOK}), NOW + 60),
+            (mine, "dead", bobs_frame, hook, NOW + 60),
+            (bobs, "dead", bobs_frame, hook, NOW + 60),
+            (mine, "failed", 0, "not json", NOW + 60),
+        ):
             assert conn.execute(RECORD, args).fetchone() == (False,), args
         conn.commit()
     assert rows(pg_url, mine) == before and rows(pg_url, bobs) == []
@@ -122,14 +145,21 @@ def test_kills_and_a_workers_dead_frame_record_through_the_guard(pg_url, roles):
         s.frame_action([frames[0]], "kill", now=NOW + 1)
         (layer,) = w.runnable_layers()
         c = w.claim_frame(layer.layer_id, host="h", worker="h:1", gpu_uuids=[], now=NOW + 2, lease_s=60)
-        assert w.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=3, started_at=NOW + 2,
-                                                                   ended_at=NOW + 3), now=NOW + 3) == "DEAD"
+        assert (
+            w.complete_frame(
+                c.frame_id, c.attempt, FrameResult(exit_code=3, started_at=NOW + 2, ended_at=NOW + 3), now=NOW + 3
+            )
+            == "DEAD"
+        )
         s.kill_job(mine, now=NOW + 4)
         text = target("command", command)
         got = rows(pg_url, mine)
         # (a job kill eats its waiting frames: no more dead events)
         assert [(e, f, t) for e, f, t, _, _ in got] == [
-            ("dead", frames[0], text), ("dead", c.frame_id, text), ("failed", 0, text)]
+            ("dead", frames[0], text),
+            ("dead", c.frame_id, text),
+            ("failed", 0, text),
+        ]
         sql(pg_url, "UPDATE notifications SET delivered_at = 1 WHERE job_id = %s", (mine,))
         s.retry_job(mine, now=NOW + 10)
         s.kill_job(mine, now=NOW + 11)

@@ -20,8 +20,7 @@ NOW = 1_700_000_000.0
 
 
 def job(name: str = "j") -> object:
-    return spec_from_mapping({"name": name, "layers": [{"name": "a", "command": ["true"], "range": "1-2"}]},
-                             user="ada")
+    return spec_from_mapping({"name": name, "layers": [{"name": "a", "command": ["true"], "range": "1-2"}]}, user="ada")
 
 
 def store(url: str, app: str | None = None) -> "pg.PostgresStore":
@@ -32,8 +31,7 @@ def store(url: str, app: str | None = None) -> "pg.PostgresStore":
 
 def backends(url: str, app: str) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = %s",
-                            (app,)).fetchone()[0]
+        return conn.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = %s", (app,)).fetchone()[0]
 
 
 def readable(fd: int, timeout: float = 0.0) -> bool:
@@ -125,9 +123,11 @@ def test_a_cut_connection_listens_again(pair, pg_url):
 def test_commands_that_never_listen_do_not_listen(pg_url):
     s = store(pg_url)
     s.list_jobs()
-    assert s._call(lambda c: c.execute("SELECT COUNT(*) AS n FROM pg_listening_channels()").fetchone()["n"],
-                   tx=False) == 0
+    assert (
+        s._call(lambda c: c.execute("SELECT COUNT(*) AS n FROM pg_listening_channels()").fetchone()["n"], tx=False) == 0
+    )
     s.notify_fileno()
-    assert s._call(lambda c: c.execute("SELECT COUNT(*) AS n FROM pg_listening_channels()").fetchone()["n"],
-                   tx=False) == 1
+    assert (
+        s._call(lambda c: c.execute("SELECT COUNT(*) AS n FROM pg_listening_channels()").fetchone()["n"], tx=False) == 1
+    )
     s.close()

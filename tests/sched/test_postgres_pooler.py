@@ -41,16 +41,22 @@ def dbname_of(url: str) -> str:
     return str(conninfo_to_dict(split_pooler(url)[0])["dbname"])
 
 
-@pytest.mark.parametrize("url, libpq_url, pooled", [
-    ("postgresql://u@h/db", "postgresql://u@h/db", False),
-    ("postgresql://u@h/db?pgbouncer=true", "postgresql://u@h/db", True),
-    ("postgresql://u@h/db?sslmode=require&pgbouncer=1&connect_timeout=5",
-     "postgresql://u@h/db?sslmode=require&connect_timeout=5", True),
-    ("postgresql://u@h/db?pgbouncer=off&sslmode=disable", "postgresql://u@h/db?sslmode=disable", False),
-    ("postgresql://u@h/db?pgbouncer=TRUE", "postgresql://u@h/db", True),
-    ("postgres://u@h/db?pgbouncer=yes#x", "postgres://u@h/db#x", True),
-    ("postgresql://u@h/db?application_name=pgbouncer", "postgresql://u@h/db?application_name=pgbouncer", False),
-])
+@pytest.mark.parametrize(
+    "url, libpq_url, pooled",
+    [
+        ("postgresql://u@h/db", "postgresql://u@h/db", False),
+        ("postgresql://u@h/db?pgbouncer=true", "postgresql://u@h/db", True),
+        (
+            "postgresql://u@h/db?sslmode=require&pgbouncer=1&connect_timeout=5",
+            "postgresql://u@h/db?sslmode=require&connect_timeout=5",
+            True,
+        ),
+        ("postgresql://u@h/db?pgbouncer=off&sslmode=disable", "postgresql://u@h/db?sslmode=disable", False),
+        ("postgresql://u@h/db?pgbouncer=TRUE", "postgresql://u@h/db", True),
+        ("postgres://u@h/db?pgbouncer=yes#x", "postgres://u@h/db#x", True),
+        ("postgresql://u@h/db?application_name=pgbouncer", "postgresql://u@h/db?application_name=pgbouncer", False),
+    ],
+)
 def test_the_pgbouncer_parameter_is_ours_and_libpq_never_sees_it(url, libpq_url, pooled):
     assert split_pooler(url) == (libpq_url, pooled)
 
@@ -59,8 +65,9 @@ def test_a_bad_pgbouncer_value_is_one_error_line_and_exit_2(tmp_path):
     # Nothing listens on port 1 of 127.0.0.1: had the URL reached libpq, the error would
     # be a refused connection, not this one.
     env = {**os.environ, "CUECTL_DB": "postgresql://u@127.0.0.1:1/db?pgbouncer=maybe", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "cuectl", "job", "list"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cuectl", "job", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2, done
     lines = done.stderr.strip().splitlines()
     assert lines[0] == "error: pgbouncer='maybe' in the PostgreSQL URL: expected true or false", done.stderr
@@ -79,12 +86,12 @@ def work_through_the_pool(url: str, clients: int, frames_each: int) -> list[str]
             store = open_store(url)
             try:
                 store.register_host(HostInfo(name=f"h{n}", cores=4, memory_bytes=1 << 30, gpus=[]), now=NOW)
-                job = store.submit(spec_from_flags(name=f"j{n}", command=["true"], range=f"1-{frames_each}",
-                                                   user="u"), now=NOW)
+                job = store.submit(
+                    spec_from_flags(name=f"j{n}", command=["true"], range=f"1-{frames_each}", user="u"), now=NOW
+                )
                 (layer,) = [r.layer_id for r in store.runnable_layers() if r.job_id == job]
                 for _ in range(frames_each):
-                    claim = store.claim_frame(layer, host=f"h{n}", worker=f"w{n}", gpu_uuids=[], now=NOW,
-                                              lease_s=60)
+                    claim = store.claim_frame(layer, host=f"h{n}", worker=f"w{n}", gpu_uuids=[], now=NOW, lease_s=60)
                     assert claim is not None
                     store.complete_frame(claim.frame_id, claim.attempt, FrameResult(exit_code=0), now=NOW + 1)
             finally:
@@ -159,8 +166,13 @@ def test_a_report_reads_on_one_connection_through_a_pool_of_one(pg_server):
 
 def doctor_connections(url: str) -> dict[str, str]:
     env = {**os.environ, "CUECTL_DB": url}
-    done = subprocess.run([sys.executable, "-m", "cuectl", "admin", "doctor", "--json"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cuectl", "admin", "doctor", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done
     (check,) = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "store connections"]
     return check
@@ -172,8 +184,10 @@ def test_doctor_counts_no_connection_per_worker_and_wants_the_role_timeouts(pg_s
     dbname = dbname_of(pooled_url)
     open_store(pooled_url).close()
     with psycopg.connect(pg_server.url(dbname), autocommit=True) as conn:
-        conn.execute("INSERT INTO hosts (name, cores, memory_bytes, gpus, registered_at, last_heartbeat) "
-                     "SELECT 'node-' || i, 8, 1073741824, '[]', 0, 0 FROM generate_series(1, 200) i")
+        conn.execute(
+            "INSERT INTO hosts (name, cores, memory_bytes, gpus, registered_at, last_heartbeat) "
+            "SELECT 'node-' || i, 8, 1073741824, '[]', 0, 0 FROM generate_series(1, 200) i"
+        )
     check = doctor_connections(pooled_url)
     assert check["status"] == "warn", check
     assert "through a transaction pooler" in check["detail"] and "200 registered host(s)" in check["detail"]
@@ -182,8 +196,10 @@ def test_doctor_counts_no_connection_per_worker_and_wants_the_role_timeouts(pg_s
         conn.execute(f"ALTER ROLE postgres IN DATABASE \"{dbname}\" SET lock_timeout = '5s'")
         conn.execute(f"ALTER ROLE postgres IN DATABASE \"{dbname}\" SET statement_timeout = '60s'")
         # Settings apply to new server connections: end the pooler's old ones.
-        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE datname = %s AND pid <> pg_backend_pid()", (dbname,))
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (dbname,),
+        )
     check = doctor_connections(pooled_url)
     assert check["status"] == "ok", check
     assert "lock_timeout 5s" in check["detail"] and "statement_timeout 1min" in check["detail"]
@@ -195,9 +211,13 @@ def test_serve_refuses_a_pooled_store(pooled_url, tmp_path):
     with socket.socket() as probe:  # a free port: had serve started, it would listen there
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    done = subprocess.run([sys.executable, "-m", "cuectl", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                          env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cuectl", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done
     assert done.stderr.startswith("error: cuectl serve cannot use a store URL with pgbouncer=true"), done.stderr
     assert "Traceback" not in done.stderr
@@ -208,7 +228,8 @@ def test_a_password_from_pgpassword_goes_with_a_pooled_url(pooled_url, tmp_path)
     # checks whether the URL has one, which libpq's parser refused to read for pgbouncer=.
     open_store(pooled_url).close()
     env = {**os.environ, "CUECTL_DB": pooled_url, "PGPASSWORD": "unused-by-trust", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "cuectl", "job", "list", "--json"], env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cuectl", "job", "list", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["jobs"] == []

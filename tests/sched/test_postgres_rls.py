@@ -42,8 +42,12 @@ def roles(pg_url):
 def submit(pg_url: str, role: str, name: str, command=("true",), frames="1-2") -> int:
     s = open_store(as_role(pg_url, role))
     try:
-        return s.submit(spec_from_mapping({"name": name, "layers": [
-            {"name": "l", "command": list(command), "range": frames}]}, user=role), now=NOW)
+        return s.submit(
+            spec_from_mapping(
+                {"name": name, "layers": [{"name": "l", "command": list(command), "range": frames}]}, user=role
+            ),
+            now=NOW,
+        )
     finally:
         s.close()
 
@@ -54,11 +58,21 @@ def first(pg_url: str, statement: str, params=()):
 
 # -- item 3: the ownership checks read our tables, never a caller's ------------------------------
 def test_every_security_definer_function_has_a_fixed_search_path(pg_url, roles):
-    rows = sql(pg_url, "SELECT proname, prosecdef, proconfig FROM pg_proc WHERE proname LIKE 'cuectl%%' "
-                       "AND pronamespace = 'public'::regnamespace AND proname <> 'cuectl_submitter'")
-    assert {r[0] for r in rows if r[1]} >= {"cuectl_owns", "cuectl_owns_frame", "cuectl_owns_layer",
-                                           "cuectl_owns_depend", "cuectl_layer_job", "cuectl_frame_job",
-                                           "cuectl_depend_job", "cuectl_record_notification"}
+    rows = sql(
+        pg_url,
+        "SELECT proname, prosecdef, proconfig FROM pg_proc WHERE proname LIKE 'cuectl%%' "
+        "AND pronamespace = 'public'::regnamespace AND proname <> 'cuectl_submitter'",
+    )
+    assert {r[0] for r in rows if r[1]} >= {
+        "cuectl_owns",
+        "cuectl_owns_frame",
+        "cuectl_owns_layer",
+        "cuectl_owns_depend",
+        "cuectl_layer_job",
+        "cuectl_frame_job",
+        "cuectl_depend_job",
+        "cuectl_record_notification",
+    }
     for name, _, config in rows:
         assert config == ["search_path=pg_catalog, public, pg_temp"], name
 
@@ -76,17 +90,20 @@ def test_a_temporary_table_cannot_stand_in_for_the_jobs_an_ownership_check_reads
         conn.execute("INSERT INTO pg_temp.jobs VALUES (%s, %s)", (bobs, alice))
         if shadow != "jobs":  # and the tables the other checks join
             conn.execute(f"CREATE TEMP TABLE {shadow} (id bigint, job_id bigint)")
-            conn.execute(f"INSERT INTO pg_temp.{shadow} VALUES (%s, %s)", (layer if shadow == "layers" else frame,
-                                                                           bobs))
+            conn.execute(
+                f"INSERT INTO pg_temp.{shadow} VALUES (%s, %s)", (layer if shadow == "layers" else frame, bobs)
+            )
         # (her statements name the real tables; the checks they call read only ours)
-        changed = conn.execute("UPDATE public.layers SET command = '[\"sh\", \"-c\", \"id\"]' WHERE job_id = %s",
-                               (bobs,)).rowcount
+        changed = conn.execute(
+            'UPDATE public.layers SET command = \'["sh", "-c", "id"]\' WHERE job_id = %s', (bobs,)
+        ).rowcount
         changed += conn.execute("UPDATE public.frames SET state = 'EATEN' WHERE job_id = %s", (bobs,)).rowcount
         assert changed == 0
         for statement, params in (
-                ("INSERT INTO public.layer_deps(layer_id, on_layer_id) VALUES (%s, %s)", (layer, layer)),
-                ("INSERT INTO public.frame_deps(frame_id, on_frame_id) VALUES (%s, %s)", (frame, frame)),
-                ("INSERT INTO public.layer_limits(name, layer_id) VALUES ('lic', %s)", (layer,))):
+            ("INSERT INTO public.layer_deps(layer_id, on_layer_id) VALUES (%s, %s)", (layer, layer)),
+            ("INSERT INTO public.frame_deps(frame_id, on_frame_id) VALUES (%s, %s)", (frame, frame)),
+            ("INSERT INTO public.layer_limits(name, layer_id) VALUES ('lic', %s)", (layer,)),
+        ):
             with pytest.raises(Refused, match="row-level security"):
                 conn.execute(statement, params)
     assert first(pg_url, "SELECT command FROM layers WHERE id = %s", (layer,)) == '["true"]'
@@ -101,15 +118,21 @@ def test_a_frame_of_her_job_cannot_point_at_another_users_layer(pg_url, roles):
     my_frame = first(pg_url, "SELECT id FROM frames WHERE job_id = %s ORDER BY id", (mine,))
     url = as_role(pg_url, alice)
     with pytest.raises(Refused, match="row-level security"):
-        sql(url, "INSERT INTO frames(job_id, layer_id, number, frames, state) VALUES (%s, %s, 7, '7', 'WAITING')",
-            (mine, bobs_layer))
+        sql(
+            url,
+            "INSERT INTO frames(job_id, layer_id, number, frames, state) VALUES (%s, %s, 7, '7', 'WAITING')",
+            (mine, bobs_layer),
+        )
     with pytest.raises(Refused, match="row-level security"):
         sql(url, "UPDATE frames SET layer_id = %s WHERE id = %s", (bobs_layer, my_frame))
     assert first(pg_url, "SELECT COUNT(*) FROM frames WHERE layer_id = %s", (bobs_layer,)) == 2
     # A frame of her own layer, in her own job, she may add.
     my_layer = first(pg_url, "SELECT id FROM layers WHERE job_id = %s", (mine,))
-    sql(url, "INSERT INTO frames(job_id, layer_id, number, frames, state) VALUES (%s, %s, 7, '7', 'WAITING')",
-        (mine, my_layer))
+    sql(
+        url,
+        "INSERT INTO frames(job_id, layer_id, number, frames, state) VALUES (%s, %s, 7, '7', 'WAITING')",
+        (mine, my_layer),
+    )
 
 
 def test_her_dependencies_and_notifications_cannot_name_another_users_layer_or_frame(pg_url, roles):
@@ -133,14 +156,26 @@ def test_her_dependencies_and_notifications_cannot_name_another_users_layer_or_f
         with pytest.raises(Refused, match="row-level security"):
             sql(url, edge, params)
     sql(url, edge, (mine_dep, my_layer, None, bobs))  # her own layer waits on bob's job: allowed
-    bobs_dep = first(pg_url, "INSERT INTO depends(type, job_id, on_job_id, created_at) "
-                             "VALUES ('JOB_ON_JOB', %s, %s, 1) RETURNING id", (bobs, mine))
-    for statement, params in (("INSERT INTO frame_deps(frame_id, on_frame_id, depend_id) VALUES (%s, %s, %s)",
-                               (my_frame, my_frame, bobs_dep)),
-                              ("INSERT INTO layer_deps(layer_id, on_layer_id, depend_id) VALUES (%s, %s, %s)",
-                               (my_layer, my_layer, bobs_dep)),
-                              ("INSERT INTO notifications(job_id, event, frame_id, target, created_at, next_at) "
-                               "VALUES (%s, 'frame_dead', %s, 'mailto:a@example.com', 1, 1)", (mine, bobs_frame))):
+    bobs_dep = first(
+        pg_url,
+        "INSERT INTO depends(type, job_id, on_job_id, created_at) VALUES ('JOB_ON_JOB', %s, %s, 1) RETURNING id",
+        (bobs, mine),
+    )
+    for statement, params in (
+        (
+            "INSERT INTO frame_deps(frame_id, on_frame_id, depend_id) VALUES (%s, %s, %s)",
+            (my_frame, my_frame, bobs_dep),
+        ),
+        (
+            "INSERT INTO layer_deps(layer_id, on_layer_id, depend_id) VALUES (%s, %s, %s)",
+            (my_layer, my_layer, bobs_dep),
+        ),
+        (
+            "INSERT INTO notifications(job_id, event, frame_id, target, created_at, next_at) "
+            "VALUES (%s, 'frame_dead', %s, 'mailto:a@example.com', 1, 1)",
+            (mine, bobs_frame),
+        ),
+    ):
         with pytest.raises(Refused, match="row-level security"):
             sql(url, statement, params)
 
@@ -153,8 +188,12 @@ def test_an_owner_cannot_delete_or_change_the_attempts_and_samples_of_her_job(pg
     try:
         (layer,) = w.runnable_layers()
         c = w.claim_frame(layer.layer_id, host="h", worker="h-w", gpu_uuids=[], now=NOW, lease_s=60)
-        assert w.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=3, started_at=NOW, ended_at=NOW + 9),
-                                now=NOW + 9) is not None
+        assert (
+            w.complete_frame(
+                c.frame_id, c.attempt, FrameResult(exit_code=3, started_at=NOW, ended_at=NOW + 9), now=NOW + 9
+            )
+            is not None
+        )
     finally:
         w.close()
     sql(pg_url, "INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (%s, 1, 'GPU-0', '[]')", (c.frame_id,))
@@ -164,8 +203,11 @@ def test_an_owner_cannot_delete_or_change_the_attempts_and_samples_of_her_job(pg
     assert sql(url, "DELETE FROM samples WHERE frame_id = %s", (c.frame_id,)) == 0
     assert sql(url, "UPDATE samples SET points = '[1]' WHERE frame_id = %s", (c.frame_id,)) == 0
     with pytest.raises(Refused, match="row-level security"):
-        sql(url, "INSERT INTO attempts(frame_id, attempt, job_id, outcome) VALUES (%s, 9, %s, 'SUCCEEDED')",
-            (c.frame_id, mine))
+        sql(
+            url,
+            "INSERT INTO attempts(frame_id, attempt, job_id, outcome) VALUES (%s, 9, %s, 'SUCCEEDED')",
+            (c.frame_id, mine),
+        )
     with pytest.raises(Refused, match="row-level security"):
         sql(url, "INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (%s, 9, 'GPU-1', '[]')", (c.frame_id,))
     assert sql(pg_url, "SELECT exit_code, ended_at - started_at FROM attempts WHERE job_id = %s", (mine,)) == [(3, 9.0)]
@@ -192,44 +234,157 @@ _ALL = MATRIX_ROLES
 # table: (where its rows are, an insert of a row of alice's job, a no-op SET, who may
 #         select, insert, update, delete)
 TABLES = {
-    "jobs": ("id = {A}", "INSERT INTO jobs(name, \"user\", created_at) VALUES ('n', 'u', 1)", "priority = priority",
-             _ALL, _ALL, _OP, _OP),
+    "jobs": (
+        "id = {A}",
+        "INSERT INTO jobs(name, \"user\", created_at) VALUES ('n', 'u', 1)",
+        "priority = priority",
+        _ALL,
+        _ALL,
+        _OP,
+        _OP,
+    ),
     # Layers and frames are submitted by the job's owner alone (a worker or admin submits its own jobs).
-    "layers": ("job_id = {A}", "INSERT INTO layers(job_id, idx, name, command, range, chunk, gpus, gpu_models, "
-               "gpu_memory_min_bytes, cores, memory_bytes, retries, env, tags, depends) VALUES ({A}, 9, 'new', "
-               "'[\"true\"]', '1', 1, 0, '[]', 0, 1, 0, 0, '{{}}', '[]', '[]')", "idx = idx",
-               _ALL, ("owner",), _OP, _OP),
-    "frames": ("job_id = {A}", "INSERT INTO frames(job_id, layer_id, number, frames, state) "
-               "VALUES ({A}, {L1}, 99, '99', 'WAITING')", "number = number", _ALL, ("owner",), _OP, _OP),
-    "layer_deps": ("layer_id = {L2}", "INSERT INTO layer_deps(layer_id, on_layer_id) VALUES ({L1}, {L2})",
-                   "any_frame = any_frame", _ALL, _OP, _OP, _OP),
-    "frame_deps": ("frame_id = {F3}", "INSERT INTO frame_deps(frame_id, on_frame_id) VALUES ({F1}, {F2})",
-                   "depend_id = depend_id", _ALL, _OP, _OP, _OP),
-    "layer_limits": ("layer_id = {L1}", "INSERT INTO layer_limits(name, layer_id) VALUES ('other', {L1})",
-                     "name = name", _ALL, _OP, _P, _P),
-    "notifications": ("job_id = {A}", "INSERT INTO notifications(job_id, event, frame_id, target, created_at, "
-                      "next_at) VALUES ({A}, 'job_done', 0, 'mailto:new@example.com', 1, 1)", "error = error",
-                      _ALL, _P, _P, _P),  # an owner's events go through cuectl_record_notification
-    "depends": ("job_id = {A}", "INSERT INTO depends(type, job_id, layer_id, on_job_id, created_at) "
-                "VALUES ('LAYER_ON_JOB', {A}, {L1}, {A}, 1)", "satisfied_at = satisfied_at", _ALL, _OP, _OP, _OP),
-    "depend_edges": ("depend_id = {D}", "INSERT INTO depend_edges(depend_id, layer_id, on_kind, on_id) "
-                     "VALUES ({D}, {L1}, 'job', {A})", "on_id = on_id", _ALL, _OP, _OP, _OP),
-    "attempts": ("job_id = {A}", "INSERT INTO attempts(frame_id, attempt, job_id, outcome) "
-                 "VALUES ({F1}, 7, {A}, 'SUCCEEDED')", "host = host", _ALL, _P, _P, _P),
-    "samples": ("frame_id = {F1}", "INSERT INTO samples(frame_id, attempt, uuid, points) "
-                "VALUES ({F1}, 7, 'GPU-new', '[]')", "points = points", _ALL, _P, _P, _P),
-    "hosts": ("name = 'h1'", "INSERT INTO hosts(name, cores, memory_bytes, gpus, registered_at, last_heartbeat) "
-              "VALUES ('h2', 1, 1, '[]', 1, 1)", "locked = locked", _ALL, _P, _P, _P),
+    "layers": (
+        "job_id = {A}",
+        "INSERT INTO layers(job_id, idx, name, command, range, chunk, gpus, gpu_models, "
+        "gpu_memory_min_bytes, cores, memory_bytes, retries, env, tags, depends) VALUES ({A}, 9, 'new', "
+        "'[\"true\"]', '1', 1, 0, '[]', 0, 1, 0, 0, '{{}}', '[]', '[]')",
+        "idx = idx",
+        _ALL,
+        ("owner",),
+        _OP,
+        _OP,
+    ),
+    "frames": (
+        "job_id = {A}",
+        "INSERT INTO frames(job_id, layer_id, number, frames, state) VALUES ({A}, {L1}, 99, '99', 'WAITING')",
+        "number = number",
+        _ALL,
+        ("owner",),
+        _OP,
+        _OP,
+    ),
+    "layer_deps": (
+        "layer_id = {L2}",
+        "INSERT INTO layer_deps(layer_id, on_layer_id) VALUES ({L1}, {L2})",
+        "any_frame = any_frame",
+        _ALL,
+        _OP,
+        _OP,
+        _OP,
+    ),
+    "frame_deps": (
+        "frame_id = {F3}",
+        "INSERT INTO frame_deps(frame_id, on_frame_id) VALUES ({F1}, {F2})",
+        "depend_id = depend_id",
+        _ALL,
+        _OP,
+        _OP,
+        _OP,
+    ),
+    "layer_limits": (
+        "layer_id = {L1}",
+        "INSERT INTO layer_limits(name, layer_id) VALUES ('other', {L1})",
+        "name = name",
+        _ALL,
+        _OP,
+        _P,
+        _P,
+    ),
+    "notifications": (
+        "job_id = {A}",
+        "INSERT INTO notifications(job_id, event, frame_id, target, created_at, "
+        "next_at) VALUES ({A}, 'job_done', 0, 'mailto:new@example.com', 1, 1)",
+        "error = error",
+        _ALL,
+        _P,
+        _P,
+        _P,
+    ),  # an owner's events go through cuectl_record_notification
+    "depends": (
+        "job_id = {A}",
+        "INSERT INTO depends(type, job_id, layer_id, on_job_id, created_at) VALUES ('LAYER_ON_JOB', {A}, {L1}, {A}, 1)",
+        "satisfied_at = satisfied_at",
+        _ALL,
+        _OP,
+        _OP,
+        _OP,
+    ),
+    "depend_edges": (
+        "depend_id = {D}",
+        "INSERT INTO depend_edges(depend_id, layer_id, on_kind, on_id) VALUES ({D}, {L1}, 'job', {A})",
+        "on_id = on_id",
+        _ALL,
+        _OP,
+        _OP,
+        _OP,
+    ),
+    "attempts": (
+        "job_id = {A}",
+        "INSERT INTO attempts(frame_id, attempt, job_id, outcome) VALUES ({F1}, 7, {A}, 'SUCCEEDED')",
+        "host = host",
+        _ALL,
+        _P,
+        _P,
+        _P,
+    ),
+    "samples": (
+        "frame_id = {F1}",
+        "INSERT INTO samples(frame_id, attempt, uuid, points) VALUES ({F1}, 7, 'GPU-new', '[]')",
+        "points = points",
+        _ALL,
+        _P,
+        _P,
+        _P,
+    ),
+    "hosts": (
+        "name = 'h1'",
+        "INSERT INTO hosts(name, cores, memory_bytes, gpus, registered_at, last_heartbeat) "
+        "VALUES ('h2', 1, 1, '[]', 1, 1)",
+        "locked = locked",
+        _ALL,
+        _P,
+        _P,
+        _P,
+    ),
     # Tokens are read and written by admins only, and revoked, never deleted.
-    "tokens": ("hash = 'h'", "INSERT INTO tokens(\"user\", role, hash, created_at, created_by) "
-               "VALUES ('u', 'admin', 'h2', 1, 'x')", "label = label", _A, _A, _A, ()),
-    "limits": ("name = 'lic'", "INSERT INTO limits(name, max_running) VALUES ('new', 1)", "max_running = max_running",
-               _ALL, _A, _A, _A),
-    "quotas": ("name = 'alice'", "INSERT INTO quotas(kind, name, max_gpus) VALUES ('user', 'new', 1)",
-               "max_gpus = max_gpus", _ALL, _A, _A, _A),
+    "tokens": (
+        "hash = 'h'",
+        "INSERT INTO tokens(\"user\", role, hash, created_at, created_by) VALUES ('u', 'admin', 'h2', 1, 'x')",
+        "label = label",
+        _A,
+        _A,
+        _A,
+        (),
+    ),
+    "limits": (
+        "name = 'lic'",
+        "INSERT INTO limits(name, max_running) VALUES ('new', 1)",
+        "max_running = max_running",
+        _ALL,
+        _A,
+        _A,
+        _A,
+    ),
+    "quotas": (
+        "name = 'alice'",
+        "INSERT INTO quotas(kind, name, max_gpus) VALUES ('user', 'new', 1)",
+        "max_gpus = max_gpus",
+        _ALL,
+        _A,
+        _A,
+        _A,
+    ),
     "services": ("name = 'svc'", "INSERT INTO services(name) VALUES ('new')", "cores = cores", _ALL, _A, _A, _A),
-    "meta": ("key = 'notify_defaults'", "INSERT INTO meta(key, value) VALUES ('depend.satisfy_on_eaten', '1')",
-             "value = value", _ALL, _A, _A, _A),
+    "meta": (
+        "key = 'notify_defaults'",
+        "INSERT INTO meta(key, value) VALUES ('depend.satisfy_on_eaten', '1')",
+        "value = value",
+        _ALL,
+        _A,
+        _A,
+        _A,
+    ),
 }
 
 
@@ -251,39 +406,58 @@ def matrix(pg_server):
         conn.execute(roles_sql())
         for who, role in names.items():
             conn.execute(f"CREATE ROLE {role} LOGIN")
-            conn.execute(f"GRANT {({'worker': 'cuectl_worker', 'admin': 'cuectl_admin'}.get(who, 'cuectl_user'))} "
-                         f"TO {role}")
+            conn.execute(
+                f"GRANT { ({'worker': 'cuectl_worker', 'admin': 'cuectl_admin'}.get(who, 'cuectl_user')) } TO {role}"
+            )
     s = open_store(as_role(url, names["owner"]))
-    a = s.submit(spec_from_mapping({"name": "a", "layers": [
-        {"name": "l1", "command": ["true"], "range": "1-2"},
-        {"name": "l2", "command": ["true"], "range": "1", "depends": ["l1"]}]}, user=names["owner"]), now=NOW)
+    a = s.submit(
+        spec_from_mapping(
+            {
+                "name": "a",
+                "layers": [
+                    {"name": "l1", "command": ["true"], "range": "1-2"},
+                    {"name": "l2", "command": ["true"], "range": "1", "depends": ["l1"]},
+                ],
+            },
+            user=names["owner"],
+        ),
+        now=NOW,
+    )
     s.close()
     ids = {"A": a}
     with psycopg.connect(url, autocommit=True) as conn:
+
         def one(q, p=()):
             return conn.execute(q, p).fetchone()[0]
+
         ids["L1"] = one("SELECT id FROM layers WHERE job_id = %s AND name = 'l1'", (a,))
         ids["L2"] = one("SELECT id FROM layers WHERE job_id = %s AND name = 'l2'", (a,))
-        ids["F1"], ids["F2"] = [r[0] for r in conn.execute(
-            "SELECT id FROM frames WHERE layer_id = %s ORDER BY id", (ids["L1"],))]
+        ids["F1"], ids["F2"] = [
+            r[0] for r in conn.execute("SELECT id FROM frames WHERE layer_id = %s ORDER BY id", (ids["L1"],))
+        ]
         ids["F3"] = one("SELECT id FROM frames WHERE layer_id = %s", (ids["L2"],))
-        ids["D"] = one("INSERT INTO depends(type, job_id, layer_id, on_job_id, created_at) "
-                       "VALUES ('LAYER_ON_JOB', %s, %s, %s, 1) RETURNING id", (a, ids["L2"], a))
-        for q in ("INSERT INTO layer_deps(layer_id, on_layer_id) VALUES ({L2}, {L1}) ON CONFLICT DO NOTHING",
-                  "INSERT INTO frame_deps(frame_id, on_frame_id) VALUES ({F3}, {F1})",
-                  "INSERT INTO depend_edges(depend_id, layer_id, on_kind, on_id) VALUES ({D}, {L2}, 'job', {A})",
-                  "INSERT INTO attempts(frame_id, attempt, job_id, outcome) VALUES ({F1}, 1, {A}, 'FAILED')",
-                  "INSERT INTO samples(frame_id, attempt, uuid, points) VALUES ({F1}, 1, 'GPU-0', '[]')",
-                  "INSERT INTO layer_limits(name, layer_id) VALUES ('lic', {L1})",
-                  "INSERT INTO notifications(job_id, event, frame_id, target, created_at, next_at) "
-                  "VALUES ({A}, 'job_done', 0, 'mailto:a@example.com', 1, 1)",
-                  "INSERT INTO hosts(name, cores, memory_bytes, gpus, registered_at, last_heartbeat) "
-                  "VALUES ('h1', 1, 1, '[]', 1, 1)",
-                  "INSERT INTO tokens(\"user\", role, hash, created_at, created_by) VALUES ('u', 'user', 'h', 1, 'x')",
-                  "INSERT INTO limits(name, max_running) VALUES ('lic', 1)",
-                  "INSERT INTO quotas(kind, name, max_gpus) VALUES ('user', 'alice', 1)",
-                  "INSERT INTO services(name) VALUES ('svc')",
-                  "INSERT INTO meta(key, value) VALUES ('notify_defaults', '[]')"):
+        ids["D"] = one(
+            "INSERT INTO depends(type, job_id, layer_id, on_job_id, created_at) "
+            "VALUES ('LAYER_ON_JOB', %s, %s, %s, 1) RETURNING id",
+            (a, ids["L2"], a),
+        )
+        for q in (
+            "INSERT INTO layer_deps(layer_id, on_layer_id) VALUES ({L2}, {L1}) ON CONFLICT DO NOTHING",
+            "INSERT INTO frame_deps(frame_id, on_frame_id) VALUES ({F3}, {F1})",
+            "INSERT INTO depend_edges(depend_id, layer_id, on_kind, on_id) VALUES ({D}, {L2}, 'job', {A})",
+            "INSERT INTO attempts(frame_id, attempt, job_id, outcome) VALUES ({F1}, 1, {A}, 'FAILED')",
+            "INSERT INTO samples(frame_id, attempt, uuid, points) VALUES ({F1}, 1, 'GPU-0', '[]')",
+            "INSERT INTO layer_limits(name, layer_id) VALUES ('lic', {L1})",
+            "INSERT INTO notifications(job_id, event, frame_id, target, created_at, next_at) "
+            "VALUES ({A}, 'job_done', 0, 'mailto:a@example.com', 1, 1)",
+            "INSERT INTO hosts(name, cores, memory_bytes, gpus, registered_at, last_heartbeat) "
+            "VALUES ('h1', 1, 1, '[]', 1, 1)",
+            "INSERT INTO tokens(\"user\", role, hash, created_at, created_by) VALUES ('u', 'user', 'h', 1, 'x')",
+            "INSERT INTO limits(name, max_running) VALUES ('lic', 1)",
+            "INSERT INTO quotas(kind, name, max_gpus) VALUES ('user', 'alice', 1)",
+            "INSERT INTO services(name) VALUES ('svc')",
+            "INSERT INTO meta(key, value) VALUES ('notify_defaults', '[]')",
+        ):
             conn.execute(q.format(**ids))
     conns = {who: psycopg.connect(as_role(url, role)) for who, role in names.items()}
     yield {"conns": conns, "ids": ids}
@@ -304,9 +478,13 @@ def test_who_may_do_what_to_each_table(matrix, who, op, table):
     where, insert, noop, *allowed_by = TABLES[table]
     allowed = who in (allowed_by[OPS.index(op)] if op != "truncate" else ())
     ids = matrix["ids"]
-    statement = {"select": f"SELECT COUNT(*) FROM {table} WHERE {where}", "insert": insert,
-                 "update": f"UPDATE {table} SET {noop} WHERE {where}", "delete": f"DELETE FROM {table} WHERE {where}",
-                 "truncate": f"TRUNCATE {table} CASCADE"}[op].format(**ids)
+    statement = {
+        "select": f"SELECT COUNT(*) FROM {table} WHERE {where}",
+        "insert": insert,
+        "update": f"UPDATE {table} SET {noop} WHERE {where}",
+        "delete": f"DELETE FROM {table} WHERE {where}",
+        "truncate": f"TRUNCATE {table} CASCADE",
+    }[op].format(**ids)
     conn = matrix["conns"][who]
     try:
         try:

@@ -26,14 +26,24 @@ def receipt(tmp_path, body: dict) -> str:
 
 
 def check(tmp_path, name: str, command, job_name: str = "render", **extra) -> None:
-    identity.check_layer(user=ME, job_id=7, command=command, submitted_by=None, receipt=name, spool=tmp_path,
-                         job_name=job_name, **LAYER, **extra)
+    identity.check_layer(
+        user=ME,
+        job_id=7,
+        command=command,
+        submitted_by=None,
+        receipt=name,
+        spool=tmp_path,
+        job_name=job_name,
+        **LAYER,
+        **extra,
+    )
 
 
 def test_a_version_2_receipt_covers_the_job_name_show_and_shot(tmp_path):
     command = ["sh", "-c", "echo #JOB#"]
-    digests = {"w": identity.layer_digest(job_id=7, user=ME, command=command, job_name="render", show="s",
-                                          shot="010", **LAYER)}
+    digests = {
+        "w": identity.layer_digest(job_id=7, user=ME, command=command, job_name="render", show="s", shot="010", **LAYER)
+    }
     name = identity.write_receipt(tmp_path, job_id=7, user=ME, digests=digests)
     assert json.loads((tmp_path / name).read_text())["v"] == identity.RECEIPT_VERSION == 2
     check(tmp_path, name, command, show="s", shot="010")
@@ -51,8 +61,14 @@ def test_a_version_1_receipt_proves_a_command_without_the_name_token(tmp_path):
     check(tmp_path, name, plain, job_name="renamed by anyone")  # no token expands it: nothing to prove
     with pytest.raises(Unproven, match="is not what"):
         check(tmp_path, name, ["sh", "-c", "other"])
-    old = receipt(tmp_path, {"job": 7, "user": ME, "layers": {
-        "w": identity.layer_digest(job_id=7, user=ME, command=named, version=1, **LAYER)}})
+    old = receipt(
+        tmp_path,
+        {
+            "job": 7,
+            "user": ME,
+            "layers": {"w": identity.layer_digest(job_id=7, user=ME, command=named, version=1, **LAYER)},
+        },
+    )
     with pytest.raises(Unproven, match="older cuectl .* the #JOB# token.*: resubmit the job"):
         check(tmp_path, old, named)
 

@@ -19,8 +19,9 @@ from cuectl.sched.store import Actor, FrameResult, open_store
 NOW = 1_700_000_000.0
 
 
-def submit(store, name: str = "j", *, user: str = "alice", layers: list[dict[str, Any]] | None = None,
-           **job: Any) -> int:
+def submit(
+    store, name: str = "j", *, user: str = "alice", layers: list[dict[str, Any]] | None = None, **job: Any
+) -> int:
     layers = layers or [{"name": "a", "command": ["true"], "range": "1-10"}]
     spec = spec_from_mapping({"name": name, **job, "layers": layers}, user=user)
     return store.submit(spec, now=NOW)
@@ -43,8 +44,9 @@ def claim_all(store, layer_id: int, *, now: float = NOW) -> list[Any]:
 
 
 def running(store, job_id: int | None = None) -> int:
-    frames, _ = store.list_frames(job=job_id, state=m.RUNNING) if job_id is not None else \
-        store.list_frames(state=m.RUNNING)
+    frames, _ = (
+        store.list_frames(job=job_id, state=m.RUNNING) if job_id is not None else store.list_frames(state=m.RUNNING)
+    )
     return len(frames)
 
 
@@ -58,8 +60,13 @@ def ok() -> FrameResult:
 
 # -- per layer and per job ---------------------------------------------------------------------
 def test_layer_max_running(store):
-    job_id = submit(store, layers=[{"name": "a", "command": ["true"], "range": "1-10", "max_running": 2},
-                                   {"name": "b", "command": ["true"], "range": "1-3"}])
+    job_id = submit(
+        store,
+        layers=[
+            {"name": "a", "command": ["true"], "range": "1-10", "max_running": 2},
+            {"name": "b", "command": ["true"], "range": "1-3"},
+        ],
+    )
     a, b = layer_ids(store, job_id)
     first = claim_all(store, a)
     assert len(first) == 2
@@ -72,8 +79,11 @@ def test_layer_max_running(store):
 
 
 def test_job_max_running_spans_its_layers(store):
-    job_id = submit(store, max_running=3, layers=[{"name": "a", "command": ["true"], "range": "1-2"},
-                                                  {"name": "b", "command": ["true"], "range": "1-5"}])
+    job_id = submit(
+        store,
+        max_running=3,
+        layers=[{"name": "a", "command": ["true"], "range": "1-2"}, {"name": "b", "command": ["true"], "range": "1-5"}],
+    )
     a, b = layer_ids(store, job_id)
     assert len(claim_all(store, a)) == 2
     assert len(claim_all(store, b)) == 1
@@ -84,16 +94,21 @@ def test_job_max_running_spans_its_layers(store):
 
 
 def test_job_max_gpus_and_max_cores(store):
-    gpu_job = submit(store, "g", max_gpus=4,
-                     layers=[{"name": "a", "command": ["true"], "range": "1-5", "gpus": 2},
-                             {"name": "cpu", "command": ["true"], "range": "1-3"}])
+    gpu_job = submit(
+        store,
+        "g",
+        max_gpus=4,
+        layers=[
+            {"name": "a", "command": ["true"], "range": "1-5", "gpus": 2},
+            {"name": "cpu", "command": ["true"], "range": "1-3"},
+        ],
+    )
     a, cpu = layer_ids(store, gpu_job)
     assert len(claim_all(store, a)) == 2
     assert store.cap_reached(a) == "the job's max_gpus reached: 4 of 4 GPUs in use (a frame needs 2)"
     assert len(claim_all(store, cpu)) == 3  # max_gpus does not hold CPU frames back
 
-    core_job = submit(store, "c", max_cores=5, layers=[{"name": "a", "command": ["true"], "range": "1-5",
-                                                       "cores": 2}])
+    core_job = submit(store, "c", max_cores=5, layers=[{"name": "a", "command": ["true"], "range": "1-5", "cores": 2}])
     (c,) = layer_ids(store, core_job)
     assert len(claim_all(store, c)) == 2
     assert store.cap_reached(c) == "the job's max_cores reached: 4 of 5 cores in use (a frame needs 2)"
@@ -103,8 +118,14 @@ def test_job_max_gpus_and_max_cores(store):
 def test_named_limit_across_two_jobs(store):
     store.set_limit("nuke", 3)
     one = submit(store, "one", layers=[{"name": "a", "command": ["true"], "range": "1-5", "limits": ["nuke"]}])
-    two = submit(store, "two", layers=[{"name": "a", "command": ["true"], "range": "1-5", "limits": "nuke"},
-                                       {"name": "free", "command": ["true"], "range": "1-2"}])
+    two = submit(
+        store,
+        "two",
+        layers=[
+            {"name": "a", "command": ["true"], "range": "1-5", "limits": "nuke"},
+            {"name": "free", "command": ["true"], "range": "1-2"},
+        ],
+    )
     (a1,) = layer_ids(store, one)
     a2, free = layer_ids(store, two)
     # The layer's limits are rows of layer_limits (what the cap's SQL reads), not only JSON.
@@ -164,8 +185,14 @@ def test_limit_delete_and_errors(store):
 def test_user_gpu_quota_spans_jobs_and_leaves_cpu_layers_alone(store):
     store.set_quota("user", "alice", max_gpus=3, max_cores=None)
     one = submit(store, "one", layers=[{"name": "g", "command": ["true"], "range": "1-5", "gpus": 1}])
-    two = submit(store, "two", layers=[{"name": "g", "command": ["true"], "range": "1-5", "gpus": 2},
-                                       {"name": "cpu", "command": ["true"], "range": "1-4"}])
+    two = submit(
+        store,
+        "two",
+        layers=[
+            {"name": "g", "command": ["true"], "range": "1-5", "gpus": 2},
+            {"name": "cpu", "command": ["true"], "range": "1-4"},
+        ],
+    )
     bob = submit(store, "bobs", user="bob", layers=[{"name": "g", "command": ["true"], "range": "1-2", "gpus": 1}])
     (g1,) = layer_ids(store, one)
     g2, cpu = layer_ids(store, two)
@@ -176,23 +203,36 @@ def test_user_gpu_quota_spans_jobs_and_leaves_cpu_layers_alone(store):
     assert len(claim_all(store, cpu)) == 4  # a CPU layer is not blocked by a GPU quota
     assert len(claim_all(store, layer_ids(store, bob)[0])) == 2  # nor is another user
     (quota,) = store.list_quotas()
-    assert quota == {"kind": "user", "name": "alice", "max_gpus": 3, "max_cores": None,
-                     "gpus_in_use": 3, "cores_in_use": 6.0}
+    assert quota == {
+        "kind": "user",
+        "name": "alice",
+        "max_gpus": 3,
+        "max_cores": None,
+        "gpus_in_use": 3,
+        "cores_in_use": 6.0,
+    }
 
 
 def test_project_quotas_on_gpus_and_cores(store):
     store.set_quota("project", "show1", max_gpus=2, max_cores=3)
-    a = submit(store, "a", project="show1", layers=[{"name": "g", "command": ["true"], "range": "1-5", "gpus": 1,
-                                                     "cores": 0.5}])
-    b = submit(store, "b", user="bob", project="show1",
-               layers=[{"name": "c", "command": ["true"], "range": "1-9", "cores": 1}])
+    a = submit(
+        store,
+        "a",
+        project="show1",
+        layers=[{"name": "g", "command": ["true"], "range": "1-5", "gpus": 1, "cores": 0.5}],
+    )
+    b = submit(
+        store, "b", user="bob", project="show1", layers=[{"name": "c", "command": ["true"], "range": "1-9", "cores": 1}]
+    )
     free = submit(store, "free", layers=[{"name": "g", "command": ["true"], "range": "1-3", "gpus": 1}])
     assert store.get_job(a)["project"] == "show1"
     assert len(claim_all(store, layer_ids(store, a)[0])) == 2
     assert store.cap_reached(layer_ids(store, a)[0]).startswith("project show1's GPU quota reached: 2 of 2")
     assert len(claim_all(store, layer_ids(store, b)[0])) == 2  # 1 core of the two GPU frames, plus 2
-    assert store.cap_reached(layer_ids(store, b)[0]) == \
-        "project show1's core quota reached: 3 of 3 cores in use (a frame needs 1)"
+    assert (
+        store.cap_reached(layer_ids(store, b)[0])
+        == "project show1's core quota reached: 3 of 3 cores in use (a frame needs 1)"
+    )
     assert len(claim_all(store, layer_ids(store, free)[0])) == 3  # no project: no project quota
     store.set_quota("project", "show1", max_gpus=None, max_cores=None, delete=True)
     assert store.list_quotas() == []
@@ -233,8 +273,7 @@ def test_limits_and_quotas_are_admin_only(store):
 
 # -- retry back-off ----------------------------------------------------------------------------
 def test_a_failed_frame_waits_for_its_back_off_doubling_per_failure(store):
-    job_id = submit(store, layers=[{"name": "a", "command": ["false"], "range": "1", "retries": 5,
-                                    "retry_delay": 10}])
+    job_id = submit(store, layers=[{"name": "a", "command": ["false"], "range": "1", "retries": 5, "retry_delay": 10}])
     (a,) = layer_ids(store, job_id)
     t = NOW
     for failures, delay in ((1, 10), (2, 20), (3, 40)):
@@ -280,8 +319,12 @@ def test_a_user_retry_of_a_running_frame_does_not_back_off(store):
     (a,) = layer_ids(store, job_id)
     c = claim(store, a)
     store.frame_action([c.frame_id], "retry", now=NOW)
-    assert store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=None, exit_signal=15,
-                                                                   user_action="retry"), now=NOW + 1) == m.WAITING
+    assert (
+        store.complete_frame(
+            c.frame_id, c.attempt, FrameResult(exit_code=None, exit_signal=15, user_action="retry"), now=NOW + 1
+        )
+        == m.WAITING
+    )
     assert claim(store, a, now=NOW + 1) is not None
 
 
@@ -292,24 +335,31 @@ def test_a_permanent_failure_goes_dead_at_once(store):
     result = fail(127, permanent=True, failure_kind="not-found", failure="command not found (exit 127)")
     assert store.complete_frame(c.frame_id, c.attempt, result, now=NOW + 1) == m.DEAD
     (attempt,) = store.frame_attempts([c.frame_id])[c.frame_id]
-    assert (attempt["outcome"], attempt["failure_kind"], attempt["failure"]) == \
-        ("failed", "not-found", "command not found (exit 127)")
+    assert (attempt["outcome"], attempt["failure_kind"], attempt["failure"]) == (
+        "failed",
+        "not-found",
+        "command not found (exit 127)",
+    )
 
 
 def test_attempts_carry_failure_kind_and_text(store):
-    job_id = submit(store, layers=[{"name": "a", "command": ["false"], "range": "1", "retries": 5,
-                                    "retry_delay": 0}])
+    job_id = submit(store, layers=[{"name": "a", "command": ["false"], "range": "1", "retries": 5, "retry_delay": 0}])
     (a,) = layer_ids(store, job_id)
     c = claim(store, a)
     store.complete_frame(c.frame_id, c.attempt, fail(3), now=NOW + 1)
     c = claim(store, a, now=NOW + 2)
-    store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=None, exit_signal=9, timed_out=True,
-                                                            started_at=NOW + 2, ended_at=NOW + 3), now=NOW + 3)
+    store.complete_frame(
+        c.frame_id,
+        c.attempt,
+        FrameResult(exit_code=None, exit_signal=9, timed_out=True, started_at=NOW + 2, ended_at=NOW + 3),
+        now=NOW + 3,
+    )
     c = claim(store, a, now=NOW + 4, lease_s=10)
     assert store.reap(now=NOW + 100) == [c.frame_id]
     c = claim(store, a, now=NOW + 101)
-    store.complete_frame(c.frame_id, c.attempt, fail(1, failure_kind="gpu-oom", failure="CUDA out of memory"),
-                         now=NOW + 102)
+    store.complete_frame(
+        c.frame_id, c.attempt, fail(1, failure_kind="gpu-oom", failure="CUDA out of memory"), now=NOW + 102
+    )
     c = claim(store, a, now=NOW + 103)
     store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW + 104)
     history = store.frame_attempts([c.frame_id])[c.frame_id]
@@ -318,7 +368,8 @@ def test_attempts_carry_failure_kind_and_text(store):
         ("timeout", "timeout", "timed out"),
         ("lost", "lost", "worker lost (no heartbeat)"),
         ("failed", "gpu-oom", "CUDA out of memory"),
-        ("succeeded", None, None)]
+        ("succeeded", None, None),
+    ]
 
 
 # -- concurrency -------------------------------------------------------------------------------
@@ -328,8 +379,10 @@ def _claimer(url: str, layer_id: int, host: str, start: Any, out: Any) -> None:
         start.wait(60)
         got = 0
         for _ in range(20):  # keep trying: a claim that found the cap full must stay refused
-            if store.claim_frame(layer_id, host=host, worker=f"{host}:1", gpu_uuids=[], now=NOW,
-                                 lease_s=600) is not None:
+            if (
+                store.claim_frame(layer_id, host=host, worker=f"{host}:1", gpu_uuids=[], now=NOW, lease_s=600)
+                is not None
+            ):
                 got += 1
         out.put((host, got))
     finally:
@@ -372,12 +425,17 @@ def test_runnable_layers_leave_out_what_a_host_could_never_run_by_size(store):
     request stays for a "24 GB" card that reports 24564 MiB (match.py's rounding)."""
     from cuectl.sched.store import HostShape
 
-    submit(store, "shapes", layers=[
-        {"name": "two", "command": ["true"], "gpus": 2},
-        {"name": "big", "command": ["true"], "gpus": 1, "gpu_memory_min": "80G"},
-        {"name": "fits", "command": ["true"], "gpus": 1, "gpu_memory_min": "24G"},
-        {"name": "wide", "command": ["true"], "cores": 8},
-        {"name": "cpu", "command": ["true"], "cores": 2}])
+    submit(
+        store,
+        "shapes",
+        layers=[
+            {"name": "two", "command": ["true"], "gpus": 2},
+            {"name": "big", "command": ["true"], "gpus": 1, "gpu_memory_min": "80G"},
+            {"name": "fits", "command": ["true"], "gpus": 1, "gpu_memory_min": "24G"},
+            {"name": "wide", "command": ["true"], "cores": 8},
+            {"name": "cpu", "command": ["true"], "cores": 2},
+        ],
+    )
     card = HostShape(gpus=1, gpu_memory_max_bytes=24564 << 20, cores=4, memory_bytes=1 << 36)
     assert [layer.layer for layer in store.runnable_layers(host=card)] == ["fits", "cpu"]
     gpu_only = HostShape(gpus=1, gpu_memory_max_bytes=24564 << 20, cores=4, memory_bytes=1 << 36, gpu_only=True)

@@ -19,7 +19,7 @@ from cuectl.sched.spec import spec_from_flags, spec_from_mapping
 from cuectl.sched.store import Actor, open_store
 
 NOW = 1_700_000_000.0
-GIB = 1024 ** 3
+GIB = 1024**3
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "opencue"
 
 
@@ -33,15 +33,24 @@ def layer(name: str = "a", **kw) -> dict:
 
 
 def resources(data: dict) -> list[tuple]:
-    return [(x["cores"], x["memory_bytes"], x["gpus"], x["gpu_memory_min_bytes"], x["tags"], x["timeout_s"])
-            for x in data["layers"]]
+    return [
+        (x["cores"], x["memory_bytes"], x["gpus"], x["gpu_memory_min_bytes"], x["tags"], x["timeout_s"])
+        for x in data["layers"]
+    ]
 
 
 def test_set_list_update_clear_delete(store):
     assert store.list_services() == []
     row = store.set_service("render", {"cores": 4, "memory_bytes": 8 * GIB, "tags": ["linux"], "timeout_s": 7200})
-    assert row == {"name": "render", "cores": 4.0, "memory_bytes": 8 * GIB, "gpus": None,
-                   "gpu_memory_min_bytes": None, "tags": ["linux"], "timeout_s": 7200.0}
+    assert row == {
+        "name": "render",
+        "cores": 4.0,
+        "memory_bytes": 8 * GIB,
+        "gpus": None,
+        "gpu_memory_min_bytes": None,
+        "tags": ["linux"],
+        "timeout_s": 7200.0,
+    }
     # An update changes only what it gives; None clears a field.
     row = store.set_service("render", {"cores": 8, "timeout_s": None})
     assert (row["cores"], row["memory_bytes"], row["tags"], row["timeout_s"]) == (8.0, 8 * GIB, ["linux"], None)
@@ -54,22 +63,34 @@ def test_set_list_update_clear_delete(store):
     assert [r["name"] for r in store.list_services()] == ["cuda", "render"]
 
 
-@pytest.mark.parametrize("name,values,message", [
-    ("bad name", {"cores": 1}, "NAME: invalid service name"),
-    ("ok", {"cores": 0}, "--cores: must be more than 0"),
-    ("ok", {"cores": 0.01}, "--cores: must be at least 0.1"),
-    ("ok", {"gpus": -1}, "--gpus: must be 0 or more"),
-    ("ok", {"memory_bytes": "lots"}, "--memory"),
-    ("ok", {"tags": ["a b"]}, "--tags"),
-    ("ok", {"timeout_s": 0}, "--timeout: must be more than 0"),
-    ("ok", {"nice": 3}, "unknown service field 'nice'"),
-])
+@pytest.mark.parametrize(
+    "name,values,message",
+    [
+        ("bad name", {"cores": 1}, "NAME: invalid service name"),
+        ("ok", {"cores": 0}, "--cores: must be more than 0"),
+        ("ok", {"cores": 0.01}, "--cores: must be at least 0.1"),
+        ("ok", {"gpus": -1}, "--gpus: must be 0 or more"),
+        ("ok", {"memory_bytes": "lots"}, "--memory"),
+        ("ok", {"tags": ["a b"]}, "--tags"),
+        ("ok", {"timeout_s": 0}, "--timeout: must be more than 0"),
+        ("ok", {"nice": 3}, "unknown service field 'nice'"),
+    ],
+)
 def test_bad_values_are_refused_and_change_nothing(store, name, values, message):
     store.set_service("ok", {"cores": 2})
     with pytest.raises(InvalidInput, match=message):
         store.set_service(name, values)
-    assert store.list_services() == [{"name": "ok", "cores": 2.0, "memory_bytes": None, "gpus": None,
-                                      "gpu_memory_min_bytes": None, "tags": None, "timeout_s": None}]
+    assert store.list_services() == [
+        {
+            "name": "ok",
+            "cores": 2.0,
+            "memory_bytes": None,
+            "gpus": None,
+            "gpu_memory_min_bytes": None,
+            "tags": None,
+            "timeout_s": None,
+        }
+    ]
 
 
 @pytest.mark.acts_as_user
@@ -77,8 +98,11 @@ def test_only_admins_change_services(store):
     pg_roles(store, "svc_bob")
     store.set_service("render", {"cores": 2})
     with store.acting_as(Actor("svc_bob", False)):
-        for change in (lambda: store.set_service("render", {"cores": 64}), lambda: store.set_service("mine", {}),
-                       lambda: store.delete_service("render")):
+        for change in (
+            lambda: store.set_service("render", {"cores": 64}),
+            lambda: store.set_service("mine", {}),
+            lambda: store.delete_service("render"),
+        ):
             with pytest.raises(NotOwner, match="only an admin"):
                 change()
         assert [r["cores"] for r in store.list_services()] == [2.0]  # reading is for everyone
@@ -87,13 +111,15 @@ def test_only_admins_change_services(store):
 def test_layer_takes_the_services_defaults_and_its_own_values_win(store):
     store.set_service("render", {"cores": 4, "memory_bytes": 8 * GIB, "tags": ["linux"], "timeout_s": 3600})
     store.set_service("cuda", {"gpus": 2, "gpu_memory_min_bytes": 24 * GIB, "cores": 2})
-    job = submit(store,
-                 layer("plain", service="render"),
-                 layer("own", service="render", cores=1, memory="2G", tags=["mac"], timeout="5m"),
-                 layer("gpu", service="cuda"),
-                 layer("onegpu", service="cuda", gpus=1),
-                 layer("cpu", service="cuda", gpus=0),  # its own 0 GPUs win: no device memory either
-                 layer("none"))
+    job = submit(
+        store,
+        layer("plain", service="render"),
+        layer("own", service="render", cores=1, memory="2G", tags=["mac"], timeout="5m"),
+        layer("gpu", service="cuda"),
+        layer("onegpu", service="cuda", gpus=1),
+        layer("cpu", service="cuda", gpus=0),  # its own 0 GPUs win: no device memory either
+        layer("none"),
+    )
     assert resources(job) == [
         (4.0, 8 * GIB, 0, 0, ["linux"], 3600.0),
         (1.0, 2 * GIB, 0, 0, ["mac"], 300.0),
@@ -117,8 +143,9 @@ def test_default_service_serves_layers_without_one(store):
 def test_unknown_service_submits_nothing(store):
     store.set_service("render", {"cores": 2})
     before = len(store.list_jobs())
-    spec = spec_from_mapping({"name": "j", "layers": [layer("a", service="render"), layer("b", service="rendr")]},
-                             user="alice")
+    spec = spec_from_mapping(
+        {"name": "j", "layers": [layer("a", service="render"), layer("b", service="rendr")]}, user="alice"
+    )
     with pytest.raises(InvalidInput, match="layer b: service: no service 'rendr'"):
         store.submit(spec, now=NOW)
     assert len(store.list_jobs()) == before
@@ -147,8 +174,7 @@ def test_flag_form_gpus_not_given_take_the_service(store):
 def test_a_refused_submit_with_a_service_leaves_nothing(store):
     # The services are read in the submit's own transaction: a refused job leaves no rows.
     store.set_service("cuda", {"gpus": 2})
-    spec = spec_from_mapping({"name": "j", "layers": [layer("a", service="cuda", limits=["nolimit"])]},
-                             user="alice")
+    spec = spec_from_mapping({"name": "j", "layers": [layer("a", service="cuda", limits=["nolimit"])]}, user="alice")
     with pytest.raises(InvalidInput, match="no limit"):
         store.submit(spec, now=NOW)
     assert store.list_jobs() == []
@@ -162,8 +188,11 @@ def _row(name, **values):
 
 
 def test_apply_on_code_built_layers_keeps_what_differs_from_the_defaults():
-    spec = JobSpec(name="j", user="u", layers=(LayerSpec(name="a", command=("true",), cores=3.0),
-                                               LayerSpec(name="b", command=("true",), service="s")))
+    spec = JobSpec(
+        name="j",
+        user="u",
+        layers=(LayerSpec(name="a", command=("true",), cores=3.0), LayerSpec(name="b", command=("true",), service="s")),
+    )
     out = services.apply(spec, [_row("default", cores=2, memory_bytes=GIB), _row("s", tags=["x"], cores=5)])
     a, b = out.layers
     assert (a.cores, a.memory_bytes) == (3.0, GIB)  # cores differ from LayerSpec's default: its own
@@ -179,27 +208,47 @@ def test_service_gpu_memory_only_for_layers_with_gpus():
 
 
 def test_parse_options():
-    assert services.parse_options({"cores": "2.5", "memory_bytes": "512", "gpus": "none", "tags": "a, b",
-                                   "timeout_s": "1h", "gpu_memory_min_bytes": None}) == \
-        {"cores": 2.5, "memory_bytes": 512 * 1024 ** 2, "gpus": None, "tags": ["a", "b"], "timeout_s": 3600.0}
-    for raw, message in (({"cores": "many"}, "--cores: expected a number"), ({"gpus": "1.5"}, "--gpus"),
-                         ({"tags": " , "}, "--tags"), ({"timeout_s": "soon"}, "--timeout")):
+    assert services.parse_options(
+        {
+            "cores": "2.5",
+            "memory_bytes": "512",
+            "gpus": "none",
+            "tags": "a, b",
+            "timeout_s": "1h",
+            "gpu_memory_min_bytes": None,
+        }
+    ) == {"cores": 2.5, "memory_bytes": 512 * 1024**2, "gpus": None, "tags": ["a", "b"], "timeout_s": 3600.0}
+    for raw, message in (
+        ({"cores": "many"}, "--cores: expected a number"),
+        ({"gpus": "1.5"}, "--gpus"),
+        ({"tags": " , "}, "--tags"),
+        ({"timeout_s": "soon"}, "--timeout"),
+    ):
         with pytest.raises(InvalidInput, match=message):
             services.parse_options(raw)
 
 
 # -- OpenCue XML -------------------------------------------------------------------------------
 def test_opencue_services_become_the_layers_service_list(store):
-    ((mapping, notes),) = parse_opencue_xml((FIXTURES / "services.xml").read_text(), source="services.xml",
-                                            submitter="testuser")
-    assert [x.get("service") for x in mapping["layers"]] == [["shell", "katana", "unknown"], ["prman", "katana"],
-                                                             ["arnold"], ["cuda"]]
+    ((mapping, notes),) = parse_opencue_xml(
+        (FIXTURES / "services.xml").read_text(), source="services.xml", submitter="testuser"
+    )
+    assert [x.get("service") for x in mapping["layers"]] == [
+        ["shell", "katana", "unknown"],
+        ["prman", "katana"],
+        ["arnold"],
+        ["cuda"],
+    ]
     assert not any("<services>" in str(n) for n in notes)
     store.set_service("katana", {"cores": 6})
     store.set_service("cuda", {"gpus": 1})
     job = store.get_job(store.submit(spec_from_mapping(mapping, user="testuser"), now=NOW))
     assert [(x["name"], x["cores"], x["gpus"]) for x in job["layers"]] == [
-        ("shell_layer", 6.0, 0), ("prman_layer", 6.0, 0), ("arnold_layer", 1.0, 0), ("cuda_layer", 1.0, 1)]
+        ("shell_layer", 6.0, 0),
+        ("prman_layer", 6.0, 0),
+        ("arnold_layer", 1.0, 0),
+        ("cuda_layer", 1.0, 1),
+    ]
 
 
 # -- PostgreSQL with a role per user (roles.sql) ---------------------------------------------

@@ -20,8 +20,9 @@ FIXTURES = Path(__file__).parents[1] / "fixtures" / "opencue"
 
 
 def spec(name="j", frames="1-2", **job):
-    return spec_from_mapping({"name": name, **job, "layers": [{"name": "l", "command": ["true"], "range": frames}]},
-                             user="alice")
+    return spec_from_mapping(
+        {"name": name, **job, "layers": [{"name": "l", "command": ["true"], "range": frames}]}, user="alice"
+    )
 
 
 def test_spec_keys_and_flags():
@@ -30,9 +31,12 @@ def test_spec_keys_and_flags():
     assert (spec().show, spec().shot) == (None, None)
     f = spec_from_flags(name="f", command=["true"], show="demo", shot="sh_020.a", user="alice")
     assert (f.show, f.shot) == ("demo", "sh_020.a")
-    for key, value, message in (("show", "a b", "show: invalid show name 'a b'"),
-                                ("shot", "x/y", "shot: invalid shot name 'x/y'"),
-                                ("show", "--", "show: invalid show name"), ("shot", 7, "shot: expected a string")):
+    for key, value, message in (
+        ("show", "a b", "show: invalid show name 'a b'"),
+        ("shot", "x/y", "shot: invalid shot name 'x/y'"),
+        ("show", "--", "show: invalid show name"),
+        ("shot", 7, "shot: expected a string"),
+    ):
         with pytest.raises(InvalidInput, match=message):
             spec(**{key: value})
     with pytest.raises(InvalidInput, match="--shot: invalid shot name"):
@@ -64,13 +68,21 @@ def test_store_records_filters_and_claims_them(store):
 
 
 def test_report_by_show(store):
-    ids = [store.submit(spec(n, frames=f, **kw), now=NOW) for n, f, kw in (
-        ("a", "1-2", {"show": "fx", "project": "p1"}), ("b", "1", {"show": "fx"}), ("c", "1-3", {"project": "p1"}))]
+    ids = [
+        store.submit(spec(n, frames=f, **kw), now=NOW)
+        for n, f, kw in (
+            ("a", "1-2", {"show": "fx", "project": "p1"}),
+            ("b", "1", {"show": "fx"}),
+            ("c", "1-3", {"project": "p1"}),
+        )
+    ]
     for layer in store.runnable_layers():
-        while (c := store.claim_frame(layer.layer_id, host="h", worker="h:1", gpu_uuids=[], now=NOW,
-                                      lease_s=60)) is not None:
-            store.complete_frame(c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 10),
-                                 now=NOW + 10)
+        while (
+            c := store.claim_frame(layer.layer_id, host="h", worker="h:1", gpu_uuids=[], now=NOW, lease_s=60)
+        ) is not None:
+            store.complete_frame(
+                c.frame_id, c.attempt, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 10), now=NOW + 10
+            )
     assert len(ids) == 3
     groups, total = store.usage_summary(since=NOW - 100, until=NOW + 100, by="show")
     frames = {g.key: g.frames for g in groups}
@@ -82,13 +94,15 @@ def test_report_by_show(store):
 
 
 def test_opencue_show_and_shot():
-    ((mapping, notes),) = parse_opencue_xml((FIXTURES / "show_alias.xml").read_text(), source="x.xml",
-                                            submitter="testuser")
+    ((mapping, notes),) = parse_opencue_xml(
+        (FIXTURES / "show_alias.xml").read_text(), source="x.xml", submitter="testuser"
+    )
     assert (mapping["show"], mapping["shot"], mapping["project"]) == ("fx", "home", "fx")
     s = spec_from_mapping(mapping, user="testuser")
     assert (s.show, s.shot, s.project) == ("fx", "home", "fx")
-    (_, bad_notes), = parse_opencue_xml((FIXTURES / "jobspec_invalid_shot.xml").read_text(), source="x.xml",
-                                        submitter="testuser")
+    ((_, bad_notes),) = parse_opencue_xml(
+        (FIXTURES / "jobspec_invalid_shot.xml").read_text(), source="x.xml", submitter="testuser"
+    )
     assert any("<shot>" in str(n) and "invalid/shot" in str(n) for n in bad_notes)
 
 
@@ -101,10 +115,14 @@ def test_frames_see_cue_show_and_cue_shot(tmp_path):
     try:
         out = tmp_path / "seen"
         out.mkdir()
-        record = ["sh", "-c", 'printf "%s|%s|%s" "${CUE_SHOW-unset}" "${CUE_SHOT-unset}" "$CUE_JOB" '
-                              f'> {out}/"$CUE_JOB_ID"']
-        with_show = farm.submit({"name": "lit", "show": "fx", "shot": "sh010",
-                                 "layers": [{"name": "r", "command": record}]})
+        record = [
+            "sh",
+            "-c",
+            f'printf "%s|%s|%s" "${{CUE_SHOW-unset}}" "${{CUE_SHOT-unset}}" "$CUE_JOB" > {out}/"$CUE_JOB_ID"',
+        ]
+        with_show = farm.submit(
+            {"name": "lit", "show": "fx", "shot": "sh010", "layers": [{"name": "r", "command": record}]}
+        )
         without = farm.submit({"name": "plain", "layers": [{"name": "r", "command": record}]})
         res = farm.run_worker(None)
         assert res.returncode == 0, res.stderr

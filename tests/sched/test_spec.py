@@ -133,7 +133,13 @@ def test_defaults() -> None:
     assert spec.layers[0] == LayerSpec(name="a", command=("true",))
     layer = spec.layers[0]
     assert (layer.range, layer.chunk, layer.gpus, layer.cores, layer.memory_bytes, layer.retries, layer.timeout_s) == (
-        "1", 1, 0, 1.0, 0, 3, None,
+        "1",
+        1,
+        0,
+        1.0,
+        0,
+        3,
+        None,
     )
     assert spec.chunks == (((1,),),)
 
@@ -218,9 +224,15 @@ def test_anchors_and_merge_keys_share_settings() -> None:
         ({"gpus": True}, "layers[0].gpus: expected a whole number, got a boolean (true)"),
         ({"gpus": "2"}, "layers[0].gpus: expected a whole number"),
         ({"gpus": 10**6}, "layers[0].gpus: must be at most"),
-        ({"gpus": 1, "gpu_vendor": "NVIDA"}, "layers[0].gpu_vendor: unknown vendor 'NVIDA' (expected one of NVIDIA, AMD, Apple, Intel)"),
+        (
+            {"gpus": 1, "gpu_vendor": "NVIDA"},
+            "layers[0].gpu_vendor: unknown vendor 'NVIDA' (expected one of NVIDIA, AMD, Apple, Intel)",
+        ),
         ({"gpus": 1, "gpu_vendor": 3}, "layers[0].gpu_vendor: unknown vendor"),
-        ({"gpu_vendor": "NVIDIA"}, "layers[0].gpu_vendor: only applies to GPU requests; set layers[0].gpus to 1 or more"),
+        (
+            {"gpu_vendor": "NVIDIA"},
+            "layers[0].gpu_vendor: only applies to GPU requests; set layers[0].gpus to 1 or more",
+        ),
         ({"gpus": 0, "gpu_models": ["A100"]}, "layers[0].gpu_models: only applies to GPU requests"),
         ({"gpu_memory_min": "8G"}, "layers[0].gpu_memory_min: only applies to GPU requests"),
         ({"gpus": 1, "gpu_models": [""]}, "layers[0].gpu_models[0]: invalid GPU model"),
@@ -266,7 +278,10 @@ def test_anchors_and_merge_keys_share_settings() -> None:
         ({"depends": ["a"]}, "layers[0].depends[0]: layer 'a' cannot depend on itself"),
         ({"depends": [{"layer": "a", "type": "frame"}]}, "layers[0].depends[0]: layer 'a' cannot depend on itself"),
         ({"depends": [{"type": "frame"}]}, "layers[0].depends[0]: missing 'layer'"),
-        ({"depends": [{"layer": "b", "type": "frames"}]}, "layers[0].depends[0].type: unknown dependency type 'frames' (expected layer, frame, previous or any)"),
+        (
+            {"depends": [{"layer": "b", "type": "frames"}]},
+            "layers[0].depends[0].type: unknown dependency type 'frames' (expected layer, frame, previous or any)",
+        ),
         ({"depends": [{"layr": "b"}]}, "layers[0].depends[0]: unknown key 'layr' (did you mean 'layer'?)"),
         ({"depends": [3]}, "layers[0].depends[0]: expected a string"),
         ({"gpu": 1}, "layers[0]: unknown key 'gpu' (did you mean 'gpus'?)"),
@@ -294,11 +309,17 @@ def test_layer_errors(fields: dict[str, Any], message: str) -> None:
         ({"name": "j"}, "layers: required"),
         ({"name": "j", "layers": []}, "layers: needs at least one layer"),
         ({"name": "j", "layers": {"a": 1}}, "layers: expected a list of layers, got a mapping"),
-        ({"name": "j", "layers": ["render"]}, "layers[0]: expected a mapping with name: and command:, got a string ('render')"),
+        (
+            {"name": "j", "layers": ["render"]},
+            "layers[0]: expected a mapping with name: and command:, got a string ('render')",
+        ),
         ({"name": "j", "layers": [{"name": "a", "command": "x"}] * 1001}, "layers: at most 1000 layers"),
         ({"name": "j", "user": "bob", "layers": []}, "unknown key 'user' (the job's user is whoever submits it)"),
         ({"name": "j", "priorty": 1, "layers": []}, "unknown key 'priorty' (did you mean 'priority'?)"),
-        ({"name": "j", "command": "x", "layers": []}, "unknown key 'command' (a layer setting: put it in an entry of layers:)"),
+        (
+            {"name": "j", "command": "x", "layers": []},
+            "unknown key 'command' (a layer setting: put it in an entry of layers:)",
+        ),
         ({"name": "j", "priority": "high", "layers": []}, "priority: expected a whole number"),
         ({"name": "j", "paused": "no", "layers": []}, "paused: expected true or false, got a string ('no')"),
         ({"name": "j", "env": {"A B": 1}, "layers": []}, "env: invalid variable name 'A B'"),
@@ -307,12 +328,20 @@ def test_layer_errors(fields: dict[str, Any], message: str) -> None:
             "layers[1].name: duplicate layer name 'a' (also layers[0].name)",
         ),
         (
-            {"name": "j", "layers": [{"name": "a", "command": "x", "depends": ["b", {"layer": "b", "type": "frame"}]},
-                                     {"name": "b", "command": "x"}]},
+            {
+                "name": "j",
+                "layers": [
+                    {"name": "a", "command": "x", "depends": ["b", {"layer": "b", "type": "frame"}]},
+                    {"name": "b", "command": "x"},
+                ],
+            },
             "layers[0].depends[1]: depends on 'b' twice (also layers[0].depends[0])",
         ),
         (
-            {"name": "j", "layers": [{"name": "render", "command": "x"}, {"name": "comp", "command": "x", "depends": ["rendr"]}]},
+            {
+                "name": "j",
+                "layers": [{"name": "render", "command": "x"}, {"name": "comp", "command": "x", "depends": ["rendr"]}],
+            },
             "layers[1].depends[0]: unknown layer 'rendr'; did you mean 'render'?",
         ),
     ],
@@ -344,8 +373,10 @@ def test_a_diamond_is_not_a_cycle() -> None:
 
 
 def test_frame_limit_counts_all_layers() -> None:
-    two = {"name": "j", "layers": [{"name": "a", "command": "x", "range": "1-60"},
-                                   {"name": "b", "command": "x", "range": "1-60"}]}
+    two = {
+        "name": "j",
+        "layers": [{"name": "a", "command": "x", "range": "1-60"}, {"name": "b", "command": "x", "range": "1-60"}],
+    }
     assert mapping_error(two, frame_limit=100) == (
         "the job has at least 120 frames across its layers; the limit is 100 (CUECTL_FRAME_LIMIT)"
     )
@@ -358,8 +389,13 @@ def test_frame_limit_counts_all_layers() -> None:
 
 def test_repeat_guard_scales_with_the_whole_limit_not_the_remainder() -> None:
     # 150 listed, 5 distinct: fine against a limit of 100 even when only 10 are left.
-    data = {"name": "j", "layers": [{"name": "a", "command": "x", "range": "1-90"},
-                                    {"name": "b", "command": "x", "range": ",".join(["1-5"] * 30)}]}
+    data = {
+        "name": "j",
+        "layers": [
+            {"name": "a", "command": "x", "range": "1-90"},
+            {"name": "b", "command": "x", "range": ",".join(["1-5"] * 30)},
+        ],
+    }
     spec = spec_from_mapping(data, user="u", frame_limit=100)
     assert [len(c) for c in spec.chunks] == [90, 5]
 
@@ -406,7 +442,9 @@ def test_several_documents_are_refused() -> None:
 
 
 def test_validation_errors_are_prefixed_with_the_source() -> None:
-    assert error("name: j\nlayers: [{name: a, command: x, gpus: -1}]\n") == "job.yaml: layers[0].gpus: must be 0 or more"
+    assert (
+        error("name: j\nlayers: [{name: a, command: x, gpus: -1}]\n") == "job.yaml: layers[0].gpus: must be 0 or more"
+    )
 
 
 def test_yaml_values_that_are_not_strings_are_explained() -> None:
@@ -520,14 +558,34 @@ def test_flags_minimal() -> None:
 
 def test_flags_full() -> None:
     spec = spec_from_flags(
-        name="train", command=["python3", "train.py", "--lr", "0.1"], range="1-10", chunk=5, layer="fit",
-        gpus=1, gpu_vendor="nvidia", gpu_models=["A100", "H100"], gpu_memory_min="40G", cores=4, memory="16G",
-        priority=10, retries=0, timeout="2h", env=["A=1", "B=x=y", "A=2", "EMPTY="], tags=["ml"], paused=True, user="u",
+        name="train",
+        command=["python3", "train.py", "--lr", "0.1"],
+        range="1-10",
+        chunk=5,
+        layer="fit",
+        gpus=1,
+        gpu_vendor="nvidia",
+        gpu_models=["A100", "H100"],
+        gpu_memory_min="40G",
+        cores=4,
+        memory="16G",
+        priority=10,
+        retries=0,
+        timeout="2h",
+        env=["A=1", "B=x=y", "A=2", "EMPTY="],
+        tags=["ml"],
+        paused=True,
+        user="u",
     )
     layer = spec.layers[0]
     assert (spec.name, spec.priority, spec.paused) == ("train", 10, True)
     assert layer.name == "fit" and layer.command == ("python3", "train.py", "--lr", "0.1")
-    assert (layer.gpus, layer.gpu_vendor, layer.gpu_models, layer.gpu_memory_min_bytes) == (1, "NVIDIA", ("A100", "H100"), 40 * GIB)
+    assert (layer.gpus, layer.gpu_vendor, layer.gpu_models, layer.gpu_memory_min_bytes) == (
+        1,
+        "NVIDIA",
+        ("A100", "H100"),
+        40 * GIB,
+    )
     assert (layer.cores, layer.memory_bytes, layer.retries, layer.timeout_s) == (4.0, 16 * GIB, 0, 7200.0)
     assert layer.env == (("A", "2"), ("B", "x=y"), ("EMPTY", ""))  # split at the first '='; last wins
     assert spec.chunks == (((1, 2, 3, 4, 5), (6, 7, 8, 9, 10)),)
@@ -550,7 +608,10 @@ def test_flag_command_is_argv_never_a_shell() -> None:
         ({"gpu_vendor": "nvidia"}, "--gpu-vendor: only applies to GPU requests; set --gpus to 1 or more"),
         ({"gpu_models": ["A100"]}, "--gpu-model: only applies to GPU requests; set --gpus to 1 or more"),
         ({"gpu_memory_min": "8G"}, "--gpu-memory-min: only applies to GPU requests"),
-        ({"gpus": 1, "gpu_vendor": "NVIDA"}, "--gpu-vendor: unknown vendor 'NVIDA' (expected one of NVIDIA, AMD, Apple, Intel)"),
+        (
+            {"gpus": 1, "gpu_vendor": "NVIDA"},
+            "--gpu-vendor: unknown vendor 'NVIDA' (expected one of NVIDIA, AMD, Apple, Intel)",
+        ),
         ({"gpus": 1, "gpu_models": ["ok", " "]}, "--gpu-model: invalid GPU model ''"),
         ({"range": "1-x"}, "--range: invalid frame range section '1-x' in '1-x'"),
         ({"range": "1-1000000000"}, "--range: frame range '1-1000000000' has 1000000000 frames"),
@@ -581,8 +642,19 @@ def test_flags_single_strings_are_one_value_not_characters() -> None:
 
 
 def test_flag_and_yaml_forms_agree() -> None:
-    from_flags = spec_from_flags(name="n", command=["run", "#IFRAME#"], range="1-8x2", chunk=2, gpus=1,
-                                 gpu_memory_min="8G", memory="512", timeout="90", env=["K=V"], tags=["t"], user="u")
+    from_flags = spec_from_flags(
+        name="n",
+        command=["run", "#IFRAME#"],
+        range="1-8x2",
+        chunk=2,
+        gpus=1,
+        gpu_memory_min="8G",
+        memory="512",
+        timeout="90",
+        env=["K=V"],
+        tags=["t"],
+        user="u",
+    )
     from_yaml = load(
         """
         name: n
@@ -599,18 +671,31 @@ def test_flag_and_yaml_forms_agree() -> None:
 # Properties: nothing but InvalidInput escapes, whatever the document holds
 
 _SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
     st.sampled_from(["1-10", "1-10x0", "8G", "2h", "NVIDIA", "nvidia", "render", "#IFRAME#", "a", "frame", "-1", "0"]),
 )
-_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
-    st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.text(max_size=6), st.sampled_from(["layer", "type"])), inner, max_size=3)
-), max_leaves=8)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.one_of(st.text(max_size=6), st.sampled_from(["layer", "type"])), inner, max_size=3),
+    ),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(LAYER_KEYS), _VALUES, max_size=6), _VALUES)
 def test_arbitrary_layers_raise_only_invalid_input(fields: dict[str, Any], job_env: Any) -> None:
-    data = {"name": "j", "env": job_env, "layers": [{"name": "a", "command": "x", **fields}, {"name": "b", "command": ["y"]}]}
+    data = {
+        "name": "j",
+        "env": job_env,
+        "layers": [{"name": "a", "command": "x", **fields}, {"name": "b", "command": ["y"]}],
+    }
     try:
         spec = spec_from_mapping(data, user="u", frame_limit=1000)
     except InvalidInput as exc:
@@ -621,8 +706,14 @@ def test_arbitrary_layers_raise_only_invalid_input(fields: dict[str, Any], job_e
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.sampled_from(list("ab:-[]{},&*!|>'\"#\n \t0123") + ["name", "layers", "command", "\x01", "é", "&a", "*a", "<<"]),
-                max_size=40).map("".join))
+@given(
+    st.lists(
+        st.sampled_from(
+            list("ab:-[]{},&*!|>'\"#\n \t0123") + ["name", "layers", "command", "\x01", "é", "&a", "*a", "<<"]
+        ),
+        max_size=40,
+    ).map("".join)
+)
 def test_arbitrary_yaml_text_raises_only_invalid_input(text: str) -> None:
     try:
         load_spec_text(text, user="u", frame_limit=1000)
@@ -669,13 +760,21 @@ def _run_frame(command: tuple[str, ...] | str, frame: int, env: dict[str, str]) 
         argv[0] = sys.executable
     elif isinstance(argv, str):
         argv = argv.replace("python3", sys.executable, 1)
-    return subprocess.run(argv, shell=isinstance(argv, str), cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        argv, shell=isinstance(argv, str), cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_render_example_scripts_run(tmp_path: Path) -> None:
     spec = load_spec_file(EXAMPLES / "render.yaml", user="u")
     render, comp = spec.layers
-    env = {**os.environ, **dict(render.env), "EXAMPLE_OUT": str(tmp_path), "RENDER_SLEEP": "0", "CUDA_VISIBLE_DEVICES": "1"}
+    env = {
+        **os.environ,
+        **dict(render.env),
+        "EXAMPLE_OUT": str(tmp_path),
+        "RENDER_SLEEP": "0",
+        "CUDA_VISIBLE_DEVICES": "1",
+    }
     missing = _run_frame(comp.command, 2, env)
     assert missing.returncode == 1 and "cannot read the rendered frame" in missing.stderr
     for frame in (1, 2):

@@ -17,8 +17,15 @@ def test_log_limit_sizes(value, expected):
     assert spec_from_mapping(layer(log_limit=value), user="u").layers[0].log_limit_bytes == expected
 
 
-@pytest.mark.parametrize("value,needle", [("1K", "at least 4K"), ("lots", "layers[0].log_limit"),
-                                          (True, "layers[0].log_limit"), ("-5M", "layers[0].log_limit")])
+@pytest.mark.parametrize(
+    "value,needle",
+    [
+        ("1K", "at least 4K"),
+        ("lots", "layers[0].log_limit"),
+        (True, "layers[0].log_limit"),
+        ("-5M", "layers[0].log_limit"),
+    ],
+)
 def test_bad_log_limits(value, needle):
     with pytest.raises(InvalidInput, match=needle.replace("[", r"\[").replace("]", r"\]")):
         spec_from_mapping(layer(log_limit=value), user="u")

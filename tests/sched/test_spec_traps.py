@@ -30,7 +30,7 @@ def test_a_comment_that_swallowed_a_token_is_refused_with_the_quoted_value() -> 
             command: sh -c 'echo #FRAME_START#-#FRAME_END#; sleep 1'
             range: 1-3
         """)
-    assert exc.message.startswith("job.yaml: line 4, column 14: command: YAML read only \"sh -c 'echo\"")
+    assert exc.message.startswith('job.yaml: line 4, column 14: command: YAML read only "sh -c \'echo"')
     assert "#FRAME_START#" in exc.message
     assert exc.hint == "quote the whole value: \"sh -c 'echo #FRAME_START#-#FRAME_END#; sleep 1'\""
 
@@ -59,14 +59,17 @@ def test_a_swallowed_token_in_a_list_item_is_refused() -> None:
     assert "line 6" in exc.message and "YAML read only '--frame'" in exc.message
 
 
-@pytest.mark.parametrize("command", [
-    '"sh -c \'echo #FRAME_START#-#FRAME_END#\'"',   # quoted: the token is part of the value
-    "[echo, '#IFRAME#']",
-    "echo hi  # a comment of the author's, not a token",
-    "echo hi #not-a-token",
-    "|\n              echo #IFRAME#",               # a block scalar keeps '#'
-    "echo 'it''s' \"#JOB#\"",                        # YAML plain scalars keep ' and \" as text
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "\"sh -c 'echo #FRAME_START#-#FRAME_END#'\"",  # quoted: the token is part of the value
+        "[echo, '#IFRAME#']",
+        "echo hi  # a comment of the author's, not a token",
+        "echo hi #not-a-token",
+        "|\n              echo #IFRAME#",  # a block scalar keeps '#'
+        "echo 'it''s' \"#JOB#\"",  # YAML plain scalars keep ' and \" as text
+    ],
+)
 def test_quoted_values_and_ordinary_comments_pass(command: str) -> None:
     spec = load(f"""\
         name: t
@@ -77,12 +80,15 @@ def test_quoted_values_and_ordinary_comments_pass(command: str) -> None:
     assert spec.layers[0].command
 
 
-@pytest.mark.parametrize("command", [
-    "sh -c 'echo",
-    "echo \"unclosed",
-    "echo it's",
-    "echo ok \\",
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sh -c 'echo",
+        'echo "unclosed',
+        "echo it's",
+        "echo ok \\",
+    ],
+)
 def test_a_shell_string_whose_quotes_do_not_close_is_refused(command: str) -> None:
     with pytest.raises(InvalidInput) as info:
         spec_from_mapping({"name": "t", "layers": [{"name": "a", "command": command}]}, user="alice")
@@ -90,18 +96,21 @@ def test_a_shell_string_whose_quotes_do_not_close_is_refused(command: str) -> No
     assert "/bin/sh -c" in (info.value.hint or "")
 
 
-@pytest.mark.parametrize("command", [
-    "echo 'a b' \"c d\" e\\'f",
-    "echo hi # it's a comment to the shell",
-    "echo #IFRAME# 'x'",                              # a token is a word, not a comment
-    "echo \"$(printf '%s' \"x y\")\"",                # quotes nested in a command substitution
-    "cat <<EOF\nit's\nEOF",                           # here-documents are left to the shell
-    "printf $'it\\'s\\n'",                            # as is bash's $'...'
-    "echo 'multi\nline'",
-    "n=${F#0}; echo \"frame\n$n\"",                # a `#` inside a word is no comment to the shell
-    "x=$((16#ff)); echo \"v\n$x\"",
-    "echo a#b 'c'",
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "echo 'a b' \"c d\" e\\'f",
+        "echo hi # it's a comment to the shell",
+        "echo #IFRAME# 'x'",  # a token is a word, not a comment
+        'echo "$(printf \'%s\' "x y")"',  # quotes nested in a command substitution
+        "cat <<EOF\nit's\nEOF",  # here-documents are left to the shell
+        "printf $'it\\'s\\n'",  # as is bash's $'...'
+        "echo 'multi\nline'",
+        'n=${F#0}; echo "frame\n$n"',  # a `#` inside a word is no comment to the shell
+        'x=$((16#ff)); echo "v\n$x"',
+        "echo a#b 'c'",
+    ],
+)
 def test_balanced_shell_strings_pass(command: str) -> None:
     spec = spec_from_mapping({"name": "t", "layers": [{"name": "a", "command": command}]}, user="alice")
     assert spec.layers[0].command == command

@@ -23,8 +23,14 @@ from cuectl.sched.store import FrameResult, HostInfo, LiveUsage, open_store
 from cuectl.sched.views import samples_json
 
 NOW = 1_700_000_000.0
-GPU = {"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB", "backend": "fake",
-       "memory_total_bytes": 16160 * 1024**2}
+GPU = {
+    "index": 0,
+    "uuid": "GPU-a",
+    "vendor": "NVIDIA",
+    "model": "Tesla V100-SXM2-16GB",
+    "backend": "fake",
+    "memory_total_bytes": 16160 * 1024**2,
+}
 
 
 def job(name="j", layers=None, priority=0, paused=False):
@@ -36,8 +42,9 @@ def job(name="j", layers=None, priority=0, paused=False):
 
 def claim_next(store, host="h1", now=NOW, lease_s=60.0):
     for layer in store.runnable_layers():
-        claimed = store.claim_frame(layer.layer_id, host=host, worker=f"{host}-w", gpu_uuids=[], now=now,
-                                    lease_s=lease_s)
+        claimed = store.claim_frame(
+            layer.layer_id, host=host, worker=f"{host}-w", gpu_uuids=[], now=now, lease_s=lease_s
+        )
         if claimed:
             return claimed
     return None
@@ -48,16 +55,36 @@ def ok(code=0):
 
 
 def test_submit_and_show_shapes(store):
-    job_id = store.submit(job(layers=[{"name": "render", "command": "echo #IFRAME#", "range": "1-10", "chunk": 3,
-                                       "gpus": 1, "gpu_vendor": "nvidia", "gpu_models": ["V100"],
-                                       "gpu_memory_min": "16G", "tags": ["gpu"]}]), now=NOW)
+    job_id = store.submit(
+        job(
+            layers=[
+                {
+                    "name": "render",
+                    "command": "echo #IFRAME#",
+                    "range": "1-10",
+                    "chunk": 3,
+                    "gpus": 1,
+                    "gpu_vendor": "nvidia",
+                    "gpu_models": ["V100"],
+                    "gpu_memory_min": "16G",
+                    "tags": ["gpu"],
+                }
+            ]
+        ),
+        now=NOW,
+    )
     data = store.get_job(job_id)
     assert data["state"] == "PENDING" and data["user"] == "alice" and data["paused"] is False
     assert data["created_at"].endswith("Z")
     assert data["frame_counts"] == {"WAITING": 4}
     layer = data["layers"][0]
-    assert (layer["name"], layer["range"], layer["chunk"], layer["gpus"], layer["gpu_vendor"]) == \
-        ("render", "1-10", 3, 1, "NVIDIA")
+    assert (layer["name"], layer["range"], layer["chunk"], layer["gpus"], layer["gpu_vendor"]) == (
+        "render",
+        "1-10",
+        3,
+        1,
+        "NVIDIA",
+    )
     assert layer["gpu_memory_min_bytes"] == 16 * 1024**3 and layer["gpu_models"] == ["V100"]
     frames, total = store.list_frames(job=job_id)
     assert total == 4 and [f["number"] for f in frames] == [1, 4, 7, 10]
@@ -79,8 +106,15 @@ def test_lookup_errors(store):
 
 
 def test_list_frames_limit_and_filters(store):
-    job_id = store.submit(job(layers=[{"name": "a", "command": ["true"], "range": "1-50"},
-                                      {"name": "b", "command": ["true"], "range": "1-5"}]), now=NOW)
+    job_id = store.submit(
+        job(
+            layers=[
+                {"name": "a", "command": ["true"], "range": "1-50"},
+                {"name": "b", "command": ["true"], "range": "1-5"},
+            ]
+        ),
+        now=NOW,
+    )
     frames, total = store.list_frames(job=job_id, limit=10)
     assert len(frames) == 10 and total == 55
     frames, total = store.list_frames(job=job_id, layer="b")
@@ -91,8 +125,9 @@ def test_list_frames_limit_and_filters(store):
 
 def test_claim_order_priority_then_submit_then_frame_order(store):
     low = store.submit(job("low", priority=1), now=NOW)
-    high = store.submit(job("high", priority=10, layers=[{"name": "r", "command": ["true"], "range": "1-10:5"}]),
-                        now=NOW + 1)
+    high = store.submit(
+        job("high", priority=10, layers=[{"name": "r", "command": ["true"], "range": "1-10:5"}]), now=NOW + 1
+    )
     order = []
     while (c := claim_next(store)) is not None:
         order.append((c.job_id, c.number))
@@ -110,12 +145,20 @@ def test_paused_job_and_locked_host_are_not_claimed(store):
 
 
 def test_claim_records_everything_and_completion_is_fenced(store):
-    store.submit(job(layers=[{"name": "r", "command": ["run", "#IFRAME#"], "range": "1", "retries": 1,
-                              "env": {"A": "1"}}]), now=NOW)
+    store.submit(
+        job(layers=[{"name": "r", "command": ["run", "#IFRAME#"], "range": "1", "retries": 1, "env": {"A": "1"}}]),
+        now=NOW,
+    )
     layer = store.runnable_layers()[0]
     c = store.claim_frame(layer.layer_id, host="h1", worker="w1", gpu_uuids=["GPU-a"], now=NOW, lease_s=60)
-    assert (c.attempt, c.number, c.frames, c.command, c.env, c.gpu_uuids) == \
-        (1, 1, (1,), ("run", "#IFRAME#"), {"A": "1"}, ("GPU-a",))
+    assert (c.attempt, c.number, c.frames, c.command, c.env, c.gpu_uuids) == (
+        1,
+        1,
+        (1,),
+        ("run", "#IFRAME#"),
+        {"A": "1"},
+        ("GPU-a",),
+    )
     frame = store.get_frame(c.frame_id)
     assert frame["state"] == "RUNNING" and frame["host"] == "h1" and frame["gpu_uuids"] == ["GPU-a"]
     assert store.complete_frame(c.frame_id, c.attempt + 1, ok(), now=NOW) is None  # wrong attempt
@@ -132,14 +175,22 @@ def test_claim_records_everything_and_completion_is_fenced(store):
 def test_complete_and_claim_records_reports_then_claims(store):
     # A worker's slot: the frames that ended are recorded as complete_frame records them,
     # in order, and then the next frame is claimed; stale reports change nothing.
-    job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-4", "retries": 1,
-                                       "max_running": 2}]), now=NOW)
+    job_id = store.submit(
+        job(layers=[{"name": "r", "command": ["true"], "range": "1-4", "retries": 1, "max_running": 2}]), now=NOW
+    )
     a, b = claim_next(store), claim_next(store)
     assert claim_next(store) is None  # the layer's max_running is reached
     layer_id = store.runnable_layers()[0].layer_id
     states, c = store.complete_and_claim(
         [(a.frame_id, a.attempt, ok()), (b.frame_id, b.attempt, ok(1)), (a.frame_id, a.attempt + 1, ok())],
-        layer_id, reported_at=NOW + 2, host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 2, lease_s=60)
+        layer_id,
+        reported_at=NOW + 2,
+        host="h1",
+        worker="h1-w",
+        gpu_uuids=[],
+        now=NOW + 2,
+        lease_s=60,
+    )
     assert states == ["SUCCEEDED", "WAITING", None]  # b has a retry left; the last report is stale
     # What the reports freed is what the claim sees: b's retry (frame order) runs next.
     assert c is not None and (c.frame_id, c.attempt) == (b.frame_id, 2)
@@ -147,13 +198,28 @@ def test_complete_and_claim_records_reports_then_claims(store):
     assert [h["outcome"] for h in store.get_frame(b.frame_id)["attempt_history"]] == ["failed"]
     assert store.get_frame(c.frame_id)["state"] == "RUNNING"
     d = claim_next(store, now=NOW + 3)  # frame 3: the layer's two slots are taken again
-    states, f = store.complete_and_claim([(c.frame_id, c.attempt, ok()), (d.frame_id, d.attempt, ok())], layer_id,
-                                         reported_at=NOW + 4, host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 4,
-                                         lease_s=60)
+    states, f = store.complete_and_claim(
+        [(c.frame_id, c.attempt, ok()), (d.frame_id, d.attempt, ok())],
+        layer_id,
+        reported_at=NOW + 4,
+        host="h1",
+        worker="h1-w",
+        gpu_uuids=[],
+        now=NOW + 4,
+        lease_s=60,
+    )
     assert states == ["SUCCEEDED", "SUCCEEDED"] and f is not None and f.number == 4
     # Nothing left to claim: the report is recorded all the same, and finishes the job.
-    states, none = store.complete_and_claim([(f.frame_id, f.attempt, ok())], layer_id, reported_at=NOW + 5,
-                                            host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 5, lease_s=60)
+    states, none = store.complete_and_claim(
+        [(f.frame_id, f.attempt, ok())],
+        layer_id,
+        reported_at=NOW + 5,
+        host="h1",
+        worker="h1-w",
+        gpu_uuids=[],
+        now=NOW + 5,
+        lease_s=60,
+    )
     assert states == ["SUCCEEDED"] and none is None
     assert store.get_job(job_id)["state"] == "FINISHED"
 
@@ -161,8 +227,9 @@ def test_complete_and_claim_records_reports_then_claims(store):
 def test_complete_and_claim_without_reports_is_a_claim(store):
     store.submit(job(), now=NOW)
     layer_id = store.runnable_layers()[0].layer_id
-    states, c = store.complete_and_claim([], layer_id, reported_at=NOW, host="h1", worker="h1-w",
-                                         gpu_uuids=["GPU-a"], now=NOW, lease_s=60)
+    states, c = store.complete_and_claim(
+        [], layer_id, reported_at=NOW, host="h1", worker="h1-w", gpu_uuids=["GPU-a"], now=NOW, lease_s=60
+    )
     assert states == [] and c is not None and c.gpu_uuids == ("GPU-a",)
     assert store.get_frame(c.frame_id)["host"] == "h1"
 
@@ -176,17 +243,34 @@ def test_sqlite_complete_and_claim_is_one_transaction(tmp_path):
     layer_id = store.runnable_layers()[0].layer_id
     statements: list[str] = []
     store.conn.set_trace_callback(statements.append)
-    states, b = store.complete_and_claim([(a.frame_id, a.attempt, ok())], layer_id, reported_at=NOW,
-                                         host="h1", worker="h1-w", gpu_uuids=[], now=NOW, lease_s=60)
+    states, b = store.complete_and_claim(
+        [(a.frame_id, a.attempt, ok())],
+        layer_id,
+        reported_at=NOW,
+        host="h1",
+        worker="h1-w",
+        gpu_uuids=[],
+        now=NOW,
+        lease_s=60,
+    )
     store.conn.set_trace_callback(None)
     assert states == ["SUCCEEDED"] and b is not None
     assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
     # A claim that fails inside the transaction: the report is rolled back too.
-    store.conn.execute("CREATE TRIGGER no_claims BEFORE UPDATE OF attempts ON frames "
-                       "BEGIN SELECT RAISE(ABORT, 'claims refused'); END")
+    store.conn.execute(
+        "CREATE TRIGGER no_claims BEFORE UPDATE OF attempts ON frames BEGIN SELECT RAISE(ABORT, 'claims refused'); END"
+    )
     with pytest.raises(StoreError, match="claims refused"):
-        store.complete_and_claim([(b.frame_id, b.attempt, ok())], layer_id, reported_at=NOW, host="h1",
-                                 worker="h1-w", gpu_uuids=[], now=NOW, lease_s=60)
+        store.complete_and_claim(
+            [(b.frame_id, b.attempt, ok())],
+            layer_id,
+            reported_at=NOW,
+            host="h1",
+            worker="h1-w",
+            gpu_uuids=[],
+            now=NOW,
+            lease_s=60,
+        )
     assert store.get_frame(b.frame_id)["state"] == "RUNNING"
     assert store.get_frame(b.frame_id)["attempt_history"] == []
 
@@ -201,9 +285,15 @@ def test_success_finishes_job(store):
 
 
 def test_layer_dependency_releases_in_same_transaction(store):
-    job_id = store.submit(job(layers=[
-        {"name": "render", "command": ["true"], "range": "1-2"},
-        {"name": "comp", "command": ["true"], "range": "1-2", "depends": ["render"]}]), now=NOW)
+    job_id = store.submit(
+        job(
+            layers=[
+                {"name": "render", "command": ["true"], "range": "1-2"},
+                {"name": "comp", "command": ["true"], "range": "1-2", "depends": ["render"]},
+            ]
+        ),
+        now=NOW,
+    )
     assert store.list_frames(job=job_id, layer="comp")[0][0]["state"] == "DEPEND"
     first = claim_next(store)
     store.complete_frame(first.frame_id, 1, ok(), now=NOW)
@@ -215,12 +305,27 @@ def test_layer_dependency_releases_in_same_transaction(store):
 
 
 def test_frame_by_frame_dependency_with_different_chunks(store):
-    job_id = store.submit(job(layers=[
-        {"name": "render", "command": ["true"], "range": "1-4"},
-        {"name": "comp", "command": ["true"], "range": "1-4", "chunk": 2,
-         "depends": [{"layer": "render", "type": "frame"}]},
-        {"name": "extra", "command": ["true"], "range": "10-11", "depends": [{"layer": "render", "type": "frame"}]},
-    ]), now=NOW)
+    job_id = store.submit(
+        job(
+            layers=[
+                {"name": "render", "command": ["true"], "range": "1-4"},
+                {
+                    "name": "comp",
+                    "command": ["true"],
+                    "range": "1-4",
+                    "chunk": 2,
+                    "depends": [{"layer": "render", "type": "frame"}],
+                },
+                {
+                    "name": "extra",
+                    "command": ["true"],
+                    "range": "10-11",
+                    "depends": [{"layer": "render", "type": "frame"}],
+                },
+            ]
+        ),
+        now=NOW,
+    )
     comp = {f["number"]: f for f in store.list_frames(job=job_id, layer="comp")[0]}
     assert comp[1]["state"] == "DEPEND" and comp[3]["state"] == "DEPEND"
     # Frames without a counterpart upstream have no dependency at all.
@@ -237,10 +342,21 @@ def test_frame_by_frame_dependency_with_different_chunks(store):
 
 def _eaten_upstream_job(store):
     """render 1-2, comp 1-2 frame by frame on render, final on comp (a layer dependency)."""
-    job_id = store.submit(job(layers=[
-        {"name": "render", "command": ["true"], "range": "1-2"},
-        {"name": "comp", "command": ["true"], "range": "1-2", "depends": [{"layer": "render", "type": "frame"}]},
-        {"name": "final", "command": ["true"], "range": "1", "depends": ["comp"]}]), now=NOW)
+    job_id = store.submit(
+        job(
+            layers=[
+                {"name": "render", "command": ["true"], "range": "1-2"},
+                {
+                    "name": "comp",
+                    "command": ["true"],
+                    "range": "1-2",
+                    "depends": [{"layer": "render", "type": "frame"}],
+                },
+                {"name": "final", "command": ["true"], "range": "1", "depends": ["comp"]},
+            ]
+        ),
+        now=NOW,
+    )
     frames = {(f["layer"], f["number"]): f["id"] for f in store.list_frames(job=job_id)[0]}
     return job_id, frames
 
@@ -315,9 +431,15 @@ def test_settings_refuse_unknown_names_and_values(store):
 
 
 def test_dead_upstream_blocks_and_retry_unblocks(store):
-    job_id = store.submit(job(layers=[
-        {"name": "a", "command": ["false"], "range": "1", "retries": 0},
-        {"name": "b", "command": ["true"], "range": "1", "depends": [{"layer": "a", "type": "frame"}]}]), now=NOW)
+    job_id = store.submit(
+        job(
+            layers=[
+                {"name": "a", "command": ["false"], "range": "1", "retries": 0},
+                {"name": "b", "command": ["true"], "range": "1", "depends": [{"layer": "a", "type": "frame"}]},
+            ]
+        ),
+        now=NOW,
+    )
     c = claim_next(store)
     assert store.complete_frame(c.frame_id, 1, ok(1), now=NOW) == "DEAD"
     assert store.get_job(job_id)["dead_dependencies"] == 1
@@ -387,17 +509,35 @@ def test_live_usage_of_running_frames_is_fenced_and_cleared_at_the_end(store):
     fresh = store.get_frame(a.frame_id)
     assert (fresh["gpu_util_pct"], fresh["gpu_memory_used_bytes"], fresh["gpu_sampled_at"]) == (None, None, None)
     series = {"GPU-a": [[NOW, 10.0, 100], [NOW + 10, 75.0, 2048]], "GPU-b": [[NOW, None, None]]}
-    live = [LiveUsage(frame_id=a.frame_id, attempt=1, sampled_at=NOW + 10, util_pct=37.5, memory_used_bytes=2048,
-                      samples=series),
-            LiveUsage(frame_id=b.frame_id, attempt=2, sampled_at=NOW + 10, util_pct=1.0, memory_used_bytes=1,
-                      samples={"GPU-c": [[NOW, 1.0, 1]]}),  # not b's attempt: fenced off
-            LiveUsage(frame_id=untouched.frame_id, attempt=1, sampled_at=NOW + 10, util_pct=1.0,
-                      memory_used_bytes=1, samples={"GPU-d": [[NOW, 1.0, 1]]})]  # another host's frame
+    live = [
+        LiveUsage(
+            frame_id=a.frame_id, attempt=1, sampled_at=NOW + 10, util_pct=37.5, memory_used_bytes=2048, samples=series
+        ),
+        LiveUsage(
+            frame_id=b.frame_id,
+            attempt=2,
+            sampled_at=NOW + 10,
+            util_pct=1.0,
+            memory_used_bytes=1,
+            samples={"GPU-c": [[NOW, 1.0, 1]]},
+        ),  # not b's attempt: fenced off
+        LiveUsage(
+            frame_id=untouched.frame_id,
+            attempt=1,
+            sampled_at=NOW + 10,
+            util_pct=1.0,
+            memory_used_bytes=1,
+            samples={"GPU-d": [[NOW, 1.0, 1]]},
+        ),
+    ]  # another host's frame
     assert store.record_live_usage("h1", live, now=NOW + 10) == [a.frame_id]
     assert store.record_live_usage("h1", [], now=NOW + 10) == []
     shown = store.get_frame(a.frame_id)
-    assert (shown["gpu_util_pct"], shown["gpu_memory_used_bytes"], shown["gpu_sampled_at"]) == \
-        (37.5, 2048, "2023-11-14T22:13:30.000Z")
+    assert (shown["gpu_util_pct"], shown["gpu_memory_used_bytes"], shown["gpu_sampled_at"]) == (
+        37.5,
+        2048,
+        "2023-11-14T22:13:30.000Z",
+    )
     assert shown["samples"] == samples_json(series)  # times as ISO 8601 (DESIGN §9)
     listed = {f["id"]: f for f in store.list_frames()[0]}
     assert listed[a.frame_id]["gpu_util_pct"] == 37.5 and listed[a.frame_id]["gpu_sampled_at"].endswith("Z")
@@ -410,16 +550,21 @@ def test_live_usage_of_running_frames_is_fenced_and_cleared_at_the_end(store):
     assert shown["gpu_util_pct"] == 50.0 and shown["samples"] == samples_json({**series, **longer})
     # The end of the attempt clears the live values; the completion's series replaces the live one.
     final = {"GPU-a": [[NOW, 10.0, 100], [NOW + 30, 0.0, 0]]}
-    store.complete_frame(a.frame_id, 1, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 30,
-                                                    usage={"samples": final}), now=NOW + 30)
+    store.complete_frame(
+        a.frame_id,
+        1,
+        FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 30, usage={"samples": final}),
+        now=NOW + 30,
+    )
     done = store.get_frame(a.frame_id)
     assert done["state"] == "SUCCEEDED" and done["gpu_util_pct"] is None and done["gpu_sampled_at"] is None
     assert done["samples"]["GPU-a"] == samples_json(final)["GPU-a"]
     assert store.record_live_usage("h1", [LiveUsage(a.frame_id, 1, NOW + 31, 9.0, 9)], now=NOW + 31) == []
     assert store.get_frame(a.frame_id)["gpu_util_pct"] is None
     # Requeued and reaped attempts are cleared too, and keep the series written so far.
-    store.record_live_usage("h1", [LiveUsage(b.frame_id, 1, NOW + 10, 5.0, 5, {"GPU-b": [[NOW, 5.0, 5]]})],
-                            now=NOW + 10)
+    store.record_live_usage(
+        "h1", [LiveUsage(b.frame_id, 1, NOW + 10, 5.0, 5, {"GPU-b": [[NOW, 5.0, 5]]})], now=NOW + 10
+    )
     assert store.requeue_frame(b.frame_id, 1, now=NOW + 11, reason="drain") == "WAITING"
     requeued = store.get_frame(b.frame_id)
     assert requeued["gpu_util_pct"] is None and requeued["samples"] == samples_json({"GPU-b": [[NOW, 5.0, 5]]})
@@ -432,8 +577,7 @@ def test_live_usage_of_running_frames_is_fenced_and_cleared_at_the_end(store):
 def test_hosts_register_list_lock(store):
     store.register_host(HostInfo(name="h1", cores=8, memory_bytes=1 << 34, gpus=[GPU], tags=("gpu",)), now=NOW)
     hosts = store.list_hosts(now=NOW + 10, down_after=60)
-    assert [(h["name"], h["state"], h["locked"], h["gpus"][0]["uuid"]) for h in hosts] == \
-        [("h1", "UP", False, "GPU-a")]
+    assert [(h["name"], h["state"], h["locked"], h["gpus"][0]["uuid"]) for h in hosts] == [("h1", "UP", False, "GPU-a")]
     assert store.list_hosts(now=NOW + 100, down_after=60)[0]["state"] == "DOWN"
     store.set_host_locked("h1", True)
     assert store.get_host("h1", now=NOW, down_after=60)["locked"] is True
@@ -456,8 +600,10 @@ def test_a_signed_off_host_is_down_at_once_until_a_worker_registers_again(store)
     assert store.sign_off_host("h1", 4242, now=NOW + 2) is True
     h1 = store.get_host("h1", now=NOW + 3, down_after=60)
     assert (h1["state"], h1["worker_pid"], h1["last_heartbeat"]) == ("DOWN", None, "2023-11-14T22:13:22.000Z")
-    assert [(h["name"], h["state"]) for h in store.list_hosts(now=NOW + 3, down_after=60)] == \
-        [("h1", "DOWN"), ("h2", "UP")]
+    assert [(h["name"], h["state"]) for h in store.list_hosts(now=NOW + 3, down_after=60)] == [
+        ("h1", "DOWN"),
+        ("h2", "UP"),
+    ]
     # A heartbeat (with or without a live document) or a registration brings it back UP.
     store.heartbeat("h1", [], now=NOW + 4, lease_s=60)
     assert store.get_host("h1", now=NOW + 5, down_after=60)["state"] == "UP"
@@ -493,8 +639,12 @@ def test_concurrent_claimers_never_share_a_frame(store_url: str):
     s = open_store(path)
     s.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-400"}]), now=NOW)
     s.close()
-    procs = [subprocess.Popen([sys.executable, "-c", _CLAIMER, path, f"h{i}"], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for i in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CLAIMER, path, f"h{i}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        for i in range(4)
+    ]
     assert all(p.stdout.readline().strip() == "ready" for p in procs)
     for p in procs:
         p.stdin.write("go\n")
@@ -572,8 +722,12 @@ def test_log_paths_are_named_after_the_frame_and_attempt(store, tmp_path: Path):
     negative and wide numbers too; the store's own log dir when the worker names none."""
     job_id = store.submit(job(layers=[{"name": "ly", "command": ["true"], "range": "-5,3,12345,-1234"}]), now=NOW)
     layer = store.runnable_layers()[0].layer_id
-    paths = [store.claim_frame(layer, host="h", worker="w", gpu_uuids=[], now=NOW, lease_s=60,
-                               log_dir=tmp_path / "logs").log_path for _ in range(3)]
+    paths = [
+        store.claim_frame(
+            layer, host="h", worker="w", gpu_uuids=[], now=NOW, lease_s=60, log_dir=tmp_path / "logs"
+        ).log_path
+        for _ in range(3)
+    ]
     assert paths == [f"{tmp_path}/logs/{job_id}/{name}-ly.1.log" for name in ("-005", "0003", "12345")]
     last = store.claim_frame(layer, host="h", worker="w", gpu_uuids=[], now=NOW, lease_s=60)
     assert last.log_path == f"{store.log_dir}/{job_id}/-1234-ly.1.log"
@@ -585,8 +739,15 @@ def test_log_paths_are_named_after_the_frame_and_attempt(store, tmp_path: Path):
 
 
 def test_layer_json_round_trip_of_shell_and_argv_commands(store):
-    job_id = store.submit(job(layers=[{"name": "a", "command": "echo 'x y' && true", "range": "1"},
-                                      {"name": "b", "command": ["echo", "x y"], "range": "1"}]), now=NOW)
+    job_id = store.submit(
+        job(
+            layers=[
+                {"name": "a", "command": "echo 'x y' && true", "range": "1"},
+                {"name": "b", "command": ["echo", "x y"], "range": "1"},
+            ]
+        ),
+        now=NOW,
+    )
     layers = store.get_job(job_id)["layers"]
     assert layers[0]["command"] == "echo 'x y' && true" and layers[1]["command"] == ["echo", "x y"]
     assert json.dumps(layers)  # JSON-serialisable
@@ -595,10 +756,18 @@ def test_layer_json_round_trip_of_shell_and_argv_commands(store):
 def test_usage_summary_and_prune(store):
     job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-2", "gpus": 1}]), now=NOW)
     c = claim_next(store)
-    usage = {"gpu_util_mean_pct": 40.0, "gpu_util_max_pct": 90.0, "gpu_memory_peak_bytes": 123, "gpu_seconds": 10.0,
-             "gpu_busy_seconds": 4.0, "gpu_models": ["V100"], "samples": {"GPU-a": [[NOW, 40.0, 123]]}}
-    store.complete_frame(c.frame_id, 1, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 10, usage=usage),
-                         now=NOW + 10)
+    usage = {
+        "gpu_util_mean_pct": 40.0,
+        "gpu_util_max_pct": 90.0,
+        "gpu_memory_peak_bytes": 123,
+        "gpu_seconds": 10.0,
+        "gpu_busy_seconds": 4.0,
+        "gpu_models": ["V100"],
+        "samples": {"GPU-a": [[NOW, 40.0, 123]]},
+    }
+    store.complete_frame(
+        c.frame_id, 1, FrameResult(exit_code=0, started_at=NOW, ended_at=NOW + 10, usage=usage), now=NOW + 10
+    )
     (group,), total = store.usage_summary(since=NOW, until=NOW + 11, by="gpu-model")
     assert (group.key, group.frames, group.succeeded, total.frames) == (("V100",), 1, 1, 1)
     assert (group.gpu_seconds_allocated, group.gpu_seconds_busy, group.gpu_memory_peak_bytes) == (10.0, 4.0, 123)
@@ -740,8 +909,9 @@ def test_authenticate_records_use_at_most_once_a_minute(store):
 
 def test_list_jobs_filters_pages_and_counts(store):
     ids = [store.submit(job(f"shot-{i}"), now=NOW) for i in range(5)]
-    bob = store.submit(spec_from_mapping({"name": "shot-b", "layers": [{"name": "a", "command": ["true"]}]},
-                                         user="bob"), now=NOW)
+    bob = store.submit(
+        spec_from_mapping({"name": "shot-b", "layers": [{"name": "a", "command": ["true"]}]}, user="bob"), now=NOW
+    )
     store.kill_job(ids[0], now=NOW, force=True)
     store.frame_action([f["id"] for f in store.list_frames(job=ids[0])[0]], "eat", now=NOW, force=True)
     assert [j["id"] for j in store.list_jobs(user="bob")] == [bob]
@@ -771,8 +941,10 @@ def test_frame_attempts_list_each_attempt_with_its_outcome(store):
     store.complete_frame(claimed.frame_id, claimed.attempt, ok(0), now=NOW + 2)
     history = store.frame_attempts([claimed.frame_id, 12345])
     assert list(history) == [claimed.frame_id]
-    assert [(a["attempt"], a["outcome"], a["exit_code"]) for a in history[claimed.frame_id]] == \
-        [(1, "failed", 3), (2, "succeeded", 0)]
+    assert [(a["attempt"], a["outcome"], a["exit_code"]) for a in history[claimed.frame_id]] == [
+        (1, "failed", 3),
+        (2, "succeeded", 0),
+    ]
     assert store.list_frames(job=job_id)[0][0]["attempts"] == 2
 
 
@@ -786,8 +958,10 @@ def test_acting_as_a_user_is_who_the_store_checks_and_records(store):
     own = store.actor()
     with store.acting_as(Actor("api_alice", False)):
         assert store.actor().name == "api_alice"
-        job_id = store.submit(spec_from_mapping({"name": "mine", "layers": [{"name": "a", "command": ["true"]}]},
-                                                user="api_alice"), now=NOW)
+        job_id = store.submit(
+            spec_from_mapping({"name": "mine", "layers": [{"name": "a", "command": ["true"]}]}, user="api_alice"),
+            now=NOW,
+        )
     data = store.get_job(job_id)
     if store.local_path is None:  # the server recorded the role the API acted as
         assert data["submitted_by"] == "api_alice"
@@ -802,7 +976,6 @@ def test_acting_as_a_user_is_who_the_store_checks_and_records(store):
     assert store.actor() == own  # back to the connection's own user
 
 
-
 def test_a_finished_job_says_how_it_ended(store):
     """FINISHED alone said the same of a killed job as of a successful one (issue 20)."""
     ok_id = store.submit(job("fine", layers=[{"name": "a", "command": ["true"], "range": "1"}]), now=NOW)
@@ -810,8 +983,9 @@ def test_a_finished_job_says_how_it_ended(store):
     store.complete_frame(claimed.frame_id, claimed.attempt, ok(0), now=NOW + 1)
     assert (store.get_job(ok_id)["state"], store.get_job(ok_id)["outcome"]) == ("FINISHED", "SUCCEEDED")
 
-    dead_id = store.submit(job("broken", layers=[{"name": "a", "command": ["true"], "range": "1",
-                                                  "retries": 0}]), now=NOW)
+    dead_id = store.submit(
+        job("broken", layers=[{"name": "a", "command": ["true"], "range": "1", "retries": 0}]), now=NOW
+    )
     claimed = claim_next(store)
     store.complete_frame(claimed.frame_id, claimed.attempt, ok(1), now=NOW + 1)
     assert store.get_job(dead_id)["outcome"] == "FAILED"
@@ -855,7 +1029,12 @@ def test_forget_host_removes_a_dead_host_and_only_an_admin_may(store):
     assert [h["name"] for h in store.list_hosts(now=NOW + 100, down_after=60)] == ["h1", "h2"]
 
     assert store.forget_host("h2", now=NOW + 100, down_after=60) == {
-        "name": "h2", "state": "DOWN", "last_heartbeat": "2023-11-14T22:13:20.000Z", "gpus": [], "requeued": []}
+        "name": "h2",
+        "state": "DOWN",
+        "last_heartbeat": "2023-11-14T22:13:20.000Z",
+        "gpus": [],
+        "requeued": [],
+    }
     out = store.forget_host("h1", now=NOW + 10, down_after=60, force=True)
     assert (out["state"], out["gpus"], out["requeued"]) == ("UP", ["GPU-a"], [c.frame_id])
     assert store.list_hosts(now=NOW + 10, down_after=60) == [] and store.host_inventories() == {}
@@ -881,6 +1060,7 @@ def test_the_dispatch_read_follows_every_change_between_reads(store_url):
     that releases a dependent or queues a retry — shows in the next read."""
     worker, other = open_store(store_url), open_store(store_url)
     try:
+
         def names():
             return [(layer.job, layer.layer) for layer in worker.runnable_layers()]
 
@@ -889,9 +1069,16 @@ def test_the_dispatch_read_follows_every_change_between_reads(store_url):
             return worker.claim_frame(layer.layer_id, host="h1", worker="h1-w", gpu_uuids=[], now=now, lease_s=60)
 
         assert names() == [] and names() == []
-        other.submit(job("a", layers=[{"name": "render", "command": ["true"], "range": "1-2", "retries": 1},
-                                      {"name": "comp", "command": ["true"], "range": "1", "depends": ["render"]}]),
-                     now=NOW)
+        other.submit(
+            job(
+                "a",
+                layers=[
+                    {"name": "render", "command": ["true"], "range": "1-2", "retries": 1},
+                    {"name": "comp", "command": ["true"], "range": "1", "depends": ["render"]},
+                ],
+            ),
+            now=NOW,
+        )
         assert names() == [("a", "render")]
         r1, r2 = claim("render"), claim("render")
         assert r1 is not None and r2 is not None
@@ -901,8 +1088,16 @@ def test_the_dispatch_read_follows_every_change_between_reads(store_url):
         assert worker.claim_frame(layer_id, host="h1", worker="h1-w", gpu_uuids=[], now=NOW, lease_s=60) is None
         assert names() == []
         # Its own completion fails r1, whose retry the same transaction claims again.
-        states, again = worker.complete_and_claim([(r1.frame_id, r1.attempt, ok(1))], layer_id, reported_at=NOW + 1,
-                                                  host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 1, lease_s=60)
+        states, again = worker.complete_and_claim(
+            [(r1.frame_id, r1.attempt, ok(1))],
+            layer_id,
+            reported_at=NOW + 1,
+            host="h1",
+            worker="h1-w",
+            gpu_uuids=[],
+            now=NOW + 1,
+            lease_s=60,
+        )
         assert states == ["WAITING"] and again is not None and again.frame_id == r1.frame_id
         assert names() == []
         # Another connection submits; this one's completions (with a claim from the new job)
@@ -911,8 +1106,15 @@ def test_the_dispatch_read_follows_every_change_between_reads(store_url):
         assert names() == [("b", "render")]
         b_layer = worker.runnable_layers()[0].layer_id
         states, b1 = worker.complete_and_claim(
-            [(again.frame_id, again.attempt, ok()), (r2.frame_id, r2.attempt, ok())], b_layer, reported_at=NOW + 2,
-            host="h1", worker="h1-w", gpu_uuids=[], now=NOW + 2, lease_s=60)
+            [(again.frame_id, again.attempt, ok()), (r2.frame_id, r2.attempt, ok())],
+            b_layer,
+            reported_at=NOW + 2,
+            host="h1",
+            worker="h1-w",
+            gpu_uuids=[],
+            now=NOW + 2,
+            lease_s=60,
+        )
         assert states == ["SUCCEEDED", "SUCCEEDED"] and b1 is not None
         assert names() == [("a", "comp"), ("b", "render")]
         # Another connection's pause and priority.
@@ -931,24 +1133,42 @@ def test_complete_and_claim_many_claims_up_to_count_within_the_caps(store):
     as many as it has and its caps allow (each claim counts for the next)."""
     store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-5", "max_running": 3}]), now=NOW)
     layer_id = store.runnable_layers()[0].layer_id
-    states, claims = store.complete_and_claim_many([], layer_id, 2, reported_at=NOW, host="h1", worker="h1-w",
-                                                   now=NOW, lease_s=60)
+    states, claims = store.complete_and_claim_many(
+        [], layer_id, 2, reported_at=NOW, host="h1", worker="h1-w", now=NOW, lease_s=60
+    )
     assert states == [] and [c.number for c in claims] == [1, 2]
     # The layer's max_running (3) leaves room for one more, whatever count asks.
-    states, more = store.complete_and_claim_many([], layer_id, 4, reported_at=NOW, host="h1", worker="h1-w",
-                                                 now=NOW, lease_s=60)
+    states, more = store.complete_and_claim_many(
+        [], layer_id, 4, reported_at=NOW, host="h1", worker="h1-w", now=NOW, lease_s=60
+    )
     assert [c.number for c in more] == [3]
     a, b = claims
     states, next_ones = store.complete_and_claim_many(
-        [(a.frame_id, a.attempt, ok()), (b.frame_id, b.attempt, ok()), (a.frame_id, a.attempt, ok())], layer_id, 3,
-        reported_at=NOW + 1, host="h1", worker="h1-w", now=NOW + 1, lease_s=60)
+        [(a.frame_id, a.attempt, ok()), (b.frame_id, b.attempt, ok()), (a.frame_id, a.attempt, ok())],
+        layer_id,
+        3,
+        reported_at=NOW + 1,
+        host="h1",
+        worker="h1-w",
+        now=NOW + 1,
+        lease_s=60,
+    )
     assert states == ["SUCCEEDED", "SUCCEEDED", None] and [c.number for c in next_ones] == [4, 5]
-    assert all(store.get_frame(c.frame_id)["state"] == "RUNNING" and store.get_frame(c.frame_id)["host"] == "h1"
-               for c in next_ones)
+    assert all(
+        store.get_frame(c.frame_id)["state"] == "RUNNING" and store.get_frame(c.frame_id)["host"] == "h1"
+        for c in next_ones
+    )
     c, d, e = more[0], *next_ones
     states, none = store.complete_and_claim_many(
-        [(x.frame_id, x.attempt, ok()) for x in (c, d, e)], layer_id, 2, reported_at=NOW + 2, host="h1",
-        worker="h1-w", now=NOW + 2, lease_s=60)
+        [(x.frame_id, x.attempt, ok()) for x in (c, d, e)],
+        layer_id,
+        2,
+        reported_at=NOW + 2,
+        host="h1",
+        worker="h1-w",
+        now=NOW + 2,
+        lease_s=60,
+    )
     assert states == ["SUCCEEDED"] * 3 and none == []
     assert store.get_job(claims[0].job_id)["state"] == "FINISHED"
 
@@ -956,43 +1176,76 @@ def test_complete_and_claim_many_claims_up_to_count_within_the_caps(store):
 def test_complete_and_claim_finishes_the_reported_jobs_whatever_is_claimed(store):
     """Each reported job is finished when its last frame is in: a job of the claimed layer
     whether or not a frame of it is claimed, and any other job as well."""
-    first = store.submit(job(name="a", layers=[{"name": "r", "command": ["true"], "range": "1-2",
-                                                "max_running": 1, "retries": 0}]), now=NOW)
+    first = store.submit(
+        job(name="a", layers=[{"name": "r", "command": ["true"], "range": "1-2", "max_running": 1, "retries": 0}]),
+        now=NOW,
+    )
     second = store.submit(job(name="b", layers=[{"name": "r", "command": ["true"], "range": "1"}]), now=NOW)
     layers = {layer.job_id: layer.layer_id for layer in store.runnable_layers()}
-    _, (a1,) = store.complete_and_claim_many([], layers[first], 1, reported_at=NOW, host="h1", worker="h1-w",
-                                             now=NOW, lease_s=60)
+    _, (a1,) = store.complete_and_claim_many(
+        [], layers[first], 1, reported_at=NOW, host="h1", worker="h1-w", now=NOW, lease_s=60
+    )
     # a1 ends, a2 is claimed: job a has work left.
-    states, (a2,) = store.complete_and_claim_many([(a1.frame_id, a1.attempt, ok())], layers[first], 1,
-                                                  reported_at=NOW + 1, host="h1", worker="h1-w", now=NOW + 1,
-                                                  lease_s=60)
+    states, (a2,) = store.complete_and_claim_many(
+        [(a1.frame_id, a1.attempt, ok())],
+        layers[first],
+        1,
+        reported_at=NOW + 1,
+        host="h1",
+        worker="h1-w",
+        now=NOW + 1,
+        lease_s=60,
+    )
     assert states == ["SUCCEEDED"] and store.get_job(first)["state"] == "PENDING"
     # a2 (a's last frame) ends while a frame of job b is claimed: a is finished all the same.
-    states, (b1,) = store.complete_and_claim_many([(a2.frame_id, a2.attempt, ok(1))], layers[second], 1,
-                                                  reported_at=NOW + 2, host="h1", worker="h1-w", now=NOW + 2,
-                                                  lease_s=60)
+    states, (b1,) = store.complete_and_claim_many(
+        [(a2.frame_id, a2.attempt, ok(1))],
+        layers[second],
+        1,
+        reported_at=NOW + 2,
+        host="h1",
+        worker="h1-w",
+        now=NOW + 2,
+        lease_s=60,
+    )
     assert states == ["DEAD"] and store.get_job(first)["state"] == "FINISHED"
     assert store.get_job(second)["state"] == "PENDING"
     # b's last frame ends and its layer has nothing left to claim: b is finished.
-    states, none = store.complete_and_claim_many([(b1.frame_id, b1.attempt, ok())], layers[second], 1,
-                                                 reported_at=NOW + 3, host="h1", worker="h1-w", now=NOW + 3,
-                                                 lease_s=60)
+    states, none = store.complete_and_claim_many(
+        [(b1.frame_id, b1.attempt, ok())],
+        layers[second],
+        1,
+        reported_at=NOW + 3,
+        host="h1",
+        worker="h1-w",
+        now=NOW + 3,
+        lease_s=60,
+    )
     assert states == ["SUCCEEDED"] and none == [] and store.get_job(second)["state"] == "FINISHED"
 
 
 def test_complete_and_claim_that_claims_nothing_keeps_an_unfinished_job_pending(store):
     # The claimed layer's caps refuse the claim (max_running), yet frames are left: the job
     # of the report stays PENDING, and a user's retry of its DEAD frame later runs.
-    job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-3", "max_running": 1,
-                                       "retries": 0}]), now=NOW)
+    job_id = store.submit(
+        job(layers=[{"name": "r", "command": ["true"], "range": "1-3", "max_running": 1, "retries": 0}]), now=NOW
+    )
     layer_id = store.runnable_layers()[0].layer_id
-    _, (a,) = store.complete_and_claim_many([], layer_id, 1, reported_at=NOW, host="h1", worker="h1-w",
-                                            now=NOW, lease_s=60)
+    _, (a,) = store.complete_and_claim_many(
+        [], layer_id, 1, reported_at=NOW, host="h1", worker="h1-w", now=NOW, lease_s=60
+    )
     b = store.claim_frame(layer_id, host="h2", worker="h2-w", gpu_uuids=[], now=NOW, lease_s=60)
     assert b is None  # max_running 1
-    states, claims = store.complete_and_claim_many([(a.frame_id, a.attempt, ok(1))], layer_id, 1,
-                                                   reported_at=NOW + 1, host="h1", worker="h1-w", now=NOW + 1,
-                                                   lease_s=60)
+    states, claims = store.complete_and_claim_many(
+        [(a.frame_id, a.attempt, ok(1))],
+        layer_id,
+        1,
+        reported_at=NOW + 1,
+        host="h1",
+        worker="h1-w",
+        now=NOW + 1,
+        lease_s=60,
+    )
     # The report freed the layer's only running slot, so the claim in the same transaction
     # takes frame 2; the job is unfinished either way.
     assert states == ["DEAD"] and [c.number for c in claims] == [2]
@@ -1008,16 +1261,24 @@ def test_sqlite_complete_and_claim_asks_no_job_question_when_it_claims_a_frame_o
     a = claim_next(store)
     statements: list[str] = []
     store.conn.set_trace_callback(statements.append)
-    states, (b,) = store.complete_and_claim_many([(a.frame_id, a.attempt, ok())], layer_id, 1, reported_at=NOW,
-                                                 host="h1", worker="h1-w", now=NOW, lease_s=60)
+    states, (b,) = store.complete_and_claim_many(
+        [(a.frame_id, a.attempt, ok())], layer_id, 1, reported_at=NOW, host="h1", worker="h1-w", now=NOW, lease_s=60
+    )
     assert states == ["SUCCEEDED"]
     assert not [s for s in statements if s.startswith("SELECT state, EXISTS")]
     # With nothing left to claim the question is asked, and finishes the job.
     c = claim_next(store)
     statements.clear()
-    states, none = store.complete_and_claim_many([(b.frame_id, b.attempt, ok()), (c.frame_id, c.attempt, ok())],
-                                                 layer_id, 1, reported_at=NOW, host="h1", worker="h1-w", now=NOW,
-                                                 lease_s=60)
+    states, none = store.complete_and_claim_many(
+        [(b.frame_id, b.attempt, ok()), (c.frame_id, c.attempt, ok())],
+        layer_id,
+        1,
+        reported_at=NOW,
+        host="h1",
+        worker="h1-w",
+        now=NOW,
+        lease_s=60,
+    )
     store.conn.set_trace_callback(None)
     assert states == ["SUCCEEDED", "SUCCEEDED"] and none == []
     assert len([s for s in statements if s.startswith("SELECT state, EXISTS")]) == 1
@@ -1028,13 +1289,21 @@ def test_sqlite_complete_and_claim_many_is_one_transaction(tmp_path):
     store = open_store(str(tmp_path / "q.db"))
     store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-4"}]), now=NOW)
     layer_id = store.runnable_layers()[0].layer_id
-    _, (a, b) = store.complete_and_claim_many([], layer_id, 2, reported_at=NOW, host="h1", worker="h1-w", now=NOW,
-                                              lease_s=60)
+    _, (a, b) = store.complete_and_claim_many(
+        [], layer_id, 2, reported_at=NOW, host="h1", worker="h1-w", now=NOW, lease_s=60
+    )
     statements: list[str] = []
     store.conn.set_trace_callback(statements.append)
-    states, claims = store.complete_and_claim_many([(a.frame_id, a.attempt, ok()), (b.frame_id, b.attempt, ok())],
-                                                   layer_id, 2, reported_at=NOW, host="h1", worker="h1-w", now=NOW,
-                                                   lease_s=60)
+    states, claims = store.complete_and_claim_many(
+        [(a.frame_id, a.attempt, ok()), (b.frame_id, b.attempt, ok())],
+        layer_id,
+        2,
+        reported_at=NOW,
+        host="h1",
+        worker="h1-w",
+        now=NOW,
+        lease_s=60,
+    )
     store.conn.set_trace_callback(None)
     assert states == ["SUCCEEDED", "SUCCEEDED"] and len(claims) == 2
     assert [s for s in statements if s in ("BEGIN IMMEDIATE", "COMMIT")] == ["BEGIN IMMEDIATE", "COMMIT"]
@@ -1044,10 +1313,10 @@ def test_sqlite_complete_and_claim_many_is_one_transaction(tmp_path):
 # -- what OpenCue's clients read (cuectl serve --opencue, src/cuectl/cuebot) ----------------------
 def test_list_jobs_by_ids_and_in_the_cue_with_failed_ones(store):
     ok_id = store.submit(job("ok", layers=[{"name": "l", "command": ["true"], "range": "1"}]), now=NOW)
-    bad_id = store.submit(job("bad", layers=[{"name": "l", "command": ["false"], "range": "1", "retries": 0}]),
-                          now=NOW)
-    killed_id = store.submit(job("killed", layers=[{"name": "l", "command": ["false"], "range": "1-2",
-                                                     "retries": 0}]), now=NOW)
+    bad_id = store.submit(job("bad", layers=[{"name": "l", "command": ["false"], "range": "1", "retries": 0}]), now=NOW)
+    killed_id = store.submit(
+        job("killed", layers=[{"name": "l", "command": ["false"], "range": "1-2", "retries": 0}]), now=NOW
+    )
     open_id = store.submit(job("open"), now=NOW)
     for expected in (ok_id, bad_id, killed_id):
         c = claim_next(store)
@@ -1066,21 +1335,48 @@ def test_list_jobs_by_ids_and_in_the_cue_with_failed_ones(store):
 
 
 def test_layer_frame_counts_and_running_bookings(store):
-    job_id = store.submit(job("j", layers=[
-        {"name": "render", "command": ["true"], "range": "1-3", "gpus": 1, "cores": 2, "memory": "1G",
-         "gpu_memory_min": "8G"},
-        {"name": "comp", "command": ["true"], "range": "1-2"}]), now=NOW)
+    job_id = store.submit(
+        job(
+            "j",
+            layers=[
+                {
+                    "name": "render",
+                    "command": ["true"],
+                    "range": "1-3",
+                    "gpus": 1,
+                    "cores": 2,
+                    "memory": "1G",
+                    "gpu_memory_min": "8G",
+                },
+                {"name": "comp", "command": ["true"], "range": "1-2"},
+            ],
+        ),
+        now=NOW,
+    )
     layers = {layer["name"]: layer["id"] for layer in store.get_job(job_id)["layers"]}
     layer = next(lay for lay in store.runnable_layers() if lay.layer_id == layers["render"])
     c = store.claim_frame(layer.layer_id, host="h1", worker="h1-w", gpu_uuids=["GPU-a"], now=NOW, lease_s=60)
-    assert store.layer_frame_counts(job_id) == {layers["render"]: {"RUNNING": 1, "WAITING": 2},
-                                                layers["comp"]: {"WAITING": 2}}
+    assert store.layer_frame_counts(job_id) == {
+        layers["render"]: {"RUNNING": 1, "WAITING": 2},
+        layers["comp"]: {"WAITING": 2},
+    }
     [booked] = store.running_bookings()
-    assert (booked["id"], booked["job_id"], booked["job_name"], booked["job_user"], booked["layer_name"],
-            booked["number"], booked["host"], booked["gpu_uuids"]) == \
-        (c.frame_id, job_id, "j", "alice", "render", 1, "h1", ["GPU-a"])
-    assert (booked["cores"], booked["memory_bytes"], booked["gpus"], booked["gpu_memory_min_bytes"]) == \
-        (2.0, 1024**3, 1, 8 * 1024**3)
+    assert (
+        booked["id"],
+        booked["job_id"],
+        booked["job_name"],
+        booked["job_user"],
+        booked["layer_name"],
+        booked["number"],
+        booked["host"],
+        booked["gpu_uuids"],
+    ) == (c.frame_id, job_id, "j", "alice", "render", 1, "h1", ["GPU-a"])
+    assert (booked["cores"], booked["memory_bytes"], booked["gpus"], booked["gpu_memory_min_bytes"]) == (
+        2.0,
+        1024**3,
+        1,
+        8 * 1024**3,
+    )
     assert booked["started_at"] == NOW and booked["lease_expires"] == NOW + 60
     assert store.running_bookings("h1") == [booked] and store.running_bookings("h2") == []
     store.complete_frame(c.frame_id, c.attempt, ok(), now=NOW)
@@ -1090,33 +1386,39 @@ def test_layer_frame_counts_and_running_bookings(store):
 def test_list_frames_changed_since(store):
     """What changed since a moment: started, ended, made WAITING again (a retry), and every
     RUNNING frame (OpenCue's GetUpdatedFrames)."""
-    job_id = store.submit(job("j", layers=[{"name": "l", "command": ["true"], "range": "1-4", "retries": 0}]),
-                          now=NOW)
+    job_id = store.submit(job("j", layers=[{"name": "l", "command": ["true"], "range": "1-4", "retries": 0}]), now=NOW)
     first = claim_next(store, now=NOW + 10)
-    store.complete_frame(first.frame_id, first.attempt, FrameResult(exit_code=1, started_at=NOW + 10,
-                                                                    ended_at=NOW + 20), now=NOW + 20)  # DEAD at +20
-    running = claim_next(store, now=NOW + 30)                                   # RUNNING since +30
+    store.complete_frame(
+        first.frame_id, first.attempt, FrameResult(exit_code=1, started_at=NOW + 10, ended_at=NOW + 20), now=NOW + 20
+    )  # DEAD at +20
+    running = claim_next(store, now=NOW + 30)  # RUNNING since +30
 
     def changed(since):
         return sorted(f["number"] for f in store.list_frames(job=job_id, changed_since=since)[0])
 
-    assert changed(NOW) == [1, 2, 3, 4]        # submitted: all WAITING since NOW
+    assert changed(NOW) == [1, 2, 3, 4]  # submitted: all WAITING since NOW
     assert changed(NOW + 1) == [1, 2]
-    assert changed(NOW + 25) == [2]            # the running one, always
+    assert changed(NOW + 25) == [2]  # the running one, always
     assert changed(NOW + 100) == [2]
     store.frame_action([first.frame_id], "retry", now=NOW + 200, force=True)
-    assert changed(NOW + 150) == [1, 2]        # retried: WAITING again at +200
-    store.complete_frame(running.frame_id, running.attempt, FrameResult(exit_code=0, started_at=NOW + 30,
-                                                                        ended_at=NOW + 300), now=NOW + 300)
-    assert changed(NOW + 250) == [2]           # ended at +300
+    assert changed(NOW + 150) == [1, 2]  # retried: WAITING again at +200
+    store.complete_frame(
+        running.frame_id,
+        running.attempt,
+        FrameResult(exit_code=0, started_at=NOW + 30, ended_at=NOW + 300),
+        now=NOW + 300,
+    )
+    assert changed(NOW + 250) == [2]  # ended at +300
     assert changed(NOW + 400) == []
 
 
 def test_get_jobs_and_caps_reached_answer_a_list_in_one_call(store):
     """What `job list` reads for its pending reasons, in one call each (one trip behind a
     socket): the same as get_job and cap_reached one by one, in order."""
-    ids = [store.submit(job(name=f"j{i}", layers=[{"name": "a", "command": ["true"], "max_running": 1}]), now=NOW)
-           for i in range(3)]
+    ids = [
+        store.submit(job(name=f"j{i}", layers=[{"name": "a", "command": ["true"], "max_running": 1}]), now=NOW)
+        for i in range(3)
+    ]
     layer = next(la for la in store.runnable_layers() if la.job_id == ids[1])
     store.claim_frame(layer.layer_id, host="h", worker="h:1", gpu_uuids=[], now=NOW, lease_s=60)
     assert store.get_jobs([ids[2], ids[0]]) == [store.get_job(ids[2]), store.get_job(ids[0])]

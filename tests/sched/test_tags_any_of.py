@@ -15,15 +15,18 @@ def layer_tags(tags):
     return spec.layers[0].tags
 
 
-@pytest.mark.parametrize("layer, host, fits", [
-    (["desktop | render"], ["render"], True),
-    (["desktop | render"], ["DESKTOP"], True),
-    (["desktop | render"], ["farm"], False),
-    (["desktop | render", "gpu"], ["render"], False),        # entries: all of them
-    (["desktop | render", "gpu"], ["render", "gpu"], True),
-    (["a", "b"], ["a"], False),                               # the all-of form is unchanged
-    ([], [], True),
-])
+@pytest.mark.parametrize(
+    "layer, host, fits",
+    [
+        (["desktop | render"], ["render"], True),
+        (["desktop | render"], ["DESKTOP"], True),
+        (["desktop | render"], ["farm"], False),
+        (["desktop | render", "gpu"], ["render"], False),  # entries: all of them
+        (["desktop | render", "gpu"], ["render", "gpu"], True),
+        (["a", "b"], ["a"], False),  # the all-of form is unchanged
+        ([], [], True),
+    ],
+)
 def test_entries_are_all_of_and_alternatives_any_of(layer, host, fits):
     assert tags_fit(layer, host) is fits
 

@@ -26,28 +26,75 @@ WINDOW = {"since": NOW - 3600, "until": NOW + 3600}
 OUTCOMES = ("succeeded", "failed", "timeout", "killed", "lost", "worker stopped", "eaten", "retried")
 
 
-def add_frames(store, count: int = 1, *, job: str = "j", user: str = "u", layer: str = "l",
-               project: str | None = None, show: str | None = None) -> list[int]:
+def add_frames(
+    store,
+    count: int = 1,
+    *,
+    job: str = "j",
+    user: str = "u",
+    layer: str = "l",
+    project: str | None = None,
+    show: str | None = None,
+) -> list[int]:
     """A job of ``count`` frames, through the real submit path; its frame ids."""
-    job_id = store.submit(spec_from_mapping({"name": job, "project": project, "show": show,
-                                             "layers": [{"name": layer, "command": ["true"], "range": f"1-{count}",
-                                                         "retry_delay": 0}]}, user=user), now=NOW)
+    job_id = store.submit(
+        spec_from_mapping(
+            {
+                "name": job,
+                "project": project,
+                "show": show,
+                "layers": [{"name": layer, "command": ["true"], "range": f"1-{count}", "retry_delay": 0}],
+            },
+            user=user,
+        ),
+        now=NOW,
+    )
     frames, _ = store.list_frames(job=job_id)
     return [f["id"] for f in frames]
 
 
-def add_attempt(store, frame_id: int, attempt: int = 1, *, outcome: str = "succeeded", start: float | None = NOW,
-                end: float = NOW + 10, host: str | None = "h", uuids: tuple[str, ...] = (),
-                models: tuple[str, ...] = (), alloc: float | None = None, busy: float | None = None,
-                util: float | None = None, mem: int | None = None, waiting: float | None = None,
-                cores: float | None = 1.0) -> None:
+def add_attempt(
+    store,
+    frame_id: int,
+    attempt: int = 1,
+    *,
+    outcome: str = "succeeded",
+    start: float | None = NOW,
+    end: float = NOW + 10,
+    host: str | None = "h",
+    uuids: tuple[str, ...] = (),
+    models: tuple[str, ...] = (),
+    alloc: float | None = None,
+    busy: float | None = None,
+    util: float | None = None,
+    mem: int | None = None,
+    waiting: float | None = None,
+    cores: float | None = 1.0,
+) -> None:
     """One row of ``attempts``, as ``complete_frame``/``reap`` write it."""
     job_id = store.get_frame(frame_id)["job_id"]
-    sql = ("INSERT INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, started_at, "
-           "ended_at, cores, gpu_util_mean_pct, gpu_seconds, gpu_busy_seconds, gpu_memory_peak_bytes, gpu_models) "
-           "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-    params = (frame_id, attempt, job_id, host, json.dumps(list(uuids)), outcome, waiting, start, end, cores, util,
-              alloc, busy, mem, json.dumps(list(models)) if models else None)
+    sql = (
+        "INSERT INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, started_at, "
+        "ended_at, cores, gpu_util_mean_pct, gpu_seconds, gpu_busy_seconds, gpu_memory_peak_bytes, gpu_models) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    )
+    params = (
+        frame_id,
+        attempt,
+        job_id,
+        host,
+        json.dumps(list(uuids)),
+        outcome,
+        waiting,
+        start,
+        end,
+        cores,
+        util,
+        alloc,
+        busy,
+        mem,
+        json.dumps(list(models)) if models else None,
+    )
     if isinstance(store, SQLiteStore):
         store.conn.execute(sql, params)
     else:
@@ -60,21 +107,32 @@ def report(store, by: str):
 
 
 # -- the rules, one at a time ---------------------------------------------------------------
-@pytest.mark.parametrize("outcomes, dead", [
-    (["failed"], 1),                   # failed, nothing after it in the window
-    (["failed", "succeeded"], 0),      # retried and then succeeded
-    (["succeeded", "failed"], 1),      # re-run by a user, then failed for good
-    (["timeout"], 1), (["killed"], 1), (["lost"], 1),
-    (["failed", "worker stopped"], 0),  # requeued by a stopping worker: back in the queue, not dead
-    (["eaten"], 0), (["retried"], 0), (["drain"], 0),
-])
+@pytest.mark.parametrize(
+    "outcomes, dead",
+    [
+        (["failed"], 1),  # failed, nothing after it in the window
+        (["failed", "succeeded"], 0),  # retried and then succeeded
+        (["succeeded", "failed"], 1),  # re-run by a user, then failed for good
+        (["timeout"], 1),
+        (["killed"], 1),
+        (["lost"], 1),
+        (["failed", "worker stopped"], 0),  # requeued by a stopping worker: back in the queue, not dead
+        (["eaten"], 0),
+        (["retried"], 0),
+        (["drain"], 0),
+    ],
+)
 def test_dead_is_decided_by_the_last_attempt_in_the_window(store, outcomes, dead):
     (frame,) = add_frames(store)
     for i, outcome in enumerate(outcomes):
         add_attempt(store, frame, i + 1, outcome=outcome, end=NOW + 10 * (i + 1))
     rows, total = report(store, "user")
-    assert (rows["u"].frames, rows["u"].dead, rows["u"].retries, rows["u"].attempts) == \
-        (1, dead, len(outcomes) - 1, len(outcomes))
+    assert (rows["u"].frames, rows["u"].dead, rows["u"].retries, rows["u"].attempts) == (
+        1,
+        dead,
+        len(outcomes) - 1,
+        len(outcomes),
+    )
     assert rows["u"].succeeded == outcomes.count("succeeded") and total.dead == dead
 
 
@@ -104,8 +162,17 @@ def test_empty_window(store):
 
 def test_gpu_model_shares_are_per_device(store):
     frames = add_frames(store, 3)
-    add_attempt(store, frames[0], uuids=("a", "b", "c"), models=("A100", "A100", "V100"), alloc=30.0, busy=15.0,
-                util=50.0, start=NOW, end=NOW + 10)
+    add_attempt(
+        store,
+        frames[0],
+        uuids=("a", "b", "c"),
+        models=("A100", "A100", "V100"),
+        alloc=30.0,
+        busy=15.0,
+        util=50.0,
+        start=NOW,
+        end=NOW + 10,
+    )
     add_attempt(store, frames[1], uuids=("d",), start=NOW, end=NOW + 7)  # never reported: 7 s x 1 device
     add_attempt(store, frames[2])  # CPU only
     rows, total = report(store, "gpu-model")
@@ -121,10 +188,28 @@ def test_gpu_model_shares_are_per_device(store):
 
 def test_utilisation_is_weighted_by_allocation_and_waits_clamped(store):
     frames = add_frames(store, 2)
-    add_attempt(store, frames[0], uuids=("a",), alloc=300.0, busy=30.0, util=10.0, start=NOW + 100,
-                waiting=NOW + 40, end=NOW + 400)
-    add_attempt(store, frames[1], uuids=("a",), alloc=100.0, busy=90.0, util=90.0, start=NOW + 100,
-                waiting=NOW + 130, end=NOW + 200)  # a clock-skewed negative wait counts as 0
+    add_attempt(
+        store,
+        frames[0],
+        uuids=("a",),
+        alloc=300.0,
+        busy=30.0,
+        util=10.0,
+        start=NOW + 100,
+        waiting=NOW + 40,
+        end=NOW + 400,
+    )
+    add_attempt(
+        store,
+        frames[1],
+        uuids=("a",),
+        alloc=100.0,
+        busy=90.0,
+        util=90.0,
+        start=NOW + 100,
+        waiting=NOW + 130,
+        end=NOW + 200,
+    )  # a clock-skewed negative wait counts as 0
     rows, _ = report(store, "user")
     row = rows["u"]
     assert row.gpu_util_mean_pct == pytest.approx((10 * 300 + 90 * 100) / 400)  # 30, not the plain mean 50
@@ -212,19 +297,45 @@ def oracle(attempts: list[dict[str, Any]], by: str | None) -> dict[Any, dict[str
     out: dict[Any, dict[str, Any]] = {}
     for a in window:
         if by == "gpu-model":
-            models = a["models"] or ((("unknown",) if a["uuids"] else ("cpu",)))
+            models = a["models"] or (("unknown",) if a["uuids"] else ("cpu",))
             shares = [(m, models.count(m) / len(models)) for m in dict.fromkeys(models)]
         else:
-            shares = [({"user": a["user"], "project": a["project"], "show": a["show"], "host": a["host"] or "-",
+            shares = [
+                (
+                    {
+                        "user": a["user"],
+                        "project": a["project"],
+                        "show": a["show"],
+                        "host": a["host"] or "-",
                         "job": a["job"],
                         None: "total",
-                        "day": int(a["end"] // 86400), "layer": (a["job"], a["layer"])}[by], 1.0)]
+                        "day": int(a["end"] // 86400),
+                        "layer": (a["job"], a["layer"]),
+                    }[by],
+                    1.0,
+                )
+            ]
         wall = a["end"] - a["start"] if a["start"] is not None and a["end"] > a["start"] else 0.0
         alloc = a["alloc"] if a["alloc"] is not None else wall * len(a["uuids"])
         for key, share in shares:
-            g = out.setdefault(key, {"frames": set(), "attempts": 0, "succeeded": 0, "retries": 0, "dead": 0,
-                                     "wall": 0.0, "cores": 0.0, "alloc": 0.0, "busy": 0.0, "uw": 0.0, "un": 0.0,
-                                     "mem": None, "waits": []})
+            g = out.setdefault(
+                key,
+                {
+                    "frames": set(),
+                    "attempts": 0,
+                    "succeeded": 0,
+                    "retries": 0,
+                    "dead": 0,
+                    "wall": 0.0,
+                    "cores": 0.0,
+                    "alloc": 0.0,
+                    "busy": 0.0,
+                    "uw": 0.0,
+                    "un": 0.0,
+                    "mem": None,
+                    "waits": [],
+                },
+            )
             g["frames"].add(a["frame"])
             g["attempts"] += 1
             g["succeeded"] += a["outcome"] == "succeeded"
@@ -258,16 +369,29 @@ def random_farm(rng: random.Random, n: int) -> list[dict[str, Any]]:
             start = None if rng.random() < 0.05 else t + rng.uniform(-10, 60)
             end = t + rng.uniform(0, 900)
             reported = gpus and rng.random() < 0.8
-            attempts.append({
-                "frame": frame, "attempt": attempt, "job": job, "user": user, "layer": layer, "project": project,
-                "show": show,
-                "host": rng.choice(["h1", "h2", None]), "outcome": rng.choice(OUTCOMES),
-                "uuids": tuple(f"GPU-{i}" for i in range(gpus)),
-                "models": tuple(rng.choice(["A100", "V100"]) for _ in range(gpus)) if reported else (),
-                "start": start, "end": end, "waiting": None if rng.random() < 0.1 else t - rng.uniform(-5, 300),
-                "alloc": max(0.0, end - (start or end)) * gpus if reported else None,
-                "busy": rng.uniform(0, 100) if reported else None, "util": rng.uniform(0, 100) if reported else None,
-                "mem": rng.randrange(1 << 34) if reported else None, "cores": rng.choice([None, 1.0, 4.0])})
+            attempts.append(
+                {
+                    "frame": frame,
+                    "attempt": attempt,
+                    "job": job,
+                    "user": user,
+                    "layer": layer,
+                    "project": project,
+                    "show": show,
+                    "host": rng.choice(["h1", "h2", None]),
+                    "outcome": rng.choice(OUTCOMES),
+                    "uuids": tuple(f"GPU-{i}" for i in range(gpus)),
+                    "models": tuple(rng.choice(["A100", "V100"]) for _ in range(gpus)) if reported else (),
+                    "start": start,
+                    "end": end,
+                    "waiting": None if rng.random() < 0.1 else t - rng.uniform(-5, 300),
+                    "alloc": max(0.0, end - (start or end)) * gpus if reported else None,
+                    "busy": rng.uniform(0, 100) if reported else None,
+                    "util": rng.uniform(0, 100) if reported else None,
+                    "mem": rng.randrange(1 << 34) if reported else None,
+                    "cores": rng.choice([None, 1.0, 4.0]),
+                }
+            )
             t = end
     return attempts
 
@@ -281,12 +405,27 @@ def load(store, attempts: list[dict[str, Any]]) -> None:
             frames.append(a["frame"])
     frame_ids: dict[int, int] = {}
     for (job, user, layer, project, show), frames in frames_of.items():
-        frame_ids.update(zip(frames, add_frames(store, len(frames), job=job, user=user, layer=layer,
-                                                project=project, show=show)))
+        frame_ids.update(
+            zip(frames, add_frames(store, len(frames), job=job, user=user, layer=layer, project=project, show=show))
+        )
     for a in attempts:
-        add_attempt(store, frame_ids[a["frame"]], a["attempt"], outcome=a["outcome"], start=a["start"],
-                    end=a["end"], host=a["host"], uuids=a["uuids"], models=a["models"], alloc=a["alloc"],
-                    busy=a["busy"], util=a["util"], mem=a["mem"], waiting=a["waiting"], cores=a["cores"])
+        add_attempt(
+            store,
+            frame_ids[a["frame"]],
+            a["attempt"],
+            outcome=a["outcome"],
+            start=a["start"],
+            end=a["end"],
+            host=a["host"],
+            uuids=a["uuids"],
+            models=a["models"],
+            alloc=a["alloc"],
+            busy=a["busy"],
+            util=a["util"],
+            mem=a["mem"],
+            waiting=a["waiting"],
+            cores=a["cores"],
+        )
 
 
 def assert_matches_oracle(store, attempts: list[dict[str, Any]], by: str) -> None:
@@ -296,16 +435,39 @@ def assert_matches_oracle(store, attempts: list[dict[str, Any]], by: str) -> Non
     got: dict[Any, Any] = {(g.key[1] if by == "job" else g.key if by == "layer" else g.key[0]): g for g in groups}
     got["total"] = total
     expected["total"] = oracle(attempts, None).get("total") or {
-        "frames": set(), "attempts": 0, "succeeded": 0, "retries": 0, "dead": 0, "wall": 0.0, "cores": 0.0,
-        "alloc": 0.0, "busy": 0.0, "uw": 0.0, "un": 0.0, "mem": None, "waits": []}
+        "frames": set(),
+        "attempts": 0,
+        "succeeded": 0,
+        "retries": 0,
+        "dead": 0,
+        "wall": 0.0,
+        "cores": 0.0,
+        "alloc": 0.0,
+        "busy": 0.0,
+        "uw": 0.0,
+        "un": 0.0,
+        "mem": None,
+        "waits": [],
+    }
     assert set(got) == set(expected)
     for key, e in expected.items():
         g = got[key]
-        assert (g.frames, g.attempts, g.succeeded, g.retries, g.dead, g.gpu_memory_peak_bytes) == \
-            (len(e["frames"]), e["attempts"], e["succeeded"], e["retries"], e["dead"], e["mem"]), key
-        for name, value in (("wall_seconds", e["wall"]), ("core_seconds", e["cores"]),
-                            ("gpu_seconds_allocated", e["alloc"]), ("gpu_seconds_busy", e["busy"]),
-                            ("util_weighted", e["uw"]), ("util_weight", e["un"])):
+        assert (g.frames, g.attempts, g.succeeded, g.retries, g.dead, g.gpu_memory_peak_bytes) == (
+            len(e["frames"]),
+            e["attempts"],
+            e["succeeded"],
+            e["retries"],
+            e["dead"],
+            e["mem"],
+        ), key
+        for name, value in (
+            ("wall_seconds", e["wall"]),
+            ("core_seconds", e["cores"]),
+            ("gpu_seconds_allocated", e["alloc"]),
+            ("gpu_seconds_busy", e["busy"]),
+            ("util_weighted", e["uw"]),
+            ("util_weight", e["un"]),
+        ):
             assert math.isclose(getattr(g, name), value, rel_tol=1e-9, abs_tol=1e-6), (key, name)
         waits = sorted(e["waits"])
         assert [percentile(g.waits, p) for p in (50, 95)] == pytest.approx([percentile(waits, p) for p in (50, 95)])

@@ -48,8 +48,10 @@ def second_reader(store) -> str:
 
 
 def figures(groups, total):
-    return ({g.key: (g.attempts, g.frames, round(g.wall_seconds, 6), g.waits) for g in groups},
-            None if total is None else (total.attempts, total.frames, total.waits))
+    return (
+        {g.key: (g.attempts, g.frames, round(g.wall_seconds, 6), g.waits) for g in groups},
+        None if total is None else (total.attempts, total.frames, total.waits),
+    )
 
 
 def threads_reading_waits(monkeypatch) -> list[str]:
@@ -101,11 +103,14 @@ def test_a_commit_after_the_report_began_is_not_in_it(any_farm, store_url, monke
 def _attempt_ending_now(conn: sqlite3.Connection, frame_id: int) -> None:
     """A worker's commit: one more attempt in the window, with a wait (as complete_frame writes)."""
     job_id = conn.execute("SELECT job_id FROM frames WHERE id = ?", (frame_id,)).fetchone()[0]
-    attempt = conn.execute("SELECT COALESCE(MAX(attempt), 0) + 1 FROM attempts WHERE frame_id = ?",
-                           (frame_id,)).fetchone()[0]
-    conn.execute("INSERT INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, "
-                 "started_at, ended_at, cores) VALUES (?, ?, ?, 'late', ?, 'succeeded', ?, ?, ?, 1)",
-                 (frame_id, attempt, job_id, json.dumps([]), NOW - 7, NOW, NOW + 1))
+    attempt = conn.execute(
+        "SELECT COALESCE(MAX(attempt), 0) + 1 FROM attempts WHERE frame_id = ?", (frame_id,)
+    ).fetchone()[0]
+    conn.execute(
+        "INSERT INTO attempts(frame_id, attempt, job_id, host, gpu_uuids, outcome, waiting_since, "
+        "started_at, ended_at, cores) VALUES (?, ?, ?, 'late', ?, 'succeeded', ?, ?, ?, 1)",
+        (frame_id, attempt, job_id, json.dumps([]), NOW - 7, NOW, NOW + 1),
+    )
 
 
 def test_a_commit_cannot_fall_between_the_two_readers(farm, monkeypatch):

@@ -54,8 +54,17 @@ def test_gpu_model_total_when_an_attempt_is_in_no_group(store, monkeypatch):
     # window's total still counts it: the fallback adds the window up afresh.
     load(store, random_farm(random.Random(4), 20))
     (frame,) = add_frames(store, 1, job="empty")
-    add_attempt(store, frame, uuids=("GPU-9",), models=("A100",), alloc=10.0, busy=5.0, util=50.0,
-                waiting=WINDOW["since"] + 5, mem=7)
+    add_attempt(
+        store,
+        frame,
+        uuids=("GPU-9",),
+        models=("A100",),
+        alloc=10.0,
+        busy=5.0,
+        util=50.0,
+        waiting=WINDOW["since"] + 5,
+        mem=7,
+    )
     set_models(store, frame, json.dumps([]))
 
     calls: list[str] = []
@@ -92,8 +101,17 @@ def test_waits_and_without_total(store, by):
 
 def test_duplicate_models_in_a_list_count_the_attempt_once(store):
     (frame,) = add_frames(store, 1)
-    add_attempt(store, frame, uuids=("GPU-0", "GPU-1", "GPU-2"), models=("A100", "A100", "V100"), alloc=30.0,
-                busy=15.0, util=50.0, waiting=WINDOW["since"], start=WINDOW["since"] + 4)
+    add_attempt(
+        store,
+        frame,
+        uuids=("GPU-0", "GPU-1", "GPU-2"),
+        models=("A100", "A100", "V100"),
+        alloc=30.0,
+        busy=15.0,
+        util=50.0,
+        waiting=WINDOW["since"],
+        start=WINDOW["since"] + 4,
+    )
     groups, total = store.usage_summary(**WINDOW, by="gpu-model")
     rows = {g.key[0]: g for g in groups}
     assert (rows["A100"].attempts, rows["V100"].attempts, total.attempts) == (1, 1, 1)

@@ -20,19 +20,30 @@ from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import HostInfo, open_store
 from cuectl.sched.why import explain_job, frame_reasons
 
-GIB = 1024 ** 3
+GIB = 1024**3
 NOW = time.time()
 
 
 def gpu(index: int, uuid: str, model: str = "NVIDIA A100-SXM4-80GB", memory: int = 80 * GIB) -> dict[str, Any]:
-    return Device(index=index, uuid=uuid, vendor="NVIDIA", model=model, backend="fake",
-                  memory_total_bytes=memory).to_json()
+    return Device(
+        index=index, uuid=uuid, vendor="NVIDIA", model=model, backend="fake", memory_total_bytes=memory
+    ).to_json()
 
 
 def dispatch(**changes: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"at": NOW, "accepting": True, "schedule": None, "allowed_users": [], "gpu_only": False,
-                           "cores": 16.0, "cores_free": 16.0, "memory_bytes": 64 * GIB,
-                           "memory_free_bytes": 64 * GIB, "devices": {}, "reservation": None}
+    doc: dict[str, Any] = {
+        "at": NOW,
+        "accepting": True,
+        "schedule": None,
+        "allowed_users": [],
+        "gpu_only": False,
+        "cores": 16.0,
+        "cores_free": 16.0,
+        "memory_bytes": 64 * GIB,
+        "memory_free_bytes": 64 * GIB,
+        "devices": {},
+        "reservation": None,
+    }
     doc.update(changes)
     return doc
 
@@ -44,10 +55,20 @@ def store(tmp_path: Path):
     s.close()
 
 
-def host(store, name: str, gpus=(), *, cores: float = 16, memory: int = 64 * GIB, tags=(),
-         at: float = NOW, dispatch_doc: dict[str, Any] | None = None) -> None:
-    store.register_host(HostInfo(name=name, cores=cores, memory_bytes=memory, gpus=list(gpus), tags=tuple(tags)),
-                        now=at)
+def host(
+    store,
+    name: str,
+    gpus=(),
+    *,
+    cores: float = 16,
+    memory: int = 64 * GIB,
+    tags=(),
+    at: float = NOW,
+    dispatch_doc: dict[str, Any] | None = None,
+) -> None:
+    store.register_host(
+        HostInfo(name=name, cores=cores, memory_bytes=memory, gpus=list(gpus), tags=tuple(tags)), now=at
+    )
     if dispatch_doc is not None:
         store.heartbeat(name, [], now=at, lease_s=60.0, live={"at": at, "devices": [], "dispatch": dispatch_doc})
 
@@ -62,8 +83,14 @@ def layer_id(store, job: int, index: int = 0) -> int:
 
 
 def claim(store, job: int, host_name: str, uuids=(), index: int = 0) -> int:
-    claimed = store.claim_frame(layer_id(store, job, index), host=host_name, worker=f"{host_name}:1",
-                                gpu_uuids=list(uuids), now=NOW, lease_s=600.0)
+    claimed = store.claim_frame(
+        layer_id(store, job, index),
+        host=host_name,
+        worker=f"{host_name}:1",
+        gpu_uuids=list(uuids),
+        now=NOW,
+        lease_s=600.0,
+    )
     assert claimed is not None
     return claimed.frame_id
 
@@ -132,19 +159,26 @@ def test_draining_host(store):
     assert "draining" in reason(store, job)
 
 
-@pytest.mark.parametrize("state,holder", [
-    ("frame", None),  # filled in below: the frame the store says runs there
-    ("lease", "cuectl run pid 4242 (ada)"),
-    ("nimby", "another process: 3.1 GiB used, 45 % busy (NIMBY threshold 1 GiB / 20 %)"),
-])
+@pytest.mark.parametrize(
+    "state,holder",
+    [
+        ("frame", None),  # filled in below: the frame the store says runs there
+        ("lease", "cuectl run pid 4242 (ada)"),
+        ("nimby", "another process: 3.1 GiB used, 45 % busy (NIMBY threshold 1 GiB / 20 %)"),
+    ],
+)
 def test_busy_gpus_name_their_holder(store, state, holder):
     host(store, "n1", [gpu(0, "GPU-a")], dispatch_doc=dispatch())
     job = submit(store, "shots", {"name": "render", "gpus": 1, "range": "1-2"})
     if state == "frame":
         frame = claim(store, job, "n1", ["GPU-a"])
         holder = f"frame {frame} (job shots)"
-    host(store, "n1", [gpu(0, "GPU-a")],
-         dispatch_doc=dispatch(devices={"GPU-a": {"state": state, "holder": holder, "memory_free_bytes": 0}}))
+    host(
+        store,
+        "n1",
+        [gpu(0, "GPU-a")],
+        dispatch_doc=dispatch(devices={"GPU-a": {"state": state, "holder": holder, "memory_free_bytes": 0}}),
+    )
     text = reason(store, job)
     assert "GPUs busy" in text and f"gpu 0 held by {holder}" in text and text.startswith("on n1: needs 1 GPU"), text
     assert why(store, job).layers[0].hosts[0].check == "busy"
@@ -175,8 +209,12 @@ def test_too_little_free_gpu_memory(store):
 
 def test_waits_on_an_upstream_layer(store):
     host(store, "n1", dispatch_doc=dispatch())
-    job = submit(store, "j", {"name": "sim", "range": "1-3"},
-                 {"name": "render", "range": "1-3", "depends": [{"layer": "sim", "type": "frame"}]})
+    job = submit(
+        store,
+        "j",
+        {"name": "sim", "range": "1-3"},
+        {"name": "render", "range": "1-3", "depends": [{"layer": "sim", "type": "frame"}]},
+    )
     layers = why(store, job).layers
     assert layers[0].reason is None  # sim could run now
     assert layers[1].reason == "3 frames wait on layer sim frame by frame (0/3 done)"
@@ -197,8 +235,12 @@ def test_eaten_upstream_frames_are_named_with_the_rule_and_the_way_out(store):
     # OpenCue's default (depend.satisfy_only_on_frame_success=true): an eaten frame satisfies
     # no dependency, so "done" counts SUCCEEDED frames only and the eaten ones are named.
     host(store, "n1", dispatch_doc=dispatch())
-    job = submit(store, "j", {"name": "sim", "range": "1-2"},
-                 {"name": "render", "range": "1-2", "depends": [{"layer": "sim", "type": "frame"}]})
+    job = submit(
+        store,
+        "j",
+        {"name": "sim", "range": "1-2"},
+        {"name": "render", "range": "1-2", "depends": [{"layer": "sim", "type": "frame"}]},
+    )
     frames, _ = store.list_frames(job=job, layer="sim")
     store.frame_action([frames[0]["id"]], "eat", now=NOW)
     text = reason(store, job, 1)
@@ -212,13 +254,25 @@ def test_eaten_upstream_frames_are_named_with_the_rule_and_the_way_out(store):
 
 
 def test_reserved_for_a_higher_priority_job(store):
-    reservation = {"job_id": 7, "job": "big", "layer": "train", "layer_id": 9999, "priority": 100,
-                   "needs": "4 × NVIDIA device matching 'A100'", "free": 2, "uuids": ["GPU-a", "GPU-b"],
-                   "since": NOW - 60, "until": NOW + 600}
-    devices = {"GPU-a": {"state": "reserved", "holder": None, "memory_free_bytes": 80 * GIB},
-               "GPU-b": {"state": "reserved", "holder": None, "memory_free_bytes": 80 * GIB}}
-    host(store, "n1", [gpu(0, "GPU-a"), gpu(1, "GPU-b")],
-         dispatch_doc=dispatch(devices=devices, reservation=reservation))
+    reservation = {
+        "job_id": 7,
+        "job": "big",
+        "layer": "train",
+        "layer_id": 9999,
+        "priority": 100,
+        "needs": "4 × NVIDIA device matching 'A100'",
+        "free": 2,
+        "uuids": ["GPU-a", "GPU-b"],
+        "since": NOW - 60,
+        "until": NOW + 600,
+    }
+    devices = {
+        "GPU-a": {"state": "reserved", "holder": None, "memory_free_bytes": 80 * GIB},
+        "GPU-b": {"state": "reserved", "holder": None, "memory_free_bytes": 80 * GIB},
+    }
+    host(
+        store, "n1", [gpu(0, "GPU-a"), gpu(1, "GPU-b")], dispatch_doc=dispatch(devices=devices, reservation=reservation)
+    )
     job = submit(store, "small", {"name": "render", "gpus": 1})
     text = reason(store, job)
     assert text.startswith("on n1: reserved for job big (#7) (needs 4 × NVIDIA"), text
@@ -229,15 +283,30 @@ def test_reserved_for_a_higher_priority_job(store):
 def test_a_reservation_held_for_this_layer(store):
     job = submit(store, "big", {"name": "train", "gpus": 4}, priority=100)
     lid = layer_id(store, job)
-    reservation = {"job_id": job, "job": "big", "layer": "train", "layer_id": lid, "priority": 100,
-                   "needs": "4 × NVIDIA device", "free": 2, "uuids": ["GPU-a", "GPU-b"],
-                   "since": NOW - 60, "until": NOW + 600}
-    devices = {"GPU-a": {"state": "reserved", "holder": None, "memory_free_bytes": None},
-               "GPU-b": {"state": "reserved", "holder": None, "memory_free_bytes": None},
-               "GPU-c": {"state": "lease", "holder": "cuectl run pid 4242 (ada)", "memory_free_bytes": None},
-               "GPU-d": {"state": "lease", "holder": "cuectl run pid 4243 (ada)", "memory_free_bytes": None}}
-    host(store, "n1", [gpu(i, u) for i, u in enumerate(["GPU-a", "GPU-b", "GPU-c", "GPU-d"])],
-         dispatch_doc=dispatch(devices=devices, reservation=reservation))
+    reservation = {
+        "job_id": job,
+        "job": "big",
+        "layer": "train",
+        "layer_id": lid,
+        "priority": 100,
+        "needs": "4 × NVIDIA device",
+        "free": 2,
+        "uuids": ["GPU-a", "GPU-b"],
+        "since": NOW - 60,
+        "until": NOW + 600,
+    }
+    devices = {
+        "GPU-a": {"state": "reserved", "holder": None, "memory_free_bytes": None},
+        "GPU-b": {"state": "reserved", "holder": None, "memory_free_bytes": None},
+        "GPU-c": {"state": "lease", "holder": "cuectl run pid 4242 (ada)", "memory_free_bytes": None},
+        "GPU-d": {"state": "lease", "holder": "cuectl run pid 4243 (ada)", "memory_free_bytes": None},
+    }
+    host(
+        store,
+        "n1",
+        [gpu(i, u) for i, u in enumerate(["GPU-a", "GPU-b", "GPU-c", "GPU-d"])],
+        dispatch_doc=dispatch(devices=devices, reservation=reservation),
+    )
     text = reason(store, job)
     assert text.startswith("holding 2 free GPUs on host n1 until 4 are free"), text
     assert "cuectl run pid 4242 (ada)" in text
@@ -301,8 +370,12 @@ def test_static_device_mismatch_per_host(store):
 
 
 def test_could_run_now_and_paused(store):
-    host(store, "n1", [gpu(0, "GPU-a")],
-         dispatch_doc=dispatch(devices={"GPU-a": {"state": "free", "holder": None, "memory_free_bytes": 80 * GIB}}))
+    host(
+        store,
+        "n1",
+        [gpu(0, "GPU-a")],
+        dispatch_doc=dispatch(devices={"GPU-a": {"state": "free", "holder": None, "memory_free_bytes": 80 * GIB}}),
+    )
     job = submit(store, "j", {"name": "main", "gpus": 1})
     explained = why(store, job)
     assert explained.reason is None or "root workers" in explained.reason

@@ -21,20 +21,36 @@ from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, HostInfo, open_store
 from cuectl.sched.why import explain_job, frame_reasons
 
-GIB = 1024 ** 3
+GIB = 1024**3
 NOW = time.time()
 
 
 def gpu(index: int, uuid: str) -> dict[str, Any]:
-    return Device(index=index, uuid=uuid, vendor="NVIDIA", model="NVIDIA A100-SXM4-80GB", backend="fake",
-                  memory_total_bytes=80 * GIB).to_json()
+    return Device(
+        index=index,
+        uuid=uuid,
+        vendor="NVIDIA",
+        model="NVIDIA A100-SXM4-80GB",
+        backend="fake",
+        memory_total_bytes=80 * GIB,
+    ).to_json()
 
 
 def dispatch(**changes: Any) -> dict[str, Any]:
-    doc: dict[str, Any] = {"at": NOW, "accepting": True, "schedule": None, "allowed_users": [], "gpu_only": False,
-                           "run_as_submitter": False, "cores": 16.0, "cores_free": 16.0,
-                           "memory_bytes": 64 * GIB, "memory_free_bytes": 64 * GIB, "devices": {},
-                           "reservation": None}
+    doc: dict[str, Any] = {
+        "at": NOW,
+        "accepting": True,
+        "schedule": None,
+        "allowed_users": [],
+        "gpu_only": False,
+        "run_as_submitter": False,
+        "cores": 16.0,
+        "cores_free": 16.0,
+        "memory_bytes": 64 * GIB,
+        "memory_free_bytes": 64 * GIB,
+        "devices": {},
+        "reservation": None,
+    }
     doc.update(changes)
     return doc
 
@@ -56,8 +72,7 @@ def store(tmp_path: Path):
 
 
 def register(store, name: str, gpus=(), *, version: str | None = __version__) -> None:
-    store.register_host(HostInfo(name=name, cores=16, memory_bytes=64 * GIB, gpus=list(gpus), version=version),
-                        now=NOW)
+    store.register_host(HostInfo(name=name, cores=16, memory_bytes=64 * GIB, gpus=list(gpus), version=version), now=NOW)
 
 
 def publish(store, name: str, doc: dict[str, Any], devices: list[dict[str, Any]] | None = None) -> None:
@@ -83,11 +98,24 @@ def test_a_frame_in_retry_back_off_is_not_held_by_itself(store):
     job = submit(store, "j", {"name": "render", "gpus": 1, "retries": 2, "retry_delay": "10m"})
     claimed = claim(store, job, "n1", ["GPU-a"])
     holder = f"frame {claimed.frame_id} (job j)"
-    publish(store, "n1", dispatch(devices={"GPU-a": {"state": "frame", "holder": holder, "frame_id": claimed.frame_id,
-                                                     "memory_free_bytes": 1 * GIB}}),
-            devices=[{"uuid": "GPU-a", "memory_free_bytes": 1 * GIB, "frame_id": claimed.frame_id}])
-    store.complete_frame(claimed.frame_id, claimed.attempt, FrameResult(exit_code=1, started_at=NOW, ended_at=NOW),
-                         now=NOW)
+    publish(
+        store,
+        "n1",
+        dispatch(
+            devices={
+                "GPU-a": {
+                    "state": "frame",
+                    "holder": holder,
+                    "frame_id": claimed.frame_id,
+                    "memory_free_bytes": 1 * GIB,
+                }
+            }
+        ),
+        devices=[{"uuid": "GPU-a", "memory_free_bytes": 1 * GIB, "frame_id": claimed.frame_id}],
+    )
+    store.complete_frame(
+        claimed.frame_id, claimed.attempt, FrameResult(exit_code=1, started_at=NOW, ended_at=NOW), now=NOW
+    )
     frames, _ = store.list_frames(job=job)
     (frame,) = frame_reasons(store, frames, now=NOW + 1)
     assert frame["state"] == "WAITING" and frame["pending_reason"].startswith("retry back-off until"), frame
@@ -104,11 +132,14 @@ def test_a_frame_started_since_the_last_heartbeat_holds_its_gpu(store):
     claimed = claim(store, first, "n1", ["GPU-a"])
     waiting = submit(store, "second", {"name": "l", "gpus": 1})
     text = explain_job(store, waiting, now=NOW).layers[0].reason
-    assert text == f"on n1: needs 1 GPU, 0 of 1 fitting free: GPUs busy: gpu 0 held by frame {claimed.frame_id} (job first)"
+    assert (
+        text
+        == f"on n1: needs 1 GPU, 0 of 1 fitting free: GPUs busy: gpu 0 held by frame {claimed.frame_id} (job first)"
+    )
 
 
 def test_a_worker_of_this_version_not_published_yet_is_not_an_older_cuectl(store):
-    register(store, "new", [gpu(0, "GPU-n")])                    # registered, first pass not published yet
+    register(store, "new", [gpu(0, "GPU-n")])  # registered, first pass not published yet
     register(store, "old", [gpu(0, "GPU-o")], version="0.0.1")  # a worker that never publishes one
     job = submit(store, "j", {"name": "l", "gpus": 1})
     lines = {h.host: h for h in explain_job(store, job, now=NOW).layers[0].hosts}
@@ -129,8 +160,10 @@ def test_a_root_worker_does_not_say_could_run_a_job_it_will_not_run(store):
     (line,) = explain_job(store, job, now=NOW).layers[0].hosts
     assert line.check == "proof" and "will not run it as ghostuser" in line.reason, line
     assert "could run now" not in shown["pending_reason"]
-    assert "the only fitting host root-w runs frames as their users and will not run it as ghostuser" in \
-        shown["pending_reason"]
+    assert (
+        "the only fitting host root-w runs frames as their users and will not run it as ghostuser"
+        in shown["pending_reason"]
+    )
     register(store, "plain")
     publish(store, "plain", dispatch())
     lines = {h.host: h.check for h in explain_job(store, job, now=NOW).layers[0].hosts}

@@ -41,22 +41,26 @@ def isolated_env(base: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("CUECTL_DB", "CUECTL_FAKE_GPUS", "CUECTL_LOG_DIR", "CUECTL_USER"):
         env.pop(key, None)
-    env.update({
-        "XDG_STATE_HOME": str(base / "xdg-state"),
-        "CUECTL_LOCK_DIR": str(base / "locks"),
-        "CUECTL_CREATE_LOCK_DIR": "1",
-        "CUECTL_LOCK_REGISTRY": str(base / "lock-registry"),
-        "CUECTL_KILL_GRACE": "0.5",
-        "NO_COLOR": "1",
-    })
+    env.update(
+        {
+            "XDG_STATE_HOME": str(base / "xdg-state"),
+            "CUECTL_LOCK_DIR": str(base / "locks"),
+            "CUECTL_CREATE_LOCK_DIR": "1",
+            "CUECTL_LOCK_REGISTRY": str(base / "lock-registry"),
+            "CUECTL_KILL_GRACE": "0.5",
+            "NO_COLOR": "1",
+        }
+    )
     env.update(extra)
     return env
 
 
-def cuectl(db: str | Path, *args: str, env: Mapping[str, str], check: bool = True, timeout: float = 60,
-           cwd: Path | None = None) -> subprocess.CompletedProcess:
-    res = subprocess.run([*CUECTL, "--db", str(db), *args], capture_output=True, text=True, env=dict(env),
-                         timeout=timeout, cwd=cwd)
+def cuectl(
+    db: str | Path, *args: str, env: Mapping[str, str], check: bool = True, timeout: float = 60, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    res = subprocess.run(
+        [*CUECTL, "--db", str(db), *args], capture_output=True, text=True, env=dict(env), timeout=timeout, cwd=cwd
+    )
     if check and res.returncode != 0:
         raise AssertionError(f"cuectl {' '.join(args)} exited {res.returncode}: {res.stderr}")
     return res
@@ -159,8 +163,9 @@ class Api:
         out.update(headers or {})
         return {k: v for k, v in out.items() if v is not None}
 
-    def request(self, method: str, path: str, body: Any = None, *, headers: Mapping[str, Optional[str]] | None = None
-                ) -> Resp:
+    def request(
+        self, method: str, path: str, body: Any = None, *, headers: Mapping[str, Optional[str]] | None = None
+    ) -> Resp:
         data: bytes | None
         if body is None:
             data = None
@@ -218,9 +223,19 @@ class Api:
 class Server:
     """A real ``cuectl serve`` process; ``api`` talks to it."""
 
-    def __init__(self, db: str | Path, *, env: Mapping[str, str], log: Path, extra: tuple[str, ...] = (),
-                 socket_path: Path | None = None, certfile: Path | None = None, keyfile: Path | None = None,
-                 tls: ssl.SSLContext | None = None, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        db: str | Path,
+        *,
+        env: Mapping[str, str],
+        log: Path,
+        extra: tuple[str, ...] = (),
+        socket_path: Path | None = None,
+        certfile: Path | None = None,
+        keyfile: Path | None = None,
+        tls: ssl.SSLContext | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.db = str(db)
         self.env = dict(env)
         self.log = log
@@ -235,8 +250,9 @@ class Server:
         if keyfile is not None:
             args += ["--keyfile", str(keyfile)]
         self._out = open(log, "ab")
-        self.proc = subprocess.Popen(args, env=self.env, stdout=self._out, stderr=subprocess.STDOUT, cwd=cwd,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            args, env=self.env, stdout=self._out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+        )
         self.api = Api(port=self.port, socket_path=str(socket_path) if socket_path else None, tls=tls)
         self._wait_ready()
 
@@ -269,8 +285,8 @@ class Server:
 
 
 # -- the store, in this process (the same file or database the server serves) ------------------------
-GIB = 1024 ** 3
-MIB = 1024 ** 2
+GIB = 1024**3
+MIB = 1024**2
 
 
 def new_store(db: Path) -> Path:
@@ -297,28 +313,37 @@ def store_at(url: str | Path) -> Iterator[Any]:
 def device(index: int, uuid: str, model: str, memory_bytes: int, vendor: str = "NVIDIA") -> dict[str, Any]:
     from cuectl.gpu.device import Device
 
-    return Device(index=index, uuid=uuid, vendor=vendor, model=model, backend="fake",
-                  memory_total_bytes=memory_bytes, memory_free_bytes=memory_bytes).to_json()
+    return Device(
+        index=index,
+        uuid=uuid,
+        vendor=vendor,
+        model=model,
+        backend="fake",
+        memory_total_bytes=memory_bytes,
+        memory_free_bytes=memory_bytes,
+    ).to_json()
 
 
-def register_host(url: str | Path, name: str, gpus: list[dict[str, Any]], *, age_s: float = 0.0,
-                  locked: bool = False) -> None:
+def register_host(
+    url: str | Path, name: str, gpus: list[dict[str, Any]], *, age_s: float = 0.0, locked: bool = False
+) -> None:
     """A host as a worker registers it (``age_s`` ago: older than 60 s is DOWN)."""
     from cuectl.sched.store import HostInfo
 
     with store_at(url) as store:
-        store.register_host(HostInfo(name=name, cores=8, memory_bytes=32 * GIB, gpus=gpus, version="test"),
-                            now=time.time() - age_s)
+        store.register_host(
+            HostInfo(name=name, cores=8, memory_bytes=32 * GIB, gpus=gpus, version="test"), now=time.time() - age_s
+        )
         if locked:
             store.set_host_locked(name, True)
 
 
-def claim(url: str | Path, layer_id: int, *, host: str, gpu_uuids: tuple[str, ...] = (), lease_s: float = 600.0
-          ) -> Any:
+def claim(url: str | Path, layer_id: int, *, host: str, gpu_uuids: tuple[str, ...] = (), lease_s: float = 600.0) -> Any:
     """Claim the layer's next WAITING frame as a worker would (the frame becomes RUNNING)."""
     with store_at(url) as store:
-        claimed = store.claim_frame(layer_id, host=host, worker=f"{host}-w", gpu_uuids=list(gpu_uuids),
-                                    now=time.time(), lease_s=lease_s)
+        claimed = store.claim_frame(
+            layer_id, host=host, worker=f"{host}-w", gpu_uuids=list(gpu_uuids), now=time.time(), lease_s=lease_s
+        )
     assert claimed is not None, f"nothing to claim in layer {layer_id}"
     return claimed
 

@@ -55,10 +55,12 @@ def site(serve_dir: Path, serve_env: dict[str, str]):
     db = new_store(serve_dir / "store" / "cuectl.db")
     # One host, so pending reasons are about fit, not "no host registered".
     register_host(db, "main-h", [device(0, "GPU-main-0", A100, 80 * GIB)])
-    tokens = {"boss": create_token(db, "boss", "admin", env=serve_env),
-              "alice": create_token(db, "alice", "user", env=serve_env),
-              "bob": create_token(db, "bob", "user", env=serve_env),
-              "val": create_token(db, "val", "viewer", env=serve_env)}
+    tokens = {
+        "boss": create_token(db, "boss", "admin", env=serve_env),
+        "alice": create_token(db, "alice", "user", env=serve_env),
+        "bob": create_token(db, "bob", "user", env=serve_env),
+        "val": create_token(db, "val", "viewer", env=serve_env),
+    }
     secret = f"TOP-SECRET-{os.urandom(6).hex()}"
     server = Server(db, env=serve_env, log=serve_dir / "server.log", extra=("--cache", "0"))
     yield Site(db, server, serve_env, tokens, secret)
@@ -105,10 +107,24 @@ def test_healthz_and_the_openapi_document_list_every_route(site):
     app = create_app(Settings(db_url=str(site.db)))
     routes = [r for r in app.routes if isinstance(r, APIRoute) and r.include_in_schema]
     defined = {r.path for r in routes}
-    assert {"/healthz", "/readyz", "/metrics", f"{API}/whoami", f"{API}/hosts", f"{API}/hosts/{{name}}/gpus",
-            f"{API}/jobs", f"{API}/jobs/{{job}}", f"{API}/jobs/{{job}}/frames", f"{API}/jobs/{{job}}/priority",
-            f"{API}/jobs/{{job}}/{{action}}", f"{API}/frames/{{frame_id}}", f"{API}/frames/{{frame_id}}/log",
-            f"{API}/frames/{{frame_id}}/{{action}}", f"{API}/leases", f"{API}/report"} <= defined
+    assert {
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        f"{API}/whoami",
+        f"{API}/hosts",
+        f"{API}/hosts/{{name}}/gpus",
+        f"{API}/jobs",
+        f"{API}/jobs/{{job}}",
+        f"{API}/jobs/{{job}}/frames",
+        f"{API}/jobs/{{job}}/priority",
+        f"{API}/jobs/{{job}}/{{action}}",
+        f"{API}/frames/{{frame_id}}",
+        f"{API}/frames/{{frame_id}}/log",
+        f"{API}/frames/{{frame_id}}/{{action}}",
+        f"{API}/leases",
+        f"{API}/report",
+    } <= defined
     assert set(doc["paths"]) == defined
     for route in routes:
         for method in route.methods:
@@ -119,13 +135,28 @@ def test_healthz_and_the_openapi_document_list_every_route(site):
 def test_whoami_names_the_tokens_user_and_role(site):
     for who, role, read_only in (("boss", "admin", False), ("alice", "user", False), ("val", "viewer", True)):
         assert site.api(who).ok("GET", f"{API}/whoami") == {
-            "user": who, "role": role, "via": "token", "token_id": site.tokens[who].id, "read_only": read_only}
+            "user": who,
+            "role": role,
+            "via": "token",
+            "token_id": site.tokens[who].id,
+            "read_only": read_only,
+        }
 
 
 # -- jobs ----------------------------------------------------------------------------------------------------
-GPU_SPEC = job_spec("gpu-shot", layer_spec("render", ["render", "-f", "#IFRAME#"], range="1-3", gpus=2,
-                                           gpu_vendor="nvidia", gpu_models=["A100", "H100"], gpu_memory_min="40G"),
-                    priority=7)
+GPU_SPEC = job_spec(
+    "gpu-shot",
+    layer_spec(
+        "render",
+        ["render", "-f", "#IFRAME#"],
+        range="1-3",
+        gpus=2,
+        gpu_vendor="nvidia",
+        gpu_models=["A100", "H100"],
+        gpu_memory_min="40G",
+    ),
+    priority=7,
+)
 
 
 def test_submit_a_gpu_job_as_the_tokens_user(site):
@@ -138,9 +169,15 @@ def test_submit_a_gpu_job_as_the_tokens_user(site):
     assert out["state"] == "PENDING" and out["paused"] is False and out["frame_counts"] == {"WAITING": 3}
     assert "receipt" not in out
     (layer,) = out["layers"]
-    assert (layer["name"], layer["command"], layer["range"], layer["gpus"], layer["gpu_vendor"], layer["gpu_models"],
-            layer["gpu_memory_min_bytes"]) == ("render", ["render", "-f", "#IFRAME#"], "1-3", 2, "NVIDIA",
-                                               ["A100", "H100"], 40 * GIB)
+    assert (
+        layer["name"],
+        layer["command"],
+        layer["range"],
+        layer["gpus"],
+        layer["gpu_vendor"],
+        layer["gpu_models"],
+        layer["gpu_memory_min_bytes"],
+    ) == ("render", ["render", "-f", "#IFRAME#"], "1-3", 2, "NVIDIA", ["A100", "H100"], 40 * GIB)
     # main-h has one A100: a frame asking for two can never run there, and the reason says so.
     assert "layer render" in out["pending_reason"], out["pending_reason"]
     assert job(alice, out["id"]) == job(site.api("val"), resp.headers["Location"].rsplit("/", 1)[1])
@@ -150,19 +187,22 @@ def test_submit_a_gpu_job_as_the_tokens_user(site):
     assert db_rows(site.db, 'SELECT "user", priority FROM jobs WHERE id = ?', (out["id"],)) == [("alice", 7)]
 
 
-@pytest.mark.parametrize("spec, field", [
-    ({**GPU_SPEC, "user": "root"}, "user"),  # the spec has no user: the token says who
-    ({**GPU_SPEC, "name": "x", "owner": "root"}, "owner"),
-    (job_spec("x", layer_spec("l", gpus=1, gpu_mem="8G")), "layers[0].gpu_mem"),
-    (job_spec("x", layer_spec("l", gpus=-1)), "layers[0].gpus"),
-    (job_spec("x", layer_spec("l", gpus=1, gpu_vendor="Matrox")), "layers[0].gpu_vendor"),
-    (job_spec("x", layer_spec("l", gpus=1, gpu_memory_min="12Q")), "layers[0].gpu_memory_min"),
-    (job_spec("x", layer_spec("l", gpus=1, gpu_models=[""])), "layers[0].gpu_models[0]"),
-    (job_spec("x", layer_spec("ok"), layer_spec("l", range="1-x")), "layers[1].range"),
-    ({"layers": [layer_spec()]}, "name"),
-    ({"name": "x", "layers": []}, "layers"),
-    ({"name": "x", "priority": "high", "layers": [layer_spec()]}, "priority"),
-])
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({**GPU_SPEC, "user": "root"}, "user"),  # the spec has no user: the token says who
+        ({**GPU_SPEC, "name": "x", "owner": "root"}, "owner"),
+        (job_spec("x", layer_spec("l", gpus=1, gpu_mem="8G")), "layers[0].gpu_mem"),
+        (job_spec("x", layer_spec("l", gpus=-1)), "layers[0].gpus"),
+        (job_spec("x", layer_spec("l", gpus=1, gpu_vendor="Matrox")), "layers[0].gpu_vendor"),
+        (job_spec("x", layer_spec("l", gpus=1, gpu_memory_min="12Q")), "layers[0].gpu_memory_min"),
+        (job_spec("x", layer_spec("l", gpus=1, gpu_models=[""])), "layers[0].gpu_models[0]"),
+        (job_spec("x", layer_spec("ok"), layer_spec("l", range="1-x")), "layers[1].range"),
+        ({"layers": [layer_spec()]}, "name"),
+        ({"name": "x", "layers": []}, "layers"),
+        ({"name": "x", "priority": "high", "layers": [layer_spec()]}, "priority"),
+    ],
+)
 def test_a_bad_spec_is_a_422_naming_the_field_and_submits_nothing(site, spec, field):
     alice = site.api("alice")
     before = alice.ok("GET", f"{API}/jobs?limit=1")["total"]
@@ -212,8 +252,9 @@ def test_list_jobs_filters_globs_and_pages(site):
     assert page["total"] == everyone["total"] == len(everyone["jobs"])
     assert [j["id"] for j in page["jobs"]] == [j["id"] for j in everyone["jobs"][1:3]]
     newest = val.ok("GET", f"{API}/jobs?limit=2&order=desc")
-    assert newest["order"] == "desc" and [j["id"] for j in newest["jobs"]] == \
-        [j["id"] for j in everyone["jobs"][::-1][:2]]
+    assert newest["order"] == "desc" and [j["id"] for j in newest["jobs"]] == [
+        j["id"] for j in everyone["jobs"][::-1][:2]
+    ]
     assert [j["id"] for j in val.ok("GET", f"{API}/jobs?name=lj-*&order=desc")["jobs"]] == [b1, a3, a2, a1]
     bobs = val.ok("GET", f"{API}/jobs?user=bob&limit=1")
     assert bobs["total"] == len([j for j in everyone["jobs"] if j["user"] == "bob"]) and len(bobs["jobs"]) == 1
@@ -221,12 +262,20 @@ def test_list_jobs_filters_globs_and_pages(site):
 
 def test_show_a_job_with_layers_frame_counts_and_pending_reason(site):
     alice = site.api("alice")
-    out = submit(alice, job_spec("show-me", layer_spec("sim", range="1-4"),
-                                 layer_spec("comp", range="1-4", depends=[{"layer": "sim", "type": "frame"}])))
+    out = submit(
+        alice,
+        job_spec(
+            "show-me",
+            layer_spec("sim", range="1-4"),
+            layer_spec("comp", range="1-4", depends=[{"layer": "sim", "type": "frame"}]),
+        ),
+    )
     shown = job(site.api("val"), out["id"])
     assert shown["frame_counts"] == {"WAITING": 4, "DEPEND": 4}
-    assert [(layer["name"], layer["range"], layer["gpus"]) for layer in shown["layers"]] == [("sim", "1-4", 0),
-                                                                                           ("comp", "1-4", 0)]
+    assert [(layer["name"], layer["range"], layer["gpus"]) for layer in shown["layers"]] == [
+        ("sim", "1-4", 0),
+        ("comp", "1-4", 0),
+    ]
     assert shown["layers"][1]["depends"] and "receipt" not in shown
     assert job(alice, "show-me")["id"] == out["id"]  # by its (unique) name too
     assert alice.ok("POST", f"{API}/jobs/{out['id']}/pause")["paused"] is True
@@ -238,8 +287,9 @@ def test_show_a_job_with_layers_frame_counts_and_pending_reason(site):
 def test_secret_looking_env_values_never_leave_the_server(site):
     """As in `cuectl job show`: names stay, values of credentials are masked, in every answer."""
     alice = site.api("alice")
-    spec = job_spec("secrets", layer_spec("l", env={"API_TOKEN": "s3cr3t-one", "MODE": "fast"}),
-                    env={"DB_PASSWORD": "s3cr3t-two"})
+    spec = job_spec(
+        "secrets", layer_spec("l", env={"API_TOKEN": "s3cr3t-one", "MODE": "fast"}), env={"DB_PASSWORD": "s3cr3t-two"}
+    )
     out = submit(alice, spec)
     answers = [out, job(alice, out["id"])]
     for action in ("pause", "resume", "kill", "retry"):
@@ -257,13 +307,25 @@ def test_credential_values_are_masked_whatever_their_name(site):
     a credential's name. Viewers, owners and the monitor (which reads this API) see the same."""
     alice = site.api("alice")
     key = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
-    env = {"DATABASE_URL": "postgresql://u:pw-s3cr3t@db.example:5432/farm", "CREDS": "s3cr3t-creds",
-           "SSH_ID": key, "GH": "ghp_" + "s3cr3t" * 6, "MODE": "fast", "PAGE": "https://example.com/a?page=2"}
+    env = {
+        "DATABASE_URL": "postgresql://u:pw-s3cr3t@db.example:5432/farm",
+        "CREDS": "s3cr3t-creds",
+        "SSH_ID": key,
+        "GH": "ghp_" + "s3cr3t" * 6,
+        "MODE": "fast",
+        "PAGE": "https://example.com/a?page=2",
+    }
     out = submit(alice, job_spec("value-secrets", layer_spec("l", env=env)))
     for who in ("val", "alice", "boss"):
         shown = job(site.api(who), out["id"])["layers"][0]["env"]
-        assert shown == {"DATABASE_URL": "postgresql://u:***@db.example:5432/farm", "CREDS": "***", "SSH_ID": "***",
-                         "GH": "***", "MODE": "fast", "PAGE": "https://example.com/a?page=2"}, (who, shown)
+        assert shown == {
+            "DATABASE_URL": "postgresql://u:***@db.example:5432/farm",
+            "CREDS": "***",
+            "SSH_ID": "***",
+            "GH": "***",
+            "MODE": "fast",
+            "PAGE": "https://example.com/a?page=2",
+        }, (who, shown)
     assert out["layers"][0]["env"]["DATABASE_URL"] == "postgresql://u:***@db.example:5432/farm"
     assert "s3cr3t" not in json.dumps(out) and "PRIVATE KEY" not in json.dumps(out)
     assert "s3cr3t" not in site.api("val").get(f"{API}/jobs?name=value-secrets").text
@@ -338,8 +400,14 @@ def test_show_a_frame_without_its_host_path(site):
     job_id = submit(alice, job_spec("one-frame", layer_spec("solo", range="7")))["id"]
     (listed,) = frames(alice, job_id)["frames"]
     shown = alice.ok("GET", f"{API}/frames/{listed['id']}")
-    assert (shown["id"], shown["job_id"], shown["layer"], shown["number"], shown["name"], shown["state"]) == \
-        (listed["id"], job_id, "solo", 7, "0007-solo", "WAITING")
+    assert (shown["id"], shown["job_id"], shown["layer"], shown["number"], shown["name"], shown["state"]) == (
+        listed["id"],
+        job_id,
+        "solo",
+        7,
+        "0007-solo",
+        "WAITING",
+    )
     assert shown["attempt_history"] == [] and "log_path" not in shown
     check_problem(alice.get(f"{API}/frames/99999999"), 404, detail="99999999")
 
@@ -348,28 +416,51 @@ def test_a_running_frame_shows_live_gpu_use_and_holds_its_device(site):
     from cuectl.sched.store import LiveUsage
 
     alice = site.api("alice")
-    register_host(site.db, "live-h", [device(0, "GPU-live-0", "Tesla V100-SXM2-16GB", 16 * GIB),
-                                      device(1, "GPU-live-1", "Tesla V100-SXM2-16GB", 16 * GIB)])
+    register_host(
+        site.db,
+        "live-h",
+        [
+            device(0, "GPU-live-0", "Tesla V100-SXM2-16GB", 16 * GIB),
+            device(1, "GPU-live-1", "Tesla V100-SXM2-16GB", 16 * GIB),
+        ],
+    )
     out = submit(alice, job_spec("live", layer_spec("l", range="1-2", gpus=1, gpu_models=["V100"])))
     claimed = claim(site.db, out["layers"][0]["id"], host="live-h", gpu_uuids=("GPU-live-1",))
     with store_at(site.db) as store:
         now = time.time()
-        assert store.record_live_usage("live-h", [LiveUsage(claimed.frame_id, claimed.attempt, now, 61.5, 3 * GIB)],
-                                       now=now) == [claimed.frame_id]
+        assert store.record_live_usage(
+            "live-h", [LiveUsage(claimed.frame_id, claimed.attempt, now, 61.5, 3 * GIB)], now=now
+        ) == [claimed.frame_id]
     (running,) = frames(alice, out["id"], "?state=RUNNING")["frames"]
-    assert (running["id"], running["host"], running["gpu_uuids"], running["attempts"]) == \
-        (claimed.frame_id, "live-h", ["GPU-live-1"], 1)
+    assert (running["id"], running["host"], running["gpu_uuids"], running["attempts"]) == (
+        claimed.frame_id,
+        "live-h",
+        ["GPU-live-1"],
+        1,
+    )
     assert running["gpu_util_pct"] == 61.5 and running["gpu_memory_used_bytes"] == 3 * GIB
     assert running["gpu_sampled_at"].endswith("Z")
     (waiting,) = frames(alice, out["id"], "?state=WAITING")["frames"]
     assert waiting["gpu_util_pct"] is None
     held = [lease for lease in alice.ok("GET", f"{API}/leases")["leases"] if lease["host"] == "live-h"]
-    assert held == [{"host": "live-h", "uuid": "GPU-live-1", "index": 1, "model": "Tesla V100-SXM2-16GB",
-                     "kind": "frame", "frame_id": claimed.frame_id, "label": f"live/{running['name']}",
-                     "pid": None, "user": None}]
+    assert held == [
+        {
+            "host": "live-h",
+            "uuid": "GPU-live-1",
+            "index": 1,
+            "model": "Tesla V100-SXM2-16GB",
+            "kind": "frame",
+            "frame_id": claimed.frame_id,
+            "label": f"live/{running['name']}",
+            "pid": None,
+            "user": None,
+        }
+    ]
     gpus = alice.ok("GET", f"{API}/hosts/live-h/gpus")
-    assert [(g["uuid"], (g["holder"] or {}).get("frame_id")) for g in gpus["gpus"]] == \
-        [("GPU-live-0", None), ("GPU-live-1", claimed.frame_id)]
+    assert [(g["uuid"], (g["holder"] or {}).get("frame_id")) for g in gpus["gpus"]] == [
+        ("GPU-live-0", None),
+        ("GPU-live-1", claimed.frame_id),
+    ]
     # Killing a RUNNING frame flags it for its worker (which kills the process group).
     assert alice.ok("POST", f"{API}/frames/{claimed.frame_id}/kill")["frames"][0]["pending_action"] == "kill"
 
@@ -420,11 +511,16 @@ def test_cli_and_api_give_the_same_bytes_of_a_log_whose_last_line_is_being_writt
         assert api.status == 200 and api.body == cli.stdout.encode(), (lines, api.body, cli.stdout)
     assert alice.get(f"{API}/frames/{frame_id}/log?tail=1").body == b"three-partial"
     # Follow: both start with the tail, the line goes on, then the frame ends.
-    follower = subprocess.Popen([*CUECTL, "--db", str(site.db), "frame", "log", str(frame_id), "-f", "--tail", "1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(site.env))
+    follower = subprocess.Popen(
+        [*CUECTL, "--db", str(site.db), "frame", "log", str(frame_id), "-f", "--tail", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(site.env),
+    )
     streamed: list[bytes] = []
-    reader = threading.Thread(target=lambda: streamed.extend(
-        c for _, c in alice.stream(f"{API}/frames/{frame_id}/log?follow=true&tail=1")))
+    reader = threading.Thread(
+        target=lambda: streamed.extend(c for _, c in alice.stream(f"{API}/frames/{frame_id}/log?follow=true&tail=1"))
+    )
     reader.start()
     # Both have given the tail before the line goes on (a loaded machine starts the CLI late).
     cli_out = b""
@@ -532,10 +628,18 @@ def test_etags_give_304_until_a_change_through_the_api(site):
 # -- who may do what ----------------------------------------------------------------------------------------------
 def test_no_wrong_or_malformed_token_is_a_401(site):
     anonymous = site.api()
-    for method, path in (("GET", f"{API}/whoami"), ("GET", f"{API}/jobs"), ("GET", f"{API}/hosts"),
-                         ("GET", f"{API}/leases"), ("GET", f"{API}/report"), ("GET", "/metrics"),
-                         ("GET", f"{API}/frames/1/log"), ("POST", f"{API}/jobs"), ("POST", f"{API}/jobs/1/kill"),
-                         ("POST", f"{API}/frames/1/eat")):
+    for method, path in (
+        ("GET", f"{API}/whoami"),
+        ("GET", f"{API}/jobs"),
+        ("GET", f"{API}/hosts"),
+        ("GET", f"{API}/leases"),
+        ("GET", f"{API}/report"),
+        ("GET", "/metrics"),
+        ("GET", f"{API}/frames/1/log"),
+        ("POST", f"{API}/jobs"),
+        ("POST", f"{API}/jobs/1/kill"),
+        ("POST", f"{API}/frames/1/eat"),
+    ):
         resp = anonymous.request(method, path, {} if method == "POST" else None)
         check_problem(resp, 401, detail="authentication required")
         assert resp.headers["WWW-Authenticate"].startswith("Bearer"), resp.headers
@@ -566,9 +670,11 @@ def test_a_revoked_token_fails_on_the_very_next_request(site):
 
 def _every_change(api: Api, job_id: int, frame_id: int) -> list[tuple[str, Any]]:
     base = f"{API}/jobs/{job_id}"
-    return [(f"{base}/{action}", None) for action in ("pause", "resume", "kill", "retry")] + \
-        [(f"{base}/priority", {"priority": 99})] + \
-        [(f"{API}/frames/{frame_id}/{action}", None) for action in ("retry", "kill", "eat")]
+    return (
+        [(f"{base}/{action}", None) for action in ("pause", "resume", "kill", "retry")]
+        + [(f"{base}/priority", {"priority": 99})]
+        + [(f"{API}/frames/{frame_id}/{action}", None) for action in ("retry", "kill", "eat")]
+    )
 
 
 def _snapshot(api: Api, job_id: int) -> tuple:
@@ -614,11 +720,13 @@ def test_a_user_changes_only_their_own_jobs_and_an_admin_anyones(site):
 # -- bad input --------------------------------------------------------------------------------------------------------
 def test_bad_bodies_are_400_and_415(site):
     alice = site.api("alice")
-    body = check_problem(alice.post(f"{API}/jobs", b"{not json", headers={"Content-Type": "application/json"}), 400,
-                         field="body")
+    body = check_problem(
+        alice.post(f"{API}/jobs", b"{not json", headers={"Content-Type": "application/json"}), 400, field="body"
+    )
     assert "not valid JSON" in body["detail"]
-    check_problem(alice.post(f"{API}/jobs/1/priority", b"[1,", headers={"Content-Type": "application/json"}), 400,
-                  field="body")
+    check_problem(
+        alice.post(f"{API}/jobs/1/priority", b"[1,", headers={"Content-Type": "application/json"}), 400, field="body"
+    )
     for content_type in ("text/plain", "application/x-www-form-urlencoded", "application/octet-stream"):
         resp = alice.post(f"{API}/jobs", json.dumps(job_spec("typed")).encode(), headers={"Content-Type": content_type})
         assert "field" not in check_problem(resp, 415, detail="application/json")  # a header, not a field
@@ -650,31 +758,63 @@ def test_a_nul_or_control_character_in_a_path_is_refused_without_a_traceback(sit
     (or another control character) in a path or query names nothing: 404 for the monitor's
     files, 400 for the API, before authentication and before the store or filesystem."""
     anonymous = site.server.api.with_token(None)
-    for path in ("/static/a%00.js", "/static/app.js%00", "/static/%00", "/static/a%0a.js", "/static/a%1b.js",
-                 "/static/a%7f.js"):
+    for path in (
+        "/static/a%00.js",
+        "/static/app.js%00",
+        "/static/%00",
+        "/static/a%0a.js",
+        "/static/a%1b.js",
+        "/static/a%7f.js",
+    ):
         check_problem(anonymous.get(path), 404)
     alice = site.api("alice")
     for who in (anonymous, alice, site.api("val")):
-        for method, path in (("GET", "/jobs/%00"), ("GET", "/jobs/a%00b"), ("GET", "/jobs/%00/frames"),
-                             ("POST", "/jobs/%00/pause"), ("POST", "/jobs/%00/priority"), ("GET", "/hosts/%00"),
-                             ("GET", "/hosts/%00/gpus"), ("POST", "/hosts/%00/lock"), ("GET", "/frames/1%00"),
-                             ("GET", "/jobs?name=%00"), ("GET", "/jobs?user=a%00"), ("GET", "/hosts?model=%00"),
-                             ("GET", "/jobs/%0a"), ("GET", "/hosts/a%0db")):
+        for method, path in (
+            ("GET", "/jobs/%00"),
+            ("GET", "/jobs/a%00b"),
+            ("GET", "/jobs/%00/frames"),
+            ("POST", "/jobs/%00/pause"),
+            ("POST", "/jobs/%00/priority"),
+            ("GET", "/hosts/%00"),
+            ("GET", "/hosts/%00/gpus"),
+            ("POST", "/hosts/%00/lock"),
+            ("GET", "/frames/1%00"),
+            ("GET", "/jobs?name=%00"),
+            ("GET", "/jobs?user=a%00"),
+            ("GET", "/hosts?model=%00"),
+            ("GET", "/jobs/%0a"),
+            ("GET", "/hosts/a%0db"),
+        ):
             body = check_problem(who.request(method, API + path), 400)
             assert "control character" in body["detail"], (path, body)
     assert alice.get("/static/app.js").status == 200  # the monitor's files are still served
 
 
-@pytest.mark.parametrize("path, field", [
-    ("/jobs?limit=0", "limit"), ("/jobs?limit=abc", "limit"), ("/jobs?limit=10001", "limit"),
-    ("/jobs?offset=-1", "offset"), ("/jobs?state=BOGUS", "state"), ("/jobs?order=up", "order"), ("/jobs?active=maybe", "active"),
-    ("/hosts?gpu_memory_min=12Q", "gpu_memory_min"), ("/hosts?state=SIDEWAYS", "state"),
-    ("/jobs/1/frames?state=BOGUS", "state"), ("/jobs/1/frames?limit=0", "limit"), ("/jobs/1/frames?after=x", "after"),
-    ("/jobs/1/frames?after=-1", "after"), ("/frames/abc", "frame_id"), ("/frames/1/log?tail=x", "tail"),
-    ("/report?by=planet", "by"), ("/report?since=yesterdayish", "since"),
-    ("/jobs?offset=99999999999999999999", "offset"), ("/jobs/1/frames?after=99999999999999999999", "after"),
-    ("/jobs/1/frames?ids=99999999999999999999", "ids"),
-])
+@pytest.mark.parametrize(
+    "path, field",
+    [
+        ("/jobs?limit=0", "limit"),
+        ("/jobs?limit=abc", "limit"),
+        ("/jobs?limit=10001", "limit"),
+        ("/jobs?offset=-1", "offset"),
+        ("/jobs?state=BOGUS", "state"),
+        ("/jobs?order=up", "order"),
+        ("/jobs?active=maybe", "active"),
+        ("/hosts?gpu_memory_min=12Q", "gpu_memory_min"),
+        ("/hosts?state=SIDEWAYS", "state"),
+        ("/jobs/1/frames?state=BOGUS", "state"),
+        ("/jobs/1/frames?limit=0", "limit"),
+        ("/jobs/1/frames?after=x", "after"),
+        ("/jobs/1/frames?after=-1", "after"),
+        ("/frames/abc", "frame_id"),
+        ("/frames/1/log?tail=x", "tail"),
+        ("/report?by=planet", "by"),
+        ("/report?since=yesterdayish", "since"),
+        ("/jobs?offset=99999999999999999999", "offset"),
+        ("/jobs/1/frames?after=99999999999999999999", "after"),
+        ("/jobs/1/frames?ids=99999999999999999999", "ids"),
+    ],
+)
 def test_bad_query_values_are_422_naming_the_field(site, path, field):
     # Values are checked before anything is looked up: job 1 and frame 1 need not exist.
     check_problem(site.api("val").get(API + path), 422, field=field)
@@ -691,14 +831,20 @@ def test_unknown_things_are_404_and_wrong_methods_405(site):
     check_problem(alice.get(f"{API}/hosts/no-such-host/gpus"), 404, detail="no-such-host")
     # Ids beyond 64 bits name nothing (the database cannot even compare them): 404, not a 500.
     huge = "99999999999999999999"
-    for method, path in (("GET", f"/jobs/{huge}"), ("GET", f"/jobs/{huge}/frames"), ("POST", f"/jobs/{huge}/kill"),
-                         ("GET", f"/frames/{huge}"), ("GET", f"/frames/-{huge}"), ("GET", f"/frames/{huge}/log"),
-                         ("POST", f"/frames/{huge}/eat")):
+    for method, path in (
+        ("GET", f"/jobs/{huge}"),
+        ("GET", f"/jobs/{huge}/frames"),
+        ("POST", f"/jobs/{huge}/kill"),
+        ("GET", f"/frames/{huge}"),
+        ("GET", f"/frames/-{huge}"),
+        ("GET", f"/frames/{huge}/log"),
+        ("POST", f"/frames/{huge}/eat"),
+    ):
         check_problem(alice.request(method, API + path), 404, detail=huge)
     check_problem(alice.post(f"{API}/jobs/{huge}/priority", {"priority": 1}), 404, detail=huge)
     check_problem(alice.request("DELETE", f"{API}/jobs/{job_id}"), 405)
     check_problem(alice.request("PUT", f"{API}/jobs"), 405)
-    for body in ({}, {"priority": "9"}, {"priority": 1.5}, {"priority": True}, [], {"priority": 2 ** 40}):
+    for body in ({}, {"priority": "9"}, {"priority": 1.5}, {"priority": True}, [], {"priority": 2**40}):
         check_problem(alice.post(f"{API}/jobs/{job_id}/priority", body), 422, field="priority")
     assert job(alice, job_id)["priority"] == 0
 

@@ -74,7 +74,9 @@ def test_an_openjd_template_as_yaml_and_as_json_with_its_parameters(site):
     as_json = api.post(f"{API}/jobs?param=Epochs=2", yaml.safe_load(text))
     assert as_json.status == 201, as_json
     a, b = as_yaml.json(), as_json.json()
-    assert a["name"] == b["name"] and [layer["name"] for layer in a["layers"]] == [layer["name"] for layer in b["layers"]]
+    assert a["name"] == b["name"] and [layer["name"] for layer in a["layers"]] == [
+        layer["name"] for layer in b["layers"]
+    ]
     assert a["warnings"] and b["warnings"]
     # a parameter the template does not have, and one given to a plain spec: 422
     check_problem(api.post(f"{API}/jobs?param=Nope=1", text, headers=YAML), 422)

@@ -77,38 +77,60 @@ def test_hosts_with_their_devices_state_and_holders(farm):
     by_name = {h["name"]: h for h in data["hosts"]}
     assert sorted(by_name) == ["cpu-only", "gpu-4090", "gpu-a100", "gpu-mi", "old-v100"]
     assert {n: (h["state"], h["locked"]) for n, h in by_name.items()} == {
-        "cpu-only": ("UP", False), "gpu-4090": ("UP", False), "gpu-a100": ("UP", False), "gpu-mi": ("UP", True),
-        "old-v100": ("DOWN", False)}
+        "cpu-only": ("UP", False),
+        "gpu-4090": ("UP", False),
+        "gpu-a100": ("UP", False),
+        "gpu-mi": ("UP", True),
+        "old-v100": ("DOWN", False),
+    }
     a100 = by_name["gpu-a100"]
     assert a100["running"] == 1
     assert [(d["index"], d["uuid"], d["vendor"], d["model"], d["memory_total_bytes"]) for d in a100["devices"]] == [
-        (0, "GPU-a100-0", "NVIDIA", A100, 80 * GIB), (1, "GPU-a100-1", "NVIDIA", A100, 80 * GIB)]
+        (0, "GPU-a100-0", "NVIDIA", A100, 80 * GIB),
+        (1, "GPU-a100-1", "NVIDIA", A100, 80 * GIB),
+    ]
     assert a100["devices"][0]["holder"] is None
     assert a100["devices"][1]["holder"]["kind"] == "frame" and a100["devices"][1]["holder"]["frame_id"] == farm.frame_id
     assert by_name["cpu-only"]["devices"] == []
 
 
-@pytest.mark.parametrize("query, expected", [
-    ("?vendor=AMD", {"gpu-mi": ["GPU-mi-0"]}),
-    ("?vendor=nvidia", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"], "gpu-4090": ["GPU-4090-0"],
-                        "old-v100": ["GPU-v100-0"]}),
-    ("?vendor=Intel", {}),
-    ("?model=A100", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"]}),
-    ("?model=a100", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"]}),
-    ("?model=A10", {}),  # the scheduler's word rule: A10 is not an A100
-    ("?model=rtx%204090", {"gpu-4090": ["GPU-4090-0"]}),
-    ("?model=*4090*", {"gpu-4090": ["GPU-4090-0"]}),
-    ("?model=Tesla*", {"old-v100": ["GPU-v100-0"]}),
-    ("?gpu_memory_min=24G", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"], "gpu-4090": ["GPU-4090-0"],
-                             "gpu-mi": ["GPU-mi-0"]}),  # 24564 MiB rounds to 24 GiB, as for the scheduler
-    ("?gpu_memory_min=40000", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"], "gpu-mi": ["GPU-mi-0"]}),  # MiB
-    ("?gpu_memory_min=100GiB", {}),
-    ("?state=DOWN", {"old-v100": ["GPU-v100-0"]}),
-    ("?state=up", {"cpu-only": [], "gpu-4090": ["GPU-4090-0"], "gpu-a100": ["GPU-a100-0", "GPU-a100-1"],
-                   "gpu-mi": ["GPU-mi-0"]}),
-    ("?vendor=NVIDIA&gpu_memory_min=20G&state=UP", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"],
-                                                     "gpu-4090": ["GPU-4090-0"]}),
-])
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ("?vendor=AMD", {"gpu-mi": ["GPU-mi-0"]}),
+        (
+            "?vendor=nvidia",
+            {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"], "gpu-4090": ["GPU-4090-0"], "old-v100": ["GPU-v100-0"]},
+        ),
+        ("?vendor=Intel", {}),
+        ("?model=A100", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"]}),
+        ("?model=a100", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"]}),
+        ("?model=A10", {}),  # the scheduler's word rule: A10 is not an A100
+        ("?model=rtx%204090", {"gpu-4090": ["GPU-4090-0"]}),
+        ("?model=*4090*", {"gpu-4090": ["GPU-4090-0"]}),
+        ("?model=Tesla*", {"old-v100": ["GPU-v100-0"]}),
+        (
+            "?gpu_memory_min=24G",
+            {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"], "gpu-4090": ["GPU-4090-0"], "gpu-mi": ["GPU-mi-0"]},
+        ),  # 24564 MiB rounds to 24 GiB, as for the scheduler
+        ("?gpu_memory_min=40000", {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"], "gpu-mi": ["GPU-mi-0"]}),  # MiB
+        ("?gpu_memory_min=100GiB", {}),
+        ("?state=DOWN", {"old-v100": ["GPU-v100-0"]}),
+        (
+            "?state=up",
+            {
+                "cpu-only": [],
+                "gpu-4090": ["GPU-4090-0"],
+                "gpu-a100": ["GPU-a100-0", "GPU-a100-1"],
+                "gpu-mi": ["GPU-mi-0"],
+            },
+        ),
+        (
+            "?vendor=NVIDIA&gpu_memory_min=20G&state=UP",
+            {"gpu-a100": ["GPU-a100-0", "GPU-a100-1"], "gpu-4090": ["GPU-4090-0"]},
+        ),
+    ],
+)
 def test_host_filters(farm, query, expected):
     assert hosts(farm, query) == expected
 
@@ -117,7 +139,9 @@ def test_one_hosts_gpus(farm):
     data = farm.api.ok("GET", f"{API}/hosts/gpu-a100/gpus")
     assert (data["host"], data["state"], data["locked"]) == ("gpu-a100", "UP", False)
     assert [(g["uuid"], g["model"], (g["holder"] or {}).get("frame_id")) for g in data["gpus"]] == [
-        ("GPU-a100-0", A100, None), ("GPU-a100-1", A100, farm.frame_id)]
+        ("GPU-a100-0", A100, None),
+        ("GPU-a100-1", A100, farm.frame_id),
+    ]
     assert farm.api.ok("GET", f"{API}/hosts/gpu-mi/gpus")["locked"] is True
     assert farm.api.ok("GET", f"{API}/hosts/cpu-only/gpus")["gpus"] == []
     check_problem(farm.api.get(f"{API}/hosts/gpu-a1000/gpus"), 404, detail="gpu-a1000")
@@ -126,18 +150,40 @@ def test_one_hosts_gpus(farm):
 def test_leases_are_the_devices_held_now(farm):
     data = farm.api.ok("GET", f"{API}/leases")
     assert data["leases"] == [
-        {"host": "gpu-4090", "uuid": "GPU-4090-0", "index": 0, "model": RTX, "kind": "frame",
-         "frame_id": farm.rtx_frame_id, "label": "rtx/0001-l", "pid": None, "user": None},
-        {"host": "gpu-a100", "uuid": "GPU-a100-1", "index": 1, "model": A100, "kind": "frame",
-         "frame_id": farm.frame_id, "label": "farm/0001-l", "pid": None, "user": None}]
+        {
+            "host": "gpu-4090",
+            "uuid": "GPU-4090-0",
+            "index": 0,
+            "model": RTX,
+            "kind": "frame",
+            "frame_id": farm.rtx_frame_id,
+            "label": "rtx/0001-l",
+            "pid": None,
+            "user": None,
+        },
+        {
+            "host": "gpu-a100",
+            "uuid": "GPU-a100-1",
+            "index": 1,
+            "model": A100,
+            "kind": "frame",
+            "frame_id": farm.frame_id,
+            "label": "farm/0001-l",
+            "pid": None,
+            "user": None,
+        },
+    ]
 
 
 def test_readyz_counts_gpus(farm):
     data = farm.server.api.ok("GET", "/readyz")  # a health check: no token needed
     # 5 devices, each counted once; an A100 and the 4090 are held by RUNNING frames; free:
     # the other A100 (the MI210's host is locked, the V100's is DOWN).
-    assert data == {"status": "ready", "gpus": {"total": 5, "leased": 2, "foreign_busy": 0, "available": 1,
-                                                "unavailable": 2, "active_jobs": 2}, "active_jobs": 2}
+    assert data == {
+        "status": "ready",
+        "gpus": {"total": 5, "leased": 2, "foreign_busy": 0, "available": 1, "unavailable": 2, "active_jobs": 2},
+        "active_jobs": 2,
+    }
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -177,8 +223,10 @@ def test_hosts_seen_from_a_heartbeat_are_live(farm):
 
     store = open_store(str(farm.db))
     try:
-        live: dict[str, Any] = {"at": time.time(), "devices": [
-            {"uuid": "GPU-4090-0", "utilization_pct": 4.0, "memory_used_bytes": 200 * MIB}]}
+        live: dict[str, Any] = {
+            "at": time.time(),
+            "devices": [{"uuid": "GPU-4090-0", "utilization_pct": 4.0, "memory_used_bytes": 200 * MIB}],
+        }
         store.heartbeat("gpu-4090", [farm.rtx_frame_id], now=time.time(), lease_s=600, live=live)
     finally:
         store.close()

@@ -42,11 +42,21 @@ def pg(serve_dir: Path, serve_env: dict[str, str]):
     for who, role in roles.items():
         sql(url, f"CREATE ROLE {role} LOGIN")
         sql(url, f"GRANT {'cuectl_admin' if who in ('boss', 'api') else 'cuectl_user'} TO {role}")
-    tokens = {who: create_token(url, role, "admin" if who == "boss" else "user", env=serve_env)
-              for who, role in roles.items() if who != "api"}
+    tokens = {
+        who: create_token(url, role, "admin" if who == "boss" else "user", env=serve_env)
+        for who, role in roles.items()
+        if who != "api"
+    }
     api_server = Server(url, env=serve_env, log=serve_dir / "server.log", extra=("--cache", "0"))
-    yield {"url": url, "roles": roles, "tokens": tokens, "server": api_server, "pg": server, "env": serve_env,
-           "dir": serve_dir}
+    yield {
+        "url": url,
+        "roles": roles,
+        "tokens": tokens,
+        "server": api_server,
+        "pg": server,
+        "env": serve_env,
+        "dir": serve_dir,
+    }
     api_server.stop()
     server.drop_database(name)
     for role in roles.values():
@@ -71,19 +81,25 @@ def test_a_user_changes_only_their_jobs_and_an_admin_anyones(pg):
     alice, bob, boss = (api.with_token(pg["tokens"][who]) for who in ("alice", "bob", "boss"))
     job_id = alice.post(f"{API}/jobs", job_spec("pg-kill", layer_spec("l", range="1-3"))).json()["id"]
     frame_id = alice.ok("GET", f"{API}/jobs/{job_id}/frames")["frames"][0]["id"]
-    for path, body in ((f"{API}/jobs/{job_id}/kill", None), (f"{API}/jobs/{job_id}/pause", None),
-                       (f"{API}/jobs/{job_id}/priority", {"priority": 9}), (f"{API}/frames/{frame_id}/eat", None)):
+    for path, body in (
+        (f"{API}/jobs/{job_id}/kill", None),
+        (f"{API}/jobs/{job_id}/pause", None),
+        (f"{API}/jobs/{job_id}/priority", {"priority": 9}),
+        (f"{API}/frames/{frame_id}/eat", None),
+    ):
         problem = check_problem(bob.post(path, body), 403)
         assert f"belongs to {pg['roles']['alice']}, not {pg['roles']['bob']}" in problem["detail"], problem
     assert sql(pg["url"], "SELECT state, paused, priority FROM jobs WHERE id = %s", (job_id,)) == [
-        ("PENDING", False, 0)]
+        ("PENDING", False, 0)
+    ]
     killed = alice.ok("POST", f"{API}/jobs/{job_id}/kill")
     assert killed["state"] == "FINISHED" and killed["frame_counts"] == {"EATEN": 3}
     # A member of cuectl_admin changes anyone's job.
     other = alice.post(f"{API}/jobs", job_spec("pg-admin")).json()["id"]
     assert boss.ok("POST", f"{API}/jobs/{other}/priority", {"priority": 4})["priority"] == 4
     assert sql(pg["url"], "SELECT priority, submitted_by FROM jobs WHERE id = %s", (other,)) == [
-        (4, pg["roles"]["alice"])]
+        (4, pg["roles"]["alice"])
+    ]
 
 
 def test_a_login_role_not_granted_the_user_cannot_act_for_them(pg):
@@ -105,7 +121,8 @@ def test_a_login_role_not_granted_the_user_cannot_act_for_them(pg):
         resp = alice.post(f"{API}/jobs", job_spec("pg-granted"))
         assert resp.status == 201, resp
         assert sql(pg["url"], "SELECT submitted_by FROM jobs WHERE id = %s", (resp.json()["id"],)) == [
-            (pg["roles"]["alice"],)]
+            (pg["roles"]["alice"],)
+        ]
         out = server.output()
         assert "Traceback" not in out and "unexpected error" not in out, out[-3000:]
     finally:
@@ -116,8 +133,15 @@ def test_a_nul_in_a_name_or_filter_is_a_400_not_a_database_error(pg):
     """Issue 35 item 14: PostgreSQL cannot take a NUL in a text parameter (psycopg raises), so
     a NUL in a job or host name or a filter must be refused before the store sees it."""
     alice = pg["server"].api.with_token(pg["tokens"]["alice"])
-    for method, path in (("GET", "/jobs/a%00b"), ("GET", "/jobs/%00/frames"), ("POST", "/jobs/%00/pause"),
-                         ("GET", "/hosts/%00"), ("GET", "/hosts/%00/gpus"), ("GET", "/jobs?name=%00"),
-                         ("GET", "/jobs?user=a%00"), ("GET", "/hosts?model=%00")):
+    for method, path in (
+        ("GET", "/jobs/a%00b"),
+        ("GET", "/jobs/%00/frames"),
+        ("POST", "/jobs/%00/pause"),
+        ("GET", "/hosts/%00"),
+        ("GET", "/hosts/%00/gpus"),
+        ("GET", "/jobs?name=%00"),
+        ("GET", "/jobs?user=a%00"),
+        ("GET", "/hosts?model=%00"),
+    ):
         check_problem(alice.request(method, API + path), 400, detail="control character")
     assert "Traceback" not in pg["server"].output()

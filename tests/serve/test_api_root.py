@@ -32,11 +32,21 @@ def shared(os_users, serve_dir: Path, serve_env: dict[str, str]):
     ghost = f"ghost{os.getpid()}"
     with pytest.raises(KeyError):
         pwd.getpwnam(ghost)
-    tokens = {"user": create_token(db, user.name, "user", env=serve_env),
-              "ghost": create_token(db, ghost, "user", env=serve_env)}
+    tokens = {
+        "user": create_token(db, user.name, "user", env=serve_env),
+        "ghost": create_token(db, ghost, "user", env=serve_env),
+    }
     server = Server(db, env=serve_env, log=serve_dir / "server.log", extra=("--cache", "0"))
-    yield {"dir": path, "db": db, "user": user, "ghost": ghost, "tokens": tokens, "server": server, "env": serve_env,
-           "serve_dir": serve_dir}
+    yield {
+        "dir": path,
+        "db": db,
+        "user": user,
+        "ghost": ghost,
+        "tokens": tokens,
+        "server": server,
+        "env": serve_env,
+        "serve_dir": serve_dir,
+    }
     server.stop()
     shutil.rmtree(path, ignore_errors=True)
 
@@ -51,8 +61,7 @@ def receipt_owner(db: Path, job_id: int) -> int:
 
 def test_a_tokens_job_is_proven_its_users_and_a_strangers_is_not(shared):
     user, api = shared["user"], shared["server"].api
-    mine = api.with_token(shared["tokens"]["user"]).post(f"{API}/jobs", job_spec("root-receipt", layer_spec(
-        "l", ID_U)))
+    mine = api.with_token(shared["tokens"]["user"]).post(f"{API}/jobs", job_spec("root-receipt", layer_spec("l", ID_U)))
     assert mine.status == 201 and mine.json()["user"] == user.name, mine
     assert receipt_owner(shared["db"], mine.json()["id"]) == user.uid
     assert "root workers will not run it" not in (mine.json()["pending_reason"] or "")
@@ -91,14 +100,18 @@ def test_a_socket_peer_is_the_os_user_the_kernel_names(shared):
             "    r = c.getresponse(); return [r.status, json.loads(r.read())]\n"
             "print(json.dumps({'whoami': ask('GET', '/api/v1/whoami'),\n"
             "                  'kill': ask('POST', f'/api/v1/jobs/{sys.argv[2]}/kill'),\n"
-            "                  'submit': ask('POST', '/api/v1/jobs', sys.argv[3])}))\n")
+            "                  'submit': ask('POST', '/api/v1/jobs', sys.argv[3])}))\n"
+        )
         spec = json.dumps(job_spec("peer-job", layer_spec("l", ID_U)))
-        res = user.run([python_for(user), "-c", script, str(sock), str(roots.json()["id"]), spec],
-                       cwd=shared["dir"], timeout=60)
+        res = user.run(
+            [python_for(user), "-c", script, str(sock), str(roots.json()["id"]), spec], cwd=shared["dir"], timeout=60
+        )
         assert res.returncode == 0, res.stderr
         out = json.loads(res.stdout)
-        assert out["whoami"] == [200, {"user": user.name, "role": "user", "via": "peer", "token_id": None,
-                                       "read_only": False}]
+        assert out["whoami"] == [
+            200,
+            {"user": user.name, "role": "user", "via": "peer", "token_id": None, "read_only": False},
+        ]
         assert out["kill"][0] == 403 and f"belongs to root, not {user.name}" in out["kill"][1]["detail"], out
         assert out["submit"][0] == 201 and out["submit"][1]["user"] == user.name, out
         assert receipt_owner(shared["db"], out["submit"][1]["id"]) == user.uid
@@ -112,15 +125,35 @@ def test_a_root_worker_runs_a_tokens_job_as_its_user_and_a_strangers_never(share
     user, api = shared["user"], shared["server"].api
     mine = api.with_token(shared["tokens"]["user"]).post(f"{API}/jobs", job_spec("as-user", layer_spec("l", ID_U)))
     marker = shared["dir"] / "ghost-ran"
-    ghost = api.with_token(shared["tokens"]["ghost"]).post(f"{API}/jobs", job_spec("as-ghost", layer_spec(
-        "l", ["sh", "-c", f"id -u > {marker}"])))
+    ghost = api.with_token(shared["tokens"]["ghost"]).post(
+        f"{API}/jobs", job_spec("as-ghost", layer_spec("l", ["sh", "-c", f"id -u > {marker}"]))
+    )
     assert mine.status == 201 and ghost.status == 201
     fake = shared["serve_dir"] / "no-gpus.yaml"
     fake.write_text("devices: []\n")
     env = {**shared["env"], "CUECTL_FAKE_GPUS": str(fake)}
-    res = subprocess.run([*CUECTL, "--db", str(shared["db"]), "worker", "--until-idle", "--poll", "0.05",
-                          "--lease-timeout", "5", "--sample-interval", "0.2", "--name", "root-worker"],
-                         env=env, cwd=shared["dir"], capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            *CUECTL,
+            "--db",
+            str(shared["db"]),
+            "worker",
+            "--until-idle",
+            "--poll",
+            "0.05",
+            "--lease-timeout",
+            "5",
+            "--sample-interval",
+            "0.2",
+            "--name",
+            "root-worker",
+        ],
+        env=env,
+        cwd=shared["dir"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     viewer = api.with_token(shared["tokens"]["user"])
     (frame,) = viewer.ok("GET", f"{API}/jobs/{mine.json()['id']}/frames")["frames"]

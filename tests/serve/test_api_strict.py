@@ -35,8 +35,10 @@ def site(serve_dir: Path, serve_env: dict[str, str]):
     register_host(db, "strict-nv", [device(0, "GPU-strict-nv", "NVIDIA A100-SXM4-80GB", 80 * GIB)])
     register_host(db, "strict-amd", [device(0, "GPU-strict-amd", "AMD Instinct MI250X", 64 * GIB, vendor="AMD")])
     server = Server(db, env=serve_env, log=serve_dir / "strict.log", extra=("--cache", "0"))
-    tokens = {who: create_token(db, who, role, env=serve_env)
-              for who, role in (("sam", "user"), ("tess", "user"), ("root-ish", "admin"))}
+    tokens = {
+        who: create_token(db, who, role, env=serve_env)
+        for who, role in (("sam", "user"), ("tess", "user"), ("root-ish", "admin"))
+    }
     yield db, server, tokens, serve_env
     server.stop()
 
@@ -58,11 +60,19 @@ def _submit(api: Api, name: str, frames: str = "1-3") -> tuple[int, list[int]]:
 def test_an_unknown_query_parameter_is_a_400_naming_it_on_every_route(site):
     sam = _api(site, "sam")
     job_id, ids = _submit(sam, "strict-query")
-    for path, takes in ((f"{API}/jobs?stat=PENDING", "state"), (f"{API}/hosts?vendr=NVIDIA", "vendor"),
-                        (f"{API}/jobs/{job_id}/frames?stat=DEAD", "state"), (f"{API}/jobs/{job_id}?stat=x", "none"),
-                        (f"{API}/frames/{ids[0]}?stat=x", "none"), (f"{API}/frames/{ids[0]}/log?tial=5", "tail"),
-                        (f"{API}/report?group=job", "by"), (f"{API}/leases?stat=x", "none"),
-                        (f"{API}/whoami?stat=x", "none"), ("/healthz?stat=x", "none"), ("/metrics?stat=x", "none")):
+    for path, takes in (
+        (f"{API}/jobs?stat=PENDING", "state"),
+        (f"{API}/hosts?vendr=NVIDIA", "vendor"),
+        (f"{API}/jobs/{job_id}/frames?stat=DEAD", "state"),
+        (f"{API}/jobs/{job_id}?stat=x", "none"),
+        (f"{API}/frames/{ids[0]}?stat=x", "none"),
+        (f"{API}/frames/{ids[0]}/log?tial=5", "tail"),
+        (f"{API}/report?group=job", "by"),
+        (f"{API}/leases?stat=x", "none"),
+        (f"{API}/whoami?stat=x", "none"),
+        ("/healthz?stat=x", "none"),
+        ("/metrics?stat=x", "none"),
+    ):
         problem = check_problem(sam.get(path), 400, detail="unknown query parameter")
         assert problem["field"] in path and takes in problem["hint"], (path, problem)
     # Several at once: all named, the declared one beside them is fine.
@@ -148,8 +158,11 @@ def test_a_finished_frame_stays_as_it_was_after_the_409(site):
     before = sam.ok("GET", f"{API}/frames/{ids[0]}")
     check_problem(sam.post(f"{API}/frames/{ids[0]}/kill"), 409, detail="nothing to kill")
     after = sam.ok("GET", f"{API}/frames/{ids[0]}")
-    assert (after["state"], after["ended_at"], after["pending_action"]) == \
-        (before["state"], before["ended_at"], before["pending_action"])
+    assert (after["state"], after["ended_at"], after["pending_action"]) == (
+        before["state"],
+        before["ended_at"],
+        before["pending_action"],
+    )
 
 
 def test_a_job_action_that_changes_nothing_is_a_409_saying_so(site):

@@ -55,8 +55,13 @@ def test_without_the_flag_reads_need_a_token(store, serve_dir, serve_env):
 
 def test_anonymous_callers_read_but_never_change(open_server, store, serve_env):
     anonymous = open_server.api
-    assert anonymous.ok("GET", f"{API}/whoami") == {"user": "anonymous", "role": "viewer", "via": "anonymous",
-                                                    "token_id": None, "read_only": True}
+    assert anonymous.ok("GET", f"{API}/whoami") == {
+        "user": "anonymous",
+        "role": "viewer",
+        "via": "anonymous",
+        "token_id": None,
+        "read_only": True,
+    }
     owner = anonymous.with_token(create_token(store, "ann", "user", env=serve_env))
     job = owner.post(f"{API}/jobs", job_spec("open-1", layer_spec("l", range="1-2"))).json()
     listed = anonymous.ok("GET", f"{API}/jobs?name=open-*")
@@ -69,8 +74,12 @@ def test_anonymous_callers_read_but_never_change(open_server, store, serve_env):
     assert anonymous.get("/metrics").status == 200
     # Changes: an anonymous caller is a viewer, so 403 (not 401: it is known who asks).
     check_problem(anonymous.post(f"{API}/jobs", job_spec("open-2")), 403, detail="viewer role of anonymous")
-    for path, body in ((f"{API}/jobs/{job['id']}/kill", None), (f"{API}/jobs/{job['id']}/pause", None),
-                       (f"{API}/jobs/{job['id']}/priority", {"priority": 5}), (f"{API}/frames/{frame_id}/eat", None)):
+    for path, body in (
+        (f"{API}/jobs/{job['id']}/kill", None),
+        (f"{API}/jobs/{job['id']}/pause", None),
+        (f"{API}/jobs/{job['id']}/priority", {"priority": 5}),
+        (f"{API}/frames/{frame_id}/eat", None),
+    ):
         check_problem(anonymous.post(path, body), 403)
     shown = anonymous.ok("GET", f"{API}/jobs/{job['id']}")
     assert (shown["state"], shown["paused"], shown["priority"]) == ("PENDING", False, 0)
@@ -134,8 +143,13 @@ def test_a_unix_socket_caller_is_the_os_user_the_kernel_names(store, serve_dir, 
         local = server.api
         assert local.port is None and path.is_socket()
         # This process created the store: it owns the file, so it is an admin (as root is).
-        assert local.ok("GET", f"{API}/whoami") == {"user": me, "role": "admin", "via": "peer", "token_id": None,
-                                                    "read_only": False}
+        assert local.ok("GET", f"{API}/whoami") == {
+            "user": me,
+            "role": "admin",
+            "via": "peer",
+            "token_id": None,
+            "read_only": False,
+        }
         job = local.post(f"{API}/jobs", job_spec("via-socket"))
         assert job.status == 201 and job.json()["user"] == me, job
         assert local.ok("POST", f"{API}/jobs/{job.json()['id']}/kill")["state"] == "FINISHED"
@@ -151,8 +165,13 @@ def test_a_unix_socket_caller_is_the_os_user_the_kernel_names(store, serve_dir, 
 def test_a_socket_path_that_is_not_a_socket_is_refused(store, serve_dir, serve_env):
     path = serve_dir / "not-a-socket"
     path.write_text("precious\n")
-    res = subprocess.run([*CUECTL, "--db", str(store), "serve", "--socket", str(path)], env=serve_env,
-                         capture_output=True, text=True, timeout=30)
+    res = subprocess.run(
+        [*CUECTL, "--db", str(store), "serve", "--socket", str(path)],
+        env=serve_env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode == 2 and res.stderr.startswith("error: --socket:"), res
     assert path.read_text() == "precious\n"
 
@@ -164,9 +183,31 @@ def certificate(serve_dir: Path) -> tuple[Path, Path]:
     if openssl is None:
         pytest.skip("the openssl command is not installed")
     cert, key = serve_dir / "cert.pem", serve_dir / "key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     return cert, key
 
 
@@ -192,10 +233,18 @@ def test_tls_with_a_certificate_and_key(store, serve_dir, serve_env, certificate
 
 def test_a_certificate_without_a_key_is_one_error_line(store, serve_env, certificate):
     cert, key = certificate
-    for args in (["--certfile", str(cert)], ["--keyfile", str(key)], ["--certfile", str(cert), "--keyfile",
-                                                                       str(cert.with_name("missing.pem"))]):
-        res = subprocess.run([*CUECTL, "--db", str(store), "serve", "--port", str(free_port()), *args], env=serve_env,
-                             capture_output=True, text=True, timeout=30)
+    for args in (
+        ["--certfile", str(cert)],
+        ["--keyfile", str(key)],
+        ["--certfile", str(cert), "--keyfile", str(cert.with_name("missing.pem"))],
+    ):
+        res = subprocess.run(
+            [*CUECTL, "--db", str(store), "serve", "--port", str(free_port()), *args],
+            env=serve_env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert res.returncode == 2, res
         errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and ("--certfile" in errors[0] or "--keyfile" in errors[0]), res.stderr
@@ -204,27 +253,51 @@ def test_a_certificate_without_a_key_is_one_error_line(store, serve_env, certifi
 
 def test_bad_serve_options_exit_2(store, serve_env):
     for args in (["--port", "0"], ["--port", "70000"], ["--cache", "-1"]):
-        res = subprocess.run([*CUECTL, "--db", str(store), "serve", *args], env=serve_env, capture_output=True,
-                             text=True, timeout=30)
+        res = subprocess.run(
+            [*CUECTL, "--db", str(store), "serve", *args], env=serve_env, capture_output=True, text=True, timeout=30
+        )
         assert res.returncode == 2 and res.stderr.startswith("error: "), (args, res)
     missing = store.parent / "nope" / "cuectl.db"
-    res = subprocess.run([*CUECTL, "--db", str(missing), "serve"], env=serve_env, capture_output=True, text=True,
-                         timeout=30)
+    res = subprocess.run(
+        [*CUECTL, "--db", str(missing), "serve"], env=serve_env, capture_output=True, text=True, timeout=30
+    )
     assert res.returncode == 1 and res.stderr.startswith(f"error: no store at {missing}"), res
     assert not missing.parent.exists()
 
 
 # -- the CLI stays light ------------------------------------------------------------------------------------------
-WEB = ("fastapi", "uvicorn", "starlette", "prometheus_client", "pydantic", "cuectl.serve.app", "cuectl.serve.auth",
-       "cuectl.serve.metrics")
+WEB = (
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "prometheus_client",
+    "pydantic",
+    "cuectl.serve.app",
+    "cuectl.serve.auth",
+    "cuectl.serve.metrics",
+)
 
 
-@pytest.mark.parametrize("args", [["--version"], ["job", "list", "--json"], ["frame", "list", "--json"],
-                                  ["host", "list"], ["admin", "token", "list", "--json"], ["serve", "--help"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--version"],
+        ["job", "list", "--json"],
+        ["frame", "list", "--json"],
+        ["host", "list"],
+        ["admin", "token", "list", "--json"],
+        ["serve", "--help"],
+    ],
+)
 def test_the_cli_never_imports_the_web_framework(store, serve_env, args):
     argv = args if args == ["--version"] else ["--db", str(store), *args]
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "cuectl", *argv], env=serve_env,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "cuectl", *argv],
+        env=serve_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     imported = {line.rsplit("|", 1)[1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
     assert "cuectl" in imported or args == ["--version"], res.stderr[-500:]
@@ -236,7 +309,12 @@ def test_the_cli_never_imports_the_web_framework(store, serve_env, args):
 
 def test_the_import_check_would_see_fastapi(serve_env):
     """The check above can fail: a module that imports fastapi shows in -X importtime."""
-    res = subprocess.run([sys.executable, "-X", "importtime", "-c", "import cuectl.serve.app"], env=serve_env,
-                         capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import cuectl.serve.app"],
+        env=serve_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     imported = {line.rsplit("|", 1)[1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
     assert {"fastapi", "starlette", "cuectl.serve.app"} <= imported

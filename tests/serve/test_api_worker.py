@@ -36,21 +36,62 @@ def run(serve_dir: Path, serve_env: dict[str, str]):
     state.mkdir()
     (state / "0.json").write_text(json.dumps({"utilization_pct": 73, "memory_used_bytes": 5 * GIB}))
     fake = serve_dir / "gpus.yaml"
-    fake.write_text(yaml.safe_dump({"host": "wk-h", "state_dir": str(state), "devices": [
-        {"model": A100, "vendor": "NVIDIA", "memory": "80GiB", "uuid": "GPU-wk-0"}]}))
+    fake.write_text(
+        yaml.safe_dump(
+            {
+                "host": "wk-h",
+                "state_dir": str(state),
+                "devices": [{"model": A100, "vendor": "NVIDIA", "memory": "80GiB", "uuid": "GPU-wk-0"}],
+            }
+        )
+    )
     started = time.time() - 1
-    stream = api.post(f"{API}/jobs", job_spec("stream", layer_spec("gpu", [sys.executable, "-c", PRINTER], gpus=1,
-                                                                   gpu_models=["A100"])))
-    flaky = api.post(f"{API}/jobs", job_spec("flaky", layer_spec(
-        "cpu", ["sh", "-c", 'echo "attempt $CUE_ATTEMPT"; test "$CUE_ATTEMPT" -ge 2'], retries=2)))
+    stream = api.post(
+        f"{API}/jobs",
+        job_spec("stream", layer_spec("gpu", [sys.executable, "-c", PRINTER], gpus=1, gpu_models=["A100"])),
+    )
+    flaky = api.post(
+        f"{API}/jobs",
+        job_spec(
+            "flaky",
+            layer_spec("cpu", ["sh", "-c", 'echo "attempt $CUE_ATTEMPT"; test "$CUE_ATTEMPT" -ge 2'], retries=2),
+        ),
+    )
     assert stream.status == 201 and flaky.status == 201, (stream, flaky)
     env = {**serve_env, "CUECTL_FAKE_GPUS": str(fake)}
-    worker = subprocess.Popen([*CUECTL, "--db", str(db), "worker", "--until-idle", "--poll", "0.05",
-                               "--lease-timeout", "5", "--sample-interval", "0.1", "--run-as-worker-user"],
-                              env=env, cwd=serve_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True)
-    farm = {"db": db, "api": api, "server": server, "worker": worker, "env": serve_env, "started": started,
-            "stream": stream.json()["id"], "flaky": flaky.json()["id"], "iso": iso}
+    worker = subprocess.Popen(
+        [
+            *CUECTL,
+            "--db",
+            str(db),
+            "worker",
+            "--until-idle",
+            "--poll",
+            "0.05",
+            "--lease-timeout",
+            "5",
+            "--sample-interval",
+            "0.1",
+            "--run-as-worker-user",
+        ],
+        env=env,
+        cwd=serve_dir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    farm = {
+        "db": db,
+        "api": api,
+        "server": server,
+        "worker": worker,
+        "env": serve_env,
+        "started": started,
+        "stream": stream.json()["id"],
+        "flaky": flaky.json()["id"],
+        "iso": iso,
+    }
     yield farm
     if worker.poll() is None:
         worker.kill()
@@ -80,8 +121,12 @@ def test_a_running_frame_live_then_its_log_followed_to_the_end(run):
     assert frame["gpu_util_pct"] == 73.0 and frame["gpu_memory_used_bytes"] == 5 * GIB
     assert frame["host"] == "wk-h" and frame["gpu_uuids"] == ["GPU-wk-0"]
     (lease,) = api.ok("GET", f"{API}/leases")["leases"]
-    assert (lease["host"], lease["uuid"], lease["kind"], lease["frame_id"]) == ("wk-h", "GPU-wk-0", "frame",
-                                                                                frame["id"])
+    assert (lease["host"], lease["uuid"], lease["kind"], lease["frame_id"]) == (
+        "wk-h",
+        "GPU-wk-0",
+        "frame",
+        frame["id"],
+    )
     gpus = run["server"].api.ok("GET", "/readyz")["gpus"]
     assert gpus.pop("active_jobs") in (1, 2)  # the flaky CPU job may be done already
     assert gpus == {"total": 1, "leased": 1, "foreign_busy": 0, "available": 0, "unavailable": 0}
@@ -102,8 +147,10 @@ def test_a_running_frame_live_then_its_log_followed_to_the_end(run):
     assert tail[:2] == ["line 8", "line 9"] and tail[2].startswith(f"=== cuectl frame {frame['id']} attempt 1 ended ")
     # Following a finished frame's log gives it all and ends at once.
     t0 = time.monotonic()
-    assert b"".join(c for _, c in api.stream(f"{API}/frames/{frame['id']}/log?follow=true&tail=1")) \
+    assert (
+        b"".join(c for _, c in api.stream(f"{API}/frames/{frame['id']}/log?follow=true&tail=1"))
         == (tail[2] + "\n").encode()
+    )
     assert time.monotonic() - t0 < 5
 
 
@@ -117,7 +164,9 @@ def test_attempt_history_after_a_retry(run):
     assert (frame["state"], frame["attempts"], frame["exit_code"]) == ("SUCCEEDED", 2, 0)
     history = frame["attempt_history"]
     assert [(a["attempt"], a["outcome"], a["exit_code"], a["host"]) for a in history] == [
-        (1, "failed", 1, "wk-h"), (2, "succeeded", 0, "wk-h")]
+        (1, "failed", 1, "wk-h"),
+        (2, "succeeded", 0, "wk-h"),
+    ]
     assert all(a["started_at"].endswith("Z") and a["ended_at"] >= a["started_at"] for a in history)
     assert api.ok("GET", f"{API}/frames/{frame['id']}")["attempt_history"] == history
     # The latest attempt's log (its last line is the worker's footer, launch.log_footer).
@@ -140,8 +189,22 @@ def test_report_matches_admin_report(run, by):
     resp = api.get(f"{API}/report?by={by}&since={quote(since)}&until={quote(until)}")
     assert resp.status == 200 and resp.content_type == "application/json", resp
     served = resp.json()
-    cli = json.loads(cuectl(run["db"], "admin", "report", "--by", by, "--since", since, "--until", until,
-                            "--format", "json", env=run["env"]).stdout)
+    cli = json.loads(
+        cuectl(
+            run["db"],
+            "admin",
+            "report",
+            "--by",
+            by,
+            "--since",
+            since,
+            "--until",
+            until,
+            "--format",
+            "json",
+            env=run["env"],
+        ).stdout
+    )
     served.pop("generated_at")
     cli.pop("generated_at")
     assert served == cli

@@ -32,8 +32,8 @@ NOW = 1_700_000_000.0
 GIB = 1024**3
 MODEL = "Tesla V100-SXM2-16GB"
 # Names from users end up in label values: quote, backslash, line feed must not break lines.
-JOB = 'shot"010\\final'                 # job names refuse control characters
-DOWN_HOST = 'old"node\\\nb'              # host names are not checked at all
+JOB = 'shot"010\\final'  # job names refuse control characters
+DOWN_HOST = 'old"node\\\nb'  # host names are not checked at all
 UP_HOST = "node-1"
 SCRAPE_AT = NOW + 610
 
@@ -58,23 +58,45 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 # -- the farm ----------------------------------------------------------------------------------
 def gpu(index: int, uuid: str) -> dict[str, Any]:
-    return {"index": index, "uuid": uuid, "vendor": "NVIDIA", "model": MODEL, "backend": "fake",
-            "memory_total_bytes": 16 * GIB}
+    return {
+        "index": index,
+        "uuid": uuid,
+        "vendor": "NVIDIA",
+        "model": MODEL,
+        "backend": "fake",
+        "memory_total_bytes": 16 * GIB,
+    }
 
 
 def submit(store: Store) -> tuple[int, int]:
-    shot = store.submit(spec_from_mapping({"name": JOB, "layers": [
-        {"name": "render", "command": ["true"], "range": "1-4", "gpus": 1, "retries": 0},
-        {"name": "comp", "command": ["true"], "range": "1-2", "depends": ["render"]}]}, user="alice"), now=NOW)
-    train = store.submit(spec_from_mapping({"name": "train", "layers": [
-        {"name": "fit", "command": ["true"], "range": "1-3", "retries": 0}]}, user="bob"), now=NOW)
+    shot = store.submit(
+        spec_from_mapping(
+            {
+                "name": JOB,
+                "layers": [
+                    {"name": "render", "command": ["true"], "range": "1-4", "gpus": 1, "retries": 0},
+                    {"name": "comp", "command": ["true"], "range": "1-2", "depends": ["render"]},
+                ],
+            },
+            user="alice",
+        ),
+        now=NOW,
+    )
+    train = store.submit(
+        spec_from_mapping(
+            {"name": "train", "layers": [{"name": "fit", "command": ["true"], "range": "1-3", "retries": 0}]},
+            user="bob",
+        ),
+        now=NOW,
+    )
     return shot, train
 
 
 def claim(store: Store, layer: str, *, gpus: list[str], now: float) -> Any:
     [runnable] = [r for r in store.runnable_layers() if r.layer == layer]
-    claimed = store.claim_frame(runnable.layer_id, host=UP_HOST, worker=f"{UP_HOST}:1", gpu_uuids=gpus, now=now,
-                                lease_s=3600.0)
+    claimed = store.claim_frame(
+        runnable.layer_id, host=UP_HOST, worker=f"{UP_HOST}:1", gpu_uuids=gpus, now=now, lease_s=3600.0
+    )
     assert claimed is not None
     return claimed
 
@@ -89,10 +111,16 @@ def make_farm(store: Store) -> dict[str, Any]:
     NOW+500), WAITING; comp 2 DEPEND; fit SUCCEEDED (no GPU), EATEN, WAITING.
     Hosts: UP_HOST (4 GPUs, heartbeat NOW+600 with live values for a, b, d) and DOWN_HOST
     (1 GPU, registered at NOW-300 and silent since)."""
-    store.register_host(HostInfo(name=UP_HOST, cores=16, memory_bytes=64 * GIB, gpus=[
-        gpu(0, "GPU-a"), gpu(1, "GPU-b"), gpu(2, "GPU-c"), gpu(3, "GPU-d")]), now=NOW)
-    store.register_host(HostInfo(name=DOWN_HOST, cores=4, memory_bytes=8 * GIB, gpus=[gpu(0, "GPU-z")]),
-                        now=NOW - 300)
+    store.register_host(
+        HostInfo(
+            name=UP_HOST,
+            cores=16,
+            memory_bytes=64 * GIB,
+            gpus=[gpu(0, "GPU-a"), gpu(1, "GPU-b"), gpu(2, "GPU-c"), gpu(3, "GPU-d")],
+        ),
+        now=NOW,
+    )
+    store.register_host(HostInfo(name=DOWN_HOST, cores=4, memory_bytes=8 * GIB, gpus=[gpu(0, "GPU-z")]), now=NOW - 300)
     shot, train = submit(store)
     finish(store, claim(store, "render", gpus=["GPU-a"], now=NOW), code=0, start=NOW, end=NOW + 30)
     finish(store, claim(store, "fit", gpus=[], now=NOW + 10), code=0, start=NOW + 10, end=NOW + 20)
@@ -100,12 +128,22 @@ def make_farm(store: Store) -> dict[str, Any]:
     running = claim(store, "render", gpus=["GPU-a"], now=NOW + 500)
     fit_frames, _ = store.list_frames(job=train, state="WAITING")
     store.frame_action([fit_frames[0]["id"]], "eat", now=NOW + 505)
-    live = {"at": NOW + 600, "devices": [
-        {"uuid": "GPU-a", "utilization_pct": 42.0, "memory_used_bytes": 3 * GIB, "memory_free_bytes": 13 * GIB},
-        {"uuid": "GPU-b", "utilization_pct": 0.0, "memory_used_bytes": 5 * GIB, "memory_free_bytes": 11 * GIB},
-        {"uuid": "GPU-d", "utilization_pct": 0.0, "memory_used_bytes": 0, "memory_free_bytes": 16 * GIB}]}
-    store.heartbeat(UP_HOST, [running.frame_id], now=NOW + 600, lease_s=3600.0, live=live,
-                    attempts={running.frame_id: running.attempt})
+    live = {
+        "at": NOW + 600,
+        "devices": [
+            {"uuid": "GPU-a", "utilization_pct": 42.0, "memory_used_bytes": 3 * GIB, "memory_free_bytes": 13 * GIB},
+            {"uuid": "GPU-b", "utilization_pct": 0.0, "memory_used_bytes": 5 * GIB, "memory_free_bytes": 11 * GIB},
+            {"uuid": "GPU-d", "utilization_pct": 0.0, "memory_used_bytes": 0, "memory_free_bytes": 16 * GIB},
+        ],
+    }
+    store.heartbeat(
+        UP_HOST,
+        [running.frame_id],
+        now=NOW + 600,
+        lease_s=3600.0,
+        live=live,
+        attempts={running.frame_id: running.attempt},
+    )
     return {"shot": shot, "train": train, "running": running}
 
 
@@ -156,14 +194,23 @@ def test_frames_queue_and_jobs(store: Store, api_lease: Path) -> None:
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"
     samples, types = parse(body)
     assert series(samples, "cuectl_frames") == {
-        lbl(state="WAITING"): 2, lbl(state="DEPEND"): 2, lbl(state="RUNNING"): 1,
-        lbl(state="SUCCEEDED"): 2, lbl(state="DEAD"): 1, lbl(state="EATEN"): 1}
+        lbl(state="WAITING"): 2,
+        lbl(state="DEPEND"): 2,
+        lbl(state="RUNNING"): 1,
+        lbl(state="SUCCEEDED"): 2,
+        lbl(state="DEAD"): 1,
+        lbl(state="EATEN"): 1,
+    }
     assert series(samples, "cuectl_queue_depth") == {
         lbl(job_id=str(farm["shot"]), job_name=JOB, layer="render"): 1,
-        lbl(job_id=str(farm["train"]), job_name="train", layer="fit"): 1}
+        lbl(job_id=str(farm["train"]), job_name="train", layer="fit"): 1,
+    }
     assert samples[("cuectl_jobs_active", lbl())] == 2
-    assert (types["cuectl_frames"], types["cuectl_queue_depth"], types["cuectl_jobs_active"]) == \
-        ("gauge", "gauge", "gauge")
+    assert (types["cuectl_frames"], types["cuectl_queue_depth"], types["cuectl_jobs_active"]) == (
+        "gauge",
+        "gauge",
+        "gauge",
+    )
 
 
 def test_lease_counter_and_histogram(store: Store, api_lease: Path) -> None:
@@ -174,8 +221,19 @@ def test_lease_counter_and_histogram(store: Store, api_lease: Path) -> None:
     # two finished attempts with a GPU (30 s, 400 s) and one RUNNING; the CPU-only frame is none
     assert samples[("cuectl_lease_acquisitions_total", lbl())] == 3
     buckets = {dict(labels)["le"]: v for labels, v in series(samples, "cuectl_lease_duration_seconds_bucket").items()}
-    assert buckets == {"1.0": 0, "5.0": 0, "15.0": 0, "60.0": 1, "300.0": 1, "900.0": 2, "3600.0": 2,
-                       "14400.0": 2, "43200.0": 2, "86400.0": 2, "+Inf": 2}
+    assert buckets == {
+        "1.0": 0,
+        "5.0": 0,
+        "15.0": 0,
+        "60.0": 1,
+        "300.0": 1,
+        "900.0": 2,
+        "3600.0": 2,
+        "14400.0": 2,
+        "43200.0": 2,
+        "86400.0": 2,
+        "+Inf": 2,
+    }
     assert len(buckets) == len(LEASE_BUCKETS_S) + 1
     assert samples[("cuectl_lease_duration_seconds_count", lbl())] == 2
     assert samples[("cuectl_lease_duration_seconds_sum", lbl())] == pytest.approx(430.0)
@@ -190,17 +248,31 @@ def test_devices_hosts_and_holders(store: Store, api_lease: Path) -> None:
     z = device(DOWN_HOST, "GPU-z", 0)
     # GPU-c (no live values in the heartbeat) and GPU-z (a silent host) have no used/utilisation sample
     assert series(samples, "cuectl_gpu_utilization_ratio") == {
-        lbl(**a): pytest.approx(0.42), lbl(**b): 0.0, lbl(**d): 0.0}
+        lbl(**a): pytest.approx(0.42),
+        lbl(**b): 0.0,
+        lbl(**d): 0.0,
+    }
     assert series(samples, "cuectl_gpu_memory_used_bytes") == {lbl(**a): 3 * GIB, lbl(**b): 5 * GIB, lbl(**d): 0}
     assert series(samples, "cuectl_gpu_memory_total_bytes") == {lbl(**x): 16 * GIB for x in (a, b, c, d, z)}
     assert series(samples, "cuectl_gpu_held") == {
-        lbl(**a, kind="frame"): 1, lbl(**b, kind="foreign"): 1, lbl(**c, kind="api"): 1,
-        lbl(**d, kind=""): 0, lbl(**z, kind=""): 0}
+        lbl(**a, kind="frame"): 1,
+        lbl(**b, kind="foreign"): 1,
+        lbl(**c, kind="api"): 1,
+        lbl(**d, kind=""): 0,
+        lbl(**z, kind=""): 0,
+    }
     assert series(samples, "cuectl_leases_held") == {
-        lbl(kind="frame"): 1, lbl(kind="api"): 1, lbl(kind="worker"): 0, lbl(kind="run"): 0, lbl(kind="lease"): 0}
+        lbl(kind="frame"): 1,
+        lbl(kind="api"): 1,
+        lbl(kind="worker"): 0,
+        lbl(kind="run"): 0,
+        lbl(kind="lease"): 0,
+    }
     assert series(samples, "cuectl_host_up") == {lbl(host=UP_HOST): 1, lbl(host=DOWN_HOST): 0}
     assert series(samples, "cuectl_host_heartbeat_age_seconds") == {
-        lbl(host=UP_HOST): pytest.approx(10.0), lbl(host=DOWN_HOST): pytest.approx(910.0)}
+        lbl(host=UP_HOST): pytest.approx(10.0),
+        lbl(host=DOWN_HOST): pytest.approx(910.0),
+    }
 
 
 def test_gpu_stats(store: Store, api_lease: Path) -> None:
@@ -208,45 +280,68 @@ def test_gpu_stats(store: Store, api_lease: Path) -> None:
     snap = scrape(store, api_lease)[2]
     # a (frame) and c (api lease) are leased; b is busy with a foreign process; d is free
     # on an UP host; z is free on a DOWN host: each device in exactly one state
-    assert gpu_stats(snap, active_jobs=7) == {"total": 5, "leased": 2, "foreign_busy": 1, "available": 1,
-                                              "unavailable": 1, "active_jobs": 7}
+    assert gpu_stats(snap, active_jobs=7) == {
+        "total": 5,
+        "leased": 2,
+        "foreign_busy": 1,
+        "available": 1,
+        "unavailable": 1,
+        "active_jobs": 7,
+    }
     store.set_host_locked(UP_HOST, True)
     assert gpu_stats(scrape(store, api_lease)[2], active_jobs=2)["available"] == 0
     # without the local lease, c is free too
-    assert gpu_stats(scrape(store, api_lease.parent / "no-locks")[2], active_jobs=2) == \
-        {"total": 5, "leased": 1, "foreign_busy": 1, "available": 0, "unavailable": 3, "active_jobs": 2}
+    assert gpu_stats(scrape(store, api_lease.parent / "no-locks")[2], active_jobs=2) == {
+        "total": 5,
+        "leased": 1,
+        "foreign_busy": 1,
+        "available": 0,
+        "unavailable": 3,
+        "active_jobs": 2,
+    }
     store.set_host_locked(UP_HOST, False)
     assert gpu_stats(scrape(store, api_lease.parent / "no-locks")[2], active_jobs=2)["available"] == 2
     samples, _ = parse(scrape(store, api_lease)[0])
-    assert series(samples, "cuectl_gpus") == {lbl(state="leased"): 2, lbl(state="foreign_busy"): 1,
-                                              lbl(state="available"): 1, lbl(state="unavailable"): 1}
+    assert series(samples, "cuectl_gpus") == {
+        lbl(state="leased"): 2,
+        lbl(state="foreign_busy"): 1,
+        lbl(state="available"): 1,
+        lbl(state="unavailable"): 1,
+    }
 
 
 def test_a_device_two_hosts_list_is_counted_once(store: Store, api_lease: Path) -> None:
     """A host registered again under another name leaves its old row behind (DOWN) with the
     same devices: the farm's device count must not double."""
     make_farm(store)
-    store.register_host(HostInfo(name="renamed", cores=16, memory_bytes=64 * GIB, gpus=[gpu(0, "GPU-z")]),
-                        now=SCRAPE_AT)
+    store.register_host(
+        HostInfo(name="renamed", cores=16, memory_bytes=64 * GIB, gpus=[gpu(0, "GPU-z")]), now=SCRAPE_AT
+    )
     stats = gpu_stats(scrape(store, api_lease)[2], active_jobs=0)
     # GPU-z once, from the UP host "renamed" (free there), not from the silent DOWN_HOST
-    assert stats == {"total": 5, "leased": 2, "foreign_busy": 1, "available": 2, "unavailable": 0,
-                     "active_jobs": 0}
+    assert stats == {"total": 5, "leased": 2, "foreign_busy": 1, "available": 2, "unavailable": 0, "active_jobs": 0}
 
 
 def test_stale_samples_are_not_current(store: Store, api_lease: Path) -> None:
     """Values older than two of the worker's sampling intervals are left out (unknown now),
     the sample's age stays; a stale busy reading makes no device foreign."""
     make_farm(store)
-    live = {"at": NOW + 600, "sample_interval_s": 1.0, "devices": [
-        {"uuid": "GPU-b", "utilization_pct": 50.0, "memory_used_bytes": 5 * GIB, "sampled_at": NOW + 600},
-        {"uuid": "GPU-d", "utilization_pct": 7.0, "memory_used_bytes": 0, "sampled_at": NOW + 609.5}]}
+    live = {
+        "at": NOW + 600,
+        "sample_interval_s": 1.0,
+        "devices": [
+            {"uuid": "GPU-b", "utilization_pct": 50.0, "memory_used_bytes": 5 * GIB, "sampled_at": NOW + 600},
+            {"uuid": "GPU-d", "utilization_pct": 7.0, "memory_used_bytes": 0, "sampled_at": NOW + 609.5},
+        ],
+    }
     store.heartbeat(UP_HOST, [], now=NOW + 600, lease_s=3600.0, live=live)
     samples, _ = parse(scrape(store, api_lease)[0])  # at NOW + 610: b is 10 s old, d 0.5 s
     b, d = device(UP_HOST, "GPU-b", 1), device(UP_HOST, "GPU-d", 3)
     assert series(samples, "cuectl_gpu_utilization_ratio") == {lbl(**d): pytest.approx(0.07)}
-    assert series(samples, "cuectl_gpu_sample_age_seconds") == {lbl(**b): pytest.approx(10.0),
-                                                                lbl(**d): pytest.approx(0.5)}
+    assert series(samples, "cuectl_gpu_sample_age_seconds") == {
+        lbl(**b): pytest.approx(10.0),
+        lbl(**d): pytest.approx(0.5),
+    }
     held = series(samples, "cuectl_gpu_held")
     assert held[lbl(**b, kind="")] == 0 and held[lbl(**d, kind="foreign")] == 1
 

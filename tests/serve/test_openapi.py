@@ -28,15 +28,26 @@ PROBLEM_JSON = "application/problem+json"
 @pytest.fixture(scope="module")
 def site(serve_dir: Path, serve_env: dict[str, str]):
     db = new_store(serve_dir / "store" / "cuectl.db")
-    register_host(db, "gpu-node-01", [device(0, "GPU-oa-0", "NVIDIA A100-SXM4-80GB", 80 * GIB),
-                                      device(1, "GPU-oa-1", "NVIDIA A100-SXM4-80GB", 80 * GIB)])
+    register_host(
+        db,
+        "gpu-node-01",
+        [
+            device(0, "GPU-oa-0", "NVIDIA A100-SXM4-80GB", 80 * GIB),
+            device(1, "GPU-oa-1", "NVIDIA A100-SXM4-80GB", 80 * GIB),
+        ],
+    )
     admin = create_token(db, "oa-admin", "admin", env=serve_env)
     # CUECTL_FRAME_LIMIT: a generated spec may ask for any range; keep the store small.
-    server = Server(db, env={**serve_env, "CUECTL_FRAME_LIMIT": "50"}, log=serve_dir / "openapi.log",
-                    extra=("--cache", "0"))
+    server = Server(
+        db, env={**serve_env, "CUECTL_FRAME_LIMIT": "50"}, log=serve_dir / "openapi.log", extra=("--cache", "0")
+    )
     api = server.api.with_token(admin)
-    job = api.ok("POST", f"{API}/jobs", job_spec("train-sweep", layer_spec("train", range="1-4", gpus=1),
-                                                  layer_spec("eval", depends=["train"])), status=201)
+    job = api.ok(
+        "POST",
+        f"{API}/jobs",
+        job_spec("train-sweep", layer_spec("train", range="1-4", gpus=1), layer_spec("eval", depends=["train"])),
+        status=201,
+    )
     claim(db, job["layers"][0]["id"], host="gpu-node-01", gpu_uuids=("GPU-oa-0",))  # one RUNNING frame
     yield server, admin.secret, job
     server.stop()
@@ -58,7 +69,10 @@ def test_every_operation_is_typed_and_its_errors_are_problems(document):
     assert {"Job", "JobSpec", "LayerSpec", "Frame", "Host", "HostDevice", "Problem"} <= set(schemas)
     assert "HTTPValidationError" not in schemas  # FastAPI's own 422 body: ours are problems
     assert document["components"]["securitySchemes"]["bearer"] == {
-        "type": "http", "scheme": "bearer", "description": "A token from `cuectl admin token create USER --role ROLE`"}
+        "type": "http",
+        "scheme": "bearer",
+        "description": "A token from `cuectl admin token create USER --role ROLE`",
+    }
     operations = [(path, method, op) for path, ops in document["paths"].items() for method, op in ops.items()]
     assert len(operations) >= 17
     for path, method, op in operations:
@@ -70,8 +84,11 @@ def test_every_operation_is_typed_and_its_errors_are_problems(document):
         errors = {s: r for s, r in op["responses"].items() if s[0] in "45"}
         assert "400" in errors and "422" in errors, (method, path)
         for status, answer in errors.items():
-            assert answer["content"] == {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}, \
-                (method, path, status)
+            assert answer["content"] == {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/Problem"}}}, (
+                method,
+                path,
+                status,
+            )
         secured = path.startswith(API) or path == "/metrics"
         assert (op.get("security") == [{"bearer": []}]) == secured, (method, path)
         assert ("401" in errors) == secured, (method, path)
@@ -79,15 +96,22 @@ def test_every_operation_is_typed_and_its_errors_are_problems(document):
             if parameter["name"] == "action":
                 assert parameter["schema"]["enum"], (method, path)
     bodies = document["paths"][f"{API}/jobs"]["post"]["requestBody"]["content"]
-    spec_or_template = {"anyOf": [{"$ref": "#/components/schemas/JobSpec"}, {"$ref": "#/components/schemas/JobTemplate"}]}
+    spec_or_template = {
+        "anyOf": [{"$ref": "#/components/schemas/JobSpec"}, {"$ref": "#/components/schemas/JobTemplate"}]
+    }
     assert bodies["application/json"]["schema"] == bodies["application/yaml"]["schema"] == spec_or_template
     assert bodies["application/xml"]["schema"]["type"] == "string"  # an OpenCue spec
     assert schemas["JobSpec"]["required"] == ["name", "layers"]
-    assert {"command", "range", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min", "depends"} <= \
-        set(schemas["LayerSpec"]["properties"])
+    assert {"command", "range", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min", "depends"} <= set(
+        schemas["LayerSpec"]["properties"]
+    )
     job_actions = document["paths"][f"{API}/jobs/{{job}}/{{action}}"]["post"]["parameters"]
-    assert next(p for p in job_actions if p["name"] == "action")["schema"]["enum"] == ["pause", "resume", "kill",
-                                                                                       "retry"]
+    assert next(p for p in job_actions if p["name"] == "action")["schema"]["enum"] == [
+        "pause",
+        "resume",
+        "kill",
+        "retry",
+    ]
 
 
 def _document_of_the_code() -> dict[str, Any]:
@@ -121,10 +145,18 @@ def test_the_document_served_is_the_one_schemathesis_tests(document):
 # name the store's job and frame, then generated ones, valid and invalid), no shrinking,
 # no example database written into the checkout.
 @schema.parametrize()
-@settings(max_examples=12, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=12,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
 def test_the_live_server_answers_as_its_document_says(case, site):
     server, secret, _job = site
-    case.call_and_validate(base_url=f"http://127.0.0.1:{server.port}", headers={"Authorization": f"Bearer {secret}"},
-                           checks=[not_a_server_error, status_code_conformance, content_type_conformance,
-                                   response_schema_conformance], timeout=20)
+    case.call_and_validate(
+        base_url=f"http://127.0.0.1:{server.port}",
+        headers={"Authorization": f"Bearer {secret}"},
+        checks=[not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance],
+        timeout=20,
+    )

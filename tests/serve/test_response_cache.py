@@ -15,6 +15,7 @@ def _slow(counter: list[int], value: str, delay: float = 0.3):
         counter.append(1)
         time.sleep(delay)
         return {"v": value}
+
     return build
 
 
@@ -78,6 +79,7 @@ def test_a_page_is_refreshed_three_of_its_builds_before_its_end_at_most_at_half_
             calls.append(value)
             clock.now += took  # the build's own duration, on the cache's clock
             return {"v": value}
+
         return run
 
     cache.get("quick", build("q", 0.1))

@@ -99,7 +99,9 @@ class PageWatch:
         assert banners_ok or not self.banners, f"unexpected errors shown in #error-banner: {self.banners}"
         assert not self.errors, f"uncaught script errors: {self.errors}"
         assert not self.csp, f"Content Security Policy violations: {self.csp}"
-        assert not self.foreign, f"requests to other origins (the pages must load nothing from elsewhere): {self.foreign}"
+        assert not self.foreign, (
+            f"requests to other origins (the pages must load nothing from elsewhere): {self.foreign}"
+        )
         assert not self.dialogs, f"native dialog boxes (errors belong in #error-banner): {self.dialogs}"
 
 

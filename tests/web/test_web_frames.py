@@ -52,16 +52,25 @@ def scroll_to(page, frame_id, *, then_top: bool = False) -> None:
     big job's list in parts: the end moves until the last part is in); ``then_top``: back to
     the first row afterwards."""
     try:
-        page.wait_for_function("id => {" + SCROLLER + """
+        page.wait_for_function(
+            "id => {"
+            + SCROLLER
+            + """
             const s = scroller(document.getElementById('frames-table'));
             s.scrollTop = s.scrollHeight;
             return !!document.querySelector(`#frames-table tr[data-frame-id="${id}"]`); }""",
-                               arg=frame_id, polling=250)
+            arg=frame_id,
+            polling=250,
+        )
     except Exception:
-        where = page.locator("#frames-table").evaluate("t => {" + SCROLLER + """
+        where = page.locator("#frames-table").evaluate(
+            "t => {"
+            + SCROLLER
+            + """
             const s = scroller(t), ids = [...t.querySelectorAll('tr[data-frame-id]')].map(r => r.dataset.frameId);
             return {scroller: s.tagName + '.' + s.className, scrollTop: s.scrollTop, scrollHeight: s.scrollHeight,
-                    clientHeight: s.clientHeight, rows: ids.length, first: ids[0], last: ids[ids.length - 1]}; }""")
+                    clientHeight: s.clientHeight, rows: ids.length, first: ids[0], last: ids[ids.length - 1]}; }"""
+        )
         raise AssertionError(f"frame {frame_id} never shown by scrolling the table to its end: {where}") from None
     if then_top:
         page.locator("#frames-table").evaluate("t => {" + SCROLLER + " scroller(t).scrollTop = 0; }")

@@ -15,8 +15,9 @@ A100 = {"model": "NVIDIA A100-SXM4-80GB", "vendor": "NVIDIA", "memory": "80GiB"}
 
 def test_a_stale_sample_reads_as_its_age_then_fresh_again(farm, page):
     ada = farm.token("ada", "admin")
-    worker = farm.start_worker(farm.fake_gpus("gpu-stale", [A100], live={0: {"utilization_pct": 37,
-                                                                             "memory_used_bytes": 12 * GIB}}))
+    worker = farm.start_worker(
+        farm.fake_gpus("gpu-stale", [A100], live={0: {"utilization_pct": 37, "memory_used_bytes": 12 * GIB}})
+    )
     login(page, farm, ada)
     page.click('nav a[href="#/hosts"]')
     cell = page.locator('#hosts-table tr[data-host="gpu-stale"] .util')

@@ -17,10 +17,13 @@ MI100 = {"model": "AMD Instinct MI100", "vendor": "AMD", "memory": "32GiB"}
 @pytest.fixture(scope="module")
 def hosts(farm):
     ada = farm.token("ada", "admin")
-    workers = [farm.start_worker(farm.fake_gpus("gpu-a100", [A100, A100], live={0: {"utilization_pct": 37,
-                                                                                   "memory_used_bytes": 12 * GIB}}),
-                                 "--until-idle"),
-               farm.start_worker(farm.fake_gpus("gpu-mi100", [MI100]), "--until-idle")]
+    workers = [
+        farm.start_worker(
+            farm.fake_gpus("gpu-a100", [A100, A100], live={0: {"utilization_pct": 37, "memory_used_bytes": 12 * GIB}}),
+            "--until-idle",
+        ),
+        farm.start_worker(farm.fake_gpus("gpu-mi100", [MI100]), "--until-idle"),
+    ]
     for w in workers:
         assert w.wait(60) == 0, farm.output()
     farm.register_host("cpu-only", [])
@@ -35,8 +38,12 @@ def hosts(farm):
 
 def shown(page) -> list[tuple[str, str]]:
     """(host, device uuid) of every row of the hosts table."""
-    return [tuple(r) for r in page.locator("#hosts-table tr[data-host]").evaluate_all(
-        "rows => rows.map(r => [r.dataset.host, r.dataset.gpuUuid])")]
+    return [
+        tuple(r)
+        for r in page.locator("#hosts-table tr[data-host]").evaluate_all(
+            "rows => rows.map(r => [r.dataset.host, r.dataset.gpuUuid])"
+        )
+    ]
 
 
 def expect_rows(page, wanted: set[tuple[str, str]]) -> None:
@@ -44,7 +51,8 @@ def expect_rows(page, wanted: set[tuple[str, str]]) -> None:
         """wanted => { const got = [...document.querySelectorAll('#hosts-table tr[data-host]')]
                          .map(r => r.dataset.host + '|' + r.dataset.gpuUuid).sort();
                        return JSON.stringify(got) === JSON.stringify(wanted); }""",
-        arg=sorted(f"{h}|{u}" for h, u in wanted))
+        arg=sorted(f"{h}|{u}" for h, u in wanted),
+    )
 
 
 def test_every_device_of_every_host_with_its_holder(farm, page, hosts):
@@ -61,7 +69,8 @@ def test_every_device_of_every_host_with_its_holder(farm, page, hosts):
     expect(first.locator(".holder")).to_contain_text("web holder")
     expect(page.locator(f'#hosts-table tr[data-gpu-uuid="{a100[1]["uuid"]}"] .holder')).to_have_text("-")
     expect(page.locator(f'#hosts-table tr[data-gpu-uuid="{mi100[0]["uuid"]}"] .model')).to_have_text(
-        "AMD Instinct MI100")
+        "AMD Instinct MI100"
+    )
 
 
 def test_filters_by_model_memory_and_vendor(farm, page, hosts):

@@ -94,7 +94,11 @@ def test_submit_a_gpu_job_and_watch_it_run_live_without_reloading(farm, worker, 
     assert job["name"] == "web render" and job["user"] == "alice"
     (layer,) = job["layers"]
     assert layer["name"] == "main" and layer["range"] == "1-3"
-    assert layer["command"] == ["sh", "-c", 'for i in 1 2 3 4 5 6; do echo "line $i of frame #IFRAME#"; sleep 0.5; done']
+    assert layer["command"] == [
+        "sh",
+        "-c",
+        'for i in 1 2 3 4 5 6; do echo "line $i of frame #IFRAME#"; sleep 0.5; done',
+    ]
     assert (layer["gpus"], layer["gpu_vendor"], layer["gpu_models"]) == (1, "NVIDIA", ["RTX 6000 Ada", "A100"])
     assert layer["gpu_memory_min_bytes"] == 16 * GIB
 
@@ -109,22 +113,34 @@ def test_submit_a_gpu_job_and_watch_it_run_live_without_reloading(farm, worker, 
 
     # RUNNING on a fake card: the live utilisation and memory of that card, in the row.
     # (6.5 GiB used: "6.5" in GiB or "7.0" in GB, one decimal either way; never 0.0.)
-    page.wait_for_function(ROW_WHERE, arg={".state": "^RUNNING$", ".host": "render-01", ".gpu-util": r"^63(\.0+)?\s*%?$",
-                                           ".gpu-mem": r"^(6\.5|7\.0)(\s*GB)?$"}, timeout=30_000)
+    page.wait_for_function(
+        ROW_WHERE,
+        arg={
+            ".state": "^RUNNING$",
+            ".host": "render-01",
+            ".gpu-util": r"^63(\.0+)?\s*%?$",
+            ".gpu-mem": r"^(6\.5|7\.0)(\s*GB)?$",
+        },
+        timeout=30_000,
+    )
 
     # The job list's progress follows too: two of three done is two thirds of the bar.
     page.click('nav a[href="#/jobs"]')
     job_row = page.locator(f'#jobs-table tr[data-job-id="{job_id}"]')
     expect(job_row.locator(".progress")).to_contain_text("2/3", timeout=30_000)
     # (Polled: the bar may animate its widths.)
-    page.wait_for_function("""id => {
+    page.wait_for_function(
+        """id => {
         const cell = document.querySelector(`#jobs-table tr[data-job-id="${id}"] .progress`);
         if (!cell || !cell.textContent.includes('2/3')) return false;
         const segs = [...cell.querySelectorAll('.seg')].map(s => [s.dataset.state, s.getBoundingClientRect().width]);
         const total = segs.reduce((a, [, w]) => a + w, 0);
         const done = segs.filter(([st]) => st === 'SUCCEEDED').reduce((a, [, w]) => a + w, 0);
         return total > 0 && Math.abs(done / total - 2 / 3) < 0.05;
-    }""", arg=job_id, timeout=10_000)
+    }""",
+        arg=job_id,
+        timeout=10_000,
+    )
     expect(job_row.locator(".progress")).to_contain_text("3/3", timeout=30_000)
 
     job_row.locator(".name a, a.name").first.click()
@@ -141,8 +157,10 @@ def test_the_log_viewer_follows_a_running_frame(farm, worker, page):
     login(page, farm, alice)
     mark_page(page)
     # A GPU frame printing a line every 0.3 s for 6 s, with markup that must stay text.
-    script = ('i=0; while [ $i -lt 20 ]; do echo "tick $i <b>bold</b><img src=x onerror=window.__xss=1>"; '
-              'i=$((i+1)); sleep 0.3; done')
+    script = (
+        'i=0; while [ $i -lt 20 ]; do echo "tick $i <b>bold</b><img src=x onerror=window.__xss=1>"; '
+        "i=$((i+1)); sleep 0.3; done"
+    )
     job = farm.submit(alice, "web follow", {"name": "main", "command": ["sh", "-c", script], "gpus": 1})
     page.goto(f"{farm.url}/#/jobs/{job['id']}")
     expect(rows(page).first.locator(".state")).to_have_text("RUNNING", timeout=30_000)
@@ -156,7 +174,8 @@ def test_the_log_viewer_follows_a_running_frame(farm, worker, page):
     last = log.inner_text()
     assert last.startswith(first.rstrip("\n").rsplit("\n", 1)[0]), "following must append, not replace"
     assert [line.split(" <")[0] for line in last.splitlines() if line.startswith("tick ")] == [
-        f"tick {i}" for i in range(20)], last
+        f"tick {i}" for i in range(20)
+    ], last
     assert "<b>bold</b><img src=x onerror=window.__xss=1>" in last
     assert log.locator("*").count() == 0 and page.evaluate("window.__xss") is None, "log text became markup"
 

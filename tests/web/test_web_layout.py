@@ -33,10 +33,23 @@ OVERFLOWING = """() => {
 def job(farm):
     ada = farm.token("ada", "admin")
     # A long name and a name that is markup: both must stay text, in their cells.
-    farm.submit(ada, "<img src=x onerror=window.__xss=1> a shot with a very long name " + "x" * 60,
-                {"name": "main", "command": ["true"], "range": "1-5"})
-    return farm.submit(ada, "web layout", {"name": "main", "command": ["true"], "range": "1-20", "gpus": 1,
-                                           "gpu_models": "A100", "gpu_memory_min": "40G"})
+    farm.submit(
+        ada,
+        "<img src=x onerror=window.__xss=1> a shot with a very long name " + "x" * 60,
+        {"name": "main", "command": ["true"], "range": "1-5"},
+    )
+    return farm.submit(
+        ada,
+        "web layout",
+        {
+            "name": "main",
+            "command": ["true"],
+            "range": "1-20",
+            "gpus": 1,
+            "gpu_models": "A100",
+            "gpu_memory_min": "40G",
+        },
+    )
 
 
 def test_a_phone_reaches_the_navigation_and_the_whole_jobs_table(farm, new_context, job):
@@ -197,6 +210,9 @@ def test_the_pages_are_self_contained_under_a_strict_csp(farm):
             # innerHTML = "" inserts nothing and is allowed.)
             code = re.sub(r"/\*.*?\*/|(?m:(^|\s)//.*$)", " ", text, flags=re.S)
             html = re.sub(r"""\.innerHTML\s*=\s*(''|""|``)""", "", code)
-            found = re.findall(r"\b(?:innerHTML|outerHTML|insertAdjacentHTML|document\.write)\b|\beval\(|"
-                               r"""new Function\(|setAttribute\(\s*['"]style['"]""", html)
+            found = re.findall(
+                r"\b(?:innerHTML|outerHTML|insertAdjacentHTML|document\.write)\b|\beval\(|"
+                r"""new Function\(|setAttribute\(\s*['"]style['"]""",
+                html,
+            )
             assert not found, f"{path}: {found}: API data goes in as text or attributes, never as HTML or code"

@@ -8,8 +8,10 @@ from webfarm import expect, login
 
 # Buttons a person can see (the page may keep hidden ones in the DOM).
 JOB_BUTTONS = "#job-actions button:visible"
-ROW_ACTIONS = ('#frames-table button[data-action="retry"]:visible, #frames-table button[data-action="kill"]:visible, '
-               '#frames-table button[data-action="eat"]:visible')
+ROW_ACTIONS = (
+    '#frames-table button[data-action="retry"]:visible, #frames-table button[data-action="kill"]:visible, '
+    '#frames-table button[data-action="eat"]:visible'
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +43,16 @@ def test_a_viewer_sees_read_only_and_cannot_post(farm, page, jobs):
 
     # The API refuses what the page does not offer, whatever a viewer sends by hand.
     frame_id = farm.frames(jobs["alice"]["id"], vera)[0]["id"]
-    statuses = page.evaluate("""async ([token, job, frame]) => {
+    statuses = page.evaluate(
+        """async ([token, job, frame]) => {
         const post = (path, body) => fetch('/api/v1' + path, {method: 'POST', headers: {
             'Authorization': 'Bearer ' + token, 'Content-Type': 'application/json'}, body: JSON.stringify(body)})
             .then(r => r.status);
         return [await post('/jobs/' + job + '/kill', {}), await post('/frames/' + frame + '/eat', {}),
                 await post('/jobs', {name: 'sneaky', layers: [{name: 'main', command: ['true']}]})];
-    }""", [vera.secret, jobs["alice"]["id"], frame_id])
+    }""",
+        [vera.secret, jobs["alice"]["id"], frame_id],
+    )
     assert statuses == [403, 403, 403]
     assert farm.api("GET", f"/jobs/{jobs['alice']['id']}", token=vera)["state"] != "FINISHED"
 

@@ -13,8 +13,12 @@ from __future__ import annotations
 import pytest
 from webfarm import GIB, expect, login, wait_for
 
-A100 = {"vendor": "NVIDIA", "model": "NVIDIA A100-SXM4-80GB", "memory_total_bytes": 80 * GIB,
-        "memory_free_bytes": 80 * GIB}
+A100 = {
+    "vendor": "NVIDIA",
+    "model": "NVIDIA A100-SXM4-80GB",
+    "memory_total_bytes": 80 * GIB,
+    "memory_free_bytes": 80 * GIB,
+}
 
 
 def device(host: str, index: int, model: dict = A100) -> dict:
@@ -39,8 +43,10 @@ def farmstate(farm):
 
 
 def job_ids_shown(page) -> list[int]:
-    return [int(i) for i in page.locator("#jobs-table tr[data-job-id]").evaluate_all(
-        "rows => rows.map(r => r.dataset.jobId)")]
+    return [
+        int(i)
+        for i in page.locator("#jobs-table tr[data-job-id]").evaluate_all("rows => rows.map(r => r.dataset.jobId)")
+    ]
 
 
 def header_widths(page, table: str) -> list[float]:
@@ -95,8 +101,11 @@ def test_a_user_selects_own_jobs_only_and_pauses_then_kills_them_together(farm, 
     expect(page.locator("#jobs-select-all")).to_have_js_property("indeterminate", True)
 
     page.click('#jobs-bulk button[data-bulk="pause"]')
-    wait_for(lambda: all(farm.api("GET", f"/jobs/{jobs[k]['id']}", token=alice)["paused"] for k in ("a1", "a2")),
-             timeout=15, what="both selected jobs paused")
+    wait_for(
+        lambda: all(farm.api("GET", f"/jobs/{jobs[k]['id']}", token=alice)["paused"] for k in ("a1", "a2")),
+        timeout=15,
+        what="both selected jobs paused",
+    )
     assert not farm.api("GET", f"/jobs/{jobs['b1']['id']}", token=alice)["paused"]
     assert not farm.api("GET", f"/jobs/{farmstate['render']['id']}", token=alice)["paused"]
     expect(page.locator('#jobs-bulk button[data-bulk="resume"]')).to_be_enabled()
@@ -106,8 +115,13 @@ def test_a_user_selects_own_jobs_only_and_pauses_then_kills_them_together(farm, 
     expect(dialog).to_contain_text("tbl alpha")
     expect(dialog).to_contain_text("tbl charlie")
     page.click("#confirm-ok")
-    wait_for(lambda: all(farm.api("GET", f"/jobs/{jobs[k]['id']}", token=alice)["outcome"] == "KILLED"
-                         for k in ("a1", "a2")), timeout=15, what="both selected jobs killed")
+    wait_for(
+        lambda: all(
+            farm.api("GET", f"/jobs/{jobs[k]['id']}", token=alice)["outcome"] == "KILLED" for k in ("a1", "a2")
+        ),
+        timeout=15,
+        what="both selected jobs killed",
+    )
     assert farm.api("GET", f"/jobs/{jobs['b1']['id']}", token=alice)["state"] != "FINISHED"
     expect(row("a1").locator(".state")).to_have_text("KILLED")
     # Still selected, but finished: nothing left to kill (the server would answer 409).
@@ -224,8 +238,9 @@ def test_column_widths_hold_still_while_rows_change(farm, page, farmstate):
     page.click('nav a[href="#/hosts"]')
     expect(page.locator('#hosts-table tr[data-gpu-uuid="GPU-tbl-node-0"]')).to_be_visible()
     before = header_widths(page, "hosts-table")
-    job = farm.submit(ada, "tbl holder with a long name " + "x" * 50,
-                      {"name": "a-long-layer-name", "command": ["true"], "gpus": 1})
+    job = farm.submit(
+        ada, "tbl holder with a long name " + "x" * 50, {"name": "a-long-layer-name", "command": ["true"], "gpus": 1}
+    )
     claimed = farm.claim(job["layers"][0]["id"], host="tbl-node", gpu_uuids=("GPU-tbl-node-0",))
     farm.live("tbl-node", claimed, 99, 79 * GIB)
     expect(page.locator('#hosts-table tr[data-gpu-uuid="GPU-tbl-node-0"] .holder')).to_contain_text("tbl holder")
@@ -270,8 +285,12 @@ def test_host_rows_sort_by_host_and_gpu(farm, page, farmstate):
     expect(page.locator('#hosts-table tr[data-gpu-uuid="GPU-tbl-node-1"]')).to_be_visible()
 
     def shown() -> list[tuple[str, str]]:
-        return [tuple(r) for r in page.locator("#hosts-table tr[data-host]").evaluate_all(
-            "rows => rows.map(r => [r.dataset.host, r.querySelector('.index').textContent])")]
+        return [
+            tuple(r)
+            for r in page.locator("#hosts-table tr[data-host]").evaluate_all(
+                "rows => rows.map(r => [r.dataset.host, r.querySelector('.index').textContent])"
+            )
+        ]
 
     gpu = page.locator('#hosts-table th button.sort:text-is("GPU")')
     gpu.click()
@@ -281,8 +300,9 @@ def test_host_rows_sort_by_host_and_gpu(farm, page, farmstate):
     indexes = [i for _, i in shown()]
     assert "-" in indexes and "1" in indexes, indexes
     numbers = [int(i) for i in indexes if i != "-"]
-    assert numbers == sorted(numbers, reverse=True) and indexes[len(numbers):] == ["-"] * (len(indexes) - len(numbers)), \
-        indexes
+    assert numbers == sorted(numbers, reverse=True) and indexes[len(numbers) :] == ["-"] * (
+        len(indexes) - len(numbers)
+    ), indexes
     page.locator('#hosts-table th button.sort:text-is("Host")').click()
     expect(page.locator("#hosts-table th.host")).to_have_attribute("aria-sort", "ascending")
     hosts = [h for h, _ in shown()]

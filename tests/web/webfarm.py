@@ -34,7 +34,7 @@ try:  # (missing, the browser fixture fails with the fix rather than every modul
 except ImportError:  # pragma: no cover
     expect = None
 
-GIB = 1024 ** 3
+GIB = 1024**3
 CUECTL = [sys.executable, "-m", "cuectl"]
 # Debian's Chromium (scripts/test.sh installs it); never a browser Playwright downloads.
 CHROMIUM = os.environ.get("CUECTL_CHROMIUM") or "/usr/bin/chromium"
@@ -46,13 +46,16 @@ def chromium_problem() -> str | None:
     try:
         import playwright.sync_api  # noqa: F401
     except ImportError:
-        return ("the Python package 'playwright' is missing: `bash scripts/test.sh` installs it "
-                "(pip install -e '.[test]')")
+        return (
+            "the Python package 'playwright' is missing: `bash scripts/test.sh` installs it (pip install -e '.[test]')"
+        )
     exe = shutil.which(CHROMIUM) if os.sep not in CHROMIUM else (CHROMIUM if os.access(CHROMIUM, os.X_OK) else None)
     if exe is None:
-        return (f"Chromium was not found at {CHROMIUM}: `bash scripts/test.sh` installs it when run as root "
-                f"(apt-get install chromium); otherwise `sudo apt-get install chromium`, or point "
-                f"CUECTL_CHROMIUM at a Chromium binary. {SKIP_ENV}=1 skips the browser tests on purpose")
+        return (
+            f"Chromium was not found at {CHROMIUM}: `bash scripts/test.sh` installs it when run as root "
+            f"(apt-get install chromium); otherwise `sudo apt-get install chromium`, or point "
+            f"CUECTL_CHROMIUM at a Chromium binary. {SKIP_ENV}=1 skips the browser tests on purpose"
+        )
     return None
 
 
@@ -71,14 +74,16 @@ def isolated_env(base: Path, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     for key in ("CUECTL_DB", "CUECTL_FAKE_GPUS", "CUECTL_LOG_DIR", "CUECTL_USER"):
         env.pop(key, None)
-    env.update({
-        "XDG_STATE_HOME": str(base / "xdg-state"),
-        "CUECTL_LOCK_DIR": str(base / "locks"),
-        "CUECTL_CREATE_LOCK_DIR": "1",
-        "CUECTL_LOCK_REGISTRY": str(base / "lock-registry"),
-        "CUECTL_KILL_GRACE": "0.5",
-        "NO_COLOR": "1",
-    })
+    env.update(
+        {
+            "XDG_STATE_HOME": str(base / "xdg-state"),
+            "CUECTL_LOCK_DIR": str(base / "locks"),
+            "CUECTL_CREATE_LOCK_DIR": "1",
+            "CUECTL_LOCK_REGISTRY": str(base / "lock-registry"),
+            "CUECTL_KILL_GRACE": "0.5",
+            "NO_COLOR": "1",
+        }
+    )
     env.update(extra)
     return env
 
@@ -117,14 +122,34 @@ class WebFarm:
         self.tokens: dict[str, Token] = {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = self._spawn("serve", [*CUECTL, "--db", str(self.db), "serve", "--host", "127.0.0.1",
-                                            "--port", str(self.port), "--no-access-log", "--cache", str(cache_s)])
+        self.server = self._spawn(
+            "serve",
+            [
+                *CUECTL,
+                "--db",
+                str(self.db),
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-access-log",
+                "--cache",
+                str(cache_s),
+            ],
+        )
         self._wait_ready()
 
     # -- processes ---------------------------------------------------------------------------
     def cuectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        res = subprocess.run([*CUECTL, "--db", str(self.db), *args], capture_output=True, text=True,
-                             env=self.env, timeout=60, cwd=self.base)
+        res = subprocess.run(
+            [*CUECTL, "--db", str(self.db), *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=60,
+            cwd=self.base,
+        )
         if check and res.returncode != 0:
             raise AssertionError(f"cuectl {' '.join(args)} exited {res.returncode}: {res.stderr}")
         return res
@@ -133,8 +158,14 @@ class WebFarm:
         log = self.base / f"{what}-{len(self.procs)}.log"
         self.logs.append(log)
         with open(log, "wb") as out:
-            proc = subprocess.Popen(argv, env=dict(env or self.env), stdout=out, stderr=subprocess.STDOUT,
-                                    cwd=self.base, start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                env=dict(env or self.env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.base,
+                start_new_session=True,
+            )
         self.procs.append(proc)
         return proc
 
@@ -153,8 +184,9 @@ class WebFarm:
     def output(self) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-4000:]}" for p in self.logs if p.exists())
 
-    def fake_gpus(self, host: str, devices: list[dict[str, Any]], *, live: Mapping[int, Mapping[str, Any]] = ()
-                  ) -> Path:
+    def fake_gpus(
+        self, host: str, devices: list[dict[str, Any]], *, live: Mapping[int, Mapping[str, Any]] = ()
+    ) -> Path:
         """A fake-GPU file for ``host`` (src/cuectl/gpu/fake.py); ``live`` maps a device
         index to its live values (``utilization_pct``, ``memory_used_bytes``), which every
         sample of that device then reads."""
@@ -170,9 +202,26 @@ class WebFarm:
         """``cuectl worker`` on ``fake`` GPUs, sampling every 0.2 s, running frames as this
         user (not as the token's user, which has no OS account here)."""
         env = dict(self.env, CUECTL_FAKE_GPUS=str(fake))
-        return self._spawn("worker", [*CUECTL, "--db", str(self.db), "worker", "--poll", "0.1",
-                                      "--sample-interval", "0.2", "--lease-timeout", "4", "--cores", "4",
-                                      "--run-as-worker-user", *extra], env)
+        return self._spawn(
+            "worker",
+            [
+                *CUECTL,
+                "--db",
+                str(self.db),
+                "worker",
+                "--poll",
+                "0.1",
+                "--sample-interval",
+                "0.2",
+                "--lease-timeout",
+                "4",
+                "--cores",
+                "4",
+                "--run-as-worker-user",
+                *extra,
+            ],
+            env,
+        )
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -235,15 +284,17 @@ class WebFarm:
         from cuectl.sched.store import HostInfo
 
         with self.store() as store:
-            store.register_host(HostInfo(name=name, cores=8, memory_bytes=64 * GIB, gpus=gpus, version="test"),
-                                now=time.time())
+            store.register_host(
+                HostInfo(name=name, cores=8, memory_bytes=64 * GIB, gpus=gpus, version="test"), now=time.time()
+            )
 
     def claim(self, layer_id: int, *, host: str, gpu_uuids: tuple[str, ...] = ()) -> Any:
         """The layer's next WAITING frame claimed as a worker on ``host`` would (RUNNING, with
         a ten-minute lease: it stays RUNNING while the test looks at it)."""
         with self.store() as store:
-            claimed = store.claim_frame(layer_id, host=host, worker=f"{host}-w", gpu_uuids=list(gpu_uuids),
-                                        now=time.time(), lease_s=600.0)
+            claimed = store.claim_frame(
+                layer_id, host=host, worker=f"{host}-w", gpu_uuids=list(gpu_uuids), now=time.time(), lease_s=600.0
+            )
         assert claimed is not None, f"nothing to claim in layer {layer_id}"
         return claimed
 
@@ -253,9 +304,20 @@ class WebFarm:
 
         now = time.time()
         with self.store() as store:
-            store.record_live_usage(host, [LiveUsage(frame_id=claimed.frame_id, attempt=claimed.attempt,
-                                                     sampled_at=now, util_pct=util, memory_used_bytes=memory_bytes,
-                                                     samples={})], now=now)
+            store.record_live_usage(
+                host,
+                [
+                    LiveUsage(
+                        frame_id=claimed.frame_id,
+                        attempt=claimed.attempt,
+                        sampled_at=now,
+                        util_pct=util,
+                        memory_used_bytes=memory_bytes,
+                        samples={},
+                    )
+                ],
+                now=now,
+            )
 
     def complete(self, claimed: Any, exit_code: int = 0) -> None:
         """End a frame claimed with ``claim`` as its worker would."""
@@ -263,8 +325,12 @@ class WebFarm:
 
         now = time.time()
         with self.store() as store:
-            store.complete_frame(claimed.frame_id, claimed.attempt,
-                                 FrameResult(exit_code=exit_code, started_at=now - 1, ended_at=now), now=now)
+            store.complete_frame(
+                claimed.frame_id,
+                claimed.attempt,
+                FrameResult(exit_code=exit_code, started_at=now - 1, ended_at=now),
+                now=now,
+            )
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "a condition") -> Any:

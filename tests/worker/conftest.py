@@ -44,8 +44,13 @@ def shared_farm(os_users):
     f.ledger = out / "ledger.jsonl"
     open_store(str(f.db)).close()
     sock = Path(f"{f.db}.sock")
-    server = subprocess.Popen([*cuectl_cmd(), "--db", str(f.db), "serve", "--socket", str(sock), "--no-access-log"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        [*cuectl_cmd(), "--db", str(f.db), "serve", "--socket", str(sock), "--no-access-log"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while not sock.exists() or not os.stat(sock).st_mode & 0o002:  # uvicorn binds, then opens it to all
         if server.poll() is not None or time.monotonic() > deadline:
@@ -88,8 +93,19 @@ def solo(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("CUECTL_FAKE_GPUS", str(fake))
     monkeypatch.chdir(tmp_path)
     store = open_store(str(tmp_path / "q.db"))
-    worker, _ = build_worker(store, name="h", until_idle=True, max_frames=None, poll=0.05, sample_interval=10,
-                             lease_timeout=60, gpu_only=False, lock_dir=None, tags=[], cores=2)
+    worker, _ = build_worker(
+        store,
+        name="h",
+        until_idle=True,
+        max_frames=None,
+        poll=0.05,
+        sample_interval=10,
+        lease_timeout=60,
+        gpu_only=False,
+        lock_dir=None,
+        tags=[],
+        cores=2,
+    )
     yield store, worker
     store.close()
 
@@ -102,8 +118,9 @@ def small_log_fs(tmp_path: Path):
         pytest.skip("mounting a small filesystem needs root")
     mount = tmp_path / "logfs"
     mount.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(mount)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     yield mount

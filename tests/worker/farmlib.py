@@ -52,8 +52,14 @@ class Farm:
     def cuectl(self, *args: str, check: bool = True, fake: Path | None = None) -> subprocess.CompletedProcess:
         env = self.env(**({"CUECTL_FAKE_GPUS": str(fake)} if fake else {}))
         # In the test's tmp dir: a job submitted here runs its frames here (submit's directory).
-        res = subprocess.run([*cuectl_cmd(), "--db", str(self.db), *args], capture_output=True, text=True,
-                             env=env, timeout=120, cwd=self.tmp)
+        res = subprocess.run(
+            [*cuectl_cmd(), "--db", str(self.db), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            cwd=self.tmp,
+        )
         if check and res.returncode != 0:
             raise AssertionError(f"cuectl {args} exited {res.returncode}: {res.stderr}")
         return res
@@ -67,16 +73,36 @@ class Farm:
         return [sys.executable, PROBE, str(self.ledger), *args]
 
     def worker_args(self, *extra: str, lease: str = "2", poll: str = "0.05") -> list[str]:
-        return [*cuectl_cmd(), "--db", str(self.db), "worker", "--poll", poll, "--lease-timeout", lease,
-                "--sample-interval", "0.2", *self.worker_flags, *extra]
+        return [
+            *cuectl_cmd(),
+            "--db",
+            str(self.db),
+            "worker",
+            "--poll",
+            poll,
+            "--lease-timeout",
+            lease,
+            "--sample-interval",
+            "0.2",
+            *self.worker_flags,
+            *extra,
+        ]
 
-    def start_worker(self, fake: Path | None, *extra: str, env: dict[str, str] | None = None,
-                     lease: str = "2") -> subprocess.Popen:
+    def start_worker(
+        self, fake: Path | None, *extra: str, env: dict[str, str] | None = None, lease: str = "2"
+    ) -> subprocess.Popen:
         e = self.env(**({"CUECTL_FAKE_GPUS": str(fake)} if fake else {}))
         e.update(env or {})
         # Frames run in the worker's cwd: the test's tmp dir, so nothing lands in the repo.
-        proc = subprocess.Popen(self.worker_args(*extra, lease=lease), env=e, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=self.tmp)
+        proc = subprocess.Popen(
+            self.worker_args(*extra, lease=lease),
+            env=e,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            cwd=self.tmp,
+        )
         self.procs.append(proc)
         return proc
 

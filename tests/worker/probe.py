@@ -12,15 +12,40 @@ import signal
 import sys
 import time
 
-KEYS = ("CUE_JOB", "CUE_JOB_ID", "CUE_LAYER", "CUE_LAYER_ID", "CUE_FRAME_ID", "CUE_IFRAME", "CUE_FRAME", "CUE_RANGE",
-        "CUE_CHUNK", "CUE_ATTEMPT", "CUE_THREADS", "CUE_MEMORY", "CUE_GPUS", "CUE_GPU_CORES", "CUE_GPU_UUIDS",
-        "CUE_GPU_MEMORY", "CUE_LOG_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "EXTRA")
+KEYS = (
+    "CUE_JOB",
+    "CUE_JOB_ID",
+    "CUE_LAYER",
+    "CUE_LAYER_ID",
+    "CUE_FRAME_ID",
+    "CUE_IFRAME",
+    "CUE_FRAME",
+    "CUE_RANGE",
+    "CUE_CHUNK",
+    "CUE_ATTEMPT",
+    "CUE_THREADS",
+    "CUE_MEMORY",
+    "CUE_GPUS",
+    "CUE_GPU_CORES",
+    "CUE_GPU_UUIDS",
+    "CUE_GPU_MEMORY",
+    "CUE_LOG_PATH",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "NVIDIA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "EXTRA",
+)
 
 
 def record(path, event, **extra):
-    line = json.dumps({"event": event, "t": time.time(), "pid": os.getpid(),
-                       "env": {k: os.environ.get(k) for k in KEYS}, **extra}) + "\n"
+    line = (
+        json.dumps(
+            {"event": event, "t": time.time(), "pid": os.getpid(), "env": {k: os.environ.get(k) for k in KEYS}, **extra}
+        )
+        + "\n"
+    )
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.write(fd, line.encode())
     os.close(fd)

@@ -15,14 +15,38 @@ def uuids_of(event) -> list[str]:
 
 def test_worker_and_cuectl_run_never_share_a_device(farm):
     fake = farm.host("shared", [V100, V100])
-    job = farm.submit({"name": "queued", "layers": [{
-        "name": "r", "command": farm.probe("--sleep", "0.15"), "range": "1-12", "gpus": 1}]})
+    job = farm.submit(
+        {
+            "name": "queued",
+            "layers": [{"name": "r", "command": farm.probe("--sleep", "0.15"), "range": "1-12", "gpus": 1}],
+        }
+    )
     worker = farm.start_worker(fake, "--until-idle")
     env = farm.env(CUECTL_FAKE_GPUS=str(fake))
-    adhoc = [subprocess.Popen([*cuectl_cmd(), "run", "--gpus", "1", "--wait", "--timeout", "120", "--",
-                               sys.executable, PROBE, str(farm.ledger), "--sleep", "0.15"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(6)]
+    adhoc = [
+        subprocess.Popen(
+            [
+                *cuectl_cmd(),
+                "run",
+                "--gpus",
+                "1",
+                "--wait",
+                "--timeout",
+                "120",
+                "--",
+                sys.executable,
+                PROBE,
+                str(farm.ledger),
+                "--sleep",
+                "0.15",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
     for p in adhoc:
         _, err = p.communicate(timeout=180)
         assert p.returncode == 0, err

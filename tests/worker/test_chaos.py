@@ -45,9 +45,20 @@ def _succeeded(db) -> int:
 def test_chaos_kills_lose_nothing_and_never_share_a_device(farm, capsys):
     rng = random.Random(SEED)
     hosts = [farm.host(f"chaos{i}", [V100, V100]) for i in range(HOSTS)]
-    farm.submit({"name": "chaos", "layers": [{
-        "name": "gpu", "command": farm.probe("--sleep", "0.05"), "range": f"1-{FRAMES}", "gpus": 1,
-        "retries": 50}]})
+    farm.submit(
+        {
+            "name": "chaos",
+            "layers": [
+                {
+                    "name": "gpu",
+                    "command": farm.probe("--sleep", "0.05"),
+                    "range": f"1-{FRAMES}",
+                    "gpus": 1,
+                    "retries": 50,
+                }
+            ],
+        }
+    )
     lease = "1"
     procs = {}
     kills = {"sigkill": 0, **{p: 0 for p in CRASH_POINTS}}
@@ -103,8 +114,9 @@ def test_chaos_kills_lose_nothing_and_never_share_a_device(farm, capsys):
     # Every frame succeeded, exactly one successful attempt recorded per frame.
     conn = sqlite3.connect(farm.db)
     states = dict(conn.execute("SELECT state, COUNT(*) FROM frames GROUP BY state").fetchall())
-    per_frame = conn.execute("SELECT frame_id, COUNT(*) FROM attempts WHERE outcome = 'succeeded' "
-                             "GROUP BY frame_id").fetchall()
+    per_frame = conn.execute(
+        "SELECT frame_id, COUNT(*) FROM attempts WHERE outcome = 'succeeded' GROUP BY frame_id"
+    ).fetchall()
     conn.close()
     assert states == {"SUCCEEDED": FRAMES}
     assert len(per_frame) == FRAMES and {n for _, n in per_frame} == {1}
@@ -112,8 +124,14 @@ def test_chaos_kills_lose_nothing_and_never_share_a_device(farm, capsys):
     finished = {int(e["env"]["CUE_IFRAME"]) for e in events if e["event"] == "end"}
     assert finished == set(range(1, FRAMES + 1))
     assert list_leases(_lock_dir()) == [], "device leases left behind"
-    figures = {"seed": SEED, "frames": FRAMES, "kills": kills, "runs": len(starts),
-               "re_executions": len(starts) - FRAMES, "wall_s": round(wall, 1)}
+    figures = {
+        "seed": SEED,
+        "frames": FRAMES,
+        "kills": kills,
+        "runs": len(starts),
+        "re_executions": len(starts) - FRAMES,
+        "wall_s": round(wall, 1),
+    }
     with capsys.disabled():
         print(f"\nchaos: {json.dumps(figures)}")
     assert sum(kills.values()) >= 8, f"the run must actually kill workers: {kills}"
@@ -155,9 +173,21 @@ def test_chaos_two_workers_per_host_and_escaping_children(farm, capsys):
     frames = 100
     fakes = [farm.host(f"duo{i}", [V100, V100]) for i in range(2)]
     escapees = farm.tmp / "escapees"
-    farm.submit({"name": "duo", "layers": [{
-        "name": "gpu", "command": ["/bin/sh", "-c", ESCAPING_FRAME, "sh", *farm.probe("--sleep", "0.05")],
-        "range": f"1-{frames}", "gpus": 1, "retries": 50, "env": {"ESCAPEES": str(escapees)}}]})
+    farm.submit(
+        {
+            "name": "duo",
+            "layers": [
+                {
+                    "name": "gpu",
+                    "command": ["/bin/sh", "-c", ESCAPING_FRAME, "sh", *farm.probe("--sleep", "0.05")],
+                    "range": f"1-{frames}",
+                    "gpus": 1,
+                    "retries": 50,
+                    "env": {"ESCAPEES": str(escapees)},
+                }
+            ],
+        }
+    )
     names = {(fake, f"duo{i}-{side}"): fake for i, fake in enumerate(fakes) for side in "ab"}
     procs = {key: farm.start_worker(fake, "--name", key[1], lease="1") for key, fake in names.items()}
     kills, refused = 0, 0
@@ -180,8 +210,9 @@ def test_chaos_two_workers_per_host_and_escaping_children(farm, capsys):
                     # line naming the running worker.
                     dup = farm.start_worker(names[key], "--until-idle", "--name", key[1], lease="1")
                     _, err = dup.communicate(timeout=60)
-                    assert dup.returncode == 1 and f"(pid {procs[key].pid}," in err \
-                        and "is already running as host" in err, err
+                    assert (
+                        dup.returncode == 1 and f"(pid {procs[key].pid}," in err and "is already running as host" in err
+                    ), err
                     refused += 1
             for k, proc in procs.items():
                 if proc.poll() is not None:
@@ -214,15 +245,24 @@ def test_chaos_two_workers_per_host_and_escaping_children(farm, capsys):
     assert intervals_overlap(events, uuids_of) == []
     conn = sqlite3.connect(farm.db)
     states = dict(conn.execute("SELECT state, COUNT(*) FROM frames GROUP BY state").fetchall())
-    per_frame = conn.execute("SELECT frame_id, COUNT(*) FROM attempts WHERE outcome = 'succeeded' "
-                             "GROUP BY frame_id").fetchall()
+    per_frame = conn.execute(
+        "SELECT frame_id, COUNT(*) FROM attempts WHERE outcome = 'succeeded' GROUP BY frame_id"
+    ).fetchall()
     conn.close()
     assert states == {"SUCCEEDED": frames}
     assert len(per_frame) == frames and {n for _, n in per_frame} == {1}
     assert list_leases(_lock_dir()) == [], "device leases left behind"
-    figures = {"seed": SEED + 1, "frames": frames, "workers": len(procs), "sigkills": kills,
-               "duplicates_refused": refused, "escapees": len(escapees.read_text().split()),
-               "runs": len(starts), "re_executions": len(starts) - frames, "wall_s": round(wall, 1)}
+    figures = {
+        "seed": SEED + 1,
+        "frames": frames,
+        "workers": len(procs),
+        "sigkills": kills,
+        "duplicates_refused": refused,
+        "escapees": len(escapees.read_text().split()),
+        "runs": len(starts),
+        "re_executions": len(starts) - frames,
+        "wall_s": round(wall, 1),
+    }
     with capsys.disabled():
         print(f"\nchaos (two workers per host, escaping children): {json.dumps(figures)}")
     assert kills >= 4, f"the run must actually kill workers: {kills}"

@@ -28,16 +28,21 @@ from farmlib import Farm
 
 # Writes 64 KiB chunks as fast as it can and ignores ENOSPC, as a careless renderer would,
 # for at most 30 s (a guard: the worker must stop it long before).
-FLOOD = ("import os, time\n"
-         "end = time.monotonic() + 30\n"
-         "while time.monotonic() < end:\n"
-         "    try: os.write(1, b'x' * 65536)\n"
-         "    except OSError: time.sleep(0.001)\n")
+FLOOD = (
+    "import os, time\n"
+    "end = time.monotonic() + 30\n"
+    "while time.monotonic() < end:\n"
+    "    try: os.write(1, b'x' * 65536)\n"
+    "    except OSError: time.sleep(0.001)\n"
+)
 
 
 def _mount_small(where: Path, size_mib: int) -> None:
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0755", "tmpfs", str(where)],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=0755", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode == 0:
         return
     # No tmpfs here: an ext2 file system in a file, loop-mounted (ext2: no journal to fill).
@@ -48,8 +53,9 @@ def _mount_small(where: Path, size_mib: int) -> None:
     for step in steps:
         loop = subprocess.run(step, capture_output=True, text=True)
         if loop.returncode != 0:
-            pytest.fail(f"cannot mount a small file system here: tmpfs: {res.stderr.strip()}; "
-                        f"{step[0]}: {loop.stderr.strip()}")
+            pytest.fail(
+                f"cannot mount a small file system here: tmpfs: {res.stderr.strip()}; {step[0]}: {loop.stderr.strip()}"
+            )
     os.chmod(where, 0o755)
 
 
@@ -116,10 +122,12 @@ def test_a_log_flood_is_stopped_and_cut_back_so_the_store_and_other_frames_go_on
     and its log stays cut back to 64 KiB after the frame is gone (it used to refill the
     disk in the frame's last instants and stay that size, leaving the store unwritable for
     good). A frame beside it that writes nothing is not stopped for the full disk."""
-    flood = farm.submit({"name": "flood", "layers": [{"name": "w", "command": [sys.executable, "-c", FLOOD],
-                                                      "retries": 0}]})
-    quiet = farm.submit({"name": "quiet", "layers": [{"name": "q", "command": farm.probe("--sleep", "2"),
-                                                      "retries": 0}]})
+    flood = farm.submit(
+        {"name": "flood", "layers": [{"name": "w", "command": [sys.executable, "-c", FLOOD], "retries": 0}]}
+    )
+    quiet = farm.submit(
+        {"name": "quiet", "layers": [{"name": "q", "command": farm.probe("--sleep", "2"), "retries": 0}]}
+    )
     t0 = time.monotonic()
     res = farm.run_worker(None, "--cores", "2", timeout=40)
     took = time.monotonic() - t0
@@ -182,9 +190,15 @@ def test_results_wait_for_the_store_with_back_off_and_are_written_when_space_ret
     space: writing nothing, they are not stopped for a disk that something else filled). The worker says once that the store is unavailable and
     retries with back-off (0.1 s doubling to 5 s), not every iteration; once space is back
     both are recorded as they really ended, on their first attempt."""
-    job = farm.submit({"name": "j", "layers": [
-        {"name": "ok", "command": farm.probe("--sleep", "1.5"), "retries": 0},
-        {"name": "bad", "command": farm.probe("--sleep", "1.5", "--exit", "3"), "retries": 0}]})
+    job = farm.submit(
+        {
+            "name": "j",
+            "layers": [
+                {"name": "ok", "command": farm.probe("--sleep", "1.5"), "retries": 0},
+                {"name": "bad", "command": farm.probe("--sleep", "1.5", "--exit", "3"), "retries": 0},
+            ],
+        }
+    )
     proc = farm.start_worker(None, "--until-idle", "--cores", "2")
     farm.wait_for(lambda: len(ledger(farm, "start")) == 2, what="both frames running")
     store_cannot_grow(farm.db)
@@ -206,15 +220,19 @@ def test_results_wait_for_the_store_with_back_off_and_are_written_when_space_ret
     assert states == {"ok": ("SUCCEEDED", 1, 0), "bad": ("DEAD", 1, 3)}, states
 
 
-def _worker_stopped_without_store(farm: Farm, disk: Path, *, running: bool) -> tuple[subprocess.Popen, str, float, float]:
+def _worker_stopped_without_store(
+    farm: Farm, disk: Path, *, running: bool
+) -> tuple[subprocess.Popen, str, float, float]:
     """Start a (service) worker, fill the disk once its frame(s) run, let the short one end
     (its result cannot be recorded), SIGTERM; the worker, its stderr, how long it took to
     exit and when (wall clock) it was signalled."""
     layers = [{"name": "short", "command": farm.probe("--sleep", "0.3")}]
     if running:
         # 30 s on its first attempt only: after the requeue it ends at once.
-        cmd = (f'if [ "$CUE_ATTEMPT" = 1 ]; then exec {sys.executable} {farm.probe()[1]} {farm.ledger} --sleep 30; '
-               f'else exec {sys.executable} {farm.probe()[1]} {farm.ledger}; fi')
+        cmd = (
+            f'if [ "$CUE_ATTEMPT" = 1 ]; then exec {sys.executable} {farm.probe()[1]} {farm.ledger} --sleep 30; '
+            f"else exec {sys.executable} {farm.probe()[1]} {farm.ledger}; fi"
+        )
         layers.append({"name": "long", "command": ["sh", "-c", cmd]})
     farm.submit({"name": "j", "layers": layers})
     proc = farm.start_worker(None, "--cores", "2", lease="2")

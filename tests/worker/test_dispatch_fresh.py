@@ -55,11 +55,17 @@ def test_a_lease_that_ends_is_no_longer_named(farm, tmp_path: Path):
     second.__enter__()
     try:
         job = farm.submit({"name": "both", "layers": [{"name": "l", "gpus": 2, "command": ["true"]}]})
-        farm.wait_for(lambda: "notebook-a" in _why(farm, job) and "notebook-b" in _why(farm, job), timeout=30,
-                      what="both leases named")
+        farm.wait_for(
+            lambda: "notebook-a" in _why(farm, job) and "notebook-b" in _why(farm, job),
+            timeout=30,
+            what="both leases named",
+        )
         first.__exit__(None, None, None)
-        text = farm.wait_for(lambda: (lambda t: t if "notebook-a" not in t else None)(_why(farm, job)),
-                             timeout=30, what="the ended lease gone from the reason")
+        text = farm.wait_for(
+            lambda: (lambda t: t if "notebook-a" not in t else None)(_why(farm, job)),
+            timeout=30,
+            what="the ended lease gone from the reason",
+        )
         assert "gpu 1 held by notebook-b" in text and "1 of 2 fitting free" in text, text
     finally:
         second.__exit__(None, None, None)

@@ -30,8 +30,9 @@ def _attempt_logs(store, job_id: int) -> list[tuple[dict, int, str]]:
     for frame in frames:
         log = Path(store.get_frame(frame["id"])["log_path"])
         for attempt in range(1, frame["attempts"] + 1):
-            out.append((frame, attempt, str(log.with_name(log.name.replace(f".{frame['attempts']}.log",
-                                                                           f".{attempt}.log")))))
+            out.append(
+                (frame, attempt, str(log.with_name(log.name.replace(f".{frame['attempts']}.log", f".{attempt}.log"))))
+            )
     return out
 
 
@@ -40,13 +41,36 @@ def test_each_frame_gets_its_own_values_and_its_own_layers(solo, tmp_path):
     # Two layers of one job, then a second job: three templates; a retried frame shows the
     # attempt it is. A layer's env may not forge a frame's own variables.
     flaky = f"env; test -e {tmp_path}/$CUE_IFRAME-once || {{ touch {tmp_path}/$CUE_IFRAME-once; exit 1; }}"
-    first = store.submit(spec_from_mapping({"name": "one", "layers": [
-        {"name": "a", "command": ["env"], "range": "1-3", "env": {"WHO": "a", "CUE_FRAME": "forged"}},
-        {"name": "b", "command": flaky, "range": "4-5", "retries": 1, "retry_delay": 0,
-         "env": {"WHO": "b", "CUE_IFRAME": "forged"}}]}, user=config.current_user()), now=time.time())
-    second = store.submit(spec_from_mapping({"name": "two", "layers": [
-        {"name": "a", "command": ["env"], "range": "1-2", "cores": 2, "env": {"WHO": "two"}}]},
-        user=config.current_user()), now=time.time())
+    first = store.submit(
+        spec_from_mapping(
+            {
+                "name": "one",
+                "layers": [
+                    {"name": "a", "command": ["env"], "range": "1-3", "env": {"WHO": "a", "CUE_FRAME": "forged"}},
+                    {
+                        "name": "b",
+                        "command": flaky,
+                        "range": "4-5",
+                        "retries": 1,
+                        "retry_delay": 0,
+                        "env": {"WHO": "b", "CUE_IFRAME": "forged"},
+                    },
+                ],
+            },
+            user=config.current_user(),
+        ),
+        now=time.time(),
+    )
+    second = store.submit(
+        spec_from_mapping(
+            {
+                "name": "two",
+                "layers": [{"name": "a", "command": ["env"], "range": "1-2", "cores": 2, "env": {"WHO": "two"}}],
+            },
+            user=config.current_user(),
+        ),
+        now=time.time(),
+    )
     assert Supervisor(worker).run() == 0
     seen = 0
     for job_id, job in ((first, "one"), (second, "two")):
@@ -73,13 +97,25 @@ def test_a_layer_env_with_values_execve_cannot_carry_fails_its_frames_each_time(
     store, worker = solo
     worker.opts = dataclasses.replace(worker.opts, run_as_submitter=False)
     user = config.current_user()
-    bad = store.submit(spec_from_mapping({"name": "bad", "layers": [
-        {"name": "r", "command": ["true"], "range": "1-3", "retries": 0, "env": {"A": "ok"}}]}, user=user),
-        now=time.time())
+    bad = store.submit(
+        spec_from_mapping(
+            {
+                "name": "bad",
+                "layers": [{"name": "r", "command": ["true"], "range": "1-3", "retries": 0, "env": {"A": "ok"}}],
+            },
+            user=user,
+        ),
+        now=time.time(),
+    )
     with sqlite3.connect(store.path) as con:
         con.execute("UPDATE layers SET env = ? WHERE job_id = ?", (env, bad))
-    good = store.submit(spec_from_mapping({"name": "good", "layers": [
-        {"name": "r", "command": ["true"], "range": "1", "env": {"A": "ok"}}]}, user=user), now=time.time())
+    good = store.submit(
+        spec_from_mapping(
+            {"name": "good", "layers": [{"name": "r", "command": ["true"], "range": "1", "env": {"A": "ok"}}]},
+            user=user,
+        ),
+        now=time.time(),
+    )
     assert Supervisor(worker).run() == 0
     frames, _ = store.list_frames(job=bad)
     assert [f["state"] for f in frames] == ["DEAD"] * 3

@@ -38,9 +38,21 @@ def _lock_dir():
 def test_escaped_children_die_with_their_frame_and_free_the_device(farm):
     fake = farm.host("esc", [V100])
     pids = farm.tmp / "pids"
-    job = farm.submit({"name": "escapes", "layers": [
-        {"name": name, "command": ["/bin/sh", "-c", script], "range": "1", "gpus": 1,
-         "env": {"PIDS": str(pids)}} for name, script in ESCAPES.items()]})
+    job = farm.submit(
+        {
+            "name": "escapes",
+            "layers": [
+                {
+                    "name": name,
+                    "command": ["/bin/sh", "-c", script],
+                    "range": "1",
+                    "gpus": 1,
+                    "env": {"PIDS": str(pids)},
+                }
+                for name, script in ESCAPES.items()
+            ],
+        }
+    )
     res = farm.run_worker(fake, timeout=120)
     started = _pids(pids)
     try:
@@ -66,12 +78,25 @@ def test_escapee_is_killed_when_its_frame_ends_not_before(farm):
     fake = farm.host("esc2", [V100, V100])
     pids = farm.tmp / "pids"
     marks = farm.tmp / "marks"
-    script = ('( setsid sleep 1000 & echo $! >> "$PIDS" ) ; sleep 1; '
-              'kill -0 "$(cat "$PIDS")" && echo alive-during-frame >> "$MARKS"')
-    job = farm.submit({"name": "helper", "layers": [
-        {"name": "h", "command": ["/bin/sh", "-c", script], "range": "1", "gpus": 1,
-         "env": {"PIDS": str(pids), "MARKS": str(marks)}},
-        {"name": "other", "command": ["/bin/sh", "-c", "sleep 0.3"], "range": "1-3", "gpus": 1}]})
+    script = (
+        '( setsid sleep 1000 & echo $! >> "$PIDS" ) ; sleep 1; '
+        'kill -0 "$(cat "$PIDS")" && echo alive-during-frame >> "$MARKS"'
+    )
+    job = farm.submit(
+        {
+            "name": "helper",
+            "layers": [
+                {
+                    "name": "h",
+                    "command": ["/bin/sh", "-c", script],
+                    "range": "1",
+                    "gpus": 1,
+                    "env": {"PIDS": str(pids), "MARKS": str(marks)},
+                },
+                {"name": "other", "command": ["/bin/sh", "-c", "sleep 0.3"], "range": "1-3", "gpus": 1},
+            ],
+        }
+    )
     res = farm.run_worker(fake, timeout=120)
     started = _pids(pids)
     try:
@@ -91,9 +116,23 @@ def test_cuectl_run_puts_down_what_its_command_left_holding_the_lease(farm):
     pids = farm.tmp / "pids"
     env = farm.env(CUECTL_FAKE_GPUS=str(fake), PIDS=str(pids))
     t0 = time.monotonic()
-    res = subprocess.run([*cuectl_cmd(), "run", "--gpus", "1", "--no-wait", "--", "sh", "-c",
-                          'setsid sleep 1000 & echo $! >> "$PIDS"; ( setsid sleep 1000 & echo $! >> "$PIDS" )'],
-                         env=env, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [
+            *cuectl_cmd(),
+            "run",
+            "--gpus",
+            "1",
+            "--no-wait",
+            "--",
+            "sh",
+            "-c",
+            'setsid sleep 1000 & echo $! >> "$PIDS"; ( setsid sleep 1000 & echo $! >> "$PIDS" )',
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     started = _pids(pids)
     try:
         assert res.returncode == 0, res.stderr
@@ -101,8 +140,13 @@ def test_cuectl_run_puts_down_what_its_command_left_holding_the_lease(farm):
         assert len(started) == 2 and [p for p in started if alive(p)] == []
         assert list_leases(_lock_dir()) == []
         # The device can be leased again at once.
-        again = subprocess.run([*cuectl_cmd(), "run", "--gpus", "1", "--no-wait", "--", "true"], env=env,
-                               capture_output=True, text=True, timeout=60)
+        again = subprocess.run(
+            [*cuectl_cmd(), "run", "--gpus", "1", "--no-wait", "--", "true"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert again.returncode == 0, again.stderr
     finally:
         for p in started:

@@ -16,8 +16,14 @@ GIB = 1024**3
 H100 = "NVIDIA H100 80GB HBM3"
 MIG_3G = "MIG-00000000-0000-0000-0000-000000000000"
 MIG_1G = "MIG-00000002-0000-0000-0000-000000000002"
-HIDDEN = {"CUDA_VISIBLE_DEVICES": "-1", "NVIDIA_VISIBLE_DEVICES": "void", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-          "ROCR_VISIBLE_DEVICES": "-1", "HIP_VISIBLE_DEVICES": "-1", "CUE_GPUS": "0"}
+HIDDEN = {
+    "CUDA_VISIBLE_DEVICES": "-1",
+    "NVIDIA_VISIBLE_DEVICES": "void",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    "ROCR_VISIBLE_DEVICES": "-1",
+    "HIP_VISIBLE_DEVICES": "-1",
+    "CUE_GPUS": "0",
+}
 
 
 def layer(name, command, **kw):
@@ -54,15 +60,31 @@ def test_cuectl_run_without_gpus_on_a_host_without_gpus_hides_them(farm):
 
 
 def test_a_frame_asking_for_a_mig_slice_gets_the_instance_by_uuid(farm):
-    fake = farm.host("mig", [{
-        "model": H100, "vendor": "NVIDIA", "memory": "81559MiB", "uuid": "GPU-00000000-0000-0000-0000-0000000000aa",
-        "mig": [{"profile": "3g.40gb", "memory": "40448MiB", "uuid": MIG_3G},
-                {"profile": "1g.10gb", "memory": "9984MiB", "uuid": MIG_1G}]}])
-    job = farm.submit({"name": "mig", "layers": [
-        layer("big", farm.probe(), gpus=1, gpu_models=["H100"], gpu_memory_min="20G"),
-        layer("small", farm.probe(), gpus=1, gpu_memory_min="8G"),  # the smallest instance that fits
-        layer("whole", farm.probe(), gpus=1, gpu_memory_min="60G"),  # the card itself is not leasable
-    ]})
+    fake = farm.host(
+        "mig",
+        [
+            {
+                "model": H100,
+                "vendor": "NVIDIA",
+                "memory": "81559MiB",
+                "uuid": "GPU-00000000-0000-0000-0000-0000000000aa",
+                "mig": [
+                    {"profile": "3g.40gb", "memory": "40448MiB", "uuid": MIG_3G},
+                    {"profile": "1g.10gb", "memory": "9984MiB", "uuid": MIG_1G},
+                ],
+            }
+        ],
+    )
+    job = farm.submit(
+        {
+            "name": "mig",
+            "layers": [
+                layer("big", farm.probe(), gpus=1, gpu_models=["H100"], gpu_memory_min="20G"),
+                layer("small", farm.probe(), gpus=1, gpu_memory_min="8G"),  # the smallest instance that fits
+                layer("whole", farm.probe(), gpus=1, gpu_memory_min="60G"),  # the card itself is not leasable
+            ],
+        }
+    )
     res = farm.run_worker(fake)
     assert res.returncode == 0, res.stderr
     env = starts_by_layer(farm)
@@ -77,16 +99,22 @@ def test_a_frame_asking_for_a_mig_slice_gets_the_instance_by_uuid(farm):
 
 
 def test_memory_request_on_unified_memory_compares_the_hosts_memory(farm):
-    fake = farm.host("mac", [{"model": "Apple M3 Max", "vendor": "Apple", "memory": "64GiB",
-                              "unified_memory": True}], state=True)
+    fake = farm.host(
+        "mac", [{"model": "Apple M3 Max", "vendor": "Apple", "memory": "64GiB", "unified_memory": True}], state=True
+    )
     # Other programs hold 60 GiB of the machine's memory. A discrete card with 4 GiB free
     # would refuse a 32G frame now; unified memory's free share is unknown (apple backend),
     # so only the total counts.
     (farm.tmp / "mac-state" / "0.json").write_text(json.dumps({"utilization_pct": 10, "memory_used_bytes": 60 * GIB}))
-    job = farm.submit({"name": "metal", "layers": [
-        layer("fits", farm.probe(), gpus=1, gpu_memory_min="32G"),
-        layer("too-big", farm.probe(), gpus=1, gpu_memory_min="96G"),
-    ]})
+    job = farm.submit(
+        {
+            "name": "metal",
+            "layers": [
+                layer("fits", farm.probe(), gpus=1, gpu_memory_min="32G"),
+                layer("too-big", farm.probe(), gpus=1, gpu_memory_min="96G"),
+            ],
+        }
+    )
     res = farm.run_worker(fake)
     assert res.returncode == 0, res.stderr
     env = starts_by_layer(farm)
@@ -102,13 +130,24 @@ def test_memory_request_on_unified_memory_compares_the_hosts_memory(farm):
 
 
 def test_frames_never_land_on_an_unhealthy_device(farm):
-    fake = farm.host("sick", [dict(V100, healthy=False, error="GPU has fallen off the bus"), V100,
-                              dict(V100, error="Xid 48: double-bit ECC error")])
+    fake = farm.host(
+        "sick",
+        [
+            dict(V100, healthy=False, error="GPU has fallen off the bus"),
+            V100,
+            dict(V100, error="Xid 48: double-bit ECC error"),
+        ],
+    )
     healthy = default_fake_uuid("sick", 1)
-    job = farm.submit({"name": "sick", "layers": [
-        layer("one", farm.probe("--sleep", "0.2"), gpus=1, range="1-4"),
-        layer("pair", farm.probe(), gpus=2),  # only one healthy device: never runs
-    ]})
+    job = farm.submit(
+        {
+            "name": "sick",
+            "layers": [
+                layer("one", farm.probe("--sleep", "0.2"), gpus=1, range="1-4"),
+                layer("pair", farm.probe(), gpus=2),  # only one healthy device: never runs
+            ],
+        }
+    )
     res = farm.run_worker(fake)
     assert res.returncode == 0, res.stderr
     starts = farm.starts()
@@ -122,11 +161,16 @@ def test_frames_never_land_on_an_unhealthy_device(farm):
 def test_devices_are_numbered_per_vendor_through_a_worker(farm):
     # An AMD card listed first must not shift the NVIDIA numbering: CUDA counts NVIDIA only.
     fake = farm.host("mixed", [MI100, V100, A100])
-    farm.submit({"name": "mixed", "layers": [
-        layer("amd", farm.probe(), gpus=1, gpu_vendor="AMD"),
-        layer("v100", farm.probe(), gpus=1, gpu_models=["V100"]),
-        layer("a100", farm.probe(), gpus=1, gpu_models=["A100"]),
-    ]})
+    farm.submit(
+        {
+            "name": "mixed",
+            "layers": [
+                layer("amd", farm.probe(), gpus=1, gpu_vendor="AMD"),
+                layer("v100", farm.probe(), gpus=1, gpu_models=["V100"]),
+                layer("a100", farm.probe(), gpus=1, gpu_models=["A100"]),
+            ],
+        }
+    )
     res = farm.run_worker(fake)
     assert res.returncode == 0, res.stderr
     env = starts_by_layer(farm)
@@ -141,13 +185,17 @@ def test_devices_are_numbered_per_vendor_through_a_worker(farm):
 
 def test_a_vendors_devices_follow_pci_bus_order_through_a_worker(farm):
     # CUDA_DEVICE_ORDER=PCI_BUS_ID numbers cards by bus id, whatever order a file lists them in.
-    fake = farm.host("pci", [dict(A100, pci_bus_id="0000:81:00.0"), dict(V100, pci_bus_id="0000:1a:00.0"),
-                             RTX4090])
-    farm.submit({"name": "pci", "layers": [
-        layer("a100", farm.probe(), gpus=1, gpu_models=["A100"]),
-        layer("v100", farm.probe(), gpus=1, gpu_models=["V100"]),
-        layer("4090", farm.probe(), gpus=1, gpu_models=["RTX 4090"]),
-    ]})
+    fake = farm.host("pci", [dict(A100, pci_bus_id="0000:81:00.0"), dict(V100, pci_bus_id="0000:1a:00.0"), RTX4090])
+    farm.submit(
+        {
+            "name": "pci",
+            "layers": [
+                layer("a100", farm.probe(), gpus=1, gpu_models=["A100"]),
+                layer("v100", farm.probe(), gpus=1, gpu_models=["V100"]),
+                layer("4090", farm.probe(), gpus=1, gpu_models=["RTX 4090"]),
+            ],
+        }
+    )
     res = farm.run_worker(fake)
     assert res.returncode == 0, res.stderr
     env = starts_by_layer(farm)

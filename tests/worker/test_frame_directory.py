@@ -19,8 +19,24 @@ SECRET = "bob's private notes 7f3a"
 
 def submit_in(user, farm, directory: Path, *command: str, path: str | None = None) -> int:
     env = farm.env(**({"PATH": path} if path else {}))
-    res = user.run([*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", f"in-{user.name}", "--retries", "2",
-                    "-D", str(directory), "--", *command], env=env, cwd=farm.tmp)
+    res = user.run(
+        [
+            *cuectl_cmd(),
+            "--db",
+            str(farm.db),
+            "submit",
+            "--name",
+            f"in-{user.name}",
+            "--retries",
+            "2",
+            "-D",
+            str(directory),
+            "--",
+            *command,
+        ],
+        env=env,
+        cwd=farm.tmp,
+    )
     assert res.returncode == 0, res.stderr
     return int(res.stdout)
 
@@ -81,8 +97,7 @@ def test_a_frame_run_as_its_user_keeps_its_directory_environment_and_errors(shar
     place.mkdir()
     os.chown(place, alice.uid, alice.gid)
     place.chmod(0o700)
-    show = ("import json, os; "
-            "print('SEEN', json.dumps([os.getcwd(), os.environ.get('PWD'), os.environ.get('OLDPWD')]))")
+    show = "import json, os; print('SEEN', json.dumps([os.getcwd(), os.environ.get('PWD'), os.environ.get('OLDPWD')]))"
     ran = submit_in(alice, shared_farm, place, "python3", "-c", show)
     # (on a PATH the user may search: an entry under /root would make it exit 126, as before)
     missing = submit_in(alice, shared_farm, place, "no-such-command-here", path="/usr/bin:/bin")

@@ -83,8 +83,10 @@ def test_members_share_a_store_created_under_umask_022(group_farm, os_users):
     assert refused.returncode == 2, refused
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert errors == refused.stderr.splitlines()[:1] and len(errors) == 1, refused.stderr
-    assert errors[0].startswith(f"error: a root worker will not use a store others can write: {group_farm.db} "
-                                "is mode 660: its group can write it"), errors
+    assert errors[0].startswith(
+        f"error: a root worker will not use a store others can write: {group_farm.db} "
+        "is mode 660: its group can write it"
+    ), errors
     assert "cuectl serve --socket" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
     assert not ran.exists()
 
@@ -92,15 +94,23 @@ def test_members_share_a_store_created_under_umask_022(group_farm, os_users):
     own.mkdir()
     os.chown(own, alice.uid, alice.gid)
     own.chmod(0o700)
-    worker_env = dict(env, CUECTL_LOCK_DIR=str(own / "locks"), CUECTL_LOCK_REGISTRY=str(own / "registry"),
-                      CUECTL_CREATE_LOCK_DIR="1", XDG_STATE_HOME=str(own / "state"),
-                      CUECTL_RUN_CACHE=str(own / "run.cache"))
-    res = alice.run([*base, "worker", "--until-idle", "--poll", "0.05"], env=worker_env, cwd=group_farm.tmp,
-                    timeout=120)
+    worker_env = dict(
+        env,
+        CUECTL_LOCK_DIR=str(own / "locks"),
+        CUECTL_LOCK_REGISTRY=str(own / "registry"),
+        CUECTL_CREATE_LOCK_DIR="1",
+        XDG_STATE_HOME=str(own / "state"),
+        CUECTL_RUN_CACHE=str(own / "run.cache"),
+    )
+    res = alice.run(
+        [*base, "worker", "--until-idle", "--poll", "0.05"], env=worker_env, cwd=group_farm.tmp, timeout=120
+    )
     assert res.returncode == 0, res.stderr
     jobs = json.loads(group_farm.cuectl("job", "list", "--json").stdout)["jobs"]
     assert sorted((j["name"], j["user"], j["frame_counts"]) for j in jobs) == [
-        ("hers", alice.name, {"SUCCEEDED": 1}), ("his", bob.name, {"SUCCEEDED": 1})], jobs
+        ("hers", alice.name, {"SUCCEEDED": 1}),
+        ("his", bob.name, {"SUCCEEDED": 1}),
+    ], jobs
     assert ran.read_text().split() == [str(alice.uid)] * 2  # both, as the worker's own user
 
 
@@ -123,8 +133,9 @@ def test_doctor_explains_a_group_store_members_cannot_write(group_farm, os_users
     assert "its group can write it" in writers["detail"] and "cuectl serve --socket" in writers["detail"], writers
     res = as_user_with_umask(bob, [*base, "submit", "--name", "his", "--", "true"], group_farm.env())
     assert res.returncode == 1
-    assert res.stderr.startswith(f"error: permission denied: {group_farm.db} (only its owner {alice.name} "
-                                 "can write it)"), res.stderr
+    assert res.stderr.startswith(
+        f"error: permission denied: {group_farm.db} (only its owner {alice.name} can write it)"
+    ), res.stderr
 
 
 def test_a_user_outside_the_group_gets_permission_denied_not_an_internal_error(group_farm, os_users):
@@ -134,11 +145,18 @@ def test_a_user_outside_the_group_gets_permission_denied_not_an_internal_error(g
     base = [*cuectl_cmd(), "--db", str(group_farm.db)]
     res = as_user_with_umask(alice, [*base, "submit", "--name", "hers", "--", "true"], group_farm.env())
     assert res.returncode == 0, res.stderr
-    outsider = [shutil.which("setpriv") or "setpriv", f"--reuid={carol.uid}", f"--regid={carol.gid}",
-                "--clear-groups", "--"]
+    outsider = [
+        shutil.which("setpriv") or "setpriv",
+        f"--reuid={carol.uid}",
+        f"--regid={carol.gid}",
+        "--clear-groups",
+        "--",
+    ]
     env = dict(group_farm.env(), USER=carol.name, LOGNAME=carol.name, HOME="/nonexistent")
     for args in (["job", "list"], ["submit", "--name", "mine", "--", "true"], ["frame", "list", "--json"]):
-        res = subprocess.run([*outsider, *osusers.runnable([*base, *args])], env=env, capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [*outsider, *osusers.runnable([*base, *args])], env=env, capture_output=True, text=True, timeout=60
+        )
         assert res.returncode == 1, (args, res)
         first = res.stderr.splitlines()[0]
         assert first == f"error: permission denied: {group_farm.db} (group {osusers.GROUP} can write it)", first

@@ -16,8 +16,9 @@ from cuectl.sched.spec import spec_from_flags
 def test_a_layer_env_that_is_not_an_object_fails_its_frames_and_the_worker_goes_on(solo, env):
     store, worker = solo
     user = config.current_user()
-    bad = store.submit(spec_from_flags(name="bad", command=["true"], range="1-2", retries=0, user=user),
-                       now=time.time())
+    bad = store.submit(
+        spec_from_flags(name="bad", command=["true"], range="1-2", retries=0, user=user), now=time.time()
+    )
     with sqlite3.connect(store.path) as con:
         con.execute("UPDATE layers SET env = ? WHERE job_id = ?", (env, bad))
     worker.loop()  # claims both, refuses to launch them: no exception escapes
@@ -36,8 +37,9 @@ def test_a_frame_number_that_is_not_an_integer_fails_that_frame_and_the_worker_g
     the claim path; the job's other frames run."""
     store, worker = solo
     user = config.current_user()
-    job = store.submit(spec_from_flags(name="bad", command=["true"], range="1-2", retries=0, user=user),
-                       now=time.time())
+    job = store.submit(
+        spec_from_flags(name="bad", command=["true"], range="1-2", retries=0, user=user), now=time.time()
+    )
     warned: list[str] = []
     worker.warn = warned.append
     with sqlite3.connect(store.path) as con:
@@ -52,8 +54,7 @@ def test_a_frame_number_that_is_not_an_integer_fails_that_frame_and_the_worker_g
 def test_the_real_worker_refuses_a_frame_number_that_is_not_an_integer_and_frame_list_shows_it(farm):
     """``cuectl worker --until-idle`` (a real process) reports the row and exits 0; `frame
     list`, `frame show` and `frame log` print the frame (``x-main``), no traceback."""
-    job = farm.submit({"name": "bad", "layers": [{"name": "main", "command": ["true"], "range": "1-2",
-                                                  "retries": 0}]})
+    job = farm.submit({"name": "bad", "layers": [{"name": "main", "command": ["true"], "range": "1-2", "retries": 0}]})
     with sqlite3.connect(farm.db) as con:
         con.execute("UPDATE frames SET number = 'x' WHERE job_id = ? AND number = 1", (job,))
     fake = farm.host("h", [])

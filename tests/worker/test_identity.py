@@ -43,14 +43,16 @@ def submit_as(user, farm, spec: dict, **env: str) -> int:
 def write_refused(user, farm, sql: str, params: tuple) -> str:
     """Run ``sql`` as ``user`` straight on the store file (python's sqlite3, as the old group
     store let any member do) and return SQLite's refusal; fail if the write went through."""
-    prog = (f"import sqlite3\n"
-            f"try:\n"
-            f"    db = sqlite3.connect({str(farm.db)!r})\n"
-            f"    n = db.execute({sql!r}, {params!r}).rowcount\n"
-            f"    db.commit()\n"
-            f"    print('wrote', n)\n"
-            f"except sqlite3.Error as exc:\n"
-            f"    print('refused:', exc)\n")
+    prog = (
+        f"import sqlite3\n"
+        f"try:\n"
+        f"    db = sqlite3.connect({str(farm.db)!r})\n"
+        f"    n = db.execute({sql!r}, {params!r}).rowcount\n"
+        f"    db.commit()\n"
+        f"    print('wrote', n)\n"
+        f"except sqlite3.Error as exc:\n"
+        f"    print('refused:', exc)\n"
+    )
     res = user.run([sys.executable, "-c", prog])
     assert res.returncode == 0 and res.stdout.startswith("refused:"), (res.stdout, res.stderr)
     assert any(text in res.stdout for text in NO_WRITE), res.stdout
@@ -91,8 +93,9 @@ def test_a_user_label_is_not_proof(shared_farm, os_users):
     (alice,) = os_users("alice")
     ran = shared_farm.tmp / "out" / "ran-as"  # the sticky out/: alice may write there
     command = ["sh", "-c", f"id -u >> {ran}"]
-    job = submit_as(alice, shared_farm, {"name": "escalate", "layers": [{"name": "w", "command": command}]},
-                    CUECTL_USER="root")
+    job = submit_as(
+        alice, shared_farm, {"name": "escalate", "layers": [{"name": "w", "command": command}]}, CUECTL_USER="root"
+    )
     assert shared_farm.job(job)["user"] == alice.name
     relabelled = submit_as(alice, shared_farm, {"name": "relabelled", "layers": [{"name": "w", "command": command}]})
     edit_as_root(shared_farm, "UPDATE jobs SET user = 'root' WHERE id = ?", (relabelled,))
@@ -113,8 +116,9 @@ def test_a_command_changed_in_the_store_after_submit_never_runs(shared_farm, os_
     runs as alice."""
     alice, bob = os_users("alice", "bob")
     marker = shared_farm.tmp / "out" / "bob-was-here"
-    job = submit_as(alice, shared_farm, {"name": "victim", "layers": [
-        {"name": "w", "command": ["true"], "retries": 0}]})
+    job = submit_as(
+        alice, shared_farm, {"name": "victim", "layers": [{"name": "w", "command": ["true"], "retries": 0}]}
+    )
     hostile = ("UPDATE layers SET command = ? WHERE job_id = ?", (json.dumps(["touch", str(marker)]), job))
     write_refused(bob, shared_farm, *hostile)
     assert shared_farm.job(job)["layers"][0]["command"] == ["true"]
@@ -135,8 +139,10 @@ def test_a_relabelled_job_pointing_at_someone_elses_receipt_never_runs(shared_fa
     marker = shared_farm.tmp / "out" / "stolen"
     theirs = submit_as(alice, shared_farm, {"name": "a", "layers": [{"name": "w", "command": ["true"]}]})
     mine = submit_as(bob, shared_farm, {"name": "b", "layers": [{"name": "w", "command": ["touch", str(marker)]}]})
-    hostile = ("UPDATE jobs SET user = ?, receipt = ? WHERE id = ?",
-               (alice.name, receipt_of(shared_farm, theirs), mine))
+    hostile = (
+        "UPDATE jobs SET user = ?, receipt = ? WHERE id = ?",
+        (alice.name, receipt_of(shared_farm, theirs), mine),
+    )
     write_refused(bob, shared_farm, *hostile)
     assert shared_farm.job(mine)["user"] == bob.name
     edit_as_root(shared_farm, *hostile)
@@ -170,17 +176,25 @@ def test_only_the_owner_or_an_admin_changes_a_job_forced_or_not(shared_farm, os_
     check. Through the socket the server is the only writer: bob is refused with one line
     naming the owner, with --force too; alice and root (an admin) are not."""
     alice, bob = os_users("alice", "bob")
-    job = submit_as(alice, shared_farm, {"name": "hers", "layers": [{"name": "w", "command": ["true"],
-                                                                      "range": "1-2"}]})
+    job = submit_as(
+        alice, shared_farm, {"name": "hers", "layers": [{"name": "w", "command": ["true"], "range": "1-2"}]}
+    )
     frame = shared_farm.frames(job)[0]["id"]
     base = [*cuectl_cmd(), "--db", str(shared_farm.db)]
-    for args in (["job", "kill", str(job)], ["job", "priority", str(job), "90"], ["job", "pause", str(job)],
-                 ["job", "retry", str(job)], ["frame", "eat", str(frame)]):
+    for args in (
+        ["job", "kill", str(job)],
+        ["job", "priority", str(job), "90"],
+        ["job", "pause", str(job)],
+        ["job", "retry", str(job)],
+        ["frame", "eat", str(frame)],
+    ):
         for force in ([], ["--force"]):
             res = bob.run([*base, *args, *force], env=shared_farm.env())
             assert res.returncode == 1, (args, force, res.stderr)
-            assert error_lines(res.stderr) == [f"error: job {job} (hers) belongs to {alice.name}, not {bob.name}: "
-                                               "only its owner or an admin may change it"], (args, force, res.stderr)
+            assert error_lines(res.stderr) == [
+                f"error: job {job} (hers) belongs to {alice.name}, not {bob.name}: "
+                "only its owner or an admin may change it"
+            ], (args, force, res.stderr)
             assert "--force" not in res.stderr and "Traceback" not in res.stderr, res.stderr
     assert shared_farm.job(job)["frame_counts"] == {"WAITING": 2} and shared_farm.job(job)["priority"] == 0
     assert shared_farm.job(job)["paused"] is False
@@ -204,15 +218,18 @@ def test_only_an_admin_manages_api_tokens(shared_farm, os_users):
     (bob,) = os_users("bob")
     shared_farm.cuectl("admin", "migrate")  # root makes the store: bob is a user of it, not its owner
     submit_as(bob, shared_farm, {"name": "any", "layers": [{"name": "w", "command": ["true"]}]})
-    write_refused(bob, shared_farm, "INSERT INTO tokens(user, role, hash, created_at, created_by) "
-                                    "VALUES (?, 'admin', 'x', 0, ?)", (bob.name, bob.name))
+    write_refused(
+        bob,
+        shared_farm,
+        "INSERT INTO tokens(user, role, hash, created_at, created_by) VALUES (?, 'admin', 'x', 0, ?)",
+        (bob.name, bob.name),
+    )
     base = [*cuectl_cmd(), "--db", str(shared_farm.db)]
     res = bob.run([*base, "admin", "token", "create", bob.name], env=shared_farm.env())
     assert res.returncode == 1 and len(error_lines(res.stderr)) == 1, res.stderr
     assert "admin" in error_lines(res.stderr)[0] and "Traceback" not in res.stderr, res.stderr
     assert json.loads(shared_farm.cuectl("admin", "token", "list", "--json").stdout)["tokens"] == []
-    created = json.loads(shared_farm.cuectl("admin", "token", "create", bob.name, "--role", "viewer",
-                                            "--json").stdout)
+    created = json.loads(shared_farm.cuectl("admin", "token", "create", bob.name, "--role", "viewer", "--json").stdout)
     assert created["secret"].startswith("cuectl_") and created["role"] == "viewer"
     listed = shared_farm.cuectl("admin", "token", "list").stdout
     assert bob.name in listed and created["secret"] not in listed
@@ -236,8 +253,15 @@ def test_a_directory_changed_in_the_store_after_submit_never_runs(shared_farm, o
     os.chown(trap / "train.py", bob.uid, bob.gid)
     os.chown(trap, bob.uid, bob.gid)
     trap.chmod(0o755)
-    job = submit_as(alice, shared_farm, {"name": "victim-dir", "cwd": str(shared_farm.tmp), "layers": [
-        {"name": "w", "command": ["python3", "train.py"], "retries": 0}]})
+    job = submit_as(
+        alice,
+        shared_farm,
+        {
+            "name": "victim-dir",
+            "cwd": str(shared_farm.tmp),
+            "layers": [{"name": "w", "command": ["python3", "train.py"], "retries": 0}],
+        },
+    )
     hostile = ("UPDATE layers SET cwd = ? WHERE job_id = ?", (str(trap), job))
     write_refused(bob, shared_farm, *hostile)
     assert shared_farm.job(job)["layers"][0]["cwd"] == str(shared_farm.tmp)
@@ -271,8 +295,11 @@ def test_a_root_worker_refuses_a_store_its_group_can_write(os_users):
         farm = Farm(home)
         farm.ledger = out / "ledger.jsonl"
         ran = out / "ran-as"
-        res = alice.run([*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "g", "--",
-                         "sh", "-c", f"id -u >> {ran}"], env=farm.env(), cwd=out)
+        res = alice.run(
+            [*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "g", "--", "sh", "-c", f"id -u >> {ran}"],
+            env=farm.env(),
+            cwd=out,
+        )
         assert res.returncode == 0, res.stderr  # a member writes the group store herself
         job = int(res.stdout)
         assert (farm.db.stat().st_mode & 0o777) == 0o660 and farm.db.stat().st_gid == os_users.group_gid
@@ -281,8 +308,9 @@ def test_a_root_worker_refuses_a_store_its_group_can_write(os_users):
         assert refused.returncode == 2, refused
         assert error_lines(refused.stderr) == refused.stderr.splitlines()[:1], refused.stderr
         (line,) = error_lines(refused.stderr)
-        assert line.startswith(f"error: a root worker will not use a store others can write: {farm.db} is mode 660: "
-                               "its group can write it"), line
+        assert line.startswith(
+            f"error: a root worker will not use a store others can write: {farm.db} is mode 660: its group can write it"
+        ), line
         assert "cuectl serve --socket" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
         assert not ran.exists()
         (frame,) = farm.frames(job)

@@ -20,7 +20,7 @@ from cuectl.sched.store import FrameResult, HostInfo, open_store
 from cuectl.serve.metrics import gpu_stats
 from cuectl.top import snapshot
 
-GIB = 1024 ** 3
+GIB = 1024**3
 INTERVAL = 1.0  # the workers' --sample-interval here
 
 # A frame that uses its GPU: it writes its fake device's live values, naming itself as the
@@ -54,8 +54,17 @@ def _snap(db: Path, tmp: Path) -> dict[str, Any]:
 
 
 def _job(spec_name: str, state_dir: Path, util: int, seconds: float) -> dict[str, Any]:
-    return {"name": spec_name, "layers": [{"name": "use", "gpus": 1, "retries": 0, "command": [
-        sys.executable, "-c", USE_GPU, str(state_dir), str(util), str(seconds)]}]}
+    return {
+        "name": spec_name,
+        "layers": [
+            {
+                "name": "use",
+                "gpus": 1,
+                "retries": 0,
+                "command": [sys.executable, "-c", USE_GPU, str(state_dir), str(util), str(seconds)],
+            }
+        ],
+    }
 
 
 def test_two_frames_started_apart_both_devices_fresh_the_whole_run(farm):
@@ -71,8 +80,10 @@ def test_two_frames_started_apart_both_devices_fresh_the_whole_run(farm):
     time.sleep(0.6)
     second = farm.submit(_job("second", state_dir, 37, 9.0))
     # Until the second frame has written its device's values, a sample may read it idle.
-    farm.wait_for(lambda: 37.0 in [d["utilization_pct"] for d in _snap(farm.db, farm.tmp)["hosts"][0]["devices"]],
-                  what="the second frame's values")
+    farm.wait_for(
+        lambda: 37.0 in [d["utilization_pct"] for d in _snap(farm.db, farm.tmp)["hosts"][0]["devices"]],
+        what="the second frame's values",
+    )
 
     docs, snaps = [], []
     while all(f["state"] == "RUNNING" for f in farm.frames(first) + farm.frames(second)):
@@ -111,9 +122,15 @@ def test_an_idle_gpu_another_program_uses_reads_busy_not_free(farm):
     fake state names a process and 6 GiB) reads as held by another program, and /readyz's
     figures count it once, as foreign-busy."""
     fake = farm.host("idle", [V100, V100], state=True)
-    (farm.tmp / "idle-state" / "1.json").write_text(json.dumps(
-        {"utilization_pct": 12, "memory_used_bytes": 6 * GIB,
-         "processes": [{"pid": 424242, "memory_used_bytes": 6 * GIB}]}))
+    (farm.tmp / "idle-state" / "1.json").write_text(
+        json.dumps(
+            {
+                "utilization_pct": 12,
+                "memory_used_bytes": 6 * GIB,
+                "processes": [{"pid": 424242, "memory_used_bytes": 6 * GIB}],
+            }
+        )
+    )
     worker = farm.start_worker(fake, "--sample-interval", str(INTERVAL), lease="40")
 
     def published():
@@ -130,16 +147,31 @@ def test_an_idle_gpu_another_program_uses_reads_busy_not_free(farm):
     assert free["holder"] is None and free["memory_used_bytes"] == 0
     assert busy["holder"]["kind"] == "foreign" and busy["memory_used_bytes"] == 6 * GIB
     assert busy["sampled_at"].endswith("Z") and busy["sample_age_s"] <= 2 * INTERVAL
-    assert gpu_stats(snap, active_jobs=0) == {"total": 2, "leased": 0, "foreign_busy": 1, "available": 1,
-                                              "unavailable": 0, "active_jobs": 0}
+    assert gpu_stats(snap, active_jobs=0) == {
+        "total": 2,
+        "leased": 0,
+        "foreign_busy": 1,
+        "available": 1,
+        "unavailable": 0,
+        "active_jobs": 0,
+    }
     worker.terminate()
     worker.wait(30)
 
 
 def _three_gpu_host(store, name: str) -> float:
     """Register ``name`` with three V100s (GPU-0..2) as its worker would; the store's now."""
-    gpus = [{"index": i, "uuid": f"GPU-{i}", "vendor": "NVIDIA", "model": "Tesla V100-SXM2-16GB",
-             "backend": "fake", "memory_total_bytes": 16 * GIB} for i in range(3)]
+    gpus = [
+        {
+            "index": i,
+            "uuid": f"GPU-{i}",
+            "vendor": "NVIDIA",
+            "model": "Tesla V100-SXM2-16GB",
+            "backend": "fake",
+            "memory_total_bytes": 16 * GIB,
+        }
+        for i in range(3)
+    ]
     now = store.clock()
     store.register_host(HostInfo(name=name, cores=8, memory_bytes=64 * GIB, gpus=gpus), now=now)
     return now
@@ -153,18 +185,27 @@ def test_stale_values_are_not_current_and_a_left_device_is_not_foreign(tmp_path)
     store = open_store(str(db))
     try:
         now = _three_gpu_host(store, "n1")
-        store.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"], "gpus": 1}]},
-                                       user="alice"), now=now)
-        claimed = store.claim_frame(store.runnable_layers()[0].layer_id, host="n1", worker="n1:1",
-                                    gpu_uuids=["GPU-0"], now=now, lease_s=600.0)
+        store.submit(
+            spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"], "gpus": 1}]}, user="alice"),
+            now=now,
+        )
+        claimed = store.claim_frame(
+            store.runnable_layers()[0].layer_id, host="n1", worker="n1:1", gpu_uuids=["GPU-0"], now=now, lease_s=600.0
+        )
         assert claimed is not None
-        store.complete_frame(claimed.frame_id, claimed.attempt, FrameResult(exit_code=0, started_at=now,
-                                                                            ended_at=now + 1), now=now + 1)
+        store.complete_frame(
+            claimed.frame_id, claimed.attempt, FrameResult(exit_code=0, started_at=now, ended_at=now + 1), now=now + 1
+        )
         busy = {"utilization_pct": 90.0, "memory_used_bytes": 9 * GIB, "memory_free_bytes": 7 * GIB}
-        live = {"at": now + 1, "sample_interval_s": 2.0, "devices": [
-            {"uuid": "GPU-0", **busy, "sampled_at": now + 0.9, "frame_id": claimed.frame_id},  # it just left
-            {"uuid": "GPU-1", **busy, "sampled_at": now + 0.9, "frame_id": None},  # another program
-            {"uuid": "GPU-2", **busy, "sampled_at": now - 10.0, "frame_id": None}]}  # stale: 11 s > 2 × 2 s
+        live = {
+            "at": now + 1,
+            "sample_interval_s": 2.0,
+            "devices": [
+                {"uuid": "GPU-0", **busy, "sampled_at": now + 0.9, "frame_id": claimed.frame_id},  # it just left
+                {"uuid": "GPU-1", **busy, "sampled_at": now + 0.9, "frame_id": None},  # another program
+                {"uuid": "GPU-2", **busy, "sampled_at": now - 10.0, "frame_id": None},
+            ],
+        }  # stale: 11 s > 2 × 2 s
         store.heartbeat("n1", [], now=now + 1, lease_s=600.0, live=live)
         snap = snapshot(store, lock_dir=tmp_path / "no-locks", now=now + 1)
         left, other, stale = snap["hosts"][0]["devices"]
@@ -196,9 +237,21 @@ def test_a_live_document_with_times_no_view_can_print_breaks_no_view(tmp_path):
     try:
         now = _three_gpu_host(store, "h1")
         values = {"utilization_pct": 50.0, "memory_used_bytes": GIB, "memory_free_bytes": 15 * GIB}
-        store.heartbeat("h1", [], now=now, lease_s=600.0, live={"at": 1e20, "sample_interval_s": math.inf, "devices": [
-            {"uuid": "GPU-0", **values, "sampled_at": 1e20}, {"uuid": "GPU-1", **values, "sampled_at": math.nan},
-            {"uuid": "GPU-2", **values, "sampled_at": -math.inf}]})
+        store.heartbeat(
+            "h1",
+            [],
+            now=now,
+            lease_s=600.0,
+            live={
+                "at": 1e20,
+                "sample_interval_s": math.inf,
+                "devices": [
+                    {"uuid": "GPU-0", **values, "sampled_at": 1e20},
+                    {"uuid": "GPU-1", **values, "sampled_at": math.nan},
+                    {"uuid": "GPU-2", **values, "sampled_at": -math.inf},
+                ],
+            },
+        )
         snap = snapshot(store, lock_dir=tmp_path / "no-locks", now=now)
         assert gpu_stats(snap, active_jobs=0)["total"] == 3  # the metrics' reading of the same
     finally:
@@ -217,8 +270,10 @@ def test_a_snapshot_of_the_hosts_alone_has_the_same_hosts_and_no_queue(tmp_path)
     store = open_store(str(tmp_path / "store.db"))
     try:
         now = _three_gpu_host(store, "h1")
-        store.submit(spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"], "gpus": 9}]},
-                                       user="alice"), now=now)
+        store.submit(
+            spec_from_mapping({"name": "j", "layers": [{"name": "l", "command": ["true"], "gpus": 9}]}, user="alice"),
+            now=now,
+        )
         full = snapshot(store, lock_dir=tmp_path / "no-locks", now=now)
         hosts_only = snapshot(store, lock_dir=tmp_path / "no-locks", now=now, waiting=False)
     finally:

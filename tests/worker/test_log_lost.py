@@ -10,15 +10,18 @@ import os
 import sys
 from pathlib import Path
 
-FLOOD = ("import os\n"
-         "for _ in range(64):  # 4 MiB at once onto a 2 MiB filesystem; failed writes are ignored\n"
-         "    try: os.write(1, b'x' * 65536)\n"
-         "    except OSError: pass\n")
+FLOOD = (
+    "import os\n"
+    "for _ in range(64):  # 4 MiB at once onto a 2 MiB filesystem; failed writes are ignored\n"
+    "    try: os.write(1, b'x' * 65536)\n"
+    "    except OSError: pass\n"
+)
 
 
 def test_a_log_lost_to_a_full_disk_is_not_a_clean_success(farm, small_log_fs: Path) -> None:
-    flood = farm.submit({"name": "flood", "layers": [
-        {"name": "w", "command": [sys.executable, "-c", FLOOD], "retries": 0}]})
+    flood = farm.submit(
+        {"name": "flood", "layers": [{"name": "w", "command": [sys.executable, "-c", FLOOD], "retries": 0}]}
+    )
     res = farm.run_worker(None, env={"CUECTL_LOG_DIR": str(small_log_fs)}, timeout=60)
     assert res.returncode == 0, res.stderr
     (frame,) = farm.frames(flood)

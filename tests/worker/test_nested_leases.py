@@ -58,15 +58,28 @@ def test_python_api_inside_a_frame_uses_only_the_frames_devices(farm, lock_dir_e
     script.write_text(API_FRAME)
     out = farm.tmp / "out"
     out.mkdir()
-    job = farm.submit({"name": "nested-api", "layers": [{
-        "name": "n", "command": [sys.executable, str(script)], "range": "1-2", "gpus": 2, "timeout": "60",
-        # A device of the host that the frame may or may not have: refused unless it is the frame's.
-        "env": {"OUT": str(out), "OTHER": devices[3].uuid}}]})
+    job = farm.submit(
+        {
+            "name": "nested-api",
+            "layers": [
+                {
+                    "name": "n",
+                    "command": [sys.executable, str(script)],
+                    "range": "1-2",
+                    "gpus": 2,
+                    "timeout": "60",
+                    # A device of the host that the frame may or may not have: refused unless it is the frame's.
+                    "env": {"OUT": str(out), "OTHER": devices[3].uuid},
+                }
+            ],
+        }
+    )
     res = farm.run_worker(fake, timeout=120)
     assert res.returncode == 0, res.stderr
     frames = farm.frames(job)
-    assert {f["state"] for f in frames} == {"SUCCEEDED"}, [farm.cuectl("frame", "log", str(f["id"])).stdout
-                                                           for f in frames]
+    assert {f["state"] for f in frames} == {"SUCCEEDED"}, [
+        farm.cuectl("frame", "log", str(f["id"])).stdout for f in frames
+    ]
     index = {d.uuid: str(d.index) for d in devices}
     for f in frames:
         got = json.loads((out / f"{f['id']}.json").read_text())
@@ -103,8 +116,14 @@ def test_cuectl_run_inside_a_frame_uses_only_the_frames_device(farm, lock_dir_en
         {cuectl} run --gpus 2 --no-wait -- true 2> "$OUT/$CUE_FRAME_ID.err"
         echo "two $?" >> "$OUT/$CUE_FRAME_ID"
     """)
-    job = farm.submit({"name": "nested-run", "layers": [{
-        "name": "r", "command": script, "range": "1-3", "gpus": 1, "timeout": "60", "env": {"OUT": str(out)}}]})
+    job = farm.submit(
+        {
+            "name": "nested-run",
+            "layers": [
+                {"name": "r", "command": script, "range": "1-3", "gpus": 1, "timeout": "60", "env": {"OUT": str(out)}}
+            ],
+        }
+    )
     res = farm.run_worker(fake, timeout=120)
     assert res.returncode == 0, res.stderr
     frames = farm.frames(job)

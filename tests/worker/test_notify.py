@@ -61,8 +61,13 @@ def notifications(farm, job):
 
 def test_webhook_is_delivered_once_though_the_worker_dies_holding_the_claim(farm, hooks):
     host = farm.host("h1", [], state=True)
-    job = farm.submit({"name": "shot010", "notify": [{"webhook": hooks.url}],
-                       "layers": [{"name": "l", "command": ["true"], "range": "1-2"}]})
+    job = farm.submit(
+        {
+            "name": "shot010",
+            "notify": [{"webhook": hooks.url}],
+            "layers": [{"name": "l", "command": ["true"], "range": "1-2"}],
+        }
+    )
     # The worker finishes the job, claims its notification and dies at once (os._exit, as a
     # SIGKILL would): nothing was delivered, the claim is held.
     first = farm.start_worker(host, env={"CUECTL_TEST_CRASH_AT": "notify_claimed"})
@@ -93,8 +98,13 @@ def test_a_failed_webhook_is_retried_with_back_off(farm):
     hooks = Hooks(codes=[500])
     try:
         host = farm.host("h1", [], state=True)
-        job = farm.submit({"name": "fails", "notify": [{"webhook": hooks.url, "on": ["failed", "dead"]}],
-                           "layers": [{"name": "l", "command": ["false"], "retries": 0}]})
+        job = farm.submit(
+            {
+                "name": "fails",
+                "notify": [{"webhook": hooks.url, "on": ["failed", "dead"]}],
+                "layers": [{"name": "l", "command": ["false"], "retries": 0}],
+            }
+        )
         worker = farm.start_worker(host)
         farm.wait_for(lambda: len(hooks.posts) >= 1, timeout=30, what="the first try")
         (frame,) = farm.frames(job)
@@ -117,9 +127,13 @@ def test_a_failed_webhook_is_retried_with_back_off(farm):
 
 def test_command_hook_runs_once_with_the_job_on_stdin(farm):
     out = farm.tmp / "hook.out"
-    job = farm.submit({"name": "cmd", "notify": [{"command": f'echo "$CUE_EVENT $CUE_JOB_ID $CUE_JOB" >> {out}; '
-                                                            f'cat > {out}.json'}],
-                       "layers": [{"name": "l", "command": ["true"]}]})
+    job = farm.submit(
+        {
+            "name": "cmd",
+            "notify": [{"command": f'echo "$CUE_EVENT $CUE_JOB_ID $CUE_JOB" >> {out}; cat > {out}.json'}],
+            "layers": [{"name": "l", "command": ["true"]}],
+        }
+    )
     res = farm.run_worker(None, timeout=60)
     assert res.returncode == 0, res.stderr
     assert out.read_text() == f"finished {job} cmd\n"
@@ -131,10 +145,15 @@ def test_command_hook_runs_once_with_the_job_on_stdin(farm):
 def test_email_goes_through_sendmail(farm):
     mailbox = farm.tmp / "mailbox"
     sendmail = farm.tmp / "sendmail"
-    sendmail.write_text(f"#!/bin/sh\necho \"ARGS $*\" >> {mailbox}\ncat >> {mailbox}\n")
+    sendmail.write_text(f'#!/bin/sh\necho "ARGS $*" >> {mailbox}\ncat >> {mailbox}\n')
     sendmail.chmod(0o755)
-    job = farm.submit({"name": "mailme", "notify": [{"email": "artist@studio.example", "on": ["failed"]}],
-                       "layers": [{"name": "l", "command": ["false"], "retries": 0}]})
+    job = farm.submit(
+        {
+            "name": "mailme",
+            "notify": [{"email": "artist@studio.example", "on": ["failed"]}],
+            "layers": [{"name": "l", "command": ["false"], "retries": 0}],
+        }
+    )
     res = farm.run_worker(None, timeout=60, env={"CUECTL_SENDMAIL": str(sendmail)})
     assert res.returncode == 0, res.stderr
     text = mailbox.read_text()
@@ -148,7 +167,8 @@ def test_admin_notify_deliver_and_farm_defaults(farm, hooks):
     # Defaults set after the submit still apply: they are read when the job finishes.
     farm.cuectl("admin", "notify", "set", "--webhook", hooks.url, "--on", "finished")
     assert json.loads(farm.cuectl("admin", "notify", "list", "--json").stdout)["notify_defaults"] == [
-        {"on": ["finished"], "webhook": hooks.url}]
+        {"on": ["finished"], "webhook": hooks.url}
+    ]
     # Delivered by `admin notify deliver` rather than a worker: the worker stops at once.
     farm.cuectl("admin", "notify", "deliver")  # nothing due yet
     res = farm.run_worker(None, "--max-frames", "1", env={"CUECTL_TEST_CRASH_AT": "notify_claimed"}, timeout=60)
@@ -168,12 +188,27 @@ def test_admin_notify_deliver_and_farm_defaults(farm, hooks):
 
 
 def test_submit_flags(farm, hooks):
-    res = farm.cuectl("submit", "--name", "flags", "--notify-webhook", hooks.url, "--notify-on", "finished",
-                      "--notify-on", "dead", "--notify-email", "a@b.example", "--", "true")
+    res = farm.cuectl(
+        "submit",
+        "--name",
+        "flags",
+        "--notify-webhook",
+        hooks.url,
+        "--notify-on",
+        "finished",
+        "--notify-on",
+        "dead",
+        "--notify-email",
+        "a@b.example",
+        "--",
+        "true",
+    )
     job = int(res.stdout)
     shown = farm.job(job)["notify"]
-    assert shown == [{"on": ["finished", "dead"], "webhook": hooks.url.split("/hook")[0] + "/***"},
-                     {"on": ["finished", "dead"], "email": "a@b.example"}]
+    assert shown == [
+        {"on": ["finished", "dead"], "webhook": hooks.url.split("/hook")[0] + "/***"},
+        {"on": ["finished", "dead"], "email": "a@b.example"},
+    ]
     bad = farm.cuectl("submit", "--name", "x", "--notify-webhook", "gopher://x", "--", "true", check=False)
     assert bad.returncode == 2 and "--notify-webhook" in bad.stderr
 
@@ -188,8 +223,15 @@ def test_root_worker_runs_the_hook_as_the_submitter_and_nothing_else(shared_farm
     farm = shared_farm
     out, marker = farm.tmp / "out" / "hook-uid", farm.tmp / "out" / "bob-was-here"  # sticky out/: alice writes there
     spec = farm.tmp / "alice.json"
-    spec.write_text(json.dumps({"name": "as-alice", "notify": [{"command": f"id -u > {out}"}],
-                                "layers": [{"name": "w", "command": ["true"]}]}))
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "as-alice",
+                "notify": [{"command": f"id -u > {out}"}],
+                "layers": [{"name": "w", "command": ["true"]}],
+            }
+        )
+    )
     spec.chmod(0o644)
     res = alice.run([*cuectl_cmd(), "--db", str(farm.db), "submit", str(spec)], env=farm.env(), cwd=farm.tmp)
     assert res.returncode == 0, res.stderr
@@ -197,8 +239,10 @@ def test_root_worker_runs_the_hook_as_the_submitter_and_nothing_else(shared_farm
     # bob adds a hook of his own to alice's job, hoping it runs as alice. The store has one
     # writer now, so his edit of the file is refused...
     hooks_json = json.dumps([{"command": f"id -u > {out}"}, {"command": f"touch {marker}"}])
-    edit = (f"import sqlite3; c = sqlite3.connect({str(farm.db)!r}); "
-            f"c.execute('UPDATE jobs SET notify = ? WHERE id = ?', ({hooks_json!r}, {job})); c.commit()")
+    edit = (
+        f"import sqlite3; c = sqlite3.connect({str(farm.db)!r}); "
+        f"c.execute('UPDATE jobs SET notify = ? WHERE id = ?', ({hooks_json!r}, {job})); c.commit()"
+    )
     res = bob.run([sys.executable, "-c", edit])
     assert res.returncode != 0 and "sqlite3.OperationalError" in res.stderr, res
     # ...and the same edit made by a writer of the store (root, standing for any) is not
@@ -233,11 +277,17 @@ def test_postgres_farm_delivers_once(farm, hooks):
         farm.db = server.url(name)
         farm.worker_flags = ["--run-as-worker-user"]  # submitted by the superuser role: no proof
         out = farm.tmp / "hook.out"
-        job = farm.submit({"name": "pgjob", "notify": [{"webhook": hooks.url, "on": ["finished", "failed", "dead"]},
-                                                      {"command": f"echo $CUE_EVENT >> {out}"}],
-                           "layers": [{"name": "l", "command": ["true"], "range": "1-12"}]})
-        procs = [farm.start_worker(farm.host(f"pg{i}", []), "--until-idle", "--name", f"node-{i}")
-                 for i in range(3)]
+        job = farm.submit(
+            {
+                "name": "pgjob",
+                "notify": [
+                    {"webhook": hooks.url, "on": ["finished", "failed", "dead"]},
+                    {"command": f"echo $CUE_EVENT >> {out}"},
+                ],
+                "layers": [{"name": "l", "command": ["true"], "range": "1-12"}],
+            }
+        )
+        procs = [farm.start_worker(farm.host(f"pg{i}", []), "--until-idle", "--name", f"node-{i}") for i in range(3)]
         for p in procs:
             p.communicate(timeout=120)
             assert p.returncode == 0

@@ -23,18 +23,45 @@ def test_mail_and_hooks_leave_a_root_worker_as_the_job_user(shared_farm, os_user
     sendmail.write_text(f"#!/bin/sh\nid -u >> {out}/mail-uids\ncat >> {out}/mailbox\n")
     sendmail.chmod(0o755)
     spec = out / "alice.json"
-    spec.write_text(json.dumps({"name": "hers", "notify": [{"email": "alice@studio.example", "on": ["finished"]},
-                                                            {"command": f"id -u > {out}/hook-uid", "on": ["finished"]}],
-                                "layers": [{"name": "w", "command": ["true"]}]}))
+    spec.write_text(
+        json.dumps(
+            {
+                "name": "hers",
+                "notify": [
+                    {"email": "alice@studio.example", "on": ["finished"]},
+                    {"command": f"id -u > {out}/hook-uid", "on": ["finished"]},
+                ],
+                "layers": [{"name": "w", "command": ["true"]}],
+            }
+        )
+    )
     spec.chmod(0o644)
     res = alice.run([*cuectl_cmd(), "--db", str(farm.db), "submit", str(spec)], env=farm.env(), cwd=farm.tmp)
     assert res.returncode == 0, res.stderr
     hers = int(res.stdout)
     # A job labelled bob's that root queued: nothing proves bob submitted it (its receipt is
     # root's). Killed, it fails and asks for mail: not sent as bob, and never as root.
-    labelled = subprocess.run([*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "labelled", "--notify-email",
-                               "ops@studio.example", "--notify-on", "failed", "--", "true"], capture_output=True,
-                              text=True, env=farm.env(CUECTL_USER=bob.name), cwd=farm.tmp, timeout=60)
+    labelled = subprocess.run(
+        [
+            *cuectl_cmd(),
+            "--db",
+            str(farm.db),
+            "submit",
+            "--name",
+            "labelled",
+            "--notify-email",
+            "ops@studio.example",
+            "--notify-on",
+            "failed",
+            "--",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        env=farm.env(CUECTL_USER=bob.name),
+        cwd=farm.tmp,
+        timeout=60,
+    )
     assert labelled.returncode == 0, labelled.stderr
     labelled_id = int(labelled.stdout)
     assert farm.job(labelled_id)["user"] == bob.name
@@ -48,5 +75,6 @@ def test_mail_and_hooks_leave_a_root_worker_as_the_job_user(shared_farm, os_user
     assert all(r["delivered_at"] for r in history if r["job_id"] == hers)
     [refused] = [r for r in history if r["job_id"] == labelled_id]
     assert refused["delivered_at"] is None
-    assert refused["error"].startswith(f"gave up after 1 attempt(s): not sent as {bob.name}, and never as root"), \
+    assert refused["error"].startswith(f"gave up after 1 attempt(s): not sent as {bob.name}, and never as root"), (
         refused["error"]
+    )

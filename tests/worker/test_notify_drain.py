@@ -69,8 +69,13 @@ def test_sigterm_drain_ends_although_webhooks_never_answer(farm, stalling):
     timeout bounds each read, not the answer), and a draining worker waits for its
     deliveries: it never exited."""
     trickle, silent = stalling
-    job = farm.submit({"name": "stall", "notify": [{"webhook": trickle.url}, {"webhook": silent.url}],
-                       "layers": [{"name": "l", "command": ["true"]}]})
+    job = farm.submit(
+        {
+            "name": "stall",
+            "notify": [{"webhook": trickle.url}, {"webhook": silent.url}],
+            "layers": [{"name": "l", "command": ["true"]}],
+        }
+    )
     worker = farm.start_worker(None)
     farm.wait_for(lambda: trickle.requests and silent.requests, timeout=60, what="both webhooks to be called")
     worker.send_signal(signal.SIGTERM)
@@ -81,8 +86,12 @@ def test_sigterm_drain_ends_although_webhooks_never_answer(farm, stalling):
     # The silent server: a read timed out (10 s). The trickling one: the try's limit (10 s)
     # and its margin (10 s) from its start, then it is recorded as failed and let go.
     assert took < 40, took
-    rows = {r["target"]: r for r in json.loads(farm.cuectl("admin", "notify", "history", "--job", str(job),
-                                                           "--json").stdout)["notifications"]}
+    rows = {
+        r["target"]: r
+        for r in json.loads(farm.cuectl("admin", "notify", "history", "--job", str(job), "--json").stdout)[
+            "notifications"
+        ]
+    }
     slow, quiet = (rows[s.url.rsplit("/", 1)[0] + "/***"] for s in (trickle, silent))
     assert slow["delivered_at"] is None and slow["attempts"] == 1
     assert slow["error"] == "no result within 10 s (abandoned: it may still complete)", slow

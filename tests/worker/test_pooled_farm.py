@@ -65,8 +65,9 @@ def test_ten_workers_share_three_server_connections(pooled_farm, pg_server):
     for conn in held:
         conn.close()
 
-    job = farm.submit({"name": "pooled", "layers": [
-        {"name": "r", "command": farm.probe("--sleep", "0.02"), "range": f"1-{FRAMES}"}]})
+    job = farm.submit(
+        {"name": "pooled", "layers": [{"name": "r", "command": farm.probe("--sleep", "0.02"), "range": f"1-{FRAMES}"}]}
+    )
     peak: list[int] = []
     stop = threading.Event()
 

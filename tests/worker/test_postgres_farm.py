@@ -38,8 +38,9 @@ def rows(url: str, query: str, params=()) -> list[tuple]:
 def test_workers_on_several_hosts_share_one_database(pg_farm):
     farm = pg_farm
     hosts = [farm.host(f"pg{i}", [V100, A100]) for i in range(4)]
-    job = farm.submit({"name": "farm", "layers": [
-        {"name": "r", "command": farm.probe("--sleep", "0.4"), "gpus": 1, "range": "1-32"}]})
+    job = farm.submit(
+        {"name": "farm", "layers": [{"name": "r", "command": farm.probe("--sleep", "0.4"), "gpus": 1, "range": "1-32"}]}
+    )
     procs = [farm.start_worker(h, "--until-idle", "--name", f"node-{i}") for i, h in enumerate(hosts)]
     for p in procs:
         out, err = p.communicate(timeout=120)
@@ -48,12 +49,14 @@ def test_workers_on_several_hosts_share_one_database(pg_farm):
     assert len(frames) == 32 and {f["state"] for f in frames} == {"SUCCEEDED"}
     assert {f["attempts"] for f in frames} == {1}
     starts = farm.starts()
-    assert sorted(int(e["env"]["CUE_FRAME_ID"]) for e in starts) == sorted(f["id"] for f in frames), \
+    assert sorted(int(e["env"]["CUE_FRAME_ID"]) for e in starts) == sorted(f["id"] for f in frames), (
         "every frame ran exactly once"
+    )
     assert len({f["host"] for f in frames}) >= 3, "work is spread over the hosts"
     assert intervals_overlap(farm.events(), uuids_of) == []
-    assert rows(farm.db, "SELECT COUNT(*), COUNT(DISTINCT frame_id) FROM attempts WHERE outcome = 'succeeded'") \
-        == [(32, 32)]
+    assert rows(farm.db, "SELECT COUNT(*), COUNT(DISTINCT frame_id) FROM attempts WHERE outcome = 'succeeded'") == [
+        (32, 32)
+    ]
     names = {h["name"] for h in json.loads(farm.cuectl("host", "list", "--json").stdout)["hosts"]}
     assert {f"node-{i}" for i in range(4)} <= names
 
@@ -70,12 +73,14 @@ def test_notify_wakes_an_idle_worker_at_once(pg_farm):
     time.sleep(1.0)  # well into its 30 s sleep
     latencies = []
     for i in range(2):
-        spec = spec_from_mapping({"name": f"n{i}", "layers": [{"name": "a", "command": farm.probe()}]},
-                                 user=config.current_user())  # a root worker runs frames as their user
+        spec = spec_from_mapping(
+            {"name": f"n{i}", "layers": [{"name": "a", "command": farm.probe()}]}, user=config.current_user()
+        )  # a root worker runs frames as their user
         store.submit(spec, now=time.time())
         t0 = time.time()
-        start = farm.wait_for(lambda: [e for e in farm.starts() if e["env"]["CUE_JOB"] == f"n{i}"], timeout=20,
-                              what="frame start")[0]
+        start = farm.wait_for(
+            lambda: [e for e in farm.starts() if e["env"]["CUE_JOB"] == f"n{i}"], timeout=20, what="frame start"
+        )[0]
         latencies.append(start["t"] - t0)
         farm.wait_for(lambda: not store.has_unfinished_work(), what="frame done")
         time.sleep(0.5)  # idle again
@@ -88,8 +93,9 @@ def test_notify_wakes_an_idle_worker_at_once(pg_farm):
 
 def test_a_running_frame_survives_a_server_restart(pg_farm):
     farm = pg_farm
-    job = farm.submit({"name": "restart", "layers": [
-        {"name": "a", "command": farm.probe("--sleep", "2"), "range": "1-2"}]})
+    job = farm.submit(
+        {"name": "restart", "layers": [{"name": "a", "command": farm.probe("--sleep", "2"), "range": "1-2"}]}
+    )
     worker = farm.start_worker(None, "--until-idle", "--name", "steady", "--cores", "1", lease="30")
     farm.wait_for(lambda: farm.starts(), what="first frame running")
     farm.server.restart()  # every connection of the worker is cut mid-frame
@@ -142,21 +148,34 @@ def test_frames_cannot_read_the_store_password_from_the_worker(farm):
     try:
         farm.db = server.url(name, user=pgserver.PASSWORD_ROLE)
         env = {"PGPASSWORD": pgserver.PASSWORD}
-        spy = ("import os; own = os.environ.get('PGPASSWORD'); "
-               "parent = open(f'/proc/{os.getppid()}/environ', 'rb').read(); "
-               f"print('own', own, 'parent', {pgserver.PASSWORD.encode()!r} in parent, b'PGPASSWORD' in parent)")
+        spy = (
+            "import os; own = os.environ.get('PGPASSWORD'); "
+            "parent = open(f'/proc/{os.getppid()}/environ', 'rb').read(); "
+            f"print('own', own, 'parent', {pgserver.PASSWORD.encode()!r} in parent, b'PGPASSWORD' in parent)"
+        )
         spec = farm.tmp / "spy.json"
         spec.write_text(json.dumps({"name": "spy", "layers": [{"name": "s", "command": [sys.executable, "-c", spy]}]}))
-        res = subprocess.run([*cuectl_cmd(), "--db", farm.db, "submit", str(spec)], env=farm.env(**env),
-                             capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [*cuectl_cmd(), "--db", farm.db, "submit", str(spec)],
+            env=farm.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         job = int(res.stdout)
         # A root worker would run nothing here (no proof the shared role is root's): run frames as itself.
         done = farm.run_worker(None, "--run-as-worker-user", env=env)
         assert done.returncode == 0, done.stderr
+
         def cli(*args: str) -> dict:
-            out = subprocess.run([*cuectl_cmd(), "--db", farm.db, *args, "--json"], env=farm.env(**env),
-                                 capture_output=True, text=True, timeout=60)
+            out = subprocess.run(
+                [*cuectl_cmd(), "--db", farm.db, *args, "--json"],
+                env=farm.env(**env),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             assert out.returncode == 0, out.stderr
             return json.loads(out.stdout)
 
@@ -197,8 +216,7 @@ def test_worker_obeys_sigterm_within_2s_while_the_server_stalls(pg_farm):
 def test_a_frame_that_ends_while_the_server_is_down_keeps_its_real_end_time(pg_farm):
     farm = pg_farm
     host = farm.host("down", [V100])
-    job = farm.submit({"name": "j", "layers": [{"name": "r", "command": farm.probe("--sleep", "1.5"),
-                                                 "gpus": 1}]})
+    job = farm.submit({"name": "j", "layers": [{"name": "r", "command": farm.probe("--sleep", "1.5"), "gpus": 1}]})
     proc = farm.start_worker(host, "--name", "down", "--until-idle", lease="60")  # outlives the outage
     farm.wait_for(lambda: farm.starts(), what="frame started")
     farm.server.stop_server()

@@ -25,8 +25,10 @@ def named_farm(pg_farm):
 
 def connections(url: str, app: str) -> list[tuple]:
     with psycopg.connect(url, autocommit=True) as conn:
-        return conn.execute("SELECT pid, query FROM pg_stat_activity WHERE application_name = %s "
-                            "AND backend_type = 'client backend'", (app,)).fetchall()
+        return conn.execute(
+            "SELECT pid, query FROM pg_stat_activity WHERE application_name = %s AND backend_type = 'client backend'",
+            (app,),
+        ).fetchall()
 
 
 def test_a_worker_holds_one_connection_and_still_wakes_on_notify(named_farm):
@@ -43,13 +45,17 @@ def test_a_worker_holds_one_connection_and_still_wakes_on_notify(named_farm):
         held = connections(farm.plain_db, farm.app)
         assert len(held) == 1, held
         for i in range(2):
-            spec = spec_from_mapping({"name": f"w{i}", "layers": [{"name": "a", "command": farm.probe()}]},
-                                     user=config.current_user())
+            spec = spec_from_mapping(
+                {"name": f"w{i}", "layers": [{"name": "a", "command": farm.probe()}]}, user=config.current_user()
+            )
             t0 = time.monotonic()
             store.submit(spec, now=time.time())
             # Polling would take up to 30 s: only the NOTIFY can start it sooner.
-            farm.wait_for(lambda: [e for e in farm.starts() if e["env"]["CUE_JOB"] == f"w{i}"], timeout=25,
-                          what="frame start before the 30 s poll")
+            farm.wait_for(
+                lambda: [e for e in farm.starts() if e["env"]["CUE_JOB"] == f"w{i}"],
+                timeout=25,
+                what="frame start before the 30 s poll",
+            )
             assert time.monotonic() - t0 < 25
             farm.wait_for(lambda: not store.has_unfinished_work(), what="frame done")
             time.sleep(1.0)  # idle again

@@ -39,8 +39,10 @@ def test_a_finished_frame_and_the_next_claim_are_one_transaction(solo):
     store, worker = solo
     # Two cores a frame on a two-core host: one slot, so each iteration ends one frame and
     # starts the next.
-    job_id = store.submit(spec_from_flags(name="one-slot", command=["true"], range="1-3", cores=2,
-                                          user=config.current_user()), now=time.time())
+    job_id = store.submit(
+        spec_from_flags(name="one-slot", command=["true"], range="1-3", cores=2, user=config.current_user()),
+        now=time.time(),
+    )
     stats = worker.loop()
     assert stats.claimed == 1 and len(worker.running) == 1
     first = next(iter(worker.running))
@@ -53,7 +55,10 @@ def test_a_finished_frame_and_the_next_claim_are_one_transaction(solo):
     # The completion's UPDATE and the claim's inside one BEGIN ... COMMIT (the trace shows
     # statements with their values).
     assert [w.split(",")[0] for w in writes] == [
-        "BEGIN IMMEDIATE", "UPDATE frames SET state = 'SUCCEEDED'", "UPDATE frames SET state = 'RUNNING'", "COMMIT"
+        "BEGIN IMMEDIATE",
+        "UPDATE frames SET state = 'SUCCEEDED'",
+        "UPDATE frames SET state = 'RUNNING'",
+        "COMMIT",
     ], writes
     assert worker.pending == []
     assert store.get_frame(first)["state"] == "SUCCEEDED"
@@ -75,8 +80,10 @@ def test_a_busy_iteration_reads_neither_the_queue_nor_notifications_again(solo):
     is the kept one (nothing changed it: SQLite's data_version), and no notification can be
     due (the job still runs here). The iteration that ends the job's last frame looks."""
     store, worker = solo
-    store.submit(spec_from_flags(name="one-slot", command=["true"], range="1-3", cores=2,
-                                 user=config.current_user()), now=time.time())
+    store.submit(
+        spec_from_flags(name="one-slot", command=["true"], range="1-3", cores=2, user=config.current_user()),
+        now=time.time(),
+    )
     worker.loop()
     wait_for_exit(worker)
     worker.loop()  # frame 1 ends, frame 2 starts (the first forced notification read was before)
@@ -100,8 +107,9 @@ def test_two_frames_of_a_job_ending_together_neither_ask_about_their_job_nor_wri
     asks whether the job is done, and writes nothing to it (it is PENDING already). Its
     last frames' transaction, which claims nothing, asks, and finishes it."""
     store, worker = solo
-    job_id = store.submit(spec_from_flags(name="two-slots", command=["true"], range="1-6",
-                                          user=config.current_user()), now=time.time())
+    job_id = store.submit(
+        spec_from_flags(name="two-slots", command=["true"], range="1-6", user=config.current_user()), now=time.time()
+    )
     worker.loop()
     assert len(worker.running) == 2
     wait_for_exit(worker)

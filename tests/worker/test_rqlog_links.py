@@ -15,19 +15,20 @@ from cuectl.run import logs
 
 # Fails its first attempt and succeeds on the second; each attempt prints its number, and
 # the second waits for the file ``go`` (in the frame's directory, the farm's tmp) when asked.
-ATTEMPTS = ("import os, sys, time\n"
-            "n = int(open('count').read()) + 1 if os.path.exists('count') else 1\n"
-            "open('count', 'w').write(str(n))\n"
-            "print(f'output of attempt {n}', flush=True)\n"
-            "if n == 1:\n"
-            "    sys.exit(3)\n"
-            "while sys.argv[1:] == ['wait'] and not os.path.exists('go'):\n"
-            "    time.sleep(0.05)\n")
+ATTEMPTS = (
+    "import os, sys, time\n"
+    "n = int(open('count').read()) + 1 if os.path.exists('count') else 1\n"
+    "open('count', 'w').write(str(n))\n"
+    "print(f'output of attempt {n}', flush=True)\n"
+    "if n == 1:\n"
+    "    sys.exit(3)\n"
+    "while sys.argv[1:] == ['wait'] and not os.path.exists('go'):\n"
+    "    time.sleep(0.05)\n"
+)
 
 
 def _layer(*args: str, **extra: object) -> dict[str, object]:
-    return {"name": "w", "command": [sys.executable, "-c", ATTEMPTS, *args], "retries": 1, "retry_delay": "0",
-            **extra}
+    return {"name": "w", "command": [sys.executable, "-c", ATTEMPTS, *args], "retries": 1, "retry_delay": "0", **extra}
 
 
 def _log_env(farm) -> dict[str, str]:
@@ -68,8 +69,11 @@ def test_a_running_frames_link_names_its_running_attempt(farm) -> None:
     try:
         # Attempt 1 failed at once; attempt 2 runs until told to stop: the link already
         # follows it, and reading it shows what the running frame has written so far.
-        farm.wait_for(lambda: link.is_symlink() and os.readlink(link) == "../0001-w.2.log",
-                      timeout=30, what="the link to attempt 2's log")
+        farm.wait_for(
+            lambda: link.is_symlink() and os.readlink(link) == "../0001-w.2.log",
+            timeout=30,
+            what="the link to attempt 2's log",
+        )
         farm.wait_for(lambda: "output of attempt 2" in link.read_text(), timeout=30, what="attempt 2's output")
         (frame,) = farm.frames(job)
         assert frame["state"] == "RUNNING", frame
@@ -198,8 +202,9 @@ def test_a_root_worker_hands_the_links_to_the_frames_user_and_never_links_throug
 
 def test_a_frame_that_never_started_links_the_note_that_says_why(farm) -> None:
     missing = farm.tmp / "not-mounted-here"
-    job = farm.submit({"name": "shot-e", "layers": [
-        {"name": "w", "command": ["true"], "retries": 0, "cwd": str(missing)}]})
+    job = farm.submit(
+        {"name": "shot-e", "layers": [{"name": "w", "command": ["true"], "retries": 0, "cwd": str(missing)}]}
+    )
     res = farm.run_worker(None, env=_log_env(farm), timeout=60)
     assert [f["state"] for f in farm.frames(job)] == ["DEAD"], res.stderr
     link = logs.rqlog_path(logs.job_log_dir(farm.tmp / "logs", job), "shot-e", "0001-w")

@@ -42,8 +42,12 @@ def test_a_slot_left_by_an_earlier_worker_is_rewritten_whole(tmp_path: Path) -> 
     # A longer record of a worker that never recovered: this process truncates it on first use.
     (tmp_path / "run-0.json").write_text(json.dumps({"frame_id": 1, "attempt": 3, "log_path": "/" + "y" * 500}))
     path = RunFiles(tmp_path).write(claim(2))
-    assert json.loads(path.read_text()) == {"frame_id": 2, "attempt": 1, "log_path": "/logs/1/0001-a.1.log",
-                                            "worker_pid": os.getpid()}
+    assert json.loads(path.read_text()) == {
+        "frame_id": 2,
+        "attempt": 1,
+        "log_path": "/logs/1/0001-a.1.log",
+        "worker_pid": os.getpid(),
+    }
 
 
 def test_a_slot_is_never_written_through_a_symlink(tmp_path: Path) -> None:
@@ -64,8 +68,9 @@ def test_a_slot_is_never_written_through_a_symlink(tmp_path: Path) -> None:
 
 def test_a_drained_worker_used_at_most_a_slot_per_cpu_slot_and_removes_them(solo):
     store, worker = solo
-    store.submit(spec_from_flags(name="ok", command=["true"], range="1-20", user=config.current_user()),
-                 now=time.time())
+    store.submit(
+        spec_from_flags(name="ok", command=["true"], range="1-20", user=config.current_user()), now=time.time()
+    )
     Supervisor(worker).run()
     assert store.list_jobs()[0]["frame_counts"] == {"SUCCEEDED": 20}
     # Two CPU slots: at most two frames at once, so at most two run files whatever the count

@@ -25,7 +25,9 @@ def uuids_of(event) -> list[str]:
 
 def devices_of(farm, fake) -> dict[int, str]:
     """index -> uuid, as `cuectl gpu list` shows them."""
-    return {d["index"]: d["uuid"] for d in json.loads(farm.cuectl("gpu", "list", "--json", fake=fake).stdout)["devices"]}
+    return {
+        d["index"]: d["uuid"] for d in json.loads(farm.cuectl("gpu", "list", "--json", fake=fake).stdout)["devices"]
+    }
 
 
 def host_live(farm, name: str) -> dict:
@@ -44,19 +46,33 @@ def test_a_multi_gpu_frame_reserves_devices_as_they_free_up_and_others_backfill(
     held for it as they free up (no new small frame starts on them), the T4 it cannot use
     keeps taking small frames, and it starts as soon as the four are free."""
     fake = farm.host("resv-a", [A100, A100, A100, A100, T4])
-    small = farm.submit({"name": "sweep", "priority": 0, "layers": [
-        {"name": "s", "command": farm.probe("--sleep", "2"), "range": "1-30", "gpus": 1}]})
+    small = farm.submit(
+        {
+            "name": "sweep",
+            "priority": 0,
+            "layers": [{"name": "s", "command": farm.probe("--sleep", "2"), "range": "1-30", "gpus": 1}],
+        }
+    )
     proc = farm.start_worker(fake)
     farm.wait_for(lambda: len(farm.starts()) >= 5, what="five small frames running")
     submitted = time.time()
-    big = farm.submit({"name": "big", "priority": 100, "layers": [
-        {"name": "train", "command": farm.probe("--sleep", "1"), "gpus": 4, "gpu_models": ["A100"]}]})
+    big = farm.submit(
+        {
+            "name": "big",
+            "priority": 100,
+            "layers": [{"name": "train", "command": farm.probe("--sleep", "1"), "gpus": 4, "gpu_models": ["A100"]}],
+        }
+    )
     # While it waits, the host says what it holds and for whom.
-    live = farm.wait_for(lambda: (host_live(farm, "resv-a").get("dispatch") or {}).get("reservation"),
-                         timeout=15, what="the reservation to be published")
+    live = farm.wait_for(
+        lambda: (host_live(farm, "resv-a").get("dispatch") or {}).get("reservation"),
+        timeout=15,
+        what="the reservation to be published",
+    )
     assert live["job"] == "big" and live["job_id"] == big and "4" in live["needs"] and "A100" in live["needs"]
-    farm.wait_for(lambda: any(e["env"]["CUE_JOB"] == "big" for e in farm.starts()), timeout=20,
-                  what="the 4-GPU frame to start")
+    farm.wait_for(
+        lambda: any(e["env"]["CUE_JOB"] == "big" for e in farm.starts()), timeout=20, what="the 4-GPU frame to start"
+    )
     stop(proc)
     said = proc.stderr.read()
     assert f"reserving GPUs for job {big} (big) layer train: needs 4" in said, said
@@ -78,21 +94,37 @@ def test_a_reservation_that_cannot_be_met_lapses_after_its_timeout(farm):
     --reservation-timeout the 1-GPU frames behind it run anyway."""
     fake = farm.host("resv-b", [V100, V100])
     env = farm.env(CUECTL_FAKE_GPUS=str(fake))
-    holder = subprocess.Popen([*cuectl_cmd(), "run", "--gpus", "1", "--no-wait", "--", "sleep", "60"], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    holder = subprocess.Popen(
+        [*cuectl_cmd(), "run", "--gpus", "1", "--no-wait", "--", "sleep", "60"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     farm.procs.append(holder)
-    farm.wait_for(lambda: "sleep" in farm.cuectl("gpu", "leases", fake=fake).stdout or
-                  json.loads(farm.cuectl("gpu", "leases", "--json", fake=fake).stdout), what="the lease")
-    big = farm.submit({"name": "pair", "priority": 50, "layers": [
-        {"name": "p", "command": farm.probe(), "gpus": 2}]})
-    small = farm.submit({"name": "singles", "layers": [
-        {"name": "s", "command": farm.probe(), "range": "1-3", "gpus": 1}]})
+    farm.wait_for(
+        lambda: (
+            "sleep" in farm.cuectl("gpu", "leases", fake=fake).stdout
+            or json.loads(farm.cuectl("gpu", "leases", "--json", fake=fake).stdout)
+        ),
+        what="the lease",
+    )
+    big = farm.submit({"name": "pair", "priority": 50, "layers": [{"name": "p", "command": farm.probe(), "gpus": 2}]})
+    small = farm.submit(
+        {"name": "singles", "layers": [{"name": "s", "command": farm.probe(), "range": "1-3", "gpus": 1}]}
+    )
     proc = farm.start_worker(fake, "--reservation-timeout", "1.5")
-    farm.wait_for(lambda: (host_live(farm, "resv-b").get("dispatch") or {}).get("reservation"), timeout=15,
-                  what="the pair's reservation")
+    farm.wait_for(
+        lambda: (host_live(farm, "resv-b").get("dispatch") or {}).get("reservation"),
+        timeout=15,
+        what="the pair's reservation",
+    )
     assert not farm.starts(), "nothing backfills while the reservation holds"
-    farm.wait_for(lambda: {f["state"] for f in farm.frames(small)} == {"SUCCEEDED"}, timeout=30,
-                  what="the singles to run once the reservation lapsed")
+    farm.wait_for(
+        lambda: {f["state"] for f in farm.frames(small)} == {"SUCCEEDED"},
+        timeout=30,
+        what="the singles to run once the reservation lapsed",
+    )
     assert {f["state"] for f in farm.frames(big)} == {"WAITING"}
     stop(proc)
 
@@ -105,8 +137,16 @@ def test_runnable_work_is_found_behind_any_number_of_unrunnable_layers(farm):
     store = open_store(str(farm.db))
     try:
         for i in range(260):  # more than any page the worker reads at once
-            store.submit(spec_from_mapping({"name": f"amd-{i}", "priority": 10, "layers": [
-                {"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}]}), now=time.time())
+            store.submit(
+                spec_from_mapping(
+                    {
+                        "name": f"amd-{i}",
+                        "priority": 10,
+                        "layers": [{"name": "r", "command": ["true"], "gpus": 1, "gpu_vendor": "AMD"}],
+                    }
+                ),
+                now=time.time(),
+            )
     finally:
         store.close()
     cpu = farm.submit({"name": "cpu", "priority": 0, "layers": [{"name": "c", "command": farm.probe()}]})
@@ -119,8 +159,9 @@ def test_runnable_work_is_found_behind_any_number_of_unrunnable_layers(farm):
 def test_a_worker_uses_only_the_devices_it_is_given(farm):
     fake = farm.host("select", [V100, V100, V100])
     uuids = devices_of(farm, fake)
-    job = farm.submit({"name": "sel", "layers": [
-        {"name": "g", "command": farm.probe("--sleep", "0.3"), "range": "1-6", "gpus": 1}]})
+    job = farm.submit(
+        {"name": "sel", "layers": [{"name": "g", "command": farm.probe("--sleep", "0.3"), "range": "1-6", "gpus": 1}]}
+    )
     res = farm.run_worker(fake, "--exclude-devices", "0")
     assert res.returncode == 0, res.stderr
     used = {u for e in farm.starts() for u in uuids_of(e)}
@@ -137,8 +178,13 @@ def test_a_worker_uses_only_the_devices_it_is_given(farm):
 def test_a_device_that_does_not_exist_is_refused_before_anything_changes(farm, tmp_path: Path):
     fake = farm.host("select-bad", [V100])
     db = tmp_path / "never.db"
-    res = subprocess.run([*cuectl_cmd(), "--db", str(db), "worker", "--until-idle", "--devices", "7"],
-                         env=farm.env(CUECTL_FAKE_GPUS=str(fake)), capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(db), "worker", "--until-idle", "--devices", "7"],
+        env=farm.env(CUECTL_FAKE_GPUS=str(fake)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2
     assert res.stderr.startswith("error: --devices: no device '7'") and res.stderr.count("\n") <= 2, res.stderr
     assert not db.exists()
@@ -151,8 +197,9 @@ def test_a_device_another_program_uses_gets_no_frame_until_it_is_gone(farm):
     state = farm.tmp / "nimby-state"
     # The artist's 3D app holds 3 GiB of GPU 0 (no cuectl lease): a device the worker must leave alone.
     (state / "0.json").write_text(json.dumps({"utilization_pct": 35, "memory_used_bytes": 3 << 30}))
-    farm.submit({"name": "n", "layers": [{"name": "g", "command": farm.probe("--sleep", "0.2"), "range": "1-4",
-                                          "gpus": 1}]})
+    farm.submit(
+        {"name": "n", "layers": [{"name": "g", "command": farm.probe("--sleep", "0.2"), "range": "1-4", "gpus": 1}]}
+    )
     proc = farm.start_worker(fake, "--nimby-memory", "1G")
     farm.wait_for(lambda: len(farm.starts()) == 4, what="the frames to run on GPU 1", timeout=30)
     assert {u for e in farm.starts() for u in uuids_of(e)} == {uuids[1]}
@@ -160,8 +207,9 @@ def test_a_device_another_program_uses_gets_no_frame_until_it_is_gone(farm):
     assert live[uuids[0]]["state"] == "nimby" and "another process" in live[uuids[0]]["holder"], live
     # The program exits: GPU 0 takes frames again.
     (state / "0.json").unlink()
-    farm.submit({"name": "n2", "layers": [{"name": "g", "command": farm.probe("--sleep", "1"), "range": "1-2",
-                                           "gpus": 1}]})
+    farm.submit(
+        {"name": "n2", "layers": [{"name": "g", "command": farm.probe("--sleep", "1"), "range": "1-2", "gpus": 1}]}
+    )
     farm.wait_for(lambda: len(farm.starts()) == 6, what="two more frames")
     assert {u for e in farm.starts()[4:] for u in uuids_of(e)} == {uuids[0], uuids[1]}
     stop(proc)
@@ -188,14 +236,21 @@ def test_a_worker_outside_its_schedule_takes_nothing_and_says_why(farm):
 
 # -- 10, 11. retry back-off and failure reasons ---------------------------------------------------------------
 def test_failed_frames_back_off_and_say_why_and_hopeless_ones_do_not_retry(farm):
-    oom = ("import sys; print('step 12'); "
-           "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total)',"
-           " file=sys.stderr); sys.exit(1)")
-    job = farm.submit({"name": "fails", "layers": [
-        {"name": "oom", "command": [sys.executable, "-c", oom], "retries": 1, "retry_delay": "1.5s"},
-        {"name": "missing", "command": ["sh", "-c", "exec /nonexistent/render-tool"], "retries": 3},
-        {"name": "noexec", "command": ["/nonexistent/render-tool"], "retries": 3},
-    ]})
+    oom = (
+        "import sys; print('step 12'); "
+        "print('torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 15.78 GiB total)',"
+        " file=sys.stderr); sys.exit(1)"
+    )
+    job = farm.submit(
+        {
+            "name": "fails",
+            "layers": [
+                {"name": "oom", "command": [sys.executable, "-c", oom], "retries": 1, "retry_delay": "1.5s"},
+                {"name": "missing", "command": ["sh", "-c", "exec /nonexistent/render-tool"], "retries": 3},
+                {"name": "noexec", "command": ["/nonexistent/render-tool"], "retries": 3},
+            ],
+        }
+    )
     res = farm.run_worker(None, timeout=60)
     assert res.returncode == 0, res.stderr
     frames = {f["layer"]: f for f in farm.frames(job)}
@@ -210,8 +265,9 @@ def test_failed_frames_back_off_and_say_why_and_hopeless_ones_do_not_retry(farm)
     assert [a["failure_kind"] for a in history] == ["gpu-oom", "gpu-oom"]
     # The second attempt waited out the back-off after the first ended.
     first_end, second_start = history[0]["ended_at"], history[1]["started_at"]
-    gap = datetime.fromisoformat(second_start.replace("Z", "+00:00")) - \
-        datetime.fromisoformat(first_end.replace("Z", "+00:00"))
+    gap = datetime.fromisoformat(second_start.replace("Z", "+00:00")) - datetime.fromisoformat(
+        first_end.replace("Z", "+00:00")
+    )
     assert gap.total_seconds() >= 1.4, gap
 
 
@@ -229,9 +285,22 @@ def test_until_idle_says_when_waiting_work_needs_more_than_this_host_has(farm):
 def test_frame_show_and_job_show_tell_the_failure_and_the_caps(farm):
     farm.submit({"name": "first", "layers": [{"name": "a", "command": ["true"]}]})  # admin commands need a store
     farm.cuectl("admin", "limit", "set", "licence", "2")
-    job = farm.submit({"name": "told", "project": "show-a", "max_gpus": 4, "layers": [
-        {"name": "gone", "command": ["sh", "-c", "exec /nonexistent/tool"], "limits": ["licence"],
-         "max_running": 1, "retry_delay": "5s"}]})
+    job = farm.submit(
+        {
+            "name": "told",
+            "project": "show-a",
+            "max_gpus": 4,
+            "layers": [
+                {
+                    "name": "gone",
+                    "command": ["sh", "-c", "exec /nonexistent/tool"],
+                    "limits": ["licence"],
+                    "max_running": 1,
+                    "retry_delay": "5s",
+                }
+            ],
+        }
+    )
     assert farm.run_worker(None).returncode == 0
     frame = farm.frames(job)[0]
     text = farm.cuectl("frame", "show", str(frame["id"])).stdout

@@ -13,7 +13,6 @@ import pytest
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="running frames as another user needs a root worker")
 
 
-
 @ROOT_ONLY
 def test_unknown_submitter_is_never_run_as_root(farm):
     import subprocess
@@ -22,11 +21,13 @@ def test_unknown_submitter_is_never_run_as_root(farm):
 
     marker = farm.tmp / "ran"
     spec = farm.tmp / "job.yaml"
-    spec.write_text(json.dumps({"name": "ghost", "layers": [{"name": "w", "command": ["touch", str(marker)],
-                                                              "retries": 0}]}))
+    spec.write_text(
+        json.dumps({"name": "ghost", "layers": [{"name": "w", "command": ["touch", str(marker)], "retries": 0}]})
+    )
     env = farm.env(CUECTL_USER="no-such-user-cuectl")
-    res = subprocess.run([*cuectl_cmd(), "--db", str(farm.db), "submit", str(spec)], env=env, capture_output=True,
-                         text=True)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(farm.db), "submit", str(spec)], env=env, capture_output=True, text=True
+    )
     job = int(res.stdout)
     assert farm.run_worker(None).returncode == 0
     (frame,) = farm.frames(job)
@@ -41,8 +42,12 @@ def test_worker_runs_only_allowed_users_jobs(farm):
 
     jobs = {}
     for user in ("alice", "mallory"):
-        res = subprocess.run([*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", f"{user}-job", "--",
-                              *farm.probe()], env=farm.env(CUECTL_USER=user), capture_output=True, text=True)
+        res = subprocess.run(
+            [*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", f"{user}-job", "--", *farm.probe()],
+            env=farm.env(CUECTL_USER=user),
+            capture_output=True,
+            text=True,
+        )
         jobs[user] = int(res.stdout)
     res = farm.run_worker(None, "--allow-user", "alice", "--run-as-worker-user")
     assert res.returncode == 0, res.stderr
@@ -51,8 +56,14 @@ def test_worker_runs_only_allowed_users_jobs(farm):
 
 
 def test_secret_env_values_are_masked_unless_asked(farm):
-    job = farm.submit({"name": "creds", "env": {"API_TOKEN": "s3cr3t", "DB_PASSWORD": "hunter2"}, "export": "NONE",
-                       "layers": [{"name": "a", "command": ["true"], "env": {"SHOT": "010"}}]})
+    job = farm.submit(
+        {
+            "name": "creds",
+            "env": {"API_TOKEN": "s3cr3t", "DB_PASSWORD": "hunter2"},
+            "export": "NONE",
+            "layers": [{"name": "a", "command": ["true"], "env": {"SHOT": "010"}}],
+        }
+    )
     shown = farm.cuectl("job", "show", str(job), "--json").stdout
     assert "s3cr3t" not in shown and "hunter2" not in shown
     env = json.loads(shown)["layers"][0]["env"]
@@ -64,9 +75,15 @@ def test_secret_env_values_are_masked_unless_asked(farm):
 def test_hostile_names_never_reach_a_shell_or_escape_the_log_dir(farm):
     canary = farm.tmp / "pwned"  # frames run in farm.tmp: a relative `touch pwned` would land here
     name = "x'; touch pwned; echo '$(touch pwned)`touch pwned`../../../tmp/evil"
-    job = farm.submit({"name": name, "layers": [
-        {"name": "shell", "command": "echo job=#JOB# frame=#IFRAME# > /dev/null"},
-        {"name": "argv", "command": ["echo", "#JOB#"]}]})
+    job = farm.submit(
+        {
+            "name": name,
+            "layers": [
+                {"name": "shell", "command": "echo job=#JOB# frame=#IFRAME# > /dev/null"},
+                {"name": "argv", "command": ["echo", "#JOB#"]},
+            ],
+        }
+    )
     assert farm.run_worker(None).returncode == 0
     assert not canary.exists()
     frames = farm.frames(job)

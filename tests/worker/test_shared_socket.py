@@ -32,7 +32,7 @@ def raw_call(user, farm, code: str):
         from cuectl.errors import CuectlError
         from cuectl.sched.store import remote
         from cuectl.sched.model import JobSpec, LayerSpec
-        store = remote.connect(Path({str(farm.db) + '.sock'!r}))
+        store = remote.connect(Path({str(farm.db) + ".sock"!r}))
         try:
             out = {{"ok": True, "value": repr(eval(compile({code!r}, "<call>", "eval")))}}
         except CuectlError as exc:
@@ -45,7 +45,7 @@ def raw_call(user, farm, code: str):
 
 
 def test_users_submit_and_run_as_themselves_through_the_socket(shared_farm, os_users):
-    alice, = os_users("alice")
+    (alice,) = os_users("alice")
     res = submit_as(alice, shared_farm, {"name": "mine", "layers": [{"name": "w", "command": WHOAMI}]})
     assert res.returncode == 0, res.stderr
     job = int(res.stdout)
@@ -54,15 +54,16 @@ def test_users_submit_and_run_as_themselves_through_the_socket(shared_farm, os_u
     assert shared_farm.run_worker(None).returncode == 0
     (frame,) = shared_farm.frames(job)
     assert frame["state"] == "SUCCEEDED"
-    log = alice.run([*cuectl_cmd(), "--db", str(shared_farm.db), "frame", "log", str(frame["id"])],
-                    env=shared_farm.env())
+    log = alice.run(
+        [*cuectl_cmd(), "--db", str(shared_farm.db), "frame", "log", str(frame["id"])], env=shared_farm.env()
+    )
     assert log.returncode == 0 and f"whoami {alice.uid}" in log.stdout, log
 
 
 def test_a_member_cannot_write_the_store_itself(shared_farm, os_users):
     """Items 1, 2, 7: renaming a job to `$(...)`, inserting an admin token, deleting
     receipts all needed write access to the file or its directories. She has none."""
-    alice, = os_users("alice")
+    (alice,) = os_users("alice")
     prog = textwrap.dedent(f"""
         import sqlite3, sys
         try:
@@ -86,10 +87,15 @@ def test_a_member_cannot_write_the_store_itself(shared_farm, os_users):
 def test_a_forged_user_and_forged_frames_are_not_believed(shared_farm, os_users):
     """The socket gets a JobSpec object: its user is the caller's, whatever it says, and its
     frames are expanded again from its range (a client's chunks become no frame rows)."""
-    alice, = os_users("alice")
-    out = raw_call(alice, shared_farm, (
-        "store._call('submit', (JobSpec(name='forged', user='root', layers=(LayerSpec(name='w', command=('id',), "
-        "range='1-2'),), chunks=(((666,), (667,)),)),), {'now': 1.0})"))
+    (alice,) = os_users("alice")
+    out = raw_call(
+        alice,
+        shared_farm,
+        (
+            "store._call('submit', (JobSpec(name='forged', user='root', layers=(LayerSpec(name='w', command=('id',), "
+            "range='1-2'),), chunks=(((666,), (667,)),)),), {'now': 1.0})"
+        ),
+    )
     assert out["ok"], out
     job = shared_farm.job(int(out["value"]))
     assert job["user"] == alice.name
@@ -97,14 +103,17 @@ def test_a_forged_user_and_forged_frames_are_not_believed(shared_farm, os_users)
 
 
 def test_a_member_gets_no_worker_or_admin_call(shared_farm, os_users):
-    alice, = os_users("alice")
-    for code, needs in (("store.reap(now=1e12)", "only the store's owner"),
-                        ("store.claim_frame(1, host='h', worker='w', gpu_uuids=[], now=1.0, lease_s=1.0)",
-                         "only the store's owner"),
-                        ("store.backup(Path('/tmp/stolen.db'))", "only the store's owner"),
-                        ("store.create_token('x', role='admin', label=None, now=1.0)",
-                         "only an admin may manage API tokens"),  # the store's own words, as on the file
-                        ("store.set_host_locked('h', True)", "host lock: only an admin may do this")):
+    (alice,) = os_users("alice")
+    for code, needs in (
+        ("store.reap(now=1e12)", "only the store's owner"),
+        ("store.claim_frame(1, host='h', worker='w', gpu_uuids=[], now=1.0, lease_s=1.0)", "only the store's owner"),
+        ("store.backup(Path('/tmp/stolen.db'))", "only the store's owner"),
+        (
+            "store.create_token('x', role='admin', label=None, now=1.0)",
+            "only an admin may manage API tokens",
+        ),  # the store's own words, as on the file
+        ("store.set_host_locked('h', True)", "host lock: only an admin may do this"),
+    ):
         out = raw_call(alice, shared_farm, code)
         assert not out["ok"] and out["error"] == "NotOwner" and needs in out["message"], (code, out)
     assert not Path("/tmp/stolen.db").exists()
@@ -112,16 +121,20 @@ def test_a_member_gets_no_worker_or_admin_call(shared_farm, os_users):
 
 def test_another_users_job_is_refused_with_one_line(shared_farm, os_users):
     alice, bob = os_users("alice", "bob")
-    job = int(submit_as(alice, shared_farm, {"name": "hers", "paused": True,
-                                             "layers": [{"name": "w", "command": ["true"]}]}).stdout)
+    job = int(
+        submit_as(
+            alice, shared_farm, {"name": "hers", "paused": True, "layers": [{"name": "w", "command": ["true"]}]}
+        ).stdout
+    )
     res = bob.run([*cuectl_cmd(), "--db", str(shared_farm.db), "job", "kill", str(job)], env=shared_farm.env())
     assert res.returncode == 1 and res.stderr.startswith(f"error: job {job} (hers) belongs to {alice.name}"), res
     assert "Traceback" not in res.stderr
     assert shared_farm.job(job)["state"] == "PENDING"
     # --force passed a non-owner on a store every member could write anyway; through the
     # socket the server is the only writer, and its check holds.
-    forced = bob.run([*cuectl_cmd(), "--db", str(shared_farm.db), "job", "kill", "--force", str(job)],
-                     env=shared_farm.env())
+    forced = bob.run(
+        [*cuectl_cmd(), "--db", str(shared_farm.db), "job", "kill", "--force", str(job)], env=shared_farm.env()
+    )
     assert forced.returncode == 1 and f"belongs to {alice.name}" in forced.stderr, forced
     assert "--force" not in forced.stderr
     assert shared_farm.job(job)["state"] == "PENDING"
@@ -152,14 +165,19 @@ def test_a_service_account_vouches_for_its_users_only_when_named(tmp_path, os_us
     os.chmod(out, 0o1777)
     farm = Farm(home)
     farm.ledger = out / "ledger.jsonl"
-    made = svc.run([*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "warm", "--paused", "--", "true"],
-                   env=farm.env())  # svc makes its store
+    made = svc.run(
+        [*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "warm", "--paused", "--", "true"], env=farm.env()
+    )  # svc makes its store
     assert made.returncode == 0, made.stderr
     sock = Path(f"{farm.db}.sock")
-    server = subprocess.Popen(osusers.as_user(svc, [*cuectl_cmd(), "--db", str(farm.db), "serve", "--socket",
-                                                    str(sock), "--no-access-log"]),
-                              env={**farm.env(), "USER": svc.name, "HOME": "/nonexistent"},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        osusers.as_user(svc, [*cuectl_cmd(), "--db", str(farm.db), "serve", "--socket", str(sock), "--no-access-log"]),
+        env={**farm.env(), "USER": svc.name, "HOME": "/nonexistent"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not sock.exists() or not os.stat(sock).st_mode & 0o002:
@@ -167,8 +185,9 @@ def test_a_service_account_vouches_for_its_users_only_when_named(tmp_path, os_us
             time.sleep(0.05)
         marker = out / "ran"
         spec = out / "hers.json"
-        spec.write_text(json.dumps({"name": "hers", "layers": [
-            {"name": "w", "command": ["sh", "-c", f"id -u >> {marker}"]}]}))
+        spec.write_text(
+            json.dumps({"name": "hers", "layers": [{"name": "w", "command": ["sh", "-c", f"id -u >> {marker}"]}]})
+        )
         spec.chmod(0o644)
         res = alice.run([*cuectl_cmd(), "--db", str(farm.db), "submit", str(spec)], env=farm.env(), cwd=out)
         assert res.returncode == 0, res.stderr
@@ -194,13 +213,24 @@ def test_another_users_secrets_stay_hers(shared_farm, os_users):
     """`job show --show-secrets` shows a job's credentials to its owner (and admins), not to
     every user of the machine, as the readable group file once did."""
     alice, bob = os_users("alice", "bob")
-    res = submit_as(alice, shared_farm, {"name": "keys", "paused": True, "layers": [
-        {"name": "w", "command": ["true"], "env": {"API_TOKEN": "s3cr3t-value", "DB": "postgresql://u:pw@h/d"}}]})
+    res = submit_as(
+        alice,
+        shared_farm,
+        {
+            "name": "keys",
+            "paused": True,
+            "layers": [
+                {"name": "w", "command": ["true"], "env": {"API_TOKEN": "s3cr3t-value", "DB": "postgresql://u:pw@h/d"}}
+            ],
+        },
+    )
     job = res.stdout.strip()
 
     def shown(user):
-        out = user.run([*cuectl_cmd(), "--db", str(shared_farm.db), "job", "show", job, "--show-secrets", "--json"],
-                       env=shared_farm.env())
+        out = user.run(
+            [*cuectl_cmd(), "--db", str(shared_farm.db), "job", "show", job, "--show-secrets", "--json"],
+            env=shared_farm.env(),
+        )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)["layers"][0]["env"]
 
@@ -210,7 +240,7 @@ def test_another_users_secrets_stay_hers(shared_farm, os_users):
 
 
 def test_doctor_for_a_user_skips_what_only_admins_may_check(shared_farm, os_users):
-    alice, = os_users("alice")
+    (alice,) = os_users("alice")
     res = alice.run([*cuectl_cmd(), "--db", str(shared_farm.db), "admin", "doctor", "--json"], env=shared_farm.env())
     checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
     assert checks["store"]["status"] == "ok" and checks["store integrity"]["status"] == "ok", checks

@@ -34,8 +34,12 @@ def test_a_drained_worker_signs_off(farm: Farm) -> None:
     fake = farm.host("drain-01", [V100])
     proc = farm.start_worker(fake)
     # The worker creates the store as it starts: until then `host list` finds none (exit 1).
-    farm.wait_for(lambda: (r := farm.cuectl("host", "list", "--json", check=False)).returncode == 0
-                  and json.loads(r.stdout)["hosts"], what="registration")
+    farm.wait_for(
+        lambda: (
+            (r := farm.cuectl("host", "list", "--json", check=False)).returncode == 0 and json.loads(r.stdout)["hosts"]
+        ),
+        what="registration",
+    )
     assert host(farm, "drain-01")["state"] == "UP"
     proc.send_signal(signal.SIGTERM)  # systemctl stop: drain, then exit 0
     _, err = proc.communicate(timeout=60)

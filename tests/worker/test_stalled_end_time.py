@@ -39,6 +39,5 @@ def test_a_frame_that_ends_during_a_stall_keeps_its_real_end_time(pg_farm) -> No
     (frame,) = farm.frames(job)
     assert frame["state"] == "SUCCEEDED"
     with psycopg.connect(direct, autocommit=True) as conn:
-        took = conn.execute("SELECT ended_at - started_at FROM attempts WHERE frame_id = %s",
-                            (frame["id"],)).fetchall()
+        took = conn.execute("SELECT ended_at - started_at FROM attempts WHERE frame_id = %s", (frame["id"],)).fetchall()
     assert len(took) == 1 and 1.4 < took[0][0] < 3.0, took  # not the time the stalled call returned

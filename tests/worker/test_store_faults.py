@@ -32,22 +32,28 @@ def test_cli_fails_clearly_while_the_write_lock_is_held(farm):
     farm.submit({"name": "x", "layers": [{"name": "a", "command": ["true"]}]})
     locker = hold_write_lock(farm.db, 3)
     env = farm.env(CUECTL_BUSY_TIMEOUT="0.3")
-    res = subprocess.run([*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "y", "--", "true"],
-                         capture_output=True, text=True, env=env)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "y", "--", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert res.returncode == 1
     assert res.stderr.startswith("error: store ") and "locked by another process (waited 0.3 s)" in res.stderr
     assert "Traceback" not in res.stderr
     # Readers are not blocked by a writer in WAL mode.
-    res = subprocess.run([*cuectl_cmd(), "--db", str(farm.db), "job", "list", "--json"], capture_output=True,
-                         text=True, env=env)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(farm.db), "job", "list", "--json"], capture_output=True, text=True, env=env
+    )
     assert res.returncode == 0 and '"name": "x"' in res.stdout
     locker.wait(10)
     assert farm.cuectl("submit", "--name", "y", "--", "true").returncode == 0
 
 
 def test_worker_rides_out_a_held_write_lock(farm):
-    job = farm.submit({"name": "busy", "layers": [{"name": "a", "command": farm.probe("--sleep", "0.2"),
-                                                   "range": "1-12"}]})
+    job = farm.submit(
+        {"name": "busy", "layers": [{"name": "a", "command": farm.probe("--sleep", "0.2"), "range": "1-12"}]}
+    )
     worker = farm.start_worker(None, "--until-idle", "--cores", "2", env={"CUECTL_BUSY_TIMEOUT": "0.2"})
     farm.wait_for(lambda: len(farm.starts()) >= 2, what="frames running")
     locker = hold_write_lock(farm.db, 2.5)
@@ -69,8 +75,13 @@ def test_full_disk_gives_a_clear_error_and_no_damage(farm):
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    res = subprocess.run([*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "big", "--range", "1-60000",
-                          "--", "true"], capture_output=True, text=True, env=farm.env(), preexec_fn=small_files)
+    res = subprocess.run(
+        [*cuectl_cmd(), "--db", str(farm.db), "submit", "--name", "big", "--range", "1-60000", "--", "true"],
+        capture_output=True,
+        text=True,
+        env=farm.env(),
+        preexec_fn=small_files,
+    )
     assert res.returncode == 1, res
     assert res.stderr.startswith("error: store ") and ("write failed" in res.stderr or "disk full" in res.stderr)
     assert "Traceback" not in res.stderr
@@ -84,8 +95,15 @@ def test_full_disk_gives_a_clear_error_and_no_damage(farm):
 def test_corrupt_store_gives_a_clear_error_from_every_command(farm):
     farm.db.write_bytes(b"SQLite format 3\x00" + os.urandom(4096 * 4))
     before = farm.db.read_bytes()
-    commands = [["job", "list"], ["frame", "list"], ["host", "list"], ["job", "show", "1"],
-                ["submit", "--name", "x", "--", "true"], ["worker", "--until-idle"], ["admin", "reap"]]
+    commands = [
+        ["job", "list"],
+        ["frame", "list"],
+        ["host", "list"],
+        ["job", "show", "1"],
+        ["submit", "--name", "x", "--", "true"],
+        ["worker", "--until-idle"],
+        ["admin", "reap"],
+    ]
     for args in commands:
         res = farm.cuectl(*args, check=False)
         assert res.returncode == 1, (args, res.stderr)
@@ -124,8 +142,9 @@ def test_worker_stops_when_its_store_file_is_deleted(farm):
     host = farm.host("gone", [])
     farm.submit({"name": "j", "layers": [{"name": "w", "command": ["sleep", "30"]}]})
     proc = farm.start_worker(host)
-    farm.wait_for(lambda: farm.cuectl("frame", "list", "--state", "RUNNING", "--json").stdout.count('"id"'),
-                  what="frame running")
+    farm.wait_for(
+        lambda: farm.cuectl("frame", "list", "--state", "RUNNING", "--json").stdout.count('"id"'), what="frame running"
+    )
     farm.db.unlink()
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 1, err

@@ -45,8 +45,11 @@ def test_a_job_renamed_in_the_store_never_reaches_a_shell_through_its_token(shar
     pwned = Path(f"/tmp/cuectl-pwned-{os.urandom(4).hex()}")
     out = shared_farm.tmp / "out" / "rendered"  # the sticky out/: alice may write there
     try:
-        job = submit_as(alice, shared_farm, {"name": "render", "layers": [
-            {"name": "w", "command": ["sh", "-c", f"echo #JOB# > {out}"], "retries": 0}]})
+        job = submit_as(
+            alice,
+            shared_farm,
+            {"name": "render", "layers": [{"name": "w", "command": ["sh", "-c", f"echo #JOB# > {out}"], "retries": 0}]},
+        )
         hostile = ("UPDATE jobs SET name = ? WHERE id = ?", (f"$(id > {pwned})", job))
         write_refused(mallory, shared_farm, *hostile)
         assert shared_farm.job(job)["name"] == "render"
@@ -58,8 +61,11 @@ def test_a_job_renamed_in_the_store_never_reaches_a_shell_through_its_token(shar
         assert state == "DEAD"
         assert "is not what" in log and alice.name in log and "job's name" in log, log
         # Untouched, the same command runs as alice, with the name she submitted.
-        fine = submit_as(alice, shared_farm, {"name": "render", "layers": [
-            {"name": "w", "command": ["sh", "-c", f"echo #JOB# > {out}"]}]})
+        fine = submit_as(
+            alice,
+            shared_farm,
+            {"name": "render", "layers": [{"name": "w", "command": ["sh", "-c", f"echo #JOB# > {out}"]}]},
+        )
         assert shared_farm.run_worker(None).returncode == 0
         assert frame_log(shared_farm, fine)[0] == "SUCCEEDED"
         assert out.read_text() == "render\n" and out.stat().st_uid == alice.uid
@@ -75,15 +81,26 @@ def _make_receipt_v1(user, farm, job: int) -> None:
 
     conn = sqlite3.connect(farm.db)
     receipt, owner = conn.execute('SELECT receipt, "user" FROM jobs WHERE id = ?', (job,)).fetchone()
-    layers = conn.execute("SELECT name, command, env, range, chunk, cwd FROM layers WHERE job_id = ?",
-                          (job,)).fetchall()
+    layers = conn.execute(
+        "SELECT name, command, env, range, chunk, cwd FROM layers WHERE job_id = ?", (job,)
+    ).fetchall()
     conn.close()
     assert owner == user.name
     command = json.loads(layers[0][1])
-    digests = {name: identity.layer_digest(
-        job_id=job, user=owner, layer=name, command=command if isinstance(command, str) else list(command),
-        env=json.loads(env), frame_range=rng, chunk=chunk, cwd=cwd, version=1)
-        for name, _, env, rng, chunk, cwd in layers}
+    digests = {
+        name: identity.layer_digest(
+            job_id=job,
+            user=owner,
+            layer=name,
+            command=command if isinstance(command, str) else list(command),
+            env=json.loads(env),
+            frame_range=rng,
+            chunk=chunk,
+            cwd=cwd,
+            version=1,
+        )
+        for name, _, env, rng, chunk, cwd in layers
+    }
     path = Path(farm.db).parent / identity.SPOOL / receipt
     body = json.dumps({"job": job, "user": owner, "layers": digests})
     os.unlink(path)
@@ -100,10 +117,21 @@ def _make_receipt_v1(user, farm, job: int) -> None:
 def test_a_version_1_receipt_proves_commands_without_the_name_token_only(shared_farm, os_users):
     (alice,) = os_users("alice")
     out = shared_farm.tmp / "out" / "named"  # the sticky out/: alice may write there
-    plain = submit_as(alice, shared_farm, {"name": "old-plain", "layers": [
-        {"name": "w", "command": ["sh", "-c", "echo frame #IFRAME# of #LAYER# as $(id -un)"], "retries": 0}]})
-    named = submit_as(alice, shared_farm, {"name": "old-named", "layers": [
-        {"name": "w", "command": ["sh", "-c", f"echo #JOB# > {out}"], "retries": 0}]})
+    plain = submit_as(
+        alice,
+        shared_farm,
+        {
+            "name": "old-plain",
+            "layers": [
+                {"name": "w", "command": ["sh", "-c", "echo frame #IFRAME# of #LAYER# as $(id -un)"], "retries": 0}
+            ],
+        },
+    )
+    named = submit_as(
+        alice,
+        shared_farm,
+        {"name": "old-named", "layers": [{"name": "w", "command": ["sh", "-c", f"echo #JOB# > {out}"], "retries": 0}]},
+    )
     for job in (plain, named):
         _make_receipt_v1(alice, shared_farm, job)
     assert shared_farm.run_worker(None).returncode == 0

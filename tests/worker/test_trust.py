@@ -57,10 +57,12 @@ def test_a_planted_log_symlink_never_gets_root_writing_through_it(shared_farm, o
         victim.write_text("precious\n")
         marker = shared_farm.tmp / "out" / "ran"  # the sticky out/: alice may write there
         frame_cmd = ["sh", "-c", f"echo FRAME-OUTPUT; touch {marker}"]
-        linked = submit_as(alice, shared_farm, {"name": "link", "layers": [
-            {"name": "w", "command": frame_cmd, "retries": 0}]})
-        moved = submit_as(alice, shared_farm, {"name": "dir", "layers": [
-            {"name": "w", "command": frame_cmd, "retries": 0}]})
+        linked = submit_as(
+            alice, shared_farm, {"name": "link", "layers": [{"name": "w", "command": frame_cmd, "retries": 0}]}
+        )
+        moved = submit_as(
+            alice, shared_farm, {"name": "dir", "layers": [{"name": "w", "command": frame_cmd, "retries": 0}]}
+        )
         logs = shared_farm.tmp / f"{shared_farm.db.name}-logs"  # the store's own log root (config.log_root)
         plant_dir = ["sh", "-c", f"mkdir -p -m 2770 {logs} && ln -s {victim_dir} {logs}/{moved}"]
         res = bob.run(plant_dir)
@@ -95,11 +97,15 @@ def test_a_planted_log_symlink_never_gets_root_writing_through_it(shared_farm, o
 
 
 def test_log_limits_from_the_layer_the_submit_flag_the_worker_flag_and_the_environment(farm):
-    own = farm.submit({"name": "own", "layers": [
-        {"name": "w", "command": [sys.executable, "-c", WRITE, "200"], "log_limit": "16K"}]})
-    flag = int(farm.cuectl("submit", "--name", "flag", "--log-limit", "8K", "--",
-                           sys.executable, "-c", WRITE, "200").stdout)
-    default = farm.submit({"name": "default", "layers": [{"name": "w", "command": [sys.executable, "-c", WRITE, "200"]}]})
+    own = farm.submit(
+        {"name": "own", "layers": [{"name": "w", "command": [sys.executable, "-c", WRITE, "200"], "log_limit": "16K"}]}
+    )
+    flag = int(
+        farm.cuectl("submit", "--name", "flag", "--log-limit", "8K", "--", sys.executable, "-c", WRITE, "200").stdout
+    )
+    default = farm.submit(
+        {"name": "default", "layers": [{"name": "w", "command": [sys.executable, "-c", WRITE, "200"]}]}
+    )
     assert farm.job(own)["layers"][0]["log_limit_bytes"] == 16 * KIB
     assert farm.job(default)["layers"][0]["log_limit_bytes"] is None
     res = farm.run_worker(None, "--log-limit", "32K")
@@ -111,11 +117,13 @@ def test_log_limits_from_the_layer_the_submit_flag_the_worker_flag_and_the_envir
     def log_of(job: int) -> bytes:
         (frame,) = farm.frames(job)
         assert frame["state"] == "SUCCEEDED"
-        return Path(json.loads(farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)["log_path"]).read_bytes()
+        return Path(
+            json.loads(farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)["log_path"]
+        ).read_bytes()
 
     for job, limit in ((own, 16 * KIB), (flag, 8 * KIB), (default, 32 * KIB), (env_job, 24 * KIB)):
         data = log_of(job)
-        body = data[:data.rindex(b"=== cuectl: ")]
+        body = data[: data.rindex(b"=== cuectl: ")]
         assert len(body) <= limit, (job, len(body), limit)
         assert b"00000000 " in data and b"00000199 " in data, job  # first and last line kept
         assert b"reached its limit" in data
@@ -126,12 +134,13 @@ def test_log_limits_from_the_layer_the_submit_flag_the_worker_flag_and_the_envir
 def test_a_full_disk_fails_the_frame_with_a_reason_and_leaves_the_store_alone(farm, small_log_fs):
     """The frame keeps writing although its writes fail with ENOSPC: the worker stops it,
     says why in its log, and the store records the failure."""
-    spam = ("import os, time\n"
-            "while True:\n"
-            "    try: os.write(1, b'x' * 65536)\n"
-            "    except OSError: time.sleep(0.001)\n")
-    job = farm.submit({"name": "full", "layers": [
-        {"name": "w", "command": [sys.executable, "-c", spam], "retries": 0, "timeout": "30s"}]})
+    spam = "import os, time\nwhile True:\n    try: os.write(1, b'x' * 65536)\n    except OSError: time.sleep(0.001)\n"
+    job = farm.submit(
+        {
+            "name": "full",
+            "layers": [{"name": "w", "command": [sys.executable, "-c", spam], "retries": 0, "timeout": "30s"}],
+        }
+    )
     res = farm.run_worker(None, env={"CUECTL_LOG_DIR": str(small_log_fs)}, timeout=60)
     assert res.returncode == 0, res.stderr
     (frame,) = farm.frames(job)
@@ -147,7 +156,7 @@ def test_a_full_disk_fails_the_frame_with_a_reason_and_leaves_the_store_alone(fa
 def test_a_hostile_job_name_in_a_double_quoted_shell_token_is_text(farm):
     """The reported case: `command: "echo \\"#JOB#\\""` with a job name that closes the quote."""
     name = "x'; touch pwned #"
-    job = farm.submit({"name": name, "layers": [{"name": "w", "command": 'echo "#JOB#"; echo \'#JOB#\''}]})
+    job = farm.submit({"name": name, "layers": [{"name": "w", "command": "echo \"#JOB#\"; echo '#JOB#'"}]})
     assert farm.run_worker(None).returncode == 0
     assert not (farm.tmp / "pwned").exists()
     (frame,) = farm.frames(job)

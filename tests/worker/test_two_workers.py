@@ -34,16 +34,18 @@ def _assert_each_frame_ran_once(farm, job, frames: int) -> None:
 
 def test_second_worker_with_the_same_name_is_refused_and_touches_nothing(farm):
     fake = farm.host("twin", [V100, V100])
-    job = farm.submit({"name": "twins", "layers": [{
-        "name": "r", "command": farm.probe("--sleep", "1.5"), "range": "1-4", "gpus": 1}]})
+    job = farm.submit(
+        {"name": "twins", "layers": [{"name": "r", "command": farm.probe("--sleep", "1.5"), "range": "1-4", "gpus": 1}]}
+    )
     first = farm.start_worker(fake, "--until-idle")
     farm.wait_for(lambda: len(farm.starts()) >= 2, what="the first worker's frames to start")
     second = farm.run_worker(fake, timeout=60)
     assert second.returncode == 1
     lines = [line for line in second.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, second.stderr
-    assert re.search(rf"another cuectl worker \(pid {first.pid}\b.*already running as host 'twin' on this machine",
-                     lines[0]), lines[0]
+    assert re.search(
+        rf"another cuectl worker \(pid {first.pid}\b.*already running as host 'twin' on this machine", lines[0]
+    ), lines[0]
     _, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     _assert_each_frame_ran_once(farm, job, 4)
@@ -51,8 +53,9 @@ def test_second_worker_with_the_same_name_is_refused_and_touches_nothing(farm):
 
 def test_workers_with_different_names_share_the_host_through_leases(farm):
     fake = farm.host("shared", [V100, V100])
-    job = farm.submit({"name": "pair", "layers": [{
-        "name": "r", "command": farm.probe("--sleep", "0.3"), "range": "1-10", "gpus": 1}]})
+    job = farm.submit(
+        {"name": "pair", "layers": [{"name": "r", "command": farm.probe("--sleep", "0.3"), "range": "1-10", "gpus": 1}]}
+    )
     a = farm.start_worker(fake, "--until-idle", "--name", "shared-a")
     b = farm.start_worker(fake, "--until-idle", "--name", "shared-b")
     for proc in (a, b):
@@ -67,8 +70,9 @@ def test_same_name_with_another_state_dir_does_not_requeue_live_frames(farm):
     """A misconfiguration (same --name, another XDG_STATE_HOME): the state lock cannot see
     it, but recovery still leaves frames claimed by a live worker alone."""
     fake = farm.host("twin2", [V100, V100])
-    job = farm.submit({"name": "twins", "layers": [{
-        "name": "r", "command": farm.probe("--sleep", "1.5"), "range": "1-2", "gpus": 1}]})
+    job = farm.submit(
+        {"name": "twins", "layers": [{"name": "r", "command": farm.probe("--sleep", "1.5"), "range": "1-2", "gpus": 1}]}
+    )
     first = farm.start_worker(fake, "--until-idle")
     farm.wait_for(lambda: len(farm.starts()) >= 2, what="the first worker's frames to start")
     other_state = {"XDG_STATE_HOME": str(farm.tmp / "other-state")}

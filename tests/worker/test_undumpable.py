@@ -63,16 +63,25 @@ def alices_farm(os_users):
     top = Path(tempfile.mkdtemp(prefix="cuectl-undumpable-", dir="/tmp"))
     state = top / "gpus-state"
     state.mkdir()
-    (top / "gpus.yaml").write_text(yaml.safe_dump({"host": "undumpable", "state_dir": str(state),
-                                                   "devices": [dict(V100)]}))
+    (top / "gpus.yaml").write_text(
+        yaml.safe_dump({"host": "undumpable", "state_dir": str(state), "devices": [dict(V100)]})
+    )
     (top / "probe.py").write_text(PROBE)
     subprocess.run(["chown", "-R", f"{alice.uid}:{alice.gid}", str(top)], check=True)
     env = dict(os.environ)
     env.pop("CUECTL_USER", None)
-    env.update(CUECTL_FAKE_GPUS=str(top / "gpus.yaml"), CUECTL_LOCK_DIR=str(top / "locks"),
-               CUECTL_LOCK_REGISTRY=str(top / "registry"), CUECTL_CREATE_LOCK_DIR="1",
-               XDG_STATE_HOME=str(top / "state"), CUECTL_RUN_CACHE=str(top / "run.cache"),
-               CUECTL_DB=str(top / "q.db"), USER=alice.name, LOGNAME=alice.name, HOME="/nonexistent")
+    env.update(
+        CUECTL_FAKE_GPUS=str(top / "gpus.yaml"),
+        CUECTL_LOCK_DIR=str(top / "locks"),
+        CUECTL_LOCK_REGISTRY=str(top / "registry"),
+        CUECTL_CREATE_LOCK_DIR="1",
+        XDG_STATE_HOME=str(top / "state"),
+        CUECTL_RUN_CACHE=str(top / "run.cache"),
+        CUECTL_DB=str(top / "q.db"),
+        USER=alice.name,
+        LOGNAME=alice.name,
+        HOME="/nonexistent",
+    )
     yield alice, top, env, osusers
     shutil.rmtree(top, ignore_errors=True)
 
@@ -80,11 +89,32 @@ def alices_farm(os_users):
 def test_a_frame_cannot_read_its_workers_memory(alices_farm) -> None:
     alice, top, env, osusers = alices_farm
     python = osusers.runnable([sys.executable])[0]
-    res = alice.run([*cuectl_cmd(), "submit", "--name", "peek", "--gpus", "1", "--", python,
-                     str(top / "probe.py"), str(top / "out.json")], env=env, cwd=top, timeout=120)
+    res = alice.run(
+        [
+            *cuectl_cmd(),
+            "submit",
+            "--name",
+            "peek",
+            "--gpus",
+            "1",
+            "--",
+            python,
+            str(top / "probe.py"),
+            str(top / "out.json"),
+        ],
+        env=env,
+        cwd=top,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
-    worker = subprocess.Popen(osusers.as_user(alice, [*cuectl_cmd(), "worker", "--until-idle", "--poll", "0.05"]),
-                              env=env, cwd=top, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        osusers.as_user(alice, [*cuectl_cmd(), "worker", "--until-idle", "--poll", "0.05"]),
+        env=env,
+        cwd=top,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _, err = worker.communicate(timeout=120)
     finally:
@@ -105,8 +135,14 @@ def test_serve_is_undumpable(alices_farm) -> None:
     res = alice.run([*cuectl_cmd(), "admin", "migrate"], env=env, cwd=top)  # creates the store
     assert res.returncode == 0, res.stderr
     sock = top / "api.sock"
-    serve = subprocess.Popen(osusers.as_user(alice, [*cuectl_cmd(), "serve", "--socket", str(sock), "--no-access-log"]),
-                             env=env, cwd=top, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    serve = subprocess.Popen(
+        osusers.as_user(alice, [*cuectl_cmd(), "serve", "--socket", str(sock), "--no-access-log"]),
+        env=env,
+        cwd=top,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not sock.exists():

@@ -31,8 +31,14 @@ time.sleep(seconds)
 def test_worker_samples_frames_and_bills_their_own_processes(farm):
     fake = farm.host("gpu", [V100], state=True)
     state_dir = str(farm.tmp / "gpu-state")
-    job = farm.submit({"name": "busy", "layers": [{
-        "name": "train", "command": [sys.executable, "-c", BUSY_FRAME, state_dir, "75", "1.2"], "gpus": 1}]})
+    job = farm.submit(
+        {
+            "name": "busy",
+            "layers": [
+                {"name": "train", "command": [sys.executable, "-c", BUSY_FRAME, state_dir, "75", "1.2"], "gpus": 1}
+            ],
+        }
+    )
     res = farm.run_worker(fake)
     assert res.returncode == 0, res.stderr
     (frame,) = farm.frames(job)
@@ -60,8 +66,15 @@ def test_cpu_frames_have_no_gpu_usage(farm):
 
 
 def _sample(uuid, t, util, mem, pids=()):
-    return {uuid: DeviceSample(uuid=uuid, timestamp=t, utilization_pct=util, memory_used_bytes=mem,
-                               processes=tuple(ProcessSample(pid=p, memory_used_bytes=mem) for p in pids))}
+    return {
+        uuid: DeviceSample(
+            uuid=uuid,
+            timestamp=t,
+            utilization_pct=util,
+            memory_used_bytes=mem,
+            processes=tuple(ProcessSample(pid=p, memory_used_bytes=mem) for p in pids),
+        )
+    }
 
 
 def test_tracker_is_bounded_and_keeps_peaks():
@@ -119,9 +132,19 @@ def test_running_frames_show_live_usage_and_a_killed_worker_leaves_its_samples(f
     fake = farm.host("gpu", [V100], state=True)
     state_dir = farm.tmp / "gpu-state"
     release = farm.tmp / "release"
-    job = farm.submit({"name": "live", "layers": [{
-        "name": "train", "command": [sys.executable, "-c", LONG_FRAME, str(state_dir), str(release)], "gpus": 1,
-        "retries": 0}]})
+    job = farm.submit(
+        {
+            "name": "live",
+            "layers": [
+                {
+                    "name": "train",
+                    "command": [sys.executable, "-c", LONG_FRAME, str(state_dir), str(release)],
+                    "gpus": 1,
+                    "retries": 0,
+                }
+            ],
+        }
+    )
     worker = farm.start_worker(fake)  # samples every 0.2 s (farmlib), lease 2 s
 
     def live_frame():
@@ -139,9 +162,19 @@ def test_running_frames_show_live_usage_and_a_killed_worker_leaves_its_samples(f
     assert "so far" in farm.cuectl("frame", "show", str(frame["id"])).stdout
 
     # The series keeps growing while the frame runs; then the worker dies without a word.
-    farm.wait_for(lambda: len(next(iter(json.loads(farm.cuectl(
-        "frame", "show", str(frame["id"]), "--json").stdout)["samples"].values()))) > len(points) + 2,
-        what="more samples")
+    farm.wait_for(
+        lambda: (
+            len(
+                next(
+                    iter(
+                        json.loads(farm.cuectl("frame", "show", str(frame["id"]), "--json").stdout)["samples"].values()
+                    )
+                )
+            )
+            > len(points) + 2
+        ),
+        what="more samples",
+    )
     frame_pid = _frame_pid(state_dir)
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait(10)

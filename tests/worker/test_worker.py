@@ -21,16 +21,24 @@ def layer(name, command, **kw):
 
 def test_placement_by_model_memory_and_vendor(farm):
     fake = farm.host("mixed", [V100, A100, RTX4090])
-    job = farm.submit({"name": "place", "layers": [
-        layer("a100", farm.probe(), gpus=1, gpu_models=["A100"]),
-        layer("big", farm.probe(), gpus=1, gpu_memory_min="24G"),  # 4090 is the smallest that fits
-        layer("v100", farm.probe(), gpus=1, gpu_models=["*V100*"]),
-        layer("two", farm.probe(), gpus=2, gpu_memory_min="20G"),
-    ]})
+    job = farm.submit(
+        {
+            "name": "place",
+            "layers": [
+                layer("a100", farm.probe(), gpus=1, gpu_models=["A100"]),
+                layer("big", farm.probe(), gpus=1, gpu_memory_min="24G"),  # 4090 is the smallest that fits
+                layer("v100", farm.probe(), gpus=1, gpu_models=["*V100*"]),
+                layer("two", farm.probe(), gpus=2, gpu_memory_min="20G"),
+            ],
+        }
+    )
     res = farm.run_worker(fake)
     assert res.returncode == 0, res.stderr
-    devices = {d["uuid"]: d for d in farm.cuectl("gpu", "list", "--json", fake=fake) and
-               __import__("json").loads(farm.cuectl("gpu", "list", "--json", fake=fake).stdout)["devices"]}
+    devices = {
+        d["uuid"]: d
+        for d in farm.cuectl("gpu", "list", "--json", fake=fake)
+        and __import__("json").loads(farm.cuectl("gpu", "list", "--json", fake=fake).stdout)["devices"]
+    }
     by_layer = {e["env"]["CUE_LAYER"]: e for e in farm.starts()}
     model = lambda e: sorted(devices[u]["model"] for u in uuids_of(e))  # noqa: E731
     assert model(by_layer["a100"]) == ["NVIDIA A100-SXM4-80GB"]
@@ -39,8 +47,12 @@ def test_placement_by_model_memory_and_vendor(farm):
     assert model(by_layer["two"]) == ["NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090"]
     e = by_layer["a100"]["env"]
     idx = str(devices[uuids_of(by_layer["a100"])[0]]["index"])
-    assert (e["CUDA_VISIBLE_DEVICES"], e["CUE_GPU_CORES"], e["CUE_GPUS"], e["CUDA_DEVICE_ORDER"]) == \
-        (idx, idx, "1", "PCI_BUS_ID")
+    assert (e["CUDA_VISIBLE_DEVICES"], e["CUE_GPU_CORES"], e["CUE_GPUS"], e["CUDA_DEVICE_ORDER"]) == (
+        idx,
+        idx,
+        "1",
+        "PCI_BUS_ID",
+    )
     assert e["NVIDIA_VISIBLE_DEVICES"] == uuids_of(by_layer["a100"])[0]
     assert {f["state"] for f in farm.frames(job)} == {"SUCCEEDED"}
 
@@ -94,22 +106,40 @@ def test_no_two_frames_on_one_device_and_devices_run_in_parallel(farm):
 
 def test_frame_environment_and_tokens(farm):
     fake = farm.host("g", [RTX4090])
-    farm.submit({"name": "env job", "layers": [layer(
-        "lay", farm.probe(), range="3-8", chunk=3, gpus=1, cores=2, memory="1G", env={"EXTRA": "#IFRAME#-x"})]})
+    farm.submit(
+        {
+            "name": "env job",
+            "layers": [
+                layer(
+                    "lay", farm.probe(), range="3-8", chunk=3, gpus=1, cores=2, memory="1G", env={"EXTRA": "#IFRAME#-x"}
+                )
+            ],
+        }
+    )
     assert farm.run_worker(fake).returncode == 0
     first = sorted(farm.starts(), key=lambda e: int(e["env"]["CUE_IFRAME"]))[0]["env"]
     assert first["CUE_JOB"] == "env job" and first["CUE_LAYER"] == "lay"
-    assert (first["CUE_IFRAME"], first["CUE_FRAME"], first["CUE_RANGE"], first["CUE_CHUNK"]) == \
-        ("3", "0003-lay", "3-8", "3")
+    assert (first["CUE_IFRAME"], first["CUE_FRAME"], first["CUE_RANGE"], first["CUE_CHUNK"]) == (
+        "3",
+        "0003-lay",
+        "3-8",
+        "3",
+    )
     assert first["CUE_ATTEMPT"] == "1" and first["CUE_THREADS"] == "2" and first["CUE_MEMORY"] == str(1 << 30)
     assert first["CUE_GPU_MEMORY"] == str(24564 * 1024 * 1024)
     assert first["CUE_LOG_PATH"].endswith(".log") and os.path.exists(first["CUE_LOG_PATH"])
 
 
 def test_retries_then_dead_and_recovering_failures(farm):
-    job = farm.submit({"name": "fail", "layers": [
-        layer("bad", farm.probe("--exit", "3"), retries=2, retry_delay=0),  # the back-off: test_scheduling.py
-        layer("flaky", farm.probe("--fail-times", "1"), retries=1, retry_delay=0)]})
+    job = farm.submit(
+        {
+            "name": "fail",
+            "layers": [
+                layer("bad", farm.probe("--exit", "3"), retries=2, retry_delay=0),  # the back-off: test_scheduling.py
+                layer("flaky", farm.probe("--fail-times", "1"), retries=1, retry_delay=0),
+            ],
+        }
+    )
     assert farm.run_worker(None).returncode == 0
     frames = {f["layer"]: f for f in farm.frames(job)}
     assert (frames["bad"]["state"], frames["bad"]["attempts"], frames["bad"]["exit_code"]) == ("DEAD", 3, 3)
@@ -143,6 +173,7 @@ def test_kill_retry_eat_running_frames(farm):
     def states():
         s = {f["number"]: f["state"] for f in farm.frames(job)}
         return s if s[1] == "DEAD" and s[2] == "EATEN" else None
+
     farm.wait_for(states, timeout=20, what="kill and eat to take effect")
     # The retried frame was killed and started again (attempt 2).
     farm.wait_for(lambda: any(e["env"]["CUE_ATTEMPT"] == "2" for e in farm.starts()), what="retried attempt")
@@ -154,10 +185,16 @@ def test_kill_retry_eat_running_frames(farm):
 
 
 def test_dependencies_layer_and_frame_by_frame(farm):
-    job = farm.submit({"name": "deps", "layers": [
-        layer("render", farm.probe("--sleep", "0.05"), range="1-4"),
-        layer("comp", farm.probe(), range="1-4", depends=[{"layer": "render", "type": "frame"}]),
-        layer("final", farm.probe(), range="1", depends=["comp"])]})
+    job = farm.submit(
+        {
+            "name": "deps",
+            "layers": [
+                layer("render", farm.probe("--sleep", "0.05"), range="1-4"),
+                layer("comp", farm.probe(), range="1-4", depends=[{"layer": "render", "type": "frame"}]),
+                layer("final", farm.probe(), range="1", depends=["comp"]),
+            ],
+        }
+    )
     assert farm.run_worker(None, "--cores", "2").returncode == 0
     events = farm.events()
     t = {(e["env"]["CUE_LAYER"], int(e["env"]["CUE_IFRAME"]), e["event"]): e["t"] for e in events}

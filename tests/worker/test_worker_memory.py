@@ -11,10 +11,11 @@ from cuectl.sched.spec import spec_from_flags
 
 def test_no_per_frame_state_is_left_after_frames_end(solo):
     store, worker = solo
-    store.submit(spec_from_flags(name="ok", command=["true"], range="1-6", user=config.current_user()),
-                 now=time.time())
-    store.submit(spec_from_flags(name="bad", command=["false"], range="1-2", retries=0, user=config.current_user()),
-                 now=time.time())
+    store.submit(spec_from_flags(name="ok", command=["true"], range="1-6", user=config.current_user()), now=time.time())
+    store.submit(
+        spec_from_flags(name="bad", command=["false"], range="1-2", retries=0, user=config.current_user()),
+        now=time.time(),
+    )
     Supervisor(worker).run()
     assert store.list_jobs()[0]["frame_counts"] == {"SUCCEEDED": 6}
     # The OOM-counter reading taken at each launch is dropped when the frame ends, whether

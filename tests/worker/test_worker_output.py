@@ -144,8 +144,9 @@ def test_until_idle_on_a_locked_host_fails_with_a_message(farm):
     assert res.returncode == 1, res.stderr
     lines = res.stderr.splitlines()
     assert_stamped(lines)
-    assert any(STAMP.sub("", ln) == "error: host locked is locked: an --until-idle worker would run nothing"
-               for ln in lines), lines
+    assert any(
+        STAMP.sub("", ln) == "error: host locked is locked: an --until-idle worker would run nothing" for ln in lines
+    ), lines
     assert any(STAMP.sub("", ln) == "hint: cuectl host unlock locked" for ln in lines), lines
     assert len(farm.starts()) == 1, "nothing ran on the locked host"
 
@@ -169,6 +170,6 @@ def test_a_run_file_cut_short_by_a_crash_is_ignored_and_its_frame_requeued(farm)
     assert res.returncode == 0, res.stderr
     (recovered,) = [ln for ln in res.stderr.splitlines() if "recovered after a restart" in ln]
     assert f"requeued frame(s) {frame['id']}" in recovered, recovered
-    assert [f["state"] for f in farm.frames(job)] == ["SUCCEEDED"], (torn.read_text() if torn.exists() else None)
+    assert [f["state"] for f in farm.frames(job)] == ["SUCCEEDED"], torn.read_text() if torn.exists() else None
     # Dropped by recovery; the slot the frame's run then used is left blank.
     assert not torn.exists() or torn.read_text().strip() == "", torn.read_text()

@@ -17,8 +17,13 @@ from farmlib import V100, Farm, cuectl_cmd
 def probe(farm: Farm, name: str, *extra: str) -> subprocess.CompletedProcess:
     # No --db: the probe never opens the store. The environment is the worker's
     # (XDG_STATE_HOME from the test's fixture), as it is for an exec probe in its container.
-    return subprocess.run([*cuectl_cmd(), "worker", "--probe", "--name", name, *extra], capture_output=True,
-                          text=True, env=farm.env(), timeout=60)
+    return subprocess.run(
+        [*cuectl_cmd(), "worker", "--probe", "--name", name, *extra],
+        capture_output=True,
+        text=True,
+        env=farm.env(),
+        timeout=60,
+    )
 
 
 def error_lines(res: subprocess.CompletedProcess) -> list[str]:
@@ -30,22 +35,31 @@ def test_probe_passes_while_the_worker_loops_and_fails_when_it_stops_or_dies(far
     worker = farm.start_worker(fake)
     farm.wait_for(lambda: probe(farm, "probe-01").returncode == 0, timeout=60, what="a passing probe")
     # Ready once it has registered with its store (the first heartbeat may come before).
-    ok = farm.wait_for(lambda: (r := probe(farm, "probe-01", "--ready")).returncode == 0 and r, timeout=60,
-                       what="a passing readiness probe")
+    ok = farm.wait_for(
+        lambda: (r := probe(farm, "probe-01", "--ready")).returncode == 0 and r,
+        timeout=60,
+        what="a passing readiness probe",
+    )
     assert "probe-01" in ok.stdout and f"pid {worker.pid}" in ok.stdout
 
     # A stopped loop writes nothing: once the file is older than --max-age, the probe fails.
     os.kill(worker.pid, signal.SIGSTOP)
     try:
-        stuck = farm.wait_for(lambda: (r := probe(farm, "probe-01", "--max-age", "1")).returncode and r,
-                              timeout=60, what="the probe to notice the stopped worker")
+        stuck = farm.wait_for(
+            lambda: (r := probe(farm, "probe-01", "--max-age", "1")).returncode and r,
+            timeout=60,
+            what="the probe to notice the stopped worker",
+        )
         assert stuck.returncode == 1
         (line,) = error_lines(stuck)
         assert line.startswith("error: ") and "stuck" in line and "Traceback" not in stuck.stderr
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-    farm.wait_for(lambda: probe(farm, "probe-01", "--max-age", "1").returncode == 0, timeout=60,
-                  what="the probe to pass again after SIGCONT")
+    farm.wait_for(
+        lambda: probe(farm, "probe-01", "--max-age", "1").returncode == 0,
+        timeout=60,
+        what="the probe to pass again after SIGCONT",
+    )
 
     # Killed: its last heartbeat is recent, but no process writes it any more.
     os.killpg(worker.pid, signal.SIGKILL)
@@ -67,12 +81,20 @@ def test_a_worker_waiting_for_its_store_is_alive_but_not_ready(farm: Farm) -> No
     """Liveness must not restart a worker that waits for a database server that is not up
     yet (it starts working when the server does); readiness says it is not connected."""
     port = _closed_port()
-    proc = subprocess.Popen([*cuectl_cmd(), "--db", f"postgresql://cuectl@127.0.0.1:{port}/cuectl", "worker",
-                             "--name", "waiting-01"], env=farm.env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [*cuectl_cmd(), "--db", f"postgresql://cuectl@127.0.0.1:{port}/cuectl", "worker", "--name", "waiting-01"],
+        env=farm.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     farm.procs.append(proc)
-    res = farm.wait_for(lambda: (r := probe(farm, "waiting-01")).returncode == 0 and r, timeout=60,
-                        what="the waiting worker's heartbeat")
+    res = farm.wait_for(
+        lambda: (r := probe(farm, "waiting-01")).returncode == 0 and r,
+        timeout=60,
+        what="the waiting worker's heartbeat",
+    )
     assert "store reached never" in res.stdout
     not_ready = probe(farm, "waiting-01", "--ready")
     assert not_ready.returncode == 1
@@ -99,6 +121,7 @@ def test_probe_options_are_checked(cli) -> None:
 
 # -- where the worker cannot run ----------------------------------------------------------------
 
+
 def test_worker_on_windows_is_one_clear_error(cli, monkeypatch: pytest.MonkeyPatch, db_path: Path) -> None:
     """Simulated in-process: os.name says "nt", as on Windows. The refusal comes before the
     worker opens (or creates) the store or discovers GPUs."""
@@ -115,8 +138,9 @@ def test_worker_without_fcntl_is_one_clear_error(cli, monkeypatch: pytest.Monkey
     """Simulated in-process the way Windows fails: ``import fcntl`` raises ImportError (the
     worker modules are dropped from sys.modules so that they would be imported afresh)."""
     monkeypatch.setitem(sys.modules, "fcntl", None)
-    for mod in [m for m in sys.modules if m.startswith(("cuectl.run.worker", "cuectl.run.service",
-                                                        "cuectl.run.lease"))]:
+    for mod in [
+        m for m in sys.modules if m.startswith(("cuectl.run.worker", "cuectl.run.service", "cuectl.run.lease"))
+    ]:
         monkeypatch.delitem(sys.modules, mod)
     res = cli("worker", "--until-idle")
     assert res.exit_code == 1, res

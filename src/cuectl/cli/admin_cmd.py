@@ -1,6 +1,5 @@
 """``cuectl admin …``: store maintenance and diagnosis."""
 
-
 import time
 from pathlib import Path
 from typing import Optional
@@ -12,8 +11,10 @@ from cuectl.cli.migrate_cmd import migrate_cmd
 from cuectl.cli.report_cmd import report_cmd
 from cuectl.errors import InvalidInput
 
-admin_app = typer.Typer(help="Maintenance: reports, reaping, pruning, backups, diagnosis, stale leases, "
-                                 "limits, quotas and services.", no_args_is_help=True)
+admin_app = typer.Typer(
+    help="Maintenance: reports, reaping, pruning, backups, diagnosis, stale leases, limits, quotas and services.",
+    no_args_is_help=True,
+)
 JSON_OPT = typer.Option(False, "--json", help="Print JSON.")
 
 
@@ -28,13 +29,17 @@ def reap(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
 
 
 @admin_app.command("prune")
-def prune(ctx: typer.Context,
-          older_than: str = typer.Option(..., "--older-than", help="Delete finished jobs older than this (e.g. 30d)."),
-          dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs and log directories that would be "
-                                                                "deleted; delete nothing."),
-          yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask before deleting (asked only when stdin "
-                                                              "and stdout are a terminal)."),
-          as_json: bool = JSON_OPT) -> None:
+def prune(
+    ctx: typer.Context,
+    older_than: str = typer.Option(..., "--older-than", help="Delete finished jobs older than this (e.g. 30d)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="List the jobs and log directories that would be deleted; delete nothing."
+    ),
+    yes: bool = typer.Option(
+        False, "--yes", "-y", help="Do not ask before deleting (asked only when stdin and stdout are a terminal)."
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Delete finished jobs (frames, attempts, samples and logs) that ended long ago.
 
     On a terminal it first asks "delete N jobs? [y/N]" (not with --yes or --dry-run);
@@ -56,11 +61,20 @@ def prune(ctx: typer.Context,
             return
         jobs = preview["jobs"]
         if jobs:
-            term.table(["ID", term.Col("NAME", fit="name"), "USER", term.Col("FINISHED", "time"),
-                        term.Col("LOG DIR", fit="free")],
-                       [[j["id"], j["name"], j["user"], j["finished_at"], j["log_dir"] or "-"] for j in jobs])
-        term.line(f"would prune {len(jobs)} finished job(s) and {sum(1 for j in jobs if j['log_dir'])} "
-                  f"log dir(s) (dry run: nothing deleted)")
+            term.table(
+                [
+                    "ID",
+                    term.Col("NAME", fit="name"),
+                    "USER",
+                    term.Col("FINISHED", "time"),
+                    term.Col("LOG DIR", fit="free"),
+                ],
+                [[j["id"], j["name"], j["user"], j["finished_at"], j["log_dir"] or "-"] for j in jobs],
+            )
+        term.line(
+            f"would prune {len(jobs)} finished job(s) and {sum(1 for j in jobs if j['log_dir'])} "
+            f"log dir(s) (dry run: nothing deleted)"
+        )
         return
     if not yes and sys.stdin.isatty() and sys.stdout.isatty():
         count = len(store.prunable_jobs(before=now - age))
@@ -75,9 +89,11 @@ def prune(ctx: typer.Context,
 
 
 @admin_app.command("backup")
-def backup(ctx: typer.Context, dest: Path = typer.Argument(..., help="New file to write."),
-           force: bool = typer.Option(False, "--force", help="Replace DEST if it is an existing regular file "
-                                                             "(atomically).")) -> None:
+def backup(
+    ctx: typer.Context,
+    dest: Path = typer.Argument(..., help="New file to write."),
+    force: bool = typer.Option(False, "--force", help="Replace DEST if it is an existing regular file (atomically)."),
+) -> None:
     """Copy the store consistently while workers keep running (SQLite online backup).
 
     Refuses (exit 2, nothing written) a DEST that is not a regular file (/dev/null, a
@@ -88,9 +104,11 @@ def backup(ctx: typer.Context, dest: Path = typer.Argument(..., help="New file t
 
 
 @admin_app.command("doctor")
-def doctor(ctx: typer.Context,
-           lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", help="Device lease directory to check."),
-           as_json: bool = JSON_OPT) -> None:
+def doctor(
+    ctx: typer.Context,
+    lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", help="Device lease directory to check."),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Check the store, GPU backends, the lease directory and hosts; explain what is wrong."""
     from cuectl import config
     from cuectl.admin import doctor as run_doctor
@@ -113,16 +131,18 @@ def pg_roles() -> None:
     term.write_text(roles_sql())
 
 
-token_app = typer.Typer(help="API tokens for `cuectl serve` (admins only): create, list, revoke.",
-                        no_args_is_help=True)
+token_app = typer.Typer(help="API tokens for `cuectl serve` (admins only): create, list, revoke.", no_args_is_help=True)
 admin_app.add_typer(token_app, name="token")
 
 
 @token_app.command("create")
-def token_create(ctx: typer.Context, user: str = typer.Argument(..., help="Whose token: what it submits is theirs."),
-                 role: str = typer.Option("user", "--role", help="admin, user (changes only its own jobs) or viewer."),
-                 label: Optional[str] = typer.Option(None, "--label", help="A note for `token list`."),
-                 as_json: bool = JSON_OPT) -> None:
+def token_create(
+    ctx: typer.Context,
+    user: str = typer.Argument(..., help="Whose token: what it submits is theirs."),
+    role: str = typer.Option("user", "--role", help="admin, user (changes only its own jobs) or viewer."),
+    label: Optional[str] = typer.Option(None, "--label", help="A note for `token list`."),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Create a token; its secret is printed once and never stored (only its SHA-256)."""
     token, secret = ctx.obj.store().create_token(user, role=role, label=label, now=time.time())
     if as_json:
@@ -140,15 +160,37 @@ def token_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
         term.emit_json({"tokens": tokens})
         return
     C = term.Col
-    term.table(["ID", "USER", "ROLE", C("LABEL", fit="free"), C("CREATED", "time"), "BY", C("REVOKED", "time"),
-                C("LAST USED", "time")],
-               [[t["id"], t["user"], t["role"], t["label"] or "-", t["created_at"], t["created_by"],
-                 t["revoked_at"] or "-", t["last_used_at"] or "-"] for t in tokens])
+    term.table(
+        [
+            "ID",
+            "USER",
+            "ROLE",
+            C("LABEL", fit="free"),
+            C("CREATED", "time"),
+            "BY",
+            C("REVOKED", "time"),
+            C("LAST USED", "time"),
+        ],
+        [
+            [
+                t["id"],
+                t["user"],
+                t["role"],
+                t["label"] or "-",
+                t["created_at"],
+                t["created_by"],
+                t["revoked_at"] or "-",
+                t["last_used_at"] or "-",
+            ]
+            for t in tokens
+        ],
+    )
 
 
 @token_app.command("revoke")
-def token_revoke(ctx: typer.Context, token_id: int = typer.Argument(..., metavar="ID"),
-                 as_json: bool = JSON_OPT) -> None:
+def token_revoke(
+    ctx: typer.Context, token_id: int = typer.Argument(..., metavar="ID"), as_json: bool = JSON_OPT
+) -> None:
     """Revoke a token at once (it stays listed, marked revoked)."""
     token = ctx.obj.store().revoke_token(token_id, now=time.time())
     if as_json:
@@ -157,21 +199,28 @@ def token_revoke(ctx: typer.Context, token_id: int = typer.Argument(..., metavar
         term.line(f"revoked token {token.id} of {token.user}")
 
 
-limit_app = typer.Typer(help="Named limits (admins change them): at most N running frames, farm-wide, of every "
-                             "layer that names the limit (a licence pool).", no_args_is_help=True)
+limit_app = typer.Typer(
+    help="Named limits (admins change them): at most N running frames, farm-wide, of every "
+    "layer that names the limit (a licence pool).",
+    no_args_is_help=True,
+)
 admin_app.add_typer(limit_app, name="limit")
 
 
 def _limit_rows(limits: list[dict]) -> None:
-    term.table(["NAME", "MAX RUNNING", "RUNNING", "WAITING"],
-               [[r["name"], r["max_running"], r["running"], r["waiting"]] for r in limits])
+    term.table(
+        ["NAME", "MAX RUNNING", "RUNNING", "WAITING"],
+        [[r["name"], r["max_running"], r["running"], r["waiting"]] for r in limits],
+    )
 
 
 @limit_app.command("set")
-def limit_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME",
-                                                            help="1-100 of A-Z a-z 0-9 _ . -"),
-              max_running: int = typer.Argument(..., metavar="N", help="Frames holding it at once (0: none run)."),
-              as_json: bool = JSON_OPT) -> None:
+def limit_set(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., metavar="NAME", help="1-100 of A-Z a-z 0-9 _ . -"),
+    max_running: int = typer.Argument(..., metavar="N", help="Frames holding it at once (0: none run)."),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Create a named limit, or change its N (layers hold it with `limits:` or --limit)."""
     from cuectl.sched.store.caps import check_limit
 
@@ -180,8 +229,10 @@ def limit_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"
     if as_json:
         term.emit_json(row)
     else:
-        term.line(f"limit {row['name']}: at most {row['max_running']} running ({row['running']} now, "
-                  f"{row['waiting']} waiting)")
+        term.line(
+            f"limit {row['name']}: at most {row['max_running']} running ({row['running']} now, "
+            f"{row['waiting']} waiting)"
+        )
 
 
 @limit_app.command("list")
@@ -197,8 +248,7 @@ def limit_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
 
 
 @limit_app.command("delete")
-def limit_delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
-                 as_json: bool = JSON_OPT) -> None:
+def limit_delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON_OPT) -> None:
     """Remove a named limit. Refused (exit 1) while unfinished frames hold it."""
     ctx.obj.store().set_limit(name, None)
     if as_json:
@@ -207,8 +257,11 @@ def limit_delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="NA
         term.line(f"deleted limit {name}")
 
 
-quota_app = typer.Typer(help="Quotas (admins change them): the GPUs and cores a user's or a project's running "
-                             "frames may hold at once, farm-wide.", no_args_is_help=True)
+quota_app = typer.Typer(
+    help="Quotas (admins change them): the GPUs and cores a user's or a project's running "
+    "frames may hold at once, farm-wide.",
+    no_args_is_help=True,
+)
 admin_app.add_typer(quota_app, name="quota")
 KIND_ARG = typer.Argument(..., metavar="user|project", help="Whose quota: a user's or a project's.")
 
@@ -218,13 +271,16 @@ def _cap(value: float | None, used: float) -> str:
 
 
 @quota_app.command("set")
-def quota_set(ctx: typer.Context, kind: str = KIND_ARG,
-              name: str = typer.Argument(..., metavar="NAME", help="The user name, or the project name."),
-              gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", help="GPUs its running frames may "
-                                                                                  "hold at once."),
-              cores: Optional[float] = typer.Option(None, "--cores", metavar="N", help="Cores its running frames "
-                                                                                      "may hold at once."),
-              as_json: bool = JSON_OPT) -> None:
+def quota_set(
+    ctx: typer.Context,
+    kind: str = KIND_ARG,
+    name: str = typer.Argument(..., metavar="NAME", help="The user name, or the project name."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", help="GPUs its running frames may hold at once."),
+    cores: Optional[float] = typer.Option(
+        None, "--cores", metavar="N", help="Cores its running frames may hold at once."
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Set a quota: --gpus and/or --cores. It replaces the quota as a whole: a cap not given
     is off (give both to keep both)."""
     from cuectl.sched.store.caps import check_quota
@@ -234,10 +290,14 @@ def quota_set(ctx: typer.Context, kind: str = KIND_ARG,
     if as_json:
         term.emit_json(row)
         return
-    caps = [f"{row['max_gpus']} GPUs" if row["max_gpus"] is not None else None,
-            f"{row['max_cores']:g} cores" if row["max_cores"] is not None else None]
-    term.line(f"quota of {row['kind']} {row['name']}: at most {' and '.join(c for c in caps if c)} running "
-              f"({row['gpus_in_use']} GPUs, {row['cores_in_use']:g} cores now)")
+    caps = [
+        f"{row['max_gpus']} GPUs" if row["max_gpus"] is not None else None,
+        f"{row['max_cores']:g} cores" if row["max_cores"] is not None else None,
+    ]
+    term.line(
+        f"quota of {row['kind']} {row['name']}: at most {' and '.join(c for c in caps if c)} running "
+        f"({row['gpus_in_use']} GPUs, {row['cores_in_use']:g} cores now)"
+    )
 
 
 @quota_app.command("list")
@@ -247,16 +307,21 @@ def quota_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     if as_json:
         term.emit_json({"quotas": quotas})
     elif quotas:
-        term.table(["KIND", "NAME", "GPUS", "CORES"],
-                   [[q["kind"], q["name"], _cap(q["max_gpus"], q["gpus_in_use"]),
-                     _cap(q["max_cores"], q["cores_in_use"])] for q in quotas])
+        term.table(
+            ["KIND", "NAME", "GPUS", "CORES"],
+            [
+                [q["kind"], q["name"], _cap(q["max_gpus"], q["gpus_in_use"]), _cap(q["max_cores"], q["cores_in_use"])]
+                for q in quotas
+            ],
+        )
     else:
         term.info("no quotas (an admin sets one with `cuectl admin quota set user|project NAME --gpus N`)")
 
 
 @quota_app.command("delete")
-def quota_delete(ctx: typer.Context, kind: str = KIND_ARG, name: str = typer.Argument(..., metavar="NAME"),
-                 as_json: bool = JSON_OPT) -> None:
+def quota_delete(
+    ctx: typer.Context, kind: str = KIND_ARG, name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON_OPT
+) -> None:
     """Remove a user's or a project's quota."""
     ctx.obj.store().set_quota(kind, name, max_gpus=None, max_cores=None, delete=True)
     if as_json:
@@ -265,9 +330,12 @@ def quota_delete(ctx: typer.Context, kind: str = KIND_ARG, name: str = typer.Arg
         term.line(f"deleted the quota of {kind} {name}")
 
 
-service_app = typer.Typer(help="Services (admins change them): named resource defaults (cores, memory, GPUs, GPU "
-                               "memory, tags, timeout) for the layers that name them with `service:`; the service "
-                               "`default` serves layers that name none.", no_args_is_help=True)
+service_app = typer.Typer(
+    help="Services (admins change them): named resource defaults (cores, memory, GPUs, GPU "
+    "memory, tags, timeout) for the layers that name them with `service:`; the service "
+    "`default` serves layers that name none.",
+    no_args_is_help=True,
+)
 admin_app.add_typer(service_app, name="service")
 _CLEARS = "; none: the service gives none"
 
@@ -292,20 +360,26 @@ def _service_text(row: dict) -> str:
 
 
 @service_app.command("set")
-def service_set(ctx: typer.Context,
-                name: str = typer.Argument(..., metavar="NAME", help="1-100 of A-Z a-z 0-9 _ . -"),
-                cores: Optional[str] = typer.Option(None, "--cores", metavar="N", help="Cores per frame" + _CLEARS),
-                memory: Optional[str] = typer.Option(None, "--memory", metavar="SIZE",
-                                                     help="Host memory per frame, e.g. 8G" + _CLEARS),
-                gpus: Optional[str] = typer.Option(None, "--gpus", metavar="N", help="Devices per frame" + _CLEARS),
-                gpu_memory: Optional[str] = typer.Option(None, "--gpu-memory", metavar="SIZE",
-                                                         help="Memory per device (gpu_memory_min), e.g. 24G; applies "
-                                                              "to layers with GPUs" + _CLEARS),
-                tags: Optional[str] = typer.Option(None, "--tags", metavar="A,B",
-                                                   help="Host tags, comma separated" + _CLEARS),
-                timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION",
-                                                      help="Per-frame timeout, e.g. 2h" + _CLEARS),
-                as_json: bool = JSON_OPT) -> None:
+def service_set(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., metavar="NAME", help="1-100 of A-Z a-z 0-9 _ . -"),
+    cores: Optional[str] = typer.Option(None, "--cores", metavar="N", help="Cores per frame" + _CLEARS),
+    memory: Optional[str] = typer.Option(
+        None, "--memory", metavar="SIZE", help="Host memory per frame, e.g. 8G" + _CLEARS
+    ),
+    gpus: Optional[str] = typer.Option(None, "--gpus", metavar="N", help="Devices per frame" + _CLEARS),
+    gpu_memory: Optional[str] = typer.Option(
+        None,
+        "--gpu-memory",
+        metavar="SIZE",
+        help="Memory per device (gpu_memory_min), e.g. 24G; applies to layers with GPUs" + _CLEARS,
+    ),
+    tags: Optional[str] = typer.Option(None, "--tags", metavar="A,B", help="Host tags, comma separated" + _CLEARS),
+    timeout: Optional[str] = typer.Option(
+        None, "--timeout", metavar="DURATION", help="Per-frame timeout, e.g. 2h" + _CLEARS
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Create a service, or change it: options not given keep their value; `none` clears one.
 
     A layer naming it (`service: NAME`, `--service NAME`) takes each value it does not set
@@ -313,8 +387,16 @@ def service_set(ctx: typer.Context,
     from cuectl.sched import services
 
     name = services.check_name(name)  # bad input: exit 2 before a store is opened (or created)
-    values = services.parse_options({"cores": cores, "memory_bytes": memory, "gpus": gpus,
-                                     "gpu_memory_min_bytes": gpu_memory, "tags": tags, "timeout_s": timeout})
+    values = services.parse_options(
+        {
+            "cores": cores,
+            "memory_bytes": memory,
+            "gpus": gpus,
+            "gpu_memory_min_bytes": gpu_memory,
+            "tags": tags,
+            "timeout_s": timeout,
+        }
+    )
     row = ctx.obj.store().set_service(name, values)
     if as_json:
         term.emit_json(row)
@@ -331,18 +413,29 @@ def service_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
     if as_json:
         term.emit_json({"services": rows})
     elif rows:
-        term.table(["NAME", "CORES", "MEMORY", "GPUS", "GPU MEMORY", "TAGS", "TIMEOUT"],
-                   [[r["name"], "-" if r["cores"] is None else f"{r['cores']:g}", format_bytes(r["memory_bytes"]),
-                     "-" if r["gpus"] is None else r["gpus"], format_bytes(r["gpu_memory_min_bytes"]),
-                     "-" if not r["tags"] else ",".join(r["tags"]), format_duration(r["timeout_s"])]
-                    for r in rows])
+        term.table(
+            ["NAME", "CORES", "MEMORY", "GPUS", "GPU MEMORY", "TAGS", "TIMEOUT"],
+            [
+                [
+                    r["name"],
+                    "-" if r["cores"] is None else f"{r['cores']:g}",
+                    format_bytes(r["memory_bytes"]),
+                    "-" if r["gpus"] is None else r["gpus"],
+                    format_bytes(r["gpu_memory_min_bytes"]),
+                    "-" if not r["tags"] else ",".join(r["tags"]),
+                    format_duration(r["timeout_s"]),
+                ]
+                for r in rows
+            ],
+        )
     else:
         term.info("no services (an admin creates one with `cuectl admin service set NAME --cores N ...`)")
 
 
 @service_app.command("delete")
-def service_delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
-                   as_json: bool = JSON_OPT) -> None:
+def service_delete(
+    ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"), as_json: bool = JSON_OPT
+) -> None:
     """Remove a service (jobs already submitted keep the values they took from it)."""
     from cuectl.sched import services
 
@@ -354,18 +447,23 @@ def service_delete(ctx: typer.Context, name: str = typer.Argument(..., metavar="
         term.line(f"deleted service {name}")
 
 
-lease_app = typer.Typer(help="This machine's device leases: make their lock files, clear a record left by a holder "
-                             "that is gone.",
-                        no_args_is_help=True)
+lease_app = typer.Typer(
+    help="This machine's device leases: make their lock files, clear a record left by a holder that is gone.",
+    no_args_is_help=True,
+)
 admin_app.add_typer(lease_app, name="lease")
 
 
 @lease_app.command("break")
-def lease_break(device: str = typer.Argument(..., metavar="DEVICE",
-                                             help="Index or UUID from `cuectl gpu list` (or `cuectl gpu leases`)."),
-                lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", metavar="DIR",
-                                                        help="Lease lock directory (default: CUECTL_LOCK_DIR)."),
-                as_json: bool = JSON_OPT) -> None:
+def lease_break(
+    device: str = typer.Argument(
+        ..., metavar="DEVICE", help="Index or UUID from `cuectl gpu list` (or `cuectl gpu leases`)."
+    ),
+    lock_dir: Optional[Path] = typer.Option(
+        None, "--lock-dir", metavar="DIR", help="Lease lock directory (default: CUECTL_LOCK_DIR)."
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Clear the stale lease record of DEVICE (its holder died without releasing).
 
     Refuses (exit 1) while the device is leased: a live holder is never broken. The lock
@@ -388,14 +486,19 @@ def lease_break(device: str = typer.Argument(..., metavar="DEVICE",
         who = ", ".join(str(x) for x in (r.holder, r.kind, r.user) if x)
         since = f", since {r.to_json()['since']}" if r.since is not None else ""
         pid = "an unknown pid" if r.pid is None else f"pid {r.pid}"
-        term.line(f"{name}: cleared the stale lease record of {pid} ({who}{since}), which no longer holds it; "
-                  f"the device is free")
+        term.line(
+            f"{name}: cleared the stale lease record of {pid} ({who}{since}), which no longer holds it; "
+            f"the device is free"
+        )
 
 
 @lease_app.command("setup")
-def lease_setup(lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", metavar="DIR",
-                                                        help="Lease lock directory (default: CUECTL_LOCK_DIR)."),
-                as_json: bool = JSON_OPT) -> None:
+def lease_setup(
+    lock_dir: Optional[Path] = typer.Option(
+        None, "--lock-dir", metavar="DIR", help="Lease lock directory (default: CUECTL_LOCK_DIR)."
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Make the lock file of every device of this machine (as root, or the lock directory's owner).
 
     In a shared lock directory only root or its owner makes lock files, so that no user can
@@ -412,33 +515,49 @@ def lease_setup(lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", meta
         term.emit_json(done.to_json())
     else:
         ready = sum(1 for f in done.files if f.problem is None)
-        term.line(f"lock directory {done.lock_dir} ({lockfile.user_name(done.owner_uid)}, mode {done.mode:o}): "
-                  f"{ready} of {len(done.files)} lock file(s) ready")
+        term.line(
+            f"lock directory {done.lock_dir} ({lockfile.user_name(done.owner_uid)}, mode {done.mode:o}): "
+            f"{ready} of {len(done.files)} lock file(s) ready"
+        )
         if done.files:
-            term.table(["GPU", "UUID", "LOCK FILE", "STATE"],
-                       [[str(f.index), f.uuid, str(f.lock_file), f.problem or "ready"] for f in done.files])
+            term.table(
+                ["GPU", "UUID", "LOCK FILE", "STATE"],
+                [[str(f.index), f.uuid, str(f.lock_file), f.problem or "ready"] for f in done.files],
+            )
     if not done.ready:
         raise typer.Exit(1)
 
 
-notify_app = typer.Typer(help="Notifications: the farm's defaults (admins set them; every job gets them) and "
-                              "their delivery (docs/notifications.md).", no_args_is_help=True)
+notify_app = typer.Typer(
+    help="Notifications: the farm's defaults (admins set them; every job gets them) and "
+    "their delivery (docs/notifications.md).",
+    no_args_is_help=True,
+)
 admin_app.add_typer(notify_app, name="notify")
 
 
 def _notify_targets(entries: list[dict]) -> list[list[str]]:
-    return [[next(k for k in ("command", "webhook", "email") if k in e), ",".join(e["on"]),
-             str(next(e[k] for k in ("command", "webhook", "email") if k in e))] for e in entries]
+    return [
+        [
+            next(k for k in ("command", "webhook", "email") if k in e),
+            ",".join(e["on"]),
+            str(next(e[k] for k in ("command", "webhook", "email") if k in e)),
+        ]
+        for e in entries
+    ]
 
 
 @notify_app.command("set")
-def notify_set(ctx: typer.Context,
-               command: list[str] = typer.Option([], "--command", metavar="CMD", help="A shell command (repeatable)."),
-               webhook: list[str] = typer.Option([], "--webhook", metavar="URL", help="An http(s) URL (repeatable)."),
-               email: list[str] = typer.Option([], "--email", metavar="ADDR", help="An address (repeatable)."),
-               on: list[str] = typer.Option([], "--on", metavar="EVENT",
-                                            help="finished, failed, dead (repeatable; default finished, failed)."),
-               as_json: bool = JSON_OPT) -> None:
+def notify_set(
+    ctx: typer.Context,
+    command: list[str] = typer.Option([], "--command", metavar="CMD", help="A shell command (repeatable)."),
+    webhook: list[str] = typer.Option([], "--webhook", metavar="URL", help="An http(s) URL (repeatable)."),
+    email: list[str] = typer.Option([], "--email", metavar="ADDR", help="An address (repeatable)."),
+    on: list[str] = typer.Option(
+        [], "--on", metavar="EVENT", help="finished, failed, dead (repeatable; default finished, failed)."
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Replace the farm's notification defaults: every job also notifies these targets."""
     from cuectl.sched import notify as nt
 
@@ -475,10 +594,13 @@ def notify_clear(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
 
 
 @notify_app.command("history")
-def notify_history(ctx: typer.Context, job: Optional[str] = typer.Option(None, "--job", metavar="JOB"),
-                   pending: bool = typer.Option(False, "--pending", help="Only those not delivered yet."),
-                   limit: int = typer.Option(1000, "--limit", metavar="N"),
-                   as_json: bool = JSON_OPT) -> None:
+def notify_history(
+    ctx: typer.Context,
+    job: Optional[str] = typer.Option(None, "--job", metavar="JOB"),
+    pending: bool = typer.Option(False, "--pending", help="Only those not delivered yet."),
+    limit: int = typer.Option(1000, "--limit", metavar="N"),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Recorded notifications: what was (or is still to be) delivered, tries and errors."""
     from cuectl.sched.views import iso
 
@@ -493,11 +615,33 @@ def notify_history(ctx: typer.Context, job: Optional[str] = typer.Option(None, "
         term.info("no notifications recorded")
         return
     C = term.Col
-    term.table(["ID", "JOB", "EVENT", "FRAME", "KIND", C("TARGET", fit="name"), "TRIES", C("DELIVERED", "time"),
-                C("ERROR", fit="free")],
-               [[r["id"], r["job_id"], r["event"], r["frame_id"] or "-", r["kind"], r["target"], r["attempts"],
-                 r["delivered_at"] or "-",
-                 r["error"] or ""] for r in rows])
+    term.table(
+        [
+            "ID",
+            "JOB",
+            "EVENT",
+            "FRAME",
+            "KIND",
+            C("TARGET", fit="name"),
+            "TRIES",
+            C("DELIVERED", "time"),
+            C("ERROR", fit="free"),
+        ],
+        [
+            [
+                r["id"],
+                r["job_id"],
+                r["event"],
+                r["frame_id"] or "-",
+                r["kind"],
+                r["target"],
+                r["attempts"],
+                r["delivered_at"] or "-",
+                r["error"] or "",
+            ]
+            for r in rows
+        ],
+    )
 
 
 @notify_app.command("deliver")
@@ -510,8 +654,12 @@ def notify_deliver(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
 
     store = ctx.obj.store()
     # As root, hooks run as each job's proven user (never as root), as a root worker runs them.
-    deliverer = Deliverer(store, deliverer_id=f"admin@{config.hostname()}:{os.getpid()}",
-                          run_as_submitter=os.geteuid() == 0, warn=term.warn)
+    deliverer = Deliverer(
+        store,
+        deliverer_id=f"admin@{config.hostname()}:{os.getpid()}",
+        run_as_submitter=os.geteuid() == 0,
+        warn=term.warn,
+    )
     delivered, failed = deliverer.run_once(store.clock())
     if as_json:
         term.emit_json({"delivered": delivered, "failed": failed})
@@ -521,8 +669,9 @@ def notify_deliver(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
         raise typer.Exit(1)
 
 
-setting_app = typer.Typer(help="Store settings (admins change them), e.g. depend.satisfy_on_eaten "
-                               "(docs/opencue.md).", no_args_is_help=True)
+setting_app = typer.Typer(
+    help="Store settings (admins change them), e.g. depend.satisfy_on_eaten (docs/opencue.md).", no_args_is_help=True
+)
 admin_app.add_typer(setting_app, name="setting")
 
 
@@ -541,9 +690,12 @@ def setting_list(ctx: typer.Context, as_json: bool = JSON_OPT) -> None:
 
 
 @setting_app.command("set")
-def setting_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAME"),
-                value: str = typer.Argument(..., metavar="VALUE", help="true or false."),
-                as_json: bool = JSON_OPT) -> None:
+def setting_set(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., metavar="NAME"),
+    value: str = typer.Argument(..., metavar="VALUE", help="true or false."),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Set a store setting (admins only). Turning depend.satisfy_on_eaten on releases what
     already waits on eaten frames."""
     rows = ctx.obj.store().set_setting(name, value, now=time.time())
@@ -553,12 +705,16 @@ def setting_set(ctx: typer.Context, name: str = typer.Argument(..., metavar="NAM
         term.table(["NAME", "VALUE", "DEFAULT", "MEANING"], _setting_rows(rows))
 
 
-admin_app.command("report", help="Accounting per job, layer, user, project, show, host, GPU model or day: GPU-hours "
-                                  "allocated/busy/wasted, efficiency, failures, queue waits.")(report_cmd)
+admin_app.command(
+    "report",
+    help="Accounting per job, layer, user, project, show, host, GPU model or day: GPU-hours "
+    "allocated/busy/wasted, efficiency, failures, queue waits.",
+)(report_cmd)
 
 
-admin_app.command("migrate", help="Apply schema changes to the store now (workers do it themselves unless "
-                                   "CUECTL_AUTO_MIGRATE=0).")(migrate_cmd)
+admin_app.command(
+    "migrate", help="Apply schema changes to the store now (workers do it themselves unless CUECTL_AUTO_MIGRATE=0)."
+)(migrate_cmd)
 
 
 def register(app: typer.Typer) -> None:

@@ -128,6 +128,7 @@ def completion_script(shell: str, *, prog_name: str = "cuectl", complete_var: st
 
 # -- click's protocol: what the shell sent, and the answer in its format ----------------------
 
+
 def _split(text: str) -> list[str]:
     try:
         from typer._click.shell_completion import split_arg_string
@@ -173,15 +174,18 @@ def _format(shell: str, item: CompletionItem) -> str:
     return f"{item.type},{value}\t{help_}" if help_ else f"{item.type},{value}"
 
 
-def shell_complete(cli: Command, ctx_args: MutableMapping[str, Any], prog_name: str, complete_var: str,
-                   instruction: str) -> int:
+def shell_complete(
+    cli: Command, ctx_args: MutableMapping[str, Any], prog_name: str, complete_var: str, instruction: str
+) -> int:
     """Answer one ``_CUECTL_COMPLETE=<shell>_<source|complete>`` request; the exit code."""
     shell, _, action = instruction.strip().lower().partition("_")
     if shell in ("source", "complete"):  # typer's older order (complete_bash) reads the same
         shell, action = action, shell
     if shell not in SHELLS or action not in ("source", "complete"):
-        sys.stderr.write(f"cuectl: unsupported completion request {complete_var}={instruction!r} "
-                         f"(expected <bash|zsh|fish>_complete)\n")
+        sys.stderr.write(
+            f"cuectl: unsupported completion request {complete_var}={instruction!r} "
+            f"(expected <bash|zsh|fish>_complete)\n"
+        )
         return 1
     if action == "source":
         sys.stdout.write(completion_script(shell, prog_name=prog_name, complete_var=complete_var))
@@ -201,8 +205,9 @@ def shell_complete(cli: Command, ctx_args: MutableMapping[str, Any], prog_name: 
     return 0
 
 
-def _completions(cli: Command, ctx_args: MutableMapping[str, Any], prog_name: str, args: list[str],
-                 incomplete: str) -> list[CompletionItem]:
+def _completions(
+    cli: Command, ctx_args: MutableMapping[str, Any], prog_name: str, args: list[str], incomplete: str
+) -> list[CompletionItem]:
     try:
         from typer._click.shell_completion import _resolve_context, _resolve_incomplete
     except ImportError:  # pragma: no cover - depends on the installed typer
@@ -274,6 +279,7 @@ def _quiet(completer: Completer) -> Completer:
             return completer(ctx, param, incomplete)
         except Exception:  # noqa: BLE001 - a missing or broken store: no suggestions
             return []
+
     return complete
 
 
@@ -281,13 +287,17 @@ def _matching(values: Iterable[tuple[str, str | None]], incomplete: str) -> list
     low = incomplete.lower()
     # A value with control characters (a name edited into the store) would forge an answer
     # line or reach the shell's line raw: not offered (its id still is).
-    return [CompletionItem(value, help=help_) for value, help_ in values
-            if value.lower().startswith(low) and value.isprintable()]
+    return [
+        CompletionItem(value, help=help_)
+        for value, help_ in values
+        if value.lower().startswith(low) and value.isprintable()
+    ]
 
 
 def _choices(values: Sequence[str]) -> Completer:
     def complete(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionItem]:
         return _matching(((v, None) for v in values), incomplete)
+
     return complete
 
 
@@ -349,13 +359,17 @@ def _jobs(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionIte
     ids: list[tuple[str, str | None]] = []
     names: dict[str, list[int]] = {}
     for job in jobs:
-        state = (str(job.get("display_state") or job.get("outcome") or job.get("state") or "").lower()
-                 + (", paused" if job.get("paused") else ""))
+        state = str(job.get("display_state") or job.get("outcome") or job.get("state") or "").lower() + (
+            ", paused" if job.get("paused") else ""
+        )
         if str(job["id"]) not in given:
             ids.append((str(job["id"]), f"{job['name']} ({state})"))
         names.setdefault(str(job["name"]), []).append(job["id"])
-    named = [(n, f"job {found[0]}" if len(found) == 1 else f"{len(found)} jobs: use an id")
-             for n, found in names.items() if n not in given]
+    named = [
+        (n, f"job {found[0]}" if len(found) == 1 else f"{len(found)} jobs: use an id")
+        for n, found in names.items()
+        if n not in given
+    ]
     return _matching(ids, incomplete) + _matching(named, incomplete)
 
 
@@ -374,8 +388,11 @@ def _frames(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionI
             if len(found) >= LIMIT:
                 break
             frames, _total = store.list_frames(state=state, limit=LIMIT - len(found))
-            found += [(str(f["id"]), f"{f.get('job')} {f.get('name')} ({str(f.get('state')).lower()})")
-                      for f in frames if str(f["id"]) not in given]
+            found += [
+                (str(f["id"]), f"{f.get('job')} {f.get('name')} ({str(f.get('state')).lower()})")
+                for f in frames
+                if str(f["id"]) not in given
+            ]
     return _matching(found, incomplete)
 
 
@@ -390,8 +407,10 @@ def _frame_names(ctx: Context, incomplete: str, given: set[str]) -> list[Complet
             frames, _total = store.list_frames(job=job, limit=LIMIT)
     except CuectlError:
         return []
-    return _matching(((f"{job}/{f['name']}", str(f.get("state")).lower()) for f in frames
-                      if f"{job}/{f['name']}" not in given), incomplete)
+    return _matching(
+        ((f"{job}/{f['name']}", str(f.get("state")).lower()) for f in frames if f"{job}/{f['name']}" not in given),
+        incomplete,
+    )
 
 
 def _hosts(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionItem]:
@@ -399,5 +418,10 @@ def _hosts(ctx: Context, param: Parameter, incomplete: str) -> list[CompletionIt
 
     with _store(ctx) as store:
         hosts = store.list_hosts(now=store.clock(), down_after=m.HOST_DOWN_AFTER_S)
-    return _matching(((str(h["name"]), str(h.get("state", "")).lower() + (", locked" if h.get("locked") else ""))
-                      for h in hosts[:LIMIT]), incomplete)
+    return _matching(
+        (
+            (str(h["name"]), str(h.get("state", "")).lower() + (", locked" if h.get("locked") else ""))
+            for h in hosts[:LIMIT]
+        ),
+        incomplete,
+    )

@@ -33,17 +33,29 @@ if TYPE_CHECKING:
 
 #: `cuectl run` options taking one value -> the keyword of ``run_command`` (``--gpus`` is an int).
 _RUN_VALUE_OPTIONS = {
-    "--gpus": "gpus", "--gpu-vendor": "gpu_vendor", "--gpu-model": "gpu_models",
-    "--gpu-memory-min": "gpu_memory_min", "--gpu-memory-free-min": "gpu_memory_free_min",
-    "--min-free-memory": "gpu_memory_free_min", "--device": "devices", "--timeout": "timeout",
-    "--label": "label", "--lock-dir": "lock_dir",
+    "--gpus": "gpus",
+    "--gpu-vendor": "gpu_vendor",
+    "--gpu-model": "gpu_models",
+    "--gpu-memory-min": "gpu_memory_min",
+    "--gpu-memory-free-min": "gpu_memory_free_min",
+    "--min-free-memory": "gpu_memory_free_min",
+    "--device": "devices",
+    "--timeout": "timeout",
+    "--label": "label",
+    "--lock-dir": "lock_dir",
 }
 #: Repeatable options (lists); every other option may appear once on the fast path.
 _RUN_LIST_OPTIONS = frozenset({"gpu_models", "devices"})
 _RUN_FLAGS = {"--wait": True, "--no-wait": False}
 #: `cuectl admin report` options taking one value -> the keyword of ``show_report``.
-_REPORT_VALUE_OPTIONS = {"--since": "since", "--until": "until", "--by": "by", "--format": "format_",
-                         "--output": "output", "-o": "output"}
+_REPORT_VALUE_OPTIONS = {
+    "--since": "since",
+    "--until": "until",
+    "--by": "by",
+    "--format": "format_",
+    "--output": "output",
+    "-o": "output",
+}
 _ASCII_DIGITS = frozenset("0123456789")
 
 
@@ -83,8 +95,16 @@ def run() -> None:
 #: so that running one builds that module's commands alone, not all of them: typer turns
 #: every command's signature into click parameters before it parses anything (~0.1 s of
 #: `cuectl worker`'s start, as much again to import the other modules).
-_COMMAND_MODULES = {"worker": "worker_cmd", "submit": "job_cmd", "job": "job_cmd", "frame": "job_cmd",
-                    "host": "host_cmd", "admin": "admin_cmd", "top": "top_cmd", "serve": "serve_cmd"}
+_COMMAND_MODULES = {
+    "worker": "worker_cmd",
+    "submit": "job_cmd",
+    "job": "job_cmd",
+    "frame": "job_cmd",
+    "host": "host_cmd",
+    "admin": "admin_cmd",
+    "top": "top_cmd",
+    "serve": "serve_cmd",
+}
 
 
 def _command_word(args: list[str]) -> str | None:
@@ -216,7 +236,7 @@ def _split_db(args: list[str]) -> tuple[str | None, list[str]] | None:
     if args[:1] == ["--db"] and len(args) > 1:
         db, args = args[1], args[2:]
     elif args[:1] and args[0].startswith("--db="):
-        db, args = args[0][len("--db="):], args[1:]
+        db, args = args[0][len("--db=") :], args[1:]
     if db is not None and (not db or db.startswith("-")):
         return None
     return db, args
@@ -249,6 +269,7 @@ def _parse_report(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
 
 def _report_fast(db: str | None, kw: dict[str, Any]) -> int:
     """``show_report(**kw)`` with the CLI's error handling and the store of ``--db``."""
+
     def call(store: Callable[[], Any]) -> None:
         from cuectl.cli.report_view import show_report
 
@@ -311,13 +332,17 @@ def _parse_submit(args: list[str]) -> tuple[str | None, dict[str, Any]] | None:
                 # int and float: plain decimals only, as typer reads them; anything else
                 # goes to typer, which converts it or words its refusal.
                 whole, dot, part = value.partition(".")
-                if not (set(whole) <= _ASCII_DIGITS and whole and set(part) <= _ASCII_DIGITS
-                        and (not dot or (kind == "float" and part))):
+                if not (
+                    set(whole) <= _ASCII_DIGITS
+                    and whole
+                    and set(part) <= _ASCII_DIGITS
+                    and (not dot or (kind == "float" and part))
+                ):
                     return None
                 value = float(value) if kind == "float" else int(value)
         if not _put_option(kw, key, value, LIST_FLAGS):
             return None
-    command = args[i + 1:]
+    command = args[i + 1 :]
     if i >= len(args) or not command:
         return None  # no `--` (a spec file, or the command without it), or no command
     return db, {"args": command, "flags": kw}  # after `--`, always a command (submit_flags.is_spec_form)
@@ -327,6 +352,7 @@ def _submit_fast(db: str | None, kw: dict[str, Any]) -> int:
     """``submit_flags.submit_flags`` of ``kw`` (the command and the flags' fields) with the
     CLI's error handling; the store of ``--db`` is opened (created if missing) only once
     the flags are valid."""
+
     def call(store: Callable[[], Any]) -> None:
         from cuectl.cli.submit_flags import submit_flags
         from cuectl.sched.intake import SubmitFlags

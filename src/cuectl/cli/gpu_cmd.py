@@ -4,7 +4,6 @@ Registered by the main CLI as ``gpu``. Errors are raised as ``cuectl.errors`` ex
 the main CLI turns them into ``error:`` lines and exit codes.
 """
 
-
 import typer
 
 from cuectl.cli import term
@@ -29,8 +28,9 @@ def _pct(value: float | None) -> str | None:
 
 @app.command("list")
 def list_cmd(
-    backend: str = typer.Option("auto", "--backend", "-b",
-                                help="auto, nvml, smi, apple, amd or fake (fake reads CUECTL_FAKE_GPUS)."),
+    backend: str = typer.Option(
+        "auto", "--backend", "-b", help="auto, nvml, smi, apple, amd or fake (fake reads CUECTL_FAKE_GPUS)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (devices and backends) on stdout."),
 ) -> None:
     """List this machine's GPUs. No GPU is not an error: the list is empty and the backends say why."""
@@ -41,9 +41,19 @@ def list_cmd(
     if as_json:
         term.emit_json(found.to_json())
         return
-    rows = [(d.index, short_uuid(d.uuid), d.vendor, d.model, format_bytes(d.memory_total_bytes),
-             format_bytes(d.memory_free_bytes), _pct(d.utilization_pct), d.driver_version)
-            for d in found.devices]
+    rows = [
+        (
+            d.index,
+            short_uuid(d.uuid),
+            d.vendor,
+            d.model,
+            format_bytes(d.memory_total_bytes),
+            format_bytes(d.memory_free_bytes),
+            _pct(d.utilization_pct),
+            d.driver_version,
+        )
+        for d in found.devices
+    ]
     if rows:
         term.table(["index", "uuid", "vendor", "model", "memory", "free", "util", "driver"], rows)
         return

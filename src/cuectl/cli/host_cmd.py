@@ -1,6 +1,5 @@
 """``cuectl host …``: registered hosts, their devices, locking."""
 
-
 from typing import Any, Optional
 
 import typer
@@ -22,13 +21,17 @@ def _gpu_summary(gpus: list) -> str:
 
 
 @host_app.command("list")
-def host_list(ctx: typer.Context, as_json: bool = JSON_OPT,
-              vendor: Optional[str] = typer.Option(None, "--vendor", help="Only hosts with GPUs of this vendor."),
-              model: Optional[str] = typer.Option(None, "--model", help="Only hosts with this GPU model "
-                                                                         "(whole words or a glob, as gpu_models)."),
-              gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min",
-                                                           help="Only hosts with GPUs of at least this memory "
-                                                                "(24G; a number is MiB).")) -> None:
+def host_list(
+    ctx: typer.Context,
+    as_json: bool = JSON_OPT,
+    vendor: Optional[str] = typer.Option(None, "--vendor", help="Only hosts with GPUs of this vendor."),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Only hosts with this GPU model (whole words or a glob, as gpu_models)."
+    ),
+    gpu_memory_min: Optional[str] = typer.Option(
+        None, "--gpu-memory-min", help="Only hosts with GPUs of at least this memory (24G; a number is MiB)."
+    ),
+) -> None:
     """List registered hosts with UP/DOWN state and devices (with a GPU filter: only the
     hosts, and in --json only the devices, that match it)."""
     from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor
@@ -39,18 +42,41 @@ def host_list(ctx: typer.Context, as_json: bool = JSON_OPT,
     store = ctx.obj.store()
     hosts = store.list_hosts(now=store.clock(), down_after=m.HOST_DOWN_AFTER_S)
     if vendor or model or memory_min:
-        hosts = [{**h, "gpus": [g for g in h["gpus"]
-                                if device_matches(g, vendor=vendor, model=model, memory_min=memory_min)]}
-                 for h in hosts]
+        hosts = [
+            {
+                **h,
+                "gpus": [g for g in h["gpus"] if device_matches(g, vendor=vendor, model=model, memory_min=memory_min)],
+            }
+            for h in hosts
+        ]
         hosts = [h for h in hosts if h["gpus"]]
     if as_json:
         term.emit_json({"hosts": hosts})
         return
     C = term.Col  # on a narrow terminal: LOCKED goes first, then CORES, MEMORY
-    term.table([C("NAME", fit="name"), C("STATE", "state"), C("LOCKED", drop=3), C("CORES", drop=2),
-                C("MEMORY", drop=1), C("GPUS", fit="free"), C("LAST HEARTBEAT", "time")],
-               [[h["name"], h["state"], "yes" if h["locked"] else "no", h["cores"], format_bytes(h["memory_bytes"]),
-                 _gpu_summary(h["gpus"]), h["last_heartbeat"]] for h in hosts])
+    term.table(
+        [
+            C("NAME", fit="name"),
+            C("STATE", "state"),
+            C("LOCKED", drop=3),
+            C("CORES", drop=2),
+            C("MEMORY", drop=1),
+            C("GPUS", fit="free"),
+            C("LAST HEARTBEAT", "time"),
+        ],
+        [
+            [
+                h["name"],
+                h["state"],
+                "yes" if h["locked"] else "no",
+                h["cores"],
+                format_bytes(h["memory_bytes"]),
+                _gpu_summary(h["gpus"]),
+                h["last_heartbeat"],
+            ]
+            for h in hosts
+        ],
+    )
 
 
 @host_app.command("show")
@@ -64,21 +90,40 @@ def host_show(ctx: typer.Context, host: str = typer.Argument(..., help="Host nam
     if as_json:
         term.emit_json(data)
         return
-    term.fields([("name", data["name"]), ("state", data["state"]), ("locked", data["locked"]),
-                 ("cores", data["cores"]), ("memory", format_bytes(data["memory_bytes"])),
-                 ("tags", ", ".join(data["tags"]) or "-"), ("last heartbeat", data["last_heartbeat"]),
-                 ("running frames", ", ".join(map(str, data["running_frames"])) or "-")])
+    term.fields(
+        [
+            ("name", data["name"]),
+            ("state", data["state"]),
+            ("locked", data["locked"]),
+            ("cores", data["cores"]),
+            ("memory", format_bytes(data["memory_bytes"])),
+            ("tags", ", ".join(data["tags"]) or "-"),
+            ("last heartbeat", data["last_heartbeat"]),
+            ("running frames", ", ".join(map(str, data["running_frames"])) or "-"),
+        ]
+    )
     live_doc = data.get("live") or {}
     # Each device's last sample as `top` judges it: none older than two of the worker's
     # sampling intervals is shown as current (SAMPLED says how old it is).
     live = live_values(live_doc, now=store.clock())
     term.line()
     if data["gpus"]:
-        term.table(["IDX", "UUID", "VENDOR", "MODEL", "MEMORY", "FREE", "UTIL", "SAMPLED"],
-                   [[d["index"], d["uuid"], d["vendor"], d["model"], format_bytes(d.get("memory_total_bytes")),
-                     format_bytes(live.get(d["uuid"], {}).get("memory_free_bytes")),
-                     live.get(d["uuid"], {}).get("utilization_pct"), _sampled(live.get(d["uuid"]))]
-                    for d in data["gpus"]])
+        term.table(
+            ["IDX", "UUID", "VENDOR", "MODEL", "MEMORY", "FREE", "UTIL", "SAMPLED"],
+            [
+                [
+                    d["index"],
+                    d["uuid"],
+                    d["vendor"],
+                    d["model"],
+                    format_bytes(d.get("memory_total_bytes")),
+                    format_bytes(live.get(d["uuid"], {}).get("memory_free_bytes")),
+                    live.get(d["uuid"], {}).get("utilization_pct"),
+                    _sampled(live.get(d["uuid"])),
+                ]
+                for d in data["gpus"]
+            ],
+        )
     else:
         term.line("no GPUs")
     # Devices the worker had and lost (its re-discovery no longer finds them): no new frames.
@@ -114,11 +159,16 @@ def host_unlock(ctx: typer.Context, host: str, as_json: bool = JSON_OPT) -> None
 
 
 @host_app.command("forget")
-def host_forget(ctx: typer.Context, host: str = typer.Argument(..., help="Host name."),
-                force: bool = typer.Option(False, "--force", help="Forget it even while UP or with RUNNING frames "
-                                                                  "(they are requeued as lost, as `admin reap` "
-                                                                  "does)."),
-                as_json: bool = JSON_OPT) -> None:
+def host_forget(
+    ctx: typer.Context,
+    host: str = typer.Argument(..., help="Host name."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Forget it even while UP or with RUNNING frames (they are requeued as lost, as `admin reap` does).",
+    ),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Remove a dead host and its GPUs from the store (admins only).
 
     Refuses (exit 1) a host that is UP (heartbeat within the host-down time) or has
@@ -129,8 +179,10 @@ def host_forget(ctx: typer.Context, host: str = typer.Argument(..., help="Host n
         term.emit_json(data)
         return
     requeued = data["requeued"]
-    term.line(f"forgot host {host} ({data['state']}, {len(data['gpus'])} GPU(s))"
-              + (f"; requeued {len(requeued)} frame(s): " + ", ".join(map(str, requeued)) if requeued else ""))
+    term.line(
+        f"forgot host {host} ({data['state']}, {len(data['gpus'])} GPU(s))"
+        + (f"; requeued {len(requeued)} frame(s): " + ", ".join(map(str, requeued)) if requeued else "")
+    )
 
 
 def register(app: typer.Typer) -> None:

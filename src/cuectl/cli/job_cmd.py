@@ -1,6 +1,5 @@
 """``cuectl submit``, ``cuectl job …`` and ``cuectl frame …``: parse, call the library, render."""
 
-
 import time
 from typing import Any, List, Optional
 
@@ -42,17 +41,22 @@ class SubmitCommand(TyperCommand):
 
 def submit(
     ctx: typer.Context,
-    args: Optional[List[str]] = typer.Argument(None, metavar="SPEC.yaml | - | -- COMMAND [ARGS...]",
-                                               help="A job spec file (YAML or JSON), - to read it from standard "
-                                                    "input, or the command after --."),
-    name: Optional[str] = typer.Option(None, "--name", help="Job name (flag form: one layer; default: named "
-                                                            "after the command, see docs/job-spec.md)."),
+    args: Optional[List[str]] = typer.Argument(
+        None,
+        metavar="SPEC.yaml | - | -- COMMAND [ARGS...]",
+        help="A job spec file (YAML or JSON), - to read it from standard input, or the command after --.",
+    ),
+    name: Optional[str] = typer.Option(
+        None, "--name", help="Job name (flag form: one layer; default: named after the command, see docs/job-spec.md)."
+    ),
     range_: str = typer.Option("1", "--range", help="Frame range (OpenCue FrameSet: 1-100, 1-100x2, 1-10:5…)."),
     chunk: int = typer.Option(1, "--chunk", help="Frames per chunk."),
     layer: Optional[str] = typer.Option(None, "--layer", help="Layer name (default: main)."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="Devices per frame (default 0, or the service's)."),
     gpu_vendor: Optional[str] = typer.Option(None, "--gpu-vendor", help="NVIDIA, AMD, Apple or Intel."),
-    gpu_model: List[str] = typer.Option([], "--gpu-model", help="Allowed model (repeatable): A100, 'RTX 4090', '*V100*'."),
+    gpu_model: List[str] = typer.Option(
+        [], "--gpu-model", help="Allowed model (repeatable): A100, 'RTX 4090', '*V100*'."
+    ),
     gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min", help="Memory per device, e.g. 24G."),
     cores: Optional[float] = typer.Option(None, "--cores", help="CPU cores reserved per frame (at least 0.1)."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Host RAM reserved per frame, e.g. 8G."),
@@ -62,59 +66,108 @@ def submit(
     env: List[str] = typer.Option([], "--env", help="K=V for the frame environment (repeatable)."),
     tag: List[str] = typer.Option([], "--tag", help="Only hosts with this tag (repeatable)."),
     paused: bool = typer.Option(False, "--paused", help="Submit paused."),
-    log_limit: Optional[str] = typer.Option(None, "--log-limit", help="Bytes each attempt's log may keep, head "
-                                                                      "and tail (e.g. 100M; default: the worker's)."),
-    project: Optional[str] = typer.Option(None, "--project", metavar="NAME",
-                                          help="The job's project, for quotas and reports (with a spec: replaces "
-                                               "its project)."),
-    show: Optional[str] = typer.Option(None, "--show", metavar="NAME",
-                                       help="The job's show (OpenCue's; CUE_SHOW, `job list --show`, `admin report "
-                                            "--by show`; with a spec: replaces its show)."),
-    shot: Optional[str] = typer.Option(None, "--shot", metavar="NAME",
-                                       help="The job's shot (CUE_SHOT, `job list --shot`; with a spec: replaces "
-                                            "its shot)."),
-    service: Optional[str] = typer.Option(None, "--service", metavar="NAME",
-                                          help="The layer's service: its defaults fill the resources not given "
-                                               "(`cuectl admin service list`)."),
-    max_running: Optional[int] = typer.Option(None, "--max-running", metavar="N",
-                                              help="At most N frames of the job running at once, farm-wide (with a "
-                                                   "spec: replaces its max_running)."),
-    max_cores: Optional[float] = typer.Option(None, "--max-cores", metavar="N",
-                                              help="At most N cores held by the job's running frames (with a spec: "
-                                                   "replaces its max_cores)."),
-    max_gpus: Optional[int] = typer.Option(None, "--max-gpus", metavar="N",
-                                           help="At most N GPUs held by the job's running frames (with a spec: "
-                                                "replaces its max_gpus)."),
-    limit: List[str] = typer.Option([], "--limit", metavar="NAME",
-                                    help="A named limit each running frame holds (repeatable; `cuectl admin limit "
-                                         "list`)."),
-    retry_delay: Optional[str] = typer.Option(None, "--retry-delay", metavar="DUR",
-                                              help="Wait before a failed frame runs again, doubled per further "
-                                                   "failure (default 2s; 0: at once)."),
-    chdir: Optional[str] = typer.Option(None, "--chdir", "-D", metavar="DIR",
-                                        help="Directory the frames run in (default: this one, as sbatch)."),
-    export: Optional[str] = typer.Option(None, "--export", metavar="VARS",
-                                         help="Which of your environment variables travel with the job: BASE "
-                                              "(default: PATH, virtualenv/conda, PYTHONPATH, LD_LIBRARY_PATH, "
-                                              "locale, TZ), NONE, ALL (but secret-looking names), names, "
-                                              "NAME=VALUE; comma separated."),
-    notify_command: List[str] = typer.Option([], "--notify-command", metavar="CMD",
-                                             help="Run this shell command (as you) when the job finishes or "
-                                                  "fails; the job's JSON on stdin (repeatable)."),
-    notify_webhook: List[str] = typer.Option([], "--notify-webhook", metavar="URL",
-                                             help="POST the job's JSON to this http(s) URL (repeatable)."),
-    notify_email: List[str] = typer.Option([], "--notify-email", metavar="ADDR",
-                                           help="Mail this address through the local MTA (repeatable)."),
-    notify_on: List[str] = typer.Option([], "--notify-on", metavar="EVENT",
-                                        help="When to notify: finished, failed, dead (a frame went DEAD); "
-                                             "repeatable; default finished and failed."),
-    param: List[str] = typer.Option([], "--param", metavar="NAME=VALUE",
-                                    help="A job parameter of an Open Job Description template (repeatable; "
-                                         "docs/openjd.md)."),
-    strict: bool = typer.Option(False, "--strict", help="Refuse a spec with anything cuectl cannot honour "
-                                                        "(each is otherwise a warning; docs/opencue-xml.md)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and print what would be created; create "
-                                                          "nothing (no store is opened)."),
+    log_limit: Optional[str] = typer.Option(
+        None, "--log-limit", help="Bytes each attempt's log may keep, head and tail (e.g. 100M; default: the worker's)."
+    ),
+    project: Optional[str] = typer.Option(
+        None,
+        "--project",
+        metavar="NAME",
+        help="The job's project, for quotas and reports (with a spec: replaces its project).",
+    ),
+    show: Optional[str] = typer.Option(
+        None,
+        "--show",
+        metavar="NAME",
+        help="The job's show (OpenCue's; CUE_SHOW, `job list --show`, `admin report "
+        "--by show`; with a spec: replaces its show).",
+    ),
+    shot: Optional[str] = typer.Option(
+        None,
+        "--shot",
+        metavar="NAME",
+        help="The job's shot (CUE_SHOT, `job list --shot`; with a spec: replaces its shot).",
+    ),
+    service: Optional[str] = typer.Option(
+        None,
+        "--service",
+        metavar="NAME",
+        help="The layer's service: its defaults fill the resources not given (`cuectl admin service list`).",
+    ),
+    max_running: Optional[int] = typer.Option(
+        None,
+        "--max-running",
+        metavar="N",
+        help="At most N frames of the job running at once, farm-wide (with a spec: replaces its max_running).",
+    ),
+    max_cores: Optional[float] = typer.Option(
+        None,
+        "--max-cores",
+        metavar="N",
+        help="At most N cores held by the job's running frames (with a spec: replaces its max_cores).",
+    ),
+    max_gpus: Optional[int] = typer.Option(
+        None,
+        "--max-gpus",
+        metavar="N",
+        help="At most N GPUs held by the job's running frames (with a spec: replaces its max_gpus).",
+    ),
+    limit: List[str] = typer.Option(
+        [],
+        "--limit",
+        metavar="NAME",
+        help="A named limit each running frame holds (repeatable; `cuectl admin limit list`).",
+    ),
+    retry_delay: Optional[str] = typer.Option(
+        None,
+        "--retry-delay",
+        metavar="DUR",
+        help="Wait before a failed frame runs again, doubled per further failure (default 2s; 0: at once).",
+    ),
+    chdir: Optional[str] = typer.Option(
+        None, "--chdir", "-D", metavar="DIR", help="Directory the frames run in (default: this one, as sbatch)."
+    ),
+    export: Optional[str] = typer.Option(
+        None,
+        "--export",
+        metavar="VARS",
+        help="Which of your environment variables travel with the job: BASE "
+        "(default: PATH, virtualenv/conda, PYTHONPATH, LD_LIBRARY_PATH, "
+        "locale, TZ), NONE, ALL (but secret-looking names), names, "
+        "NAME=VALUE; comma separated.",
+    ),
+    notify_command: List[str] = typer.Option(
+        [],
+        "--notify-command",
+        metavar="CMD",
+        help="Run this shell command (as you) when the job finishes or fails; the job's JSON on stdin (repeatable).",
+    ),
+    notify_webhook: List[str] = typer.Option(
+        [], "--notify-webhook", metavar="URL", help="POST the job's JSON to this http(s) URL (repeatable)."
+    ),
+    notify_email: List[str] = typer.Option(
+        [], "--notify-email", metavar="ADDR", help="Mail this address through the local MTA (repeatable)."
+    ),
+    notify_on: List[str] = typer.Option(
+        [],
+        "--notify-on",
+        metavar="EVENT",
+        help="When to notify: finished, failed, dead (a frame went DEAD); repeatable; default finished and failed.",
+    ),
+    param: List[str] = typer.Option(
+        [],
+        "--param",
+        metavar="NAME=VALUE",
+        help="A job parameter of an Open Job Description template (repeatable; docs/openjd.md).",
+    ),
+    strict: bool = typer.Option(
+        False,
+        "--strict",
+        help="Refuse a spec with anything cuectl cannot honour (each is otherwise a warning; docs/opencue-xml.md).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Validate and print what would be created; create nothing (no store is opened)."
+    ),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Submit a job: a YAML/JSON spec (a file, or - for standard input) with several layers,
@@ -130,8 +183,7 @@ def submit(
         # A spec (a file, or - for standard input); flags given too override it (SubmitFlags.adjuster).
         context = intake.SubmitContext.here()
         flags.adjuster()  # the flags are checked before the spec is read: errors name the flag
-        loaded = intake.load(_read_source(args[0]), context, flags=flags, params=param, strict=strict,
-                             warn=term.warn)
+        loaded = intake.load(_read_source(args[0]), context, flags=flags, params=param, strict=strict, warn=term.warn)
         job_specs = list(loaded.jobs)
     else:  # one layer from the flags, the command after -- (the console script's fast path too)
         loaded = None
@@ -140,8 +192,9 @@ def submit(
         from cuectl.sched import notify as nt
 
         added = nt.from_flags(commands=notify_command, webhooks=notify_webhook, emails=notify_email, on=notify_on)
-        job_specs = [dataclasses.replace(job_spec, notify=nt.entries([*job_spec.notify, *added]))
-                     for job_spec in job_specs]
+        job_specs = [
+            dataclasses.replace(job_spec, notify=nt.entries([*job_spec.notify, *added])) for job_spec in job_specs
+        ]
         if loaded is not None:
             loaded = loaded._replace(jobs=tuple(job_specs))
     if dry_run:
@@ -188,10 +241,18 @@ def _read_source(word: str) -> Any:
     try:
         return intake.read_source(word)
     except InvalidInput as exc:
-        if (exc.hint is None and word != intake.STDIN and not word.lower().endswith(submit_flags.SPEC_SUFFIXES)
-                and not word.lower().endswith(intake.XML_SUFFIX) and not Path(word).exists()):
-            raise InvalidInput(exc.message, hint="one argument is a job spec file; to run a one-word "
-                                                 f"command, put it after --: cuectl submit -- {word}") from None
+        if (
+            exc.hint is None
+            and word != intake.STDIN
+            and not word.lower().endswith(submit_flags.SPEC_SUFFIXES)
+            and not word.lower().endswith(intake.XML_SUFFIX)
+            and not Path(word).exists()
+        ):
+            raise InvalidInput(
+                exc.message,
+                hint="one argument is a job spec file; to run a one-word "
+                f"command, put it after --: cuectl submit -- {word}",
+            ) from None
         raise
 
 
@@ -204,8 +265,10 @@ def _print_dry_run(job_specs: List[Any], as_json: bool) -> None:
         term.emit_json({"dry_run": True, "jobs": shown})
         return
     for job in shown:
-        term.line(f"would submit job {job['name']!r}: {len(job['layers'])} layer(s), {job['frames']} frame(s) "
-                  f"({', '.join(layer['name'] + ': ' + str(layer['frames']) for layer in job['layers'])})")
+        term.line(
+            f"would submit job {job['name']!r}: {len(job['layers'])} layer(s), {job['frames']} frame(s) "
+            f"({', '.join(layer['name'] + ': ' + str(layer['frames']) for layer in job['layers'])})"
+        )
 
 
 # -- job ---------------------------------------------------------------------------------
@@ -237,17 +300,23 @@ JOB_LIST_STATES = ("PENDING", "RUNNING", "FINISHED", "SUCCEEDED", "FAILED", "KIL
 
 
 @job_app.command("list")
-def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
-             active: bool = typer.Option(False, "--active", help="Hide finished jobs."),
-             user: Optional[str] = typer.Option(None, "--user", "-u", help="Only this user's jobs."),
-             state: Optional[str] = typer.Option(None, "--state", help="PENDING (not finished), RUNNING (a frame "
-                                                                     "runs), FINISHED, or how a finished job "
-                                                                     "ended: SUCCEEDED, FAILED, KILLED."),
-             name: Optional[str] = typer.Option(None, "--name", help="Only jobs named so (a glob: 'shot010-*')."),
-             limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Only the newest N jobs."),
-             show: Optional[str] = typer.Option(None, "--show", help="Only jobs of this show."),
-             shot: Optional[str] = typer.Option(None, "--shot", help="Only jobs of this shot."),
-             ) -> None:
+def job_list(
+    ctx: typer.Context,
+    as_json: bool = JSON_OPT,
+    active: bool = typer.Option(False, "--active", help="Hide finished jobs."),
+    user: Optional[str] = typer.Option(None, "--user", "-u", help="Only this user's jobs."),
+    state: Optional[str] = typer.Option(
+        None,
+        "--state",
+        help="PENDING (not finished), RUNNING (a frame "
+        "runs), FINISHED, or how a finished job "
+        "ended: SUCCEEDED, FAILED, KILLED.",
+    ),
+    name: Optional[str] = typer.Option(None, "--name", help="Only jobs named so (a glob: 'shot010-*')."),
+    limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Only the newest N jobs."),
+    show: Optional[str] = typer.Option(None, "--show", help="Only jobs of this show."),
+    shot: Optional[str] = typer.Option(None, "--shot", help="Only jobs of this shot."),
+) -> None:
     """List jobs (newest last), with filters like squeue's: --user, --state, --name, --show, --shot."""
     import fnmatch
 
@@ -260,9 +329,11 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
         raise InvalidInput(f"--limit: must be 1 or more, got {limit}")
     # The store filters by user (and state); pending reasons only for the jobs listed.
     store = _store(ctx)
-    jobs = [j for j in store.list_jobs(include_finished=not active, user=user, show=show, shot=shot)
-            if (name is None or fnmatch.fnmatchcase(j["name"], name))
-            and (wanted is None or _job_in_state(j, wanted))]
+    jobs = [
+        j
+        for j in store.list_jobs(include_finished=not active, user=user, show=show, shot=shot)
+        if (name is None or fnmatch.fnmatchcase(j["name"], name)) and (wanted is None or _job_in_state(j, wanted))
+    ]
     if limit is not None:
         jobs = jobs[-limit:]
     add_pending_reasons(store, jobs)
@@ -270,18 +341,29 @@ def job_list(ctx: typer.Context, as_json: bool = JSON_OPT,
         term.emit_json({"jobs": jobs})
         return
     C = term.Col  # on a narrow terminal: the reason is cut first, then PRI goes
-    term.table([C("ID"), C("NAME", fit="name"), C("USER", fit="name"), C("PRI", drop=1), C("STATE", "state"),
-                C("FRAMES", fit="free"), C("PENDING REASON", fit="free")],
-               [[j["id"], j["name"], j["user"], j["priority"],
-                 _state(j), _counts(j), j["pending_reason"]] for j in jobs])
+    term.table(
+        [
+            C("ID"),
+            C("NAME", fit="name"),
+            C("USER", fit="name"),
+            C("PRI", drop=1),
+            C("STATE", "state"),
+            C("FRAMES", fit="free"),
+            C("PENDING REASON", fit="free"),
+        ],
+        [[j["id"], j["name"], j["user"], j["priority"], _state(j), _counts(j), j["pending_reason"]] for j in jobs],
+    )
 
 
 @job_app.command("show")
-def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or unique name."),
-             as_json: bool = JSON_OPT,
-             show_secrets: bool = typer.Option(False, "--show-secrets",
-                                               help="Show env values whose names look secret (masked as ***).")
-             ) -> None:
+def job_show(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="Job id or unique name."),
+    as_json: bool = JSON_OPT,
+    show_secrets: bool = typer.Option(
+        False, "--show-secrets", help="Show env values whose names look secret (masked as ***)."
+    ),
+) -> None:
     """Show a job, its layers (with their environment, secrets masked), and why waiting
     frames are not running."""
     from cuectl.sched.pending import describe_job
@@ -292,13 +374,20 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
         term.emit_json(data)
         return
     caps = [f"{key} {data[key]:g}" for key in ("max_running", "max_gpus", "max_cores") if data.get(key) is not None]
-    term.fields([("job", f"{data['id']} {data['name']}"), ("user", data["user"]), ("priority", data["priority"]),
-                 ("state", _state(data) + (f": {data['outcome_reason']}" if data.get("outcome_reason") else "")),
-                 *([("project", data["project"])] if data.get("project") else []),
-                 *([(key, data[key]) for key in ("show", "shot") if data.get(key)]),
-                 *([("caps", ", ".join(caps))] if caps else []),
-                 ("created", data["created_at"]), ("frames", _counts(data)),
-                 ("pending reason", data["pending_reason"])])
+    term.fields(
+        [
+            ("job", f"{data['id']} {data['name']}"),
+            ("user", data["user"]),
+            ("priority", data["priority"]),
+            ("state", _state(data) + (f": {data['outcome_reason']}" if data.get("outcome_reason") else "")),
+            *([("project", data["project"])] if data.get("project") else []),
+            *([(key, data[key]) for key in ("show", "shot") if data.get(key)]),
+            *([("caps", ", ".join(caps))] if caps else []),
+            ("created", data["created_at"]),
+            ("frames", _counts(data)),
+            ("pending reason", data["pending_reason"]),
+        ]
+    )
     rows = []
     for layer in data["layers"]:
         gpu = "-"
@@ -309,21 +398,40 @@ def job_show(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or 
             if layer["gpu_memory_min_bytes"]:
                 gpu += f" >={format_bytes(layer['gpu_memory_min_bytes'])}"
         deps = ", ".join(_layer_dep_text(d) for d in layer["depends"]) or "-"
-        rows.append([layer["name"], layer["range"], layer["chunk"], gpu, layer["cores"],
-                     format_bytes(layer["memory_bytes"]) if layer["memory_bytes"] else "-",
-                     layer["retries"], format_duration(layer["timeout_s"]), deps])
+        rows.append(
+            [
+                layer["name"],
+                layer["range"],
+                layer["chunk"],
+                gpu,
+                layer["cores"],
+                format_bytes(layer["memory_bytes"]) if layer["memory_bytes"] else "-",
+                layer["retries"],
+                format_duration(layer["timeout_s"]),
+                deps,
+            ]
+        )
     term.line()
     term.table(["LAYER", "RANGE", "CHUNK", "GPUS", "CORES", "MEMORY", "RETRIES", "TIMEOUT", "DEPENDS"], rows)
-    cap_rows = [[layer["name"], layer.get("max_running") or "-", ", ".join(layer.get("limits") or []) or "-",
-                 "default" if layer.get("retry_delay_s") is None else format_duration(layer["retry_delay_s"])]
-                for layer in data["layers"] if layer.get("max_running") or layer.get("limits")
-                or layer.get("retry_delay_s") is not None]
+    cap_rows = [
+        [
+            layer["name"],
+            layer.get("max_running") or "-",
+            ", ".join(layer.get("limits") or []) or "-",
+            "default" if layer.get("retry_delay_s") is None else format_duration(layer["retry_delay_s"]),
+        ]
+        for layer in data["layers"]
+        if layer.get("max_running") or layer.get("limits") or layer.get("retry_delay_s") is not None
+    ]
     if cap_rows:
         term.line()
         term.table(["LAYER", "MAX RUNNING", "LIMITS", "RETRY DELAY"], cap_rows)
     _print_depends(data)
-    env_rows = [[layer["name"], key, value if str(value).isprintable() else repr(value)]  # a newline stays one row
-                for layer in data["layers"] for key, value in sorted((layer.get("env") or {}).items())]
+    env_rows = [
+        [layer["name"], key, value if str(value).isprintable() else repr(value)]  # a newline stays one row
+        for layer in data["layers"]
+        for key, value in sorted((layer.get("env") or {}).items())
+    ]
     if env_rows:  # values of secret-looking names are *** unless --show-secrets (views.mask_env)
         term.line()
         term.table(["LAYER", "ENV", "VALUE"], env_rows)
@@ -351,24 +459,40 @@ def _depend_side(job: dict, layer: Optional[str], frame: Optional[int], this_job
 
 def _print_depends(data: dict) -> None:
     """What the job waits on and what waits on it (``job depend``; docs/opencue.md)."""
-    rows = [[d["id"], d["type"], _depend_side(d["job"], d["layer"], d["frame"], data["id"]),
-             _depend_side(d["on_job"], d["on_layer"], d["on_frame"], data["id"]) + (" (any frame)" if d["any_frame"]
-                                                                                    else ""), d["state"]]
-            for d in data.get("depends", [])]
+    rows = [
+        [
+            d["id"],
+            d["type"],
+            _depend_side(d["job"], d["layer"], d["frame"], data["id"]),
+            _depend_side(d["on_job"], d["on_layer"], d["on_frame"], data["id"])
+            + (" (any frame)" if d["any_frame"] else ""),
+            d["state"],
+        ]
+        for d in data.get("depends", [])
+    ]
     if rows:
         term.line()
         term.table(["DEPEND", "TYPE", "WAITING", "ON", "STATE"], rows)
-    later = [[d["id"], d["type"], _depend_side(d["job"], d["layer"], d["frame"], data["id"]),
-              _depend_side(d["on_job"], d["on_layer"], d["on_frame"], -1), d["state"]]
-             for d in data.get("dependents", []) if d["state"] == "waiting"]
+    later = [
+        [
+            d["id"],
+            d["type"],
+            _depend_side(d["job"], d["layer"], d["frame"], data["id"]),
+            _depend_side(d["on_job"], d["on_layer"], d["on_frame"], -1),
+            d["state"],
+        ]
+        for d in data.get("dependents", [])
+        if d["state"] == "waiting"
+    ]
     if later:
         term.line()
         term.table(["WAITED ON BY", "TYPE", "WAITING", "ON", "STATE"], later)
 
 
 @job_app.command("why")
-def job_why(ctx: typer.Context, job: str = typer.Argument(..., help="Job id or unique name."),
-            as_json: bool = JSON_OPT) -> None:
+def job_why(
+    ctx: typer.Context, job: str = typer.Argument(..., help="Job id or unique name."), as_json: bool = JSON_OPT
+) -> None:
     """Why the job's frames wait, per layer and per host (like HTCondor's better-analyze)."""
     from cuectl.sched.why import explain_job
 
@@ -402,19 +526,36 @@ def _job_change(ctx: typer.Context, as_json: bool, data: dict, message: str) -> 
 
 
 # -- several jobs at once (job kill|pause|resume|retry|priority JOB... or selectors) -------------
-JOBS_ARG = typer.Argument(None, metavar="[JOB]...", help="Job ids or unique names (or select with --user, "
-                                                          "--state, --name).", show_default=False)
+JOBS_ARG = typer.Argument(
+    None,
+    metavar="[JOB]...",
+    help="Job ids or unique names (or select with --user, --state, --name).",
+    show_default=False,
+)
 USER_SEL = typer.Option(None, "--user", "-u", help="Select the jobs of this user.")
-STATE_SEL = typer.Option(None, "--state", help="Select jobs in this state: PENDING, RUNNING, FINISHED, SUCCEEDED, "
-                                               "FAILED, KILLED (default: PENDING; retry: jobs with DEAD or EATEN "
-                                               "frames).")
+STATE_SEL = typer.Option(
+    None,
+    "--state",
+    help="Select jobs in this state: PENDING, RUNNING, FINISHED, SUCCEEDED, "
+    "FAILED, KILLED (default: PENDING; retry: jobs with DEAD or EATEN "
+    "frames).",
+)
 NAME_SEL = typer.Option(None, "--name", help="Select jobs whose name matches this glob ('shot010-*').")
-YES_OPT = typer.Option(False, "--yes", "-y", help="Do not ask before changing several jobs or frames (asked "
-                                                  "only when stdin and stdout are a terminal).")
+YES_OPT = typer.Option(
+    False,
+    "--yes",
+    "-y",
+    help="Do not ask before changing several jobs or frames (asked only when stdin and stdout are a terminal).",
+)
 # Actions that lose work or start it again: asked for when they touch more than one job or frame.
 _DESTRUCTIVE = ("kill", "retry", "eat")
-_PAST = {"kill": "killed", "pause": "paused", "resume": "resumed", "retry": "retrying dead frames of",
-         "priority": "set the priority of"}
+_PAST = {
+    "kill": "killed",
+    "pause": "paused",
+    "resume": "resumed",
+    "retry": "retrying dead frames of",
+    "priority": "set the priority of",
+}
 
 
 def _confirm(action: str, noun: str, shown: List[str], yes: bool) -> None:
@@ -431,21 +572,25 @@ def _confirm(action: str, noun: str, shown: List[str], yes: bool) -> None:
         raise typer.Exit(1)
 
 
-def _selected_jobs(ctx: typer.Context, action: str, jobs: Optional[List[str]], user: Optional[str],
-                   state: Optional[str], name: Optional[str]) -> tuple[List[str], List[str], bool]:
+def _selected_jobs(
+    ctx: typer.Context,
+    action: str,
+    jobs: Optional[List[str]],
+    user: Optional[str],
+    state: Optional[str],
+    name: Optional[str],
+) -> tuple[List[str], List[str], bool]:
     """(refs, what to show in the question, whether selectors chose them). JOB arguments or
     selectors, not both; selectors combine with AND, as `job list`'s filters do."""
     import fnmatch
 
     jobs = list(jobs or [])
-    selectors = [flag for flag, value in (("--user", user), ("--state", state), ("--name", name))
-                 if value is not None]
+    selectors = [flag for flag, value in (("--user", user), ("--state", state), ("--name", name)) if value is not None]
     usage = f"cuectl job {action} JOB... | cuectl job {action} [--user U] [--state S] [--name GLOB]"
     if jobs and selectors:
         raise InvalidInput(f"give JOB arguments or selectors ({', '.join(selectors)}), not both", hint=usage)
     if not jobs and not selectors:
-        raise InvalidInput("which jobs? give JOB ids or names, or select with --user, --state or --name",
-                           hint=usage)
+        raise InvalidInput("which jobs? give JOB ids or names, or select with --user, --state or --name", hint=usage)
     wanted = state.upper() if state is not None else None
     if wanted is not None and wanted not in JOB_LIST_STATES:
         raise InvalidInput(f"--state: {state!r} is not one of {', '.join(JOB_LIST_STATES)}")
@@ -454,26 +599,47 @@ def _selected_jobs(ctx: typer.Context, action: str, jobs: Optional[List[str]], u
     if jobs:
         return jobs, jobs, False
     finished = wanted not in ("PENDING", "RUNNING", None) or action == "retry"  # by default: PENDING jobs only
-    found = [j for j in _store(ctx).list_jobs(user=user, include_finished=finished)
-             if (name is None or fnmatch.fnmatchcase(j["name"], name))
-             and (_job_in_state(j, wanted) if wanted is not None
-                  else (j["frame_counts"].get(m.DEAD) or j["frame_counts"].get(m.EATEN)) if action == "retry"
-                  else j["state"] == "PENDING")]
+    found = [
+        j
+        for j in _store(ctx).list_jobs(user=user, include_finished=finished)
+        if (name is None or fnmatch.fnmatchcase(j["name"], name))
+        and (
+            _job_in_state(j, wanted)
+            if wanted is not None
+            else (j["frame_counts"].get(m.DEAD) or j["frame_counts"].get(m.EATEN))
+            if action == "retry"
+            else j["state"] == "PENDING"
+        )
+    ]
     return [str(j["id"]) for j in found], [f"{j['id']} {j['name']}" for j in found], True
 
 
-def _job_action(ctx: typer.Context, action: str, jobs: Optional[List[str]], user: Optional[str],
-                state: Optional[str], name: Optional[str], yes: bool, as_json: bool, force: bool,
-                priority: Optional[int] = None) -> None:
+def _job_action(
+    ctx: typer.Context,
+    action: str,
+    jobs: Optional[List[str]],
+    user: Optional[str],
+    state: Optional[str],
+    name: Optional[str],
+    yes: bool,
+    as_json: bool,
+    force: bool,
+    priority: Optional[int] = None,
+) -> None:
     refs, shown, selected = _selected_jobs(ctx, action, jobs, user, state, name)
     if not selected and len(refs) == 1:  # one job, as before: its `job show` shape back
         store = _store(ctx)
         now = time.time()
         ref = refs[0]
-        data = (store.kill_job(ref, now=now, force=force) if action == "kill"
-                else store.retry_job(ref, now=now, force=force) if action == "retry"
-                else store.set_job_priority(ref, priority, force=force) if priority is not None
-                else store.set_job_paused(ref, action == "pause", force=force))
+        data = (
+            store.kill_job(ref, now=now, force=force)
+            if action == "kill"
+            else store.retry_job(ref, now=now, force=force)
+            if action == "retry"
+            else store.set_job_priority(ref, priority, force=force)
+            if priority is not None
+            else store.set_job_paused(ref, action == "pause", force=force)
+        )
         _job_change(ctx, as_json, data, _job_message(action, data, priority))
         return
     if not refs:
@@ -485,10 +651,15 @@ def _job_action(ctx: typer.Context, action: str, jobs: Optional[List[str]], user
         _confirm(action if priority is None else f"set priority {priority} of", "job", shown, yes)
     store = _store(ctx)
     now = time.time()
-    changed = (store.kill_jobs(refs, now=now, force=force) if action == "kill"
-               else store.retry_jobs(refs, now=now, force=force) if action == "retry"
-               else store.set_jobs_priority(refs, priority, force=force) if priority is not None
-               else store.set_jobs_paused(refs, action == "pause", force=force))
+    changed = (
+        store.kill_jobs(refs, now=now, force=force)
+        if action == "kill"
+        else store.retry_jobs(refs, now=now, force=force)
+        if action == "retry"
+        else store.set_jobs_priority(refs, priority, force=force)
+        if priority is not None
+        else store.set_jobs_paused(refs, action == "pause", force=force)
+    )
     if as_json:
         term.emit_json({"jobs": changed})
         return
@@ -503,46 +674,75 @@ def _job_message(action: str, data: dict, priority: Optional[int]) -> str:
 
 
 @job_app.command("pause")
-def job_pause(ctx: typer.Context, jobs: Optional[List[str]] = JOBS_ARG, user: Optional[str] = USER_SEL,
-              state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL, yes: bool = YES_OPT,
-              as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def job_pause(
+    ctx: typer.Context,
+    jobs: Optional[List[str]] = JOBS_ARG,
+    user: Optional[str] = USER_SEL,
+    state: Optional[str] = STATE_SEL,
+    name: Optional[str] = NAME_SEL,
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Stop dispatching jobs' frames (running frames finish). Several jobs, or those
     --user/--state/--name select (asked on a terminal unless --yes)."""
     _job_action(ctx, "pause", jobs, user, state, name, yes, as_json, force)
 
 
 @job_app.command("resume")
-def job_resume(ctx: typer.Context, jobs: Optional[List[str]] = JOBS_ARG, user: Optional[str] = USER_SEL,
-               state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL, yes: bool = YES_OPT,
-               as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def job_resume(
+    ctx: typer.Context,
+    jobs: Optional[List[str]] = JOBS_ARG,
+    user: Optional[str] = USER_SEL,
+    state: Optional[str] = STATE_SEL,
+    name: Optional[str] = NAME_SEL,
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Dispatch jobs' frames again. Several jobs, or those --user/--state/--name select."""
     _job_action(ctx, "resume", jobs, user, state, name, yes, as_json, force)
 
 
 @job_app.command("kill")
-def job_kill(ctx: typer.Context, jobs: Optional[List[str]] = JOBS_ARG, user: Optional[str] = USER_SEL,
-             state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL, yes: bool = YES_OPT,
-             as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def job_kill(
+    ctx: typer.Context,
+    jobs: Optional[List[str]] = JOBS_ARG,
+    user: Optional[str] = USER_SEL,
+    state: Optional[str] = STATE_SEL,
+    name: Optional[str] = NAME_SEL,
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Kill running frames and eat every unfinished frame, of one job or many (all in one
     transaction; more than one asks on a terminal unless --yes)."""
     _job_action(ctx, "kill", jobs, user, state, name, yes, as_json, force)
 
 
 @job_app.command("retry")
-def job_retry(ctx: typer.Context, jobs: Optional[List[str]] = JOBS_ARG, user: Optional[str] = USER_SEL,
-              state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL, yes: bool = YES_OPT,
-              as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def job_retry(
+    ctx: typer.Context,
+    jobs: Optional[List[str]] = JOBS_ARG,
+    user: Optional[str] = USER_SEL,
+    state: Optional[str] = STATE_SEL,
+    name: Optional[str] = NAME_SEL,
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Requeue jobs' DEAD and EATEN frames (more than one job asks on a terminal unless --yes)."""
     _job_action(ctx, "retry", jobs, user, state, name, yes, as_json, force)
 
 
 @job_app.command("wait")
-def job_wait(ctx: typer.Context,
-             jobs: List[str] = typer.Argument(..., help="Job ids or unique names."),
-             timeout: Optional[str] = typer.Option(None, "--timeout", help="Give up after this long (e.g. 2h); "
-                                                                           "exit 1."),
-             poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the store."),
-             as_json: bool = JSON_OPT) -> None:
+def job_wait(
+    ctx: typer.Context,
+    jobs: List[str] = typer.Argument(..., help="Job ids or unique names."),
+    timeout: Optional[str] = typer.Option(None, "--timeout", help="Give up after this long (e.g. 2h); exit 1."),
+    poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the store."),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Wait until the jobs finish: exit 0 if every frame succeeded (or was eaten), 1 if a job
     has DEAD frames, was killed, or --timeout passed, 2 for bad input (an unknown or ambiguous job, a bad
     --timeout or --poll)."""
@@ -561,12 +761,20 @@ def job_wait(ctx: typer.Context,
 
 
 @job_app.command("priority")
-def job_priority(ctx: typer.Context,
-                 jobs: List[str] = typer.Argument(..., metavar="[JOB]... PRIORITY",
-                                                  help="Job ids or unique names, then the new priority (or select "
-                                                       "the jobs with --user, --state, --name)."),
-                 user: Optional[str] = USER_SEL, state: Optional[str] = STATE_SEL, name: Optional[str] = NAME_SEL,
-                 yes: bool = YES_OPT, as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def job_priority(
+    ctx: typer.Context,
+    jobs: List[str] = typer.Argument(
+        ...,
+        metavar="[JOB]... PRIORITY",
+        help="Job ids or unique names, then the new priority (or select the jobs with --user, --state, --name).",
+    ),
+    user: Optional[str] = USER_SEL,
+    state: Optional[str] = STATE_SEL,
+    name: Optional[str] = NAME_SEL,
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Change jobs' priority (higher runs first): job priority JOB... P, or
     job priority --user U [--state S] [--name GLOB] P (asked on a terminal unless --yes)."""
     from cuectl.sched.fields import priority as check_priority
@@ -575,8 +783,9 @@ def job_priority(ctx: typer.Context,
     try:
         value = int(last.strip())
     except ValueError:
-        raise InvalidInput(f"PRIORITY: expected a whole number last, got {last!r}",
-                           hint="cuectl job priority JOB... PRIORITY") from None
+        raise InvalidInput(
+            f"PRIORITY: expected a whole number last, got {last!r}", hint="cuectl job priority JOB... PRIORITY"
+        ) from None
     priority = check_priority(value, "PRIORITY")
     _job_action(ctx, "priority", refs, user, state, name, yes, as_json, force, priority=priority)
 
@@ -601,43 +810,71 @@ def _frame_ref(value: Optional[str], layer: Optional[str], label: str) -> tuple:
 
 
 @job_app.command("depend")
-def job_depend(ctx: typer.Context, job: str = typer.Argument(..., help="The job that waits (id or unique name)."),
-               layer: Optional[str] = typer.Option(None, "--layer", "-l", help="Only this layer of it waits."),
-               frame: Optional[str] = typer.Option(None, "--frame", "-f",
-                                                   help="Only this frame of --layer waits (a number, or 0001-render)."),
-               on_job: Optional[str] = typer.Option(None, "--on-job", help="The job waited on (default: JOB itself)."),
-               on_layer: Optional[str] = typer.Option(None, "--on-layer", help="Wait on this layer of it only."),
-               on_frame: Optional[str] = typer.Option(None, "--on-frame",
-                                                      help="Wait on this frame of --on-layer only (a number, or "
-                                                           "0001-render)."),
-               kind: Optional[str] = typer.Option(None, "--type", help="OpenCue's type, when the options leave a "
-                                                  "choice: frame-by-frame, previous-frame, layer-on-sim-frame "
-                                                  "(others are checked against the options)."),
-               any_frame: bool = typer.Option(False, "--any-frame", help="Layer on layer: go once any one frame of "
-                                                                          "--on-layer is done (OpenCue's anyframe)."),
-               as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def job_depend(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="The job that waits (id or unique name)."),
+    layer: Optional[str] = typer.Option(None, "--layer", "-l", help="Only this layer of it waits."),
+    frame: Optional[str] = typer.Option(
+        None, "--frame", "-f", help="Only this frame of --layer waits (a number, or 0001-render)."
+    ),
+    on_job: Optional[str] = typer.Option(None, "--on-job", help="The job waited on (default: JOB itself)."),
+    on_layer: Optional[str] = typer.Option(None, "--on-layer", help="Wait on this layer of it only."),
+    on_frame: Optional[str] = typer.Option(
+        None, "--on-frame", help="Wait on this frame of --on-layer only (a number, or 0001-render)."
+    ),
+    kind: Optional[str] = typer.Option(
+        None,
+        "--type",
+        help="OpenCue's type, when the options leave a "
+        "choice: frame-by-frame, previous-frame, layer-on-sim-frame "
+        "(others are checked against the options).",
+    ),
+    any_frame: bool = typer.Option(
+        False, "--any-frame", help="Layer on layer: go once any one frame of --on-layer is done (OpenCue's anyframe)."
+    ),
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Make a job, layer or frame wait on another job, layer or frame (OpenCue's twelve
     dependency types; `job show` lists them, `job undepend` drops them)."""
     frame_no, layer = _frame_ref(frame, layer, "--frame")
     on_frame_no, on_layer = _frame_ref(on_frame, on_layer, "--on-frame")
     if kind is not None:
         kind = kind.strip().lower().replace("_", "-")
-    data = _store(ctx).add_depend(job, layer=layer, frame=frame_no, on_job=on_job, on_layer=on_layer,
-                                  on_frame=on_frame_no, how="any" if any_frame else "layer", kind=kind,
-                                  now=time.time(), force=force)
+    data = _store(ctx).add_depend(
+        job,
+        layer=layer,
+        frame=frame_no,
+        on_job=on_job,
+        on_layer=on_layer,
+        on_frame=on_frame_no,
+        how="any" if any_frame else "layer",
+        kind=kind,
+        now=time.time(),
+        force=force,
+    )
     on = _depend_side(data["on_job"], data["on_layer"], data["on_frame"], -1)
-    state = {"waiting": "waiting", "satisfied": "already satisfied (what it waits on is done)"}.get(data["state"],
-                                                                                                   data["state"])
-    _job_change(ctx, as_json, data, f"dependency {data['id']}: {data['type']}, "
-                                    f"{_depend_side(data['job'], data['layer'], data['frame'], -1)} on {on}: {state}")
+    state = {"waiting": "waiting", "satisfied": "already satisfied (what it waits on is done)"}.get(
+        data["state"], data["state"]
+    )
+    _job_change(
+        ctx,
+        as_json,
+        data,
+        f"dependency {data['id']}: {data['type']}, "
+        f"{_depend_side(data['job'], data['layer'], data['frame'], -1)} on {on}: {state}",
+    )
 
 
 @job_app.command("undepend")
-def job_undepend(ctx: typer.Context, job: str = typer.Argument(..., help="The waiting job (id or unique name)."),
-                 depends: Optional[List[int]] = typer.Argument(None, metavar="[DEPEND]...",
-                                                               help="Dependency ids (see `job show`)."),
-                 drop_all: bool = typer.Option(False, "--all", help="Drop everything the job waits on."),
-                 as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def job_undepend(
+    ctx: typer.Context,
+    job: str = typer.Argument(..., help="The waiting job (id or unique name)."),
+    depends: Optional[List[int]] = typer.Argument(None, metavar="[DEPEND]...", help="Dependency ids (see `job show`)."),
+    drop_all: bool = typer.Option(False, "--all", help="Drop everything the job waits on."),
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Drop dependencies of a job, as satisfied (OpenCue's "drop depends"): by id, or --all."""
     if bool(depends) == drop_all:
         raise InvalidInput("give dependency ids or --all (not both)", hint=f"see `cuectl job show {job}`")
@@ -645,8 +882,10 @@ def job_undepend(ctx: typer.Context, job: str = typer.Argument(..., help="The wa
     if as_json:
         term.emit_json(data)
         return
-    term.line(f"dropped {len(depends) if depends else 'every'} dependenc{'y' if depends and len(depends) == 1 else 'ies'}"
-              f" of job {job}")
+    term.line(
+        f"dropped {len(depends) if depends else 'every'} dependenc{'y' if depends and len(depends) == 1 else 'ies'}"
+        f" of job {job}"
+    )
 
 
 # -- frame -------------------------------------------------------------------------------
@@ -664,12 +903,14 @@ def _gpu_cell(frame: dict) -> str:
 
 
 @frame_app.command("list")
-def frame_list(ctx: typer.Context,
-               job: Optional[str] = typer.Option(None, "--job", help="Job id or unique name."),
-               layer: Optional[str] = typer.Option(None, "--layer", help="Layer name."),
-               state: Optional[str] = typer.Option(None, "--state", help="WAITING, DEPEND, RUNNING, SUCCEEDED, DEAD, EATEN."),
-               limit: int = typer.Option(1000, "--limit", help="Show at most this many frames."),
-               as_json: bool = JSON_OPT) -> None:
+def frame_list(
+    ctx: typer.Context,
+    job: Optional[str] = typer.Option(None, "--job", help="Job id or unique name."),
+    layer: Optional[str] = typer.Option(None, "--layer", help="Layer name."),
+    state: Optional[str] = typer.Option(None, "--state", help="WAITING, DEPEND, RUNNING, SUCCEEDED, DEAD, EATEN."),
+    limit: int = typer.Option(1000, "--limit", help="Show at most this many frames."),
+    as_json: bool = JSON_OPT,
+) -> None:
     """List frames in dispatch order."""
     if state is not None:
         state = state.upper()
@@ -687,17 +928,46 @@ def frame_list(ctx: typer.Context,
         term.emit_json({"frames": frames, "total": total, "truncated": truncated})
         return
     C = term.Col  # on a narrow terminal: GPUS goes first, then TRIES, EXIT, GPU UTIL/MEM, HOST
-    term.table([C("ID"), C("JOB", fit="name"), C("FRAME", fit="name"), C("STATE", "state"), C("TRIES", drop=4),
-                C("HOST", fit="name", drop=1), C("GPUS", drop=5), C("GPU UTIL/MEM", "util", drop=2),
-                C("EXIT", drop=3), C("STARTED", "time"), C("PENDING REASON", fit="free")],
-               [[f["id"], f["job"], f["name"], f["state"], f["attempts"], f["host"], len(f["gpu_uuids"]) or "-",
-                 _gpu_cell(f), f["exit_code"] if f["exit_signal"] is None else f"sig {f['exit_signal']}",
-                 f["started_at"], f.get("pending_reason")] for f in frames],
-               footer=f"showing {len(frames)} of {total} frames (use --limit)" if truncated else None)
+    term.table(
+        [
+            C("ID"),
+            C("JOB", fit="name"),
+            C("FRAME", fit="name"),
+            C("STATE", "state"),
+            C("TRIES", drop=4),
+            C("HOST", fit="name", drop=1),
+            C("GPUS", drop=5),
+            C("GPU UTIL/MEM", "util", drop=2),
+            C("EXIT", drop=3),
+            C("STARTED", "time"),
+            C("PENDING REASON", fit="free"),
+        ],
+        [
+            [
+                f["id"],
+                f["job"],
+                f["name"],
+                f["state"],
+                f["attempts"],
+                f["host"],
+                len(f["gpu_uuids"]) or "-",
+                _gpu_cell(f),
+                f["exit_code"] if f["exit_signal"] is None else f"sig {f['exit_signal']}",
+                f["started_at"],
+                f.get("pending_reason"),
+            ]
+            for f in frames
+        ],
+        footer=f"showing {len(frames)} of {total} frames (use --limit)" if truncated else None,
+    )
 
 
-FRAME_ARG = typer.Argument(..., metavar="FRAME", help="Frame id, or JOB/FRAME: the job's id or unique name and the "
-                                                       "frame's name as `job show` prints it (sweep2/0003-main).")
+FRAME_ARG = typer.Argument(
+    ...,
+    metavar="FRAME",
+    help="Frame id, or JOB/FRAME: the job's id or unique name and the "
+    "frame's name as `job show` prints it (sweep2/0003-main).",
+)
 
 
 @frame_app.command("show")
@@ -708,21 +978,68 @@ def frame_show(ctx: typer.Context, frame: str = FRAME_ARG, as_json: bool = JSON_
     if as_json:
         term.emit_json(data)
         return
-    term.fields([(k, data[k]) for k in ("id", "job", "layer", "name", "state", "attempts", "host", "gpu_uuids",
-                                        "exit_code", "exit_signal", "started_at", "ended_at", "max_rss_bytes",
-                                        "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes",
-                                        "gpu_seconds", "gpu_util_pct", "gpu_memory_used_bytes", "gpu_sampled_at",
-                                        "failure", "retry_at", "log_path")])
+    term.fields(
+        [
+            (k, data[k])
+            for k in (
+                "id",
+                "job",
+                "layer",
+                "name",
+                "state",
+                "attempts",
+                "host",
+                "gpu_uuids",
+                "exit_code",
+                "exit_signal",
+                "started_at",
+                "ended_at",
+                "max_rss_bytes",
+                "gpu_util_mean_pct",
+                "gpu_util_max_pct",
+                "gpu_memory_peak_bytes",
+                "gpu_seconds",
+                "gpu_util_pct",
+                "gpu_memory_used_bytes",
+                "gpu_sampled_at",
+                "failure",
+                "retry_at",
+                "log_path",
+            )
+        ]
+    )
     if data.get("samples"):
         _print_samples(data)
     if data["attempt_history"]:
         term.line()
         C = term.Col
-        term.table(["ATTEMPT", C("HOST", fit="name"), "OUTCOME", "EXIT", C("SIGNAL", drop=1), C("STARTED", "time"),
-                    C("ENDED", "time"), C("GPU UTIL", "util"), C("WHY", fit="free")],
-                   [[a["attempt"], a["host"], a["outcome"], a["exit_code"], a["exit_signal"], a["started_at"],
-                     a["ended_at"], _pct(a["gpu_util_mean_pct"]), a.get("failure")]
-                    for a in data["attempt_history"]])
+        term.table(
+            [
+                "ATTEMPT",
+                C("HOST", fit="name"),
+                "OUTCOME",
+                "EXIT",
+                C("SIGNAL", drop=1),
+                C("STARTED", "time"),
+                C("ENDED", "time"),
+                C("GPU UTIL", "util"),
+                C("WHY", fit="free"),
+            ],
+            [
+                [
+                    a["attempt"],
+                    a["host"],
+                    a["outcome"],
+                    a["exit_code"],
+                    a["exit_signal"],
+                    a["started_at"],
+                    a["ended_at"],
+                    _pct(a["gpu_util_mean_pct"]),
+                    a.get("failure"),
+                ]
+                for a in data["attempt_history"]
+            ],
+        )
 
 
 def _pct(value: float | None) -> str | None:
@@ -756,15 +1073,22 @@ def _print_samples(data: dict) -> None:
 
 
 @frame_app.command("log")
-def frame_log(ctx: typer.Context, frame: str = FRAME_ARG,
-              follow: bool = typer.Option(False, "--follow", "-f",
-                                          help="Keep printing until the frame is done: wait for a waiting frame "
-                                               "to start, go on into each retry."),
-              attempt: Optional[int] = typer.Option(None, "--attempt", min=1,
-                                                    help="That attempt's log (1 = the first; default: the latest)."),
-              tail: Optional[int] = typer.Option(None, "--tail", "-n", min=0,
-                                                 help="Only the last N lines (then follow from there with -f).")
-              ) -> None:
+def frame_log(
+    ctx: typer.Context,
+    frame: str = FRAME_ARG,
+    follow: bool = typer.Option(
+        False,
+        "--follow",
+        "-f",
+        help="Keep printing until the frame is done: wait for a waiting frame to start, go on into each retry.",
+    ),
+    attempt: Optional[int] = typer.Option(
+        None, "--attempt", min=1, help="That attempt's log (1 = the first; default: the latest)."
+    ),
+    tail: Optional[int] = typer.Option(
+        None, "--tail", "-n", min=0, help="Only the last N lines (then follow from there with -f)."
+    ),
+) -> None:
     """Print a frame's log (its latest attempt, or --attempt N). With --follow, exit 0 when
     the frame is SUCCEEDED, DEAD or EATEN (its final state is said on stderr)."""
     import sys
@@ -783,31 +1107,53 @@ def frame_log(ctx: typer.Context, frame: str = FRAME_ARG,
         raise typer.Exit(130) from None  # Ctrl-C: quietly, as tail -f
 
 
-FRAMES_ARG = typer.Argument(None, metavar="[FRAME]...",
-                            help="Frame ids or JOB/FRAME names (sweep2/0003-main), or select with --job and "
-                                 "--layer, --state, --range.", show_default=False)
+FRAMES_ARG = typer.Argument(
+    None,
+    metavar="[FRAME]...",
+    help="Frame ids or JOB/FRAME names (sweep2/0003-main), or select with --job and --layer, --state, --range.",
+    show_default=False,
+)
 JOB_SEL = typer.Option(None, "--job", help="Select frames of this job (id or unique name).")
 LAYER_SEL = typer.Option(None, "--layer", help="With --job: only frames of this layer.")
-FSTATE_SEL = typer.Option(None, "--state", help="With --job: only frames in this state (WAITING, DEPEND, "
-                                                "RUNNING, SUCCEEDED, DEAD, EATEN).")
-RANGE_SEL = typer.Option(None, "--range", help="With --job: only frames whose number is in this FrameSet "
-                                               "(1-100, 1-100x2, 5,7,9; a chunk by its first frame).")
+FSTATE_SEL = typer.Option(
+    None, "--state", help="With --job: only frames in this state (WAITING, DEPEND, RUNNING, SUCCEEDED, DEAD, EATEN)."
+)
+RANGE_SEL = typer.Option(
+    None,
+    "--range",
+    help="With --job: only frames whose number is in this FrameSet "
+    "(1-100, 1-100x2, 5,7,9; a chunk by its first frame).",
+)
 
 
-def _frame_action(ctx: typer.Context, refs: Optional[List[str]], action: str, as_json: bool, force: bool,
-                  job: Optional[str] = None, layer: Optional[str] = None, state: Optional[str] = None,
-                  range_: Optional[str] = None, yes: bool = False) -> None:
+def _frame_action(
+    ctx: typer.Context,
+    refs: Optional[List[str]],
+    action: str,
+    as_json: bool,
+    force: bool,
+    job: Optional[str] = None,
+    layer: Optional[str] = None,
+    state: Optional[str] = None,
+    range_: Optional[str] = None,
+    yes: bool = False,
+) -> None:
     """FRAME ids, or the frames --job (and --layer, --state, --range) select — not both.
     More than one frame asks on a terminal unless --yes; one transaction for them all."""
     given = list(refs or [])
     usage = f"cuectl frame {action} FRAME... | cuectl frame {action} --job J [--layer L] [--state S] [--range R]"
-    selectors = [flag for flag, value in (("--job", job), ("--layer", layer), ("--state", state),
-                                          ("--range", range_)) if value is not None]
+    selectors = [
+        flag
+        for flag, value in (("--job", job), ("--layer", layer), ("--state", state), ("--range", range_))
+        if value is not None
+    ]
     if given and selectors:
         raise InvalidInput(f"give FRAME ids or selectors ({', '.join(selectors)}), not both", hint=usage)
     if not given and not selectors:
-        raise InvalidInput("which frames? give FRAME ids or JOB/FRAME names, or select with --job (and --layer, --state, --range)",
-                           hint=usage)
+        raise InvalidInput(
+            "which frames? give FRAME ids or JOB/FRAME names, or select with --job (and --layer, --state, --range)",
+            hint=usage,
+        )
     if selectors and job is None:
         raise InvalidInput(f"{selectors[0]}: select frames of one job: add --job J", hint=usage)
     wanted = state.upper() if state is not None else None
@@ -842,30 +1188,51 @@ def _frame_action(ctx: typer.Context, refs: Optional[List[str]], action: str, as
 
 
 @frame_app.command("retry")
-def frame_retry(ctx: typer.Context, frames: Optional[List[str]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
-                layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
-                range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
-                as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def frame_retry(
+    ctx: typer.Context,
+    frames: Optional[List[str]] = FRAMES_ARG,
+    job: Optional[str] = JOB_SEL,
+    layer: Optional[str] = LAYER_SEL,
+    state: Optional[str] = FSTATE_SEL,
+    range_: Optional[str] = RANGE_SEL,
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Requeue frames (a running frame is killed first): ids, or --job J [--layer L]
     [--state S] [--range R]; more than one asks on a terminal unless --yes."""
     _frame_action(ctx, frames, "retry", as_json, force, job, layer, state, range_, yes)
 
 
 @frame_app.command("kill")
-def frame_kill(ctx: typer.Context, frames: Optional[List[str]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
-               layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
-               range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
-               as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def frame_kill(
+    ctx: typer.Context,
+    frames: Optional[List[str]] = FRAMES_ARG,
+    job: Optional[str] = JOB_SEL,
+    layer: Optional[str] = LAYER_SEL,
+    state: Optional[str] = FSTATE_SEL,
+    range_: Optional[str] = RANGE_SEL,
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Stop frames and mark them DEAD (retry them later): ids, or --job J [--layer L]
     [--state S] [--range R]; more than one asks on a terminal unless --yes."""
     _frame_action(ctx, frames, "kill", as_json, force, job, layer, state, range_, yes)
 
 
 @frame_app.command("eat")
-def frame_eat(ctx: typer.Context, frames: Optional[List[str]] = FRAMES_ARG, job: Optional[str] = JOB_SEL,
-              layer: Optional[str] = LAYER_SEL, state: Optional[str] = FSTATE_SEL,
-              range_: Optional[str] = RANGE_SEL, yes: bool = YES_OPT,
-              as_json: bool = JSON_OPT, force: bool = FORCE_OPT) -> None:
+def frame_eat(
+    ctx: typer.Context,
+    frames: Optional[List[str]] = FRAMES_ARG,
+    job: Optional[str] = JOB_SEL,
+    layer: Optional[str] = LAYER_SEL,
+    state: Optional[str] = FSTATE_SEL,
+    range_: Optional[str] = RANGE_SEL,
+    yes: bool = YES_OPT,
+    as_json: bool = JSON_OPT,
+    force: bool = FORCE_OPT,
+) -> None:
     """Mark frames done without running them (dependents are released): ids, or --job J
     [--layer L] [--state S] [--range R]; more than one asks on a terminal unless --yes."""
     _frame_action(ctx, frames, "eat", as_json, force, job, layer, state, range_, yes)

@@ -25,31 +25,44 @@ if TYPE_CHECKING:  # the lease machinery is imported only by the commands that u
 
 RUN_CONTEXT_SETTINGS = {"allow_interspersed_args": False}
 
-_LOCK_DIR_OPT = typer.Option(None, "--lock-dir", metavar="DIR",
-                             help=f"Lease lock directory (default: {LOCK_DIR_DEFAULT}).")
+_LOCK_DIR_OPT = typer.Option(
+    None, "--lock-dir", metavar="DIR", help=f"Lease lock directory (default: {LOCK_DIR_DEFAULT})."
+)
 
 
 def run_cmd(
-    command: Optional[List[str]] = typer.Argument(None, metavar="COMMAND",
-                                                  help="The command and its arguments (after `--`)."),
+    command: Optional[List[str]] = typer.Argument(
+        None, metavar="COMMAND", help="The command and its arguments (after `--`)."
+    ),
     # No typer range checks here: the limits and their messages are those of `cuectl submit`.
-    gpus: Optional[int] = typer.Option(None, "--gpus",
-                                       help="Devices to lease (default: the --device count, else 1; 0 hides all)."),
-    gpu_vendor: Optional[str] = typer.Option(None, "--gpu-vendor", metavar="VENDOR",
-                                             help="NVIDIA, AMD, Apple or Intel."),
-    gpu_model: Optional[List[str]] = typer.Option(None, "--gpu-model", metavar="MODEL",
-                                                  help="Allowed model (repeatable; any of), e.g. A100 or 'RTX 4090'."),
-    gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min", metavar="SIZE",
-                                                 help="Memory per device, e.g. 24G (a bare number is MiB)."),
-    gpu_memory_free_min: Optional[str] = typer.Option(None, "--gpu-memory-free-min", "--min-free-memory",
-                                                      metavar="SIZE",
-                                                      help="Free memory per device right now, e.g. 8G."),
-    device: Optional[List[str]] = typer.Option(None, "--device", metavar="ID",
-                                               help="Choose among these devices only: index or UUID (repeatable)."),
-    wait: bool = typer.Option(True, "--wait/--no-wait",
-                              help="Wait for a free device (first come, first served) or fail at once."),
-    timeout: Optional[str] = typer.Option(None, "--timeout", metavar="DURATION",
-                                          help="Give up waiting after this long (e.g. 90, 15m)."),
+    gpus: Optional[int] = typer.Option(
+        None, "--gpus", help="Devices to lease (default: the --device count, else 1; 0 hides all)."
+    ),
+    gpu_vendor: Optional[str] = typer.Option(
+        None, "--gpu-vendor", metavar="VENDOR", help="NVIDIA, AMD, Apple or Intel."
+    ),
+    gpu_model: Optional[List[str]] = typer.Option(
+        None, "--gpu-model", metavar="MODEL", help="Allowed model (repeatable; any of), e.g. A100 or 'RTX 4090'."
+    ),
+    gpu_memory_min: Optional[str] = typer.Option(
+        None, "--gpu-memory-min", metavar="SIZE", help="Memory per device, e.g. 24G (a bare number is MiB)."
+    ),
+    gpu_memory_free_min: Optional[str] = typer.Option(
+        None,
+        "--gpu-memory-free-min",
+        "--min-free-memory",
+        metavar="SIZE",
+        help="Free memory per device right now, e.g. 8G.",
+    ),
+    device: Optional[List[str]] = typer.Option(
+        None, "--device", metavar="ID", help="Choose among these devices only: index or UUID (repeatable)."
+    ),
+    wait: bool = typer.Option(
+        True, "--wait/--no-wait", help="Wait for a free device (first come, first served) or fail at once."
+    ),
+    timeout: Optional[str] = typer.Option(
+        None, "--timeout", metavar="DURATION", help="Give up waiting after this long (e.g. 90, 15m)."
+    ),
     label: Optional[str] = typer.Option(None, "--label", help="Shown by `cuectl gpu leases` (default: the command)."),
     lock_dir: Optional[Path] = _LOCK_DIR_OPT,
 ) -> None:
@@ -61,10 +74,20 @@ def run_cmd(
 
     # The console script answers an ordinary `cuectl run` without typer (cuectl.cli.entry),
     # through the same run_command: keep both paths on it.
-    code = run_command(command or [], gpus=gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_model or (),
-                       gpu_memory_min=gpu_memory_min, gpu_memory_free_min=gpu_memory_free_min,
-                       devices=device or None, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
-                       say=term.info)
+    code = run_command(
+        command or [],
+        gpus=gpus,
+        gpu_vendor=gpu_vendor,
+        gpu_models=gpu_model or (),
+        gpu_memory_min=gpu_memory_min,
+        gpu_memory_free_min=gpu_memory_free_min,
+        devices=device or None,
+        wait=wait,
+        timeout=timeout,
+        label=label,
+        lock_dir=lock_dir,
+        say=term.info,
+    )
     raise typer.Exit(code)
 
 
@@ -82,12 +105,22 @@ def leases_cmd(
     leases = list_leases(directory)
     by_uuid = {info.uuid: info for info in leases}
     if as_json:
-        term.emit_json({
-            "lock_dir": str(directory),
-            "devices": [{"index": d.index, "uuid": d.uuid, "vendor": d.vendor, "model": d.model,
-                         "lease": by_uuid[d.uuid].to_json() if d.uuid in by_uuid else None} for d in devices],
-            "leases": [info.to_json() for info in leases],
-        })
+        term.emit_json(
+            {
+                "lock_dir": str(directory),
+                "devices": [
+                    {
+                        "index": d.index,
+                        "uuid": d.uuid,
+                        "vendor": d.vendor,
+                        "model": d.model,
+                        "lease": by_uuid[d.uuid].to_json() if d.uuid in by_uuid else None,
+                    }
+                    for d in devices
+                ],
+                "leases": [info.to_json() for info in leases],
+            }
+        )
         return
     known = {d.uuid for d in devices}
     rows = [_row(d.index, d.model, d.uuid, by_uuid.get(d.uuid)) for d in devices]
@@ -95,8 +128,20 @@ def leases_cmd(
     rows += [_row(i.index, "?", i.uuid, i) for i in leases if i.uuid not in known]
     footer = None if devices or leases else f"no GPU found and no lease held in {directory}"
     C = term.Col  # on a narrow terminal the UUID goes first (the index and model name the device)
-    term.table(["GPU", C("MODEL", fit="name"), C("UUID", drop=1), C("HOLDER", fit="free"), "KIND", "PID",
-                C("USER", fit="name"), C("SINCE", "time")], rows, footer=footer)
+    term.table(
+        [
+            "GPU",
+            C("MODEL", fit="name"),
+            C("UUID", drop=1),
+            C("HOLDER", fit="free"),
+            "KIND",
+            "PID",
+            C("USER", fit="name"),
+            C("SINCE", "time"),
+        ],
+        rows,
+        footer=footer,
+    )
 
 
 def _row(index: int | None, model: str, uuid: str, info: LeaseInfo | None) -> list[object]:

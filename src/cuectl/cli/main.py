@@ -35,11 +35,14 @@ def _register(app: typer.Typer) -> None:
     worker_cmd.register(app)
     admin_cmd.register(app)
     gpu_cmd.app.command("leases", help="Who holds which local device (worker frames, `cuectl run`, the Python API).")(
-        lease_cmds.leases_cmd)
+        lease_cmds.leases_cmd
+    )
     app.add_typer(gpu_cmd.app, name="gpu", help="This machine's GPUs and their leases (no store needed).")
-    app.command("run", context_settings={"allow_interspersed_args": False},
-                help="Run a command with an exclusive lease on local GPUs (ad-hoc work beside queued frames).")(
-        lease_cmds.run_cmd)
+    app.command(
+        "run",
+        context_settings={"allow_interspersed_args": False},
+        help="Run a command with an exclusive lease on local GPUs (ad-hoc work beside queued frames).",
+    )(lease_cmds.run_cmd)
     app.command("completion")(_completion)
 
 

@@ -7,14 +7,12 @@ host, while old workers may still be running: migrations only add). SQLite store
 migrate when opened, so for them this reports the version.
 """
 
-
 import typer
 
 from cuectl.cli import term
 
 
-def migrate_cmd(ctx: typer.Context,
-                as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def migrate_cmd(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Bring the store's schema up to date and say from which version to which."""
     from cuectl import config
     from cuectl.sched.store import open_store

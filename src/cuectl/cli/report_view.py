@@ -12,12 +12,34 @@ from typing import Any, Callable
 from cuectl.cli import term
 from cuectl.errors import InvalidInput
 
-TABLE_COLUMNS = ("GROUP", "FRAMES", "OK", "DEAD", "RETRIES", "WALL", "GPU-H ALLOC", "GPU-H BUSY", "WASTED",
-                 "EFF%", "UTIL%", "PEAK MEM", "CORE-H", "WAIT P50/P95")
+TABLE_COLUMNS = (
+    "GROUP",
+    "FRAMES",
+    "OK",
+    "DEAD",
+    "RETRIES",
+    "WALL",
+    "GPU-H ALLOC",
+    "GPU-H BUSY",
+    "WASTED",
+    "EFF%",
+    "UTIL%",
+    "PEAK MEM",
+    "CORE-H",
+    "WAIT P50/P95",
+)
 
 
-def show_report(store: Callable[[], Any], *, since: str = "7d", until: str | None = None, by: str = "job",
-                format_: str = "table", output: str | None = None, as_json: bool = False) -> None:
+def show_report(
+    store: Callable[[], Any],
+    *,
+    since: str = "7d",
+    until: str | None = None,
+    by: str = "job",
+    format_: str = "table",
+    output: str | None = None,
+    as_json: bool = False,
+) -> None:
     """The report over [since, until) grouped ``by``, printed (or written to ``output``).
     ``store()`` opens the store: only once every option has been checked."""
     from cuectl import report
@@ -68,11 +90,22 @@ def _cells(row, *, gpu: bool) -> list:
     from cuectl.units import format_bytes, format_duration
 
     waits = "-" if row.wait_p50_s is None else f"{format_duration(row.wait_p50_s)}/{format_duration(row.wait_p95_s)}"
-    return [row.group, row.frames, row.succeeded, row.dead, row.retries, format_duration(row.wall_seconds),
-            _hours(row.gpu_seconds_allocated) if gpu else None, _hours(row.gpu_seconds_busy) if gpu else None,
-            _hours(row.gpu_seconds_wasted) if gpu else None, _pct(row.gpu_efficiency_pct),
-            _pct(row.gpu_util_mean_pct), format_bytes(row.gpu_memory_peak_bytes) if row.gpu_memory_peak_bytes
-            is not None else None, _hours(row.core_seconds), waits]
+    return [
+        row.group,
+        row.frames,
+        row.succeeded,
+        row.dead,
+        row.retries,
+        format_duration(row.wall_seconds),
+        _hours(row.gpu_seconds_allocated) if gpu else None,
+        _hours(row.gpu_seconds_busy) if gpu else None,
+        _hours(row.gpu_seconds_wasted) if gpu else None,
+        _pct(row.gpu_efficiency_pct),
+        _pct(row.gpu_util_mean_pct),
+        format_bytes(row.gpu_memory_peak_bytes) if row.gpu_memory_peak_bytes is not None else None,
+        _hours(row.core_seconds),
+        waits,
+    ]
 
 
 def _table(rows, total, *, by: str, start: float, end: float) -> None:
@@ -86,6 +119,10 @@ def _table(rows, total, *, by: str, start: float, end: float) -> None:
     if total is not None and len(rows) > 1:
         cells.append(_cells(total, gpu=total.gpu_seconds_allocated > 0))
         cells[-1][0] = "TOTAL"
-    term.table(TABLE_COLUMNS, cells, title=f"Accounting by {by}, attempts that ended from {window}",
-               footer=f"window {window} (UTC); GPU-H in device-hours; WASTED = allocated - busy; "
-                      "figures explained in docs/accounting.md")
+    term.table(
+        TABLE_COLUMNS,
+        cells,
+        title=f"Accounting by {by}, attempts that ended from {window}",
+        footer=f"window {window} (UTC); GPU-H in device-hours; WASTED = allocated - busy; "
+        "figures explained in docs/accounting.md",
+    )

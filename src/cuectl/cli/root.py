@@ -38,21 +38,31 @@ class CuectlGroup(TyperGroup):
     """Runs every invocation (the console script and typer's CliRunner alike) through
     ``_guarded`` so error handling is identical in tests and for users."""
 
-    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
-             complete_var: str | None = None, standalone_mode: bool = True,
-             windows_expand_args: bool = True, **extra: Any) -> Any:
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
         argv = list(sys.argv[1:] if args is None else args)
         if not windows_expand_args:  # passed on only when set: not every click knows it
             extra["windows_expand_args"] = False
-        code = _guarded(lambda: super(CuectlGroup, self).main(
-            args=argv, prog_name=prog_name or "cuectl", complete_var=complete_var,
-            standalone_mode=False, **extra), debug=_debug_requested(argv))
+        code = _guarded(
+            lambda: super(CuectlGroup, self).main(
+                args=argv, prog_name=prog_name or "cuectl", complete_var=complete_var, standalone_mode=False, **extra
+            ),
+            debug=_debug_requested(argv),
+        )
         if standalone_mode:
             sys.exit(code)
         return code
 
-    def _main_shell_completion(self, ctx_args: MutableMapping[str, Any], prog_name: str,
-                               complete_var: str | None = None) -> None:
+    def _main_shell_completion(
+        self, ctx_args: MutableMapping[str, Any], prog_name: str, complete_var: str | None = None
+    ) -> None:
         """A shell's <TAB> (``_CUECTL_COMPLETE=bash_complete`` …, click's protocol): answered
         by cuectl.cli.complete, which is imported only then (docs/completion.md)."""
         from cuectl import config
@@ -134,12 +144,17 @@ def _version(value: bool) -> None:
 
 def root(
     ctx: typer.Context,
-    db: Optional[str] = typer.Option(None, "--db", metavar="URL",
-                                     help="Store: a path, sqlite:///path or postgresql://… (default: $CUECTL_DB or "
-                                          "$XDG_STATE_HOME/cuectl/cuectl.db)."),
+    db: Optional[str] = typer.Option(
+        None,
+        "--db",
+        metavar="URL",
+        help="Store: a path, sqlite:///path or postgresql://… (default: $CUECTL_DB or "
+        "$XDG_STATE_HOME/cuectl/cuectl.db).",
+    ),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     state = AppState(db=db, debug=debug)
     ctx.obj = state

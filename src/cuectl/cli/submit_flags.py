@@ -59,29 +59,36 @@ def name_from_command(argv: Sequence[str]) -> str:
     return word[:MAX_JOB_NAME].strip()
 
 
-def flag_spec(args: Sequence[str], flags: SubmitFlags, *, param: Sequence[str] = (),
-              after_dashdash: bool = False) -> "JobSpec":
+def flag_spec(
+    args: Sequence[str], flags: SubmitFlags, *, param: Sequence[str] = (), after_dashdash: bool = False
+) -> "JobSpec":
     """The job of ``cuectl submit [FLAGS] -- ARGS`` (``flags``: those given), validated;
     ``InvalidInput`` names the flag at fault. ``after_dashdash``: the words came after
     ``--``, so they are a command whatever they look like."""
     from cuectl.sched.intake import SubmitContext
 
     if not args:
-        raise InvalidInput("give one job spec file, - for standard input, or a command after --",
-                           hint="cuectl submit job.yaml | cuectl submit - < job.yaml | "
-                                "cuectl submit [--name N] --range 1-10 -- CMD ARGS")
+        raise InvalidInput(
+            "give one job spec file, - for standard input, or a command after --",
+            hint="cuectl submit job.yaml | cuectl submit - < job.yaml | "
+            "cuectl submit [--name N] --range 1-10 -- CMD ARGS",
+        )
     if param:
         raise InvalidInput("--param: only for Open Job Description templates (a spec file)")
     # Two words without `--`, the first a spec's name: two spec files, not a command.
     if not after_dashdash and len(args) > 1 and args[0].lower().endswith(SPEC_SUFFIXES):
-        raise InvalidInput("give one job spec file (one job per submit)",
-                           hint="cuectl submit job.yaml; for a command: cuectl submit -- CMD ARGS")
-    return flags.job_spec(list(args), SubmitContext.here(),
-                          name=name_from_command(args) if flags.name is None else None)
+        raise InvalidInput(
+            "give one job spec file (one job per submit)",
+            hint="cuectl submit job.yaml; for a command: cuectl submit -- CMD ARGS",
+        )
+    return flags.job_spec(
+        list(args), SubmitContext.here(), name=name_from_command(args) if flags.name is None else None
+    )
 
 
-def submit_flags(store: Callable[[], Any], args: Sequence[str], flags: SubmitFlags, *,
-                 after_dashdash: bool = False) -> None:
+def submit_flags(
+    store: Callable[[], Any], args: Sequence[str], flags: SubmitFlags, *, after_dashdash: bool = False
+) -> None:
     """Submit the job of ``cuectl submit [FLAGS] -- ARGS`` to ``store()`` (opened only once
     the flags are valid) and print its id, as the typer command does."""
     from cuectl.cli import term

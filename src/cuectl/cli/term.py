@@ -223,8 +223,15 @@ def short_time(value: str | float | None, *, now: float | None = None) -> str:
 
 # SUCCEEDED, RUNNING and DEAD in the colours CueGUI gives them; a finished job's bad
 # outcomes as DEAD; hosts as UP/DOWN read (docs/terminal.md).
-_STATE_STYLES = {"SUCCEEDED": "green", "RUNNING": "yellow", "DEAD": "red", "FAILED": "red", "KILLED": "red",
-                 "UP": "green", "DOWN": "red"}
+_STATE_STYLES = {
+    "SUCCEEDED": "green",
+    "RUNNING": "yellow",
+    "DEAD": "red",
+    "FAILED": "red",
+    "KILLED": "red",
+    "UP": "green",
+    "DOWN": "red",
+}
 
 
 def state_style(text: str) -> str | None:
@@ -270,8 +277,12 @@ def fit_widths(columns: Sequence[Col], rows: Sequence[Sequence[str]], width: int
         """Narrow the widest of the columns of ``fit`` (all when None) one cell at a time
         down to ``floor`` until the table fits; whether it fits."""
         while sum(widths[i] for i in shown) + _GAP * (len(shown) - 1) > width:
-            can = [i for i in shown if (fit is None or columns[i].fit == fit)
-                   and widths[i] > min(natural[i], floor if floor is not None else _FLOORS[columns[i].fit][0])]
+            can = [
+                i
+                for i in shown
+                if (fit is None or columns[i].fit == fit)
+                and widths[i] > min(natural[i], floor if floor is not None else _FLOORS[columns[i].fit][0])
+            ]
             if not can:
                 return False
             widest = max(can, key=lambda i: (widths[i], i))
@@ -283,8 +294,11 @@ def fit_widths(columns: Sequence[Col], rows: Sequence[Sequence[str]], width: int
         if squeeze(widths, "free", _FLOORS["free"][0]) or squeeze(widths, "name", _FLOORS["name"][0]):
             break
         if not hideable:
-            _ = (squeeze(widths, "free", _FLOORS["free"][1]) or squeeze(widths, "name", _FLOORS["name"][1])
-                 or squeeze(widths, None, 1))
+            _ = (
+                squeeze(widths, "free", _FLOORS["free"][1])
+                or squeeze(widths, "name", _FLOORS["name"][1])
+                or squeeze(widths, None, 1)
+            )
             break
         shown.remove(hideable.pop(0))
     return [widths[i] if i in shown else None for i in range(len(columns))]
@@ -305,7 +319,7 @@ def elide_middle(text: str, width: int) -> str:
         if cell_len(head + ch) > (room + 1) // 2:
             break
         head += ch
-    for ch in reversed(text[len(head):]):
+    for ch in reversed(text[len(head) :]):
         if cell_len(head + tail + ch) > room:
             break
         tail = ch + tail
@@ -315,13 +329,22 @@ def elide_middle(text: str, width: int) -> str:
 def _styled(col: Col, text: str, cell: Any) -> Text:
     from rich.text import Text
 
-    style = cell.style if isinstance(cell, Cell) else (
-        state_style(text) if col.kind == "state" else util_style(text) if col.kind == "util" else None)
+    style = (
+        cell.style
+        if isinstance(cell, Cell)
+        else (state_style(text) if col.kind == "state" else util_style(text) if col.kind == "util" else None)
+    )
     return Text(text, style=style or "")
 
 
-def fitted_table(columns: Sequence[str | Col], rows: Iterable[Sequence[Any]], *, width: int,
-                 title: str | None = None, title_left: bool = False) -> Any:
+def fitted_table(
+    columns: Sequence[str | Col],
+    rows: Iterable[Sequence[Any]],
+    *,
+    width: int,
+    title: str | None = None,
+    title_left: bool = False,
+) -> Any:
     """A rich ``Table`` that fits ``width`` cells: one line a row, no word ever split
     (``fit_widths``), times shortened, states and utilisation coloured (none with
     ``NO_COLOR``: the console drops them). Cells are never read as markup."""
@@ -329,22 +352,38 @@ def fitted_table(columns: Sequence[str | Col], rows: Iterable[Sequence[Any]], *,
 
     cols = [_column(c) for c in columns]
     raw = [list(row) for row in rows]
-    texts = [[short_time(v) if col.kind == "time" and isinstance(v, (str, float, int)) and v != "" else _cell(v)
-              for col, v in zip(cols, row)] for row in raw]
+    texts = [
+        [
+            short_time(v) if col.kind == "time" and isinstance(v, (str, float, int)) and v != "" else _cell(v)
+            for col, v in zip(cols, row)
+        ]
+        for row in raw
+    ]
     widths = fit_widths(cols, texts, width)
-    table = Table(title=plain(title) if title else None, title_justify="left" if title_left else "center",
-                  title_style="bold" if title_left else None, header_style="bold", box=None, pad_edge=False)
+    table = Table(
+        title=plain(title) if title else None,
+        title_justify="left" if title_left else "center",
+        title_style="bold" if title_left else None,
+        header_style="bold",
+        box=None,
+        pad_edge=False,
+    )
     keep = [i for i, w in enumerate(widths) if w is not None]
     for i in keep:
         table.add_column(cols[i].name, width=widths[i], no_wrap=True, overflow="ellipsis")
     for row, text in zip(raw, texts):
-        table.add_row(*(_styled(cols[i], elide_middle(text[i], widths[i] or 0) if cols[i].fit == "name" else text[i],
-                                row[i]) for i in keep))
+        table.add_row(
+            *(
+                _styled(cols[i], elide_middle(text[i], widths[i] or 0) if cols[i].fit == "name" else text[i], row[i])
+                for i in keep
+            )
+        )
     return table
 
 
-def table(columns: Sequence[str | Col], rows: Iterable[Sequence[Any]], *, title: str | None = None,
-          footer: str | None = None) -> None:
+def table(
+    columns: Sequence[str | Col], rows: Iterable[Sequence[Any]], *, title: str | None = None, footer: str | None = None
+) -> None:
     """A table that fits the terminal (``fitted_table``); piped, tab-separated lines with a
     header row, every cell whole (full times and names: what scripts read)."""
     if is_terminal():
@@ -376,7 +415,7 @@ def sparkline(values: Sequence[float | None], *, top: float = 100.0, width: int 
     vals = list(values)
     if len(vals) > width:
         step = len(vals) / width
-        buckets = [vals[int(i * step):int((i + 1) * step) or None] for i in range(width)]
+        buckets = [vals[int(i * step) : int((i + 1) * step) or None] for i in range(width)]
         vals = [max((v for v in b if v is not None), default=None) for b in buckets]
     out = []
     for v in vals:
@@ -419,8 +458,9 @@ class WorkerProgress:
             self._live.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._live is not None:
             self._live.__exit__(exc_type, exc, tb)
 
@@ -441,26 +481,46 @@ class WorkerProgress:
             how = f"exit {ended.exit_code}" if ended.exit_signal is None else f"signal {ended.exit_signal}"
             if ended.timed_out:
                 how = "timed out"
-            self._say(f"end    frame {claim.frame_id} {claim.job}/{_number(claim.number)}-{claim.layer} "
-                      f"{state or 'REPORT PENDING'} ({how}, {ended.ended_at - ended.started_at:.1f}s)")
+            self._say(
+                f"end    frame {claim.frame_id} {claim.job}/{_number(claim.number)}-{claim.layer} "
+                f"{state or 'REPORT PENDING'} ({how}, {ended.ended_at - ended.started_at:.1f}s)"
+            )
         for fid, rf in worker.running.items():
             if fid not in self._seen:
                 self._seen.add(fid)
                 gpus = ",".join(str(d.index) for d in rf.devices) or "-"
-                self._say(f"start  frame {fid} {rf.claim.job}/{_number(rf.claim.number)}-{rf.claim.layer} "
-                          f"attempt {rf.claim.attempt} gpus {gpus}")
+                self._say(
+                    f"start  frame {fid} {rf.claim.job}/{_number(rf.claim.number)}-{rf.claim.layer} "
+                    f"attempt {rf.claim.attempt} gpus {gpus}"
+                )
         if self._live is not None:
             from rich.console import Group
             from rich.text import Text
 
-            title = Text(safe(f"{worker.opts.name}: {len(worker.running)} running, {self.done} done, "
-                         f"{self.failed} failed" + (" (draining)" if worker.draining else "")), style="bold",
-                         no_wrap=False, overflow="fold")
+            title = Text(
+                safe(
+                    f"{worker.opts.name}: {len(worker.running)} running, {self.done} done, "
+                    f"{self.failed} failed" + (" (draining)" if worker.draining else "")
+                ),
+                style="bold",
+                no_wrap=False,
+                overflow="fold",
+            )
             now = _time.time()
-            rows = [[f"{fid} {_number(rf.claim.number)}-{rf.claim.layer}", rf.claim.job, str(rf.claim.attempt),
-                     ",".join(str(d.index) for d in rf.devices) or "-", f"{now - rf.usage.started_at:.0f}s"]
-                    for fid, rf in sorted(worker.running.items())]
+            rows = [
+                [
+                    f"{fid} {_number(rf.claim.number)}-{rf.claim.layer}",
+                    rf.claim.job,
+                    str(rf.claim.attempt),
+                    ",".join(str(d.index) for d in rf.devices) or "-",
+                    f"{now - rf.usage.started_at:.0f}s",
+                ]
+                for fid, rf in sorted(worker.running.items())
+            ]
             width = self._console.width if self._console is not None else 80
-            table = fitted_table([Col("FRAME", fit="name"), Col("JOB", fit="name"), Col("ATTEMPT", drop=1), "GPUS",
-                                  "ELAPSED"], rows, width=width)
+            table = fitted_table(
+                [Col("FRAME", fit="name"), Col("JOB", fit="name"), Col("ATTEMPT", drop=1), "GPUS", "ELAPSED"],
+                rows,
+                width=width,
+            )
             self._live.update(Group(title, table))

@@ -34,8 +34,11 @@ def _util(device: dict[str, Any]) -> str:
     """A device's utilisation; once its last sample is too old to be current, how old it is."""
     from cuectl.units import format_duration
 
-    if device["utilization_pct"] is None and device.get("sample_age_s") is not None and \
-            device.get("memory_used_bytes") is None:
+    if (
+        device["utilization_pct"] is None
+        and device.get("sample_age_s") is not None
+        and device.get("memory_used_bytes") is None
+    ):
         return f"{format_duration(device['sample_age_s'])} ago"
     return _pct(device["utilization_pct"])
 
@@ -75,9 +78,11 @@ def header(snap: dict[str, Any], *, short: bool = False) -> str:
     """The summary line; ``short``: its time as the tables show times (the live view)."""
     t = snap["totals"]
     at = term.short_time(snap["at"]) if short else snap["at"]
-    return (f"cuectl top  {at}  hosts {t['hosts_up']}/{t['hosts']} up  "
-            f"gpus {t['gpus_held']}/{t['gpus']} held  running {t['running']}  "
-            f"waiting {t['waiting_frames']} frames in {t['waiting_jobs']} job{'' if t['waiting_jobs'] == 1 else 's'}")
+    return (
+        f"cuectl top  {at}  hosts {t['hosts_up']}/{t['hosts']} up  "
+        f"gpus {t['gpus_held']}/{t['gpus']} held  running {t['running']}  "
+        f"waiting {t['waiting_frames']} frames in {t['waiting_jobs']} job{'' if t['waiting_jobs'] == 1 else 's'}"
+    )
 
 
 def sections(snap: dict[str, Any]) -> list[Section]:
@@ -90,29 +95,78 @@ def sections(snap: dict[str, Any]) -> list[Section]:
         if not h["devices"]:
             hosts.append([h["name"], state, "-", "no GPU", "", "-", "-", "-"])
         for i, d in enumerate(h["devices"]):
-            hosts.append([h["name"] if i == 0 else "", state if i == 0 else "",
-                          "-" if d["index"] is None else str(d["index"]), d["model"] or "?",
-                          term.Cell(_bar(d["utilization_pct"]), term.util_colour(d["utilization_pct"])),
-                          _util(d),
-                          _memory(d["memory_used_bytes"], d["memory_total_bytes"]), _holder(d["holder"])])
-    frames = [[f"{f['id']} {f['name']}", f["job"], f["host"] or "-", str(len(f["gpu_uuids"])),
-               _pct(f["gpu_util_pct"]), _memory(f["gpu_memory_used_bytes"], None),
-               format_duration(f["elapsed_s"]), str(f["attempts"])] for f in snap["frames"]]
-    waiting = [[f"{w['id']} {w['name']}", w["user"], str(w["priority"]),
-                str(w["waiting"]) + (f" (+{w['depend']} depend)" if w["depend"] else ""),
-                ("paused" if w["paused"] else "") or (w["pending_reason"] or "-")] for w in snap["waiting"]]
+            hosts.append(
+                [
+                    h["name"] if i == 0 else "",
+                    state if i == 0 else "",
+                    "-" if d["index"] is None else str(d["index"]),
+                    d["model"] or "?",
+                    term.Cell(_bar(d["utilization_pct"]), term.util_colour(d["utilization_pct"])),
+                    _util(d),
+                    _memory(d["memory_used_bytes"], d["memory_total_bytes"]),
+                    _holder(d["holder"]),
+                ]
+            )
+    frames = [
+        [
+            f"{f['id']} {f['name']}",
+            f["job"],
+            f["host"] or "-",
+            str(len(f["gpu_uuids"])),
+            _pct(f["gpu_util_pct"]),
+            _memory(f["gpu_memory_used_bytes"], None),
+            format_duration(f["elapsed_s"]),
+            str(f["attempts"]),
+        ]
+        for f in snap["frames"]
+    ]
+    waiting = [
+        [
+            f"{w['id']} {w['name']}",
+            w["user"],
+            str(w["priority"]),
+            str(w["waiting"]) + (f" (+{w['depend']} depend)" if w["depend"] else ""),
+            ("paused" if w["paused"] else "") or (w["pending_reason"] or "-"),
+        ]
+        for w in snap["waiting"]
+    ]
     # On a narrow terminal free text (holders, reasons) is cut first, then the columns with
     # a ``drop`` go, highest first: a name is never cut to keep a reason whole.
     C = term.Col
     return [
-        ("Hosts and GPUs", [C("HOST", fit="name"), C("STATE", "state"), C("GPU"), C("MODEL", fit="name", drop=2),
-                            C("", drop=3), C("UTIL", "util"), C("MEMORY", drop=1), C("HELD BY", fit="free")], hosts),
-        (f"Running frames ({snap['totals']['running']})",
-         [C("FRAME", fit="name"), C("JOB", fit="name"), C("HOST", fit="name"), C("GPUS", drop=2), C("UTIL", "util"),
-          C("MEMORY", drop=1), C("ELAPSED"), C("ATTEMPT", drop=3)], frames),
-        (f"Waiting jobs ({len(snap['waiting'])})",
-         [C("JOB", fit="name"), C("USER", fit="name"), C("PRI", drop=1), C("WAITING"), C("REASON", fit="free")],
-         waiting),
+        (
+            "Hosts and GPUs",
+            [
+                C("HOST", fit="name"),
+                C("STATE", "state"),
+                C("GPU"),
+                C("MODEL", fit="name", drop=2),
+                C("", drop=3),
+                C("UTIL", "util"),
+                C("MEMORY", drop=1),
+                C("HELD BY", fit="free"),
+            ],
+            hosts,
+        ),
+        (
+            f"Running frames ({snap['totals']['running']})",
+            [
+                C("FRAME", fit="name"),
+                C("JOB", fit="name"),
+                C("HOST", fit="name"),
+                C("GPUS", drop=2),
+                C("UTIL", "util"),
+                C("MEMORY", drop=1),
+                C("ELAPSED"),
+                C("ATTEMPT", drop=3),
+            ],
+            frames,
+        ),
+        (
+            f"Waiting jobs ({len(snap['waiting'])})",
+            [C("JOB", fit="name"), C("USER", fit="name"), C("PRI", drop=1), C("WAITING"), C("REASON", fit="free")],
+            waiting,
+        ),
     ]
 
 
@@ -125,8 +179,10 @@ def plain_text(snap: dict[str, Any]) -> str:
             out.append("  (none)")
             continue
         # Store text (names, holders, reasons) with its control characters escaped (term.safe).
-        texts = [[c.name for c in columns], *([term.safe(v if isinstance(v, str) else v.text) for v in row]
-                                              for row in rows)]
+        texts = [
+            [c.name for c in columns],
+            *([term.safe(v if isinstance(v, str) else v.text) for v in row] for row in rows),
+        ]
         widths = [max(len(r[i]) for r in texts) for i in range(len(columns))]
         for row in texts:
             out.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
@@ -144,7 +200,7 @@ def renderable(snap: dict[str, Any] | None, problem: str | None = None, *, width
         parts.append(Text(header(snap, short=True) + "   (q quits)", style="bold", no_wrap=False, overflow="fold"))
     if problem:
         parts.append(Text(term.safe(problem), style="red", no_wrap=False, overflow="fold"))
-    for title, columns, rows in (sections(snap) if snap is not None else []):
+    for title, columns, rows in sections(snap) if snap is not None else []:
         parts.append(Text(""))
         if not rows:
             parts.append(Text(f"{title}: none", style="bold"))
@@ -201,8 +257,12 @@ def live_loop(take: Callable[[], dict[str, Any]], interval: float) -> None:
 
     from cuectl.errors import StoreError
 
-    with _Keys() as keys, Live(console=term.console(), auto_refresh=False, screen=True,
-                               redirect_stdout=False, redirect_stderr=False) as live:
+    with (
+        _Keys() as keys,
+        Live(
+            console=term.console(), auto_refresh=False, screen=True, redirect_stdout=False, redirect_stderr=False
+        ) as live,
+    ):
         snap: dict[str, Any] | None = None
         while True:
             problem = None
@@ -220,8 +280,9 @@ def top_cmd(
     interval: float = typer.Option(1.0, "--interval", "-n", min=0.1, metavar="SEC", help="Seconds between refreshes."),
     once: bool = typer.Option(False, "--once", help="Print one plain snapshot and exit (also when piped)."),
     as_json: bool = typer.Option(False, "--json", help="Print one snapshot as JSON (see docs/accounting.md)."),
-    lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", metavar="DIR",
-                                            help="Local lease lock directory, for who holds this host's devices."),
+    lock_dir: Optional[Path] = typer.Option(
+        None, "--lock-dir", metavar="DIR", help="Local lease lock directory, for who holds this host's devices."
+    ),
 ) -> None:
     """Live view: hosts and GPUs (util, memory, who holds each), running frames, waiting jobs. `q` quits."""
     from cuectl.top import snapshot

@@ -1,6 +1,5 @@
 """``cuectl worker``: run frames on this host until stopped (or idle)."""
 
-
 import os
 import sys
 from pathlib import Path
@@ -26,67 +25,107 @@ def _refuse_unsupported_platform() -> None:
         except ImportError:
             problem = "a system without fcntl"
     if problem:
-        raise CuectlError(f"cuectl worker cannot run on {problem}: its device leases are POSIX file locks "
-                          "(fcntl.flock) and frames run in POSIX process groups",
-                          hint="run the worker on Linux or macOS (on Windows: inside WSL 2 or a Linux container)")
+        raise CuectlError(
+            f"cuectl worker cannot run on {problem}: its device leases are POSIX file locks "
+            "(fcntl.flock) and frames run in POSIX process groups",
+            hint="run the worker on Linux or macOS (on Windows: inside WSL 2 or a Linux container)",
+        )
 
 
 def worker(
     ctx: typer.Context,
-    name: Optional[str] = typer.Option(None, "--name", help="Host name to register as (default: the fake GPU "
-                                                             "file's host, else this machine's hostname)."),
-    until_idle: bool = typer.Option(False, "--until-idle", help="Exit 0 once nothing this host could run is "
-                                                                "waiting or running."),
+    name: Optional[str] = typer.Option(
+        None,
+        "--name",
+        help="Host name to register as (default: the fake GPU file's host, else this machine's hostname).",
+    ),
+    until_idle: bool = typer.Option(
+        False, "--until-idle", help="Exit 0 once nothing this host could run is waiting or running."
+    ),
     max_frames: Optional[int] = typer.Option(None, "--max-frames", help="Run at most N frames, then exit."),
     poll: float = typer.Option(1.0, "--poll", help="Seconds between looks at the queue when idle."),
     sample_interval: float = typer.Option(10.0, "--sample-interval", help="Seconds between GPU samples per frame."),
-    lease_timeout: float = typer.Option(60.0, "--lease-timeout", help="Seconds a silent worker's frames stay "
-                                                                      "claimed before they are requeued."),
+    lease_timeout: float = typer.Option(
+        60.0, "--lease-timeout", help="Seconds a silent worker's frames stay claimed before they are requeued."
+    ),
     gpu_only: bool = typer.Option(False, "--gpu-only", help="Run only frames that ask for GPUs."),
-    lock_dir: Optional[Path] = typer.Option(None, "--lock-dir", help="Host-local device lease directory "
-                                                                     f"(default: {LOCK_DIR_DEFAULT})."),
-    tag: List[str] = typer.Option([], "--tag", help="Tag this host (layers with tags run only on hosts with all of them)."),
+    lock_dir: Optional[Path] = typer.Option(
+        None, "--lock-dir", help=f"Host-local device lease directory (default: {LOCK_DIR_DEFAULT})."
+    ),
+    tag: List[str] = typer.Option(
+        [], "--tag", help="Tag this host (layers with tags run only on hosts with all of them)."
+    ),
     cores: Optional[float] = typer.Option(None, "--cores", help="CPU slots for CPU frames (default: all cores)."),
     backend: str = typer.Option("auto", "--backend", help="GPU backend: auto, nvml, smi, apple, amd, fake."),
-    allow_user: List[str] = typer.Option([], "--allow-user", help="Run only jobs submitted by this user "
-                                                                  "(repeatable; default: anyone's)."),
-    run_as_submitter: Optional[bool] = typer.Option(None, "--run-as-submitter/--run-as-worker-user",
-                                                    help="Run each frame as the user who submitted it (default: "
-                                                         "yes when the worker runs as root)."),
-    log_limit: Optional[str] = typer.Option(None, "--log-limit", help="Bytes each frame attempt's log may keep "
-                                                                      "(head and tail; e.g. 512M; default "
-                                                                      "$CUECTL_LOG_LIMIT or 1G; a layer's "
-                                                                      "log_limit wins)."),
+    allow_user: List[str] = typer.Option(
+        [], "--allow-user", help="Run only jobs submitted by this user (repeatable; default: anyone's)."
+    ),
+    run_as_submitter: Optional[bool] = typer.Option(
+        None,
+        "--run-as-submitter/--run-as-worker-user",
+        help="Run each frame as the user who submitted it (default: yes when the worker runs as root).",
+    ),
+    log_limit: Optional[str] = typer.Option(
+        None,
+        "--log-limit",
+        help="Bytes each frame attempt's log may keep "
+        "(head and tail; e.g. 512M; default "
+        "$CUECTL_LOG_LIMIT or 1G; a layer's "
+        "log_limit wins).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Do not print frame starts and ends."),
-    timestamps: Optional[bool] = typer.Option(None, "--timestamps/--no-timestamps",
-                                              help="Start every output line with the UTC time (default: when "
-                                                   "stderr is not a terminal)."),
-    rediscover_interval: float = typer.Option(300.0, "--rediscover-interval",
-                                              help="Seconds between looks for GPUs that vanished or appeared "
-                                                   "(0: only on SIGHUP)."),
-    probe: bool = typer.Option(False, "--probe", help="Do not run a worker: exit 0 if this machine's worker "
-                                                      "--name is alive (its heartbeat file is fresh), else 1. "
-                                                      "For liveness/readiness probes."),
-    ready: bool = typer.Option(False, "--ready", help="With --probe: also require that the worker reached its "
-                                                      "store within --max-age."),
-    max_age: float = typer.Option(60.0, "--max-age", help="With --probe: seconds the heartbeat may be old "
-                                                          "(keep it above --poll)."),
-    devices: List[str] = typer.Option([], "--devices", help="Use only these GPUs: indices or UUIDs as `cuectl gpu "
-                                                            "list` shows them (comma list or repeated)."),
-    exclude_devices: List[str] = typer.Option([], "--exclude-devices", help="Never use these GPUs (e.g. the "
-                                                                            "display GPU): indices or UUIDs."),
-    nimby_memory: Optional[str] = typer.Option(None, "--nimby-memory", help="Start no frame on a GPU that a "
-                                                                            "program not run by cuectl uses more "
-                                                                            "than this memory of (e.g. 1G)."),
-    nimby_util: Optional[float] = typer.Option(None, "--nimby-util", help="Start no frame on a GPU that a program "
-                                                                          "not run by cuectl keeps busier than "
-                                                                          "this percentage."),
-    available: Optional[str] = typer.Option(None, "--available", help="When to take new frames, e.g. "
-                                                                      "\"Mon-Fri 19:00-08:00, Sat-Sun\" (local "
-                                                                      "time; default: always)."),
-    reservation_timeout: float = typer.Option(1800.0, "--reservation-timeout",
-                                              help="Seconds the highest-priority GPU frame that does not fit yet "
-                                                   "may hold the free GPUs it could use (0: no reservations)."),
+    timestamps: Optional[bool] = typer.Option(
+        None,
+        "--timestamps/--no-timestamps",
+        help="Start every output line with the UTC time (default: when stderr is not a terminal).",
+    ),
+    rediscover_interval: float = typer.Option(
+        300.0,
+        "--rediscover-interval",
+        help="Seconds between looks for GPUs that vanished or appeared (0: only on SIGHUP).",
+    ),
+    probe: bool = typer.Option(
+        False,
+        "--probe",
+        help="Do not run a worker: exit 0 if this machine's worker "
+        "--name is alive (its heartbeat file is fresh), else 1. "
+        "For liveness/readiness probes.",
+    ),
+    ready: bool = typer.Option(
+        False, "--ready", help="With --probe: also require that the worker reached its store within --max-age."
+    ),
+    max_age: float = typer.Option(
+        60.0, "--max-age", help="With --probe: seconds the heartbeat may be old (keep it above --poll)."
+    ),
+    devices: List[str] = typer.Option(
+        [],
+        "--devices",
+        help="Use only these GPUs: indices or UUIDs as `cuectl gpu list` shows them (comma list or repeated).",
+    ),
+    exclude_devices: List[str] = typer.Option(
+        [], "--exclude-devices", help="Never use these GPUs (e.g. the display GPU): indices or UUIDs."
+    ),
+    nimby_memory: Optional[str] = typer.Option(
+        None,
+        "--nimby-memory",
+        help="Start no frame on a GPU that a program not run by cuectl uses more than this memory of (e.g. 1G).",
+    ),
+    nimby_util: Optional[float] = typer.Option(
+        None,
+        "--nimby-util",
+        help="Start no frame on a GPU that a program not run by cuectl keeps busier than this percentage.",
+    ),
+    available: Optional[str] = typer.Option(
+        None,
+        "--available",
+        help='When to take new frames, e.g. "Mon-Fri 19:00-08:00, Sat-Sun" (local time; default: always).',
+    ),
+    reservation_timeout: float = typer.Option(
+        1800.0,
+        "--reservation-timeout",
+        help="Seconds the highest-priority GPU frame that does not fit yet "
+        "may hold the free GPUs it could use (0: no reservations).",
+    ),
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
     _refuse_unsupported_platform()
@@ -147,17 +186,38 @@ def worker(
         select_inventory(discovery.devices, selected, exclude_devices)  # a bad name: exit 2 before the store
     # A service waits for an unreachable store server; a batch run (--until-idle: tests,
     # CI, cron) fails at once with the error instead of hanging.
-    store = (state.store(create=True) if until_idle
-             else wait_for_store(lambda: state.store(create=True), warn=term.warn, heartbeat=heartbeat_path(name),
-                                 reached=term.info))
-    w, discovery = build_worker(store, name=name, until_idle=until_idle,
-                                max_frames=max_frames, poll=poll, sample_interval=sample_interval,
-                                lease_timeout=lease_timeout, gpu_only=gpu_only, lock_dir=lock_dir, tags=tag,
-                                cores=cores, backend=backend, allowed_users=allow_user,
-                                run_as_submitter=run_as_submitter, log_limit=limit, discovery=discovery,
-                                rediscover_interval=rediscover_interval, devices=selected,
-                                exclude_devices=exclude_devices, nimby_memory=nimby_bytes, nimby_util=nimby_util,
-                                available=schedule, reservation_timeout=reservation_timeout)
+    store = (
+        state.store(create=True)
+        if until_idle
+        else wait_for_store(
+            lambda: state.store(create=True), warn=term.warn, heartbeat=heartbeat_path(name), reached=term.info
+        )
+    )
+    w, discovery = build_worker(
+        store,
+        name=name,
+        until_idle=until_idle,
+        max_frames=max_frames,
+        poll=poll,
+        sample_interval=sample_interval,
+        lease_timeout=lease_timeout,
+        gpu_only=gpu_only,
+        lock_dir=lock_dir,
+        tags=tag,
+        cores=cores,
+        backend=backend,
+        allowed_users=allow_user,
+        run_as_submitter=run_as_submitter,
+        log_limit=limit,
+        discovery=discovery,
+        rediscover_interval=rediscover_interval,
+        devices=selected,
+        exclude_devices=exclude_devices,
+        nimby_memory=nimby_bytes,
+        nimby_util=nimby_util,
+        available=schedule,
+        reservation_timeout=reservation_timeout,
+    )
     w.warn = term.warn
     w.say = term.info
     for message in discovery.warnings():
@@ -165,16 +225,23 @@ def worker(
     from cuectl.run.lease import other_lock_dirs_in_use
 
     for other in other_lock_dirs_in_use(w.opts.lock_dir, warn=term.warn):
-        term.warn(f"lock directory {other} is also in use on this machine: its leases and this worker's "
-                  f"({w.opts.lock_dir}) do not see each other, so a GPU could be used twice; use one")
+        term.warn(
+            f"lock directory {other} is also in use on this machine: its leases and this worker's "
+            f"({w.opts.lock_dir}) do not see each other, so a GPU could be used twice; use one"
+        )
     if not quiet:
         devs = ", ".join(f"{d.index}:{d.model}" for d in w.devices)
-        found = (f"{devs} (found by {', '.join(discovery.found_by())})" if devs else
-                 f"no GPUs (tried {', '.join(b.name for b in discovery.backends) or 'nothing'})")
+        found = (
+            f"{devs} (found by {', '.join(discovery.found_by())})"
+            if devs
+            else f"no GPUs (tried {', '.join(b.name for b in discovery.backends) or 'nothing'})"
+        )
         term.info(f"worker {w.opts.name}: {found}; {w.opts.cores:g} CPU slots; store {store.url}")
         if schedule is not None:
-            term.info(f"takes new frames only {schedule.describe()} (local time)"
-                      + ("" if schedule.is_open(_local_now()) else f"; now {schedule.closed_reason(_local_now())}"))
+            term.info(
+                f"takes new frames only {schedule.describe()} (local time)"
+                + ("" if schedule.is_open(_local_now()) else f"; now {schedule.closed_reason(_local_now())}")
+            )
     term.stamp_lines(stamped, errors=stamped)  # started: from here on, errors are log lines too
     # In a terminal, SIGHUP means the terminal went away: drain as on SIGTERM. A service
     # (systemd, a container: no terminal) is sent SIGHUP to look for its GPUs again.

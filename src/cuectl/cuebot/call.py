@@ -36,7 +36,7 @@ class Refused(Exception):
 @dataclass
 class Call:
     store: Store
-    who: Principal          # via: kernel | claimed | remote
+    who: Principal  # via: kernel | claimed | remote
     now: float
     log_dir_of: Any = None  # job id -> its OpenCue log dir (server.py)
 
@@ -45,16 +45,20 @@ class Call:
         """Make a change as the caller: the store checks ownership again. ``owner``: the
         changed job's user; ``claimed``: the user name the request carries, if any."""
         if self.who.via == REMOTE:
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                          "this server is read-only to callers from other hosts (OpenCue's clients prove no "
-                          "identity); connect on loopback, or ask an admin about --opencue-trust-network")
+            raise Refused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "this server is read-only to callers from other hosts (OpenCue's clients prove no "
+                "identity); connect on loopback, or ask an admin about --opencue-trust-network",
+            )
         if self.who.via == CLAIMED:
             name = (claimed or owner or "").strip()
             if not name:
                 raise Refused(grpc.StatusCode.PERMISSION_DENIED, "the request names no user to act as")
             if _is_root(name):
-                raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                              f"a claimed user name is never taken for root ({name!r}): connect on loopback")
+                raise Refused(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"a claimed user name is never taken for root ({name!r}): connect on loopback",
+                )
             actor = Actor(name, False)
         else:
             actor = self.who.actor()
@@ -74,8 +78,10 @@ def owner_only(store: Store, job: Mapping[str, Any]) -> None:
     actor = store.actor()
     owner = job.get("submitted_by") or job["user"]
     if not actor.admin and owner != actor.name:
-        raise NotOwner(f"job {job['id']} ({job['name']}) belongs to {owner}, not {actor.name}: only its owner "
-                       "or an admin may change it")
+        raise NotOwner(
+            f"job {job['id']} ({job['name']}) belongs to {owner}, not {actor.name}: only its owner "
+            "or an admin may change it"
+        )
 
 
 def _is_root(name: str) -> bool:

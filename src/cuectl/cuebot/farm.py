@@ -60,12 +60,15 @@ def _one_host(call: Call, name: str) -> dict[str, Any]:
 
 def _host_matches(pb: host_pb2.Host, r: host_pb2.HostSearchCriteria) -> bool:
     patterns = [re.compile(p) for p in r.regex]
-    checks = ((r.hosts, lambda: pb.name in r.hosts), (r.ids, lambda: pb.id in r.ids),
-              (r.regex, lambda: any(p.search(pb.name) for p in patterns)),
-              (r.substr, lambda: any(s in pb.name for s in r.substr)),
-              (r.allocs, lambda: pb.alloc_name in r.allocs),
-              (r.states.state, lambda: pb.state in r.states.state),
-              (r.lock_states.state, lambda: pb.lock_state in r.lock_states.state))
+    checks = (
+        (r.hosts, lambda: pb.name in r.hosts),
+        (r.ids, lambda: pb.id in r.ids),
+        (r.regex, lambda: any(p.search(pb.name) for p in patterns)),
+        (r.substr, lambda: any(s in pb.name for s in r.substr)),
+        (r.allocs, lambda: pb.alloc_name in r.allocs),
+        (r.states.state, lambda: pb.state in r.states.state),
+        (r.lock_states.state, lambda: pb.lock_state in r.lock_states.state),
+    )
     return all(check() for wanted, check in checks if len(wanted))
 
 
@@ -90,8 +93,9 @@ def _log_path(call: Call, booking: Mapping[str, Any]) -> str:
     from cuectl.run.logs import rqlog_path
 
     name = frame_name(booking["number"], str(booking["layer_name"]))
-    path = rqlog_path(os.path.join(os.path.abspath(call.store.log_dir), str(booking["job_id"])),
-                      str(booking["job_name"]), name)
+    path = rqlog_path(
+        os.path.join(os.path.abspath(call.store.log_dir), str(booking["job_id"])), str(booking["job_name"]), name
+    )
     return str(path) if path is not None else ""
 
 
@@ -106,10 +110,13 @@ def host_get_procs(call: Call, request: Any) -> Any:
 
 
 def _proc_matches(b: Mapping[str, Any], r: host_pb2.ProcSearchCriteria) -> bool:
-    checks = ((r.hosts, lambda: b["host"] in r.hosts), (r.jobs, lambda: b["job_name"] in r.jobs),
-              (r.layers, lambda: b["layer_name"] in r.layers),
-              (r.shows, lambda: (b.get("job_show") or convert.DEFAULT_SHOW) in r.shows),
-              (r.allocs, lambda: convert.ALLOCATION in r.allocs))
+    checks = (
+        (r.hosts, lambda: b["host"] in r.hosts),
+        (r.jobs, lambda: b["job_name"] in r.jobs),
+        (r.layers, lambda: b["layer_name"] in r.layers),
+        (r.shows, lambda: (b.get("job_show") or convert.DEFAULT_SHOW) in r.shows),
+        (r.allocs, lambda: convert.ALLOCATION in r.allocs),
+    )
     return all(check() for wanted, check in checks if len(wanted))
 
 
@@ -117,7 +124,7 @@ def get_procs(call: Call, request: host_pb2.ProcGetProcsRequest) -> Any:
     found = [b for b in call.store.running_bookings() if _proc_matches(b, request.r)]
     first = max(request.r.first_result - 1, 0) if request.r.first_result else 0
     if request.r.max_results:
-        found = found[first:first + request.r.max_results[0]] if len(request.r.max_results) else found[first:]
+        found = found[first : first + request.r.max_results[0]] if len(request.r.max_results) else found[first:]
     return host_pb2.ProcGetProcsResponse(procs=host_pb2.ProcSeq(procs=procs_pb(call, found)))
 
 
@@ -159,9 +166,10 @@ def proc_kill(call: Call, request: Any) -> Any:
 
 def _lock(call: Call, name: str, locked: bool) -> None:
     if call.who.role != "admin":
-        raise Refused(grpc.StatusCode.PERMISSION_DENIED,
-                      f"locking a host is an admin's (root or the store's owner); {call.user or 'this caller'} "
-                      "is not one")
+        raise Refused(
+            grpc.StatusCode.PERMISSION_DENIED,
+            f"locking a host is an admin's (root or the store's owner); {call.user or 'this caller'} is not one",
+        )
     with call.acting() as store:
         store.set_host_locked(name, locked)
 
@@ -221,19 +229,20 @@ def alloc_get_subscriptions(call: Call, request: Any) -> Any:
 def facility_get(call: Call, request: Any) -> Any:
     if request.name != convert.FACILITY:
         raise NotFound(f"no facility {request.name!r} (cuectl has one: {convert.FACILITY})")
-    return facility_pb2.FacilityGetResponse(facility=facility_pb2.Facility(id=convert.FACILITY,
-                                                                            name=convert.FACILITY))
+    return facility_pb2.FacilityGetResponse(facility=facility_pb2.Facility(id=convert.FACILITY, name=convert.FACILITY))
 
 
 def facility_allocations(call: Call, request: Any) -> Any:
     return facility_pb2.FacilityGetAllocationsResponse(
-        allocations=facility_pb2.AllocationSeq(allocations=[_allocation(call)]))
+        allocations=facility_pb2.AllocationSeq(allocations=[_allocation(call)])
+    )
 
 
 # -- services, limits, shows' subscriptions, the system ----------------------------------------------
 def default_services(call: Call, request: Any) -> Any:
     return service_pb2.ServiceGetDefaultServicesResponse(
-        services=service_pb2.ServiceSeq(services=[convert.service(s) for s in call.store.list_services()]))
+        services=service_pb2.ServiceSeq(services=[convert.service(s) for s in call.store.list_services()])
+    )
 
 
 def get_service(call: Call, request: Any) -> Any:
@@ -284,19 +293,33 @@ def system_stats(call: Call, request: Any) -> Any:
 
 
 METHODS: dict[str, Callable[[Call, Any], Any]] = {
-    HOST + "GetHosts": get_hosts, HOST + "FindHost": find_host, HOST + "GetHost": get_host,
-    HOST + "GetProcs": host_get_procs, HOST + "Lock": lock, HOST + "Unlock": unlock,
+    HOST + "GetHosts": get_hosts,
+    HOST + "FindHost": find_host,
+    HOST + "GetHost": get_host,
+    HOST + "GetProcs": host_get_procs,
+    HOST + "Lock": lock,
+    HOST + "Unlock": unlock,
     HOST + "GetComments": host_get_comments,
-    PROC + "GetProcs": get_procs, PROC + "GetFrame": proc_get_frame, PROC + "GetJob": proc_get_job,
-    PROC + "GetLayer": proc_get_layer, PROC + "GetHost": proc_get_host, PROC + "Kill": proc_kill,
-    ALLOC + "GetAll": alloc_get_all, ALLOC + "Find": alloc_find, ALLOC + "Get": alloc_get,
-    ALLOC + "GetDefault": alloc_get_default, ALLOC + "GetHosts": alloc_get_hosts,
+    PROC + "GetProcs": get_procs,
+    PROC + "GetFrame": proc_get_frame,
+    PROC + "GetJob": proc_get_job,
+    PROC + "GetLayer": proc_get_layer,
+    PROC + "GetHost": proc_get_host,
+    PROC + "Kill": proc_kill,
+    ALLOC + "GetAll": alloc_get_all,
+    ALLOC + "Find": alloc_find,
+    ALLOC + "Get": alloc_get,
+    ALLOC + "GetDefault": alloc_get_default,
+    ALLOC + "GetHosts": alloc_get_hosts,
     ALLOC + "GetSubscriptions": alloc_get_subscriptions,
-    FACILITY + "Get": facility_get, FACILITY + "GetAllocations": facility_allocations,
+    FACILITY + "Get": facility_get,
+    FACILITY + "GetAllocations": facility_allocations,
     "/service.ServiceInterface/GetDefaultServices": default_services,
     "/service.ServiceInterface/GetService": get_service,
-    "/limit.LimitInterface/GetAll": limits_get_all, "/limit.LimitInterface/Find": limit_find,
-    "/limit.LimitInterface/Get": limit_get, "/limit.LimitInterface/GetHolds": limit_holds,
+    "/limit.LimitInterface/GetAll": limits_get_all,
+    "/limit.LimitInterface/Find": limit_find,
+    "/limit.LimitInterface/Get": limit_get,
+    "/limit.LimitInterface/GetHolds": limit_holds,
     "/show.ShowInterface/GetSubscriptions": show_subscriptions,
     "/show.ShowInterface/GetServiceOverrides": show_service_overrides,
     "/cue.CueInterface/GetSystemStats": system_stats,

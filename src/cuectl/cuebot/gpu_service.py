@@ -46,8 +46,19 @@ T = TypeVar("T")
 RUNNING_FRAMES_LIMIT = 100_000
 _CUDA_RE = re.compile(r"CUDA\s+(\S+)", re.IGNORECASE)
 # Device keys that have a field of their own in GpuDevice; the rest go to its attributes.
-_OWN_FIELDS = {"index", "uuid", "vendor", "model", "memory_total_bytes", "memory_free_bytes", "utilization_pct",
-               "pci_bus_id", "driver_version", "api_version", "attributes"}
+_OWN_FIELDS = {
+    "index",
+    "uuid",
+    "vendor",
+    "model",
+    "memory_total_bytes",
+    "memory_free_bytes",
+    "utilization_pct",
+    "pci_bus_id",
+    "driver_version",
+    "api_version",
+    "attributes",
+}
 
 
 # -- times and values -----------------------------------------------------------------------------
@@ -101,8 +112,13 @@ def _sample_interval(live_doc: Mapping[str, Any]) -> float | None:
     return interval if interval is not None and 0 < interval < 86400 else None
 
 
-def _holder(uuid: str, frames_by_uuid: Mapping[str, Mapping[str, Any]], dispatch: Mapping[str, Any],
-            live: Mapping[str, Any] | None, host_up: bool) -> tuple[str, str, str]:
+def _holder(
+    uuid: str,
+    frames_by_uuid: Mapping[str, Mapping[str, Any]],
+    dispatch: Mapping[str, Any],
+    live: Mapping[str, Any] | None,
+    host_up: bool,
+) -> tuple[str, str, str]:
     """(kind, in words, frame id) of whoever holds the device now; all "" when nobody does.
 
     A RUNNING frame of the store first: a worker's published word may be a heartbeat old
@@ -124,7 +140,7 @@ def _holder(uuid: str, frames_by_uuid: Mapping[str, Mapping[str, Any]], dispatch
         used = live.get("memory_used_bytes") or 0
         util = live.get("utilization_pct") or 0.0
         if used >= FOREIGN_MEMORY_FLOOR_BYTES or util >= FOREIGN_UTIL_FLOOR_PCT:
-            return "other", f"another process ({used / 1024 ** 3:.1f} GiB used, {util:g} % busy)", ""
+            return "other", f"another process ({used / 1024**3:.1f} GiB used, {util:g} % busy)", ""
     return "", "", ""
 
 
@@ -133,7 +149,7 @@ def _attributes(gpu: Mapping[str, Any]) -> dict[str, str]:
     compute capability, MIG parent and profile, Apple's cores and unified memory)."""
     out: dict[str, str] = {}
     raw = gpu.get("attributes")
-    for key, value in (raw.items() if isinstance(raw, Mapping) else ()):
+    for key, value in raw.items() if isinstance(raw, Mapping) else ():
         if value is not None:
             out[str(key)] = _text(value)
     for key, value in gpu.items():
@@ -146,13 +162,22 @@ def _device(gpu: Mapping[str, Any], live: Mapping[str, Any] | None, holder: tupl
     api = str(gpu.get("api_version") or "")
     cuda = _CUDA_RE.search(api)
     device = pb.GpuDevice(
-        id=str(gpu.get("uuid") or ""), uuid=str(gpu.get("uuid") or ""), index=_whole(gpu.get("index")) or 0,
-        vendor=str(gpu.get("vendor") or ""), model=str(gpu.get("model") or ""),
-        memory_bytes=_whole(gpu.get("memory_total_bytes")) or 0, pci_bus=str(gpu.get("pci_bus_id") or ""),
-        driver_version=str(gpu.get("driver_version") or ""), api_version=api,
+        id=str(gpu.get("uuid") or ""),
+        uuid=str(gpu.get("uuid") or ""),
+        index=_whole(gpu.get("index")) or 0,
+        vendor=str(gpu.get("vendor") or ""),
+        model=str(gpu.get("model") or ""),
+        memory_bytes=_whole(gpu.get("memory_total_bytes")) or 0,
+        pci_bus=str(gpu.get("pci_bus_id") or ""),
+        driver_version=str(gpu.get("driver_version") or ""),
+        api_version=api,
         cuda_version=cuda.group(1) if cuda else "",
         metal_version=api if api.lower().startswith("metal") else "",
-        attributes=_attributes(gpu), holder_kind=holder[0], holder=holder[1], holder_frame_id=holder[2])
+        attributes=_attributes(gpu),
+        holder_kind=holder[0],
+        holder=holder[1],
+        holder_frame_id=holder[2],
+    )
     if live is not None:
         device.sampled_at = _epoch(live.get("sampled_at")) or 0.0
         # live_values has set a stale value to None already: it stays unset here.
@@ -257,8 +282,9 @@ def _fresh_within(store: Store, host: Any, now: float) -> float:
     interval = None
     if isinstance(host, str) and host:
         try:
-            interval = _sample_interval(_mapping(store.get_host(host, now=now, down_after=m.HOST_DOWN_AFTER_S)
-                                                 .get("live")))
+            interval = _sample_interval(
+                _mapping(store.get_host(host, now=now, down_after=m.HOST_DOWN_AFTER_S).get("live"))
+            )
         except NotFound:
             pass
     return FRESH_INTERVALS * (interval or DEFAULT_SAMPLE_INTERVAL_S)
@@ -280,8 +306,9 @@ def frame_gpu_usage(store: Store, ref: str) -> Any:
     # The attempt's run time: recorded once it ended; a running one's, so far.
     started = _epoch(record.get("started_at") if record else frame.get("started_at"))
     ended = (_epoch(record.get("ended_at")) if record else None) or now
-    order = [u for u in frame.get("gpu_uuids") or [] if u in series] + sorted(set(series) - set(
-        frame.get("gpu_uuids") or []))
+    order = [u for u in frame.get("gpu_uuids") or [] if u in series] + sorted(
+        set(series) - set(frame.get("gpu_uuids") or [])
+    )
     summaries = [_device_summary(u, series[u], started, ended) for u in order]
     response.summary.extend(summaries)
     response.total.CopyFrom(_recorded(record) if record else _combined(summaries))
@@ -308,13 +335,19 @@ def layer_gpu_request(store: Store, job_ref: str, layer_ref: str) -> Any:
     wanted = _required(layer_ref, "layer")
     layers = job.get("layers") or []
     layer = next((la for la in layers if la.get("name") == wanted), None) or next(
-        (la for la in layers if str(la.get("id")) == wanted), None)
+        (la for la in layers if str(la.get("id")) == wanted), None
+    )
     if layer is None:
-        raise NotFound(f"job {job['id']} ({job['name']}) has no layer {wanted!r}",
-                       hint=f"its layers: {', '.join(str(la.get('name')) for la in layers)}")
-    request = pb.LayerGpuRequest(gpus=int(layer.get("gpus") or 0), gpu_vendor=str(layer.get("gpu_vendor") or ""),
-                                 gpu_models_allowed=[str(x) for x in layer.get("gpu_models") or []],
-                                 min_gpu_memory_bytes=int(layer.get("gpu_memory_min_bytes") or 0))
+        raise NotFound(
+            f"job {job['id']} ({job['name']}) has no layer {wanted!r}",
+            hint=f"its layers: {', '.join(str(la.get('name')) for la in layers)}",
+        )
+    request = pb.LayerGpuRequest(
+        gpus=int(layer.get("gpus") or 0),
+        gpu_vendor=str(layer.get("gpu_vendor") or ""),
+        gpu_models_allowed=[str(x) for x in layer.get("gpu_models") or []],
+        min_gpu_memory_bytes=int(layer.get("gpu_memory_min_bytes") or 0),
+    )
     return pb.GetLayerGpuRequestResponse(request=request, job_id=str(job["id"]), layer_id=str(layer["id"]))
 
 

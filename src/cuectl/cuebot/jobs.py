@@ -22,8 +22,8 @@ from cuectl.errors import InvalidInput, NotFound
 from cuectl.sched.frameset import parse_frameset
 
 log = logging.getLogger("cuectl.cuebot")
-FRAME_PAGE = 1000      # Cuebot's default page of GetFrames
-MAX_FRAMES = 100_000   # what one GetFrames reads at most (a page of the largest job)
+FRAME_PAGE = 1000  # Cuebot's default page of GetFrames
+MAX_FRAMES = 100_000  # what one GetFrames reads at most (a page of the largest job)
 JOB = "/job.JobInterface/"
 LAYER = "/job.LayerInterface/"
 FRAME = "/job.FrameInterface/"
@@ -71,10 +71,12 @@ def _reserved(bookings: Iterable[Mapping[str, Any]], key: str) -> dict[Any, tupl
 
 
 def jobs_pb(call: Call, jobs: Sequence[Mapping[str, Any]]) -> list[job_pb2.Job]:
-    reserved = _reserved(call.store.running_bookings(), "job_id") if any(
-        (j.get("frame_counts") or {}).get("RUNNING") for j in jobs) else {}
-    return [convert.job(j, log_dir=log_dir(call, int(j["id"])), reserved=reserved.get(j["id"], (0.0, 0)))
-            for j in jobs]
+    reserved = (
+        _reserved(call.store.running_bookings(), "job_id")
+        if any((j.get("frame_counts") or {}).get("RUNNING") for j in jobs)
+        else {}
+    )
+    return [convert.job(j, log_dir=log_dir(call, int(j["id"])), reserved=reserved.get(j["id"], (0.0, 0))) for j in jobs]
 
 
 def _one_job(call: Call, job_id: int) -> dict[str, Any]:
@@ -116,8 +118,11 @@ def search_jobs(call: Call, r: job_pb2.JobSearchCriteria) -> list[dict[str, Any]
     ids = [int(i) for i in r.ids if i.isdigit()] if len(r.ids) else None
     if ids is not None and not ids:
         return []
-    one = {key: values[0] for key, values in (("user", r.users), ("show", r.shows), ("shot", r.shots),
-                                              ("name", r.jobs)) if len(values) == 1}
+    one = {
+        key: values[0]
+        for key, values in (("user", r.users), ("show", r.shows), ("shot", r.shots), ("name", r.jobs))
+        if len(values) == 1
+    }
     if one.get("show") == convert.DEFAULT_SHOW:
         one.pop("show")  # jobs without a show are the default show's
     jobs = call.store.list_jobs(include_finished=r.include_finished, keep_failed=True, ids=ids, **one)
@@ -146,7 +151,8 @@ def find_job(call: Call, request: job_pb2.JobFindJobRequest) -> job_pb2.JobFindJ
 
 def is_job_pending(call: Call, request: job_pb2.JobIsJobPendingRequest) -> job_pb2.JobIsJobPendingResponse:
     return job_pb2.JobIsJobPendingResponse(
-        value=bool(call.store.list_jobs(include_finished=False, keep_failed=True, name=request.name)))
+        value=bool(call.store.list_jobs(include_finished=False, keep_failed=True, name=request.name))
+    )
 
 
 def get_job(call: Call, request: job_pb2.JobGetJobRequest) -> job_pb2.JobGetJobResponse:
@@ -164,8 +170,9 @@ def _layers_pb(call: Call, job: Mapping[str, Any]) -> list[job_pb2.Layer]:
     for order, layer in enumerate(job["layers"]):
         running = counts.get(int(layer["id"]), {}).get("RUNNING", 0)
         reserved = (running * float(layer.get("cores") or 0.0), running * int(layer.get("gpus") or 0))
-        pb = convert.layer(layer, job_id=int(job["id"]), counts=counts.get(int(layer["id"]), {}), order=order,
-                           reserved=reserved)
+        pb = convert.layer(
+            layer, job_id=int(job["id"]), counts=counts.get(int(layer["id"]), {}), order=order, reserved=reserved
+        )
         pb.id = f"{job['id']}:{layer['id']}"
         out.append(pb)
     return out
@@ -208,15 +215,23 @@ def get_output_paths(call: Call, request: Any) -> job_pb2.LayerGetOutputPathsRes
 
 
 # -- frames -----------------------------------------------------------------------------------
-def _frames(call: Call, job_id: int, *, layer: str | None = None, state: str | None = None,
-            cap: int = MAX_FRAMES, changed_since: float | None = None) -> list[dict[str, Any]]:
+def _frames(
+    call: Call,
+    job_id: int,
+    *,
+    layer: str | None = None,
+    state: str | None = None,
+    cap: int = MAX_FRAMES,
+    changed_since: float | None = None,
+) -> list[dict[str, Any]]:
     """The job's frames in dispatch order, the first ``cap`` at most."""
     frames: list[dict[str, Any]] = []
     after = None
     while len(frames) < cap:
         want = min(10_000, cap - len(frames))
-        page, _total = call.store.list_frames(job=job_id, layer=layer, state=state, limit=want, after=after,
-                                              changed_since=changed_since)
+        page, _total = call.store.list_frames(
+            job=job_id, layer=layer, state=state, limit=want, after=after, changed_since=changed_since
+        )
         frames.extend(page)
         if len(page) < want:
             break
@@ -235,9 +250,14 @@ def _frame_filter(r: job_pb2.FrameSearchCriteria) -> Callable[[Mapping[str, Any]
     ids, names, layers = set(r.ids), set(r.frames), set(r.layers)
 
     def keep(f: Mapping[str, Any]) -> bool:
-        return ((not ids or str(f["id"]) in ids) and (not names or f["name"] in names)
-                and (not layers or f["layer"] in layers) and (not states or f["state"] in states)
-                and (numbers is None or f["number"] in numbers))
+        return (
+            (not ids or str(f["id"]) in ids)
+            and (not names or f["name"] in names)
+            and (not layers or f["layer"] in layers)
+            and (not states or f["state"] in states)
+            and (numbers is None or f["number"] in numbers)
+        )
+
     return keep
 
 
@@ -246,8 +266,12 @@ def _page_end(r: job_pb2.FrameSearchCriteria, only_layer: str | None, only_state
     ``only_state``) the page needs at most: its end when nothing else filters them, or
     every frame. CueGUI's first page of a 10,000-frame job reads 1,000, not 10,000."""
     others = len(r.ids) or len(r.frames) or r.frame_range or len(r.layers) > 1 or len(r.states.frame_states) > 1
-    if (others or (len(r.layers) == 1 and r.layers[0] != only_layer)
-            or (len(r.states.frame_states) == 1 and only_state is None) or min(r.offset, r.limit, r.max_results) < 0):
+    if (
+        others
+        or (len(r.layers) == 1 and r.layers[0] != only_layer)
+        or (len(r.states.frame_states) == 1 and only_state is None)
+        or min(r.offset, r.limit, r.max_results) < 0
+    ):
         return MAX_FRAMES
     if r.max_results or r.offset:
         return min(r.offset + (r.max_results or FRAME_PAGE), MAX_FRAMES)
@@ -258,29 +282,36 @@ def _page(frames: list[dict[str, Any]], r: job_pb2.FrameSearchCriteria) -> list[
     """Cuebot's paging: ``page`` from 1 with ``limit`` per page (default 1,000), or
     ``offset``/``max_results`` when given."""
     if r.max_results or r.offset:
-        return frames[r.offset:r.offset + (r.max_results or FRAME_PAGE)]
+        return frames[r.offset : r.offset + (r.max_results or FRAME_PAGE)]
     limit = r.limit or FRAME_PAGE
     page = max(r.page, 1)
-    return frames[(page - 1) * limit:page * limit]
+    return frames[(page - 1) * limit : page * limit]
 
 
 def frames_pb(call: Call, job: Mapping[str, Any], frames: Sequence[Mapping[str, Any]]) -> list[job_pb2.Frame]:
     layers = {str(layer["name"]): layer for layer in job.get("layers") or []}
-    bookings = {b["id"]: b for b in call.store.running_bookings()} if any(
-        f["state"] == "RUNNING" for f in frames) else {}
-    return [convert.frame(f, booking=bookings.get(f["id"]), layer_of=layers.get(str(f["layer"])), now=call.now)
-            for f in frames]
+    bookings = (
+        {b["id"]: b for b in call.store.running_bookings()} if any(f["state"] == "RUNNING" for f in frames) else {}
+    )
+    return [
+        convert.frame(f, booking=bookings.get(f["id"]), layer_of=layers.get(str(f["layer"])), now=call.now)
+        for f in frames
+    ]
 
 
-def _search_frames(call: Call, job_id: int, r: job_pb2.FrameSearchCriteria,
-                   layer: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _search_frames(
+    call: Call, job_id: int, r: job_pb2.FrameSearchCriteria, layer: str | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     job = call.store.get_job(job_id)
     only_layer = layer or (r.layers[0] if len(r.layers) == 1 else None)
     wanted = r.states.frame_states
     only_state = convert.STATE_NAMES.get(wanted[0]) if len(wanted) == 1 else None
     keep = _frame_filter(r)  # once, not once a frame
-    frames = [f for f in _frames(call, job_id, layer=only_layer, state=only_state,
-                                 cap=_page_end(r, only_layer, only_state)) if keep(f)]
+    frames = [
+        f
+        for f in _frames(call, job_id, layer=only_layer, state=only_state, cap=_page_end(r, only_layer, only_state))
+        if keep(f)
+    ]
     return job, _page(frames, r)
 
 
@@ -317,28 +348,37 @@ def find_frame(call: Call, request: job_pb2.FrameFindFrameRequest) -> job_pb2.Fr
     return get_frame(call, job_pb2.FrameGetFrameRequest(id=str(frame_id)))
 
 
-def get_updated_frames(call: Call, request: job_pb2.JobGetUpdatedFramesRequest
-                       ) -> job_pb2.JobGetUpdatedFramesResponse:
+def get_updated_frames(call: Call, request: job_pb2.JobGetUpdatedFramesRequest) -> job_pb2.JobGetUpdatedFramesResponse:
     """Frames that started, ended or went back to waiting since ``last_check``, and every
     running one (its memory and GPU use change all the time): CueGUI's frame view polls
     this between full reads. The store selects them (``list_frames(changed_since=)``), so a
     poll of a big job with little happening reads little."""
     job_record = _one_job(call, _job_id(request.job.id))
     layers = {layer.name for layer in request.layer_filter.layers}
-    changed = [f for f in _frames(call, int(job_record["id"]), changed_since=float(request.last_check))
-               if not layers or f["layer"] in layers]
+    changed = [
+        f
+        for f in _frames(call, int(job_record["id"]), changed_since=float(request.last_check))
+        if not layers or f["layer"] in layers
+    ]
     bookings = {b["id"]: b for b in call.store.running_bookings()} if changed else {}
     updated = [convert.updated_frame(f, bookings.get(f["id"])) for f in changed]
-    return job_pb2.JobGetUpdatedFramesResponse(state=convert.job_state(job_record), server_time=int(call.now),
-                                               updated_frames=job_pb2.UpdatedFrameSeq(updated_frames=updated))
+    return job_pb2.JobGetUpdatedFramesResponse(
+        state=convert.job_state(job_record),
+        server_time=int(call.now),
+        updated_frames=job_pb2.UpdatedFrameSeq(updated_frames=updated),
+    )
 
 
 # -- dependencies --------------------------------------------------------------------------------
-def _depends(call: Call, job_id: int, *, waits: bool, layer: str | None = None,
-             number: int | None = None) -> depend_pb2.DependSeq:
+def _depends(
+    call: Call, job_id: int, *, waits: bool, layer: str | None = None, number: int | None = None
+) -> depend_pb2.DependSeq:
     lists = call.store.list_depends(job_id)
-    rows = lists["depends"] if waits else lists["dependents"] + [
-        d for d in lists["depends"] if (d.get("on_job") or {}).get("id") == job_id]
+    rows = (
+        lists["depends"]
+        if waits
+        else lists["dependents"] + [d for d in lists["depends"] if (d.get("on_job") or {}).get("id") == job_id]
+    )
     key, frame_key = ("layer", "frame") if waits else ("on_layer", "on_frame")
     if not waits:
         rows = [d for d in rows if (d.get("on_job") or {}).get("id") == job_id]
@@ -364,25 +404,31 @@ def job_get_depends(call: Call, request: Any) -> Any:
 def layer_depends_on(call: Call, request: Any) -> Any:
     job, layer = _layer(call, request.layer.id)
     return job_pb2.LayerGetWhatThisDependsOnResponse(
-        depends=_depends(call, int(job["id"]), waits=True, layer=str(layer["name"])))
+        depends=_depends(call, int(job["id"]), waits=True, layer=str(layer["name"]))
+    )
 
 
 def layer_dependents(call: Call, request: Any) -> Any:
     job, layer = _layer(call, request.layer.id)
     return job_pb2.LayerGetWhatDependsOnThisResponse(
-        depends=_depends(call, int(job["id"]), waits=False, layer=str(layer["name"])))
+        depends=_depends(call, int(job["id"]), waits=False, layer=str(layer["name"]))
+    )
 
 
 def frame_depends_on(call: Call, request: Any) -> Any:
     _, frame = _frame(call, request.frame.id)
-    return job_pb2.FrameGetWhatThisDependsOnResponse(depends=_depends(
-        call, int(frame["job_id"]), waits=True, layer=str(frame["layer"]), number=int(frame["number"])))
+    return job_pb2.FrameGetWhatThisDependsOnResponse(
+        depends=_depends(call, int(frame["job_id"]), waits=True, layer=str(frame["layer"]), number=int(frame["number"]))
+    )
 
 
 def frame_dependents(call: Call, request: Any) -> Any:
     _, frame = _frame(call, request.frame.id)
-    return job_pb2.FrameGetWhatDependsOnThisResponse(depends=_depends(
-        call, int(frame["job_id"]), waits=False, layer=str(frame["layer"]), number=int(frame["number"])))
+    return job_pb2.FrameGetWhatDependsOnThisResponse(
+        depends=_depends(
+            call, int(frame["job_id"]), waits=False, layer=str(frame["layer"]), number=int(frame["number"])
+        )
+    )
 
 
 def _drop(call: Call, job: Mapping[str, Any], layer: str | None = None, number: int | None = None) -> None:
@@ -390,8 +436,11 @@ def _drop(call: Call, job: Mapping[str, Any], layer: str | None = None, number: 
     MarkAsWaiting (a DEPEND frame waits no longer)."""
     ids = None
     if layer is not None:
-        ids = [int(d["id"]) for d in call.store.list_depends(int(job["id"]))["depends"]
-               if d.get("layer") in (None, layer) and (number is None or d.get("frame") in (None, number))]
+        ids = [
+            int(d["id"])
+            for d in call.store.list_depends(int(job["id"]))["depends"]
+            if d.get("layer") in (None, layer) and (number is None or d.get("frame") in (None, number))
+        ]
     with call.acting(owner=str(job["user"])) as store:
         if ids == []:  # nothing to drop: still the owner's or an admin's to ask
             owner_only(store, job)
@@ -455,31 +504,33 @@ def _frames_action(call: Call, job: Mapping[str, Any], ids: list[int], action: s
         if not ids:  # nothing matched: still the owner's or an admin's to ask, never an empty success
             owner_only(store, job)
         for start in range(0, len(ids), 1000):
-            store.frames_action(ids[start:start + 1000], action, now=call.now)
+            store.frames_action(ids[start : start + 1000], action, now=call.now)
 
 
-def _searched_ids(call: Call, job_pb: job_pb2.Job, r: job_pb2.FrameSearchCriteria, *,
-                  running_only: bool = False) -> tuple[dict[str, Any], list[int]]:
+def _searched_ids(
+    call: Call, job_pb: job_pb2.Job, r: job_pb2.FrameSearchCriteria, *, running_only: bool = False
+) -> tuple[dict[str, Any], list[int]]:
     """The job's frames the search matches; ``running_only``: of those, the running ones
     (Cuebot's KillFrames kills the procs of the matched frames: a waiting frame has none)."""
     job = _one_job(call, _job_id(job_pb.id))
     keep = _frame_filter(r)
-    return job, [int(f["id"]) for f in _frames(call, int(job["id"]))
-                 if keep(f) and (not running_only or f["state"] == "RUNNING")]
+    return job, [
+        int(f["id"]) for f in _frames(call, int(job["id"])) if keep(f) and (not running_only or f["state"] == "RUNNING")
+    ]
 
 
 #: The frames each action applies to, as Cuebot picks them (retry: DEAD and EATEN ones
 #: unless the search names states; kill: running ones; eat: any not done).
-_ACTION_STATES = {"retry": {"DEAD", "EATEN", "SUCCEEDED", "WAITING", "DEPEND"},
-                  "kill": {"RUNNING"}, "eat": {"WAITING", "DEPEND", "DEAD", "RUNNING"}}
+_ACTION_STATES = {
+    "retry": {"DEAD", "EATEN", "SUCCEEDED", "WAITING", "DEPEND"},
+    "kill": {"RUNNING"},
+    "eat": {"WAITING", "DEPEND", "DEAD", "RUNNING"},
+}
 
 
 def _job_frames_action(call: Call, request: Any, action: str, claimed: str = "") -> None:
     job, ids = _searched_ids(call, request.job, request.req, running_only=action == "kill")
     _frames_action(call, job, ids, action, claimed)
-
-
-
 
 
 def _layer_action(call: Call, request: Any, action: str, claimed: str = "") -> None:
@@ -489,18 +540,12 @@ def _layer_action(call: Call, request: Any, action: str, claimed: str = "") -> N
     _frames_action(call, job, ids, action, claimed)
 
 
-
-
-
 def _frame_action(call: Call, request: Any, action: str, claimed: str = "") -> None:
     job, frame = _frame(call, request.frame.id)
     # Cuebot kills a frame's proc: a frame not running has none, and stays as it is
     # (asked by its owner or an admin all the same: _frames_action with nothing to change).
     ids = [] if action == "kill" and frame["state"] != "RUNNING" else [int(frame["id"])]
     _frames_action(call, job, ids, action, claimed)
-
-
-
 
 
 # -- submitting --------------------------------------------------------------------------------------
@@ -512,8 +557,14 @@ def _launch(call: Call, spec: str) -> list[int]:
             pass
     user = call.user if call.who.via == "kernel" else opencue_xml.spec_user(spec)
     with call.acting(claimed=user) as store:
-        return opencue_xml.import_and_submit(store, spec, source="LaunchSpec", user=user, now=call.now,
-                                             warn=lambda text: log.warning("%s (submitted by %s)", text, user))
+        return opencue_xml.import_and_submit(
+            store,
+            spec,
+            source="LaunchSpec",
+            user=user,
+            now=call.now,
+            warn=lambda text: log.warning("%s (submitted by %s)", text, user),
+        )
 
 
 def launch_spec(call: Call, request: job_pb2.JobLaunchSpecRequest) -> job_pb2.JobLaunchSpecResponse:
@@ -618,44 +669,72 @@ def group_get_groups(call: Call, request: Any) -> Any:
     return job_pb2.GroupGetGroupsResponse(groups=job_pb2.GroupSeq())  # no subgroups
 
 
-def _frames_method(action: str, scope: Callable[..., None], response: Callable[[], Any],
-                   claims: bool = False) -> Callable[[Call, Any], Any]:
+def _frames_method(
+    action: str, scope: Callable[..., None], response: Callable[[], Any], claims: bool = False
+) -> Callable[[Call, Any], Any]:
     """A retry/eat/kill method over ``scope``'s frames (a job's search, a layer's, one
     frame); ``claims``: the request carries a user name (OpenCue's kill requests do)."""
+
     def method(call: Call, request: Any) -> Any:
         scope(call, request, action, request.username if claims else "")
         return response()
+
     return method
 
 
 METHODS: dict[str, Callable[[Call, Any], Any]] = {
-    JOB + "GetJobs": get_jobs, JOB + "GetJobNames": get_job_names, JOB + "FindJob": find_job,
-    JOB + "GetJob": get_job, JOB + "GetCurrent": get_current, JOB + "IsJobPending": is_job_pending,
-    JOB + "GetLayers": get_layers, JOB + "GetFrames": job_get_frames, JOB + "GetUpdatedFrames": get_updated_frames,
-    JOB + "GetWhatThisDependsOn": job_depends_on, JOB + "GetWhatDependsOnThis": job_dependents,
-    JOB + "GetDepends": job_get_depends, JOB + "DropDepends": job_drop_depends, JOB + "GetComments": get_comments,
-    JOB + "LaunchSpec": launch_spec, JOB + "LaunchSpecAndWait": launch_spec_and_wait,
-    JOB + "Pause": pause, JOB + "Resume": resume, JOB + "Kill": kill, JOB + "SetPriority": set_priority,
+    JOB + "GetJobs": get_jobs,
+    JOB + "GetJobNames": get_job_names,
+    JOB + "FindJob": find_job,
+    JOB + "GetJob": get_job,
+    JOB + "GetCurrent": get_current,
+    JOB + "IsJobPending": is_job_pending,
+    JOB + "GetLayers": get_layers,
+    JOB + "GetFrames": job_get_frames,
+    JOB + "GetUpdatedFrames": get_updated_frames,
+    JOB + "GetWhatThisDependsOn": job_depends_on,
+    JOB + "GetWhatDependsOnThis": job_dependents,
+    JOB + "GetDepends": job_get_depends,
+    JOB + "DropDepends": job_drop_depends,
+    JOB + "GetComments": get_comments,
+    JOB + "LaunchSpec": launch_spec,
+    JOB + "LaunchSpecAndWait": launch_spec_and_wait,
+    JOB + "Pause": pause,
+    JOB + "Resume": resume,
+    JOB + "Kill": kill,
+    JOB + "SetPriority": set_priority,
     JOB + "RetryFrames": _frames_method("retry", _job_frames_action, job_pb2.JobRetryFramesResponse),
     JOB + "EatFrames": _frames_method("eat", _job_frames_action, job_pb2.JobEatFramesResponse),
     JOB + "KillFrames": _frames_method("kill", _job_frames_action, job_pb2.JobKillFramesResponse, claims=True),
-    LAYER + "GetLayer": get_layer, LAYER + "FindLayer": find_layer, LAYER + "GetFrames": layer_get_frames,
+    LAYER + "GetLayer": get_layer,
+    LAYER + "FindLayer": find_layer,
+    LAYER + "GetFrames": layer_get_frames,
     LAYER + "GetOutputPaths": get_output_paths,
-    LAYER + "GetWhatThisDependsOn": layer_depends_on, LAYER + "GetWhatDependsOnThis": layer_dependents,
+    LAYER + "GetWhatThisDependsOn": layer_depends_on,
+    LAYER + "GetWhatDependsOnThis": layer_dependents,
     LAYER + "DropDepends": layer_drop_depends,
     LAYER + "RetryFrames": _frames_method("retry", _layer_action, job_pb2.LayerRetryFramesResponse),
     LAYER + "EatFrames": _frames_method("eat", _layer_action, job_pb2.LayerEatFramesResponse),
     LAYER + "KillFrames": _frames_method("kill", _layer_action, job_pb2.LayerKillFramesResponse, claims=True),
-    FRAME + "GetFrame": get_frame, FRAME + "FindFrame": find_frame, FRAME + "GetFrames": frame_get_frames,
+    FRAME + "GetFrame": get_frame,
+    FRAME + "FindFrame": find_frame,
+    FRAME + "GetFrames": frame_get_frames,
     FRAME + "Retry": _frames_method("retry", _frame_action, job_pb2.FrameRetryResponse),
     FRAME + "Eat": _frames_method("eat", _frame_action, job_pb2.FrameEatResponse),
     FRAME + "Kill": _frames_method("kill", _frame_action, job_pb2.FrameKillResponse, claims=True),
     FRAME + "MarkAsWaiting": frame_mark_as_waiting,
-    FRAME + "GetWhatThisDependsOn": frame_depends_on, FRAME + "GetWhatDependsOnThis": frame_dependents,
+    FRAME + "GetWhatThisDependsOn": frame_depends_on,
+    FRAME + "GetWhatDependsOnThis": frame_dependents,
     FRAME + "DropDepends": frame_drop_depends,
-    GROUP + "GetGroup": get_group, GROUP + "FindGroup": find_group, GROUP + "GetJobs": group_get_jobs,
+    GROUP + "GetGroup": get_group,
+    GROUP + "FindGroup": find_group,
+    GROUP + "GetJobs": group_get_jobs,
     GROUP + "GetGroups": group_get_groups,
-    SHOW + "GetShows": get_shows, SHOW + "GetActiveShows": get_active_shows, SHOW + "FindShow": find_show,
-    SHOW + "GetRootGroup": get_root_group, SHOW + "GetGroups": show_get_groups, SHOW + "GetJobs": show_get_jobs,
+    SHOW + "GetShows": get_shows,
+    SHOW + "GetActiveShows": get_active_shows,
+    SHOW + "FindShow": find_show,
+    SHOW + "GetRootGroup": get_root_group,
+    SHOW + "GetGroups": show_get_groups,
+    SHOW + "GetJobs": show_get_jobs,
     SHOW + "GetJobWhiteboard": get_whiteboard,
 }

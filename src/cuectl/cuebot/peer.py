@@ -146,8 +146,9 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def socket_owner(client: tuple[str, int], server: tuple[str | None, int],
-                 proc_root: Path = Path("/proc")) -> int | None:
+def socket_owner(
+    client: tuple[str, int], server: tuple[str | None, int], proc_root: Path = Path("/proc")
+) -> int | None:
     """The uid owning the ESTABLISHED TCP socket whose local end is ``client`` and whose
     remote end is ``server``: the client's end of the connection, not the server's
     accepted socket (which has the two swapped). ``server``'s host may be None when the
@@ -200,8 +201,12 @@ def _server_ends(client: IPAddress, client_port: int, server_port: int, proc_roo
             if wanted not in line:
                 continue
             fields = line.split()
-            if (len(fields) > _UID_COLUMN and fields[2] == wanted and fields[3] == _ESTABLISHED
-                    and fields[1].rpartition(":")[2] == f"{server_port:04X}"):
+            if (
+                len(fields) > _UID_COLUMN
+                and fields[2] == wanted
+                and fields[3] == _ESTABLISHED
+                and fields[1].rpartition(":")[2] == f"{server_port:04X}"
+            ):
                 count += 1
     return count
 
@@ -217,6 +222,7 @@ def peer_uid(peer: str, server: tuple[str | None, int], proc_root: Path = Path("
 
 
 # -- the exact lookup: NETLINK_SOCK_DIAG ---------------------------------------------------
+
 
 def _netlink_owner(local: IPAddress, local_port: int, remote: IPAddress, remote_port: int) -> int | None:
     """The uid owning the ESTABLISHED TCP socket whose local end is ``local``:``local_port``
@@ -255,8 +261,10 @@ def _netlink_query(family: int, src: IPAddress, sport: int, dst: IPAddress, dpor
     ``sport``, remote ``dst``:``dport``, in ``family``'s spelling), checked to be that socket;
     None when the kernel has none (ENOENT). Raises OSError for anything else."""
     seq = next(_sequence) & 0xFFFFFFFF
-    request = (_REQ.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_ESTABLISHED)  # states: ignored by an exact lookup
-               + _sockid(src, sport, dst, dport))
+    request = (
+        _REQ.pack(family, socket.IPPROTO_TCP, 0, 0, 1 << _TCP_ESTABLISHED)  # states: ignored by an exact lookup
+        + _sockid(src, sport, dst, dport)
+    )
     header = _NLMSGHDR.pack(_NLMSGHDR.size + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, seq, 0)
     return _parse_reply(_netlink_exchange(header + request), seq, src, sport, dst, dport)
 
@@ -280,12 +288,17 @@ def _netlink_exchange(message: bytes) -> bytes:
 
 def _sockid(src: IPAddress, sport: int, dst: IPAddress, dport: int) -> bytes:
     # An IPv4 address is the first word of the 16 bytes, the rest zero (as the kernel fills it).
-    return (_SOCKID_PORTS.pack(sport, dport) + src.packed.ljust(16, b"\0") + dst.packed.ljust(16, b"\0")
-            + _SOCKID_TAIL.pack(0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE))  # any interface, any cookie
+    return (
+        _SOCKID_PORTS.pack(sport, dport)
+        + src.packed.ljust(16, b"\0")
+        + dst.packed.ljust(16, b"\0")
+        + _SOCKID_TAIL.pack(0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
+    )  # any interface, any cookie
 
 
-def _parse_reply(data: bytes, seq: int, src: IPAddress, sport: int, dst: IPAddress,
-                 dport: int) -> tuple[int, int] | None:
+def _parse_reply(
+    data: bytes, seq: int, src: IPAddress, sport: int, dst: IPAddress, dport: int
+) -> tuple[int, int] | None:
     """The one message of an exact lookup's reply, an inet_diag_msg or an error, as (state,
     uid); None for ENOENT, and for the lookup's own fallback when no connection fits (a socket
     listening on the asked local end). Every length is checked before it is read: what does
@@ -297,7 +310,7 @@ def _parse_reply(data: bytes, seq: int, src: IPAddress, sport: int, dst: IPAddre
         raise _malformed("bad length")
     if reply_seq != seq:
         raise _malformed("another request's reply")
-    body = data[_NLMSGHDR.size:length]
+    body = data[_NLMSGHDR.size : length]
     if kind == _NLMSG_ERROR:
         if len(body) < _NLMSGERR.size:
             raise _malformed("short error")
@@ -311,7 +324,7 @@ def _parse_reply(data: bytes, seq: int, src: IPAddress, sport: int, dst: IPAddre
     offset = _MSG_HEAD.size
     got_sport, got_dport = _SOCKID_PORTS.unpack_from(body, offset)
     offset += _SOCKID_PORTS.size
-    got_src, got_dst = body[offset:offset + 16], body[offset + 16:offset + 32]
+    got_src, got_dst = body[offset : offset + 16], body[offset + 16 : offset + 32]
     uid = _MSG_TAIL.unpack_from(body, _MSG_HEAD.size + _SOCKID_LEN)[3]
     # The socket found may be of the other family than asked (an AF_INET6 socket connected to a
     # v4-mapped address answers an AF_INET request): compare the addresses as one spelling.
@@ -335,8 +348,10 @@ def _malformed(why: str) -> OSError:
 
 # -- the tables: /proc/net/tcp{,6} ----------------------------------------------------------
 
-def _table_owners(local: IPAddress, local_port: int, remote: IPAddress | None, remote_port: int,
-                  proc_root: Path) -> int | None:
+
+def _table_owners(
+    local: IPAddress, local_port: int, remote: IPAddress | None, remote_port: int, proc_root: Path
+) -> int | None:
     """``socket_owner`` from the tables under ``proc_root``: every fitting ESTABLISHED row."""
     uids: set[int] = set()
     for table, local_ip, remote_ip in _tables(local, remote):
@@ -344,8 +359,12 @@ def _table_owners(local: IPAddress, local_port: int, remote: IPAddress | None, r
             text = (proc_root / "net" / table).read_text()
         except OSError:
             continue  # a kernel without IPv6 has no tcp6
-        uids |= _owners(text, f"{_proc_hex(local_ip)}:{local_port:04X}",
-                        None if remote_ip is None else _proc_hex(remote_ip), f"{remote_port:04X}")
+        uids |= _owners(
+            text,
+            f"{_proc_hex(local_ip)}:{local_port:04X}",
+            None if remote_ip is None else _proc_hex(remote_ip),
+            f"{remote_port:04X}",
+        )
         if uids and remote is not None:
             # Both ends pinned: the kernel keeps a connection's four values unique across IPv4
             # and v4-mapped IPv6 sockets (one connection table), so the other table holds no
@@ -355,6 +374,7 @@ def _table_owners(local: IPAddress, local_port: int, remote: IPAddress | None, r
 
 
 # -- helpers ------------------------------------------------------------------------------
+
 
 def _port(text: str) -> int | None:
     # int() would also take " 5", "+5", "5_0" and non-ASCII digits: a peer string has none.
@@ -389,8 +409,7 @@ def _tables(local: IPAddress, remote: IPAddress | None) -> list[tuple[str, IPAdd
     behind the first (the ambiguity rule in the module's docstring)."""
     if isinstance(local, ipaddress.IPv6Address):
         return [("tcp6", local, remote)]
-    return [("tcp", local, remote),
-            ("tcp6", _mapped(local), None if remote is None else _mapped(remote))]
+    return [("tcp", local, remote), ("tcp6", _mapped(local), None if remote is None else _mapped(remote))]
 
 
 def _mapped(address: IPAddress) -> ipaddress.IPv6Address:

@@ -56,8 +56,9 @@ def parse_address(text: str) -> tuple[str, int]:
     try:
         ipaddress.ip_address(host)
     except ValueError:
-        raise InvalidInput(f"--opencue: {host!r} is not an IP address (name the address to bind, "
-                           "e.g. 127.0.0.1 or 0.0.0.0)") from None
+        raise InvalidInput(
+            f"--opencue: {host!r} is not an IP address (name the address to bind, e.g. 127.0.0.1 or 0.0.0.0)"
+        ) from None
     return host, int(port_text)
 
 
@@ -85,7 +86,8 @@ def _all_methods() -> dict[str, tuple[Any, Any]]:
             for method in service.methods:
                 table[f"/{service.full_name}/{method.name}"] = (
                     message_factory.GetMessageClass(method.input_type),
-                    message_factory.GetMessageClass(method.output_type))
+                    message_factory.GetMessageClass(method.output_type),
+                )
     return table
 
 
@@ -116,8 +118,13 @@ def status_of(exc: CuectlError) -> grpc.StatusCode:
 class Dispatcher(grpc.GenericRpcHandler):
     """Routes every method path of OpenCue's services: identify, run, map errors."""
 
-    def __init__(self, settings: Settings, bound: tuple[str, int], handlers: Mapping[str, Handler] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        bound: tuple[str, int],
+        handlers: Mapping[str, Handler] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._settings = settings
         self._bound = bound
         self._pool = StorePool(settings.db_url, busy_timeout_s=settings.busy_timeout_s)
@@ -144,20 +151,24 @@ class Dispatcher(grpc.GenericRpcHandler):
         def run(request: Any, context: grpc.ServicerContext) -> Any:
             return self._run(path, handler, request, context)
 
-        return grpc.unary_unary_rpc_method_handler(run, request_deserializer=request_class.FromString,
-                                                   response_serializer=response_class.SerializeToString)
+        return grpc.unary_unary_rpc_method_handler(
+            run, request_deserializer=request_class.FromString, response_serializer=response_class.SerializeToString
+        )
 
     def _run(self, path: str, handler: Handler | None, request: Any, context: grpc.ServicerContext) -> Any:
         name = path.strip("/")
         try:
             if handler is None:
-                raise Refused(grpc.StatusCode.UNIMPLEMENTED,
-                              f"cuectl does not implement {name} (docs/opencue-grpc.md lists what it does)")
+                raise Refused(
+                    grpc.StatusCode.UNIMPLEMENTED,
+                    f"cuectl does not implement {name} (docs/opencue-grpc.md lists what it does)",
+                )
             store = self._pool.get()
             call = Call(store=store, who=self._identify(context, store), now=self._clock())
             if is_read(path):
-                return self._cache.get(path, request.SerializeToString(deterministic=True),
-                                       lambda: handler(call, request))
+                return self._cache.get(
+                    path, request.SerializeToString(deterministic=True), lambda: handler(call, request)
+                )
             answer = handler(call, request)
             self._cache.clear()  # a change: no client may read the state from before it
             return answer
@@ -179,17 +190,21 @@ class Dispatcher(grpc.GenericRpcHandler):
             host = None if self._bound[0] in ("0.0.0.0", "::") else self._bound[0]
             uid = peer.socket_owner(address, (host, self._bound[1]))
             if uid is None:
-                raise Refused(grpc.StatusCode.UNAUTHENTICATED,
-                              "cannot prove who is calling: no local socket of this connection was found "
-                              "(a name the client sends is never taken on its own)")
+                raise Refused(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    "cannot prove who is calling: no local socket of this connection was found "
+                    "(a name the client sends is never taken on its own)",
+                )
             if uid == _overflow_uid():
                 # One uid for every user unmapped in this server's user namespace (peer.py):
                 # taken for a person, they would all be one, and the admin where the store's
                 # file is unmapped too (it reads as the same uid).
-                raise Refused(grpc.StatusCode.UNAUTHENTICATED,
-                              f"cannot tell who is calling: the kernel shows the caller as uid {uid}, the overflow "
-                              "uid of users with no mapping in this server's user namespace (or nobody), which "
-                              "names no one in particular")
+                raise Refused(
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    f"cannot tell who is calling: the kernel shows the caller as uid {uid}, the overflow "
+                    "uid of users with no mapping in this server's user namespace (or nobody), which "
+                    "names no one in particular",
+                )
             principal = peer_principal(uid, store)
             return Principal(principal.user, principal.role, PROVEN)
         client = ipaddress.ip_address(address[0])
@@ -212,8 +227,10 @@ def build_server(settings: Settings, address: str) -> tuple[grpc.Server, Dispatc
     """A started-ready (not started) server bound to ``address``; returns it, its
     dispatcher and the bound port (``:0``: the kernel's choice)."""
     host, port = parse_address(address)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="cuebot"),
-                         options=[("grpc.so_reuseport", 0)])
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=settings.threads, thread_name_prefix="cuebot"),
+        options=[("grpc.so_reuseport", 0)],
+    )
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = server.add_insecure_port(target)
     if not bound:

@@ -40,8 +40,21 @@ BACKEND_NAMES = ("nvml", "smi", "apple", "amd", "fake")
 #: The order ``auto`` tries the real backends in; smi only runs when nvml found no GPU.
 AUTO_ORDER = ("nvml", "smi", "amd", "apple")
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendStatus", "Device", "DeviceSample", "Discovery", "ProcessSample",
-           "VENDORS", "discover", "fake_host_name", "get_backend", "normalize_pci_bus_id", "normalize_vendor"]
+__all__ = [
+    "BACKEND_NAMES",
+    "Backend",
+    "BackendStatus",
+    "Device",
+    "DeviceSample",
+    "Discovery",
+    "ProcessSample",
+    "VENDORS",
+    "discover",
+    "fake_host_name",
+    "get_backend",
+    "normalize_pci_bus_id",
+    "normalize_vendor",
+]
 
 
 def _check_name(name: str, *, allow_auto: bool) -> str:
@@ -73,8 +86,10 @@ def get_backend(name: str, *, fake_file: str | Path | None = None) -> Backend:
         return AmdBackend()
     path = fake_file if fake_file is not None else config.fake_gpus_file()
     if not path:
-        raise InvalidInput("the fake backend needs a device file",
-                           hint="set CUECTL_FAKE_GPUS=FILE (see docs/gpu-setup.md for its format)")
+        raise InvalidInput(
+            "the fake backend needs a device file",
+            hint="set CUECTL_FAKE_GPUS=FILE (see docs/gpu-setup.md for its format)",
+        )
     from cuectl.gpu.fake import FakeBackend
 
     return FakeBackend(path)
@@ -175,8 +190,9 @@ def _try(backend: Backend) -> tuple[list[Device], BackendStatus]:
     return devices, BackendStatus(backend.name, ok=True)
 
 
-def discover(backend: str = "auto", *, fake_file: str | Path | None = None,
-             make_backend: Callable[[str], Backend] | None = None) -> Discovery:
+def discover(
+    backend: str = "auto", *, fake_file: str | Path | None = None, make_backend: Callable[[str], Backend] | None = None
+) -> Discovery:
     """Find this host's GPUs.
 
     ``auto``: the fake file when one is given or configured (and only it); otherwise nvml,

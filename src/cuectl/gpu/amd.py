@@ -51,8 +51,16 @@ AMD_VENDOR_ID = "0x1002"
 INSTALL_HINT = "install ROCm (it ships amd-smi and rocm-smi) and the amdgpu kernel driver"
 DEFAULT_SYSFS_ROOT = Path("/sys/class/drm")
 DEFAULT_PROC_ROOT = Path("/proc")
-ROCM_SMI_DISCOVER_ARGS = ("--showproductname", "--showuniqueid", "--showbus", "--showmeminfo", "vram",
-                          "--showuse", "--showdriverversion", "--json")
+ROCM_SMI_DISCOVER_ARGS = (
+    "--showproductname",
+    "--showuniqueid",
+    "--showbus",
+    "--showmeminfo",
+    "vram",
+    "--showuse",
+    "--showdriverversion",
+    "--json",
+)
 ROCM_SMI_SAMPLE_ARGS = ("--showuse", "--showmeminfo", "vram", "--json")
 AMD_SMI_DISCOVER_ARGS = ("static", "--json")
 AMD_SMI_SAMPLE_ARGS = ("metric", "--usage", "--mem-usage", "--json")
@@ -143,15 +151,28 @@ def parse_rocm_smi(text: str) -> list[Device]:
         used = parse_bytes(lookup(card, "VRAM Total Used Memory (B)"), default_unit="B")
         # MI250's second die reports its power as "N/A (Secondary die)": same card, own device.
         power = str(lookup(card, "Average Graphics Package Power (W)") or "")
-        devices.append(Device(
-            index=pos, uuid=amd_uuid(lookup(card, "Unique ID"), bus, key), vendor="AMD",
-            model=amd_model(series, lookup(card, "Device Name"), device_id=device_id), backend="amd",
-            memory_total_bytes=total, memory_free_bytes=free_bytes(total, used),
-            utilization_pct=clamp_pct(parse_float(lookup(card, "GPU use (%)"))), pci_bus_id=bus,
-            driver_version=driver,
-            compute_capability=clean(lookup(card, "GFX Version")),
-            attributes={"vendor_index": pos, "card": key, "source": "rocm-smi",
-                        "product_name_raw": clean(series), "secondary_die": "secondary die" in power.lower()}))
+        devices.append(
+            Device(
+                index=pos,
+                uuid=amd_uuid(lookup(card, "Unique ID"), bus, key),
+                vendor="AMD",
+                model=amd_model(series, lookup(card, "Device Name"), device_id=device_id),
+                backend="amd",
+                memory_total_bytes=total,
+                memory_free_bytes=free_bytes(total, used),
+                utilization_pct=clamp_pct(parse_float(lookup(card, "GPU use (%)"))),
+                pci_bus_id=bus,
+                driver_version=driver,
+                compute_capability=clean(lookup(card, "GFX Version")),
+                attributes={
+                    "vendor_index": pos,
+                    "card": key,
+                    "source": "rocm-smi",
+                    "product_name_raw": clean(series),
+                    "secondary_die": "secondary die" in power.lower(),
+                },
+            )
+        )
     return devices
 
 
@@ -159,9 +180,11 @@ def parse_rocm_smi_sample(text: str) -> dict[str, tuple[float | None, int | None
     """card key -> (utilisation %, VRAM used, VRAM total) of ``rocm-smi --showuse --showmeminfo vram``."""
     out = {}
     for key, card in _card_items(extract_json(text, "rocm-smi")):
-        out[key] = (clamp_pct(parse_float(lookup(card, "GPU use (%)"))),
-                    parse_bytes(lookup(card, "VRAM Total Used Memory (B)"), default_unit="B"),
-                    parse_bytes(lookup(card, "VRAM Total Memory (B)"), default_unit="B"))
+        out[key] = (
+            clamp_pct(parse_float(lookup(card, "GPU use (%)"))),
+            parse_bytes(lookup(card, "VRAM Total Used Memory (B)"), default_unit="B"),
+            parse_bytes(lookup(card, "VRAM Total Memory (B)"), default_unit="B"),
+        )
     return out
 
 
@@ -172,7 +195,7 @@ def _amd_smi_list(data: Any) -> list[Mapping[str, Any]]:
     if isinstance(data, dict):
         data = lookup(data, "gpu_data")
     if not isinstance(data, list):
-        raise BackendOutputError("amd-smi: expected a JSON list of GPUs (or {\"gpu_data\": [...]})")
+        raise BackendOutputError('amd-smi: expected a JSON list of GPUs (or {"gpu_data": [...]})')
     return [e for e in data if isinstance(e, dict)]
 
 
@@ -205,14 +228,26 @@ def parse_amd_smi_static(text: str) -> list[Device]:
         pci = normalize_pci_bus_id(clean(lookup(bus, "bdf")))
         total = parse_bytes(_amd_value(lookup(vram, "size"), "MiB"), default_unit="MiB")
         market = lookup(asic, "market_name")
-        devices.append(Device(
-            index=index, uuid=amd_uuid(lookup(asic, "asic_serial"), pci, f"gpu{index}"), vendor="AMD",
-            model=amd_model(market, device_id=lookup(asic, "device_id")), backend="amd",
-            memory_total_bytes=total, memory_free_bytes=None, pci_bus_id=pci,
-            driver_version=clean(lookup(driver, "version")),
-            compute_capability=clean(lookup(asic, "target_graphics_version")),
-            attributes={"vendor_index": index, "gpu": index, "source": "amd-smi",
-                        "product_name_raw": clean(market)}))
+        devices.append(
+            Device(
+                index=index,
+                uuid=amd_uuid(lookup(asic, "asic_serial"), pci, f"gpu{index}"),
+                vendor="AMD",
+                model=amd_model(market, device_id=lookup(asic, "device_id")),
+                backend="amd",
+                memory_total_bytes=total,
+                memory_free_bytes=None,
+                pci_bus_id=pci,
+                driver_version=clean(lookup(driver, "version")),
+                compute_capability=clean(lookup(asic, "target_graphics_version")),
+                attributes={
+                    "vendor_index": index,
+                    "gpu": index,
+                    "source": "amd-smi",
+                    "product_name_raw": clean(market),
+                },
+            )
+        )
     return devices
 
 
@@ -228,7 +263,10 @@ def parse_amd_smi_metric(text: str) -> dict[int, tuple[float | None, int | None,
 
         out[int(gpu) if gpu is not None else pos] = (
             clamp_pct(parse_float(_amd_value(lookup(usage, "gfx_activity")))),
-            size("used_vram"), size("free_vram"), size("total_vram"))
+            size("used_vram"),
+            size("free_vram"),
+            size("total_vram"),
+        )
     return out
 
 
@@ -264,13 +302,20 @@ def read_sysfs(root: Path = DEFAULT_SYSFS_ROOT) -> list[Device]:
         used = parse_bytes(_read(dev / "mem_info_vram_used"), default_unit="B")
         device_id = _read(dev / "device")
         pos = len(devices)
-        devices.append(Device(
-            index=pos, uuid=amd_uuid(_read(dev / "unique_id"), pci, card.name), vendor="AMD",
-            model=amd_model(_read(dev / "product_name"), device_id=device_id), backend="amd",
-            memory_total_bytes=total, memory_free_bytes=free_bytes(total, used),
-            utilization_pct=clamp_pct(parse_float(_read(dev / "gpu_busy_percent"))), pci_bus_id=pci,
-            attributes={"vendor_index": pos, "card": card.name, "source": "sysfs",
-                        "driver": uevent.get("DRIVER")}))
+        devices.append(
+            Device(
+                index=pos,
+                uuid=amd_uuid(_read(dev / "unique_id"), pci, card.name),
+                vendor="AMD",
+                model=amd_model(_read(dev / "product_name"), device_id=device_id),
+                backend="amd",
+                memory_total_bytes=total,
+                memory_free_bytes=free_bytes(total, used),
+                utilization_pct=clamp_pct(parse_float(_read(dev / "gpu_busy_percent"))),
+                pci_bus_id=pci,
+                attributes={"vendor_index": pos, "card": card.name, "source": "sysfs", "driver": uevent.get("DRIVER")},
+            )
+        )
     return devices
 
 
@@ -298,8 +343,11 @@ def parse_fdinfo(text: str) -> FdinfoUsage | None:
     if pdev is None:
         return None
     vram = keys.get("drm-memory-vram") or keys.get("vram mem")
-    return FdinfoUsage(pdev=normalize_pci_bus_id(pdev), client_id=keys.get("drm-client-id"),
-                       vram_bytes=parse_bytes(vram.replace("kB", "KiB") if vram else None, default_unit="B"))
+    return FdinfoUsage(
+        pdev=normalize_pci_bus_id(pdev),
+        client_id=keys.get("drm-client-id"),
+        vram_bytes=parse_bytes(vram.replace("kB", "KiB") if vram else None, default_unit="B"),
+    )
 
 
 def process_vram(pids: Collection[int], proc_root: Path = DEFAULT_PROC_ROOT) -> dict[str, dict[int, int]]:
@@ -341,8 +389,9 @@ def process_vram(pids: Collection[int], proc_root: Path = DEFAULT_PROC_ROOT) -> 
 class AmdBackend(Backend):
     name = "amd"
 
-    def __init__(self, *, sysfs_root: Path | str = DEFAULT_SYSFS_ROOT,
-                 proc_root: Path | str = DEFAULT_PROC_ROOT) -> None:
+    def __init__(
+        self, *, sysfs_root: Path | str = DEFAULT_SYSFS_ROOT, proc_root: Path | str = DEFAULT_PROC_ROOT
+    ) -> None:
         super().__init__()
         self.sysfs_root = Path(sysfs_root)
         self.proc_root = Path(proc_root)
@@ -350,8 +399,10 @@ class AmdBackend(Backend):
 
     def _discover(self) -> list[Device]:
         sources: list[tuple[str, Callable[[], list[Device]]]] = [
-            ("amd-smi", self._discover_amd_smi), ("rocm-smi", self._discover_rocm_smi),
-            ("sysfs", lambda: read_sysfs(self.sysfs_root))]
+            ("amd-smi", self._discover_amd_smi),
+            ("rocm-smi", self._discover_rocm_smi),
+            ("sysfs", lambda: read_sysfs(self.sysfs_root)),
+        ]
         problems: list[GpuError] = []
         for name, fn in sources:
             try:
@@ -364,10 +415,13 @@ class AmdBackend(Backend):
                 return [replace(d, index=i) for i, d in enumerate(devices)]
         failures = [p for p in problems if not isinstance(p, ToolMissing)]
         if failures:
-            raise BackendUnavailable("; ".join(p.message for p in failures),
-                                     hint=next((p.hint for p in failures if p.hint), INSTALL_HINT))
-        raise BackendUnavailable(f"no AMD GPU found (no amd-smi or rocm-smi on PATH, no amdgpu card under "
-                                 f"{self.sysfs_root})", hint=INSTALL_HINT)
+            raise BackendUnavailable(
+                "; ".join(p.message for p in failures), hint=next((p.hint for p in failures if p.hint), INSTALL_HINT)
+            )
+        raise BackendUnavailable(
+            f"no AMD GPU found (no amd-smi or rocm-smi on PATH, no amdgpu card under {self.sysfs_root})",
+            hint=INSTALL_HINT,
+        )
 
     def _tool_json(self, tool: str, args: Sequence[str]) -> str:
         result = run_tool(tool, args, install_hint=INSTALL_HINT)
@@ -392,10 +446,18 @@ class AmdBackend(Backend):
         out = {}
         for d in wanted:
             util, used, free = live.get(d.uuid, (None, None, None))
-            procs = tuple(ProcessSample(pid=pid, memory_used_bytes=b)
-                          for pid, b in sorted(vram.get(d.pci_bus_id or "", {}).items()))
-            out[d.uuid] = DeviceSample(uuid=d.uuid, timestamp=now, utilization_pct=util, memory_used_bytes=used,
-                                       memory_free_bytes=free, processes=procs)
+            procs = tuple(
+                ProcessSample(pid=pid, memory_used_bytes=b)
+                for pid, b in sorted(vram.get(d.pci_bus_id or "", {}).items())
+            )
+            out[d.uuid] = DeviceSample(
+                uuid=d.uuid,
+                timestamp=now,
+                utilization_pct=util,
+                memory_used_bytes=used,
+                memory_free_bytes=free,
+                processes=procs,
+            )
         return out
 
     def _live(self, devices: Sequence[Device]) -> dict[str, tuple[float | None, int | None, int | None]]:
@@ -405,7 +467,11 @@ class AmdBackend(Backend):
             metrics = parse_amd_smi_metric(self._tool_json("amd-smi", AMD_SMI_SAMPLE_ARGS))
             for d in devices:
                 util, used, free, total = metrics.get(d.attributes["gpu"], (None, None, None, None))
-                out[d.uuid] = (util, used, free if free is not None else free_bytes(total or d.memory_total_bytes, used))
+                out[d.uuid] = (
+                    util,
+                    used,
+                    free if free is not None else free_bytes(total or d.memory_total_bytes, used),
+                )
         elif self.source == "rocm-smi":
             cards = parse_rocm_smi_sample(self._tool_json("rocm-smi", ROCM_SMI_SAMPLE_ARGS))
             for d in devices:
@@ -415,6 +481,9 @@ class AmdBackend(Backend):
             for d in devices:
                 dev = self.sysfs_root / d.attributes["card"] / "device"
                 used = parse_bytes(_read(dev / "mem_info_vram_used"), default_unit="B")
-                out[d.uuid] = (clamp_pct(parse_float(_read(dev / "gpu_busy_percent"))), used,
-                               free_bytes(d.memory_total_bytes, used))
+                out[d.uuid] = (
+                    clamp_pct(parse_float(_read(dev / "gpu_busy_percent"))),
+                    used,
+                    free_bytes(d.memory_total_bytes, used),
+                )
         return out

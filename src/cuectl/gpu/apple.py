@@ -100,13 +100,22 @@ def parse_system_profiler(text: str, memsize: int | None, *, host: str = "localh
         vram = parse_bytes(entry.get("spdisplays_vram") or entry.get("_spdisplays_vram"), default_unit="MiB")
         unified = vendor == "Apple" or vram is None
         cores = parse_float(entry.get("sppci_cores"))
-        devices.append(Device(
-            index=index, uuid=f"APPLE-{uuidlib.uuid5(_UUID_NAMESPACE, f'{host}/{index}/{model}')}",
-            vendor=vendor, model=model, backend="apple",
-            memory_total_bytes=memsize if unified else vram, memory_free_bytes=None, utilization_pct=None,
-            gpu_cores=int(cores) if cores is not None else None, unified_memory=unified,
-            api_version=metal_support(entry),
-            attributes={"vendor_index": index, "isolation": "none"}))
+        devices.append(
+            Device(
+                index=index,
+                uuid=f"APPLE-{uuidlib.uuid5(_UUID_NAMESPACE, f'{host}/{index}/{model}')}",
+                vendor=vendor,
+                model=model,
+                backend="apple",
+                memory_total_bytes=memsize if unified else vram,
+                memory_free_bytes=None,
+                utilization_pct=None,
+                gpu_cores=int(cores) if cores is not None else None,
+                unified_memory=unified,
+                api_version=metal_support(entry),
+                attributes={"vendor_index": index, "isolation": "none"},
+            )
+        )
     return devices
 
 

@@ -94,8 +94,7 @@ def find_tool(tool: str) -> str | None:
     return shutil.which(tool)
 
 
-def run_tool(tool: str, args: Sequence[str], *, install_hint: str,
-             timeout: float = TOOL_TIMEOUT_S) -> ToolResult:
+def run_tool(tool: str, args: Sequence[str], *, install_hint: str, timeout: float = TOOL_TIMEOUT_S) -> ToolResult:
     """Run ``tool args...`` and capture its output; never raises for a non-zero exit.
 
     Raises ``BackendUnavailable`` when the tool is not on PATH, cannot be executed or
@@ -109,9 +108,15 @@ def run_tool(tool: str, args: Sequence[str], *, install_hint: str,
     try:
         # A session of its own so that a timeout kills the tool *and* anything it
         # started (a wrapper script's children would otherwise keep the pipes open).
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, encoding="utf-8", errors="replace",
-                                start_new_session=posix)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            encoding="utf-8",
+            errors="replace",
+            start_new_session=posix,
+        )
     except OSError as exc:
         raise BackendUnavailable(f"cannot run {path}: {exc.strerror or exc}", hint=install_hint) from None
     try:
@@ -121,7 +126,8 @@ def run_tool(tool: str, args: Sequence[str], *, install_hint: str,
         proc.communicate()
         raise BackendUnavailable(
             f"{tool} did not answer within {timeout:g} s",
-            hint="a GPU or its driver may be hung; check `dmesg` and the tool by hand") from None
+            hint="a GPU or its driver may be hung; check `dmesg` and the tool by hand",
+        ) from None
     return ToolResult(argv, proc.returncode, stdout, stderr)
 
 
@@ -153,8 +159,18 @@ def clean(value: object) -> str | None:
 
 
 _NUMBER_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
-_UNIT_BYTES = {"": 1, "b": 1, "kib": KIB, "kb": KIB, "mib": MIB, "mb": MIB,
-               "gib": GIB, "gb": GIB, "tib": TIB, "tb": TIB}
+_UNIT_BYTES = {
+    "": 1,
+    "b": 1,
+    "kib": KIB,
+    "kb": KIB,
+    "mib": MIB,
+    "mb": MIB,
+    "gib": GIB,
+    "gb": GIB,
+    "tib": TIB,
+    "tb": TIB,
+}
 
 
 def parse_float(value: object) -> float | None:

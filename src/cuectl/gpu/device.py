@@ -12,9 +12,17 @@ from typing import Any, Mapping
 
 VENDORS = ("NVIDIA", "AMD", "Apple", "Intel")
 _VENDOR_BY_LOWER = {v.lower(): v for v in VENDORS}
-_VENDOR_ALIASES = {"nvidia corporation": "NVIDIA", "advanced micro devices, inc.": "AMD", "ati": "AMD",
-                   "0x10de": "NVIDIA", "0x1002": "AMD", "0x106b": "Apple", "0x8086": "Intel",
-                   "intel corporation": "Intel", "apple inc.": "Apple"}
+_VENDOR_ALIASES = {
+    "nvidia corporation": "NVIDIA",
+    "advanced micro devices, inc.": "AMD",
+    "ati": "AMD",
+    "0x10de": "NVIDIA",
+    "0x1002": "AMD",
+    "0x106b": "Apple",
+    "0x8086": "Intel",
+    "intel corporation": "Intel",
+    "apple inc.": "Apple",
+}
 
 
 def normalize_vendor(value: str | None) -> str | None:

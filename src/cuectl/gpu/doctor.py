@@ -28,8 +28,9 @@ class BackendCheck:
         return self.detail if not self.hint else f"{self.detail} (hint: {self.hint})"
 
 
-def check_backends(*, fake_file: str | Path | None = None,
-                   make_backend: Callable[[str], Backend] | None = None) -> list[BackendCheck]:
+def check_backends(
+    *, fake_file: str | Path | None = None, make_backend: Callable[[str], Backend] | None = None
+) -> list[BackendCheck]:
     """One check per real backend, plus ``fake`` when a fake-GPU file is configured."""
     path = fake_file if fake_file is not None else config.fake_gpus_file()
     names = list(AUTO_ORDER) + (["fake"] if path else [])

@@ -59,8 +59,19 @@ from cuectl.gpu.device import VENDORS, Device, DeviceSample, ProcessSample, norm
 from cuectl.units import MIB, parse_size
 
 _TOP_KEYS = {"host", "state_dir", "devices"}
-_DEVICE_KEYS = {"model", "vendor", "memory", "uuid", "pci_bus_id", "driver_version", "compute_capability",
-                "mig", "unified_memory", "healthy", "error"}
+_DEVICE_KEYS = {
+    "model",
+    "vendor",
+    "memory",
+    "uuid",
+    "pci_bus_id",
+    "driver_version",
+    "compute_capability",
+    "mig",
+    "unified_memory",
+    "healthy",
+    "error",
+}
 _MIG_KEYS = {"profile", "memory", "uuid"}
 #: Namespace of the default fake UUIDs, so that the same host + index always gives the
 #: same UUID (leases and stored inventories key on it).
@@ -140,16 +151,19 @@ def load_fake_config(path: str | Path, *, default_host: str | None = None) -> Fa
     # A relative state_dir is relative to the YAML file, so a file and its state
     # directory can be moved together (tests create both in one tmp dir).
     state = (file.parent / state_dir) if state_dir else None
-    return FakeConfig(path=file, host=host, state_dir=state, devices=tuple(devices),
-                      state_files=state_files, skipped=tuple(skipped))
+    return FakeConfig(
+        path=file, host=host, state_dir=state, devices=tuple(devices), state_files=state_files, skipped=tuple(skipped)
+    )
 
 
 def _read_yaml(file: Path) -> dict[Any, Any]:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise InvalidInput(f"fake GPU file {str(file)!r}: {exc.strerror or exc}",
-                           hint="CUECTL_FAKE_GPUS must name a readable YAML file") from None
+        raise InvalidInput(
+            f"fake GPU file {str(file)!r}: {exc.strerror or exc}",
+            hint="CUECTL_FAKE_GPUS must name a readable YAML file",
+        ) from None
     import yaml  # lazily: yaml costs tens of ms and only fake GPUs need it here
 
     try:
@@ -202,11 +216,19 @@ def _parse_card(index: int, raw: Mapping[str, Any], uuid_host: str) -> Device:
         if value is not None and not isinstance(value, (str, int, float)):
             raise InvalidInput(f"{where}.{key}: expected a string, got {value!r}")
         optional[key] = None if value is None else str(value)
-    return Device(index=index, uuid=device_uuid, vendor=vendor, model=model.strip(), backend="fake",
-                  memory_total_bytes=memory, memory_free_bytes=memory, utilization_pct=0.0,
-                  pci_bus_id=_pci_bus_id(f"{where}.pci_bus_id", raw.get("pci_bus_id")),
-                  driver_version=optional["driver_version"],
-                  compute_capability=optional["compute_capability"])
+    return Device(
+        index=index,
+        uuid=device_uuid,
+        vendor=vendor,
+        model=model.strip(),
+        backend="fake",
+        memory_total_bytes=memory,
+        memory_free_bytes=memory,
+        utilization_pct=0.0,
+        pci_bus_id=_pci_bus_id(f"{where}.pci_bus_id", raw.get("pci_bus_id")),
+        driver_version=optional["driver_version"],
+        compute_capability=optional["compute_capability"],
+    )
 
 
 def _memory(where: str, value: Any) -> int:
@@ -217,8 +239,10 @@ def _memory(where: str, value: Any) -> int:
         raise InvalidInput(f"{where}: must be more than 0")
     if isinstance(value, int) and memory < MIB:
         # A YAML number is bytes; "memory: 16160" almost surely meant MiB. Say so.
-        raise InvalidInput(f"{where}: {value} bytes is less than 1 MiB",
-                           hint=f"a YAML number is bytes: write {value}MiB or '{value}' for MiB")
+        raise InvalidInput(
+            f"{where}: {value} bytes is less than 1 MiB",
+            hint=f"a YAML number is bytes: write {value}MiB or '{value}' for MiB",
+        )
     return memory
 
 
@@ -236,7 +260,7 @@ def _pci_bus_id(where: str, value: Any) -> str | None:
     # silently renumber the devices.
     if bus is not None and not _PCI_RE.fullmatch(bus):
         # YAML 1.1 reads an unquoted 0000:10:00.0 as a base-60 number (36000.0).
-        hint = None if isinstance(value, str) else "quote it: pci_bus_id: \"0000:10:00.0\""
+        hint = None if isinstance(value, str) else 'quote it: pci_bus_id: "0000:10:00.0"'
         raise InvalidInput(f"{where}: expected a PCI bus id like 0000:1a:00.0, got {value!r}", hint=hint)
     return bus
 
@@ -259,8 +283,9 @@ def _parse_health(where: str, raw: Mapping[str, Any]) -> str | None:
     return None if healthy else (error.strip() if error else _UNHEALTHY)
 
 
-def _parse_migs(where: str, raw: Mapping[str, Any], card: Device, uuid_host: str,
-                index: int) -> tuple[_Mig, ...] | None:
+def _parse_migs(
+    where: str, raw: Mapping[str, Any], card: Device, uuid_host: str, index: int
+) -> tuple[_Mig, ...] | None:
     if "mig" not in raw:
         return None
     value = raw["mig"]
@@ -270,8 +295,10 @@ def _parse_migs(where: str, raw: Mapping[str, Any], card: Device, uuid_host: str
         value = []
     if not isinstance(value, list):
         raise InvalidInput(f"{where}.mig: expected a list of MIG instances (profile, memory, uuid)")
-    return tuple(_parse_mig(f"{where}.mig[{slot}]", item, default_fake_mig_uuid(uuid_host, index, slot))
-                 for slot, item in enumerate(value))
+    return tuple(
+        _parse_mig(f"{where}.mig[{slot}]", item, default_fake_mig_uuid(uuid_host, index, slot))
+        for slot, item in enumerate(value)
+    )
 
 
 def _parse_mig(where: str, raw: Any, default_uuid: str) -> _Mig:
@@ -285,8 +312,11 @@ def _parse_mig(where: str, raw: Any, default_uuid: str) -> _Mig:
         raise InvalidInput(f"{where}.profile: required, a MIG profile such as 1g.10gb")
     if "memory" not in raw:
         raise InvalidInput(f"{where}.memory: required, the instance's own memory, e.g. 9984MiB")
-    return _Mig(profile=profile.strip(), memory=_memory(f"{where}.memory", raw["memory"]),
-                uuid=_uuid(f"{where}.uuid", raw.get("uuid")) or default_uuid)
+    return _Mig(
+        profile=profile.strip(),
+        memory=_memory(f"{where}.memory", raw["memory"]),
+        uuid=_uuid(f"{where}.uuid", raw.get("uuid")) or default_uuid,
+    )
 
 
 def _check_unique(entries: Sequence[_Entry]) -> None:
@@ -352,11 +382,20 @@ def _leasable(entry: _Entry, vendor_index: int) -> Iterator[tuple[str, Device]]:
     # As NVML: a MIG-enabled card is not leasable as a whole (CUDA cannot use it), each
     # instance is a device of its own, named after the card and its profile.
     for slot, mig in enumerate(entry.migs):
-        yield f"{entry.position}.{slot}", replace(
-            card, uuid=mig.uuid, model=f"{card.model} MIG {mig.profile}", memory_total_bytes=mig.memory,
-            memory_free_bytes=mig.memory, utilization_pct=None, mig_parent_uuid=card.uuid,
-            mig_profile=mig.profile,
-            attributes={"vendor_index": vendor_index, "mig_device_index": slot, "gpu_instance_id": None})
+        yield (
+            f"{entry.position}.{slot}",
+            replace(
+                card,
+                uuid=mig.uuid,
+                model=f"{card.model} MIG {mig.profile}",
+                memory_total_bytes=mig.memory,
+                memory_free_bytes=mig.memory,
+                utilization_pct=None,
+                mig_parent_uuid=card.uuid,
+                mig_profile=mig.profile,
+                attributes={"vendor_index": vendor_index, "mig_device_index": slot, "gpu_instance_id": None},
+            ),
+        )
 
 
 def fake_host_name(fake_file: str | Path | None = None) -> str | None:
@@ -394,9 +433,11 @@ def read_state(state_dir: Path | None, stem: int | str) -> _Reading:
         return _UNKNOWN
     if not isinstance(data, dict):
         return _UNKNOWN
-    return _Reading(clamp_pct(_number(data.get("utilization_pct", 0))),
-                    _int(data.get("memory_used_bytes", 0)),
-                    _processes(data.get("processes")))
+    return _Reading(
+        clamp_pct(_number(data.get("utilization_pct", 0))),
+        _int(data.get("memory_used_bytes", 0)),
+        _processes(data.get("processes")),
+    )
 
 
 def _number(value: Any) -> float | None:
@@ -417,8 +458,13 @@ def _processes(raw: Any) -> tuple[ProcessSample, ...]:
     out = []
     for entry in raw:
         if isinstance(entry, Mapping) and isinstance(entry.get("pid"), int) and not isinstance(entry.get("pid"), bool):
-            out.append(ProcessSample(pid=entry["pid"], memory_used_bytes=_int(entry.get("memory_used_bytes")),
-                                     utilization_pct=clamp_pct(_number(entry.get("utilization_pct")))))
+            out.append(
+                ProcessSample(
+                    pid=entry["pid"],
+                    memory_used_bytes=_int(entry.get("memory_used_bytes")),
+                    utilization_pct=clamp_pct(_number(entry.get("utilization_pct"))),
+                )
+            )
     return tuple(out)
 
 
@@ -442,8 +488,9 @@ class FakeBackend(Backend):
         cfg = self.config
         if not cfg.devices and cfg.skipped:
             # As NVML when no GPU can be read: the backend has nothing to offer.
-            raise BackendUnavailable(f"no GPU could be read: {'; '.join(cfg.skipped)}",
-                                     hint="the fake GPU file marks every device unhealthy")
+            raise BackendUnavailable(
+                f"no GPU could be read: {'; '.join(cfg.skipped)}", hint="the fake GPU file marks every device unhealthy"
+            )
         return [_with_reading(d, self._reading(d)) for d in cfg.devices]
 
     def _reading(self, device: Device) -> _Reading:
@@ -461,9 +508,13 @@ class FakeBackend(Backend):
                 continue
             reading = self._reading(device)
             out[u] = DeviceSample(
-                uuid=u, timestamp=now, utilization_pct=_utilization(device, reading),
-                memory_used_bytes=reading.memory_used_bytes, memory_free_bytes=_free(device, reading),
-                processes=tuple(p for p in reading.processes if p.pid in wanted))
+                uuid=u,
+                timestamp=now,
+                utilization_pct=_utilization(device, reading),
+                memory_used_bytes=reading.memory_used_bytes,
+                memory_free_bytes=_free(device, reading),
+                processes=tuple(p for p in reading.processes if p.pid in wanted),
+            )
         return out
 
 

@@ -43,22 +43,33 @@ MIG_ENABLED = 1
 _NOT_AVAILABLE_ULL = 2**64 - 1
 
 _HINTS = {
-    ERROR_LIBRARY_NOT_FOUND: ("NVML library (libnvidia-ml) not found",
-                              "install the NVIDIA driver; in a container use the NVIDIA container runtime "
-                              "(--gpus all) so the library is mounted"),
-    ERROR_DRIVER_NOT_LOADED: ("the NVIDIA driver is not loaded",
-                              "load the kernel module: reboot after installing the driver, or `sudo modprobe nvidia`"),
-    ERROR_LIB_RM_VERSION_MISMATCH: ("NVML library and kernel driver versions differ",
-                                    "reboot (or reload the nvidia kernel modules) after a driver upgrade"),
-    ERROR_NO_PERMISSION: ("no permission to open the NVIDIA devices",
-                          "add the user to the group that owns /dev/nvidia*"),
+    ERROR_LIBRARY_NOT_FOUND: (
+        "NVML library (libnvidia-ml) not found",
+        "install the NVIDIA driver; in a container use the NVIDIA container runtime "
+        "(--gpus all) so the library is mounted",
+    ),
+    ERROR_DRIVER_NOT_LOADED: (
+        "the NVIDIA driver is not loaded",
+        "load the kernel module: reboot after installing the driver, or `sudo modprobe nvidia`",
+    ),
+    ERROR_LIB_RM_VERSION_MISMATCH: (
+        "NVML library and kernel driver versions differ",
+        "reboot (or reload the nvidia kernel modules) after a driver upgrade",
+    ),
+    ERROR_NO_PERMISSION: (
+        "no permission to open the NVIDIA devices",
+        "add the user to the group that owns /dev/nvidia*",
+    ),
     ERROR_GPU_IS_LOST: ("a GPU fell off the bus", "check `dmesg` (Xid errors); the host may need a reboot"),
-    ERROR_FUNCTION_NOT_FOUND: ("the installed NVIDIA driver is too old for this NVML call",
-                               "upgrade the NVIDIA driver"),
+    ERROR_FUNCTION_NOT_FOUND: (
+        "the installed NVIDIA driver is too old for this NVML call",
+        "upgrade the NVIDIA driver",
+    ),
     ERROR_TIMEOUT: ("NVML timed out", "a GPU or the driver may be hung; check `dmesg`"),
-    ERROR_UNKNOWN: ("NVML reported an unknown error",
-                    "inside a container this often follows `systemctl daemon-reload` on the host: "
-                    "restart the container"),
+    ERROR_UNKNOWN: (
+        "NVML reported an unknown error",
+        "inside a container this often follows `systemctl daemon-reload` on the host: restart the container",
+    ),
 }
 
 #: NVML errors meaning "this driver has no second memory struct" (FUNCTION_NOT_FOUND,
@@ -101,8 +112,9 @@ class NvmlBackend(Backend):
             try:
                 import pynvml  # lazily: ~100 ms, and only hosts with NVIDIA GPUs need it
             except ImportError:
-                raise BackendUnavailable("the nvidia-ml-py package (pynvml) is not installed",
-                                         hint="pip install nvidia-ml-py") from None
+                raise BackendUnavailable(
+                    "the nvidia-ml-py package (pynvml) is not installed", hint="pip install nvidia-ml-py"
+                ) from None
             self._nvml = pynvml
         return self._nvml
 
@@ -122,8 +134,9 @@ class NvmlBackend(Backend):
             except lib.NVMLError as exc:
                 raise self._error(exc, "nvmlInit") from None
             except OSError as exc:  # a broken libnvidia-ml can fail to load with OSError
-                raise BackendUnavailable(f"NVML: cannot load libnvidia-ml: {exc}",
-                                         hint=_HINTS[ERROR_LIBRARY_NOT_FOUND][1]) from None
+                raise BackendUnavailable(
+                    f"NVML: cannot load libnvidia-ml: {exc}", hint=_HINTS[ERROR_LIBRARY_NOT_FOUND][1]
+                ) from None
             self._initialised = True
         return lib
 
@@ -178,8 +191,9 @@ class NvmlBackend(Backend):
                 handles[card.uuid] = _Handle(handle, False)
                 devices.append(card)
         if count and not devices and self.skipped:
-            raise BackendUnavailable(f"no GPU could be read: {'; '.join(self.skipped)}",
-                                     hint=self._error_hint(self.skipped))
+            raise BackendUnavailable(
+                f"no GPU could be read: {'; '.join(self.skipped)}", hint=self._error_hint(self.skipped)
+            )
         self._handles = handles
         return [_reindex(d, n) for n, d in enumerate(devices)]
 
@@ -194,13 +208,20 @@ class NvmlBackend(Backend):
         pci = self._optional(lambda: lib.nvmlDeviceGetPciInfo(handle))
         cc = self._optional(lambda: lib.nvmlDeviceGetCudaComputeCapability(handle))
         return Device(
-            index=index, uuid=_text(lib.nvmlDeviceGetUUID(handle)), vendor="NVIDIA",
-            model=_text(lib.nvmlDeviceGetName(handle)), backend="nvml",
-            memory_total_bytes=_mem(mem, "total"), memory_free_bytes=_mem(mem, "free"),
+            index=index,
+            uuid=_text(lib.nvmlDeviceGetUUID(handle)),
+            vendor="NVIDIA",
+            model=_text(lib.nvmlDeviceGetName(handle)),
+            backend="nvml",
+            memory_total_bytes=_mem(mem, "total"),
+            memory_free_bytes=_mem(mem, "free"),
             utilization_pct=clamp_pct(float(util.gpu)) if util is not None else None,
             pci_bus_id=normalize_pci_bus_id(_text(pci.busId)) if pci is not None else None,
-            driver_version=driver, compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
-            api_version=api, attributes={"vendor_index": index})
+            driver_version=driver,
+            compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
+            api_version=api,
+            attributes={"vendor_index": index},
+        )
 
     def _memory_info(self, handle: Any) -> Any:
         """The device's memory, with ``used`` not counting what the driver reserves for
@@ -240,13 +261,28 @@ class NvmlBackend(Backend):
             mem = self._memory_info(mig)
             gi = self._optional(lambda: lib.nvmlDeviceGetGpuInstanceId(mig))
             model = f"{card.model} MIG {profile}" if profile else (name or f"{card.model} MIG")
-            out.append((mig, Device(
-                index=0, uuid=uuid, vendor="NVIDIA", model=model, backend="nvml",
-                memory_total_bytes=_mem(mem, "total"), memory_free_bytes=_mem(mem, "free"),
-                utilization_pct=None, pci_bus_id=card.pci_bus_id, driver_version=card.driver_version,
-                compute_capability=card.compute_capability, mig_parent_uuid=card.uuid, mig_profile=profile,
-                api_version=card.api_version,
-                attributes={"vendor_index": card.index, "mig_device_index": slot, "gpu_instance_id": gi})))
+            out.append(
+                (
+                    mig,
+                    Device(
+                        index=0,
+                        uuid=uuid,
+                        vendor="NVIDIA",
+                        model=model,
+                        backend="nvml",
+                        memory_total_bytes=_mem(mem, "total"),
+                        memory_free_bytes=_mem(mem, "free"),
+                        utilization_pct=None,
+                        pci_bus_id=card.pci_bus_id,
+                        driver_version=card.driver_version,
+                        compute_capability=card.compute_capability,
+                        mig_parent_uuid=card.uuid,
+                        mig_profile=profile,
+                        api_version=card.api_version,
+                        attributes={"vendor_index": card.index, "mig_device_index": slot, "gpu_instance_id": gi},
+                    ),
+                )
+            )
         return out
 
     # -- sampling
@@ -265,10 +301,14 @@ class NvmlBackend(Backend):
             # Utilisation is not reported for MIG instances (NVML returns NOT_SUPPORTED).
             util = None if h.is_mig else self._optional(lambda: lib.nvmlDeviceGetUtilizationRates(h.handle))
             procs = self._processes(u, h, wanted_pids) if wanted_pids else ()
-            out[u] = DeviceSample(uuid=u, timestamp=now,
-                                  utilization_pct=clamp_pct(float(util.gpu)) if util is not None else None,
-                                  memory_used_bytes=_mem(mem, "used"), memory_free_bytes=_mem(mem, "free"),
-                                  processes=procs)
+            out[u] = DeviceSample(
+                uuid=u,
+                timestamp=now,
+                utilization_pct=clamp_pct(float(util.gpu)) if util is not None else None,
+                memory_used_bytes=_mem(mem, "used"),
+                memory_free_bytes=_mem(mem, "free"),
+                processes=procs,
+            )
         return out
 
     def _processes(self, uuid: str, h: _Handle, pids: set[int]) -> tuple[ProcessSample, ...]:
@@ -280,8 +320,10 @@ class NvmlBackend(Backend):
                 used = getattr(p, "usedGpuMemory", None)
                 memory[p.pid] = None if used is None or used >= _NOT_AVAILABLE_ULL else int(used)
         util = {} if h.is_mig else self._process_util(uuid, h, pids)
-        return tuple(ProcessSample(pid=pid, memory_used_bytes=memory.get(pid), utilization_pct=util.get(pid))
-                     for pid in sorted(set(memory) | set(util)))
+        return tuple(
+            ProcessSample(pid=pid, memory_used_bytes=memory.get(pid), utilization_pct=util.get(pid))
+            for pid in sorted(set(memory) | set(util))
+        )
 
     def _process_util(self, uuid: str, h: _Handle, pids: set[int]) -> dict[int, float]:
         """Mean SM utilisation per pid over the samples NVML took since the last call."""
@@ -311,4 +353,3 @@ def _reindex(device: Device, index: int) -> Device:
     from dataclasses import replace
 
     return replace(device, index=index)
-

@@ -31,20 +31,34 @@ from cuectl.gpu.base import Backend, ToolResult, clamp_pct, clean, free_bytes, p
 from cuectl.gpu.device import Device, DeviceSample, ProcessSample, normalize_pci_bus_id
 
 TOOL = "nvidia-smi"
-INSTALL_HINT = ("install the NVIDIA driver (it ships nvidia-smi); inside a container run it with the "
-                "NVIDIA container runtime (--gpus all)")
+INSTALL_HINT = (
+    "install the NVIDIA driver (it ships nvidia-smi); inside a container run it with the "
+    "NVIDIA container runtime (--gpus all)"
+)
 
 #: Discovery columns. ``compute_cap`` (driver >= ~510) and ``mig.mode.current`` (>= 450)
 #: are optional: a driver that rejects one is asked again without it.
-QUERY_FIELDS = ("index", "uuid", "name", "memory.total", "memory.free", "memory.used", "utilization.gpu",
-                "pci.bus_id", "driver_version", "compute_cap", "mig.mode.current")
+QUERY_FIELDS = (
+    "index",
+    "uuid",
+    "name",
+    "memory.total",
+    "memory.free",
+    "memory.used",
+    "utilization.gpu",
+    "pci.bus_id",
+    "driver_version",
+    "compute_cap",
+    "mig.mode.current",
+)
 OPTIONAL_FIELDS = frozenset({"compute_cap", "mig.mode.current"})
 SAMPLE_FIELDS = ("uuid", "utilization.gpu", "memory.used", "memory.free")
 APPS_FIELDS = ("pid", "gpu_uuid", "used_gpu_memory")
 #: What a host loses when ``auto`` discovery falls back from NVML to nvidia-smi (said in the
 #: worker's start-up warning).
-FALLBACK_LIMITS = ("one nvidia-smi run per sample (slower), no per-process GPU utilisation, "
-                   "no live memory of MIG instances")
+FALLBACK_LIMITS = (
+    "one nvidia-smi run per sample (slower), no per-process GPU utilisation, no live memory of MIG instances"
+)
 
 _FIELD_NAME_RE = re.compile(r"^[a-z][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*$")
 _INVALID_FIELD_RE = re.compile(r'Field "([^"]+)" is not a valid field to query', re.IGNORECASE)
@@ -52,23 +66,31 @@ _WARNING_RE = re.compile(r"^\s*(warning|note)\b", re.IGNORECASE)
 
 # (pattern in nvidia-smi's message, hint). The messages are fixed strings printed on stdout.
 _ERROR_HINTS: tuple[tuple[str, str], ...] = (
-    ("couldn't communicate with the nvidia driver",
-     "the NVIDIA kernel module is not loaded: install the driver, reboot (or `sudo modprobe nvidia`), "
-     "and check `dmesg` for errors"),
-    ("driver/library version mismatch",
-     "the driver was upgraded but the old kernel module is still loaded: reboot, or reload the nvidia modules"),
-    ("no supported gpus were found",
-     "no GPU is bound to the nvidia driver: check `lspci -k` and whether the GPU is passed to this machine"),
-    ("no devices were found",
-     "the driver is loaded but sees no usable GPU: check `dmesg` (RmInitAdapter failed?) and whether this "
-     "job/container was given a GPU"),
-    ("unknown error",
-     "inside a container this usually follows a `systemctl daemon-reload` on the host: restart the container "
-     "(see the NVIDIA container toolkit notes on cgroup device access)"),
-    ("nvml shared library not found",
-     "install the NVIDIA driver (libnvidia-ml is part of it)"),
-    ("insufficient permissions",
-     "the user cannot open /dev/nvidia*: add it to the group that owns the device files"),
+    (
+        "couldn't communicate with the nvidia driver",
+        "the NVIDIA kernel module is not loaded: install the driver, reboot (or `sudo modprobe nvidia`), "
+        "and check `dmesg` for errors",
+    ),
+    (
+        "driver/library version mismatch",
+        "the driver was upgraded but the old kernel module is still loaded: reboot, or reload the nvidia modules",
+    ),
+    (
+        "no supported gpus were found",
+        "no GPU is bound to the nvidia driver: check `lspci -k` and whether the GPU is passed to this machine",
+    ),
+    (
+        "no devices were found",
+        "the driver is loaded but sees no usable GPU: check `dmesg` (RmInitAdapter failed?) and whether this "
+        "job/container was given a GPU",
+    ),
+    (
+        "unknown error",
+        "inside a container this usually follows a `systemctl daemon-reload` on the host: restart the container "
+        "(see the NVIDIA container toolkit notes on cgroup device access)",
+    ),
+    ("nvml shared library not found", "install the NVIDIA driver (libnvidia-ml is part of it)"),
+    ("insufficient permissions", "the user cannot open /dev/nvidia*: add it to the group that owns the device files"),
 )
 
 
@@ -120,7 +142,8 @@ def parse_csv(text: str, fields: Sequence[str] | None = None) -> list[dict[str, 
             raise BackendOutputError(
                 f"{TOOL}: unexpected output line {lineno}: expected {len(names)} comma-separated values, "
                 f"got {len(row)}: {', '.join(row)[:120]!r}",
-                hint="run the nvidia-smi command by hand; an unusual driver or wrapper may print extra text")
+                hint="run the nvidia-smi command by hand; an unusual driver or wrapper may print extra text",
+            )
         out.append({name: clean(value) for name, value in zip(names, row)})
     return out
 
@@ -148,18 +171,21 @@ def parse_query_gpu(text: str, fields: Sequence[str] | None = QUERY_FIELDS) -> l
     for row in parse_csv(text, fields):
         index = parse_float(row.get("index"))
         mig = (row.get("mig.mode.current") or "").lower()
-        out.append(SmiGpuRow(
-            index=int(index) if index is not None else None,
-            uuid=row.get("uuid") or row.get("gpu_uuid"),
-            name=row.get("name") or row.get("gpu_name"),
-            memory_total_bytes=parse_bytes(row.get("memory.total")),
-            memory_free_bytes=parse_bytes(row.get("memory.free")),
-            memory_used_bytes=parse_bytes(row.get("memory.used")),
-            utilization_pct=clamp_pct(parse_float(row.get("utilization.gpu"))),
-            pci_bus_id=normalize_pci_bus_id(row.get("pci.bus_id") or row.get("gpu_bus_id")),
-            driver_version=row.get("driver_version"),
-            compute_capability=row.get("compute_cap"),
-            mig_enabled=mig == "enabled"))
+        out.append(
+            SmiGpuRow(
+                index=int(index) if index is not None else None,
+                uuid=row.get("uuid") or row.get("gpu_uuid"),
+                name=row.get("name") or row.get("gpu_name"),
+                memory_total_bytes=parse_bytes(row.get("memory.total")),
+                memory_free_bytes=parse_bytes(row.get("memory.free")),
+                memory_used_bytes=parse_bytes(row.get("memory.used")),
+                utilization_pct=clamp_pct(parse_float(row.get("utilization.gpu"))),
+                pci_bus_id=normalize_pci_bus_id(row.get("pci.bus_id") or row.get("gpu_bus_id")),
+                driver_version=row.get("driver_version"),
+                compute_capability=row.get("compute_cap"),
+                mig_enabled=mig == "enabled",
+            )
+        )
     return out
 
 
@@ -282,17 +308,21 @@ def parse_xml(text: str) -> list[XmlGpu]:
             raise BackendOutputError(f"{TOOL} -q -x: <gpu> {index} has no uuid or product_name")
         fb = gpu.find("fb_memory_usage")
         device = Device(
-            index=index, uuid=uuid, vendor="NVIDIA", model=name, backend="smi",
+            index=index,
+            uuid=uuid,
+            vendor="NVIDIA",
+            model=name,
+            backend="smi",
             memory_total_bytes=parse_bytes(_text(fb, "total")),
             memory_free_bytes=parse_bytes(_text(fb, "free")),
             utilization_pct=clamp_pct(parse_float(_text(gpu, "utilization/gpu_util"))),
             pci_bus_id=normalize_pci_bus_id(_text(gpu, "pci/pci_bus_id") or gpu.get("id")),
             driver_version=driver,
             api_version=f"CUDA {cuda}" if cuda else None,
-            attributes={"vendor_index": index})
+            attributes={"vendor_index": index},
+        )
         mig_enabled = (_text(gpu, "mig_mode/current_mig") or "").lower() == "enabled"
-        out.append(XmlGpu(device=device, mig_enabled=mig_enabled, migs=_xml_migs(gpu),
-                          processes=_xml_processes(gpu)))
+        out.append(XmlGpu(device=device, mig_enabled=mig_enabled, migs=_xml_migs(gpu), processes=_xml_processes(gpu)))
     return out
 
 
@@ -308,11 +338,16 @@ def _xml_migs(gpu: ET.Element) -> tuple[XmlMig, ...]:
         if index is None:
             continue
         fb = mig.find("fb_memory_usage")
-        out.append(XmlMig(index=index, gpu_instance_id=_int_text(mig, "gpu_instance_id"),
-                          compute_instance_id=_int_text(mig, "compute_instance_id"),
-                          memory_total_bytes=parse_bytes(_text(fb, "total")),
-                          memory_used_bytes=parse_bytes(_text(fb, "used")),
-                          memory_free_bytes=parse_bytes(_text(fb, "free"))))
+        out.append(
+            XmlMig(
+                index=index,
+                gpu_instance_id=_int_text(mig, "gpu_instance_id"),
+                compute_instance_id=_int_text(mig, "compute_instance_id"),
+                memory_total_bytes=parse_bytes(_text(fb, "total")),
+                memory_used_bytes=parse_bytes(_text(fb, "used")),
+                memory_free_bytes=parse_bytes(_text(fb, "free")),
+            )
+        )
     return tuple(out)
 
 
@@ -322,9 +357,14 @@ def _xml_processes(gpu: ET.Element) -> tuple[XmlProcess, ...]:
         pid = _int_text(proc, "pid")
         if pid is None:
             continue
-        out.append(XmlProcess(pid=pid, gpu_instance_id=_int_text(proc, "gpu_instance_id"),
-                              name=_text(proc, "process_name"),
-                              memory_used_bytes=parse_bytes(_text(proc, "used_memory"))))
+        out.append(
+            XmlProcess(
+                pid=pid,
+                gpu_instance_id=_int_text(proc, "gpu_instance_id"),
+                name=_text(proc, "process_name"),
+                memory_used_bytes=parse_bytes(_text(proc, "used_memory")),
+            )
+        )
     return tuple(out)
 
 
@@ -410,8 +450,9 @@ class SmiBackend(Backend):
                 devices.append(_row_device(row, vendor_index))
         return [replace(d, index=i) for i, d in enumerate(devices)]
 
-    def _mig_devices(self, row: SmiGpuRow, vendor_index: int, listed: ListedGpu | None,
-                     xml: XmlGpu | None) -> list[Device]:
+    def _mig_devices(
+        self, row: SmiGpuRow, vendor_index: int, listed: ListedGpu | None, xml: XmlGpu | None
+    ) -> list[Device]:
         """The MIG instances of a MIG-enabled card; the card itself is not leasable."""
         if listed is None:
             return []
@@ -420,14 +461,28 @@ class SmiBackend(Backend):
         for mig in listed.migs:
             info = mem.get(mig.device_index)
             self._mig_parent[mig.uuid] = row.uuid or ""
-            out.append(Device(
-                index=0, uuid=mig.uuid, vendor="NVIDIA", model=f"{row.name} MIG {mig.profile}", backend="smi",
-                memory_total_bytes=info.memory_total_bytes if info else None,
-                memory_free_bytes=info.memory_free_bytes if info else None,
-                utilization_pct=None, pci_bus_id=row.pci_bus_id, driver_version=row.driver_version,
-                compute_capability=row.compute_capability, mig_parent_uuid=row.uuid, mig_profile=mig.profile,
-                attributes={"vendor_index": vendor_index, "mig_device_index": mig.device_index,
-                            "gpu_instance_id": info.gpu_instance_id if info else None}))
+            out.append(
+                Device(
+                    index=0,
+                    uuid=mig.uuid,
+                    vendor="NVIDIA",
+                    model=f"{row.name} MIG {mig.profile}",
+                    backend="smi",
+                    memory_total_bytes=info.memory_total_bytes if info else None,
+                    memory_free_bytes=info.memory_free_bytes if info else None,
+                    utilization_pct=None,
+                    pci_bus_id=row.pci_bus_id,
+                    driver_version=row.driver_version,
+                    compute_capability=row.compute_capability,
+                    mig_parent_uuid=row.uuid,
+                    mig_profile=mig.profile,
+                    attributes={
+                        "vendor_index": vendor_index,
+                        "mig_device_index": mig.device_index,
+                        "gpu_instance_id": info.gpu_instance_id if info else None,
+                    },
+                )
+            )
         return out
 
     # -- sampling
@@ -440,9 +495,13 @@ class SmiBackend(Backend):
         now = time.time()
         rows: dict[str | None, SmiGpuRow] = {}
         if any(u not in self._mig_parent for u in wanted):  # MIG instances get nothing from this query
-            rows = {r.uuid: r for r in parse_query_gpu(
-                self._checked([f"--query-gpu={','.join(SAMPLE_FIELDS)}", "--format=csv,noheader,nounits"]),
-                SAMPLE_FIELDS)}
+            rows = {
+                r.uuid: r
+                for r in parse_query_gpu(
+                    self._checked([f"--query-gpu={','.join(SAMPLE_FIELDS)}", "--format=csv,noheader,nounits"]),
+                    SAMPLE_FIELDS,
+                )
+            }
         procs = self._processes(wanted, set(pids)) if pids else {}
         out = {}
         for u in wanted:
@@ -454,8 +513,14 @@ class SmiBackend(Backend):
             free = row.memory_free_bytes
             if free is None:
                 free = free_bytes(known[u].memory_total_bytes, used)
-            out[u] = DeviceSample(uuid=u, timestamp=now, utilization_pct=row.utilization_pct,
-                                  memory_used_bytes=used, memory_free_bytes=free, processes=procs.get(u, ()))
+            out[u] = DeviceSample(
+                uuid=u,
+                timestamp=now,
+                utilization_pct=row.utilization_pct,
+                memory_used_bytes=used,
+                memory_free_bytes=free,
+                processes=procs.get(u, ()),
+            )
         return out
 
     def _processes(self, wanted: Sequence[str], pids: set[int]) -> dict[str, tuple[ProcessSample, ...]]:
@@ -465,8 +530,10 @@ class SmiBackend(Backend):
         instance; such a process is credited to the instance when exactly one of the
         wanted devices is an instance of that card (a frame holds its own instance).
         """
-        rows = parse_compute_apps(self._checked(
-            [f"--query-compute-apps={','.join(APPS_FIELDS)}", "--format=csv,noheader,nounits"]), APPS_FIELDS)
+        rows = parse_compute_apps(
+            self._checked([f"--query-compute-apps={','.join(APPS_FIELDS)}", "--format=csv,noheader,nounits"]),
+            APPS_FIELDS,
+        )
         target: dict[str, str] = {u: u for u in wanted}
         by_parent: dict[str, list[str]] = {}
         for u in wanted:
@@ -489,14 +556,22 @@ def _row_device(row: SmiGpuRow, vendor_index: int) -> Device:
     free = row.memory_free_bytes
     if free is None:
         free = free_bytes(row.memory_total_bytes, row.memory_used_bytes)
-    return Device(index=vendor_index, uuid=row.uuid or "", vendor="NVIDIA", model=row.name or "", backend="smi",
-                  memory_total_bytes=row.memory_total_bytes, memory_free_bytes=free,
-                  utilization_pct=row.utilization_pct, pci_bus_id=row.pci_bus_id,
-                  driver_version=row.driver_version, compute_capability=row.compute_capability,
-                  attributes={"vendor_index": vendor_index})
+    return Device(
+        index=vendor_index,
+        uuid=row.uuid or "",
+        vendor="NVIDIA",
+        model=row.name or "",
+        backend="smi",
+        memory_total_bytes=row.memory_total_bytes,
+        memory_free_bytes=free,
+        utilization_pct=row.utilization_pct,
+        pci_bus_id=row.pci_bus_id,
+        driver_version=row.driver_version,
+        compute_capability=row.compute_capability,
+        attributes={"vendor_index": vendor_index},
+    )
 
 
 def rows_to_devices(rows: Iterable[SmiGpuRow]) -> list[Device]:
     """Whole-card devices of query rows that carry a uuid and a name (for tests and tools)."""
-    return [_row_device(r, r.index if r.index is not None else i)
-            for i, r in enumerate(rows) if r.uuid and r.name]
+    return [_row_device(r, r.index if r.index is not None else i) for i, r in enumerate(rows) if r.uuid and r.name]

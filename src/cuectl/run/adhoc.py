@@ -33,8 +33,14 @@ from cuectl.run.lease import KIND_RUN, Lease, LeaseRequest, acquire
 LEFTOVER_GRACE_S = 5.0
 
 
-def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = None,
-               base_env: Mapping[str, str] | None = None, reap_leftovers: bool = False) -> int:
+def run_leased(
+    argv: Sequence[str],
+    held: Lease,
+    *,
+    interactive: bool | None = None,
+    base_env: Mapping[str, str] | None = None,
+    reap_leftovers: bool = False,
+) -> int:
     """Run ``argv`` under ``held`` (the child inherits its locks); return the exit status.
 
     ``reap_leftovers`` (``cuectl run`` itself; it makes this process a child subreaper):
@@ -47,8 +53,14 @@ def run_leased(argv: Sequence[str], held: Lease, *, interactive: bool | None = N
     def leftovers(pid: int, fds: Sequence[int]) -> None:
         reap_leftovers_of(pid, fds, interactive=mode)
 
-    return supervise(argv, child_env(held.env, base_env), lambda: held.fds, interactive=mode,
-                     on_start=held.set_holder_pid, leftovers=leftovers if reap_leftovers else None)
+    return supervise(
+        argv,
+        child_env(held.env, base_env),
+        lambda: held.fds,
+        interactive=mode,
+        on_start=held.set_holder_pid,
+        leftovers=leftovers if reap_leftovers else None,
+    )
 
 
 def reap_leftovers_of(pid: int, fds: Sequence[int], *, interactive: bool) -> None:
@@ -63,11 +75,21 @@ def reap_leftovers_of(pid: int, fds: Sequence[int], *, interactive: bool) -> Non
     launch.kill_leftovers(lambda p, pgid, sid: pgid == group or launch.holds_file(p, ids), grace=LEFTOVER_GRACE_S)
 
 
-def run_command(command: Sequence[str], *, gpus: int | None = None, gpu_vendor: str | None = None,
-                gpu_models: Sequence[str] = (), gpu_memory_min: str | None = None,
-                gpu_memory_free_min: str | None = None, devices: Sequence[str] | None = None, wait: bool = True,
-                timeout: str | None = None, label: str | None = None, lock_dir: str | Path | None = None,
-                say: Callable[[str], None]) -> int:
+def run_command(
+    command: Sequence[str],
+    *,
+    gpus: int | None = None,
+    gpu_vendor: str | None = None,
+    gpu_models: Sequence[str] = (),
+    gpu_memory_min: str | None = None,
+    gpu_memory_free_min: str | None = None,
+    devices: Sequence[str] | None = None,
+    wait: bool = True,
+    timeout: str | None = None,
+    label: str | None = None,
+    lock_dir: str | Path | None = None,
+    say: Callable[[str], None],
+) -> int:
     """``cuectl run``, flags as given on the command line: validate them into a request
     (named as the flags in messages), lease, run ``command``, release; its exit status.
 
@@ -79,8 +101,15 @@ def run_command(command: Sequence[str], *, gpus: int | None = None, gpu_vendor: 
     from cuectl.run.lease.request import make_request
     from cuectl.sched.fields import flag_label
 
-    request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_models, gpu_memory_min=gpu_memory_min,
-                           gpu_memory_free_min=gpu_memory_free_min, devices=devices, field_label=flag_label)
+    request = make_request(
+        gpus,
+        gpu_vendor=gpu_vendor,
+        gpu_models=gpu_models,
+        gpu_memory_min=gpu_memory_min,
+        gpu_memory_free_min=gpu_memory_free_min,
+        devices=devices,
+        field_label=flag_label,
+    )
 
     quick_key = _quick_key() if lock_dir is None else None
     import warnings
@@ -102,8 +131,17 @@ def run_command(command: Sequence[str], *, gpus: int | None = None, gpu_vendor: 
         def waiting(reason: LeaseError) -> None:
             say(f"cuectl run: waiting — {reason.message}")
 
-        return run_with_lease(command, request, wait=wait, timeout=timeout, label=label, lock_dir=lock_dir,
-                              on_acquired=acquired, on_wait=waiting, reap_leftovers=True)
+        return run_with_lease(
+            command,
+            request,
+            wait=wait,
+            timeout=timeout,
+            label=label,
+            lock_dir=lock_dir,
+            on_acquired=acquired,
+            on_wait=waiting,
+            reap_leftovers=True,
+        )
 
 
 def _quick_key() -> tuple[object, ...] | None:
@@ -133,12 +171,21 @@ def acquired_message(held: Lease) -> str:
     return child_message([(d.index, d.model, d.uuid) for d in held.devices])
 
 
-def run_with_lease(argv: Sequence[str], request: LeaseRequest, *, wait: bool = True,
-                   timeout: float | str | None = None, label: str | None = None,
-                   lock_dir: str | Path | None = None, backend: str = "auto", fake_file: str | Path | None = None,
-                   on_acquired: Callable[[Lease], None] | None = None,
-                   on_wait: Callable[[LeaseError], None] | None = None,
-                   interactive: bool | None = None, reap_leftovers: bool = False) -> int:
+def run_with_lease(
+    argv: Sequence[str],
+    request: LeaseRequest,
+    *,
+    wait: bool = True,
+    timeout: float | str | None = None,
+    label: str | None = None,
+    lock_dir: str | Path | None = None,
+    backend: str = "auto",
+    fake_file: str | Path | None = None,
+    on_acquired: Callable[[Lease], None] | None = None,
+    on_wait: Callable[[LeaseError], None] | None = None,
+    interactive: bool | None = None,
+    reap_leftovers: bool = False,
+) -> int:
     """Acquire ``request``, run ``argv`` with the isolation env, release; the exit status.
 
     ``timeout`` bounds the wait for the lease, not the command. Lease errors raise
@@ -148,8 +195,17 @@ def run_with_lease(argv: Sequence[str], request: LeaseRequest, *, wait: bool = T
     """
     if not argv:
         raise InvalidInput("no command given", hint="usage: cuectl run [OPTIONS] -- COMMAND [ARGS...]")
-    held = acquire(request, wait=wait, timeout=timeout, label=label or command_label(argv), lock_dir=lock_dir,
-                   backend=backend, fake_file=fake_file, kind=KIND_RUN, on_wait=on_wait)
+    held = acquire(
+        request,
+        wait=wait,
+        timeout=timeout,
+        label=label or command_label(argv),
+        lock_dir=lock_dir,
+        backend=backend,
+        fake_file=fake_file,
+        kind=KIND_RUN,
+        on_wait=on_wait,
+    )
     with held:
         if on_acquired is not None:
             on_acquired(held)

@@ -157,9 +157,15 @@ class Forwarder:
             pass
 
 
-def supervise(argv: Sequence[str], env: Mapping[str, str], fds: Callable[[], Sequence[int]], *, interactive: bool,
-              on_start: Callable[[int], None],
-              leftovers: Callable[[int, Sequence[int]], None] | None = None) -> int:
+def supervise(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    fds: Callable[[], Sequence[int]],
+    *,
+    interactive: bool,
+    on_start: Callable[[int], None],
+    leftovers: Callable[[int, Sequence[int]], None] | None = None,
+) -> int:
     """Run a leased command to its end, relaying signals (``Forwarder``); its shell exit
     status. Both ways of ``cuectl run`` (``adhoc.run_leased``, ``quick``) run it so.
 

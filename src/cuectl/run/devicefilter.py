@@ -27,9 +27,14 @@ MIN_UUID_PREFIX = 8
 # --------------------------------------------------------------------------- selection
 
 
-def select_inventory(devices: Sequence[Device], include: Sequence[str] | None, exclude: Sequence[str] = (),
-                     *, include_field: str = "--devices",
-                     exclude_field: str = "--exclude-devices") -> list[Device]:
+def select_inventory(
+    devices: Sequence[Device],
+    include: Sequence[str] | None,
+    exclude: Sequence[str] = (),
+    *,
+    include_field: str = "--devices",
+    exclude_field: str = "--exclude-devices",
+) -> list[Device]:
     """The devices the worker may use, in the order of ``devices``.
 
     ``include`` None (or empty) means every device; ``exclude`` wins over ``include``. Each
@@ -63,8 +68,7 @@ def _resolve(devices: Sequence[Device], ids: Sequence[str], field: str) -> set[s
     """Each id -> one uuid (a device's or a MIG card's); InvalidInput names an unknown id."""
     # MIG cards may be absent from the inventory (NVML lists only their instances) but are
     # still nameable by UUID.
-    uuids = list(dict.fromkeys([d.uuid for d in devices] + [d.mig_parent_uuid for d in devices
-                                                           if d.mig_parent_uuid]))
+    uuids = list(dict.fromkeys([d.uuid for d in devices] + [d.mig_parent_uuid for d in devices if d.mig_parent_uuid]))
     return {_resolve_one(devices, uuids, ident, field) for ident in ids}
 
 
@@ -84,19 +88,28 @@ def _resolve_one(devices: Sequence[Device], uuids: Sequence[str], ident: str, fi
         if len(prefixed) == 1:
             return prefixed[0]
         if len(prefixed) > 1:
-            raise InvalidInput(f"{field}: UUID prefix {ident!r} matches {len(prefixed)} devices "
-                               f"({', '.join(prefixed)}); give more of it")
+            raise InvalidInput(
+                f"{field}: UUID prefix {ident!r} matches {len(prefixed)} devices "
+                f"({', '.join(prefixed)}); give more of it"
+            )
     indices = ", ".join(str(i) for i in sorted({d.index for d in devices})) or "none, no GPU found"
-    raise InvalidInput(f"{field}: no device {ident!r} on this host (indices: {indices}; "
-                       f"or a UUID from `cuectl gpu list`)")
+    raise InvalidInput(
+        f"{field}: no device {ident!r} on this host (indices: {indices}; or a UUID from `cuectl gpu list`)"
+    )
 
 
 # --------------------------------------------------------------------------- NIMBY
 
 
-def foreign_use(devices: Sequence[Device], leased: Collection[str], *, max_memory_bytes: int | None,
-                max_util_pct: float | None, samples: Mapping[str, DeviceSample] | None = None,
-                cuectl_pids: Collection[int] = ()) -> dict[str, str]:
+def foreign_use(
+    devices: Sequence[Device],
+    leased: Collection[str],
+    *,
+    max_memory_bytes: int | None,
+    max_util_pct: float | None,
+    samples: Mapping[str, DeviceSample] | None = None,
+    cuectl_pids: Collection[int] = (),
+) -> dict[str, str]:
     """Devices someone outside cuectl is using now: uuid -> a reason for the pending line.
 
     ``leased``: uuids held by any cuectl lease (frames, ``cuectl run``, ``cuectl.lease()``):
@@ -124,8 +137,11 @@ def foreign_use(devices: Sequence[Device], leased: Collection[str], *, max_memor
     parents = {d.mig_parent_uuid for d in devices if d.mig_parent_uuid}
     out: dict[str, str] = {}
     for device in devices:
-        if device.uuid in leased or device.uuid in parents or (
-                device.mig_parent_uuid is not None and device.mig_parent_uuid in leased):
+        if (
+            device.uuid in leased
+            or device.uuid in parents
+            or (device.mig_parent_uuid is not None and device.mig_parent_uuid in leased)
+        ):
             continue
         memory, util = _foreign_values(device, samples.get(device.uuid), cuectl_pids)
         over_memory = max_memory_bytes is not None and memory is not None and memory > max_memory_bytes
@@ -135,8 +151,9 @@ def foreign_use(devices: Sequence[Device], leased: Collection[str], *, max_memor
     return out
 
 
-def _foreign_values(device: Device, sample: DeviceSample | None,
-                    cuectl_pids: Collection[int]) -> tuple[int | None, float | None]:
+def _foreign_values(
+    device: Device, sample: DeviceSample | None, cuectl_pids: Collection[int]
+) -> tuple[int | None, float | None]:
     """(used memory, utilisation) not accounted for by cuectl's own processes."""
     if sample is not None:
         memory = sample.memory_used_bytes

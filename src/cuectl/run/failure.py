@@ -56,8 +56,19 @@ __all__ = [
     "worker_lost",
 ]
 
-KINDS = ("exit", "signal", "timeout", "oom-killed", "gpu-oom", "lost", "not-found", "not-executable",
-         "launch", "killed", "log-lost")
+KINDS = (
+    "exit",
+    "signal",
+    "timeout",
+    "oom-killed",
+    "gpu-oom",
+    "lost",
+    "not-found",
+    "not-executable",
+    "launch",
+    "killed",
+    "log-lost",
+)
 
 # Shell conventions (launch.EXIT_NOT_FOUND / EXIT_CANNOT_EXECUTE): the command is missing or
 # cannot be executed. Running it again on the same farm gives the same answer.
@@ -256,7 +267,7 @@ def find_gpu_oom(log_tail: bytes) -> str | None:
     data = log_tail[-DEFAULT_TAIL_BYTES:]
     headers = list(_ATTEMPT_HEADER.finditer(data))
     if headers:
-        data = data[headers[-1].start():]
+        data = data[headers[-1].start() :]
     text = _ANSI_RE.sub("", data.decode("utf-8", "replace"))
     # The last message is the one that ended the process; earlier ones may have been caught
     # and retried by the program (e.g. a batch-size search).
@@ -277,11 +288,11 @@ def _excerpt(line: str, start: int, end: int) -> str:
     # Start at the line's beginning when the match fits, else at the match (long log
     # prefixes such as timestamps and source locations are the least useful part).
     if end <= _LINE_LIMIT - 1:
-        return line[:_LINE_LIMIT - 1].rstrip() + "…"
+        return line[: _LINE_LIMIT - 1].rstrip() + "…"
     rest = line[start:]
     if len(rest) <= _LINE_LIMIT - 1:
         return "…" + rest
-    return "…" + rest[:_LINE_LIMIT - 2].rstrip() + "…"
+    return "…" + rest[: _LINE_LIMIT - 2].rstrip() + "…"
 
 
 # --------------------------------------------------------------------------------------
@@ -368,7 +379,7 @@ def _under_mount(mount_point: Path, mount_root: str, cgroup_path: str) -> Path |
     root = mount_root.rstrip("/")
     if cgroup_path != root and not cgroup_path.startswith(root + "/"):
         return None
-    rel = cgroup_path[len(root):].lstrip("/")
+    rel = cgroup_path[len(root) :].lstrip("/")
     # A "(deleted)" or ".." path would point outside the mount: ignore it.
     if ".." in rel.split("/"):
         return None

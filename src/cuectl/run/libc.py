@@ -32,8 +32,9 @@ def function(name: str, argtypes: str, restype: str) -> Any:
     except OSError:
         raise AttributeError(f"libc has no {name}") from None
     try:
-        simple = {code: type(f"C_{code}", (_ctypes._SimpleCData,), {"_type_": code})
-                  for code in set(argtypes + restype)}
+        simple = {
+            code: type(f"C_{code}", (_ctypes._SimpleCData,), {"_type_": code}) for code in set(argtypes + restype)
+        }
 
         class Function(_ctypes.CFuncPtr):
             _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO

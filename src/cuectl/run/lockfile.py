@@ -118,29 +118,38 @@ def check_lock_dir(lock_dir: str) -> int:
     if os.geteuid() == 0:
         problem = unsafe_path(lock_dir, trusted)
         if problem is not None:
-            raise LeaseError(f"lock directory {lock_dir} is not safe for a root cuectl: {problem}",
-                             hint=ROOT_SETUP_HINT)
+            raise LeaseError(
+                f"lock directory {lock_dir} is not safe for a root cuectl: {problem}", hint=ROOT_SETUP_HINT
+            )
     try:
         st = os.stat(lock_dir)
     except OSError as exc:
-        raise LeaseError(f"cannot use lock directory {lock_dir}: {exc.strerror or exc}",
-                         hint="set CUECTL_LOCK_DIR or --lock-dir to a local directory") from None
+        raise LeaseError(
+            f"cannot use lock directory {lock_dir}: {exc.strerror or exc}",
+            hint="set CUECTL_LOCK_DIR or --lock-dir to a local directory",
+        ) from None
     problem = dir_problem(lock_dir, st, trusted)
     if problem is None:
         return st.st_uid
     if st.st_uid not in trusted:
-        raise LeaseError(f"lock directory {lock_dir} belongs to {user_name(st.st_uid)}, who could delete the lock "
-                         f"file of a device you hold and let another process lease it too",
-                         hint=USER_SETUP_HINT)
+        raise LeaseError(
+            f"lock directory {lock_dir} belongs to {user_name(st.st_uid)}, who could delete the lock "
+            f"file of a device you hold and let another process lease it too",
+            hint=USER_SETUP_HINT,
+        )
     raise LeaseError(f"lock directory {problem}", hint=f"chmod 1777 {lock_dir}")
 
 
-ROOT_SETUP_HINT = ("root leases only in a directory that root (or CUECTL_SERVICE_USER) owns, on a path no other user "
-                   "can change: `install -d -m 1777 /run/cuectl/locks` (deploy/systemd/cuectl-tmpfiles.conf), "
-                   "which every cuectl then uses, or CUECTL_LOCK_DIR / --lock-dir naming such a directory")
-USER_SETUP_HINT = ("one lock directory for every user of a machine is made by root: `sudo install -d -m 1777 "
-                   "/run/cuectl/locks` (deploy/systemd/cuectl-tmpfiles.conf), which every cuectl then uses; "
-                   "or set CUECTL_LOCK_DIR / --lock-dir to a directory of your own (docs/leases.md)")
+ROOT_SETUP_HINT = (
+    "root leases only in a directory that root (or CUECTL_SERVICE_USER) owns, on a path no other user "
+    "can change: `install -d -m 1777 /run/cuectl/locks` (deploy/systemd/cuectl-tmpfiles.conf), "
+    "which every cuectl then uses, or CUECTL_LOCK_DIR / --lock-dir naming such a directory"
+)
+USER_SETUP_HINT = (
+    "one lock directory for every user of a machine is made by root: `sudo install -d -m 1777 "
+    "/run/cuectl/locks` (deploy/systemd/cuectl-tmpfiles.conf), which every cuectl then uses; "
+    "or set CUECTL_LOCK_DIR / --lock-dir to a directory of your own (docs/leases.md)"
+)
 
 
 def dir_problem(path: str, st: os.stat_result, trusted: frozenset[int]) -> str | None:
@@ -314,10 +323,12 @@ def setup_command(lock_dir: str) -> str:
 
 
 def missing_lock_file_error(path: str, owner: int) -> LeaseError:
-    return LeaseError(f"lock file {path} does not exist yet, and in this shared lock directory only {makers(owner)} "
-                      f"makes lock files (so that no user can delete one a lease holds): "
-                      f"{setup_command(os.path.dirname(path))}",
-                      hint="root makes the lock file of every device it sees (docs/leases.md)")
+    return LeaseError(
+        f"lock file {path} does not exist yet, and in this shared lock directory only {makers(owner)} "
+        f"makes lock files (so that no user can delete one a lease holds): "
+        f"{setup_command(os.path.dirname(path))}",
+        hint="root makes the lock file of every device it sees (docs/leases.md)",
+    )
 
 
 def untrusted_lock_file_error(path: str, uid: int, owner: int) -> LeaseError:
@@ -325,17 +336,24 @@ def untrusted_lock_file_error(path: str, uid: int, owner: int) -> LeaseError:
         hint = f"remove it while nobody holds it (`fuser -v {path}` lists the holders); cuectl makes a new one"
     else:
         hint = f"a root cuectl takes it over: {setup_command(os.path.dirname(path))}"
-    return LeaseError(f"lock file {path} belongs to {user_name(uid)}, not to the lock directory's owner "
-                      f"({user_name(owner)}) or root: its owner could delete it while you hold it, and another "
-                      "process would lease the device too", hint=hint)
+    return LeaseError(
+        f"lock file {path} belongs to {user_name(uid)}, not to the lock directory's owner "
+        f"({user_name(owner)}) or root: its owner could delete it while you hold it, and another "
+        "process would lease the device too",
+        hint=hint,
+    )
 
 
 def lock_file_error(path: str | os.PathLike[str], exc: OSError) -> LeaseError:
     if exc.errno == errno.ELOOP:
-        return LeaseError(f"lock file {path} is a symbolic link; refusing to follow it",
-                          hint="remove it; lock files are plain files created by cuectl")
-    return LeaseError(f"cannot open lock file {path}: {exc.strerror or exc}",
-                      hint="its owner can `chmod 666` it; lock files must be openable by every user")
+        return LeaseError(
+            f"lock file {path} is a symbolic link; refusing to follow it",
+            hint="remove it; lock files are plain files created by cuectl",
+        )
+    return LeaseError(
+        f"cannot open lock file {path}: {exc.strerror or exc}",
+        hint="its owner can `chmod 666` it; lock files must be openable by every user",
+    )
 
 
 def held_file_size(fd: int, path: str | os.PathLike[str], owner: int) -> int | None:
@@ -345,8 +363,10 @@ def held_file_size(fd: int, path: str | os.PathLike[str], owner: int) -> int | N
     anyone else refuses it). One ``fstat`` and one ``stat`` in the usual case."""
     mine = os.fstat(fd)
     if not stat.S_ISREG(mine.st_mode):
-        raise LeaseError(f"lock file {path} is not a regular file; refusing it",
-                         hint="remove it; lock files are plain files created by cuectl")
+        raise LeaseError(
+            f"lock file {path} is not a regular file; refusing it",
+            hint="remove it; lock files are plain files created by cuectl",
+        )
     if mine.st_uid != owner and mine.st_uid != 0:
         if os.geteuid() != 0:
             raise untrusted_lock_file_error(os.fspath(path), mine.st_uid, owner)
@@ -382,15 +402,25 @@ def new_record(uuid: str, index: int, *, pid: int, holder: str, kind: str, label
     if _IDENTITY is None:
         _IDENTITY = (config.current_user(), config.hostname())
     user, host = _IDENTITY
-    return {"uuid": uuid, "index": index, "pid": pid, "holder": holder, "kind": kind, "label": label, "user": user,
-            "host": host, "since": time.time()}
+    return {
+        "uuid": uuid,
+        "index": index,
+        "pid": pid,
+        "holder": holder,
+        "kind": kind,
+        "label": label,
+        "user": user,
+        "host": host,
+        "since": time.time(),
+    }
 
 
 _IDENTITY: tuple[str, str] | None = None
 
 
-def fresh_record(uuid: str, index: int, *, pid: int, holder: str, kind: str,
-                 label: str | None) -> tuple[dict[str, Any], bytes]:
+def fresh_record(
+    uuid: str, index: int, *, pid: int, holder: str, kind: str, label: str | None
+) -> tuple[dict[str, Any], bytes]:
     """``new_record`` and its ``encode_record`` bytes. A holder writes the same record but
     for ``since`` into every lock it takes (``cuectl.lease()`` in a loop, a worker's
     frames): the rest is encoded once per process, which halves the encoding's cost."""
@@ -613,6 +643,8 @@ def _live_holder(path: str) -> int:
 
 def elsewhere_warning(uuid: str, other: str, pid: int, lock_dir: str) -> str:
     """What every lease path says of a device it leased that another lock directory holds."""
-    return (f"GPU {uuid} is also leased through another lock directory, {other} (pid {pid}): its leases "
-            f"and this one's ({lock_dir}) do not see each other, so the GPU is now used twice; use one "
-            "lock directory on a machine (CUECTL_LOCK_DIR)")
+    return (
+        f"GPU {uuid} is also leased through another lock directory, {other} (pid {pid}): its leases "
+        f"and this one's ({lock_dir}) do not see each other, so the GPU is now used twice; use one "
+        "lock directory on a machine (CUECTL_LOCK_DIR)"
+    )

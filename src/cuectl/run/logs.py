@@ -28,8 +28,20 @@ from cuectl.run.framelog import attempt_log_path, job_log_dir, open_log, tail_by
 from cuectl.sched import model as m
 from cuectl.sched.store import Store
 
-__all__ = ["RQLOG_DIR", "RQLOG_SUFFIX", "attempt_log_path", "describe_attempt", "follow_log", "job_log_dir",
-           "open_log", "rqlog_dir", "rqlog_name", "rqlog_path", "show_log", "tail_bytes"]
+__all__ = [
+    "RQLOG_DIR",
+    "RQLOG_SUFFIX",
+    "attempt_log_path",
+    "describe_attempt",
+    "follow_log",
+    "job_log_dir",
+    "open_log",
+    "rqlog_dir",
+    "rqlog_name",
+    "rqlog_path",
+    "show_log",
+    "tail_bytes",
+]
 
 
 # OpenCue's log names (CueGUI). CueGUI opens a frame's log by a path it builds itself,
@@ -81,8 +93,9 @@ def _write(out: BinaryIO, data: bytes) -> None:
         out.flush()
 
 
-def show_log(store: Store, frame_id: int, *, out: BinaryIO, attempt: int | None = None,
-             tail: int | None = None) -> None:
+def show_log(
+    store: Store, frame_id: int, *, out: BinaryIO, attempt: int | None = None, tail: int | None = None
+) -> None:
     """Copy one attempt's log (default: the latest) to ``out``; with ``tail``, its last lines."""
     frame = store.get_frame(frame_id)
     path = attempt_log_path(frame, attempt)
@@ -139,10 +152,19 @@ def _waiting_reason(store: Store, frame: Mapping[str, Any]) -> str:
     return f"{text}: {reason}" if reason else text
 
 
-def follow_log(store: Store, frame_id: int, *, out: BinaryIO, note: Callable[[str], None],
-               attempt: int | None = None, tail: int | None = None, poll_s: float = 0.5,
-               file_poll_s: float = 0.1, missing_s: float = 5.0,
-               sleep: Callable[[float], None] = time.sleep) -> str:
+def follow_log(
+    store: Store,
+    frame_id: int,
+    *,
+    out: BinaryIO,
+    note: Callable[[str], None],
+    attempt: int | None = None,
+    tail: int | None = None,
+    poll_s: float = 0.5,
+    file_poll_s: float = 0.1,
+    missing_s: float = 5.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
     """Stream a frame's log until the frame is done; the frame's final state.
 
     Without ``attempt``: the latest attempt's log, then each following attempt's as the
@@ -160,8 +182,10 @@ def follow_log(store: Store, frame_id: int, *, out: BinaryIO, note: Callable[[st
         if attempt < 1:
             raise InvalidInput(f"--attempt: attempts count from 1, got {attempt}")
         if attempt > latest + 1 or (attempt == latest + 1 and frame["state"] in m.DONE_STATES):
-            raise NotFound(f"frame {frame_id} has had {latest} attempt{'s' if latest != 1 else ''}, "
-                           f"not {attempt} (state {frame['state']})")
+            raise NotFound(
+                f"frame {frame_id} has had {latest} attempt{'s' if latest != 1 else ''}, "
+                f"not {attempt} (state {frame['state']})"
+            )
     elif latest < 1 and frame["state"] in m.DONE_STATES:
         raise NotFound(f"frame {frame_id} has no log yet (state {frame['state']})")
     target = attempt if attempt is not None else max(1, latest)
@@ -200,10 +224,16 @@ def follow_log(store: Store, frame_id: int, *, out: BinaryIO, note: Callable[[st
         # -- stream it until the store says it ended (the one follower, as the API's) ----
         if fd is not None:
             try:
-                steps = framelog.follow(fd, frame, target, tail=tail if first else None, poll_s=poll_s,
-                                        file_poll_s=file_poll_s)
-                frame = framelog.drive(steps, write=lambda data: _write(out, data), note=note,
-                                       refresh=lambda: store.get_frame(frame_id), sleep=sleep)
+                steps = framelog.follow(
+                    fd, frame, target, tail=tail if first else None, poll_s=poll_s, file_poll_s=file_poll_s
+                )
+                frame = framelog.drive(
+                    steps,
+                    write=lambda data: _write(out, data),
+                    note=note,
+                    refresh=lambda: store.get_frame(frame_id),
+                    sleep=sleep,
+                )
             finally:
                 os.close(fd)
         first = False

@@ -90,13 +90,24 @@ def subject(row: dict[str, Any]) -> str:
 
 def email_message(row: dict[str, Any], job: dict[str, Any], sender: str | None = None) -> bytes:
     counts = ", ".join(f"{k} {v}" for k, v in sorted((job.get("frame_counts") or {}).items())) or "none"
-    lines = [f"To: {row['target']}", f"Subject: {subject(row)}", "Content-Type: text/plain; charset=utf-8",
-             "MIME-Version: 1.0", "Auto-Submitted: auto-generated"]
+    lines = [
+        f"To: {row['target']}",
+        f"Subject: {subject(row)}",
+        "Content-Type: text/plain; charset=utf-8",
+        "MIME-Version: 1.0",
+        "Auto-Submitted: auto-generated",
+    ]
     if sender:
         lines.insert(0, f"From: {sender}")
-    body = [subject(row), "", f"job:      {job.get('id')} {job.get('name')}", f"user:     {job.get('user')}",
-            f"state:    {job.get('state')} ({job.get('outcome') or '-'})", f"frames:   {counts}",
-            f"finished: {job.get('finished_at') or '-'}"]
+    body = [
+        subject(row),
+        "",
+        f"job:      {job.get('id')} {job.get('name')}",
+        f"user:     {job.get('user')}",
+        f"state:    {job.get('state')} ({job.get('outcome') or '-'})",
+        f"frames:   {counts}",
+        f"finished: {job.get('finished_at') or '-'}",
+    ]
     if row["event"] == "dead":
         body.append(f"frame:    {row['frame_id']} (cuectl frame show {row['frame_id']})")
     body += ["", f"cuectl job show {job.get('id')}"]
@@ -110,8 +121,9 @@ def email_message(row: dict[str, Any], job: dict[str, Any], sender: str | None =
 _ENTER_AS_USER = 'cd -P -- "$1" 2>/dev/null || cd /; shift; exec "$@"'
 
 
-def _run_child(argv: list[str], *, stdin: bytes, env: dict[str, str], timeout: float,
-               run_as: launch.RunAs | None, cwd: str | None) -> tuple[int | None, str]:
+def _run_child(
+    argv: list[str], *, stdin: bytes, env: dict[str, str], timeout: float, run_as: launch.RunAs | None, cwd: str | None
+) -> tuple[int | None, str]:
     """Run ``argv`` in its own session, feed ``stdin``, wait up to ``timeout``; (exit code or
     None on timeout, the tail of its output). With ``run_as`` it runs as that user, who
     enters ``cwd`` (else it starts in this process's directory)."""
@@ -120,8 +132,17 @@ def _run_child(argv: list[str], *, stdin: bytes, env: dict[str, str], timeout: f
         where = cwd if cwd.startswith("/") else "/"  # never a relative path, searched on a CDPATH
         argv, cwd = ["/bin/sh", "-c", _ENTER_AS_USER, "cuectl", where, *argv], None
     with launch.CWD_LOCK:  # not while the worker is in a frame's directory for an instant (frame/start.py)
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=env, cwd=cwd, start_new_session=True, close_fds=True, **kwargs)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+            **kwargs,
+        )
     launch.hold_child(proc.pid, proc)
     try:
         try:
@@ -163,9 +184,17 @@ class Deliverer:
     ``run_as_submitter``: this process is root and runs hooks as the job's user, on proof
     (the worker's ``--run-as-worker-user`` turns it off, as for frames)."""
 
-    def __init__(self, store: Store, *, deliverer_id: str, run_as_submitter: bool = False,
-                 interval_s: float = 5.0, batch: int = 8, warn: Callable[[str], None] | None = None,
-                 on_claimed: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        deliverer_id: str,
+        run_as_submitter: bool = False,
+        interval_s: float = 5.0,
+        batch: int = 8,
+        warn: Callable[[str], None] | None = None,
+        on_claimed: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.id = deliverer_id
         self.run_as_submitter = run_as_submitter
@@ -224,8 +253,10 @@ class Deliverer:
                     self.store.notification_failed(nid, self.id, error, now=now, give_up=d.permanent)
                     self.failed += 1
                     if self.warn:
-                        self.warn(f"notification {nid} ({d.row['event']} of job {d.row['job_id']} to "
-                                  f"{d.row['kind']}) failed: {error}")
+                        self.warn(
+                            f"notification {nid} ({d.row['event']} of job {d.row['job_id']} to "
+                            f"{d.row['kind']}) failed: {error}"
+                        )
             except StoreError:
                 return  # recorded on a later step (the claim still holds)
             del self.inflight[nid]
@@ -279,9 +310,16 @@ class Deliverer:
             return lambda: _email(argv, message, env, run_as)
         env = {k: v for k, v in config.inherited_environ().items() if not k.startswith("CUE_") and k not in _SECRETS}
         env.update(run_as.env() if run_as else {})
-        env.update({"CUE_JOB_ID": str(row["job_id"]), "CUE_JOB": str(row.get("job") or ""),
-                    "CUE_EVENT": row["event"], "CUE_FRAME_ID": str(row["frame_id"] or ""),
-                    "CUE_USER": str(row.get("user") or ""), "CUE_NOTIFICATION_ID": str(row["id"])})
+        env.update(
+            {
+                "CUE_JOB_ID": str(row["job_id"]),
+                "CUE_JOB": str(row.get("job") or ""),
+                "CUE_EVENT": row["event"],
+                "CUE_FRAME_ID": str(row["frame_id"] or ""),
+                "CUE_USER": str(row.get("user") or ""),
+                "CUE_NOTIFICATION_ID": str(row["id"]),
+            }
+        )
         cwd = run_as.home if run_as else None
         return lambda: _command(target, body, env, run_as, cwd)
 
@@ -293,13 +331,22 @@ class Deliverer:
         what = "run" if command is not None else "sent"
         try:
             if command is not None:
-                identity.check_notify_command(user=row["user"], job_id=row["job_id"], command=command,
-                                              submitted_by=row.get("submitted_by"), receipt=row.get("receipt"),
-                                              spool=self.store.receipt_dir)
+                identity.check_notify_command(
+                    user=row["user"],
+                    job_id=row["job_id"],
+                    command=command,
+                    submitted_by=row.get("submitted_by"),
+                    receipt=row.get("receipt"),
+                    spool=self.store.receipt_dir,
+                )
             else:
-                problem = identity.proof_problem(user=row["user"], job_id=row["job_id"],
-                                                 submitted_by=row.get("submitted_by"), receipt=row.get("receipt"),
-                                                 spool=self.store.receipt_dir)
+                problem = identity.proof_problem(
+                    user=row["user"],
+                    job_id=row["job_id"],
+                    submitted_by=row.get("submitted_by"),
+                    receipt=row.get("receipt"),
+                    spool=self.store.receipt_dir,
+                )
                 if problem:
                     raise Unproven(problem)
             return launch.RunAs.lookup(row["user"])
@@ -325,9 +372,17 @@ def _post(url: str, body: bytes, row: dict[str, Any]) -> str | None:
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json", "User-Agent": "cuectl-notify",
-        "X-Cuectl-Event": row["event"], "X-Cuectl-Notification": str(row["id"])})
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "User-Agent": "cuectl-notify",
+            "X-Cuectl-Event": row["event"],
+            "X-Cuectl-Notification": str(row["id"]),
+        },
+    )
     try:
         with _opener().open(request, timeout=WEBHOOK_TIMEOUT_S) as response:
             status = int(response.status)
@@ -349,28 +404,40 @@ def _opener() -> Any:
     import urllib.request
 
     class Redirects(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any,
-                             newurl: str) -> Any:
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
             try:
                 nt.check_target("webhook", newurl, "redirect")
             except InvalidInput:
                 import urllib.error
 
-                raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl[:200]!r} not followed "
-                                             "(only http:// and https://)", headers, fp) from None
+                raise urllib.error.HTTPError(
+                    req.full_url,
+                    code,
+                    f"redirect to {newurl[:200]!r} not followed (only http:// and https://)",
+                    headers,
+                    fp,
+                ) from None
             return super().redirect_request(req, fp, code, msg, headers, newurl)
 
     opener = urllib.request.OpenerDirector()
-    for handler in (urllib.request.ProxyHandler(), urllib.request.HTTPHandler(), urllib.request.HTTPSHandler(),
-                    Redirects(), urllib.request.HTTPDefaultErrorHandler(), urllib.request.HTTPErrorProcessor()):
+    for handler in (
+        urllib.request.ProxyHandler(),
+        urllib.request.HTTPHandler(),
+        urllib.request.HTTPSHandler(),
+        Redirects(),
+        urllib.request.HTTPDefaultErrorHandler(),
+        urllib.request.HTTPErrorProcessor(),
+    ):
         opener.add_handler(handler)
     return opener
 
 
-def _command(command: str, body: bytes, env: dict[str, str], run_as: launch.RunAs | None,
-             cwd: str | None) -> str | None:
-    code, out = _run_child(["/bin/sh", "-c", command], stdin=body, env=env, timeout=COMMAND_TIMEOUT_S,
-                           run_as=run_as, cwd=cwd)
+def _command(
+    command: str, body: bytes, env: dict[str, str], run_as: launch.RunAs | None, cwd: str | None
+) -> str | None:
+    code, out = _run_child(
+        ["/bin/sh", "-c", command], stdin=body, env=env, timeout=COMMAND_TIMEOUT_S, run_as=run_as, cwd=cwd
+    )
     if code is None:
         return f"command timed out after {COMMAND_TIMEOUT_S:g} s"
     if code != 0:
@@ -382,8 +449,9 @@ def _command(command: str, body: bytes, env: dict[str, str], run_as: launch.RunA
 def _email(argv: list[str], message: bytes, env: dict[str, str], run_as: launch.RunAs | None) -> str | None:
     if not Path(argv[0]).exists():
         return f"no sendmail at {argv[0]} (set CUECTL_SENDMAIL)"
-    code, out = _run_child(argv, stdin=message, env=env, timeout=EMAIL_TIMEOUT_S, run_as=run_as,
-                           cwd=run_as.home if run_as else None)
+    code, out = _run_child(
+        argv, stdin=message, env=env, timeout=EMAIL_TIMEOUT_S, run_as=run_as, cwd=run_as.home if run_as else None
+    )
     if code is None:
         return f"sendmail timed out after {EMAIL_TIMEOUT_S:g} s"
     if code != 0:

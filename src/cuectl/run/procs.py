@@ -23,9 +23,23 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Mapping, Sequence
 
-__all__ = ["DEFAULT_GRACE_S", "become_subreaper", "file_ids", "hold_child", "holds_file", "kill_by_env",
-           "kill_leftovers", "kill_process_group", "leftover_children", "own_children", "process_group_alive",
-           "process_table", "processes_with_env", "release_child", "set_child_subreaper"]
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "become_subreaper",
+    "file_ids",
+    "hold_child",
+    "holds_file",
+    "kill_by_env",
+    "kill_leftovers",
+    "kill_process_group",
+    "leftover_children",
+    "own_children",
+    "process_group_alive",
+    "process_table",
+    "processes_with_env",
+    "release_child",
+    "set_child_subreaper",
+]
 
 DEFAULT_GRACE_S = 5.0
 # After SIGKILL, a process in uninterruptible sleep (hung NFS, a wedged driver) can linger.
@@ -65,7 +79,7 @@ def process_table() -> dict[int, tuple[int, int, bool]]:
             except OSError:
                 continue  # exited meanwhile, or hidden from us
             # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-            fields = stat[stat.rfind(b")") + 2:].split(b" ", 3)
+            fields = stat[stat.rfind(b")") + 2 :].split(b" ", 3)
             table[int(entry.name)] = (int(fields[1]), int(fields[2]), fields[0] == b"Z")
         return table
     return _process_table_psutil()
@@ -261,7 +275,7 @@ def _stat_fields(pid: int) -> tuple[bool, int, int] | None:
             data = fh.read()
     except OSError:
         return None
-    fields = data[data.rfind(b")") + 2:].split(b" ", 5)
+    fields = data[data.rfind(b")") + 2 :].split(b" ", 5)
     try:
         return fields[0] == b"Z", int(fields[2]), int(fields[3])
     except (IndexError, ValueError):
@@ -278,7 +292,7 @@ def _env_value(pid: int, name: str) -> str | None:
     prefix = name.encode() + b"="
     for item in data.split(b"\0"):
         if item.startswith(prefix):
-            return item[len(prefix):].decode("utf-8", "replace")
+            return item[len(prefix) :].decode("utf-8", "replace")
     return None
 
 

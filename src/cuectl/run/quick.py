@@ -55,8 +55,16 @@ KIND_RUN = "run"
 #: ``cuectl.run.lease.locks.QUEUE_DIRNAME``.
 QUEUE_DIRNAME = "queue"
 #: Sources whose change may change what the cache holds (relative to the package).
-_SOURCES = ("run/quick.py", "run/child.py", "run/lease/acquire.py", "run/lease/isolation.py",
-            "run/lease/request.py", "run/lease/locks.py", "sched/match.py", "gpu")
+_SOURCES = (
+    "run/quick.py",
+    "run/child.py",
+    "run/lease/acquire.py",
+    "run/lease/isolation.py",
+    "run/lease/request.py",
+    "run/lease/locks.py",
+    "sched/match.py",
+    "gpu",
+)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -68,14 +76,26 @@ def fingerprint(lock_dir: str, devices: tuple[Any, ...] | None = None) -> tuple[
     (pass the one taken before discovering: a change during discovery then invalidates the
     plan rather than hides in it) and the lock directory as it is now."""
     return (devices if devices is not None else device_key()) + (
-        lock_dir, _stat_id(lock_dir), _stat_id(os.path.join(lock_dir, QUEUE_DIRNAME)))
+        lock_dir,
+        _stat_id(lock_dir),
+        _stat_id(os.path.join(lock_dir, QUEUE_DIRNAME)),
+    )
 
 
 def device_key() -> tuple[Any, ...]:
     """Everything discovery and the plan depend on, cheaply: ~0.2 ms of stat calls."""
     fake = config.fake_gpus_file()
-    return (FORMAT, sys.hexversion, sys.prefix, os.geteuid(), _sources(), os.environ.get("PATH"),
-            os.environ.get("LD_LIBRARY_PATH"), fake, _stat_id(fake, content=True) if fake else _hardware())
+    return (
+        FORMAT,
+        sys.hexversion,
+        sys.prefix,
+        os.geteuid(),
+        _sources(),
+        os.environ.get("PATH"),
+        os.environ.get("LD_LIBRARY_PATH"),
+        fake,
+        _stat_id(fake, content=True) if fake else _hardware(),
+    )
 
 
 def _stat_id(path: str, *, content: bool = False) -> tuple[int, ...] | None:
@@ -97,8 +117,9 @@ def _sources() -> tuple[Any, ...]:
             continue
         try:
             with os.scandir(path) as entries:
-                found.extend(sorted((e.name, _stat_id(e.path, content=True)) for e in entries
-                                    if e.name.endswith(".py")))
+                found.extend(
+                    sorted((e.name, _stat_id(e.path, content=True)) for e in entries if e.name.endswith(".py"))
+                )
         except OSError:
             found.append(None)
     return tuple(found)
@@ -108,13 +129,19 @@ def _hardware(root: str = "/") -> tuple[Any, ...]:
     """What the kernel says about the GPUs: any device added, removed or reset, a driver
     loaded or upgraded, a MIG instance made or destroyed, or a reboot changes it. (``root``:
     another tree laid out as /, for tests.)"""
+
     def at(path: str) -> str:
         return os.path.join(root, path)
 
-    return (_read(at("proc/sys/kernel/random/boot_id")), _read(at("proc/driver/nvidia/version")),
-            _nodes(at("dev"), ("nvidia", "kfd")), _nodes(at("dev/dri"), ("",)),
-            _tree(at("proc/driver/nvidia/gpus"), 2), _tree(at("proc/driver/nvidia/capabilities"), 5),
-            _tree(at("sys/class/drm"), 1))
+    return (
+        _read(at("proc/sys/kernel/random/boot_id")),
+        _read(at("proc/driver/nvidia/version")),
+        _nodes(at("dev"), ("nvidia", "kfd")),
+        _nodes(at("dev/dri"), ("",)),
+        _tree(at("proc/driver/nvidia/gpus"), 2),
+        _tree(at("proc/driver/nvidia/capabilities"), 5),
+        _tree(at("sys/class/drm"), 1),
+    )
 
 
 def _read(path: str) -> bytes | None:
@@ -168,7 +195,7 @@ def save(key: tuple[Any, ...], plan: dict[int, Any]) -> None:
         st = os.lstat(directory)
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
             return  # someone else's (a sudo with HOME kept): not ours to write into
-        entries = [(key, plan)] + [e for e in _entries(path) if e[0] != key][:KEEP - 1]
+        entries = [(key, plan)] + [e for e in _entries(path) if e[0] != key][: KEEP - 1]
         data = marshal.dumps(entries)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
@@ -204,8 +231,7 @@ def _entries(path: str) -> list[tuple[tuple[Any, ...], dict[int, Any]]]:
         return []
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 \
-                or st.st_size > 1 << 20:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022 or st.st_size > 1 << 20:
             return []
         data = os.read(fd, st.st_size + 1)
     except OSError:
@@ -218,8 +244,9 @@ def _entries(path: str) -> list[tuple[tuple[Any, ...], dict[int, Any]]]:
         return []
     if not isinstance(found, list):
         return []
-    return [e for e in found if isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], tuple)
-            and isinstance(e[1], dict)]
+    return [
+        e for e in found if isinstance(e, tuple) and len(e) == 2 and isinstance(e[0], tuple) and isinstance(e[1], dict)
+    ]
 
 
 # ============================================================================ the run
@@ -230,8 +257,12 @@ def run(kw: dict[str, Any], say: Any) -> int | None:
     path: the command's exit status, or None where the full path must answer (having taken
     and started nothing). Raises what the full path raises for a command that cannot start."""
     gpus = kw.get("gpus", 1)
-    if not set(kw) <= {"command", "gpus", "label", "wait"} or gpus not in (0, 1) \
-            or not sys.platform.startswith("linux") or "CUE_FRAME_ID" in os.environ:
+    if (
+        not set(kw) <= {"command", "gpus", "label", "wait"}
+        or gpus not in (0, 1)
+        or not sys.platform.startswith("linux")
+        or "CUE_FRAME_ID" in os.environ
+    ):
         return None
     lock_dir = config.lock_dir_name()
     if lock_dir is None:
@@ -312,5 +343,11 @@ def _run_held(argv: Sequence[str], held: list[tuple[int, bool, dict[str, Any]]],
 
         reap_leftovers_of(pid, fds, interactive=interactive)
 
-    return child.supervise(argv, child.child_env(lease_env), lambda: [fd for fd, _, _ in held],
-                           interactive=interactive, on_start=started, leftovers=leftovers)
+    return child.supervise(
+        argv,
+        child.child_env(lease_env),
+        lambda: [fd for fd, _, _ in held],
+        interactive=interactive,
+        on_start=started,
+        leftovers=leftovers,
+    )

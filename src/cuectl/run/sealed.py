@@ -24,8 +24,10 @@ class UnsafeStore(InvalidInput):
     """A root worker was pointed at a store that others than its owner can write."""
 
 
-SETUP_HINT = ("a store several users share belongs to root or a service account alone, and users reach it "
-              "through `cuectl serve --socket` (docs/deploy.md, 'A machine several people use')")
+SETUP_HINT = (
+    "a store several users share belongs to root or a service account alone, and users reach it "
+    "through `cuectl serve --socket` (docs/deploy.md, 'A machine several people use')"
+)
 
 
 def problems(store: Store) -> list[str]:
@@ -61,8 +63,7 @@ def check(store: Store) -> None:
     found = problems(store)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
-        raise UnsafeStore(f"a root worker will not use a store others can write: {found[0]}{more}",
-                          hint=SETUP_HINT)
+        raise UnsafeStore(f"a root worker will not use a store others can write: {found[0]}{more}", hint=SETUP_HINT)
 
 
 def _above(named: Path, real: Path) -> list[Path]:

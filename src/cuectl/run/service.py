@@ -55,9 +55,16 @@ def heartbeat_path(name: str | None) -> Path:
     return worker_state_dir(worker_host(name)) / HEARTBEAT_FILE
 
 
-def wait_for_store(open_store: Callable[[], T], *, warn: Callable[[str], None], first_delay: float = 1.0,
-                   max_delay: float = 30.0, sleep: Callable[[float], None] = time.sleep,
-                   heartbeat: Path | None = None, reached: Callable[[str], None] | None = None) -> T:
+def wait_for_store(
+    open_store: Callable[[], T],
+    *,
+    warn: Callable[[str], None],
+    first_delay: float = 1.0,
+    max_delay: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+    heartbeat: Path | None = None,
+    reached: Callable[[str], None] | None = None,
+) -> T:
     """Open the store, waiting for as long as its server is unreachable (backing off from
     ``first_delay`` to ``max_delay`` seconds, one warning per try): a worker host that
     boots before the database server — a power cut, a cluster where both start together
@@ -72,8 +79,10 @@ def wait_for_store(open_store: Callable[[], T], *, warn: Callable[[str], None], 
         try:
             store = open_store()
             if failed and reached is not None:
-                reached(f"store reachable after {failed} failed tr{'y' if failed == 1 else 'ies'} "
-                        f"({time.monotonic() - started:.0f} s)")
+                reached(
+                    f"store reachable after {failed} failed tr{'y' if failed == 1 else 'ies'} "
+                    f"({time.monotonic() - started:.0f} s)"
+                )
             return store
         except StoreUnreachable as exc:
             failed += 1
@@ -98,13 +107,14 @@ def discover_gpus(backend: str = "auto") -> Discovery:
         status = next((b for b in discovery.backends if b.name == key), None)
         why = status.error if status is not None and status.error else "it found no GPU"
         hint = f"{status.hint}; " if status is not None and status.hint else ""
-        raise BackendUnavailable(f"--backend {key}: no GPU found: {why}",
-                                 hint=f"{hint}--backend auto starts a CPU-only worker where no GPU is found")
+        raise BackendUnavailable(
+            f"--backend {key}: no GPU found: {why}",
+            hint=f"{hint}--backend auto starts a CPU-only worker where no GPU is found",
+        )
     return discovery
 
 
-def inventory_of(discovery: Discovery, devices: Sequence[str] | None = None,
-                 exclude: Sequence[str] = ()) -> Inventory:
+def inventory_of(discovery: Discovery, devices: Sequence[str] | None = None, exclude: Sequence[str] = ()) -> Inventory:
     """The worker's view of one discovery: devices (only those ``--devices`` names and
     ``--exclude-devices`` does not), their sampler, what the backends said."""
     from cuectl.run.devicefilter import select_inventory
@@ -113,19 +123,37 @@ def inventory_of(discovery: Discovery, devices: Sequence[str] | None = None,
     found = discovery.devices
     if devices is not None or exclude:
         found = select_inventory(found, devices, exclude)
-    return Inventory(devices=tuple(found), sampler=lambda uuids, pids: discovery.sample(uuids, pids),
-                     problems=discovery.problems())
+    return Inventory(
+        devices=tuple(found), sampler=lambda uuids, pids: discovery.sample(uuids, pids), problems=discovery.problems()
+    )
 
 
-def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames: int | None,
-                 poll: float, sample_interval: float, lease_timeout: float, gpu_only: bool,
-                 lock_dir: Path | None, tags: Sequence[str], cores: float | None, backend: str = "auto",
-                 allowed_users: Sequence[str] = (), run_as_submitter: bool | None = None,
-                 log_limit: int | None = None, discovery: Discovery | None = None,
-                 rediscover_interval: float = 300.0, devices: Sequence[str] | None = None,
-                 exclude_devices: Sequence[str] = (), nimby_memory: int | None = None,
-                 nimby_util: float | None = None, available: Schedule | None = None,
-                 reservation_timeout: float = 1800.0) -> tuple[Worker, Discovery]:
+def build_worker(
+    store: Store,
+    *,
+    name: str | None,
+    until_idle: bool,
+    max_frames: int | None,
+    poll: float,
+    sample_interval: float,
+    lease_timeout: float,
+    gpu_only: bool,
+    lock_dir: Path | None,
+    tags: Sequence[str],
+    cores: float | None,
+    backend: str = "auto",
+    allowed_users: Sequence[str] = (),
+    run_as_submitter: bool | None = None,
+    log_limit: int | None = None,
+    discovery: Discovery | None = None,
+    rediscover_interval: float = 300.0,
+    devices: Sequence[str] | None = None,
+    exclude_devices: Sequence[str] = (),
+    nimby_memory: int | None = None,
+    nimby_util: float | None = None,
+    available: Schedule | None = None,
+    reservation_timeout: float = 1800.0,
+) -> tuple[Worker, Discovery]:
     """The worker for this host. ``discovery``: the GPUs found already (``discover_gpus``),
     else found here with ``backend``; the worker finds them again with the same backend
     every ``rediscover_interval`` seconds (0: only on SIGHUP)."""
@@ -146,24 +174,43 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
     prepare_lock_dir(locks)
     state_dir = worker_state_dir(host)
     opts = WorkerOptions(
-        name=host, lock_dir=locks, state_dir=state_dir,
-        log_dir=str(store.log_dir), cores=float(cores or os.cpu_count() or 1),
-        memory_bytes=host_memory_bytes(), poll_s=poll, sample_interval_s=sample_interval,
-        lease_timeout_s=lease_timeout, gpu_only=gpu_only, tags=tuple(tags), max_frames=max_frames,
-        until_idle=until_idle, kill_grace_s=config.kill_grace(),
+        name=host,
+        lock_dir=locks,
+        state_dir=state_dir,
+        log_dir=str(store.log_dir),
+        cores=float(cores or os.cpu_count() or 1),
+        memory_bytes=host_memory_bytes(),
+        poll_s=poll,
+        sample_interval_s=sample_interval,
+        lease_timeout_s=lease_timeout,
+        gpu_only=gpu_only,
+        tags=tuple(tags),
+        max_frames=max_frames,
+        until_idle=until_idle,
+        kill_grace_s=config.kill_grace(),
         log_limit_bytes=config.log_limit() if log_limit is None else log_limit,
-        crash_at=config.test_hook(), allowed_users=tuple(allowed_users),
+        crash_at=config.test_hook(),
+        allowed_users=tuple(allowed_users),
         # A root worker runs frames as their submitters unless told otherwise: anyone who
         # can write the store could otherwise run commands as root on every host.
         run_as_submitter=(os.geteuid() == 0) if run_as_submitter is None else run_as_submitter,
-        rediscover_interval_s=rediscover_interval, heartbeat_file=state_dir / HEARTBEAT_FILE,
-        nimby_memory_bytes=nimby_memory, nimby_util_pct=nimby_util, schedule=available,
-        reservation_timeout_s=reservation_timeout)
+        rediscover_interval_s=rediscover_interval,
+        heartbeat_file=state_dir / HEARTBEAT_FILE,
+        nimby_memory_bytes=nimby_memory,
+        nimby_util_pct=nimby_util,
+        schedule=available,
+        reservation_timeout_s=reservation_timeout,
+    )
     first = inventory_of(discovery, devices, exclude_devices)
     # Re-discovery uses the backend the worker was started with, but never fails for want
     # of GPUs: devices that vanish are reported unavailable, not a reason to stop.
-    worker = Worker(store=store, opts=opts, devices=list(first.devices), sampler=first.sampler,
-                    rediscover=lambda: inventory_of(discover(backend), devices, exclude_devices))
+    worker = Worker(
+        store=store,
+        opts=opts,
+        devices=list(first.devices),
+        sampler=first.sampler,
+        rediscover=lambda: inventory_of(discover(backend), devices, exclude_devices),
+    )
     # A call that waits long for a lost server stalls the whole loop: frames that end meanwhile
     # are reaped (and timed) late, and signals wait. The loop retries every iteration anyway.
     store.reconnect_s = min(store.reconnect_s, WORKER_RECONNECT_S)
@@ -173,8 +220,9 @@ def build_worker(store: Store, *, name: str | None, until_idle: bool, max_frames
     return worker, discovery
 
 
-def run_worker(worker: Worker, *, on_iteration: Callable[[Worker], None] | None = None,
-               hangup_stops: bool = False) -> int:
+def run_worker(
+    worker: Worker, *, on_iteration: Callable[[Worker], None] | None = None, hangup_stops: bool = False
+) -> int:
     """Run the worker under its supervisor until it is done (or stopped by signals).
     ``hangup_stops``: SIGHUP drains (a worker in a terminal) instead of re-discovering."""
     from cuectl.run.worker import Supervisor
@@ -185,6 +233,7 @@ def run_worker(worker: Worker, *, on_iteration: Callable[[Worker], None] | None 
 
 
 # -- `cuectl worker --probe` ------------------------------------------------------------------
+
 
 class ProbeFailed(CuectlError):
     """The worker's heartbeat file says it is not alive (or, for readiness, not connected)."""
@@ -213,13 +262,15 @@ def probe(name: str | None, *, max_age: float, ready: bool = False, now: float |
     if not _process_runs(pid):
         raise ProbeFailed(f"worker {host!r} (pid {pid}) is not running; last heartbeat {age:.0f} s ago")
     if age > max_age:
-        raise ProbeFailed(f"worker {host!r} (pid {pid}) is stuck: last heartbeat {age:.0f} s ago "
-                          f"(--max-age {max_age:g})")
+        raise ProbeFailed(
+            f"worker {host!r} (pid {pid}) is stuck: last heartbeat {age:.0f} s ago (--max-age {max_age:g})"
+        )
     store_age = None if store_ok_at is None else now - float(store_ok_at)
     if ready and (store_age is None or store_age > max_age):
         since = "yet" if store_age is None else f"for {store_age:.0f} s"
-        raise ProbeFailed(f"worker {host!r} (pid {pid}) is alive but has not reached its store {since} "
-                          f"(--max-age {max_age:g})")
+        raise ProbeFailed(
+            f"worker {host!r} (pid {pid}) is alive but has not reached its store {since} (--max-age {max_age:g})"
+        )
     store = "never" if store_age is None else f"{store_age:.0f} s ago"
     return f"worker {host!r} (pid {pid}) alive: last heartbeat {age:.0f} s ago, store reached {store}"
 

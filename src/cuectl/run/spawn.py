@@ -159,9 +159,17 @@ class NoWayBack(OSError):
 _HOME_FLAGS = os.O_RDONLY | getattr(os, "O_PATH", 0) | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC
 
 
-def spawn(argv: Sequence[str], env: Mapping[str, str], *, keep: Sequence[int] = (),
-          stdio: tuple[int, int, int] | None = None, cwd: str | None = None, setsid: bool = False,
-          setpgroup: bool = False, cwd_lock: threading.Lock | None = None) -> int:
+def spawn(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    keep: Sequence[int] = (),
+    stdio: tuple[int, int, int] | None = None,
+    cwd: str | None = None,
+    setsid: bool = False,
+    setpgroup: bool = False,
+    cwd_lock: threading.Lock | None = None,
+) -> int:
     """Start ``argv`` (the program searched on ``env``'s PATH) with ``env``; its pid.
 
     ``keep``: descriptors besides 0-2 that stay open. ``stdio``: descriptors that become
@@ -177,8 +185,12 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, keep: Sequence[int] = 
     ``NoWayBack`` (nothing started) when our own directory cannot be opened.
     """
     if stdio is not None:
-        actions = [(os.POSIX_SPAWN_DUP2, stdio[0], 0), (os.POSIX_SPAWN_DUP2, stdio[1], 1),
-                   (os.POSIX_SPAWN_DUP2, stdio[2], 2), *fd_actions(keep)]
+        actions = [
+            (os.POSIX_SPAWN_DUP2, stdio[0], 0),
+            (os.POSIX_SPAWN_DUP2, stdio[1], 1),
+            (os.POSIX_SPAWN_DUP2, stdio[2], 2),
+            *fd_actions(keep),
+        ]
     else:
         actions = fd_actions(keep)
     options: dict[str, Any] = {"setsid": True} if setsid else ({"setpgroup": 0} if setpgroup else {})
@@ -201,15 +213,15 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], *, keep: Sequence[int] = 
             os.close(home)
 
 
-def _spawn(argv: Sequence[str], env: Mapping[str, str], actions: list[tuple[Any, ...]],
-           options: dict[str, Any]) -> int:
+def _spawn(argv: Sequence[str], env: Mapping[str, str], actions: list[tuple[Any, ...]], options: dict[str, Any]) -> int:
     try:
         if "/" not in argv[0] and env.get("PATH") == os.environ.get("PATH"):
             # glibc's posix_spawnp searches the PATH *we* have, in the child, with execvpe's
             # rules: when the child's is the same (the usual case), no stat calls here.
             return os.posix_spawnp(argv[0], list(argv), env, file_actions=actions, setsigdef=RESTORED, **options)
-        return os.posix_spawn(resolve(argv[0], env), list(argv), env, file_actions=actions, setsigdef=RESTORED,
-                              **options)
+        return os.posix_spawn(
+            resolve(argv[0], env), list(argv), env, file_actions=actions, setsigdef=RESTORED, **options
+        )
     except OSError as exc:
         # glibc reports the exec's errno naming the resolved file; Popen names the program.
         raise OSError(exc.errno, exc.strerror, argv[0]) from None

@@ -125,8 +125,11 @@ class UsageTracker:
         if not self.uuids:
             return {}
         wall = max(0.0, ended_at - self.started_at)
-        mean = (self._util_time / self._util_weight) if self._util_weight > 0 else (
-            self._util_max if self.samples_taken else None)
+        mean = (
+            (self._util_time / self._util_weight)
+            if self._util_weight > 0
+            else (self._util_max if self.samples_taken else None)
+        )
         return {
             "gpu_util_mean_pct": round(mean, 2) if mean is not None else None,
             "gpu_util_max_pct": self._util_max,

@@ -55,8 +55,9 @@ def label_name(value: Any, label: str, what: str) -> str:
     if not LIMIT_NAME_RE.fullmatch(name) or not name.strip("-."):
         # ("-" alone reads as "none" in every table: `admin report --by project` shows jobs
         # without a project as "-".)
-        raise InvalidInput(f"{label}: invalid {what} name {quote(name)} (1-100 of A-Z a-z 0-9 _ . -, "
-                           "not only dashes and dots)")
+        raise InvalidInput(
+            f"{label}: invalid {what} name {quote(name)} (1-100 of A-Z a-z 0-9 _ . -, not only dashes and dots)"
+        )
     return name
 
 
@@ -79,8 +80,9 @@ def tags_field(value: Any, label: str) -> tuple[str, ...]:
         # "a | b": any of the alternatives (OpenCue's tag semantics); entries: all of them.
         alternatives = [t.strip() for t in tag.split("|")]
         if not all(_TAG_RE.fullmatch(t) for t in alternatives):
-            raise InvalidInput(f"{where}: invalid tag {quote(tag)} (1-100 of A-Z a-z 0-9 _ . -; "
-                               "alternatives separated by |)")
+            raise InvalidInput(
+                f"{where}: invalid tag {quote(tag)} (1-100 of A-Z a-z 0-9 _ . -; alternatives separated by |)"
+            )
         tag = " | ".join(alternatives)
         if tag not in tags:
             tags.append(tag)

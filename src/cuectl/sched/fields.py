@@ -22,7 +22,13 @@ Label = Callable[[str], str]
 MAX_BYTES = 2**60  # an exabyte: anything above is a typo, and it still fits an SQL BIGINT
 CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Flags whose name is not the field's name with dashes (repeatable flags are singular).
-_FLAG_NAMES = {"name": "--layer", "command": "COMMAND", "gpu_models": "--gpu-model", "tags": "--tag", "limits": "--limit"}
+_FLAG_NAMES = {
+    "name": "--layer",
+    "command": "COMMAND",
+    "gpu_models": "--gpu-model",
+    "tags": "--tag",
+    "limits": "--limit",
+}
 
 
 def flag_label(field: str) -> str:

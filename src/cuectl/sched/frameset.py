@@ -146,8 +146,11 @@ def _parse_section(section: str, text: str) -> _Section:
     if step > 1 and end < start:
         raise InvalidInput(f"{where}: a range that counts down needs a negative step (e.g. {start}-{end}x-{step})")
     if step < 0 and end >= start:
-        raise InvalidInput(f"{where}: a negative step needs a range that counts down (e.g. {end}-{start}x{step})"
-                           if end > start else f"{where}: a negative step needs a range that counts down")
+        raise InvalidInput(
+            f"{where}: a negative step needs a range that counts down (e.g. {end}-{start}x{step})"
+            if end > start
+            else f"{where}: a negative step needs a range that counts down"
+        )
     return _Section(start, end, m.group(3), step)
 
 

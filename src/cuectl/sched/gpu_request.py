@@ -67,8 +67,16 @@ class GpuRequest:
             object.__setattr__(self, "gpu_models", tuple(self.gpu_models))
 
     @classmethod
-    def parse(cls, *, gpus: Any, gpu_vendor: Any = None, gpu_models: Any = None, gpu_memory_min: Any = None,
-              gpu_memory_free_min: Any = None, label: Label = keyword_label) -> GpuRequest:
+    def parse(
+        cls,
+        *,
+        gpus: Any,
+        gpu_vendor: Any = None,
+        gpu_models: Any = None,
+        gpu_memory_min: Any = None,
+        gpu_memory_free_min: Any = None,
+        label: Label = keyword_label,
+    ) -> GpuRequest:
         """Validate user input; ``InvalidInput`` naming the field via ``label`` otherwise.
 
         ``label`` maps a field name (the keyword names of this method) to what the user
@@ -76,22 +84,28 @@ class GpuRequest:
         strings (``24G``; a bare number is MiB) or ints of bytes. Unset is None (or empty).
         """
         count = whole_number(gpus, label("gpus"), minimum=0, maximum=MAX_GPUS)
-        given = {"gpu_vendor": gpu_vendor, "gpu_models": gpu_models, "gpu_memory_min": gpu_memory_min,
-                 "gpu_memory_free_min": gpu_memory_free_min}
+        given = {
+            "gpu_vendor": gpu_vendor,
+            "gpu_models": gpu_models,
+            "gpu_memory_min": gpu_memory_min,
+            "gpu_memory_free_min": gpu_memory_free_min,
+        }
         if count == 0:
             # A device constraint without devices is almost surely a forgotten --gpus;
             # silently ignoring it would run a frame on the CPU pool (DESIGN §5 rules that out).
             for field in _CONSTRAINTS:
                 if given[field] not in (None, (), []):
-                    raise InvalidInput(f"{label(field)}: only applies to GPU requests; set {label('gpus')} "
-                                       f"to 1 or more")
+                    raise InvalidInput(
+                        f"{label(field)}: only applies to GPU requests; set {label('gpus')} to 1 or more"
+                    )
         return cls(
             gpus=count,
             gpu_vendor=None if gpu_vendor is None else _vendor(gpu_vendor, label("gpu_vendor")),
             gpu_models=() if gpu_models is None else _models(gpu_models, label("gpu_models")),
             gpu_memory_min_bytes=0 if gpu_memory_min is None else size_bytes(gpu_memory_min, label("gpu_memory_min")),
-            gpu_memory_free_min_bytes=(0 if gpu_memory_free_min is None
-                                       else size_bytes(gpu_memory_free_min, label("gpu_memory_free_min"))),
+            gpu_memory_free_min_bytes=(
+                0 if gpu_memory_free_min is None else size_bytes(gpu_memory_free_min, label("gpu_memory_free_min"))
+            ),
         )
 
     @classmethod
@@ -99,10 +113,18 @@ class GpuRequest:
         """The request of a stored layer: a ``LayerSpec``, a ``RunnableLayer``, or a layer of
         the job JSON (a mapping with the same keys). Trusted: validated when submitted."""
         if isinstance(record, Mapping):
-            return cls(gpus=record["gpus"], gpu_vendor=record["gpu_vendor"], gpu_models=tuple(record["gpu_models"]),
-                       gpu_memory_min_bytes=record["gpu_memory_min_bytes"])
-        return cls(gpus=record.gpus, gpu_vendor=record.gpu_vendor, gpu_models=tuple(record.gpu_models),
-                   gpu_memory_min_bytes=record.gpu_memory_min_bytes)
+            return cls(
+                gpus=record["gpus"],
+                gpu_vendor=record["gpu_vendor"],
+                gpu_models=tuple(record["gpu_models"]),
+                gpu_memory_min_bytes=record["gpu_memory_min_bytes"],
+            )
+        return cls(
+            gpus=record.gpus,
+            gpu_vendor=record.gpu_vendor,
+            gpu_models=tuple(record.gpu_models),
+            gpu_memory_min_bytes=record.gpu_memory_min_bytes,
+        )
 
 
 def _vendor(value: Any, label: str) -> str:
@@ -120,8 +142,7 @@ def _models(value: Any, label: str) -> tuple[str, ...]:
         where = item_label(label, index)
         model = expect_str(item, where, what="a GPU model name").strip()
         if not model or len(model) > MAX_MODEL_CHARS or CONTROL_RE.search(model):
-            raise InvalidInput(f"{where}: invalid GPU model {quote(model)} (1-{MAX_MODEL_CHARS} printable "
-                               f"characters)")
+            raise InvalidInput(f"{where}: invalid GPU model {quote(model)} (1-{MAX_MODEL_CHARS} printable characters)")
         if model not in models:
             models.append(model)
     return tuple(models)

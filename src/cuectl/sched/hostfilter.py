@@ -16,7 +16,7 @@ def parse_memory_min(value: str | None, field: str) -> int | None:
     """``24G`` -> bytes; a bare number is MiB, as in the job spec; None or "" -> None."""
     if value is None or value == "":
         return None
-    return int(value) * 1024 ** 2 if value.isdigit() else parse_size(value, field=field)
+    return int(value) * 1024**2 if value.isdigit() else parse_size(value, field=field)
 
 
 def parse_vendor(value: str | None, field: str) -> str | None:
@@ -30,8 +30,9 @@ def parse_vendor(value: str | None, field: str) -> str | None:
     return vendor
 
 
-def device_matches(device: Mapping[str, Any], *, vendor: str | None = None, model: str | None = None,
-                   memory_min: int | None = None) -> bool:
+def device_matches(
+    device: Mapping[str, Any], *, vendor: str | None = None, model: str | None = None, memory_min: int | None = None
+) -> bool:
     if vendor and (device.get("vendor") or "").lower() != vendor.lower():
         return False
     # A glob, else whole words: "A100" matches "NVIDIA A100-SXM4-80GB", "A10" does not.

@@ -47,9 +47,21 @@ RECEIPT_VERSION = 2
 _V1_UNCOVERED_TOKENS = ("#JOB#",)
 
 
-def layer_digest(*, job_id: int, user: str, layer: str, command: Sequence[str] | str, env: Mapping[str, str],
-                 frame_range: str, chunk: int, cwd: str | None = None, version: int = RECEIPT_VERSION,
-                 job_name: str | None = None, show: str | None = None, shot: str | None = None) -> str:
+def layer_digest(
+    *,
+    job_id: int,
+    user: str,
+    layer: str,
+    command: Sequence[str] | str,
+    env: Mapping[str, str],
+    frame_range: str,
+    chunk: int,
+    cwd: str | None = None,
+    version: int = RECEIPT_VERSION,
+    job_name: str | None = None,
+    show: str | None = None,
+    shot: str | None = None,
+) -> str:
     """What a receipt vouches for, per layer: everything that decides what runs as the user
     — the directory too: `python train.py` run in someone else's directory runs their code
     — and (``version`` 2) every value a command token expands into that is not one of those
@@ -57,9 +69,15 @@ def layer_digest(*, job_id: int, user: str, layer: str, command: Sequence[str] |
     ``version`` 1 is the digest of receipts written before versions, checked as it was.
     (Without a directory the digest is what it was before directories were recorded, so
     receipts of older jobs still match.)"""
-    body: dict[str, Any] = {"job": int(job_id), "user": user, "layer": layer,
-                            "command": command if isinstance(command, str) else list(command),
-                            "env": dict(sorted(env.items())), "range": frame_range, "chunk": int(chunk)}
+    body: dict[str, Any] = {
+        "job": int(job_id),
+        "user": user,
+        "layer": layer,
+        "command": command if isinstance(command, str) else list(command),
+        "env": dict(sorted(env.items())),
+        "range": frame_range,
+        "chunk": int(chunk),
+    }
     if cwd is not None:
         body["cwd"] = cwd
     if version >= 2:
@@ -91,8 +109,15 @@ def ensure_spool(store_dir: Path) -> Path:
     return spool
 
 
-def write_receipt(spool: Path, *, job_id: int, user: str, digests: Mapping[str, str],
-                  owner: str | None = None, notify_commands: Sequence[str] = ()) -> str:
+def write_receipt(
+    spool: Path,
+    *,
+    job_id: int,
+    user: str,
+    digests: Mapping[str, str],
+    owner: str | None = None,
+    notify_commands: Sequence[str] = (),
+) -> str:
     """Create the receipt (owned by this process's uid, by the kernel); return its name. The
     name is unguessable, so nobody can take it before the submitter does.
 
@@ -174,20 +199,28 @@ def read_receipt(spool: Path | None, name: str | None, *, user: str, job_id: int
     if type(version) is not int or version < 1:
         raise Unproven(f"the job's receipt {name} is not a cuectl receipt (version {version!r})")
     if version > RECEIPT_VERSION:
-        raise Unproven(f"the job's receipt {name} is of version {version}, newer than this cuectl reads "
-                       f"({RECEIPT_VERSION}): upgrade the worker")
+        raise Unproven(
+            f"the job's receipt {name} is of version {version}, newer than this cuectl reads "
+            f"({RECEIPT_VERSION}): upgrade the worker"
+        )
     return data
 
 
 def job_proof_problem(job: Mapping[str, Any], spool: Path | None) -> str | None:
     """``proof_problem`` of a job as ``Store.get_job`` returns it (``spool``: the store's
     ``receipt_dir``): why nothing proves that its user submitted it, for pending reasons."""
-    return proof_problem(user=job["user"], job_id=job["id"], submitted_by=job.get("submitted_by"),
-                         receipt=job.get("receipt"), spool=spool)
+    return proof_problem(
+        user=job["user"],
+        job_id=job["id"],
+        submitted_by=job.get("submitted_by"),
+        receipt=job.get("receipt"),
+        spool=spool,
+    )
 
 
-def proof_problem(*, user: str, job_id: int, submitted_by: str | None, receipt: str | None,
-                  spool: Path | None) -> str | None:
+def proof_problem(
+    *, user: str, job_id: int, submitted_by: str | None, receipt: str | None, spool: Path | None
+) -> str | None:
     """Why the store cannot prove that ``user`` submitted the job (None: it can)."""
     # A database server's word (PostgreSQL, where there is no spool). In a SQLite file the
     # column is only what someone wrote there: never proof.
@@ -202,10 +235,23 @@ def proof_problem(*, user: str, job_id: int, submitted_by: str | None, receipt: 
     return None
 
 
-def check_layer(*, user: str, job_id: int, layer: str, command: Sequence[str] | str, env: Mapping[str, str],
-                frame_range: str, chunk: int, submitted_by: str | None, receipt: str | None,
-                spool: Path | None, job_name: str, cwd: str | None = None, show: str | None = None,
-                shot: str | None = None) -> None:
+def check_layer(
+    *,
+    user: str,
+    job_id: int,
+    layer: str,
+    command: Sequence[str] | str,
+    env: Mapping[str, str],
+    frame_range: str,
+    chunk: int,
+    submitted_by: str | None,
+    receipt: str | None,
+    spool: Path | None,
+    job_name: str,
+    cwd: str | None = None,
+    show: str | None = None,
+    shot: str | None = None,
+) -> None:
     """Raise ``Unproven`` unless the layer about to run as ``user`` is what ``user`` submitted:
     each value given is the one the proof covers (``job_name``, ``show``, ``shot`` too, on a
     version-2 receipt), so the caller may use them as they are. A version-1 receipt proves
@@ -217,20 +263,40 @@ def check_layer(*, user: str, job_id: int, layer: str, command: Sequence[str] | 
         return
     data = read_receipt(spool, receipt, user=user, job_id=job_id)
     version = data.get("v", 1)
-    want = layer_digest(job_id=job_id, user=user, layer=layer, command=command, env=env, frame_range=frame_range,
-                        chunk=chunk, cwd=cwd, version=version, job_name=job_name, show=show, shot=shot)
+    want = layer_digest(
+        job_id=job_id,
+        user=user,
+        layer=layer,
+        command=command,
+        env=env,
+        frame_range=frame_range,
+        chunk=chunk,
+        cwd=cwd,
+        version=version,
+        job_name=job_name,
+        show=show,
+        shot=shot,
+    )
     if (data.get("layers") or {}).get(layer) != want:
-        covered = "environment, directory, frames, or the job's name, show or shot" if version >= 2 else \
-            "environment, directory or frames"
-        raise Unproven(f"layer {layer!r} is not what {user} submitted (its command, {covered} were changed in "
-                       "the store after submission)")
+        covered = (
+            "environment, directory, frames, or the job's name, show or shot"
+            if version >= 2
+            else "environment, directory or frames"
+        )
+        raise Unproven(
+            f"layer {layer!r} is not what {user} submitted (its command, {covered} were changed in "
+            "the store after submission)"
+        )
     if version < 2 and (token := _uses_v1_uncovered_token(command)) is not None:
-        raise Unproven(f"layer {layer!r} was submitted by an older cuectl whose receipt does not cover the job's "
-                       f"name, and its command uses the {token} token, which expands to it: resubmit the job")
+        raise Unproven(
+            f"layer {layer!r} was submitted by an older cuectl whose receipt does not cover the job's "
+            f"name, and its command uses the {token} token, which expands to it: resubmit the job"
+        )
 
 
-def check_notify_command(*, user: str, job_id: int, command: str, submitted_by: str | None, receipt: str | None,
-                         spool: Path | None) -> None:
+def check_notify_command(
+    *, user: str, job_id: int, command: str, submitted_by: str | None, receipt: str | None, spool: Path | None
+) -> None:
     """Raise ``Unproven`` unless ``command`` is a notification hook ``user`` submitted with the
     job (PostgreSQL: the job is the role's, and only it or a worker/admin writes its rows;
     SQLite: the hook is in the user's receipt, so nobody else who can write the file can
@@ -242,5 +308,7 @@ def check_notify_command(*, user: str, job_id: int, command: str, submitted_by: 
         return
     data = read_receipt(spool, receipt, user=user, job_id=job_id)
     if command not in (data.get("notify_commands") or []):
-        raise Unproven(f"the notification command is not one {user} submitted with job {job_id} "
-                       "(a farm default, or written into the store after submission)")
+        raise Unproven(
+            f"the notification command is not one {user} submitted with job {job_id} "
+            "(a farm default, or written into the store after submission)"
+        )

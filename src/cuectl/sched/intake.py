@@ -46,8 +46,13 @@ SPEC = "spec"
 OPENCUE_XML = "opencue-xml"
 #: Media types a REST body may have, and the format each means.
 FORMATS = {
-    "application/json": SPEC, "application/yaml": SPEC, "application/x-yaml": SPEC, "text/yaml": SPEC,
-    "text/x-yaml": SPEC, "application/xml": OPENCUE_XML, "text/xml": OPENCUE_XML,
+    "application/json": SPEC,
+    "application/yaml": SPEC,
+    "application/x-yaml": SPEC,
+    "text/yaml": SPEC,
+    "text/x-yaml": SPEC,
+    "application/xml": OPENCUE_XML,
+    "text/xml": OPENCUE_XML,
 }
 
 
@@ -69,8 +74,12 @@ class SubmitContext(NamedTuple):
         the working directory and environment (as ``cuectl submit`` captures them)."""
         from cuectl import config
 
-        return cls(user=config.current_user(), frame_limit=config.frame_limit(), cwd=config.submit_cwd(),
-                   environ=config.submit_environ())
+        return cls(
+            user=config.current_user(),
+            frame_limit=config.frame_limit(),
+            cwd=config.submit_cwd(),
+            environ=config.submit_environ(),
+        )
 
 
 # -- sources -----------------------------------------------------------------------------------
@@ -124,12 +133,23 @@ def read_source(where: str | Any, *, stdin: Any = None) -> Source:
             raw = handle.read(MAX_SPEC_BYTES + 1)
     except OSError as exc:
         raise InvalidInput(f"cannot read job spec {given!r}: {exc.strerror or exc}") from None
-    return Source(decode(raw, given), given, OPENCUE_XML if given.lower().endswith(XML_SUFFIX) else SPEC,
-                  given=given, base_dir=str(Path(where).parent))
+    return Source(
+        decode(raw, given),
+        given,
+        OPENCUE_XML if given.lower().endswith(XML_SUFFIX) else SPEC,
+        given=given,
+        base_dir=str(Path(where).parent),
+    )
 
 
-def source_from_text(text: str, *, name: str, format: str | None = None, given: str = "",  # noqa: A002
-                     base_dir: str | None = None) -> Source:
+def source_from_text(
+    text: str,
+    *,
+    name: str,
+    format: str | None = None,
+    given: str = "",  # noqa: A002
+    base_dir: str | None = None,
+) -> Source:
     """Text in hand as a source; ``format`` None: told from the text (XML or not)."""
     if format is None:
         from cuectl.sched import opencue_xml
@@ -204,8 +224,7 @@ class SubmitFlags:
         """The fields given (not None), in field order."""
         return {f.name: getattr(self, f.name) for f in FLAG_FIELDS if getattr(self, f.name) is not None}
 
-    def job_spec(self, command: Sequence[str] | str, context: SubmitContext, *,
-                 name: str | None = None) -> JobSpec:
+    def job_spec(self, command: Sequence[str] | str, context: SubmitContext, *, name: str | None = None) -> JobSpec:
         """The one-layer job of ``cuectl submit [FLAGS] -- COMMAND``, validated; errors name
         the flag (``--gpus: must be 0 or more``). ``name``: the job's name when ``--name``
         is not given."""
@@ -213,8 +232,13 @@ class SubmitFlags:
 
         keywords: dict[str, Any] = {"name": name, **_flag_keywords(self.given())}
         return specs.spec_from_flags(
-            **keywords, command=command if isinstance(command, str) else list(command), user=context.user,
-            frame_limit=context.frame_limit, cwd=context.cwd, environ=context.environ)
+            **keywords,
+            command=command if isinstance(command, str) else list(command),
+            user=context.user,
+            frame_limit=context.frame_limit,
+            cwd=context.cwd,
+            environ=context.environ,
+        )
 
     def adjuster(self) -> Callable[[Any], Any] | None:
         """What applies the flags given to a spec's parsed document (None: no flags that
@@ -244,9 +268,11 @@ class SubmitFlags:
             if isinstance(layers, list) and (layer_flags or env):
                 if layer_flags and len(layers) != 1:
                     first = layer_flags[0]
-                    raise InvalidInput(f"{_OPTIONS[first]}: a layer setting, and the spec has {len(layers)} layers: "
-                                       f"set {_KEYS[first]}: in the layer it is for",
-                                       hint="layer flags apply to a spec with one layer")
+                    raise InvalidInput(
+                        f"{_OPTIONS[first]}: a layer setting, and the spec has {len(layers)} layers: "
+                        f"set {_KEYS[first]}: in the layer it is for",
+                        hint="layer flags apply to a spec with one layer",
+                    )
                 changed = []
                 for raw in layers:
                     if isinstance(raw, dict):
@@ -305,9 +331,15 @@ class Loaded(NamedTuple):
         return self.jobs[0]
 
 
-def load(source: Source, context: SubmitContext, *, flags: SubmitFlags | None = None,
-         params: Sequence[str] | Mapping[str, str] = (), strict: bool = False,
-         warn: Callable[[str], None] | None = None) -> Loaded:
+def load(
+    source: Source,
+    context: SubmitContext,
+    *,
+    flags: SubmitFlags | None = None,
+    params: Sequence[str] | Mapping[str, str] = (),
+    strict: bool = False,
+    warn: Callable[[str], None] | None = None,
+) -> Loaded:
     """``source``'s jobs, validated for ``context`` with ``flags`` applied (``--log-limit``
     to every layer that sets none). ``params``: an Open Job Description template's
     parameters (``NAME=VALUE`` items or a mapping); ``strict``: anything that cannot be
@@ -320,11 +352,20 @@ def load(source: Source, context: SubmitContext, *, flags: SubmitFlags | None = 
         from cuectl.sched import opencue_xml
 
         if params:
-            raise InvalidInput("--param: only for Open Job Description templates (specificationVersion: "
-                               "jobtemplate-2023-09)", hint="an OpenCue spec takes values from its own elements")
+            raise InvalidInput(
+                "--param: only for Open Job Description templates (specificationVersion: jobtemplate-2023-09)",
+                hint="an OpenCue spec takes values from its own elements",
+            )
         job_specs, frame_waits, found = opencue_xml.import_jobs(
-            source.text, source=source.name, user=context.user or "", frame_limit=context.frame_limit,
-            cwd=context.cwd, environ=context.environ, adjust=adjust, strict=strict)
+            source.text,
+            source=source.name,
+            user=context.user or "",
+            frame_limit=context.frame_limit,
+            cwd=context.cwd,
+            environ=context.environ,
+            adjust=adjust,
+            strict=strict,
+        )
         if flags.log_limit is not None:
             job_specs = [specs.with_log_limit(job_spec, flags.log_limit, "--log-limit") for job_spec in job_specs]
         notes = tuple(f"{source.name}: {note}" for note in found)
@@ -333,12 +374,23 @@ def load(source: Source, context: SubmitContext, *, flags: SubmitFlags | None = 
                 warn(note)
         return Loaded(tuple(job_specs), OPENCUE_XML, source.name, tuple(tuple(w) for w in frame_waits), notes)
     collected: list[str] = []
-    job_spec = specs.load_spec_text(source.text, source=source.name, user=context.user,
-                                    frame_limit=context.frame_limit, cwd=context.cwd, environ=context.environ,
-                                    adjust=adjust, openjd_params=params, notes=collected, base_dir=source.base_dir)
+    job_spec = specs.load_spec_text(
+        source.text,
+        source=source.name,
+        user=context.user,
+        frame_limit=context.frame_limit,
+        cwd=context.cwd,
+        environ=context.environ,
+        adjust=adjust,
+        openjd_params=params,
+        notes=collected,
+        base_dir=source.base_dir,
+    )
     if strict and collected:
-        raise InvalidInput(f"{source.given}: {len(collected)} thing(s) cannot be honoured: " + "; ".join(collected),
-                           hint="drop --strict to submit anyway (each is a warning then)")
+        raise InvalidInput(
+            f"{source.given}: {len(collected)} thing(s) cannot be honoured: " + "; ".join(collected),
+            hint="drop --strict to submit anyway (each is a warning then)",
+        )
     if warn is not None:
         for note in collected:
             warn(note)
@@ -347,8 +399,9 @@ def load(source: Source, context: SubmitContext, *, flags: SubmitFlags | None = 
     return Loaded((job_spec,), SPEC, source.name, ((),), tuple(collected))
 
 
-def load_mapping(data: Any, context: SubmitContext, *, params: Sequence[str] | Mapping[str, str] = (),
-                 notes: list[str] | None = None) -> JobSpec:
+def load_mapping(
+    data: Any, context: SubmitContext, *, params: Sequence[str] | Mapping[str, str] = (), notes: list[str] | None = None
+) -> JobSpec:
     """A parsed job spec (a mapping in the YAML schema, or an Open Job Description
     template as a mapping) validated for ``context``; errors name the field alone."""
     from cuectl.sched import openjd
@@ -359,10 +412,13 @@ def load_mapping(data: Any, context: SubmitContext, *, params: Sequence[str] | M
         if notes is not None:
             notes.extend(found)
     elif params:
-        raise InvalidInput("--param: only for Open Job Description templates (specificationVersion: "
-                           "jobtemplate-2023-09)", hint="a cuectl spec takes values from its own keys and flags")
-    return specs.spec_from_mapping(data, user=context.user, frame_limit=context.frame_limit, cwd=context.cwd,
-                                   environ=context.environ)
+        raise InvalidInput(
+            "--param: only for Open Job Description templates (specificationVersion: jobtemplate-2023-09)",
+            hint="a cuectl spec takes values from its own keys and flags",
+        )
+    return specs.spec_from_mapping(
+        data, user=context.user, frame_limit=context.frame_limit, cwd=context.cwd, environ=context.environ
+    )
 
 
 def submit(store: Any, loaded: Loaded, *, now: float, warn: Callable[[str], None] | None = None) -> list[int]:
@@ -372,7 +428,7 @@ def submit(store: Any, loaded: Loaded, *, now: float, warn: Callable[[str], None
     if loaded.format == OPENCUE_XML:
         from cuectl.sched import opencue_xml
 
-        return opencue_xml.submit_jobs(store, loaded.jobs, loaded.frame_waits, now=now,
-                                       warn=warn or (lambda _text: None), source=loaded.source)
+        return opencue_xml.submit_jobs(
+            store, loaded.jobs, loaded.frame_waits, now=now, warn=warn or (lambda _text: None), source=loaded.source
+        )
     return [store.submit(job_spec, now=now) for job_spec in loaded.jobs]
-

@@ -41,8 +41,10 @@ def log_path_sql(dialect: Dialect, alias: str = "") -> str:
     parameters (the log dir, the layer name) and the claimed row's columns (``alias``: its
     table alias): the same name as :func:`attempt_log_name` of the next attempt."""
     col = f"{alias}." if alias else ""
-    return (f"CAST(? AS TEXT) || '/' || {col}job_id || '/' || {dialect.pad4(col + 'number')} || "
-            f"'{FRAME_NAME_SEP}' || CAST(? AS TEXT) || '{ATTEMPT_SEP}' || ({col}attempts + 1) || '{LOG_SUFFIX}'")
+    return (
+        f"CAST(? AS TEXT) || '/' || {col}job_id || '/' || {dialect.pad4(col + 'number')} || "
+        f"'{FRAME_NAME_SEP}' || CAST(? AS TEXT) || '{ATTEMPT_SEP}' || ({col}attempts + 1) || '{LOG_SUFFIX}'"
+    )
 
 
 def attempt_log_path(frame: Mapping[str, Any], attempt: int | None = None) -> str:
@@ -54,21 +56,27 @@ def attempt_log_path(frame: Mapping[str, Any], attempt: int | None = None) -> st
     path = frame.get("log_path")
     if attempt is None:
         if latest < 1:  # (not a bad --attempt: the user gave none)
-            raise NotFound(f"frame {frame.get('id')} has not run yet ({frame.get('state')}): it has no log",
-                           hint="`cuectl frame log -f` waits for it to start")
+            raise NotFound(
+                f"frame {frame.get('id')} has not run yet ({frame.get('state')}): it has no log",
+                hint="`cuectl frame log -f` waits for it to start",
+            )
         attempt = latest
     if attempt < 1:
         raise InvalidInput(f"--attempt: attempts count from 1, got {attempt}")
     if not path or latest < 1:
         raise NotFound(f"frame {frame['id']} has no log yet (state {frame['state']})")
     if attempt > latest:
-        raise NotFound(f"frame {frame['id']} has had {latest} attempt{'s' if latest != 1 else ''}, "
-                       f"not {attempt} (state {frame['state']})")
+        raise NotFound(
+            f"frame {frame['id']} has had {latest} attempt{'s' if latest != 1 else ''}, "
+            f"not {attempt} (state {frame['state']})"
+        )
     if attempt == latest:
         return str(path)
     parent, name = os.path.split(str(path))
     match = _ATTEMPT_NAME.match(name)
     if match is None or int(match["attempt"]) != latest:
-        raise NotFound(f"the log path of frame {frame['id']} does not name its attempt; "
-                       f"cannot tell where attempt {attempt}'s log is")
+        raise NotFound(
+            f"the log path of frame {frame['id']} does not name its attempt; "
+            f"cannot tell where attempt {attempt}'s log is"
+        )
     return os.path.join(parent, attempt_log_name(match["stem"], attempt))

@@ -45,8 +45,17 @@ from cuectl.sched.gpu_request import GpuRequest
 from cuectl.units import GIB, format_bytes, memory_satisfies
 
 __all__ = [
-    "CpuPool", "GpuRequest", "MatchResult", "cpu_fits", "device_fits", "device_fits_now", "device_fits_statically",
-    "explain_hosts", "model_matches", "select_devices", "tags_fit",
+    "CpuPool",
+    "GpuRequest",
+    "MatchResult",
+    "cpu_fits",
+    "device_fits",
+    "device_fits_now",
+    "device_fits_statically",
+    "explain_hosts",
+    "model_matches",
+    "select_devices",
+    "tags_fit",
 ]
 
 # Words of a model name: split at runs of whitespace, '-' and '_' (DESIGN §5).

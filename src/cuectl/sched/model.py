@@ -27,8 +27,11 @@ RELEASING_STATES_WITH_EATEN = (SUCCEEDED, EATEN)
 # Store-wide settings (the meta table; `cuectl admin setting`): name -> (default, help).
 SATISFY_ON_EATEN = "depend.satisfy_on_eaten"
 SETTINGS: dict[str, tuple[bool, str]] = {
-    SATISFY_ON_EATEN: (False, "an EATEN frame satisfies its dependents, as a SUCCEEDED one does "
-                              "(OpenCue's depend.satisfy_only_on_frame_success=false)"),
+    SATISFY_ON_EATEN: (
+        False,
+        "an EATEN frame satisfies its dependents, as a SUCCEEDED one does "
+        "(OpenCue's depend.satisfy_only_on_frame_success=false)",
+    ),
 }
 
 # A host is DOWN when its worker has not heartbeated for this long (the default frame lease
@@ -48,6 +51,7 @@ def retry_delay(first_s: float | None, failures: int) -> float:
         return 0.0
     return min(base * 2 ** max(0, failures - 1), max(MAX_RETRY_DELAY_S, base))
 
+
 JOB_PENDING = "PENDING"
 JOB_FINISHED = "FINISHED"
 # Never stored: what views show for a PENDING job with a running frame (views.job_display_state).
@@ -61,8 +65,18 @@ DEPEND_TYPES: tuple[str, ...] = ("layer", "frame", "previous", "any")
 # OpenCue's dependency types (DependType in its proto), spelled as `job depend --type` takes
 # them; each stored dependency is one of these.
 OPENCUE_DEPEND_TYPES = (
-    "job-on-job", "job-on-layer", "job-on-frame", "layer-on-job", "layer-on-layer", "layer-on-frame",
-    "frame-on-job", "frame-on-layer", "frame-on-frame", "frame-by-frame", "previous-frame", "layer-on-sim-frame",
+    "job-on-job",
+    "job-on-layer",
+    "job-on-frame",
+    "layer-on-job",
+    "layer-on-layer",
+    "layer-on-frame",
+    "frame-on-job",
+    "frame-on-layer",
+    "frame-on-frame",
+    "frame-by-frame",
+    "previous-frame",
+    "layer-on-sim-frame",
 )
 
 
@@ -189,5 +203,8 @@ def with_job_ids(spec: JobSpec, ids: Mapping[str, str]) -> JobSpec:
     def swap(deps: tuple[Dependency, ...]) -> tuple[Dependency, ...]:
         return tuple(replace(d, job=ids[d.job]) if d.job is not None and d.job in ids else d for d in deps)
 
-    return replace(spec, depends=swap(spec.depends),
-                   layers=tuple(replace(layer, depends=swap(layer.depends)) for layer in spec.layers))
+    return replace(
+        spec,
+        depends=swap(spec.depends),
+        layers=tuple(replace(layer, depends=swap(layer.depends)) for layer in spec.layers),
+    )

@@ -47,8 +47,12 @@ def check_target(kind: str, value: Any, label: str) -> str:
             parts = urlsplit(value)
         except ValueError as exc:
             raise InvalidInput(f"{label}: {value!r} is not a URL ({exc})") from None
-        if (parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value)
-                or _has_control(value)):
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or any(c.isspace() for c in value)
+            or _has_control(value)
+        ):
             raise InvalidInput(f"{label}: {value!r} is not an http:// or https:// URL")
     elif kind == "email":
         # The address becomes the To: header of a message sendmail -t reads its recipients
@@ -82,15 +86,18 @@ def entry(value: Any, label: str) -> Notify:
     if isinstance(value, Notify):
         return entry(value.to_json(), label)
     if not isinstance(value, Mapping):
-        raise InvalidInput(f"{label}: expected a mapping such as {{webhook: https://…, on: [failed]}}, "
-                           f"got {_describe(value)}")
+        raise InvalidInput(
+            f"{label}: expected a mapping such as {{webhook: https://…, on: [failed]}}, got {_describe(value)}"
+        )
     unknown = [k for k in value if k not in _KEYS]
     if unknown:
         raise InvalidInput(f"{label}: unknown key {unknown[0]!r} (expected {', '.join(_KEYS)})")
     kinds = [k for k in NOTIFY_KINDS if value.get(k) is not None]
     if len(kinds) != 1:
-        raise InvalidInput(f"{label}: exactly one of {', '.join(NOTIFY_KINDS)} per entry"
-                           + (f" (got {', '.join(kinds)})" if kinds else ""))
+        raise InvalidInput(
+            f"{label}: exactly one of {', '.join(NOTIFY_KINDS)} per entry"
+            + (f" (got {', '.join(kinds)})" if kinds else "")
+        )
     kind = kinds[0]
     on = DEFAULT_ON if value.get("on") is None else check_events(value["on"], f"{label}.on")
     return Notify(kind=kind, target=check_target(kind, value[kind], f"{label}.{kind}"), on=on)
@@ -113,14 +120,18 @@ def entries(value: Any, label: str = "notify") -> tuple[Notify, ...]:
     return tuple(out)
 
 
-def from_flags(*, commands: Sequence[str] = (), webhooks: Sequence[str] = (), emails: Sequence[str] = (),
-               on: Sequence[str] = ()) -> tuple[Notify, ...]:
+def from_flags(
+    *, commands: Sequence[str] = (), webhooks: Sequence[str] = (), emails: Sequence[str] = (), on: Sequence[str] = ()
+) -> tuple[Notify, ...]:
     """The entries of ``--notify-command/--notify-webhook/--notify-email`` with ``--notify-on``
     (one event list for all of them; default finished, failed)."""
     events = check_events(list(on), "--notify-on") if on else DEFAULT_ON
     out: list[Notify] = []
-    for kind, flag, values in (("command", "--notify-command", commands), ("webhook", "--notify-webhook", webhooks),
-                               ("email", "--notify-email", emails)):
+    for kind, flag, values in (
+        ("command", "--notify-command", commands),
+        ("webhook", "--notify-webhook", webhooks),
+        ("email", "--notify-email", emails),
+    ):
         for value in values:
             out.append(Notify(kind=kind, target=check_target(kind, value, flag), on=events))
     if on and not out:

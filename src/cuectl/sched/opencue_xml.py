@@ -34,10 +34,36 @@ DEFAULT_RETRIES = 1
 KIB_PER_GB = 1024 * 1024  # Cuebot's CueUtil.GB: memory is kept in KiB
 
 _SPEC_CHILDREN = ("facility", "dept", "show", "shot", "user", "email", "uid", "job", "depends")
-_JOB_CHILDREN = ("paused", "priority", "maxretries", "maxcores", "maxgpus", "autoeat", "localbook", "os", "env",
-                 "layers")
-_LAYER_CHILDREN = ("cmd", "range", "chunk", "cores", "threadable", "memory", "gpus", "gpu", "gpu_memory", "timeout",
-                   "timeout_llu", "tags", "limits", "env", "services", "outputs")
+_JOB_CHILDREN = (
+    "paused",
+    "priority",
+    "maxretries",
+    "maxcores",
+    "maxgpus",
+    "autoeat",
+    "localbook",
+    "os",
+    "env",
+    "layers",
+)
+_LAYER_CHILDREN = (
+    "cmd",
+    "range",
+    "chunk",
+    "cores",
+    "threadable",
+    "memory",
+    "gpus",
+    "gpu",
+    "gpu_memory",
+    "timeout",
+    "timeout_llu",
+    "tags",
+    "limits",
+    "env",
+    "services",
+    "outputs",
+)
 # cuectl's extension of the spec (docs/opencue-xml.md, "cuectl's extension elements"): a
 # layer's per-device GPU request as a YAML spec has it, which no CJSL version can say.
 EXTENSION_ELEMENTS = ("gpu_vendor", "gpu_models_allowed", "min_gpu_memory_bytes")
@@ -80,8 +106,10 @@ def _parse(text: str, source: str) -> Any:
     if len(text) > MAX_SPEC_BYTES:
         raise InvalidInput(f"{source}: larger than {MAX_SPEC_BYTES // (1024 * 1024)} MB; refused")
     if "<!ENTITY" in text:
-        raise InvalidInput(f"{source}: XML entity declarations (<!ENTITY) are refused (entity expansion is how "
-                           "'billion laughs' and external-entity attacks work; an OpenCue spec needs none)")
+        raise InvalidInput(
+            f"{source}: XML entity declarations (<!ENTITY) are refused (entity expansion is how "
+            "'billion laughs' and external-entity attacks work; an OpenCue spec needs none)"
+        )
     from xml.parsers import expat as pyexpat
 
     builder = ET.TreeBuilder()
@@ -186,7 +214,7 @@ def _job_key(name: str, prefix: str) -> str:
     ``show-shot-user_`` prefix, in any case."""
     text = name.strip()
     if prefix and text.startswith(prefix):
-        text = text[len(prefix):]
+        text = text[len(prefix) :]
     text = re.sub(r"_{2,}", "_", text.lower()).replace("-", "_")
     return text.lstrip("_")
 
@@ -195,8 +223,9 @@ def _job_key(name: str, prefix: str) -> str:
 # The spec
 
 
-def parse_opencue_xml(text: str, *, source: str = "<job spec>",
-                      submitter: str | None = None) -> list[tuple[dict[str, Any], list[Note]]]:
+def parse_opencue_xml(
+    text: str, *, source: str = "<job spec>", submitter: str | None = None
+) -> list[tuple[dict[str, Any], list[Note]]]:
     """Each ``<job>`` of an OpenCue spec as (cuectl spec mapping, notes). Spec-level notes
     (``<facility>``, cross-job ``<depend>``s, ...) come with the first job. ``submitter``:
     who submits (a different ``<user>`` is noted: the job runs as the submitter)."""
@@ -206,22 +235,35 @@ def parse_opencue_xml(text: str, *, source: str = "<job spec>",
     spec_notes: list[Note] = []
     version = _doctype_version(text)
     if version is not None and version not in CJSL_VERSIONS:
-        spec_notes.append(Note(None, "DOCTYPE", f"cjsl-{version}.dtd is not a CJSL version Cuebot accepts "
-                                                f"({CJSL_VERSIONS[0]} to {CJSL_VERSIONS[-1]}); read as "
-                                                f"{CJSL_VERSIONS[-1]}"))
+        spec_notes.append(
+            Note(
+                None,
+                "DOCTYPE",
+                f"cjsl-{version}.dtd is not a CJSL version Cuebot accepts "
+                f"({CJSL_VERSIONS[0]} to {CJSL_VERSIONS[-1]}); read as "
+                f"{CJSL_VERSIONS[-1]}",
+            )
+        )
     for child in root:
         if child.tag not in _SPEC_CHILDREN:
             spec_notes.append(Note(None, f"<{child.tag}>", "not an element of any CJSL version"))
     show, shot, user = _text(root.find("show")), _text(root.find("shot")), _text(root.find("user"))
-    for tag, why in (("facility", "cuectl has one farm, with no facilities"),
-                     ("dept", "cuectl has no departments"),
-                     ("email", "cuectl does not mail the job's owner; use notify: with email in a YAML spec or "
-                               "--notify-email")):
+    for tag, why in (
+        ("facility", "cuectl has one farm, with no facilities"),
+        ("dept", "cuectl has no departments"),
+        ("email", "cuectl does not mail the job's owner; use notify: with email in a YAML spec or --notify-email"),
+    ):
         if _text(root.find(tag)):
             spec_notes.append(Note(None, f"<{tag}>", why))
     if user and submitter is not None and user != submitter:
-        spec_notes.append(Note(None, "<user>", f"the job runs as {submitter}, who submits it, not as {user} "
-                                               "(cuectl takes a job's user from who submits)"))
+        spec_notes.append(
+            Note(
+                None,
+                "<user>",
+                f"the job runs as {submitter}, who submits it, not as {user} "
+                "(cuectl takes a job's user from who submits)",
+            )
+        )
     # The show is the job's show (CUE_SHOW) and, as before shows existed, its project
     # (quotas, reports); the shot is its shot (CUE_SHOT).
     labels: dict[str, str] = {}
@@ -231,8 +273,9 @@ def parse_opencue_xml(text: str, *, source: str = "<job spec>",
         if _PROJECT_RE.fullmatch(value) and value.strip("-."):
             labels.update({key: value for key in targets})
         else:
-            spec_notes.append(Note(None, f"<{tag}>", f"{value!r} is not a usable {tag} name (1-100 of A-Z a-z "
-                                                     "0-9 _ . -)"))
+            spec_notes.append(
+                Note(None, f"<{tag}>", f"{value!r} is not a usable {tag} name (1-100 of A-Z a-z 0-9 _ . -)")
+            )
     project = labels.get("project")
     prefix = f"{show}-{shot}-{user}_" if show or shot or user else ""
     jobs = root.findall("job")
@@ -305,8 +348,9 @@ def _job(job: Any, label: str, project: str | None) -> tuple[dict[str, Any], lis
     # waits for the job): here, a layer-on-layer dependency on each non-Post layer.
     for layer in layers:
         if layer["name"] in post:
-            layer["depends"] = [{"layer": other["name"], "type": "layer"} for other in layers
-                                if other["name"] not in post]
+            layer["depends"] = [
+                {"layer": other["name"], "type": "layer"} for other in layers if other["name"] not in post
+            ]
     mapping["layers"] = layers
     return mapping, notes
 
@@ -405,8 +449,10 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
     if services and services != ["default"]:
         bad = [s for s in services if not (_PROJECT_RE.fullmatch(s) and s.strip("-."))]
         if bad:
-            note("<services>", f"{', '.join(map(repr, bad))}: not a usable service name (1-100 of A-Z a-z 0-9 "
-                               "_ . -); skipped")
+            note(
+                "<services>",
+                f"{', '.join(map(repr, bad))}: not a usable service name (1-100 of A-Z a-z 0-9 _ . -); skipped",
+            )
         kept = [s for s in services if s not in bad]
         if kept:
             layer["service"] = kept
@@ -426,8 +472,10 @@ def _gpu_extension(element: Any, layer: dict[str, Any], gpus: int, label: str) -
     vendor = _text(element.find("gpu_vendor")) or None
     models_element = element.find("gpu_models_allowed")
     if models_element is not None and len(models_element):
-        raise InvalidInput(f"{label}: <gpu_models_allowed>: expected model names separated by commas "
-                           f"(A100, RTX 4090), not child elements (<{models_element[0].tag}>)")
+        raise InvalidInput(
+            f"{label}: <gpu_models_allowed>: expected model names separated by commas "
+            f"(A100, RTX 4090), not child elements (<{models_element[0].tag}>)"
+        )
     models = [m.strip() for m in _text(models_element).split(",") if m.strip()] or None
     memory_text = _text(element.find("min_gpu_memory_bytes"))
     memory = _int(memory_text, f"{label}: <min_gpu_memory_bytes>") if memory_text else 0
@@ -435,11 +483,19 @@ def _gpu_extension(element: Any, layer: dict[str, Any], gpus: int, label: str) -
         raise InvalidInput(f"{label}: <min_gpu_memory_bytes>: must be 0 or more, got {memory_text!r}")
     if vendor is None and models is None and not memory:
         return
-    elements = {"gpu_vendor": "<gpu_vendor>", "gpu_models": "<gpu_models_allowed>",
-                "gpu_memory_min": "<min_gpu_memory_bytes>"}
+    elements = {
+        "gpu_vendor": "<gpu_vendor>",
+        "gpu_models": "<gpu_models_allowed>",
+        "gpu_memory_min": "<min_gpu_memory_bytes>",
+    }
     # The field at fault leads the message with the layer's label; <gpus> is named within it.
-    request = GpuRequest.parse(gpus=gpus, gpu_vendor=vendor, gpu_models=models, gpu_memory_min=memory or None,
-                               label=lambda field: f"{label}: {elements[field]}" if field in elements else f"<{field}>")
+    request = GpuRequest.parse(
+        gpus=gpus,
+        gpu_vendor=vendor,
+        gpu_models=models,
+        gpu_memory_min=memory or None,
+        label=lambda field: f"{label}: {elements[field]}" if field in elements else f"<{field}>",
+    )
     if request.gpu_vendor is not None:
         layer["gpu_vendor"] = request.gpu_vendor
     if request.gpu_models:
@@ -456,12 +512,18 @@ def _gpu_extension(element: Any, layer: dict[str, Any], gpus: int, label: str) -
 # Cuebot's DependType names (spaces, underscores and case aside): who waits, on what, and how
 # a layer waits on a layer (model.DependType).
 _DEPEND_TYPES = {
-    "JOBONJOB": ("job", "job", "layer"), "JOBONLAYER": ("job", "layer", "layer"),
-    "JOBONFRAME": ("job", "frame", "layer"), "LAYERONJOB": ("layer", "job", "layer"),
-    "LAYERONLAYER": ("layer", "layer", "layer"), "LAYERONFRAME": ("layer", "frame", "layer"),
-    "LAYERONSIMFRAME": ("layer", "frame", "layer"), "FRAMEBYFRAME": ("layer", "layer", "frame"),
-    "PREVIOUSFRAME": ("layer", "layer", "previous"), "FRAMEONJOB": ("frame", "job", "layer"),
-    "FRAMEONLAYER": ("frame", "layer", "layer"), "FRAMEONFRAME": ("frame", "frame", "layer"),
+    "JOBONJOB": ("job", "job", "layer"),
+    "JOBONLAYER": ("job", "layer", "layer"),
+    "JOBONFRAME": ("job", "frame", "layer"),
+    "LAYERONJOB": ("layer", "job", "layer"),
+    "LAYERONLAYER": ("layer", "layer", "layer"),
+    "LAYERONFRAME": ("layer", "frame", "layer"),
+    "LAYERONSIMFRAME": ("layer", "frame", "layer"),
+    "FRAMEBYFRAME": ("layer", "layer", "frame"),
+    "PREVIOUSFRAME": ("layer", "layer", "previous"),
+    "FRAMEONJOB": ("frame", "job", "layer"),
+    "FRAMEONLAYER": ("frame", "layer", "layer"),
+    "FRAMEONFRAME": ("frame", "frame", "layer"),
 }
 _FRAME_NAME_RE = re.compile(r"(-?\d+)(?:-(.+))?")
 
@@ -477,8 +539,9 @@ def _frame_ref(text: str | None, layer: str | None, label: str) -> tuple[int | N
     return int(match.group(1)), match.group(2) or layer
 
 
-def _depends(root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: dict[str, int], prefix: str,
-             source: str) -> list[Note]:
+def _depends(
+    root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: dict[str, int], prefix: str, source: str
+) -> list[Note]:
     """``<depends>``: every type Cuebot has becomes a ``depends`` entry of the waiting job
     (job-on-*) or layer, naming the other job of the spec (``job``: its name; the submit
     swaps in its id, see ``order_jobs``) when it is not the same job. Frame-on-* types (a
@@ -506,7 +569,8 @@ def _depends(root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: di
             mapping, target_job = built[er][0], built[on][0]
             if waiter == "frame":
                 mapping.setdefault(FRAME_DEPENDS, []).append(
-                    _frame_wait(dep, kind, deplayer, onlayer, mapping, target_job, same_job=er == on, label=label))
+                    _frame_wait(dep, kind, deplayer, onlayer, mapping, target_job, same_job=er == on, label=label)
+                )
                 continue
             _, er_layer = _frame_ref(_text(dep.find("depframe")), deplayer, f"{label}: <depframe>")
             on_frame, on_layer = _frame_ref(_text(dep.find("onframe")), onlayer, f"{label}: <onframe>")
@@ -553,14 +617,24 @@ def _depends(root: Any, built: list[tuple[dict[str, Any], list[Note]]], keys: di
 FRAME_DEPENDS = "opencue_frame_depends"
 
 
-def _frame_wait(dep: Any, kind: str, deplayer: str | None, onlayer: str | None, mapping: dict[str, Any],
-                target_job: dict[str, Any], *, same_job: bool, label: str) -> dict[str, Any]:
+def _frame_wait(
+    dep: Any,
+    kind: str,
+    deplayer: str | None,
+    onlayer: str | None,
+    mapping: dict[str, Any],
+    target_job: dict[str, Any],
+    *,
+    same_job: bool,
+    label: str,
+) -> dict[str, Any]:
     """One frame-on-* ``<depend>`` as ``Store.add_depend``'s arguments (jobs by name)."""
     er_frame, er_layer = _frame_ref(_text(dep.find("depframe")), deplayer, f"{label}: <depframe>")
     on_frame, on_layer = _frame_ref(_text(dep.find("onframe")), onlayer, f"{label}: <onframe>")
     if er_frame is None or not er_layer:
-        raise InvalidInput(f"{label}: {dep.get('type')} needs <depframe> (a frame name like 0001-render, or a "
-                           "number with <deplayer>)")
+        raise InvalidInput(
+            f"{label}: {dep.get('type')} needs <depframe> (a frame name like 0001-render, or a number with <deplayer>)"
+        )
 
     def layer_of(job: dict[str, Any], name: str, frame: int | None = None) -> str:
         """The layer's name as the spec writes it; with ``frame``, a frame of its range.
@@ -573,17 +647,25 @@ def _frame_wait(dep: Any, kind: str, deplayer: str | None, onlayer: str | None, 
         if layer is None:
             raise InvalidInput(f"{label}: no layer {name!r} in job {job['name']!r}")
         if frame is not None and frame not in set(parse_frameset(str(layer.get("range") or "1"))):
-            raise InvalidInput(f"{label}: layer {layer['name']!r} of job {job['name']!r} has no frame {frame} "
-                               f"(its range is {layer.get('range') or '1'})")
+            raise InvalidInput(
+                f"{label}: layer {layer['name']!r} of job {job['name']!r} has no frame {frame} "
+                f"(its range is {layer.get('range') or '1'})"
+            )
         return str(layer["name"])
 
     if kind == "FRAMEONJOB" and same_job:
         raise InvalidInput(f"{label}: a frame of job {mapping['name']!r} waiting on its own job would never run")
 
-    wait: dict[str, Any] = {"type": {"FRAMEONJOB": "frame-on-job", "FRAMEONLAYER": "frame-on-layer",
-                                     "FRAMEONFRAME": "frame-on-frame"}[kind],
-                            "layer": layer_of(mapping, er_layer, er_frame), "frame": er_frame,
-                            "on_job": None if same_job else target_job["name"], "on_layer": None, "on_frame": None}
+    wait: dict[str, Any] = {
+        "type": {"FRAMEONJOB": "frame-on-job", "FRAMEONLAYER": "frame-on-layer", "FRAMEONFRAME": "frame-on-frame"}[
+            kind
+        ],
+        "layer": layer_of(mapping, er_layer, er_frame),
+        "frame": er_frame,
+        "on_job": None if same_job else target_job["name"],
+        "on_layer": None,
+        "on_frame": None,
+    }
     if kind != "FRAMEONJOB":
         if not on_layer:
             raise InvalidInput(f"{label}: {dep.get('type')} needs <onlayer> (or an <onframe> naming it)")
@@ -601,8 +683,15 @@ def take_frame_depends(mapping: dict[str, Any]) -> list[dict[str, Any]]:
     return list(mapping.pop(FRAME_DEPENDS, None) or [])
 
 
-def submit_jobs(store: Any, job_specs: Sequence[Any], frame_waits: Sequence[Sequence[Mapping[str, Any]]], *,
-                now: float, warn: Callable[[str], None], source: str) -> list[int]:
+def submit_jobs(
+    store: Any,
+    job_specs: Sequence[Any],
+    frame_waits: Sequence[Sequence[Mapping[str, Any]]],
+    *,
+    now: float,
+    warn: Callable[[str], None],
+    source: str,
+) -> list[int]:
     """Submit an OpenCue spec's jobs (in ``order_jobs`` order), each waiting on the jobs of
     this spec it names by id (not any older job of that name), and then make their frames
     wait as their frame-on-* ``<depend>``s say, through ``Store.add_depend`` (what `cuectl
@@ -626,15 +715,26 @@ def submit_jobs(store: Any, job_specs: Sequence[Any], frame_waits: Sequence[Sequ
         for job_id, waits in zip(ids, frame_waits):
             for w in waits:
                 on_job = by_name.get(w["on_job"], w["on_job"]) if w["on_job"] is not None else job_id
-                store.add_depend(job_id, layer=w["layer"], frame=w["frame"], on_job=on_job, on_layer=w["on_layer"],
-                                 on_frame=w["on_frame"], kind=w["type"], now=now)
+                store.add_depend(
+                    job_id,
+                    layer=w["layer"],
+                    frame=w["frame"],
+                    on_job=on_job,
+                    on_layer=w["on_layer"],
+                    on_frame=w["on_frame"],
+                    kind=w["type"],
+                    now=now,
+                )
         for job_id in held:
             store.set_job_paused(job_id, False)
     except Exception:
         if ids:
             left = f"; still paused (resume with `cuectl job resume`): {', '.join(map(str, held))}" if held else ""
-            warn(f"{source}: submitted {len(ids)} of {len(job_specs)} jobs before this error: "
-                 + ", ".join(str(i) for i in ids) + left)
+            warn(
+                f"{source}: submitted {len(ids)} of {len(job_specs)} jobs before this error: "
+                + ", ".join(str(i) for i in ids)
+                + left
+            )
         raise
     return ids
 
@@ -646,7 +746,8 @@ def order_jobs(jobs: Sequence[tuple[dict[str, Any], list[Note]]], source: str) -
     needs: dict[int, set[int]] = {}
     for i, (mapping, _) in enumerate(jobs):
         refs = [d.get("job") for d in mapping.get("depends", [])] + [
-            d.get("job") for layer in mapping["layers"] for d in layer.get("depends", [])]
+            d.get("job") for layer in mapping["layers"] for d in layer.get("depends", [])
+        ]
         needs[i] = {names[r] for r in refs if r in names and names[r] != i}
     order: list[int] = []
     while len(order) < len(jobs):
@@ -661,8 +762,10 @@ def order_jobs(jobs: Sequence[tuple[dict[str, Any], list[Note]]], source: str) -
 def strict_error(source: str, notes: Iterable[Note]) -> InvalidInput:
     """``--strict``: the notes as one error (nothing is submitted)."""
     lines = [str(n) for n in notes]
-    return InvalidInput(f"{source}: {len(lines)} element(s) cannot be honoured: " + "; ".join(lines),
-                        hint="drop --strict to submit anyway (each is a warning then)")
+    return InvalidInput(
+        f"{source}: {len(lines)} element(s) cannot be honoured: " + "; ".join(lines),
+        hint="drop --strict to submit anyway (each is a warning then)",
+    )
 
 
 def spec_user(text: str, source: str = "<job spec>") -> str:
@@ -670,9 +773,17 @@ def spec_user(text: str, source: str = "<job spec>") -> str:
     return _text(_parse(text, source).find("user"))
 
 
-def import_jobs(text: str, *, source: str, user: str, frame_limit: int | None, cwd: str | None = None,
-                environ: Mapping[str, str] | None = None, adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-                strict: bool = False) -> tuple[list[Any], list[list[dict[str, Any]]], list[Note]]:
+def import_jobs(
+    text: str,
+    *,
+    source: str,
+    user: str,
+    frame_limit: int | None,
+    cwd: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    adjust: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    strict: bool = False,
+) -> tuple[list[Any], list[list[dict[str, Any]]], list[Note]]:
     """An OpenCue spec as cuectl job specs, validated, in submit order (``order_jobs``),
     with each job's frame-level waits (for ``submit_jobs``) and the notes of what cannot be
     honoured. ``adjust``: a change to each job's mapping before validation (CLI flags);
@@ -690,15 +801,24 @@ def import_jobs(text: str, *, source: str, user: str, frame_limit: int | None, c
         if adjust is not None:
             mapping = adjust(mapping)
         try:
-            job_specs.append(specs.spec_from_mapping(mapping, user=user, frame_limit=frame_limit, cwd=cwd,
-                                                     environ=environ))
+            job_specs.append(
+                specs.spec_from_mapping(mapping, user=user, frame_limit=frame_limit, cwd=cwd, environ=environ)
+            )
         except InvalidInput as exc:
             raise InvalidInput(f"{source}: job {mapping.get('name')!r}: {exc.message}", hint=exc.hint) from None
     return job_specs, frame_waits, notes
 
 
-def import_and_submit(store: Any, text: str, *, source: str, user: str, now: float,
-                      frame_limit: int | None = None, warn: Callable[[str], None]) -> list[int]:
+def import_and_submit(
+    store: Any,
+    text: str,
+    *,
+    source: str,
+    user: str,
+    now: float,
+    frame_limit: int | None = None,
+    warn: Callable[[str], None],
+) -> list[int]:
     """Validate every job of an OpenCue spec, then submit them (``submit_jobs``) as
     ``user``; each note goes to ``warn`` first. Returns the ids, in submit order."""
     job_specs, frame_waits, notes = import_jobs(text, source=source, user=user, frame_limit=frame_limit)

@@ -31,8 +31,12 @@ _MARK_RE = re.compile(f"{_MARK_OPEN}([^{_MARK_CLOSE}]*){_MARK_CLOSE}")
 _SESSION_DIR = "session"
 
 # hostRequirements amounts cuectl reserves (OpenJD units: MiB for memory).
-_GPU, _GPU_MEMORY, _VCPU, _MEMORY = ("amount.worker.gpu", "amount.worker.gpu.memory", "amount.worker.vcpu",
-                                     "amount.worker.memory")
+_GPU, _GPU_MEMORY, _VCPU, _MEMORY = (
+    "amount.worker.gpu",
+    "amount.worker.gpu.memory",
+    "amount.worker.vcpu",
+    "amount.worker.memory",
+)
 # GPU attributes the 2023-09 schema does not define (and its validator refuses under the
 # reserved attr.worker.*): cuectl reads these farm-defined names, with any vendor prefix
 # (``cuectl:attr.gpu.model``), as GPU constraints (docs/openjd.md).
@@ -65,8 +69,10 @@ def _import_model() -> Any:
     try:
         import openjd.model as model  # noqa: PLC0415 - optional extra, imported only here
     except ImportError:
-        raise InvalidInput("an Open Job Description template needs the openjd-model package, which is not installed",
-                           hint=f"install the '{EXTRA}' extra: {INSTALL_HINT}") from None
+        raise InvalidInput(
+            "an Open Job Description template needs the openjd-model package, which is not installed",
+            hint=f"install the '{EXTRA}' extra: {INSTALL_HINT}",
+        ) from None
     return model
 
 
@@ -108,9 +114,11 @@ class _Resolver:
         try:
             return str(text.resolve(symtab=self.model.SymbolTable(source=table)))
         except self.model.FormatStringError as exc:
-            raise InvalidInput(f"{where}: cannot be imported: {_one_line(str(exc))}",
-                               hint="cuectl resolves job parameters, the task's parameters, Task.File.* and "
-                                    "Session.WorkingDirectory (docs/openjd.md)") from None
+            raise InvalidInput(
+                f"{where}: cannot be imported: {_one_line(str(exc))}",
+                hint="cuectl resolves job parameters, the task's parameters, Task.File.* and "
+                "Session.WorkingDirectory (docs/openjd.md)",
+            ) from None
 
 
 def _frame_range(definition: Any) -> str | None:
@@ -159,8 +167,9 @@ def _host_requirements(step: Any, layer: dict[str, Any], where: str, notes: list
         if name == _GPU:
             layer["gpus"] = int(math.ceil(low or 0))
             if high is not None:
-                notes.append(f"{where}: {amount.name} max {high:g} not honoured: each frame gets exactly "
-                             f"{layer['gpus']} GPU(s)")
+                notes.append(
+                    f"{where}: {amount.name} max {high:g} not honoured: each frame gets exactly {layer['gpus']} GPU(s)"
+                )
         elif name == _GPU_MEMORY:
             if low:
                 layer["gpu_memory_min"] = str(int(math.ceil(low)))  # a bare number is MiB
@@ -182,8 +191,10 @@ def _host_requirements(step: Any, layer: dict[str, Any], where: str, notes: list
         layer["gpus"] = 1
         notes.append(f"{where}: {_GPU_MEMORY} without {_GPU}: asks for 1 GPU")
     elif layer.get("gpu_memory_min") and layer.get("gpus", 0) > 1:
-        notes.append(f"{where}: {_GPU_MEMORY} is required of each of the {layer['gpus']} GPUs (cuectl never "
-                     "adds memory across devices)")
+        notes.append(
+            f"{where}: {_GPU_MEMORY} is required of each of the {layer['gpus']} GPUs (cuectl never "
+            "adds memory across devices)"
+        )
     for attribute in req.attributes or []:
         name = str(attribute.name).lower().split(":", 1)[-1]
         any_of = [str(v) for v in attribute.anyOf or []]
@@ -193,8 +204,7 @@ def _host_requirements(step: Any, layer: dict[str, Any], where: str, notes: list
         elif name in _GPU_VENDOR_ATTRS and len(any_of or all_of) == 1 and not (any_of and all_of):
             layer["gpu_vendor"] = (any_of or all_of)[0]
         else:
-            notes.append(f"{where}: host requirement {attribute.name} not honoured (cuectl does not match hosts "
-                         "by it)")
+            notes.append(f"{where}: host requirement {attribute.name} not honoured (cuectl does not match hosts by it)")
     if (layer.get("gpu_models") or layer.get("gpu_vendor")) and not layer.get("gpus"):
         layer["gpus"] = 1
         notes.append(f"{where}: a GPU model or vendor without {_GPU}: asks for 1 GPU")
@@ -204,14 +214,17 @@ def _variables(env: Any, resolver: _Resolver, where: str, notes: list[str]) -> d
     """An environment's plain variables (its scripts are not run: a note)."""
     name = str(env.name)
     if env.script is not None:
-        notes.append(f"{where}: environment '{name}': its script (onEnter/onExit) is not run; only its variables "
-                     "are set")
+        notes.append(
+            f"{where}: environment '{name}': its script (onEnter/onExit) is not run; only its variables are set"
+        )
     out: dict[str, str] = {}
     for key, value in (env.variables or {}).items():
         text = resolver.resolve(value, {}, (), f"{where}: environment '{name}'.variables.{key}")
         if _MARK_OPEN in text:
-            raise InvalidInput(f"{where}: environment '{name}'.variables.{key}: refers to the session's directory, "
-                               "which an environment variable cannot be given")
+            raise InvalidInput(
+                f"{where}: environment '{name}'.variables.{key}: refers to the session's directory, "
+                "which an environment variable cannot be given"
+            )
         out[str(key)] = text
     return out
 
@@ -230,8 +243,7 @@ class _Command:
 
     def argv(self, task: Mapping[str, str]) -> list[str]:
         words = [self.action.command, *(self.action.args or [])]
-        return [self.resolver.resolve(w, task, self.names, f"{self.where}.script.actions.onRun")
-                for w in words]
+        return [self.resolver.resolve(w, task, self.names, f"{self.where}.script.actions.onRun") for w in words]
 
     def _pieces(self, text: str) -> list[str]:
         """``text`` cut at its markers: literal pieces quoted for sh, markers as paths under "$d"."""
@@ -239,7 +251,7 @@ class _Command:
         pos = 0
         for match in _MARK_RE.finditer(text):
             if match.start() > pos:
-                out.append(shlex.quote(text[pos:match.start()]))
+                out.append(shlex.quote(text[pos : match.start()]))
             out.append(self._path(match.group(1)))
             pos = match.end()
         if pos < len(text) or not out:
@@ -292,8 +304,9 @@ def _shell(body: str) -> str:
     return _PREAMBLE + body
 
 
-def _step_layer(step: Any, model: Any, resolver: _Resolver, names: Mapping[str, str],
-                job_env: Mapping[str, str], notes: list[str]) -> dict[str, Any]:
+def _step_layer(
+    step: Any, model: Any, resolver: _Resolver, names: Mapping[str, str], job_env: Mapping[str, str], notes: list[str]
+) -> dict[str, Any]:
     where = f"step '{step.name}'"
     layer: dict[str, Any] = {"name": names[str(step.name)]}
     command = _Command(step, resolver, where)
@@ -301,7 +314,7 @@ def _step_layer(step: Any, model: Any, resolver: _Resolver, names: Mapping[str, 
     defs = dict(space.taskParameterDefinitions) if space is not None else {}
     single_int = None
     if len(defs) == 1:
-        (pname, pdef), = defs.items()
+        ((pname, pdef),) = defs.items()
         if str(getattr(pdef.type, "value", pdef.type)) == "INT" and getattr(pdef, "chunks", None) is None:
             frames = _frame_range(pdef)
             if frames is not None:
@@ -335,9 +348,13 @@ def _step_layer(step: Any, model: Any, resolver: _Resolver, names: Mapping[str, 
         else:
             cases = " ".join(f"{i}) {body} ;;" for i, body in enumerate(branches, start=1))
             preamble = _PREAMBLE if any('"$d' in body for body in branches) else ""
-            layer["command"] = (preamble + f"case #IFRAME# in {cases} *) echo 'no task for frame #IFRAME#' >&2; exit 1 ;; esac")
-        notes.append(f"{where}: its parameter space ({', '.join(defs)}) becomes frames 1-{len(tasks)}, "
-                     "one per task in OpenJD's order")
+            layer["command"] = (
+                preamble + f"case #IFRAME# in {cases} *) echo 'no task for frame #IFRAME#' >&2; exit 1 ;; esac"
+            )
+        notes.append(
+            f"{where}: its parameter space ({', '.join(defs)}) becomes frames 1-{len(tasks)}, "
+            "one per task in OpenJD's order"
+        )
     action = command.action
     if action.timeout is not None:
         try:
@@ -358,8 +375,13 @@ def _step_layer(step: Any, model: Any, resolver: _Resolver, names: Mapping[str, 
     return layer
 
 
-def openjd_to_spec(template: Mapping[str, Any], params: Mapping[str, str] | Iterable[str] = (), *,
-                   template_dir: str | None = None, cwd: str | None = None) -> tuple[dict[str, Any], list[str]]:
+def openjd_to_spec(
+    template: Mapping[str, Any],
+    params: Mapping[str, str] | Iterable[str] = (),
+    *,
+    template_dir: str | None = None,
+    cwd: str | None = None,
+) -> tuple[dict[str, Any], list[str]]:
     """An OpenJD job template and ``--param NAME=VALUE`` values (or a mapping) as a cuectl
     job-spec mapping, and the notes about what could not be honoured.
 
@@ -377,13 +399,17 @@ def openjd_to_spec(template: Mapping[str, Any], params: Mapping[str, str] | Iter
         raise InvalidInput(f"not a valid Open Job Description job template: {_one_line(str(exc))}") from None
     try:
         parameters = model.preprocess_job_parameters(
-            job_template=job_template, job_parameter_values=values,
+            job_template=job_template,
+            job_parameter_values=values,
             job_template_dir=Path(template_dir).resolve() if template_dir else base,
-            current_working_dir=base, allow_job_template_dir_walk_up=True)
+            current_working_dir=base,
+            allow_job_template_dir_walk_up=True,
+        )
         job = model.create_job(job_template=job_template, job_parameter_values=parameters)
     except (model.DecodeValidationError, ValueError, NotImplementedError) as exc:
-        raise InvalidInput(f"job parameters: {_one_line(str(exc))}",
-                           hint="give values with --param NAME=VALUE") from None
+        raise InvalidInput(
+            f"job parameters: {_one_line(str(exc))}", hint="give values with --param NAME=VALUE"
+        ) from None
     symbols: dict[str, str] = {}
     for pname, pvalue in parameters.items():
         symbols[f"Param.{pname}"] = str(pvalue.value)

@@ -37,8 +37,14 @@ def layer_blocker(layer: Mapping[str, Any], hosts: Mapping[str, tuple[Sequence[D
     return explain_hosts(GpuRequest.from_record(layer), tagged)
 
 
-def pending_reason(store: Store, job: Mapping[str, Any], unproven: str | None = None, *,
-                   farm: Any = None, caps: Mapping[int, str | None] | None = None) -> str | None:
+def pending_reason(
+    store: Store,
+    job: Mapping[str, Any],
+    unproven: str | None = None,
+    *,
+    farm: Any = None,
+    caps: Mapping[int, str | None] | None = None,
+) -> str | None:
     """Why the job's waiting frames are not running (``job`` from ``store.get_job``);
     ``unproven``: why nothing proves that its user submitted it (``identity.proof_problem``)."""
     counts = job["frame_counts"]

@@ -13,32 +13,34 @@ from cuectl.sched.model import JobSpec
 def spec_json(spec: JobSpec) -> dict[str, Any]:
     layers = []
     for layer, chunks in zip(spec.layers, spec.chunks or ((),) * len(spec.layers)):
-        layers.append({
-            "name": layer.name,
-            "command": layer.command if isinstance(layer.command, str) else list(layer.command),
-            "range": layer.range,
-            "chunk": layer.chunk,
-            "frames": len(chunks),
-            "gpus": layer.gpus,
-            "gpu_vendor": layer.gpu_vendor,
-            "gpu_models": list(layer.gpu_models),
-            "gpu_memory_min_bytes": layer.gpu_memory_min_bytes,
-            "cores": layer.cores,
-            "memory_bytes": layer.memory_bytes,
-            "retries": layer.retries,
-            "timeout_s": layer.timeout_s,
-            "tags": list(layer.tags),
-            "depends": [{"layer": d.on, "type": d.type} for d in layer.depends],
-            "env": dict(layer.env),
-            "log_limit_bytes": layer.log_limit_bytes,
-            "max_running": layer.max_running,
-            "limits": list(layer.limits),
-            "retry_delay_s": layer.retry_delay_s,
-            "cwd": layer.cwd,
-            # The service named (a list: the first the store has); its defaults are applied
-            # when the job is submitted, not in a dry run (no store is opened).
-            "service": list(layer.service) if isinstance(layer.service, tuple) else layer.service,
-        })
+        layers.append(
+            {
+                "name": layer.name,
+                "command": layer.command if isinstance(layer.command, str) else list(layer.command),
+                "range": layer.range,
+                "chunk": layer.chunk,
+                "frames": len(chunks),
+                "gpus": layer.gpus,
+                "gpu_vendor": layer.gpu_vendor,
+                "gpu_models": list(layer.gpu_models),
+                "gpu_memory_min_bytes": layer.gpu_memory_min_bytes,
+                "cores": layer.cores,
+                "memory_bytes": layer.memory_bytes,
+                "retries": layer.retries,
+                "timeout_s": layer.timeout_s,
+                "tags": list(layer.tags),
+                "depends": [{"layer": d.on, "type": d.type} for d in layer.depends],
+                "env": dict(layer.env),
+                "log_limit_bytes": layer.log_limit_bytes,
+                "max_running": layer.max_running,
+                "limits": list(layer.limits),
+                "retry_delay_s": layer.retry_delay_s,
+                "cwd": layer.cwd,
+                # The service named (a list: the first the store has); its defaults are applied
+                # when the job is submitted, not in a dry run (no store is opened).
+                "service": list(layer.service) if isinstance(layer.service, tuple) else layer.service,
+            }
+        )
     return {
         "name": spec.name,
         "user": spec.user,

@@ -26,8 +26,14 @@ from cuectl.sched.model import JobSpec, LayerSpec
 # The LayerSpec fields a service fills, in the order of the services table's columns.
 FIELDS = ("cores", "memory_bytes", "gpus", "gpu_memory_min_bytes", "tags", "timeout_s")
 # `cuectl admin service set` options, per field.
-OPTIONS = {"cores": "--cores", "memory_bytes": "--memory", "gpus": "--gpus",
-           "gpu_memory_min_bytes": "--gpu-memory", "tags": "--tags", "timeout_s": "--timeout"}
+OPTIONS = {
+    "cores": "--cores",
+    "memory_bytes": "--memory",
+    "gpus": "--gpus",
+    "gpu_memory_min_bytes": "--gpu-memory",
+    "tags": "--tags",
+    "timeout_s": "--timeout",
+}
 DEFAULT = "default"  # the service of layers that name none
 CLEAR = "none"  # `admin service set NAME --cores none`: the service gives no cores any more
 _LAYER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(LayerSpec)}
@@ -113,12 +119,15 @@ def to_columns(values: Mapping[str, Any]) -> dict[str, Any]:
 def row_json(row: Mapping[str, Any]) -> dict[str, Any]:
     """A services row as ``admin service list --json`` shows it (null: no default)."""
     tags = row["tags"]
-    return {"name": row["name"], "cores": None if row["cores"] is None else float(row["cores"]),
-            "memory_bytes": None if row["memory_bytes"] is None else int(row["memory_bytes"]),
-            "gpus": None if row["gpus"] is None else int(row["gpus"]),
-            "gpu_memory_min_bytes": None if row["gpu_memory_min_bytes"] is None else int(row["gpu_memory_min_bytes"]),
-            "tags": None if tags is None else list(json.loads(tags)),
-            "timeout_s": None if row["timeout_s"] is None else float(row["timeout_s"])}
+    return {
+        "name": row["name"],
+        "cores": None if row["cores"] is None else float(row["cores"]),
+        "memory_bytes": None if row["memory_bytes"] is None else int(row["memory_bytes"]),
+        "gpus": None if row["gpus"] is None else int(row["gpus"]),
+        "gpu_memory_min_bytes": None if row["gpu_memory_min_bytes"] is None else int(row["gpu_memory_min_bytes"]),
+        "tags": None if tags is None else list(json.loads(tags)),
+        "timeout_s": None if row["timeout_s"] is None else float(row["timeout_s"]),
+    }
 
 
 def explicit_fields(layer: LayerSpec) -> frozenset[str]:
@@ -133,9 +142,11 @@ def _chosen(layer: LayerSpec, table: Mapping[str, Mapping[str, Any]]) -> Mapping
     if isinstance(layer.service, str):
         found = table.get(layer.service)
         if found is None:
-            raise InvalidInput(f"layer {layer.name}: service: no service {layer.service!r}",
-                               hint="see `cuectl admin service list`; an admin creates one with "
-                                    "`cuectl admin service set NAME --cores N ...`")
+            raise InvalidInput(
+                f"layer {layer.name}: service: no service {layer.service!r}",
+                hint="see `cuectl admin service list`; an admin creates one with "
+                "`cuectl admin service set NAME --cores N ...`",
+            )
         return found
     for name in layer.service or ():  # OpenCue's rule: the first one that exists
         if name in table:
@@ -156,8 +167,9 @@ def apply(spec: JobSpec, rows: Iterable[Mapping[str, Any]]) -> JobSpec:
             layers.append(layer)
             continue
         own = explicit_fields(layer)
-        changes: dict[str, Any] = {f: service[f] for f in FIELDS
-                                   if f not in own and service[f] is not None and f != "gpu_memory_min_bytes"}
+        changes: dict[str, Any] = {
+            f: service[f] for f in FIELDS if f not in own and service[f] is not None and f != "gpu_memory_min_bytes"
+        }
         if "tags" in changes:
             changes["tags"] = tuple(changes["tags"])
         gpus = changes.get("gpus", layer.gpus)
@@ -170,8 +182,12 @@ def apply(spec: JobSpec, rows: Iterable[Mapping[str, Any]]) -> JobSpec:
             continue
         layer = dataclasses.replace(layer, **changes)
         try:  # the result must still be a valid request (a device constraint needs devices)
-            GpuRequest.parse(gpus=layer.gpus, gpu_vendor=layer.gpu_vendor, gpu_models=layer.gpu_models or None,
-                             gpu_memory_min=layer.gpu_memory_min_bytes or None)
+            GpuRequest.parse(
+                gpus=layer.gpus,
+                gpu_vendor=layer.gpu_vendor,
+                gpu_models=layer.gpu_models or None,
+                gpu_memory_min=layer.gpu_memory_min_bytes or None,
+            )
         except InvalidInput as exc:
             raise InvalidInput(f"layer {layer.name}: with service {service['name']!r}: {exc.message}") from None
         layers.append(layer)

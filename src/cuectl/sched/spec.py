@@ -55,12 +55,46 @@ MAX_JOB_NAME = 200
 MAX_RETRIES = 1000
 DEFAULT_FLAG_LAYER = "main"
 
-JOB_KEYS = ("name", "priority", "paused", "env", "layers", "project", "max_running", "max_cores", "max_gpus",
-            "cwd", "export", "notify", "depends", "show", "shot")
+JOB_KEYS = (
+    "name",
+    "priority",
+    "paused",
+    "env",
+    "layers",
+    "project",
+    "max_running",
+    "max_cores",
+    "max_gpus",
+    "cwd",
+    "export",
+    "notify",
+    "depends",
+    "show",
+    "shot",
+)
 LAYER_KEYS = (
-    "name", "command", "range", "chunk", "gpus", "gpu_vendor", "gpu_models", "gpu_memory_min",
-    "cores", "memory", "retries", "timeout", "env", "tags", "depends", "log_limit",
-    "max_running", "limits", "retry_delay", "cwd", "type", "service",
+    "name",
+    "command",
+    "range",
+    "chunk",
+    "gpus",
+    "gpu_vendor",
+    "gpu_models",
+    "gpu_memory_min",
+    "cores",
+    "memory",
+    "retries",
+    "timeout",
+    "env",
+    "tags",
+    "depends",
+    "log_limit",
+    "max_running",
+    "limits",
+    "retry_delay",
+    "cwd",
+    "type",
+    "service",
 )
 # OpenCue's layer types: a Post layer runs once every other layer of its job is done.
 LAYER_TYPES = ("Render", "Util", "Post")
@@ -120,8 +154,10 @@ def _job_name(value: Any, label: str) -> str:
     if name.isdigit():
         # JOB arguments take an id or a name, and digits mean the id: a job named "42"
         # could not be reached by its name. Any script's digits ("٤٢"), not only ASCII.
-        raise InvalidInput(f"{label}: a job name must not be only digits ({quote(name)}): a JOB argument of "
-                           "digits is a job id", hint="add a letter, e.g. 'job-42'")
+        raise InvalidInput(
+            f"{label}: a job name must not be only digits ({quote(name)}): a JOB argument of digits is a job id",
+            hint="add a letter, e.g. 'job-42'",
+        )
     return printable_name(name, label)
 
 
@@ -164,12 +200,43 @@ MAX_PATH = 4096
 # LD_LIBRARY_PATH) and reads text the same way (locale, time zone) — and nothing else. Not
 # sbatch's ALL: the store is readable by every user of the farm, and a shell's environment
 # holds tokens and passwords; the frame gets the rest from the host it runs on.
-BASE_EXPORT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "VIRTUAL_ENV", "CONDA_PREFIX", "CONDA_DEFAULT_ENV",
-               "PYTHONPATH", "LD_LIBRARY_PATH")
+BASE_EXPORT = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "CONDA_DEFAULT_ENV",
+    "PYTHONPATH",
+    "LD_LIBRARY_PATH",
+)
 # Never exported by ALL: the shell's own state, and cuectl's (a submit from inside a frame).
-_SHELL_STATE = frozenset({"_", "PWD", "OLDPWD", "SHLVL", "PS1", "PS2", "PROMPT_COMMAND", "TERM", "COLUMNS",
-                          "LINES", "SHELL", "DISPLAY", "SSH_AUTH_SOCK", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
-                          "XDG_SESSION_ID", "XDG_RUNTIME_DIR", "DBUS_SESSION_BUS_ADDRESS", "PGPASSFILE"})
+_SHELL_STATE = frozenset(
+    {
+        "_",
+        "PWD",
+        "OLDPWD",
+        "SHLVL",
+        "PS1",
+        "PS2",
+        "PROMPT_COMMAND",
+        "TERM",
+        "COLUMNS",
+        "LINES",
+        "SHELL",
+        "DISPLAY",
+        "SSH_AUTH_SOCK",
+        "SSH_CLIENT",
+        "SSH_CONNECTION",
+        "SSH_TTY",
+        "XDG_SESSION_ID",
+        "XDG_RUNTIME_DIR",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "PGPASSFILE",
+    }
+)
 
 
 def directory(value: Any, label: str, *, base: str | None, home: str | None = None) -> str:
@@ -216,8 +283,17 @@ def exported_env(value: Any, label: str, environ: Mapping[str, str]) -> dict[str
         if word == "BASE":
             out.update({k: environ[k] for k in BASE_EXPORT if k in environ})
         elif word == "ALL":
-            out.update({k: v for k, v in environ.items() if _ENV_KEY_RE.fullmatch(k) and not k.startswith("CUE_")
-                        and k not in _SHELL_STATE and k != "PGPASSWORD" and not looks_secret(k)})
+            out.update(
+                {
+                    k: v
+                    for k, v in environ.items()
+                    if _ENV_KEY_RE.fullmatch(k)
+                    and not k.startswith("CUE_")
+                    and k not in _SHELL_STATE
+                    and k != "PGPASSWORD"
+                    and not looks_secret(k)
+                }
+            )
         elif "=" in word:
             key, _, val = word.partition("=")
             out[_env_key(key, label)] = _env_value(val, f"{label} {key}")
@@ -252,8 +328,14 @@ def _job_caps(get: Callable[[str], Any], label: Label) -> dict[str, Any]:
 
 # Layer keys a service (``cuectl admin service``) fills when the layer leaves them out, and
 # the LayerSpec field each sets (sched/services.py).
-SERVICE_KEYS = {"cores": "cores", "memory": "memory_bytes", "gpus": "gpus", "gpu_memory_min": "gpu_memory_min_bytes",
-                "tags": "tags", "timeout": "timeout_s"}
+SERVICE_KEYS = {
+    "cores": "cores",
+    "memory": "memory_bytes",
+    "gpus": "gpus",
+    "gpu_memory_min": "gpu_memory_min_bytes",
+    "tags": "tags",
+    "timeout": "timeout_s",
+}
 
 
 def service_names(value: Any, label: str) -> str | tuple[str, ...]:
@@ -327,9 +409,11 @@ def _check_shell_quotes(text: str, label: str) -> None:
         for _ in lexer:
             pass
     except ValueError as exc:  # "No closing quotation" / "No escaped character"
-        raise InvalidInput(f"{label}: the shell string's quotes do not close ({str(exc).lower()}): {text!r}",
-                           hint="a string command runs as /bin/sh -c: close the quote; in YAML, quote the whole "
-                                "value when it holds ' #' (a YAML comment starts there)") from None
+        raise InvalidInput(
+            f"{label}: the shell string's quotes do not close ({str(exc).lower()}): {text!r}",
+            hint="a string command runs as /bin/sh -c: close the quote; in YAML, quote the whole "
+            "value when it holds ' #' (a YAML comment starts there)",
+        ) from None
 
 
 def _range(value: Any, label: str) -> str:
@@ -417,11 +501,15 @@ def _depends(value: Any, label: str) -> list[tuple[Dependency, str]]:
                 kind = "layer"
             if not isinstance(kind, str) or kind.lower() not in DEPEND_TYPES:
                 shown = quote(kind) if isinstance(kind, str) else describe(kind)
-                raise InvalidInput(f"{where}.type: unknown dependency type {shown} (expected "
-                                   f"{', '.join(DEPEND_TYPES[:-1])} or {DEPEND_TYPES[-1]})")
+                raise InvalidInput(
+                    f"{where}.type: unknown dependency type {shown} (expected "
+                    f"{', '.join(DEPEND_TYPES[:-1])} or {DEPEND_TYPES[-1]})"
+                )
             if kind.lower() != "layer" and (on is None or frame is not None):
-                raise InvalidInput(f"{where}.type: {kind.lower()!r} is how a layer waits on a layer; "
-                                   f"this entry waits on {'a frame' if frame is not None else 'a whole job'}")
+                raise InvalidInput(
+                    f"{where}.type: {kind.lower()!r} is how a layer waits on a layer; "
+                    f"this entry waits on {'a frame' if frame is not None else 'a whole job'}"
+                )
             dep = Dependency(on=on, type=kind.lower(), job=job, frame=frame)  # type: ignore[arg-type]
         else:
             dep = Dependency(on=_layer_name(item, where), type="layer")
@@ -472,8 +560,12 @@ def _job_depends(value: Any, label: str) -> tuple[Dependency, ...]:
 
 
 def _build_layer(
-    data: Mapping[str, Any], label: Label, job_env: Mapping[str, str], *,
-    parse_env: Callable[[Any, str], dict[str, str]] = _env_mapping, job_cwd: str | None = None,
+    data: Mapping[str, Any],
+    label: Label,
+    job_env: Mapping[str, str],
+    *,
+    parse_env: Callable[[Any, str], dict[str, str]] = _env_mapping,
+    job_cwd: str | None = None,
     home: str | None = None,
 ) -> tuple[LayerSpec, list[tuple[Dependency, str]]]:
     """Validate one layer's fields (already checked for unknown keys). ``None`` = not set.
@@ -492,11 +584,19 @@ def _build_layer(
         fields["range"] = _range(get("range"), label("range"))
     if get("chunk") is not None:
         fields["chunk"] = whole_number(get("chunk"), label("chunk"), minimum=1, maximum=MAX_FRAME)
-    gpu = GpuRequest.parse(gpus=0 if get("gpus") is None else get("gpus"), gpu_vendor=get("gpu_vendor"),
-                           gpu_models=get("gpu_models"), gpu_memory_min=_mib_if_number(get("gpu_memory_min")),
-                           label=label)
-    fields.update(gpus=gpu.gpus, gpu_vendor=gpu.gpu_vendor, gpu_models=gpu.gpu_models,
-                  gpu_memory_min_bytes=gpu.gpu_memory_min_bytes)
+    gpu = GpuRequest.parse(
+        gpus=0 if get("gpus") is None else get("gpus"),
+        gpu_vendor=get("gpu_vendor"),
+        gpu_models=get("gpu_models"),
+        gpu_memory_min=_mib_if_number(get("gpu_memory_min")),
+        label=label,
+    )
+    fields.update(
+        gpus=gpu.gpus,
+        gpu_vendor=gpu.gpu_vendor,
+        gpu_models=gpu.gpu_models,
+        gpu_memory_min_bytes=gpu.gpu_memory_min_bytes,
+    )
     if get("cores") is not None:
         fields["cores"] = cores_field(get("cores"), label("cores"))
     if get("memory") is not None:
@@ -536,8 +636,9 @@ def _build_layer(
     return LayerSpec(**fields), deps
 
 
-def _post_layers_last(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[Dependency, str]]]
-                      ) -> tuple[list[LayerSpec], list[list[tuple[Dependency, str]]]]:
+def _post_layers_last(
+    layers: Sequence[LayerSpec], deps: Sequence[list[tuple[Dependency, str]]]
+) -> tuple[list[LayerSpec], list[list[tuple[Dependency, str]]]]:
     """A Post layer (OpenCue) waits for every layer that is not Post: it gets a layer
     dependency on each, besides its own."""
     others = [layer.name for layer in layers if layer.type != "Post"]
@@ -567,9 +668,14 @@ def _check_dependencies(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[D
                 raise InvalidInput(f"{where}: unknown layer {dep.on!r}{hint}")
     # Depth-first search for a cycle; report it as a path so the user can see which edge to cut.
     # (A layer's previous-frame dependency on itself, a simulation's chain, is no cycle.)
-    graph = {layer.name: [dep.on for dep in layer.depends if dep.job is None and dep.on is not None
-                          and not (dep.on == layer.name and dep.type == "previous")]
-             for layer in layers}
+    graph = {
+        layer.name: [
+            dep.on
+            for dep in layer.depends
+            if dep.job is None and dep.on is not None and not (dep.on == layer.name and dep.type == "previous")
+        ]
+        for layer in layers
+    }
     done: set[str] = set()
     for root in graph:
         if root in done:
@@ -582,7 +688,7 @@ def _check_dependencies(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[D
                 done.add(path.pop())
                 iterators.pop()
             elif nxt in path:
-                cycle = path[path.index(nxt):] + [nxt]
+                cycle = path[path.index(nxt) :] + [nxt]
                 raise InvalidInput(f"layers: dependency cycle {' -> '.join(cycle)}")
             elif nxt not in done:
                 path.append(nxt)
@@ -590,8 +696,15 @@ def _check_dependencies(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[D
 
 
 def _finish(
-    *, name: str, user: str | None, priority: int, paused: bool, layers: Sequence[LayerSpec],
-    deps: Sequence[list[tuple[Dependency, str]]], layer_labels: Sequence[Label], frame_limit: int | None,
+    *,
+    name: str,
+    user: str | None,
+    priority: int,
+    paused: bool,
+    layers: Sequence[LayerSpec],
+    deps: Sequence[list[tuple[Dependency, str]]],
+    layer_labels: Sequence[Label],
+    frame_limit: int | None,
     caps: Mapping[str, Any] | None = None,
 ) -> JobSpec:
     """Cross-layer checks (names, dependencies, frame limit) and the chunk expansion."""
@@ -637,12 +750,22 @@ def _finish(
     _check_frame_targets(layers, deps, chunks)
     for layer, label in zip(layers, layer_labels):
         _check_argv_size(layer, label)
-    return JobSpec(name=name, user=user, layers=tuple(layers), priority=priority, paused=paused, chunks=tuple(chunks),
-                   **dict(caps or {}))
+    return JobSpec(
+        name=name,
+        user=user,
+        layers=tuple(layers),
+        priority=priority,
+        paused=paused,
+        chunks=tuple(chunks),
+        **dict(caps or {}),
+    )
 
 
-def _check_frame_targets(layers: Sequence[LayerSpec], deps: Sequence[list[tuple[Dependency, str]]],
-                         chunks: Sequence[tuple[tuple[int, ...], ...]]) -> None:
+def _check_frame_targets(
+    layers: Sequence[LayerSpec],
+    deps: Sequence[list[tuple[Dependency, str]]],
+    chunks: Sequence[tuple[tuple[int, ...], ...]],
+) -> None:
     """A dependency on one frame of a layer of this job names a frame that layer has."""
     frames = {layer.name: {n for chunk in layer_chunks for n in chunk} for layer, layer_chunks in zip(layers, chunks)}
     for layer_deps in deps:
@@ -680,15 +803,19 @@ def _check_argv_size(layer: LayerSpec, label: Label) -> None:
     for text in (*argv, *env):
         if len(text.encode()) >= _MAX_ARG_STRLEN:
             what = "an environment entry" if text in env else "an argument"
-            raise InvalidInput(f"{label('command')}: {what} of {len(text.encode())} bytes is longer than Linux takes "
-                               f"in one string ({_MAX_ARG_STRLEN} bytes): it could never start",
-                               hint="pass long data in a file instead")
+            raise InvalidInput(
+                f"{label('command')}: {what} of {len(text.encode())} bytes is longer than Linux takes "
+                f"in one string ({_MAX_ARG_STRLEN} bytes): it could never start",
+                hint="pass long data in a file instead",
+            )
     size = sum(len(a.encode()) + 1 + 8 for a in argv) + sum(len(e.encode()) + 1 + 8 for e in env)
     limit = _arg_max() - _ENV_ALLOWANCE
     if size > limit:
-        raise InvalidInput(f"{label('command')}: the command and its env take {size} bytes; the system's limit "
-                           f"for starting a process is about {limit} (ARG_MAX): it could never start",
-                           hint="pass long data in a file instead")
+        raise InvalidInput(
+            f"{label('command')}: the command and its env take {size} bytes; the system's limit "
+            f"for starting a process is about {limit} (ARG_MAX): it could never start",
+            hint="pass long data in a file instead",
+        )
 
 
 def _field_of(layer: str) -> Label:
@@ -696,8 +823,14 @@ def _field_of(layer: str) -> Label:
     return lambda key: f"{layer}.{key}"
 
 
-def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | None = None,
-                      cwd: str | None = None, environ: Mapping[str, str] | None = None) -> JobSpec:
+def spec_from_mapping(
+    data: Any,
+    *,
+    user: str | None = None,
+    frame_limit: int | None = None,
+    cwd: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> JobSpec:
     """Validate a parsed YAML/JSON document into a JobSpec (see docs/job-spec.md).
 
     ``user`` defaults to the submitting user (config), never to anything in the document;
@@ -714,7 +847,9 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
     # Keys starting with "x-" are ignored (as in docker-compose): a place for anchors such
     # as `x-defaults: &defaults {...}` that layers then merge with `<<: *defaults`.
     _check_keys(
-        {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))}, JOB_KEYS, "",
+        {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("x-"))},
+        JOB_KEYS,
+        "",
         elsewhere=_LAYER_ONLY_KEYS,
     )
     if data.get("name") is None:
@@ -753,11 +888,20 @@ def spec_from_mapping(data: Any, *, user: str | None = None, frame_limit: int | 
         layers.append(layer)
         deps.append(layer_deps)
         labels.append(label)
-    return _finish(name=name, user=user, priority=priority, paused=paused, layers=layers, deps=deps,
-                   layer_labels=labels, frame_limit=frame_limit,
-                   caps={**_job_caps(data.get, lambda key: key),
-                         **({"depends": _job_depends(data["depends"], "depends")} if data.get("depends") is not None
-                            else {})})
+    return _finish(
+        name=name,
+        user=user,
+        priority=priority,
+        paused=paused,
+        layers=layers,
+        deps=deps,
+        layer_labels=labels,
+        frame_limit=frame_limit,
+        caps={
+            **_job_caps(data.get, lambda key: key),
+            **({"depends": _job_depends(data["depends"], "depends")} if data.get("depends") is not None else {}),
+        },
+    )
 
 
 def spec_from_flags(
@@ -840,11 +984,26 @@ def spec_from_flags(
     if environ is None and export is not None:
         exported_env(export, "--export", {})
     built, deps = _build_layer(raw, flag_label, exported, parse_env=_env_items, job_cwd=job_cwd, home=home)
-    job_caps = {"project": project, "show": show, "shot": shot, "max_running": max_running, "max_cores": max_cores, "max_gpus": max_gpus,
-                "notify": tuple(notify) or None}
-    return _finish(name=job_name, user=user, priority=job_priority, paused=job_paused, layers=[built], deps=[deps],
-                   layer_labels=[flag_label], frame_limit=frame_limit,
-                   caps=_job_caps(job_caps.get, flag_label))
+    job_caps = {
+        "project": project,
+        "show": show,
+        "shot": shot,
+        "max_running": max_running,
+        "max_cores": max_cores,
+        "max_gpus": max_gpus,
+        "notify": tuple(notify) or None,
+    }
+    return _finish(
+        name=job_name,
+        user=user,
+        priority=job_priority,
+        paused=job_paused,
+        layers=[built],
+        deps=[deps],
+        layer_labels=[flag_label],
+        frame_limit=frame_limit,
+        caps=_job_caps(job_caps.get, flag_label),
+    )
 
 
 def flag_env(items: Sequence[str]) -> dict[str, str]:
@@ -963,7 +1122,8 @@ def _refuse_swallowed(node: Any, text: str, source: str) -> None:
     raise InvalidInput(
         f"{_at(source, node)}: command: YAML read only {node.value!r}: an unquoted ' #' starts a comment, "
         f"which swallowed {found.group(1)} and the rest of the line",
-        hint=f"quote the whole value: {quoted}")
+        hint=f"quote the whole value: {quoted}",
+    )
 
 
 def _yaml_error(exc: Exception, text: str, source: str) -> InvalidInput:
@@ -1046,10 +1206,16 @@ def _load_yaml(text: str, source: str) -> Any:
 
 
 def load_spec_text(
-    text: str, *, source: str = "<job spec>", user: str | None = None, frame_limit: int | None = None,
-    cwd: str | None = None, environ: Mapping[str, str] | None = None,
+    text: str,
+    *,
+    source: str = "<job spec>",
+    user: str | None = None,
+    frame_limit: int | None = None,
+    cwd: str | None = None,
+    environ: Mapping[str, str] | None = None,
     adjust: Callable[[Any], Any] | None = None,
-    openjd_params: Sequence[str] | Mapping[str, str] = (), notes: list[str] | None = None,
+    openjd_params: Sequence[str] | Mapping[str, str] = (),
+    notes: list[str] | None = None,
     base_dir: str | None = None,
 ) -> JobSpec:
     """Parse YAML text (e.g. a spec piped on stdin). Errors start with ``source:``.
@@ -1068,8 +1234,10 @@ def load_spec_text(
         if notes is not None:
             notes.extend(f"{source}: {note}" for note in found)
     elif openjd_params:
-        raise InvalidInput("--param: only for Open Job Description templates (specificationVersion: "
-                           "jobtemplate-2023-09)", hint="a cuectl spec takes values from its own keys and flags")
+        raise InvalidInput(
+            "--param: only for Open Job Description templates (specificationVersion: jobtemplate-2023-09)",
+            hint="a cuectl spec takes values from its own keys and flags",
+        )
     if adjust is not None:
         data = adjust(data)
     try:
@@ -1078,10 +1246,17 @@ def load_spec_text(
         raise InvalidInput(f"{source}: {exc.message}", hint=exc.hint) from None
 
 
-def load_spec_file(path: str | Path, *, user: str | None = None, frame_limit: int | None = None,
-                   cwd: str | None = None, environ: Mapping[str, str] | None = None,
-                   adjust: Callable[[Any], Any] | None = None,
-                   openjd_params: Sequence[str] | Mapping[str, str] = (), notes: list[str] | None = None) -> JobSpec:
+def load_spec_file(
+    path: str | Path,
+    *,
+    user: str | None = None,
+    frame_limit: int | None = None,
+    cwd: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    adjust: Callable[[Any], Any] | None = None,
+    openjd_params: Sequence[str] | Mapping[str, str] = (),
+    notes: list[str] | None = None,
+) -> JobSpec:
     """Read and validate a YAML job spec (or an Open Job Description template: see
     load_spec_text). Every problem is an InvalidInput starting with the
     path: unreadable file, over 10 MB, not UTF-8, malformed YAML (with line and column),
@@ -1089,9 +1264,18 @@ def load_spec_file(path: str | Path, *, user: str | None = None, frame_limit: in
     from cuectl.sched.intake import read_source  # the one place a spec is read (size cap, UTF-8)
 
     source = read_source(Path(path))
-    return load_spec_text(source.text, source=source.name, user=user, frame_limit=frame_limit, cwd=cwd,
-                          environ=environ, adjust=adjust, openjd_params=openjd_params, notes=notes,
-                          base_dir=source.base_dir)
+    return load_spec_text(
+        source.text,
+        source=source.name,
+        user=user,
+        frame_limit=frame_limit,
+        cwd=cwd,
+        environ=environ,
+        adjust=adjust,
+        openjd_params=openjd_params,
+        notes=notes,
+        base_dir=source.base_dir,
+    )
 
 
 def with_log_limit(spec: JobSpec, value: str | int, label: str) -> JobSpec:
@@ -1099,8 +1283,10 @@ def with_log_limit(spec: JobSpec, value: str | int, label: str) -> JobSpec:
     import dataclasses
 
     limit = log_limit_bytes(value, label)
-    layers = tuple(layer if layer.log_limit_bytes is not None else dataclasses.replace(layer, log_limit_bytes=limit)
-                   for layer in spec.layers)
+    layers = tuple(
+        layer if layer.log_limit_bytes is not None else dataclasses.replace(layer, log_limit_bytes=limit)
+        for layer in spec.layers
+    )
     return dataclasses.replace(spec, layers=layers)
 
 
@@ -1127,6 +1313,14 @@ def recheck(spec: JobSpec, *, user: str, frame_limit: int | None = None) -> JobS
             raise InvalidInput(f"{label('chunk')}: must be 1 or more, got {layer.chunk}")
         labels.append(label)
     deps = [[(d, f"layers[{i}].depends") for d in layer.depends] for i, layer in enumerate(spec.layers)]
-    checked = _finish(name=spec.name, user=user, priority=spec.priority, paused=spec.paused, layers=spec.layers,
-                      deps=deps, layer_labels=labels, frame_limit=frame_limit)
+    checked = _finish(
+        name=spec.name,
+        user=user,
+        priority=spec.priority,
+        paused=spec.paused,
+        layers=spec.layers,
+        deps=deps,
+        layer_labels=labels,
+        frame_limit=frame_limit,
+    )
     return dataclasses.replace(spec, user=checked.user, layers=checked.layers, chunks=checked.chunks)

@@ -36,7 +36,7 @@ from cuectl.sched.dialect import POSTGRES, SQLITE, Dialect  # noqa: F401  (re-ex
 # not failures of the frame.
 FAILED_OUTCOMES = frozenset({"failed", "timeout", "killed", "lost"})
 SUCCEEDED = "succeeded"
-CPU_GROUP = "cpu"          # --by gpu-model: attempts that used no GPU
+CPU_GROUP = "cpu"  # --by gpu-model: attempts that used no GPU
 UNKNOWN_MODEL = "unknown"  # --by gpu-model: a held device whose model is neither recorded nor in its host's inventory
 GROUPINGS = ("job", "layer", "user", "project", "show", "host", "gpu-model", "day")
 # Groupings that put all of a frame's attempts in one group.
@@ -62,7 +62,7 @@ class UsageGroup:
     gpu_seconds_allocated: float = 0.0
     gpu_seconds_busy: float = 0.0
     util_weighted: float = 0.0  # Σ mean utilisation × allocated, over attempts with both
-    util_weight: float = 0.0    # Σ allocated over the same attempts
+    util_weight: float = 0.0  # Σ allocated over the same attempts
     gpu_memory_peak_bytes: int | None = None
     waits: list[float] = field(default_factory=list)  # queue waits of its attempts, sorted
 
@@ -91,18 +91,21 @@ def _source(by: str | None, d: Dialect, hint: str) -> str:
     if by in ("job", "user", "project", "show"):
         return f"attempts a {hint} JOIN jobs j ON j.id = a.job_id"
     if by == "layer":
-        return (f"attempts a {hint} JOIN jobs j ON j.id = a.job_id JOIN frames f ON f.id = a.frame_id "
-                "JOIN layers l ON l.id = f.layer_id")
+        return (
+            f"attempts a {hint} JOIN jobs j ON j.id = a.job_id JOIN frames f ON f.id = a.frame_id "
+            "JOIN layers l ON l.id = f.layer_id"
+        )
     if by == "gpu-model":
         # Each distinct list of models (a farm has a handful) split into (model, share of the
         # devices) once, then joined to the attempts that have that list. Attempts without
         # models are the second half of _base's UNION.
         window = _window(d, "a2")
-        lists = (f"SELECT DISTINCT a2.gpu_models FROM attempts a2 {hint} WHERE {window} "
-                 "AND a2.gpu_models IS NOT NULL")
+        lists = f"SELECT DISTINCT a2.gpu_models FROM attempts a2 {hint} WHERE {window} AND a2.gpu_models IS NOT NULL"
         share = f"CAST(COUNT(*) AS DOUBLE PRECISION) / {d.json_len('x.gpu_models')}"
-        shares = (f"SELECT x.gpu_models AS models, e.value AS model, {share} AS share "
-                  f"FROM ({lists}) x, {d.each('x.gpu_models')} GROUP BY x.gpu_models, e.value")
+        shares = (
+            f"SELECT x.gpu_models AS models, e.value AS model, {share} AS share "
+            f"FROM ({lists}) x, {d.each('x.gpu_models')} GROUP BY x.gpu_models, e.value"
+        )
         return f"attempts a {hint} JOIN ({shares}) m ON m.models = a.gpu_models"
     return f"attempts a {hint}"
 
@@ -120,17 +123,21 @@ def _inventory_source(d: Dialect, hint: str) -> str:
     requeued by a stopping worker): ``a`` joined to ``m`` (``aid``, ``model``, ``share``),
     one row per model of its devices, each device's model looked up by UUID in the
     inventory of the attempt's host, ``unknown`` where that has no such device."""
-    inventory = (f"SELECT DISTINCT h.name AS host, {_json_field(d, 'e.value', 'uuid')} AS uuid, "
-                 f"{_json_field(d, 'e.value', 'model')} AS model FROM hosts h, {d.each('h.gpus')}")
+    inventory = (
+        f"SELECT DISTINCT h.name AS host, {_json_field(d, 'e.value', 'uuid')} AS uuid, "
+        f"{_json_field(d, 'e.value', 'model')} AS model FROM hosts h, {d.each('h.gpus')}"
+    )
     model = f"COALESCE(inv.model, '{UNKNOWN_MODEL}')"
     # CROSS JOIN, not a comma: the LEFT JOIN's condition must see a3 (PostgreSQL binds
     # JOIN tighter than a comma), and a function in FROM may read a3 either way.
-    shares = (f"SELECT a3.id AS aid, {model} AS model, "
-              f"CAST(COUNT(*) AS DOUBLE PRECISION) / {d.json_len('a3.gpu_uuids')} AS share "
-              f"FROM attempts a3 {hint} CROSS JOIN {d.each('a3.gpu_uuids')} "
-              f"LEFT JOIN ({inventory}) inv ON inv.host = a3.host AND inv.uuid = e.value "
-              f"WHERE {_window(d, 'a3')} AND a3.gpu_models IS NULL "
-              f"GROUP BY a3.id, a3.gpu_uuids, {model}")
+    shares = (
+        f"SELECT a3.id AS aid, {model} AS model, "
+        f"CAST(COUNT(*) AS DOUBLE PRECISION) / {d.json_len('a3.gpu_uuids')} AS share "
+        f"FROM attempts a3 {hint} CROSS JOIN {d.each('a3.gpu_uuids')} "
+        f"LEFT JOIN ({inventory}) inv ON inv.host = a3.host AND inv.uuid = e.value "
+        f"WHERE {_window(d, 'a3')} AND a3.gpu_models IS NULL "
+        f"GROUP BY a3.id, a3.gpu_uuids, {model}"
+    )
     return f"attempts a {hint} JOIN ({shares}) m ON m.aid = a.id"
 
 
@@ -138,8 +145,7 @@ def _window(d: Dialect, alias: str) -> str:
     return f"{alias}.ended_at >= {d.param('since')} AND {alias}.ended_at < {d.param('until')}"
 
 
-def _base(by: str | None, d: Dialect, hint: str, *, waits_only: bool = False,
-          recorded: bool = True) -> tuple[str, int]:
+def _base(by: str | None, d: Dialect, hint: str, *, waits_only: bool = False, recorded: bool = True) -> tuple[str, int]:
     """The per-attempt rows (one per attempt and model for ``gpu-model``) with the values the
     sums need (or only the queue wait), and the number of key columns in front. Without
     ``recorded``, ``gpu-model`` leaves out the attempts with recorded models."""
@@ -166,19 +172,30 @@ def _select(keys: list[str], share: str, source: str, d: Dialect, waits_only: bo
         # aid: --by gpu-model's total takes each attempt's wait once from these rows.
         cols = keyed + [f"{_WAIT} AS wait", "a.id AS aid"]
         return f"SELECT {', '.join(cols)} FROM {source} WHERE {_window(d, 'a')}"
-    wall = ("CASE WHEN a.started_at IS NOT NULL AND a.ended_at IS NOT NULL AND a.ended_at > a.started_at "
-            "THEN a.ended_at - a.started_at ELSE 0.0 END")
+    wall = (
+        "CASE WHEN a.started_at IS NOT NULL AND a.ended_at IS NOT NULL AND a.ended_at > a.started_at "
+        "THEN a.ended_at - a.started_at ELSE 0.0 END"
+    )
     failed = ", ".join(f"'{o}'" for o in sorted(FAILED_OUTCOMES))
     # Dead = failed and no later attempt of the frame in the window. Only failed attempts
     # (a few percent) look further, through the (frame_id, attempt) unique index.
-    dead = (f"CASE WHEN a.outcome IN ({failed}) AND NOT EXISTS (SELECT 1 FROM attempts b WHERE b.frame_id = a.frame_id "
-            f"AND b.attempt > a.attempt AND {_window(d, 'b')}) THEN 1 ELSE 0 END")
+    dead = (
+        f"CASE WHEN a.outcome IN ({failed}) AND NOT EXISTS (SELECT 1 FROM attempts b WHERE b.frame_id = a.frame_id "
+        f"AND b.attempt > a.attempt AND {_window(d, 'b')}) THEN 1 ELSE 0 END"
+    )
     cols = keyed + [
-        f"{share} AS share", "a.frame_id AS frame_id", "a.attempt AS attempt", "a.outcome AS outcome",
-        f"{wall} AS wall", "COALESCE(a.cores, 0) AS cores",
+        f"{share} AS share",
+        "a.frame_id AS frame_id",
+        "a.attempt AS attempt",
+        "a.outcome AS outcome",
+        f"{wall} AS wall",
+        "COALESCE(a.cores, 0) AS cores",
         f"COALESCE(a.gpu_seconds, ({wall}) * {d.json_len('a.gpu_uuids')}) AS alloc",
-        "COALESCE(a.gpu_busy_seconds, 0) AS busy", "a.gpu_util_mean_pct AS util",
-        "a.gpu_memory_peak_bytes AS mem", f"{dead} AS dead"]
+        "COALESCE(a.gpu_busy_seconds, 0) AS busy",
+        "a.gpu_util_mean_pct AS util",
+        "a.gpu_memory_peak_bytes AS mem",
+        f"{dead} AS dead",
+    ]
     return f"SELECT {', '.join(cols)} FROM {source} WHERE {_window(d, 'a')}"
 
 
@@ -198,17 +215,27 @@ def sums_statements(by: str | None, d: Dialect, hint: str = "") -> list[str]:
 def _sums_sql(base: str, nkeys: int) -> str:
     keys = [f"k{i}" for i in range(nkeys)]
     group = f" GROUP BY {', '.join(keys)}" if keys else ""
-    return (f"SELECT {''.join(k + ', ' for k in keys)}COUNT(DISTINCT frame_id), COUNT(*), "
-            f"SUM(CASE WHEN outcome = '{SUCCEEDED}' THEN 1 ELSE 0 END), SUM(CASE WHEN attempt > 1 THEN 1 ELSE 0 END), "
-            "SUM(dead), SUM(wall), SUM(cores * wall), SUM(alloc * share), SUM(busy * share), "
-            "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN util * alloc * share ELSE 0 END), "
-            "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN alloc * share ELSE 0 END), MAX(mem) "
-            f"FROM ({base}) t{group}")
+    return (
+        f"SELECT {''.join(k + ', ' for k in keys)}COUNT(DISTINCT frame_id), COUNT(*), "
+        f"SUM(CASE WHEN outcome = '{SUCCEEDED}' THEN 1 ELSE 0 END), SUM(CASE WHEN attempt > 1 THEN 1 ELSE 0 END), "
+        "SUM(dead), SUM(wall), SUM(cores * wall), SUM(alloc * share), SUM(busy * share), "
+        "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN util * alloc * share ELSE 0 END), "
+        "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN alloc * share ELSE 0 END), MAX(mem) "
+        f"FROM ({base}) t{group}"
+    )
 
 
-def summarise(fetch: Fetch, dialect: Dialect, *, since: float, until: float, by: str | None,
-              hint: str = "", with_total: bool = True,
-              fetch_aside: Fetch | None = None) -> tuple[list[UsageGroup], UsageGroup | None]:
+def summarise(
+    fetch: Fetch,
+    dialect: Dialect,
+    *,
+    since: float,
+    until: float,
+    by: str | None,
+    hint: str = "",
+    with_total: bool = True,
+    fetch_aside: Fetch | None = None,
+) -> tuple[list[UsageGroup], UsageGroup | None]:
     """The window's groups (in no particular order) and, if asked, the whole window as one
     group. ``fetch(sql, params)`` runs a query and returns its rows as sequences; ``hint``
     goes after each scan of ``attempts`` (SQLite's ``NOT INDEXED``).
@@ -285,17 +312,30 @@ def _alongside(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
     return result, value
 
 
-def _sums(fetch: Fetch, dialect: Dialect, by: str | None, hint: str,
-          params: Mapping[str, Any]) -> dict[tuple, UsageGroup]:
+def _sums(
+    fetch: Fetch, dialect: Dialect, by: str | None, hint: str, params: Mapping[str, Any]
+) -> dict[tuple, UsageGroup]:
     """One group per key, its sums filled in and its waits still empty."""
     base, nkeys = _base(by, dialect, hint)
     groups: dict[tuple, UsageGroup] = {}
     for row in fetch(_sums_sql(base, nkeys), params):
         key = tuple(row[:nkeys])
         (frames, attempts, succeeded, retries, dead, wall, cores, alloc, busy, util_w, util_n, mem) = row[nkeys:]
-        groups[key] = UsageGroup(key, int(frames), int(attempts), int(succeeded), int(retries), int(dead),
-                                 float(wall or 0), float(cores or 0), float(alloc or 0), float(busy or 0),
-                                 float(util_w or 0), float(util_n or 0), None if mem is None else int(mem))
+        groups[key] = UsageGroup(
+            key,
+            int(frames),
+            int(attempts),
+            int(succeeded),
+            int(retries),
+            int(dead),
+            float(wall or 0),
+            float(cores or 0),
+            float(alloc or 0),
+            float(busy or 0),
+            float(util_w or 0),
+            float(util_n or 0),
+            None if mem is None else int(mem),
+        )
     return groups
 
 
@@ -303,8 +343,10 @@ def _sums(fetch: Fetch, dialect: Dialect, by: str | None, hint: str,
 # without the join, and each job's list goes to its group afterwards (a farm's window has
 # far fewer jobs than attempts).
 _BY_JOB = {"job": "j.id, j.name", "user": 'j.id, j."user"', "project": "j.id, j.project", "show": "j.id, j.show"}
-_WAIT = ("CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WHEN a.started_at > a.waiting_since "
-         "THEN a.started_at - a.waiting_since ELSE 0.0 END")
+_WAIT = (
+    "CASE WHEN a.waiting_since IS NULL OR a.started_at IS NULL THEN NULL WHEN a.started_at > a.waiting_since "
+    "THEN a.started_at - a.waiting_since ELSE 0.0 END"
+)
 
 
 @dataclass
@@ -325,15 +367,23 @@ class _AsideRead:
     window_frames: int = 0
 
 
-def _waits(fetch: Fetch, dialect: Dialect, by: str | None, hint: str, params: Mapping[str, Any],
-           groups: dict[tuple, UsageGroup], seen: dict[Any, float | None] | None) -> None:
+def _waits(
+    fetch: Fetch,
+    dialect: Dialect,
+    by: str | None,
+    hint: str,
+    params: Mapping[str, Any],
+    groups: dict[tuple, UsageGroup],
+    seen: dict[Any, float | None] | None,
+) -> None:
     """Fill in each group's queue waits, sorted. ``seen`` (--by gpu-model only) gets the
     id and wait (None when it has none) of each attempt the groups hold, once."""
     _place_waits(fetch, by, groups, _read_waits(fetch, dialect, by, hint, params, seen is not None), seen)
 
 
-def _read_waits(fetch: Fetch, dialect: Dialect, by: str | None, hint: str, params: Mapping[str, Any],
-                want_seen: bool) -> _AsideRead:
+def _read_waits(
+    fetch: Fetch, dialect: Dialect, by: str | None, hint: str, params: Mapping[str, Any], want_seen: bool
+) -> _AsideRead:
     """The waits of the window's attempts, one row each: the heavy half, which needs no
     group (so it can run beside the sums)."""
     window = _window(dialect, "a")
@@ -343,9 +393,11 @@ def _read_waits(fetch: Fetch, dialect: Dialect, by: str | None, hint: str, param
         # Keyed by ids without the joins the names need; the ids are named afterwards.
         layer = ", f.layer_id" if by == "layer" else ""
         join = " JOIN frames f ON f.id = a.frame_id" if by == "layer" else ""
-        for *ids, value in fetch(f"SELECT a.job_id{layer}, {_WAIT} AS wait FROM attempts a {hint}{join} "
-                                 f"WHERE {window} AND a.waiting_since IS NOT NULL AND a.started_at IS NOT NULL",
-                                 params):
+        for *ids, value in fetch(
+            f"SELECT a.job_id{layer}, {_WAIT} AS wait FROM attempts a {hint}{join} "
+            f"WHERE {window} AND a.waiting_since IS NOT NULL AND a.started_at IS NOT NULL",
+            params,
+        ):
             key = tuple(ids) if by == "layer" else ids[0]
             values = keyed.get(key)
             if values is None:
@@ -374,8 +426,13 @@ def _read_waits(fetch: Fetch, dialect: Dialect, by: str | None, hint: str, param
     return found
 
 
-def _place_waits(fetch: Fetch, by: str | None, groups: dict[tuple, UsageGroup], found: _AsideRead,
-                 seen: dict[Any, float | None] | None) -> None:
+def _place_waits(
+    fetch: Fetch,
+    by: str | None,
+    groups: dict[tuple, UsageGroup],
+    found: _AsideRead,
+    seen: dict[Any, float | None] | None,
+) -> None:
     """Each group's waits from what ``_read_waits`` found, sorted (names looked up here)."""
     if by in _BY_JOB:
         if found.keyed:
@@ -420,20 +477,25 @@ def _names(fetch: Fetch, table: str, ids: set[Any]) -> dict[Any, Any]:
     return {row[0]: row[1] for row in fetch(f"SELECT id, name FROM {table} WHERE id IN ({listed})", {})}
 
 
-def _read_recorded_model_waits(fetch: Fetch, d: Dialect, hint: str, params: Mapping[str, Any],
-                               found: _AsideRead) -> None:
+def _read_recorded_model_waits(
+    fetch: Fetch, d: Dialect, hint: str, params: Mapping[str, Any], found: _AsideRead
+) -> None:
     """--by gpu-model's waits of the attempts with recorded models, read once per attempt
     with its list of models (not once per model, nor joined to the lists): each distinct
     list's models come from the database (the same rows _source joins), and each wait goes
     to each of its list's models when placed."""
     window = _window(d, "a2")
     lists = f"SELECT DISTINCT a2.gpu_models FROM attempts a2 {hint} WHERE {window} AND a2.gpu_models IS NOT NULL"
-    for text, model in fetch(f"SELECT DISTINCT x.gpu_models, e.value FROM ({lists}) x, {d.each('x.gpu_models')}",
-                             params):
+    for text, model in fetch(
+        f"SELECT DISTINCT x.gpu_models, e.value FROM ({lists}) x, {d.each('x.gpu_models')}", params
+    ):
         found.models.setdefault(text, []).append(model)
     by_list = found.by_list
-    for text, value, aid in fetch(f"SELECT a.gpu_models, {_WAIT}, a.id FROM attempts a {hint} "
-                                  f"WHERE {_window(d, 'a')} AND a.gpu_models IS NOT NULL", params):
+    for text, value, aid in fetch(
+        f"SELECT a.gpu_models, {_WAIT}, a.id FROM attempts a {hint} "
+        f"WHERE {_window(d, 'a')} AND a.gpu_models IS NOT NULL",
+        params,
+    ):
         pair = (aid, None if value is None else float(value))
         pairs = by_list.get(text)
         if pairs is None:
@@ -453,8 +515,18 @@ def _total(rows: list[UsageGroup], by: str, window_frames: int) -> UsageGroup:
     ``window_frames``, counted by the database."""
     total = UsageGroup(())
     for row in rows:
-        for name in ("attempts", "succeeded", "retries", "dead", "wall_seconds", "core_seconds",
-                     "gpu_seconds_allocated", "gpu_seconds_busy", "util_weighted", "util_weight"):
+        for name in (
+            "attempts",
+            "succeeded",
+            "retries",
+            "dead",
+            "wall_seconds",
+            "core_seconds",
+            "gpu_seconds_allocated",
+            "gpu_seconds_busy",
+            "util_weighted",
+            "util_weight",
+        ):
             setattr(total, name, getattr(total, name) + getattr(row, name))
         if row.gpu_memory_peak_bytes is not None:
             total.gpu_memory_peak_bytes = max(total.gpu_memory_peak_bytes or 0, row.gpu_memory_peak_bytes)

@@ -17,8 +17,11 @@ from cuectl.units import iso
 # Case-insensitive; PAT (a personal access token: GITHUB_PAT) only as a whole word between
 # underscores, so PATH and PATTERN stay visible; CRED (CREDS, AWS_CREDS, DB_CRED_FILE,
 # dbCreds) only as the start of a word, so CREDIT and INCREDIBLE stay visible.
-_SECRET_WORDS = re.compile(r"PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|(?:^|_)PAT(?:_|$)"
-                           r"|(?<![A-Z0-9])CREDS?(?![A-Z])", re.IGNORECASE)
+_SECRET_WORDS = re.compile(
+    r"PASS|SECRET|TOKEN|KEY|CREDENTIAL|AUTH|PRIVATE|COOKIE|SESSION|(?:^|_)PAT(?:_|$)"
+    r"|(?<![A-Z0-9])CREDS?(?![A-Z])",
+    re.IGNORECASE,
+)
 _SECRET_CAMEL = re.compile(r"(?<=[a-z0-9])Creds?(?![a-z])")  # dbCreds, awsCred: case matters here
 MASK = "***"
 
@@ -37,9 +40,11 @@ MASK = "***"
 _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/?#@]*):(?P<pw>[^\s/?#]+)@")
 _URL_PARAM = re.compile(r"(?P<head>[?&;](?P<name>[A-Za-z0-9_.\-]+)=)(?P<value>[^&#;\s]+)")
 _PEM_PRIVATE = re.compile(r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----")
-_TOKENS = re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"
-                     r"|(?:AKIA|ASIA)[A-Z0-9]{16}|xox[abposr]-[A-Za-z0-9-]{10,}|hf_[A-Za-z0-9]{30,}"
-                     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+)(?![A-Za-z0-9_])")
+_TOKENS = re.compile(
+    r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"
+    r"|(?:AKIA|ASIA)[A-Z0-9]{16}|xox[abposr]-[A-Za-z0-9-]{10,}|hf_[A-Za-z0-9]{30,}"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+)(?![A-Za-z0-9_])"
+)
 
 
 def looks_secret(name: str) -> bool:
@@ -47,8 +52,26 @@ def looks_secret(name: str) -> bool:
     return bool(_SECRET_WORDS.search(name) or _SECRET_CAMEL.search(name))
 
 
-_PARAM_WORDS = frozenset({"password", "passwd", "pwd", "pass", "secret", "token", "key", "apikey", "credential",
-                          "credentials", "cred", "creds", "auth", "authorization", "signature", "sig"})
+_PARAM_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "secret",
+        "token",
+        "key",
+        "apikey",
+        "credential",
+        "credentials",
+        "cred",
+        "creds",
+        "auth",
+        "authorization",
+        "signature",
+        "sig",
+    }
+)
 
 
 def _secret_param(name: str) -> bool:
@@ -251,8 +274,12 @@ def host_json(row: Mapping[str, Any], *, now: float, down_after: float) -> dict[
     raw = _loads(row["live"], None)
     # Signed off, unless a worker has registered or beaten for the host since (both move
     # last_heartbeat past the mark's time, whether or not they send a live document).
-    signed_off = (isinstance(raw, dict) and raw.get(SIGNED_OFF) is True
-                  and isinstance(raw.get("at"), (int, float)) and raw["at"] >= row["last_heartbeat"])
+    signed_off = (
+        isinstance(raw, dict)
+        and raw.get(SIGNED_OFF) is True
+        and isinstance(raw.get("at"), (int, float))
+        and raw["at"] >= row["last_heartbeat"]
+    )
     up = not signed_off and (now - row["last_heartbeat"]) <= down_after
     live = _live_json(row["live"])
     return {

@@ -32,9 +32,15 @@ class UnknownJob(NotFound):
     exit_code = 2
 
 
-def wait_jobs(store: Store, refs: Sequence[str | int], *, timeout_s: float | None = None, poll_s: float = 1.0,
-              clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] = time.sleep) -> list[dict[str, Any]]:
+def wait_jobs(
+    store: Store,
+    refs: Sequence[str | int],
+    *,
+    timeout_s: float | None = None,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[dict[str, Any]]:
     """Block until every job of ``refs`` is finished; return them (``get_job`` shapes).
     Raises ``UnknownJob`` (a ``NotFound``, exit status 2) at once for an unknown job and
     ``WaitTimeout`` after ``timeout_s``."""
@@ -69,8 +75,10 @@ def check_succeeded(jobs: Sequence[dict[str, Any]]) -> None:
     failed = [j for j in jobs if j.get("outcome") != "SUCCEEDED"]
     if failed:
         named = ", ".join(f"{j['id']} {j['name']} {j.get('outcome')}" + _dead(j) for j in failed)
-        raise JobsFailed(f"{len(failed)} of {len(jobs)} job(s) did not succeed: {named}",
-                         hint="`cuectl frame list --job JOB --state DEAD` lists the failed frames")
+        raise JobsFailed(
+            f"{len(failed)} of {len(jobs)} job(s) did not succeed: {named}",
+            hint="`cuectl frame list --job JOB --state DEAD` lists the failed frames",
+        )
 
 
 def _dead(job: dict[str, Any]) -> str:

@@ -49,7 +49,7 @@ from cuectl.units import format_bytes, format_duration, iso
 
 # Host line kinds (``check`` in JSON), in the order they are tested.
 AVAILABILITY = ("down", "locked", "closed", "user", "proof")  # could fit, but will not take work now
-STATIC = ("tags", "gpu_only", "devices", "size")       # can never run the layer
+STATIC = ("tags", "gpu_only", "devices", "size")  # can never run the layer
 RUNTIME = ("cap", "reserving", "reserved", "busy", "memory", "cpu", "unknown", "ok")
 
 _LIST_LIMIT = 4  # devices, hosts or frames named in one line
@@ -63,8 +63,8 @@ class HostLine:
     """Why one layer can or cannot run on one host right now."""
 
     host: str
-    state: str        # UP / DOWN
-    check: str        # one of AVAILABILITY, STATIC, RUNTIME
+    state: str  # UP / DOWN
+    check: str  # one of AVAILABILITY, STATIC, RUNTIME
     reason: str
 
     @property
@@ -72,8 +72,13 @@ class HostLine:
         return self.check == "ok"
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "state": self.state, "check": self.check, "can_run": self.can_run,
-                "reason": self.reason}
+        return {
+            "host": self.host,
+            "state": self.state,
+            "check": self.check,
+            "can_run": self.can_run,
+            "reason": self.reason,
+        }
 
 
 @dataclass
@@ -81,28 +86,39 @@ class LayerExplanation:
     id: int
     name: str
     counts: dict[str, int]
-    reason: str | None = None            # the whole layer, one line (None: nothing waits / runs now)
-    waiting_reason: str | None = None    # why its WAITING frames are not claimed
-    depend_reason: str | None = None     # what its DEPEND frames wait on
-    cap: str | None = None               # a reached cap, farm-wide
+    reason: str | None = None  # the whole layer, one line (None: nothing waits / runs now)
+    waiting_reason: str | None = None  # why its WAITING frames are not claimed
+    depend_reason: str | None = None  # what its DEPEND frames wait on
+    cap: str | None = None  # a reached cap, farm-wide
     hosts: list[HostLine] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "counts": dict(self.counts), "reason": self.reason,
-                "waiting_reason": self.waiting_reason, "depend_reason": self.depend_reason, "cap": self.cap,
-                "hosts": [h.to_json() for h in self.hosts]}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "counts": dict(self.counts),
+            "reason": self.reason,
+            "waiting_reason": self.waiting_reason,
+            "depend_reason": self.depend_reason,
+            "cap": self.cap,
+            "hosts": [h.to_json() for h in self.hosts],
+        }
 
 
 @dataclass
 class JobExplanation:
-    job: dict[str, Any]                  # id, name, user, priority, state, paused, frame_counts
-    reason: str | None                   # the short form: ``pending_reason``
+    job: dict[str, Any]  # id, name, user, priority, state, paused, frame_counts
+    reason: str | None  # the short form: ``pending_reason``
     layers: list[LayerExplanation]
     at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"job": dict(self.job), "at": iso(self.at), "pending_reason": self.reason,
-                "layers": [layer.to_json() for layer in self.layers]}
+        return {
+            "job": dict(self.job),
+            "at": iso(self.at),
+            "pending_reason": self.reason,
+            "layers": [layer.to_json() for layer in self.layers],
+        }
 
 
 # --------------------------------------------------------------------------- the farm, read once
@@ -190,8 +206,9 @@ def no_dispatch_state(host: Mapping[str, Any]) -> str:
     return "its worker publishes no dispatch state (an older cuectl)"
 
 
-def _availability(host: Mapping[str, Any], user: str, now: float,
-                  unproven: str | None = None) -> tuple[str, str] | None:
+def _availability(
+    host: Mapping[str, Any], user: str, now: float, unproven: str | None = None
+) -> tuple[str, str] | None:
     name = host["name"]
     if host.get("state") == "DOWN":
         return "down", f"DOWN (last heartbeat {_ago(host, now)} ago)"
@@ -247,8 +264,11 @@ def _live_free(host: Mapping[str, Any]) -> dict[str, int | None]:
     devs = live.get("devices") if isinstance(live, Mapping) else None
     # A reading taken while a frame of the worker held the device tells nothing of it now: that
     # frame is RUNNING (the device is busy) or has ended (its memory is free again).
-    return {str(d.get("uuid")): d.get("memory_free_bytes") for d in devs or []
-            if isinstance(d, Mapping) and d.get("frame_id") is None}
+    return {
+        str(d.get("uuid")): d.get("memory_free_bytes")
+        for d in devs or []
+        if isinstance(d, Mapping) and d.get("frame_id") is None
+    }
 
 
 def _gpu_now(layer: Mapping[str, Any], host: Mapping[str, Any], farm: Farm) -> tuple[str, str]:
@@ -267,8 +287,10 @@ def _gpu_now(layer: Mapping[str, Any], host: Mapping[str, Any], farm: Farm) -> t
 
     devices = _devices(host)
     parents = {x.mig_parent_uuid for x in devices if x.mig_parent_uuid}
-    fitting = sorted((x for x in devices if x.uuid not in parents and device_fits_statically(request, x) is None),
-                     key=lambda x: (x.index, x.uuid))
+    fitting = sorted(
+        (x for x in devices if x.uuid not in parents and device_fits_statically(request, x) is None),
+        key=lambda x: (x.index, x.uuid),
+    )
     free: list[Device] = []
     reserved: list[Device] = []
     busy: list[str] = []
@@ -303,8 +325,10 @@ def _gpu_now(layer: Mapping[str, Any], host: Mapping[str, Any], farm: Farm) -> t
             return "unknown", f"fits; {no_dispatch_state(host)}, so whether it is free now is unknown"
         return "ok", "could run now (a worker will claim it at its next poll)"
     if mine and res is not None:
-        text = (f"holding {_plural(int(res.get('free') or len(free)), 'free GPU')} on host {host['name']} "
-                f"until {need} are free")
+        text = (
+            f"holding {_plural(int(res.get('free') or len(free)), 'free GPU')} on host {host['name']} "
+            f"until {need} are free"
+        )
         if busy:
             text += f" ({_cap_list(busy)})"
         return "reserving", text
@@ -337,15 +361,25 @@ def _cpu_now(layer: Mapping[str, Any], host: Mapping[str, Any]) -> tuple[str, st
     if d is None or not isinstance(d.get("cores_free"), (int, float)):
         return "unknown", f"fits; {no_dispatch_state(host)}, so its free cores are unknown"
     mem = d.get("memory_free_bytes")
-    why = cpu_fits(layer["cores"], layer["memory_bytes"],
-                   CpuPool(float(d["cores_free"]), int(mem) if isinstance(mem, int) else 1 << 62))
+    why = cpu_fits(
+        layer["cores"],
+        layer["memory_bytes"],
+        CpuPool(float(d["cores_free"]), int(mem) if isinstance(mem, int) else 1 << 62),
+    )
     if why:
         return "cpu", f"CPU pool busy: {why}"
     return "ok", "could run now (a worker will claim it at its next poll)"
 
 
-def explain_host(layer: Mapping[str, Any], host: Mapping[str, Any], *, user: str, farm: Farm,
-                 cap: str | None, unproven: str | None = None) -> HostLine:
+def explain_host(
+    layer: Mapping[str, Any],
+    host: Mapping[str, Any],
+    *,
+    user: str,
+    farm: Farm,
+    cap: str | None,
+    unproven: str | None = None,
+) -> HostLine:
     """``unproven``: why nothing proves that ``user`` submitted the job (root workers will
     not run it), or None."""
     state = str(host.get("state") or "UP")
@@ -379,8 +413,10 @@ def _farm_static(layer: Mapping[str, Any], hosts: Sequence[Mapping[str, Any]]) -
     if layer["memory_bytes"]:
         best = max(cpu, key=lambda h: _pool(h)[1])
         if layer["memory_bytes"] > _pool(best)[1]:
-            return (f"needs {format_bytes(layer['memory_bytes'])} of memory; the largest host has "
-                    f"{format_bytes(_pool(best)[1])} ({best['name']})")
+            return (
+                f"needs {format_bytes(layer['memory_bytes'])} of memory; the largest host has "
+                f"{format_bytes(_pool(best)[1])} ({best['name']})"
+            )
     return None
 
 
@@ -431,14 +467,18 @@ def _waits_of(job: Mapping[str, Any], layer: Mapping[str, Any]) -> list[dict[str
     dependency records (store.list_depends) still waiting, else from the layer's spec."""
     records = job.get("depends")
     if records is None:
-        return [{"job": None, "layer": d.get("layer"), "frame": d.get("frame"), "how": d.get("type", "layer")}
-                for d in layer.get("depends") or [] if d.get("job") is None]
+        return [
+            {"job": None, "layer": d.get("layer"), "frame": d.get("frame"), "how": d.get("type", "layer")}
+            for d in layer.get("depends") or []
+            if d.get("job") is None
+        ]
     out = []
     for d in records:
         if d["state"] != "waiting" or d["layer"] not in (None, layer["name"]):
             continue
-        how = {"frame-by-frame": "frame", "previous-frame": "previous"}.get(d["type"], "any" if d["any_frame"]
-                                                                           else "layer")
+        how = {"frame-by-frame": "frame", "previous-frame": "previous"}.get(
+            d["type"], "any" if d["any_frame"] else "layer"
+        )
         other = None if d["on_job"]["id"] == job["id"] else d["on_job"]
         out.append({"job": other, "layer": d["on_layer"], "frame": d["on_frame"], "how": how})
     return out
@@ -447,8 +487,9 @@ def _waits_of(job: Mapping[str, Any], layer: Mapping[str, Any]) -> list[dict[str
 _HOW = {"frame": " frame by frame", "previous": " (previous frame)", "any": " (any frame)", "layer": ""}
 
 
-def depend_reason(store: Any, job: Mapping[str, Any], layer: Mapping[str, Any], depend: int,
-                  counts: Mapping[str, Mapping[str, int]]) -> str | None:
+def depend_reason(
+    store: Any, job: Mapping[str, Any], layer: Mapping[str, Any], depend: int, counts: Mapping[str, Mapping[str, int]]
+) -> str | None:
     """What the layer's DEPEND frames wait on: the upstream layers (with progress) and their
     DEAD frames, which need a retry before anything continues, and their EATEN frames,
     which (OpenCue's rule) satisfy nothing unless depend.satisfy_on_eaten is set; and
@@ -464,8 +505,10 @@ def depend_reason(store: Any, job: Mapping[str, Any], layer: Mapping[str, Any], 
             if up is None:
                 parts.append(other)
             else:
-                parts.append(f"{'frame ' + str(dep['frame']) + ' of ' if dep['frame'] is not None else ''}"
-                             f"layer {up}{_HOW.get(how, '')} of {other}")
+                parts.append(
+                    f"{'frame ' + str(dep['frame']) + ' of ' if dep['frame'] is not None else ''}"
+                    f"layer {up}{_HOW.get(how, '')} of {other}"
+                )
             continue
         if up is None:
             continue
@@ -485,15 +528,19 @@ def depend_reason(store: Any, job: Mapping[str, Any], layer: Mapping[str, Any], 
                 continue  # frame by frame: none of this job's waiting frames needs an eaten one
             frames, n = store.list_frames(job=job["id"], layer=up, state=state, limit=_LIST_LIMIT)
             ids = " ".join(str(f["id"]) for f in frames)
-            names = ", ".join(f"{f['name']} (#{f['id']})" for f in frames) + (f" +{n - len(frames)} more"
-                                                                               if n > len(frames) else "")
+            names = ", ".join(f"{f['name']} (#{f['id']})" for f in frames) + (
+                f" +{n - len(frames)} more" if n > len(frames) else ""
+            )
             if state == m.DEAD:
-                dead_parts.append(f"layer {up} has DEAD frames {names}: retry them to continue "
-                                  f"(`cuectl frame retry {ids}`)")
+                dead_parts.append(
+                    f"layer {up} has DEAD frames {names}: retry them to continue (`cuectl frame retry {ids}`)"
+                )
             else:
-                dead_parts.append(f"waits on eaten frame(s) of layer {up}: {names} (OpenCue's rule: an eaten "
-                                  f"frame satisfies no dependency); `cuectl admin setting set "
-                                  f"{m.SATISFY_ON_EATEN} true` or retry them (`cuectl frame retry {ids}`)")
+                dead_parts.append(
+                    f"waits on eaten frame(s) of layer {up}: {names} (OpenCue's rule: an eaten "
+                    f"frame satisfies no dependency); `cuectl admin setting set "
+                    f"{m.SATISFY_ON_EATEN} true` or retry them (`cuectl frame retry {ids}`)"
+                )
     if not parts:
         return f"{depend} frame(s) waiting on dependencies"
     text = f"{_plural(depend, 'frame')} wait{'s' if depend == 1 else ''} on {', '.join(parts)}"
@@ -505,8 +552,9 @@ def depend_reason(store: Any, job: Mapping[str, Any], layer: Mapping[str, Any], 
 _COUNT_STATES = (m.WAITING, m.DEPEND, m.RUNNING, m.SUCCEEDED, m.DEAD, m.EATEN)
 
 
-def layer_counts(store: Any, job: Mapping[str, Any], states: Sequence[str] = _COUNT_STATES
-                 ) -> dict[str, dict[str, int]]:
+def layer_counts(
+    store: Any, job: Mapping[str, Any], states: Sequence[str] = _COUNT_STATES
+) -> dict[str, dict[str, int]]:
     """layer name -> frames per state (only states with frames)."""
     layers = job.get("layers") or []
     if len(layers) == 1:
@@ -527,8 +575,15 @@ def _cap_reached(store: Any, layer_id: int) -> str | None:
     return store.cap_reached(layer_id)
 
 
-def explain_loaded(store: Any, job: Mapping[str, Any], farm: Farm, *, unproven: str | None = None,
-                   hosts_lines: bool = True, caps: Mapping[int, str | None] | None = None) -> JobExplanation:
+def explain_loaded(
+    store: Any,
+    job: Mapping[str, Any],
+    farm: Farm,
+    *,
+    unproven: str | None = None,
+    hosts_lines: bool = True,
+    caps: Mapping[int, str | None] | None = None,
+) -> JobExplanation:
     """``explain_job`` for a job already read with ``store.get_job`` (layers included);
     ``caps``: its layers' ``cap_reached``, read already (``Store.caps_reached``)."""
     counts_needed = _COUNT_STATES if hosts_lines else (m.WAITING, m.DEPEND, m.SUCCEEDED, m.EATEN, m.DEAD)
@@ -545,8 +600,9 @@ def explain_loaded(store: Any, job: Mapping[str, Any], farm: Farm, *, unproven: 
                 out.cap = caps[layer["id"]]
             else:
                 out.cap = _cap_reached(store, layer["id"])
-            out.hosts = [explain_host(layer, h, user=job["user"], farm=farm, cap=out.cap, unproven=unproven)
-                         for h in farm.hosts]
+            out.hosts = [
+                explain_host(layer, h, user=job["user"], farm=farm, cap=out.cap, unproven=unproven) for h in farm.hosts
+            ]
             if waiting:
                 out.waiting_reason = waiting_reason(layer, out.hosts, farm, out.cap)
             else:  # only DEPEND frames: still say what would stop them once released
@@ -595,8 +651,9 @@ def frame_reasons(store: Any, frames: list[dict[str, Any]], *, now: float | None
             job = store.get_job(f["job_id"])
             farm = farm or Farm.read(store, when)
             unproven = identity.job_proof_problem(job, store.receipt_dir)
-            by_job[f["job_id"]] = {x.name: x for x in explain_loaded(store, job, farm, hosts_lines=False,
-                                                                     unproven=unproven).layers}
+            by_job[f["job_id"]] = {
+                x.name: x for x in explain_loaded(store, job, farm, hosts_lines=False, unproven=unproven).layers
+            }
             paused[f["job_id"]] = bool(job["paused"])
         if paused[f["job_id"]]:
             f["pending_reason"] = "job is paused (`cuectl job resume`)"

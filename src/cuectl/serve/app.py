@@ -49,10 +49,10 @@ from cuectl.serve.problems import Problem
 
 API = "/api/v1"
 log = logging.getLogger("cuectl.serve")
-MAX_BODY_BYTES = 4 * 1024 * 1024   # a job spec; 10,000 frames of a range are a few bytes
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a job spec; 10,000 frames of a range are a few bytes
 MAX_JSON_DEPTH = 64  # a job spec nests about 6 levels; deeper is refused (400), never a RecursionError
 MAX_PAGE = 10_000
-MAX_ID = 2 ** 63 - 1  # ids are 64-bit in both databases: a larger number names nothing
+MAX_ID = 2**63 - 1  # ids are 64-bit in both databases: a larger number names nothing
 JOB_ACTIONS = ("pause", "resume", "kill", "retry")
 FRAME_ACTIONS = ("retry", "kill", "eat")
 HOST_ACTIONS = ("lock", "unlock")
@@ -64,7 +64,7 @@ class Settings:
     busy_timeout_s: float = 10.0
     anonymous_read: bool = False
     cache_s: float = 1.0
-    lock_dir: Optional[Path] = None   # this host's device locks (``GET /leases``, who holds a device)
+    lock_dir: Optional[Path] = None  # this host's device locks (``GET /leases``, who holds a device)
     frame_limit: Optional[int] = None  # frames per submitted job (the CLI's CUECTL_FRAME_LIMIT)
     log_poll_s: float = 0.5
 
@@ -234,11 +234,17 @@ class RefuseControlCharacters:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not scope.get("path", "").startswith("/static/") and (
-                _CONTROL.search(scope.get("path", "")) or _CONTROL_ESCAPE.search(scope.get("query_string", b""))):
+        if (
+            scope["type"] == "http"
+            and not scope.get("path", "").startswith("/static/")
+            and (_CONTROL.search(scope.get("path", "")) or _CONTROL_ESCAPE.search(scope.get("query_string", b"")))
+        ):
             where = "path" if _CONTROL.search(scope.get("path", "")) else "query"
-            resp = problems.response(400, f"the request's {where} holds a control character (a NUL, a newline...)",
-                                     hint="names and values here never hold one")
+            resp = problems.response(
+                400,
+                f"the request's {where} holds a control character (a NUL, a newline...)",
+                hint="names and values here never hold one",
+            )
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -248,9 +254,12 @@ def create_app(settings: Settings) -> FastAPI:
     pool = StorePool(settings.db_url, busy_timeout_s=settings.busy_timeout_s)
     cache = ResponseCache(settings.cache_s)
     app = FastAPI(
-        title="cuectl", version=__version__,
+        title="cuectl",
+        version=__version__,
         description="The cuectl REST API: GPU inventory, jobs, frames, leases and reports (docs/api.md).",
-        openapi_url=f"{API}/openapi.json", docs_url=None, redoc_url=None,  # the docs pages load JS from a CDN
+        openapi_url=f"{API}/openapi.json",
+        docs_url=None,
+        redoc_url=None,  # the docs pages load JS from a CDN
         dependencies=[Depends(_known_query)],
     )
     setattr(app, "openapi", lambda: _openapi(app))  # noqa: B010 - FastAPI's documented way to extend the document
@@ -270,8 +279,9 @@ def create_app(settings: Settings) -> FastAPI:
     web.mount(app)  # the monitor's pages at / (static files of the package; they use this API only)
 
     def caller(request: Request) -> Principal:
-        return identify(request.headers, request.scope, pool.get(), now=time.time(),
-                        anonymous_read=settings.anonymous_read)
+        return identify(
+            request.headers, request.scope, pool.get(), now=time.time(), anonymous_read=settings.anonymous_read
+        )
 
     async def cached(request: Request, build: Callable[[], Any]) -> Response:
         """A hot read: the caller's token and the page in one trip to the thread pool (these
@@ -320,7 +330,9 @@ def create_app(settings: Settings) -> FastAPI:
         from cuectl.top import snapshot
 
         store = pool.get()
-        body, content_type = render(store, snapshot=snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE, waiting=False))
+        body, content_type = render(
+            store, snapshot=snapshot(store, lock_dir=settings.lock_dir, frame_limit=MAX_PAGE, waiting=False)
+        )
         return Response(body, media_type=content_type)
 
     # -- who am I ------------------------------------------------------------------------------
@@ -337,20 +349,24 @@ def create_app(settings: Settings) -> FastAPI:
         for host in snap["hosts"]:
             if state is not None and host["state"] != state:
                 continue
-            devices = [d for d in host["devices"]
-                       if device_matches(d, vendor=vendor, model=model, memory_min=memory_min)]
+            devices = [
+                d for d in host["devices"] if device_matches(d, vendor=vendor, model=model, memory_min=memory_min)
+            ]
             if (vendor or model or memory_min) and not devices:
                 continue
             hosts.append({**host, "devices": devices})
         return {"hosts": hosts, "at": snap["at"]}
 
     @app.get(f"{API}/hosts", tags=["hosts"], summary="Hosts and their GPUs with live values and holders")
-    async def list_hosts(request: Request,
-                   vendor: Optional[str] = Query(None, description="NVIDIA, AMD, Apple or Intel"),
-                   model: Optional[str] = Query(None, description="Model words or glob, as in gpu_models "
-                                                                "(A100, 'RTX 4090', '*4090*')"),
-                   gpu_memory_min: Optional[str] = Query(None, description="Memory per device: 24G, 24576 (MiB)"),
-                   state: Optional[str] = Query(None, description="UP or DOWN")) -> Response:
+    async def list_hosts(
+        request: Request,
+        vendor: Optional[str] = Query(None, description="NVIDIA, AMD, Apple or Intel"),
+        model: Optional[str] = Query(
+            None, description="Model words or glob, as in gpu_models (A100, 'RTX 4090', '*4090*')"
+        ),
+        gpu_memory_min: Optional[str] = Query(None, description="Memory per device: 24G, 24576 (MiB)"),
+        state: Optional[str] = Query(None, description="UP or DOWN"),
+    ) -> Response:
         memory = _memory_param(gpu_memory_min)
         wanted_state = _choice(state, "state", ("UP", "DOWN"))
         wanted_vendor = _vendor_param(vendor)
@@ -361,8 +377,13 @@ def create_app(settings: Settings) -> FastAPI:
         data = _hosts(None, None, None, None)
         for host in data["hosts"]:
             if host["name"] == name:
-                return {"host": name, "state": host["state"], "locked": host["locked"], "gpus": host["devices"],
-                        "at": data["at"]}
+                return {
+                    "host": name,
+                    "state": host["state"],
+                    "locked": host["locked"],
+                    "gpus": host["devices"],
+                    "at": data["at"],
+                }
         raise NotFound(f"no host {name!r}", hint="GET /api/v1/hosts lists them")
 
     def _host(name: str) -> dict[str, Any]:
@@ -377,15 +398,24 @@ def create_app(settings: Settings) -> FastAPI:
         keep = ("cores", "memory_bytes", "tags", "version", "worker_pid")
         return {**entry, **{k: facts[k] for k in keep}, "running_frames": [_public_frame(f) for f in frames]}
 
-    @app.get(f"{API}/hosts/{{name}}", tags=["hosts"],
-             summary="A host: its GPUs with live values and holders, its facts and its RUNNING frames")
+    @app.get(
+        f"{API}/hosts/{{name}}",
+        tags=["hosts"],
+        summary="A host: its GPUs with live values and holders, its facts and its RUNNING frames",
+    )
     async def show_host(name: str, request: Request) -> Response:
         return await cached(request, lambda: _host(name))
 
-    @app.post(f"{API}/hosts/{{name}}/{{action}}", tags=["hosts"],
-              summary="lock (no new frames; running ones finish) or unlock a host: admins only")
-    def host_action(name: str, action: str = PathParam(json_schema_extra={"enum": list(HOST_ACTIONS)}),
-                    who: Principal = Depends(caller)) -> dict[str, Any]:
+    @app.post(
+        f"{API}/hosts/{{name}}/{{action}}",
+        tags=["hosts"],
+        summary="lock (no new frames; running ones finish) or unlock a host: admins only",
+    )
+    def host_action(
+        name: str,
+        action: str = PathParam(json_schema_extra={"enum": list(HOST_ACTIONS)}),
+        who: Principal = Depends(caller),
+    ) -> dict[str, Any]:
         if action not in HOST_ACTIONS:
             raise Problem(404, f"no host action {action!r} (one of {', '.join(HOST_ACTIONS)})")
         if not who.can(ADMIN):  # where a farm dispatches is the admins' call, not a job owner's
@@ -394,8 +424,9 @@ def create_app(settings: Settings) -> FastAPI:
         return _host(name)
 
     # -- jobs ----------------------------------------------------------------------------------
-    def _jobs(user: str | None, state: str | None, name: str | None, active: bool, limit: int,
-              offset: int, newest_first: bool) -> dict[str, Any]:
+    def _jobs(
+        user: str | None, state: str | None, name: str | None, active: bool, limit: int, offset: int, newest_first: bool
+    ) -> dict[str, Any]:
         from cuectl.sched.pending import add_pending_reasons
 
         store = pool.get()
@@ -403,29 +434,44 @@ def create_app(settings: Settings) -> FastAPI:
         # RUNNING is not a stored state (a PENDING job with a running frame, views.job_display_state):
         # like a glob name, it is filtered here and paged after.
         running = state == m.JOB_RUNNING
-        filters: dict[str, Any] = {"include_finished": not active, "user": user,
-                                   "state": m.JOB_PENDING if running else state, "name": exact}
+        filters: dict[str, Any] = {
+            "include_finished": not active,
+            "user": user,
+            "state": m.JOB_PENDING if running else state,
+            "name": exact,
+        }
         if (name is not None and exact is None) or running:
-            rows = [j for j in store.list_jobs(**filters, newest_first=newest_first)
-                    if (exact is not None or name is None or fnmatch.fnmatchcase(j["name"], name))
-                    and (not running or j["display_state"] == m.JOB_RUNNING)]
-            total, page = len(rows), rows[offset:offset + limit]
+            rows = [
+                j
+                for j in store.list_jobs(**filters, newest_first=newest_first)
+                if (exact is not None or name is None or fnmatch.fnmatchcase(j["name"], name))
+                and (not running or j["display_state"] == m.JOB_RUNNING)
+            ]
+            total, page = len(rows), rows[offset : offset + limit]
         else:
             total = store.count_jobs(**filters)
             page = store.list_jobs(**filters, limit=limit, offset=offset, newest_first=newest_first)
-        return {"jobs": add_pending_reasons(store, page), "total": total, "limit": limit, "offset": offset,
-                "order": "desc" if newest_first else "asc"}
+        return {
+            "jobs": add_pending_reasons(store, page),
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+            "order": "desc" if newest_first else "asc",
+        }
 
     @app.get(f"{API}/jobs", tags=["jobs"], summary="Jobs with frame counts and pending reasons")
-    async def list_jobs(request: Request,
-                  user: Optional[str] = Query(None), state: Optional[str] = Query(None, description="PENDING (not finished, running or not), "
-                                                                     "RUNNING (a frame runs) or FINISHED"),
-                  name: Optional[str] = Query(None, description="Exact name or glob (render-*)"),
-                  active: bool = Query(False, description="Hide finished jobs"),
-                  limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
-                  offset: Optional[str] = Query(None),
-                  order: Optional[str] = Query(None, description="asc (oldest first, the default) or desc "
-                                                                 "(newest first)")) -> Response:
+    async def list_jobs(
+        request: Request,
+        user: Optional[str] = Query(None),
+        state: Optional[str] = Query(
+            None, description="PENDING (not finished, running or not), RUNNING (a frame runs) or FINISHED"
+        ),
+        name: Optional[str] = Query(None, description="Exact name or glob (render-*)"),
+        active: bool = Query(False, description="Hide finished jobs"),
+        limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
+        offset: Optional[str] = Query(None),
+        order: Optional[str] = Query(None, description="asc (oldest first, the default) or desc (newest first)"),
+    ) -> Response:
         page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
         start = _int_param(offset, "offset", low=0, high=MAX_ID) or 0
         wanted = _choice(state, "state", (m.JOB_PENDING, m.JOB_RUNNING, m.JOB_FINISHED))
@@ -440,15 +486,23 @@ def create_app(settings: Settings) -> FastAPI:
         return await cached(request, lambda: _public_job(describe_job(pool.get(), ref)))
 
     # The body (JobSpec as JSON or YAML, a template, an OpenCue spec) and every answer's schema: serve/openapi.py.
-    @app.post(f"{API}/jobs", tags=["jobs"], status_code=201,
-              summary="Submit a job: a job spec (JSON or YAML), an Open Job Description template or an OpenCue "
-                      "XML spec, told by the Content-Type")
-    async def submit_job(request: Request,
-                         param: list[str] = Query([], description="NAME=VALUE: a job parameter of an Open Job "
-                                                                  "Description template (repeatable)"),
-                         strict: bool = Query(False, description="Refuse a spec with anything cuectl cannot "
-                                                                 "honour (else each is in the answer's warnings)")
-                         ) -> Response:
+    @app.post(
+        f"{API}/jobs",
+        tags=["jobs"],
+        status_code=201,
+        summary="Submit a job: a job spec (JSON or YAML), an Open Job Description template or an OpenCue "
+        "XML spec, told by the Content-Type",
+    )
+    async def submit_job(
+        request: Request,
+        param: list[str] = Query(
+            [], description="NAME=VALUE: a job parameter of an Open Job Description template (repeatable)"
+        ),
+        strict: bool = Query(
+            False,
+            description="Refuse a spec with anything cuectl cannot honour (else each is in the answer's warnings)",
+        ),
+    ) -> Response:
         from cuectl.sched import intake
 
         who = await run_in_threadpool(caller, request)
@@ -466,8 +520,10 @@ def create_app(settings: Settings) -> FastAPI:
                 notes: list[str] = []
                 job_spec = intake.load_mapping(source, context, params=param, notes=notes)
                 if strict and notes:
-                    raise InvalidInput(f"{len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
-                                       hint="leave out strict to submit anyway (each is a warning then)")
+                    raise InvalidInput(
+                        f"{len(notes)} thing(s) cannot be honoured: " + "; ".join(notes),
+                        hint="leave out strict to submit anyway (each is a warning then)",
+                    )
                 loaded = intake.Loaded((job_spec,), intake.SPEC, "body", ((),), tuple(notes))
             ids = intake.submit(store, loaded, now=time.time())
             jobs = [_public_job(describe_job(store, job_id)) for job_id in ids]
@@ -481,7 +537,7 @@ def create_app(settings: Settings) -> FastAPI:
         first = out["jobs"][0]["id"] if "jobs" in out else out["id"]
         return JSONResponse(out, status_code=201, headers={"Location": f"{API}/jobs/{first}"})
 
-    @app.post(f"{API}/jobs/{{job}}/priority", tags=["jobs"], summary="Set a job's priority: {\"priority\": N}")
+    @app.post(f"{API}/jobs/{{job}}/priority", tags=["jobs"], summary='Set a job\'s priority: {"priority": N}')
     async def job_priority(job: str, request: Request) -> Response:
         who = await run_in_threadpool(caller, request)
         data = await _json_body(request)
@@ -495,8 +551,11 @@ def create_app(settings: Settings) -> FastAPI:
         return JSONResponse(_public_job(out))
 
     @app.post(f"{API}/jobs/{{job}}/{{action}}", tags=["jobs"], summary="pause, resume, kill or retry a job")
-    def job_action(job: str, action: str = PathParam(json_schema_extra={"enum": list(JOB_ACTIONS)}),
-                   who: Principal = Depends(caller)) -> dict[str, Any]:
+    def job_action(
+        job: str,
+        action: str = PathParam(json_schema_extra={"enum": list(JOB_ACTIONS)}),
+        who: Principal = Depends(caller),
+    ) -> dict[str, Any]:
         if action not in JOB_ACTIONS:
             raise Problem(404, f"no job action {action!r} (one of {', '.join(JOB_ACTIONS)}, priority)")
         ref = _job_ref(job)
@@ -519,8 +578,15 @@ def create_app(settings: Settings) -> FastAPI:
         return _public_job(change(who, action, act))
 
     # -- frames --------------------------------------------------------------------------------
-    def _frames(job: str | int, state: str | None, layer: str | None, limit: int, after: int | None,
-                attempts: bool, ids: list[int] | None = None) -> dict[str, Any]:
+    def _frames(
+        job: str | int,
+        state: str | None,
+        layer: str | None,
+        limit: int,
+        after: int | None,
+        attempts: bool,
+        ids: list[int] | None = None,
+    ) -> dict[str, Any]:
         store = pool.get()
         frames, total = store.list_frames(job=job, layer=layer, state=state, limit=limit, after=after, ids=ids)
         from cuectl.sched.why import frame_reasons
@@ -531,21 +597,33 @@ def create_app(settings: Settings) -> FastAPI:
             for f in frames:
                 f["attempt_history"] = history.get(f["id"], [])
         more = len(frames) == limit
-        return {"frames": frames, "total": total, "limit": limit,
-                "next_after": frames[-1]["id"] if frames and more else None}
+        return {
+            "frames": frames,
+            "total": total,
+            "limit": limit,
+            "next_after": frames[-1]["id"] if frames and more else None,
+        }
 
-    @app.get(f"{API}/jobs/{{job}}/frames", tags=["frames"],
-             summary="A job's frames with live GPU use (RUNNING) and per-attempt usage")
-    async def list_frames(job: str, request: Request,
-                    state: Optional[str] = Query(None, description=", ".join(m.FRAME_STATES)),
-                    layer: Optional[str] = Query(None),
-                    limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
-                    after: Optional[str] = Query(None, description="Frames with a larger id: next_after of the "
-                                                                   "previous page"),
-                    attempts: bool = Query(True, description="Include each frame's attempt_history"),
-                    ids: Optional[str] = Query(None, description="Only these frame ids (comma-separated, at "
-                                                                 "most 1000): a monitor refreshing frames that "
-                                                                 "changed")) -> Response:
+    @app.get(
+        f"{API}/jobs/{{job}}/frames",
+        tags=["frames"],
+        summary="A job's frames with live GPU use (RUNNING) and per-attempt usage",
+    )
+    async def list_frames(
+        job: str,
+        request: Request,
+        state: Optional[str] = Query(None, description=", ".join(m.FRAME_STATES)),
+        layer: Optional[str] = Query(None),
+        limit: Optional[str] = Query(None, description=f"Page size (default 1000, at most {MAX_PAGE})"),
+        after: Optional[str] = Query(None, description="Frames with a larger id: next_after of the previous page"),
+        attempts: bool = Query(True, description="Include each frame's attempt_history"),
+        ids: Optional[str] = Query(
+            None,
+            description="Only these frame ids (comma-separated, at "
+            "most 1000): a monitor refreshing frames that "
+            "changed",
+        ),
+    ) -> Response:
         wanted = _choice(state, "state", m.FRAME_STATES)
         page = _int_param(limit, "limit", low=1, high=MAX_PAGE) or 1000
         cursor = _int_param(after, "after", low=0, high=MAX_ID)
@@ -560,8 +638,11 @@ def create_app(settings: Settings) -> FastAPI:
         return _public_frame(store.get_frame(frame_id))
 
     @app.post(f"{API}/frames/{{frame_id}}/{{action}}", tags=["frames"], summary="retry, kill or eat a frame")
-    def frame_action(frame_id: int, action: str = PathParam(json_schema_extra={"enum": list(FRAME_ACTIONS)}),
-                     who: Principal = Depends(caller)) -> dict[str, Any]:
+    def frame_action(
+        frame_id: int,
+        action: str = PathParam(json_schema_extra={"enum": list(FRAME_ACTIONS)}),
+        who: Principal = Depends(caller),
+    ) -> dict[str, Any]:
         if action not in FRAME_ACTIONS:
             raise Problem(404, f"no frame action {action!r} (one of {', '.join(FRAME_ACTIONS)})")
         _check_frame_id(frame_id)
@@ -577,13 +658,19 @@ def create_app(settings: Settings) -> FastAPI:
 
         return {"frames": [_public_frame(f) for f in change(who, action, act)]}
 
-    @app.get(f"{API}/frames/{{frame_id}}/log", tags=["frames"], response_class=PlainTextResponse,
-             summary="A frame's log (latest attempt): tail=N lines, follow=true streams while it runs")
-    async def frame_log(frame_id: int, request: Request, tail: Optional[str] = Query(None),
-                        follow: bool = Query(False)) -> Response:
+    @app.get(
+        f"{API}/frames/{{frame_id}}/log",
+        tags=["frames"],
+        response_class=PlainTextResponse,
+        summary="A frame's log (latest attempt): tail=N lines, follow=true streams while it runs",
+    )
+    async def frame_log(
+        frame_id: int, request: Request, tail: Optional[str] = Query(None), follow: bool = Query(False)
+    ) -> Response:
         await run_in_threadpool(caller, request)
         lines = _int_param(tail, "tail", low=0, high=100_000)
         _check_frame_id(frame_id)
+
         # In the thread pool: the first call on a thread opens its store (a connection).
         def frame_and_log_dir() -> tuple[dict[str, Any], Path]:
             frame = pool.get().get_frame(frame_id)
@@ -602,19 +689,27 @@ def create_app(settings: Settings) -> FastAPI:
                 return Response(framelog.read_log(fd, lines), media_type="text/plain; charset=utf-8")
             finally:
                 os.close(fd)
-        steps = framelog.follow(fd, frame, int(frame.get("attempts") or 0), tail=lines, poll_s=settings.log_poll_s,
-                                file_poll_s=settings.log_poll_s)
+        steps = framelog.follow(
+            fd,
+            frame,
+            int(frame.get("attempts") or 0),
+            tail=lines,
+            poll_s=settings.log_poll_s,
+            file_poll_s=settings.log_poll_s,
+        )
 
         async def stream() -> Any:
             try:
                 async for data in framelog.drive_async(
-                        steps, lambda: run_in_threadpool(lambda: pool.get().get_frame(frame_id))):
+                    steps, lambda: run_in_threadpool(lambda: pool.get().get_frame(frame_id))
+                ):
                     yield data
             finally:
                 os.close(fd)
 
-        return StreamingResponse(stream(), media_type="text/plain; charset=utf-8",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            stream(), media_type="text/plain; charset=utf-8", headers={"Cache-Control": "no-cache"}
+        )
 
     # -- leases and reports -------------------------------------------------------------------
     @app.get(f"{API}/leases", tags=["leases"], summary="Devices held now: frames (farm-wide) and this host's leases")
@@ -626,13 +721,24 @@ def create_app(settings: Settings) -> FastAPI:
         for host in snap["hosts"]:
             for device in host["devices"]:
                 if device.get("holder"):
-                    held.append({"host": host["name"], "uuid": device.get("uuid"), "index": device.get("index"),
-                                 "model": device.get("model"), **device["holder"]})
+                    held.append(
+                        {
+                            "host": host["name"],
+                            "uuid": device.get("uuid"),
+                            "index": device.get("index"),
+                            "model": device.get("model"),
+                            **device["holder"],
+                        }
+                    )
         return {"leases": held, "at": snap["at"]}
 
     @app.get(f"{API}/report", tags=["report"], summary="GPU accounting: the groupings and figures of `admin report`")
-    def report(who: Principal = Depends(caller), by: str = Query("job"), since: str = Query("7d"),
-               until: Optional[str] = Query(None)) -> Response:
+    def report(
+        who: Principal = Depends(caller),
+        by: str = Query("job"),
+        since: str = Query("7d"),
+        until: Optional[str] = Query(None),
+    ) -> Response:
         from cuectl import report as reports
 
         store = pool.get()
@@ -647,8 +753,7 @@ def create_app(settings: Settings) -> FastAPI:
             field = "until" if "--until" in exc.message else "since"
             raise Problem(422, exc.message.replace(f"--{field}", field, 1), field=field) from None
         rows, total = reports.run_report(store, by=group, since=start, until=end)
-        text = reports.render_json(rows, reports.report_meta(by=group, since=start, until=end, generated_at=now),
-                                   total)
+        text = reports.render_json(rows, reports.report_meta(by=group, since=start, until=end, generated_at=now), total)
         return Response(text, media_type="application/json")
 
     # -- the store's own calls, for the CLI on a store only this server may write ----------
@@ -688,8 +793,9 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
 
         from cuectl.serve.openapi import typed
 
-        app.openapi_schema = typed(get_openapi(title=app.title, version=app.version, description=app.description,
-                                               routes=app.routes))
+        app.openapi_schema = typed(
+            get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        )
     return app.openapi_schema
 
 
@@ -792,10 +898,12 @@ async def _known_query(request: Request) -> None:
         setattr(route, "_cuectl_query_names", known)  # noqa: B010 - typed Any | None: a plain assignment is refused
     unknown = sorted(set(request.query_params) - known)
     if unknown:
-        raise Problem(400, f"unknown query parameter{'s' if len(unknown) > 1 else ''} "
-                           f"{', '.join(repr(u) for u in unknown)}",
-                      field=unknown[0],
-                      hint=f"this path takes {', '.join(sorted(known))}" if known else "this path takes none")
+        raise Problem(
+            400,
+            f"unknown query parameter{'s' if len(unknown) > 1 else ''} {', '.join(repr(u) for u in unknown)}",
+            field=unknown[0],
+            hint=f"this path takes {', '.join(sorted(known))}" if known else "this path takes none",
+        )
 
 
 def _query_names(dependant: Any) -> frozenset[str]:
@@ -823,8 +931,11 @@ async def _submitted_source(request: Request) -> Any:
     content_type = request.headers.get("content-type", "application/json")
     media = content_type.split(";", 1)[0].strip().lower()
     if "json" in content_type or media not in intake.FORMATS:
-        return await _json_body(request, also="application/yaml (a job spec or an Open Job Description template) "
-                                              "or application/xml (an OpenCue spec)")
+        return await _json_body(
+            request,
+            also="application/yaml (a job spec or an Open Job Description template) "
+            "or application/xml (an OpenCue spec)",
+        )
     raw = await _body_bytes(request)
     try:
         text = intake.decode(raw, "body")

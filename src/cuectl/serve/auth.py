@@ -38,8 +38,13 @@ class Principal:
         return Actor(self.user, self.role == ADMIN)
 
     def to_json(self) -> dict[str, Any]:
-        return {"user": self.user, "role": self.role, "via": self.via, "token_id": self.token_id,
-                "read_only": not self.can(USER)}
+        return {
+            "user": self.user,
+            "role": self.role,
+            "via": self.via,
+            "token_id": self.token_id,
+            "read_only": not self.can(USER),
+        }
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:
@@ -48,8 +53,11 @@ def _bearer(headers: Mapping[str, str]) -> str | None:
         return None
     scheme, _, secret = value.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
-        raise Problem(401, "the Authorization header must be 'Bearer <token>'",
-                      headers={"WWW-Authenticate": 'Bearer realm="cuectl"'})
+        raise Problem(
+            401,
+            "the Authorization header must be 'Bearer <token>'",
+            headers={"WWW-Authenticate": 'Bearer realm="cuectl"'},
+        )
     return secret.strip()
 
 
@@ -69,30 +77,36 @@ def peer_principal(uid: int, store: Store) -> Principal:
     return Principal(name, ADMIN if uid in (0, owner) else USER, "peer", uid=uid)
 
 
-def identify(headers: Mapping[str, str], scope: Mapping[str, Any], store: Store, *, now: float,
-             anonymous_read: bool) -> Principal:
+def identify(
+    headers: Mapping[str, str], scope: Mapping[str, Any], store: Store, *, now: float, anonymous_read: bool
+) -> Principal:
     """The caller, or ``Problem(401)``."""
     secret = _bearer(headers)
     if secret is not None:
         token = store.authenticate(secret, now=now) if len(secret) <= 200 else None
         if token is None:
-            raise Problem(401, "the token is not valid (unknown or revoked)",
-                          hint="ask an admin for one: cuectl admin token create USER",
-                          headers={"WWW-Authenticate": 'Bearer realm="cuectl", error="invalid_token"'})
+            raise Problem(
+                401,
+                "the token is not valid (unknown or revoked)",
+                hint="ask an admin for one: cuectl admin token create USER",
+                headers={"WWW-Authenticate": 'Bearer realm="cuectl", error="invalid_token"'},
+            )
         return Principal(token.user, token.role, "token", token.id)
     uid = scope.get(PEER_UID_KEY)
     if isinstance(uid, int):
         return peer_principal(uid, store)
     if anonymous_read:
         return Principal("anonymous", VIEWER, "anonymous")
-    raise Problem(401, "authentication required: send 'Authorization: Bearer <token>'",
-                  hint="ask an admin for a token: cuectl admin token create USER",
-                  headers={"WWW-Authenticate": 'Bearer realm="cuectl"'})
+    raise Problem(
+        401,
+        "authentication required: send 'Authorization: Bearer <token>'",
+        hint="ask an admin for a token: cuectl admin token create USER",
+        headers={"WWW-Authenticate": 'Bearer realm="cuectl"'},
+    )
 
 
 def require(principal: Principal, role: str, what: str) -> None:
     if not principal.can(role):
-        raise Problem(403, f"{what}: the {principal.role} role of {principal.user} may not do this "
-                           f"(needs {role} or admin)")
-
-
+        raise Problem(
+            403, f"{what}: the {principal.role} role of {principal.user} may not do this (needs {role} or admin)"
+        )

@@ -107,8 +107,11 @@ def gpu_stats(snapshot: Mapping[str, Any], *, active_jobs: int) -> dict[str, int
     ``total == leased + foreign_busy + available + unavailable``; ``active_jobs`` is passed
     through (``FarmFigures.active_jobs``: jobs not FINISHED)."""
     counts = Counter(state for _host, _device, state in device_states(snapshot))
-    return {"total": sum(counts.values()), **{state: counts.get(state, 0) for state in DEVICE_STATES},
-            "active_jobs": active_jobs}
+    return {
+        "total": sum(counts.values()),
+        **{state: counts.get(state, 0) for state in DEVICE_STATES},
+        "active_jobs": active_jobs,
+    }
 
 
 class _FarmCollector:
@@ -122,14 +125,15 @@ class _FarmCollector:
         fig, snap = self.figures, self.snapshot
         yield _frames(fig)
         yield _queue_depth(fig)
-        yield GaugeMetricFamily("cuectl_jobs_active", "Jobs not FINISHED (pending or running).",
-                                value=fig.active_jobs)
+        yield GaugeMetricFamily("cuectl_jobs_active", "Jobs not FINISHED (pending or running).", value=fig.active_jobs)
         yield from _devices(snap)
         yield _device_counts(snap)
         yield from _hosts(snap)
-        yield CounterMetricFamily("cuectl_lease_acquisitions", "Frame attempts that were given GPUs "
-                                  "(finished ones plus RUNNING frames holding devices).",
-                                  value=fig.lease_acquisitions)
+        yield CounterMetricFamily(
+            "cuectl_lease_acquisitions",
+            "Frame attempts that were given GPUs (finished ones plus RUNNING frames holding devices).",
+            value=fig.lease_acquisitions,
+        )
         yield _lease_durations(fig)
         yield _leases_held(snap)
         yield _oldest_lease(snap)
@@ -146,24 +150,35 @@ def _frames(fig: FarmFigures) -> GaugeMetricFamily:
 
 
 def _queue_depth(fig: FarmFigures) -> GaugeMetricFamily:
-    family = GaugeMetricFamily("cuectl_queue_depth", "WAITING frames per layer (layers with none are left out).",
-                               labels=["job_id", "job_name", "layer"])
+    family = GaugeMetricFamily(
+        "cuectl_queue_depth",
+        "WAITING frames per layer (layers with none are left out).",
+        labels=["job_id", "job_name", "layer"],
+    )
     for job_id, job, layer, waiting in fig.queue_depth:
         family.add_metric([str(job_id), job, layer], waiting)
     return family
 
 
 def _devices(snap: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
-    util = GaugeMetricFamily("cuectl_gpu_utilization_ratio", "GPU utilisation at the device's last live sample, 0-1.",
-                             labels=DEVICE_LABELS)
-    used = GaugeMetricFamily("cuectl_gpu_memory_used_bytes", "GPU memory in use at the device's last live sample.",
-                             labels=DEVICE_LABELS)
+    util = GaugeMetricFamily(
+        "cuectl_gpu_utilization_ratio", "GPU utilisation at the device's last live sample, 0-1.", labels=DEVICE_LABELS
+    )
+    used = GaugeMetricFamily(
+        "cuectl_gpu_memory_used_bytes", "GPU memory in use at the device's last live sample.", labels=DEVICE_LABELS
+    )
     total = GaugeMetricFamily("cuectl_gpu_memory_total_bytes", "GPU memory of the device.", labels=DEVICE_LABELS)
-    held = GaugeMetricFamily("cuectl_gpu_held", "1 when the device has a holder (kind: frame, worker, run, api, "
-                             "lease, foreign), else 0 with kind=\"\".", labels=[*DEVICE_LABELS, "kind"])
-    age = GaugeMetricFamily("cuectl_gpu_sample_age_seconds", "Seconds since the device's last live sample (the "
-                            "values above are left out once it is older than two sampling intervals).",
-                            labels=DEVICE_LABELS)
+    held = GaugeMetricFamily(
+        "cuectl_gpu_held",
+        '1 when the device has a holder (kind: frame, worker, run, api, lease, foreign), else 0 with kind="".',
+        labels=[*DEVICE_LABELS, "kind"],
+    )
+    age = GaugeMetricFamily(
+        "cuectl_gpu_sample_age_seconds",
+        "Seconds since the device's last live sample (the "
+        "values above are left out once it is older than two sampling intervals).",
+        labels=DEVICE_LABELS,
+    )
     for host, device in _all_devices(snap):
         labels = _device_labels(host, device)
         _add_known(util, labels, _ratio(device.get("utilization_pct")))
@@ -179,19 +194,25 @@ def _device_counts(snap: Mapping[str, Any]) -> GaugeMetricFamily:
     # Every device once, in exactly one state (the figures of /readyz): sum by (state) is the
     # farm's device count, and a dashboard's series do not vanish at 0.
     counts = Counter(state for _host, _device, state in device_states(snap))
-    family = GaugeMetricFamily("cuectl_gpus", "GPU devices by state: leased (held by cuectl), foreign_busy (used by "
-                               "a process cuectl does not know), available, unavailable (DOWN or locked host); "
-                               "each device counted once.", labels=["state"])
+    family = GaugeMetricFamily(
+        "cuectl_gpus",
+        "GPU devices by state: leased (held by cuectl), foreign_busy (used by "
+        "a process cuectl does not know), available, unavailable (DOWN or locked host); "
+        "each device counted once.",
+        labels=["state"],
+    )
     for state in DEVICE_STATES:
         family.add_metric([state], counts.get(state, 0))
     return family
 
 
 def _hosts(snap: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
-    up = GaugeMetricFamily("cuectl_host_up", "1 when the host's worker sent a heartbeat recently, else 0.",
-                           labels=["host"])
-    age = GaugeMetricFamily("cuectl_host_heartbeat_age_seconds", "Seconds since the host's last heartbeat.",
-                            labels=["host"])
+    up = GaugeMetricFamily(
+        "cuectl_host_up", "1 when the host's worker sent a heartbeat recently, else 0.", labels=["host"]
+    )
+    age = GaugeMetricFamily(
+        "cuectl_host_heartbeat_age_seconds", "Seconds since the host's last heartbeat.", labels=["host"]
+    )
     now = _epoch(snap.get("at"))
     for host in snap.get("hosts") or []:
         name = str(host.get("name"))
@@ -205,22 +226,33 @@ def _hosts(snap: Mapping[str, Any]) -> Iterator[GaugeMetricFamily]:
 def _lease_durations(fig: FarmFigures) -> HistogramMetricFamily:
     # The store's counts are cumulative already (one per bound, duration <= bound), as the
     # exposition wants them; +Inf is every finished lease.
-    buckets = [(floatToGoString(bound), float(n))
-               for bound, n in zip(LEASE_BUCKETS_S, fig.lease_bucket_counts, strict=True)]
+    buckets = [
+        (floatToGoString(bound), float(n)) for bound, n in zip(LEASE_BUCKETS_S, fig.lease_bucket_counts, strict=True)
+    ]
     buckets.append(("+Inf", float(fig.lease_count)))
-    return HistogramMetricFamily("cuectl_lease_duration_seconds", "How long finished frame attempts held their GPUs.",
-                                 buckets=buckets, sum_value=fig.lease_seconds_sum)
+    return HistogramMetricFamily(
+        "cuectl_lease_duration_seconds",
+        "How long finished frame attempts held their GPUs.",
+        buckets=buckets,
+        sum_value=fig.lease_seconds_sum,
+    )
 
 
 def _leases_held(snap: Mapping[str, Any]) -> GaugeMetricFamily:
     # A lease can hold several devices (a frame asking for 2 GPUs): count holders, not
     # devices. A holder is one frame (its id) or one local lease (pid and label on a host).
-    holders = {(str(host.get("name")), kind, holder.get("frame_id"), holder.get("pid"), holder.get("label"))
-               for host, device in _all_devices(snap)
-               if (holder := device.get("holder")) and (kind := str(holder.get("kind"))) != FOREIGN}
+    holders = {
+        (str(host.get("name")), kind, holder.get("frame_id"), holder.get("pid"), holder.get("label"))
+        for host, device in _all_devices(snap)
+        if (holder := device.get("holder")) and (kind := str(holder.get("kind"))) != FOREIGN
+    }
     by_kind = Counter(key[1] for key in holders)
-    family = GaugeMetricFamily("cuectl_leases_held", "Device leases held now, by holder kind (frames and local "
-                               "leases; devices busy with unknown processes are not counted).", labels=["kind"])
+    family = GaugeMetricFamily(
+        "cuectl_leases_held",
+        "Device leases held now, by holder kind (frames and local "
+        "leases; devices busy with unknown processes are not counted).",
+        labels=["kind"],
+    )
     for kind in list(LEASE_KINDS) + sorted(set(by_kind) - set(LEASE_KINDS)):
         family.add_metric([kind], by_kind.get(kind, 0))
     return family
@@ -236,8 +268,9 @@ def _oldest_lease(snap: Mapping[str, Any]) -> GaugeMetricFamily:
         if frame.get("gpu_uuids") and elapsed is not None:
             host = str(frame.get("host"))
             oldest[host] = max(oldest.get(host, 0.0), float(elapsed))
-    family = GaugeMetricFamily("cuectl_lease_oldest_age_seconds", "Age of the oldest RUNNING frame holding GPUs, "
-                               "per host.", labels=["host"])
+    family = GaugeMetricFamily(
+        "cuectl_lease_oldest_age_seconds", "Age of the oldest RUNNING frame holding GPUs, per host.", labels=["host"]
+    )
     for host in sorted(oldest):
         family.add_metric([host], oldest[host])
     return family
@@ -256,8 +289,12 @@ def _running(snap: Mapping[str, Any]) -> Iterable[Mapping[str, Any]]:
 
 def _device_labels(host: Mapping[str, Any], device: Mapping[str, Any]) -> list[str]:
     index = device.get("index")
-    return [str(host.get("name")), str(device.get("uuid") or ""), "" if index is None else str(index),
-            str(device.get("model") or "")]
+    return [
+        str(host.get("name")),
+        str(device.get("uuid") or ""),
+        "" if index is None else str(index),
+        str(device.get("model") or ""),
+    ]
 
 
 def _holder_kind(device: Mapping[str, Any]) -> str | None:

@@ -49,10 +49,15 @@ BODIES = {f"{API}/jobs": "JobSpec", f"{API}/jobs/{{job}}/priority": "Priority"}
 # The bodies a job is submitted as, by Content-Type (cuectl.sched.intake.FORMATS): a job spec
 # or an Open Job Description template as JSON or YAML, an OpenCue XML spec.
 _SPEC_OR_TEMPLATE = {"anyOf": [ref("JobSpec"), ref("JobTemplate")]}
-_XML_SPEC = {"type": "string", "description": "An OpenCue job spec (docs/opencue-xml.md); its jobs are the token "
-                                              "user's"}
-SUBMIT_BODIES: dict[str, dict[str, Any]] = {JSON: _SPEC_OR_TEMPLATE, "application/yaml": _SPEC_OR_TEMPLATE,
-                                            "application/xml": _XML_SPEC}
+_XML_SPEC = {
+    "type": "string",
+    "description": "An OpenCue job spec (docs/opencue-xml.md); its jobs are the token user's",
+}
+SUBMIT_BODIES: dict[str, dict[str, Any]] = {
+    JSON: _SPEC_OR_TEMPLATE,
+    "application/yaml": _SPEC_OR_TEMPLATE,
+    "application/xml": _XML_SPEC,
+}
 _PAGE = {"type": "integer", "minimum": 1, "maximum": 10_000}
 # Parameters the routes read as strings (to answer a bad one with the CLI's message): their real types.
 PARAMETERS: dict[tuple[str, str], dict[str, Any]] = {
@@ -89,12 +94,17 @@ _ERRORS = {
 def typed(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` (FastAPI's generated document) with the types this module adds."""
     components = schema.setdefault("components", {})
-    generated = {k: v for k, v in components.get("schemas", {}).items()
-                 if k not in ("HTTPValidationError", "ValidationError")}  # FastAPI's 422 body: ours is a problem
+    generated = {
+        k: v for k, v in components.get("schemas", {}).items() if k not in ("HTTPValidationError", "ValidationError")
+    }  # FastAPI's 422 body: ours is a problem
     components["schemas"] = {**generated, **COMPONENTS}
     components["securitySchemes"] = {
-        "bearer": {"type": "http", "scheme": "bearer",
-                   "description": "A token from `cuectl admin token create USER --role ROLE`"}}
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A token from `cuectl admin token create USER --role ROLE`",
+        }
+    }
     for path, operations in schema.get("paths", {}).items():
         for method, operation in operations.items():
             _operation(path, method, operation)
@@ -112,8 +122,10 @@ def _operation(path: str, method: str, operation: dict[str, Any]) -> None:
         elif parameter["in"] == "path" and name in _EXAMPLES:
             parameter.setdefault("examples", {f"e{i}": {"value": v} for i, v in enumerate(_EXAMPLES[name])})
     if path == f"{API}/jobs" and method == "post":
-        operation["requestBody"] = {"required": True, "content": {media: {"schema": dict(schema)}
-                                                                  for media, schema in SUBMIT_BODIES.items()}}
+        operation["requestBody"] = {
+            "required": True,
+            "content": {media: {"schema": dict(schema)} for media, schema in SUBMIT_BODIES.items()},
+        }
     elif path in BODIES and method == "post":
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": ref(BODIES[path])}}}
     responses: dict[str, Any] = {}
@@ -128,8 +140,7 @@ def _operation(path: str, method: str, operation: dict[str, Any]) -> None:
     if method == "get" and path in CACHED:
         responses["304"] = {"description": "If-None-Match named the current ETag: no body"}
     for status in _errors(path, method, secured):
-        responses[str(status)] = {"description": _ERRORS[status],
-                                  "content": {PROBLEM_JSON: {"schema": ref("Problem")}}}
+        responses[str(status)] = {"description": _ERRORS[status], "content": {PROBLEM_JSON: {"schema": ref("Problem")}}}
     operation["responses"] = responses
 
 

@@ -15,16 +15,34 @@ from cuectl import errors as e
 PROBLEM_JSON = "application/problem+json"
 log = logging.getLogger("cuectl.serve")
 
-_TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-           409: "Conflict", 413: "Content Too Large", 415: "Unsupported Media Type", 422: "Unprocessable Content",
-           500: "Internal Server Error", 503: "Service Unavailable"}
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
 class Problem(Exception):
     """An HTTP error raised by the API layer itself (auth, malformed requests)."""
 
-    def __init__(self, status: int, detail: str, *, field: str | None = None, hint: str | None = None,
-                 headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        *,
+        field: str | None = None,
+        hint: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status, self.detail, self.field, self.hint = status, detail, field, hint
         self.headers = headers or {}
@@ -60,10 +78,21 @@ def field_of(message: str) -> str | None:
     return prefix or None
 
 
-def response(status: int, detail: str, *, field: str | None = None, hint: str | None = None,
-             headers: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> JSONResponse:
-    body: dict[str, Any] = {"type": "about:blank", "title": _TITLES.get(status, "Error"), "status": status,
-                            "detail": detail}
+def response(
+    status: int,
+    detail: str,
+    *,
+    field: str | None = None,
+    hint: str | None = None,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> JSONResponse:
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": _TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+    }
     if field:
         body["field"] = field
     if hint:

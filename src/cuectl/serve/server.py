@@ -28,6 +28,7 @@ def _with_peer(app: Any, uid: int) -> Any:
         if scope["type"] in ("http", "websocket"):
             scope = {**scope, PEER_UID_KEY: uid}
         await app(scope, receive, send)
+
     return wrapped
 
 
@@ -55,16 +56,31 @@ def check_tls(certfile: str | None, keyfile: str | None) -> None:
             raise InvalidInput(f"{flag}: cannot read {path}")
 
 
-def serve(app: Any, *, host: str, port: int, uds: str | None, certfile: str | None, keyfile: str | None,
-          log_level: str = "info", access_log: bool = True) -> None:
+def serve(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    uds: str | None,
+    certfile: str | None,
+    keyfile: str | None,
+    log_level: str = "info",
+    access_log: bool = True,
+) -> None:
     """Serve ``app`` until SIGINT/SIGTERM (uvicorn finishes requests in flight first)."""
     import uvicorn
 
     check_tls(certfile, keyfile)
     # proxy_headers off: uvicorn would otherwise believe X-Forwarded-For from any local
     # process (only the access log uses the client address; it should not be forgeable).
-    options: dict[str, Any] = {"log_level": log_level, "access_log": access_log, "lifespan": "on",
-                               "server_header": False, "timeout_graceful_shutdown": 5, "proxy_headers": False}
+    options: dict[str, Any] = {
+        "log_level": log_level,
+        "access_log": access_log,
+        "lifespan": "on",
+        "server_header": False,
+        "timeout_graceful_shutdown": 5,
+        "proxy_headers": False,
+    }
     if uds:
         path = Path(uds)
         if path.is_symlink() or (path.exists() and not path.is_socket()):
@@ -73,6 +89,7 @@ def serve(app: Any, *, host: str, port: int, uds: str | None, certfile: str | No
             path.unlink()  # a socket left by a previous run (uvicorn would fail to bind)
         config = uvicorn.Config(app, uds=str(path), http=_peer_protocol(), **options)
     else:
-        config = uvicorn.Config(app, host=host, port=port, http="auto", ssl_certfile=certfile, ssl_keyfile=keyfile,
-                                **options)
+        config = uvicorn.Config(
+            app, host=host, port=port, http="auto", ssl_certfile=certfile, ssl_keyfile=keyfile, **options
+        )
     uvicorn.Server(config).run()

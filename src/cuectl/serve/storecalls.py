@@ -24,9 +24,20 @@ from cuectl.serve.problems import Problem, response, status_of
 NONE_HERE: dict[str, Any] = {"doctor_checks": []}
 # Admin calls whose store checks the caller itself (``_admin_only``): the same message as on
 # the file. The others (no check in a store every member could write) are checked here.
-ADMIN_CHECKED_BY_STORE = frozenset({"set_limit", "set_quota", "set_service", "delete_service", "create_token",
-                                    "list_tokens", "revoke_token", "forget_host", "set_setting",
-                                    "set_notify_defaults"})
+ADMIN_CHECKED_BY_STORE = frozenset(
+    {
+        "set_limit",
+        "set_quota",
+        "set_service",
+        "delete_service",
+        "create_token",
+        "list_tokens",
+        "revoke_token",
+        "forget_host",
+        "set_setting",
+        "set_notify_defaults",
+    }
+)
 ADMIN_WORDS = {"set_host_locked": "host lock", "integrity_problems": "admin doctor's integrity check"}
 ROLE_OF_CLASS = {remote.READ: None, remote.OWN: USER, remote.ADMIN: ADMIN}
 
@@ -45,16 +56,23 @@ def check_allowed(who: Principal, method: str) -> str:
     if is_service(who):
         return kind
     if kind == remote.SERVICE:
-        raise Problem(403, f"{method}: only the store's owner (the service account or root) may do this, "
-                           f"not {who.user}", hint="workers, backups and migrations run as the store's owner")
+        raise Problem(
+            403,
+            f"{method}: only the store's owner (the service account or root) may do this, not {who.user}",
+            hint="workers, backups and migrations run as the store's owner",
+        )
     role = ROLE_OF_CLASS[kind]
     if role == ADMIN and method in ADMIN_CHECKED_BY_STORE:
         return kind  # the store refuses a non-admin itself, in the words the CLI prints on the file
     if role is not None and not who.can(role):
         what = ADMIN_WORDS.get(method, method)
-        raise Problem(403, f"{what}: only an admin may do this, not {who.user}" if role == ADMIN else
-                      f"{what}: the {who.role} role of {who.user} may not do this (needs {role} or admin)",
-                      hint="ask an admin (root or the store's owner)" if role == ADMIN else None)
+        raise Problem(
+            403,
+            f"{what}: only an admin may do this, not {who.user}"
+            if role == ADMIN
+            else f"{what}: the {who.role} role of {who.user} may not do this (needs {role} or admin)",
+            hint="ask an admin (root or the store's owner)" if role == ADMIN else None,
+        )
     return kind
 
 
@@ -72,9 +90,13 @@ def arguments(body: Any) -> tuple[list[Any], dict[str, Any]]:
 def hello(store: Store) -> dict[str, Any]:
     """What a client needs before its first call: where the frame logs are (read directly,
     as the kernel allows) and what store it talks to (for messages)."""
-    return {"log_dir": str(store.log_dir), "older_log_dirs": [str(p) for p in store.older_log_dirs],
-            "receipt_dir": str(store.receipt_dir) if store.receipt_dir else None,
-            "store": store.url, "schema_version": store.schema_version()}
+    return {
+        "log_dir": str(store.log_dir),
+        "older_log_dirs": [str(p) for p in store.older_log_dirs],
+        "receipt_dir": str(store.receipt_dir) if store.receipt_dir else None,
+        "store": store.url,
+        "schema_version": store.schema_version(),
+    }
 
 
 def call(store: Store, who: Principal, method: str, body: Any, *, frame_limit: int | None) -> Any:
@@ -128,8 +150,9 @@ def _private(job: dict[str, Any], who: Principal) -> dict[str, Any]:
     return job
 
 
-def _submission(who: Principal, args: list[Any], kwargs: dict[str, Any],
-                frame_limit: int | None) -> tuple[list[Any], dict[str, Any]]:
+def _submission(
+    who: Principal, args: list[Any], kwargs: dict[str, Any], frame_limit: int | None
+) -> tuple[list[Any], dict[str, Any]]:
     from cuectl.sched.model import JobSpec
     from cuectl.sched.spec import recheck
 
@@ -146,8 +169,15 @@ def _submission(who: Principal, args: list[Any], kwargs: dict[str, Any],
 def is_change(method: str) -> bool:
     """Whether a call changes what readers see (the API's shared read cache is emptied)."""
     return remote.CALLS.get(method) in (remote.OWN, remote.ADMIN) or method in (
-        "register_host", "sign_off_host", "claim_frame", "complete_frame", "complete_and_claim",
-        "complete_and_claim_many", "requeue_frame", "reap")
+        "register_host",
+        "sign_off_host",
+        "claim_frame",
+        "complete_frame",
+        "complete_and_claim",
+        "complete_and_claim_many",
+        "requeue_frame",
+        "reap",
+    )
 
 
 def error_response(exc: CuectlError) -> Any:

@@ -227,8 +227,14 @@ class FrameProcess:
                 log_cap.started()
             started_at = time.time()
             try:
-                popen = _start_child(argv, env, fd, None if cwd is None else str(cwd), tuple(pass_fds),
-                                     run_as.popen_kwargs() if run_as else {})
+                popen = _start_child(
+                    argv,
+                    env,
+                    fd,
+                    None if cwd is None else str(cwd),
+                    tuple(pass_fds),
+                    run_as.popen_kwargs() if run_as else {},
+                )
                 spawner_maxrss = _self_maxrss_bytes()
             except CannotEnter as exc:
                 # Raised to the worker ("frame not started"), whose own note could not open
@@ -245,17 +251,32 @@ class FrameProcess:
                     log_cap.finish(line)
                 elif line is not None:
                     _write_line(fd, line)
-                return cls(popen=None, log_path=log_path, timeout_s=None, grace=grace,
-                           sample_interval=sample_interval, started_at=started_at, immediate=info)
+                return cls(
+                    popen=None,
+                    log_path=log_path,
+                    timeout_s=None,
+                    grace=grace,
+                    sample_interval=sample_interval,
+                    started_at=started_at,
+                    immediate=info,
+                )
         except BaseException:
             if log_cap is not None:
                 os.close(log_cap.fd)
             raise
         finally:
             os.close(fd)  # the child has its own copy (the worker keeps only the cap's)
-        proc = cls(popen=popen, log_path=log_path, timeout_s=timeout_s, grace=grace,
-                   sample_interval=sample_interval, started_at=started_at,
-                   spawner_maxrss=spawner_maxrss, log_cap=log_cap, footer=footer)
+        proc = cls(
+            popen=popen,
+            log_path=log_path,
+            timeout_s=timeout_s,
+            grace=grace,
+            sample_interval=sample_interval,
+            started_at=started_at,
+            spawner_maxrss=spawner_maxrss,
+            log_cap=log_cap,
+            footer=footer,
+        )
         if procs._subreaper:
             proc.track_strays(marker=env.get("CUE_FRAME_ID"), lock_fds=pass_fds)
         return proc
@@ -407,8 +428,9 @@ class FrameProcess:
         except OSError:
             return  # the file vanished or cannot be read back: nothing to cut
         if full and not self._killed:
-            self._begin_kill(self._grace, "disk full",
-                             note=f"{full}: stopping the frame before it fills the disk further")
+            self._begin_kill(
+                self._grace, "disk full", note=f"{full}: stopping the frame before it fills the disk further"
+            )
 
     def _close_log(self) -> None:
         """The attempt is over: finish the log's cap, and end the log with the footer."""
@@ -420,8 +442,14 @@ class FrameProcess:
             grace = self._grace
             if self._term_sent_at is not None and self._kill_deadline is not None:
                 grace = max(0.0, self._kill_deadline - self._term_sent_at)  # as shortened by kill()
-            footer = log_footer(self._footer[0], self._footer[1], self._result, timeout_s=self._timeout_s,
-                                grace=grace, sigkilled=self._kill_sent_at is not None)
+            footer = log_footer(
+                self._footer[0],
+                self._footer[1],
+                self._result,
+                timeout_s=self._timeout_s,
+                grace=grace,
+                sigkilled=self._kill_sent_at is not None,
+            )
         if self._log_cap is not None:
             cap, self._log_cap = self._log_cap, None
             cap.finish(footer, lost=lost)

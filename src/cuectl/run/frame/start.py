@@ -35,8 +35,10 @@ class RunAs:
         try:
             entry = pwd.getpwnam(user)
         except KeyError:
-            raise InvalidInput(f"user {user!r} does not exist on this host; the frame is not run as root instead",
-                               hint="create the account, or run the worker as an unprivileged user") from None
+            raise InvalidInput(
+                f"user {user!r} does not exist on this host; the frame is not run as root instead",
+                hint="create the account, or run the worker as an unprivileged user",
+            ) from None
         return cls(user, entry.pw_uid, entry.pw_gid, tuple(os.getgrouplist(user, entry.pw_gid)), entry.pw_dir)
 
     def popen_kwargs(self) -> dict:
@@ -76,22 +78,42 @@ class Spawned:
 CWD_LOCK = threading.Lock()
 
 
-def _start_child(argv: list[str], env: Mapping[str, str], log_fd: int, cwd: str | None, pass_fds: tuple[int, ...],
-                 identity: dict) -> "subprocess.Popen[bytes] | Spawned":
+def _start_child(
+    argv: list[str], env: Mapping[str, str], log_fd: int, cwd: str | None, pass_fds: tuple[int, ...], identity: dict
+) -> "subprocess.Popen[bytes] | Spawned":
     """Start a frame's command: stdin /dev/null, stdout and stderr ``log_fd``, a session of
     its own, only ``pass_fds`` inherited. ``posix_spawn`` (``cuectl.run.spawn``: ~0.25 ms
     less of the worker's CPU a frame) unless the frame runs as another user, which needs
     the setuid that only ``subprocess`` offers; that user enters ``cwd`` (``_start_entering``)."""
     if not identity and spawn.usable():
         try:
-            return Spawned(spawn.spawn(argv, env, keep=pass_fds, stdio=(_dev_null(), log_fd, log_fd), cwd=cwd,
-                                       setsid=True, cwd_lock=CWD_LOCK))
+            return Spawned(
+                spawn.spawn(
+                    argv,
+                    env,
+                    keep=pass_fds,
+                    stdio=(_dev_null(), log_fd, log_fd),
+                    cwd=cwd,
+                    setsid=True,
+                    cwd_lock=CWD_LOCK,
+                )
+            )
         except spawn.NoWayBack:
             pass  # the worker's own directory is gone: Popen changes only the child's
     if identity and cwd is not None:
         return _start_entering(argv, env, log_fd, cwd, pass_fds, identity)
-    return subprocess.Popen(argv, stdin=_dev_null(), stdout=log_fd, stderr=log_fd, env=dict(env), cwd=cwd,
-                            pass_fds=pass_fds, close_fds=True, start_new_session=True, **identity)
+    return subprocess.Popen(
+        argv,
+        stdin=_dev_null(),
+        stdout=log_fd,
+        stderr=log_fd,
+        env=dict(env),
+        cwd=cwd,
+        pass_fds=pass_fds,
+        close_fds=True,
+        start_new_session=True,
+        **identity,
+    )
 
 
 class CannotEnter(InvalidInput):
@@ -105,13 +127,17 @@ class CannotEnter(InvalidInput):
 # when it cannot, then gives the command /dev/null as stdin, puts back PWD and OLDPWD as the
 # frame's environment had them (``cd`` sets both) and execs it, as subprocess would have.
 # $1 the directory, $2 PWD, $3 OLDPWD; one text for each of the four ways the two are set.
-_ENTER = ('cd -P -- "$1" 2>/dev/null || {{ echo >&0; exit 125; }}; exec </dev/null; {}; {}; shift 3; exec "$@"')
-_ENTER_SCRIPTS = {(pwd, old): _ENTER.format("PWD=$2" if pwd else "unset PWD", "OLDPWD=$3" if old else "unset OLDPWD")
-                  for pwd in (False, True) for old in (False, True)}
+_ENTER = 'cd -P -- "$1" 2>/dev/null || {{ echo >&0; exit 125; }}; exec </dev/null; {}; {}; shift 3; exec "$@"'
+_ENTER_SCRIPTS = {
+    (pwd, old): _ENTER.format("PWD=$2" if pwd else "unset PWD", "OLDPWD=$3" if old else "unset OLDPWD")
+    for pwd in (False, True)
+    for old in (False, True)
+}
 
 
-def _start_entering(argv: list[str], env: Mapping[str, str], log_fd: int, cwd: str, pass_fds: tuple[int, ...],
-                    identity: dict) -> "subprocess.Popen[bytes]":
+def _start_entering(
+    argv: list[str], env: Mapping[str, str], log_fd: int, cwd: str, pass_fds: tuple[int, ...], identity: dict
+) -> "subprocess.Popen[bytes]":
     """Start a frame as another user in ``cwd``, entered by that user (``_ENTER``): the
     worker waits until it is in (~1 ms of /bin/sh) and raises ``CannotEnter`` when it could
     not get in. No directory of the worker's changes, so ``CWD_LOCK`` is not needed."""
@@ -121,8 +147,17 @@ def _start_entering(argv: list[str], env: Mapping[str, str], log_fd: int, cwd: s
     report, told = os.pipe()
     try:
         try:
-            popen = subprocess.Popen(wrapped, stdin=told, stdout=log_fd, stderr=log_fd, env=dict(env),
-                                     pass_fds=pass_fds, close_fds=True, start_new_session=True, **identity)
+            popen = subprocess.Popen(
+                wrapped,
+                stdin=told,
+                stdout=log_fd,
+                stderr=log_fd,
+                env=dict(env),
+                pass_fds=pass_fds,
+                close_fds=True,
+                start_new_session=True,
+                **identity,
+            )
         finally:
             os.close(told)
         refused = os.read(report, 1)  # end of file once it is in the directory (or gone)

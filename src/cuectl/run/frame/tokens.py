@@ -101,7 +101,7 @@ def _replace_shell(text: str, ctx: FrameContext) -> str:
     out, last = [], 0
     for m in matches:
         token, value = m.group(1), values[m.group(1)]
-        out.append(text[last:m.start()])
+        out.append(text[last : m.start()])
         if _PLAIN_RE.fullmatch(value):
             out.append(value)
         else:
@@ -109,8 +109,7 @@ def _replace_shell(text: str, ctx: FrameContext) -> str:
             if var is None:  # numbers and frame specs are always plain
                 raise InvalidInput(f"command: token #{token}# has an unexpected value {value!r}")
             quoting = contexts.get(m.start(), _UNQUOTED)
-            out.append({_UNQUOTED: f'"${{{var}}}"', _DOUBLE: f"${{{var}}}",
-                        _SINGLE: f"'\"${{{var}}}\"'"}[quoting])
+            out.append({_UNQUOTED: f'"${{{var}}}"', _DOUBLE: f"${{{var}}}", _SINGLE: f"'\"${{{var}}}\"'"}[quoting])
         last = m.end()
     out.append(text[last:])
     return "".join(out)

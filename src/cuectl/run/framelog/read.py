@@ -20,8 +20,9 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 _HINT_ELSEWHERE = "logs live on the worker host unless CUECTL_LOG_DIR is a shared directory"
-_HINT_LOG_DIR = ("set CUECTL_LOG_DIR to the workers' log directory (a share mounted at the same path "
-                 "everywhere, see docs/deploy.md)")
+_HINT_LOG_DIR = (
+    "set CUECTL_LOG_DIR to the workers' log directory (a share mounted at the same path everywhere, see docs/deploy.md)"
+)
 _CHUNK = 1 << 16
 #: How much of the end of a frame's log is searched for a GPU out-of-memory message (run/failure.py):
 #: the error that ended a process is printed last, and scanning a multi-GB log would stall the worker loop.
@@ -37,8 +38,9 @@ def open_log(log_dir: str | Path, path: str, frame_id: int | str) -> int:
     rel = os.path.relpath(os.path.abspath(path), log_dir)
     parts = rel.split(os.sep)
     if rel.startswith("..") or os.path.isabs(rel) or any(p in ("", ".", "..") for p in parts):
-        raise NotFound(f"the log of frame {frame_id} ({path}) is not in the store's log directory {log_dir}",
-                       hint=_HINT_LOG_DIR)
+        raise NotFound(
+            f"the log of frame {frame_id} ({path}) is not in the store's log directory {log_dir}", hint=_HINT_LOG_DIR
+        )
     flags = os.O_RDONLY | _NOFOLLOW | _CLOEXEC
     try:
         link = os.lstat(log_dir)
@@ -51,8 +53,9 @@ def open_log(log_dir: str | Path, path: str, frame_id: int | str) -> int:
     try:
         fd = os.open(log_dir, walk & ~_NOFOLLOW if follow else walk)
     except OSError as exc:
-        raise NotFound(f"the log directory {log_dir} cannot be read here: {exc.strerror}",
-                       hint=_HINT_ELSEWHERE) from None
+        raise NotFound(
+            f"the log directory {log_dir} cannot be read here: {exc.strerror}", hint=_HINT_ELSEWHERE
+        ) from None
     try:
         for part in parts[:-1]:
             parent, fd = fd, os.open(part, walk, dir_fd=fd)
@@ -63,8 +66,9 @@ def open_log(log_dir: str | Path, path: str, frame_id: int | str) -> int:
     except OSError as exc:
         os.close(fd)
         if exc.errno == errno.ENOENT:
-            raise NotFound(f"log {path} of frame {frame_id} does not exist on this machine",
-                           hint=_HINT_ELSEWHERE) from None
+            raise NotFound(
+                f"log {path} of frame {frame_id} does not exist on this machine", hint=_HINT_ELSEWHERE
+            ) from None
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise NotFound(f"log {path} of frame {frame_id} is behind a symbolic link; refusing it") from None
         raise NotFound(f"log {path} of frame {frame_id} cannot be read: {exc.strerror}") from None
@@ -91,7 +95,7 @@ def tail_bytes(fd: int, lines: int) -> bytes:
         return b""
     kept = data.split(b"\n")
     last = kept.pop()  # b"" after a final newline, else a line still being written
-    body = kept[-lines:] if last == b"" else kept[-(lines - 1):] if lines > 1 else []
+    body = kept[-lines:] if last == b"" else kept[-(lines - 1) :] if lines > 1 else []
     return b"".join(line + b"\n" for line in body) + last
 
 
@@ -106,8 +110,7 @@ def read_log(fd: int, tail: int | None = None) -> bytes:
     return b"".join(chunks)
 
 
-def read_log_tail(path: Path, limit: int = DEFAULT_TAIL_BYTES, *,
-                  log_root: str | Path | None = None) -> bytes:
+def read_log_tail(path: Path, limit: int = DEFAULT_TAIL_BYTES, *, log_root: str | Path | None = None) -> bytes:
     """The last ``limit`` bytes of the attempt log at ``path`` (a failure's evidence); ``b""``
     when there is nothing safe to read.
 
@@ -174,8 +177,15 @@ def attempt_over(frame: Mapping[str, Any], attempt: int) -> bool:
     return int(frame.get("attempts") or 0) > attempt or frame["state"] != "RUNNING"
 
 
-def follow(fd: int, frame: Mapping[str, Any], attempt: int, *, tail: int | None = None, poll_s: float = 0.5,
-           file_poll_s: float = 0.1) -> Generator[Step, Any, Mapping[str, Any]]:
+def follow(
+    fd: int,
+    frame: Mapping[str, Any],
+    attempt: int,
+    *,
+    tail: int | None = None,
+    poll_s: float = 0.5,
+    file_poll_s: float = 0.1,
+) -> Generator[Step, Any, Mapping[str, Any]]:
     """Follow attempt ``attempt``'s open log ``fd`` until the frame's record says it ended,
     then copy the rest (the worker writes its footer before it reports); returns the last
     record. The steps: ``bytes`` of the log, exactly as they are in the file (``tail``: the
@@ -223,8 +233,9 @@ def _copy(fd: int) -> Iterator[bytes | Note]:
                 newline = block.find(b"\n")
                 start = start + newline + 1 if newline >= 0 else size
             os.lseek(fd, start, os.SEEK_SET)
-            yield Note("--- the log was cut back to its size limit; going on near its new end "
-                       "(a few lines may repeat) ---")
+            yield Note(
+                "--- the log was cut back to its size limit; going on near its new end (a few lines may repeat) ---"
+            )
             continue
         chunk = os.read(fd, _CHUNK)
         if not chunk:
@@ -232,9 +243,14 @@ def _copy(fd: int) -> Iterator[bytes | Note]:
         yield chunk
 
 
-def drive(steps: Generator[Step, Any, Mapping[str, Any]], *, write: Callable[[bytes], None],
-          note: Callable[[str], None], refresh: Callable[[], Mapping[str, Any]],
-          sleep: Callable[[float], None] = time.sleep) -> Mapping[str, Any]:
+def drive(
+    steps: Generator[Step, Any, Mapping[str, Any]],
+    *,
+    write: Callable[[bytes], None],
+    note: Callable[[str], None],
+    refresh: Callable[[], Mapping[str, Any]],
+    sleep: Callable[[float], None] = time.sleep,
+) -> Mapping[str, Any]:
     """Run a follower with blocking calls (the CLI); what it returns."""
     reply: Any = None
     while True:
@@ -253,8 +269,9 @@ def drive(steps: Generator[Step, Any, Mapping[str, Any]], *, write: Callable[[by
             reply = refresh()
 
 
-async def drive_async(steps: Generator[Step, Any, Mapping[str, Any]],
-                      refresh: Callable[[], Awaitable[Mapping[str, Any]]]) -> AsyncIterator[bytes]:
+async def drive_async(
+    steps: Generator[Step, Any, Mapping[str, Any]], refresh: Callable[[], Awaitable[Mapping[str, Any]]]
+) -> AsyncIterator[bytes]:
     """Run a follower in an event loop (the API's stream): the log's bytes, with
     ``asyncio.sleep`` between them; notes are not part of the log and are left out."""
     import asyncio

@@ -31,27 +31,42 @@ def log_header(frame_id: str, attempt: int, host: str, at: float | None = None) 
     return f"=== cuectl frame {frame_id} attempt {attempt} on {host} at {when} ==="
 
 
-def log_footer(frame_id: str, attempt: int, info: "ExitInfo", *, timeout_s: float | None = None,
-               grace: float | None = None, sigkilled: bool = False) -> str:
+def log_footer(
+    frame_id: str,
+    attempt: int,
+    info: "ExitInfo",
+    *,
+    timeout_s: float | None = None,
+    grace: float | None = None,
+    sigkilled: bool = False,
+) -> str:
     """The line appended to the log when an attempt ends (after any cut of the log, so it
     is always there): how it ended — ``exit N``, ``killed by signal N (NAME)``, ``timed out
     after T s, stopped with SIGTERM`` / ``…, SIGKILL after the G s grace period``, ``killed
     by user request (ACTION), …`` or ``stopped by cuectl (REASON), …``."""
-    return (f"=== cuectl frame {frame_id} attempt {attempt} ended {iso(info.ended_at)}: "
-            f"{describe_end(info, timeout_s=timeout_s, grace=grace, sigkilled=sigkilled)} ===")
+    return (
+        f"=== cuectl frame {frame_id} attempt {attempt} ended {iso(info.ended_at)}: "
+        f"{describe_end(info, timeout_s=timeout_s, grace=grace, sigkilled=sigkilled)} ==="
+    )
 
 
-def describe_end(info: "ExitInfo", *, timeout_s: float | None = None, grace: float | None = None,
-                 sigkilled: bool = False) -> str:
+def describe_end(
+    info: "ExitInfo", *, timeout_s: float | None = None, grace: float | None = None, sigkilled: bool = False
+) -> str:
     """How an attempt ended, in the words of :func:`log_footer`."""
     if info.killed:
-        stop = (f"SIGKILL after the {grace:g} s grace period" if sigkilled and grace is not None
-                else "SIGKILL" if sigkilled else "stopped with SIGTERM")
+        stop = (
+            f"SIGKILL after the {grace:g} s grace period"
+            if sigkilled and grace is not None
+            else "SIGKILL"
+            if sigkilled
+            else "stopped with SIGTERM"
+        )
         reason = info.kill_reason or "killed"
         if info.timed_out or reason == "timeout":
             return f"timed out after {timeout_s:g} s, {stop}" if timeout_s is not None else f"timed out, {stop}"
         if reason.startswith(_USER_KILL):
-            return f"killed by user request ({reason[len(_USER_KILL):]}), {stop}"
+            return f"killed by user request ({reason[len(_USER_KILL) :]}), {stop}"
         return f"stopped by cuectl ({reason}), {stop}"
     if info.exit_signal is not None:
         return f"killed by signal {info.exit_signal} ({signal_name(info.exit_signal)})"
@@ -89,8 +104,13 @@ _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 
 
-def open_frame_log(log_path: Path, *, log_root: str | Path | None = None, owner: "RunAs | None" = None,
-                   rqlog: "RqlogLink | None" = None) -> int:
+def open_frame_log(
+    log_path: Path,
+    *,
+    log_root: str | Path | None = None,
+    owner: "RunAs | None" = None,
+    rqlog: "RqlogLink | None" = None,
+) -> int:
     """Open (append; create ``0640``) an attempt's log ``<log root>/<job id>/<file>`` and
     return the fd (close-on-exec), without ever following a link planted by someone else.
 
@@ -132,8 +152,9 @@ class RqlogLink:
     on_error: Callable[[str], None] | None = None
 
 
-def _open_log_fds(log_path: Path, root: Path, owner: "RunAs | None", *, rw: bool,
-                  create: bool = True, rqlog: RqlogLink | None = None) -> tuple[int, int | None]:
+def _open_log_fds(
+    log_path: Path, root: Path, owner: "RunAs | None", *, rw: bool, create: bool = True, rqlog: RqlogLink | None = None
+) -> tuple[int, int | None]:
     """(append fd, and with ``rw`` a second, non-append read-write fd of the same file).
 
     The second descriptor is what the worker keeps to cap the log: ``pwrite`` on an
@@ -199,8 +220,9 @@ def _open_log_root(root: Path, euid: int) -> int:
     return os.open(root, _DIR_FLAGS)
 
 
-def _open_job_dir(root_fd: int, name: str, shown: Path, allowed: set[int] | None,
-                  chown_to: tuple[int, int] | None) -> int:
+def _open_job_dir(
+    root_fd: int, name: str, shown: Path, allowed: set[int] | None, chown_to: tuple[int, int] | None
+) -> int:
     created = False
     try:
         try:  # opened first: a job's directory exists for all but its first frame here
@@ -221,8 +243,9 @@ def _open_job_dir(root_fd: int, name: str, shown: Path, allowed: set[int] | None
     try:
         st = os.fstat(fd)
         if allowed is not None and st.st_uid not in allowed:
-            raise UnsafeLogPath(f"log directory {shown} belongs to uid {st.st_uid}, not to the frame's user; "
-                                "refusing it")
+            raise UnsafeLogPath(
+                f"log directory {shown} belongs to uid {st.st_uid}, not to the frame's user; refusing it"
+            )
         if created and chown_to is not None:
             os.fchown(fd, *chown_to)
     except BaseException:
@@ -231,8 +254,9 @@ def _open_job_dir(root_fd: int, name: str, shown: Path, allowed: set[int] | None
     return fd
 
 
-def _link_rqlog(job_fd: int, log_path: Path, link: RqlogLink, allowed: set[int],
-                chown_to: tuple[int, int] | None) -> None:
+def _link_rqlog(
+    job_fd: int, log_path: Path, link: RqlogLink, allowed: set[int], chown_to: tuple[int, int] | None
+) -> None:
     """Point ``<job dir>/rqlog/<link.name>`` at ``../<attempt log>`` (relative, so it resolves
     wherever the log share is mounted); never raises: problems go to ``link.on_error``.
 
@@ -267,8 +291,9 @@ def _link_rqlog(job_fd: int, log_path: Path, link: RqlogLink, allowed: set[int],
             link.on_error(f"no OpenCue log link {shown / link.name} for {log_path.name}: {why}")
 
 
-def _open_log_file(dir_fd: int, name: str, shown: Path, allowed: set[int],
-                   chown_to: tuple[int, int] | None, *, create: bool = True) -> int:
+def _open_log_file(
+    dir_fd: int, name: str, shown: Path, allowed: set[int], chown_to: tuple[int, int] | None, *, create: bool = True
+) -> int:
     flags = os.O_WRONLY | os.O_APPEND | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
     created = create
     try:
@@ -287,8 +312,9 @@ def _open_log_file(dir_fd: int, name: str, shown: Path, allowed: set[int],
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in allowed:
-            raise UnsafeLogPath(f"log file {shown} is not a regular file of the frame's user with one link; "
-                                "refusing it")
+            raise UnsafeLogPath(
+                f"log file {shown} is not a regular file of the frame's user with one link; refusing it"
+            )
         if created and chown_to is not None:
             os.fchown(fd, *chown_to)
         os.set_blocking(fd, True)
@@ -328,8 +354,14 @@ def _append_log(log_path: Path, line: str) -> None:
         os.close(fd)
 
 
-def append_log_note(log_path: Path, line: str, *, log_root: str | Path | None = None,
-                    owner: "RunAs | None" = None, rqlog: RqlogLink | None = None) -> None:
+def append_log_note(
+    log_path: Path,
+    line: str,
+    *,
+    log_root: str | Path | None = None,
+    owner: "RunAs | None" = None,
+    rqlog: RqlogLink | None = None,
+) -> None:
     """Best effort, never raises: say in a frame's log why it never started (the worker's
     ``_log_failure``). Opened exactly like the frame's own log, so a planted link is not
     followed here either."""
@@ -379,8 +411,10 @@ class _LogCap:
         self.fd = fd
         self.limit = max(MIN_LOG_LIMIT, int(limit))
         self.head = self.limit // 2
-        self.marker = (f"\n=== cuectl: this attempt's log reached its limit of {self.limit} bytes: "
-                       "output was cut here; the most recent output follows ===\n").encode()
+        self.marker = (
+            f"\n=== cuectl: this attempt's log reached its limit of {self.limit} bytes: "
+            "output was cut here; the most recent output follows ===\n"
+        ).encode()
         self.cut = False
         self.dropped = 0
         self.last_size = 0
@@ -420,8 +454,10 @@ class _LogCap:
         keep = min(self.limit, _FULL_DISK_LOG)
         # The kill's note is appended at the end, where the next cut may drop it: the marker
         # after the head, which every cut keeps, says it too.
-        self.marker = (f"\n=== cuectl: the log's filesystem is full: the frame is being stopped and its log "
-                       f"kept to {keep} bytes: output was cut here; the most recent output follows ===\n").encode()
+        self.marker = (
+            f"\n=== cuectl: the log's filesystem is full: the frame is being stopped and its log "
+            f"kept to {keep} bytes: output was cut here; the most recent output follows ===\n"
+        ).encode()
         self.cut = False
         self.last_size = self.shrink(keep)
         return "the log's filesystem is full"
@@ -489,13 +525,17 @@ class _LogCap:
             except OSError:
                 pass  # disk full: the footer may still fit
             if lost:
-                note = ("\n=== cuectl: the log's filesystem was full when this attempt ended: some of its "
-                        f"output never reached this log, and the log was cut to {os.fstat(self.fd).st_size} "
-                        "bytes to free the disk; the attempt is not counted a success (log-lost) ===\n").encode()
+                note = (
+                    "\n=== cuectl: the log's filesystem was full when this attempt ended: some of its "
+                    f"output never reached this log, and the log was cut to {os.fstat(self.fd).st_size} "
+                    "bytes to free the disk; the attempt is not counted a success (log-lost) ===\n"
+                ).encode()
                 os.pwrite(self.fd, note, os.fstat(self.fd).st_size)
             if self.dropped:
-                note = (f"=== cuectl: {self.dropped} bytes of output were cut from the middle of this log "
-                        f"(limit {self.limit} bytes) ===\n").encode()
+                note = (
+                    f"=== cuectl: {self.dropped} bytes of output were cut from the middle of this log "
+                    f"(limit {self.limit} bytes) ===\n"
+                ).encode()
                 os.pwrite(self.fd, note, os.fstat(self.fd).st_size)
             if footer is not None:
                 os.pwrite(self.fd, _line_bytes(footer), os.fstat(self.fd).st_size)

@@ -106,8 +106,9 @@ class Lease:
     ``release()`` is idempotent; the kernel releases everything if the process dies.
     """
 
-    def __init__(self, locks: Sequence[DeviceLock], devices: Sequence[Device], env: Mapping[str, str],
-                 lock_dir: Path, label: str) -> None:
+    def __init__(
+        self, locks: Sequence[DeviceLock], devices: Sequence[Device], env: Mapping[str, str], lock_dir: Path, label: str
+    ) -> None:
         self._locks = list(locks)
         self.devices: tuple[Device, ...] = tuple(devices)
         self._env = env  # never changed here; ``env`` hands out copies
@@ -168,9 +169,6 @@ class Lease:
         return f"<Lease gpus={gpus} label={self.label!r}{' released' if self.released else ''}>"
 
 
-
-
-
 # ============================================================================ one acquisition
 
 
@@ -187,8 +185,9 @@ class _Plan:
         self.allocation = allocation
         inventory = [replace(d, memory_free_bytes=None) for d in discovery.devices]
         self.vendors = frozenset(d.vendor for d in inventory)
-        self.candidates: tuple[Device, ...] = (resolve_devices(request.devices, inventory)
-                                               if request.devices is not None else tuple(inventory))
+        self.candidates: tuple[Device, ...] = (
+            resolve_devices(request.devices, inventory) if request.devices is not None else tuple(inventory)
+        )
         if allocation is not None:
             self.candidates = allocation.restrict(self.candidates, inventory, named=request.devices is not None)
         gpu = request.gpu
@@ -230,8 +229,17 @@ _plans: dict[tuple[int, LeaseRequest, Allocation | None], _Plan] = {}
 class _Acquirer:
     """One acquisition: a static check up front, then attempts until success or give-up."""
 
-    def __init__(self, request: LeaseRequest, *, lock_dir: Path, backend: str, fake_file: str | None,
-                 label: str, kind: str, allocation: Allocation | None = None) -> None:
+    def __init__(
+        self,
+        request: LeaseRequest,
+        *,
+        lock_dir: Path,
+        backend: str,
+        fake_file: str | None,
+        label: str,
+        kind: str,
+        allocation: Allocation | None = None,
+    ) -> None:
         self.request = request
         self.gpu_request = request.gpu
         self.lock_dir = lock_dir
@@ -315,8 +323,7 @@ class _Acquirer:
                 result = select_devices(self.gpu_request, devices, busy=busy)
             if result.devices is None:
                 break
-            locks, lost = lock_all(self.lock_dir, result.devices, holder=self.label, kind=self.kind,
-                                    label=self.label)
+            locks, lost = lock_all(self.lock_dir, result.devices, holder=self.label, kind=self.kind, label=self.label)
             if locks is not None:
                 return self._lease(locks)
             assert lost is not None
@@ -345,25 +352,32 @@ class _Acquirer:
         warn_if_held_elsewhere(self.lock_dir, locks)
         return Lease(locks, devices, env, self.lock_dir, self.label)
 
-    def _refusal(self, devices: list[Device], busy: set[str], failed: list[Device], waiters: int,
-                 reason: str | None) -> LeaseError:
+    def _refusal(
+        self, devices: list[Device], busy: set[str], failed: list[Device], waiters: int, reason: str | None
+    ) -> LeaseError:
         if self._free is not None:
             unknown_free = [replace(d, memory_free_bytes=None) for d in devices]
             if select_devices(self.gpu_request, unknown_free, busy=busy).devices is not None:
-                return InsufficientFreeMemory(f"not enough free memory on the matching devices now: {reason}",
-                                              hint="wait for it (--wait / wait=True), or lower the request")
+                return InsufficientFreeMemory(
+                    f"not enough free memory on the matching devices now: {reason}",
+                    hint="wait for it (--wait / wait=True), or lower the request",
+                )
         # An error path: waiting a little for a brand-new holder's record costs nothing and
         # names the holder (a loaded CI machine needed more than the 2 ms this once allowed).
         paths = [(lock_path(self.lock_dir, d.uuid), d) for d in failed]
         holders = [holder_info(path, d, within=0.25) for path, d in paths]
         parts = [h.describe() for h in holders]
         if waiters:
-            parts.append(f"{waiters} earlier waiter{'s' if waiters != 1 else ''} queued for "
-                         f"{'them' if len(busy) > 1 else 'it'}")
+            parts.append(
+                f"{waiters} earlier waiter{'s' if waiters != 1 else ''} queued for {'them' if len(busy) > 1 else 'it'}"
+            )
         need = f"{self.gpu_request.gpus} device{'s' if self.gpu_request.gpus != 1 else ''}"
         message = f"cannot lease {need} now: " + ("; ".join(parts) if parts else (reason or "all busy"))
-        return DevicesBusy(message, holders=[h.to_json() for h in holders],
-                           hint="to queue for it instead, use --wait (Python: wait=True)")
+        return DevicesBusy(
+            message,
+            holders=[h.to_json() for h in holders],
+            hint="to queue for it instead, use --wait (Python: wait=True)",
+        )
 
     # -- waiting ---------------------------------------------------------------------
 
@@ -388,8 +402,9 @@ _Step = Union[float, _SampleFree]
 _OnWait = Callable[[LeaseError], None]
 
 
-def _attempts(acq: _Acquirer, *, wait: bool, timeout_s: float | None,
-              on_wait: _OnWait | None) -> Generator[_Step, None, Lease]:
+def _attempts(
+    acq: _Acquirer, *, wait: bool, timeout_s: float | None, on_wait: _OnWait | None
+) -> Generator[_Step, None, Lease]:
     """The one wait loop of the sync and async APIs: attempts until a lease (returned) or a
     give-up (raised), yielding to its driver what to do in between."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -433,8 +448,9 @@ def _poll_delay(acq: _Acquirer, deadline: float | None) -> float:
 
 
 def _timeout_error(last: LeaseError, timeout: float) -> LeaseTimeout:
-    return LeaseTimeout(f"no lease after waiting {timeout:g} s; last: {last.message}",
-                        holders=list(getattr(last, "holders", [])))
+    return LeaseTimeout(
+        f"no lease after waiting {timeout:g} s; last: {last.message}", holders=list(getattr(last, "holders", []))
+    )
 
 
 def _drive(acq: _Acquirer, steps: Generator[_Step, None, Lease]) -> Lease:
@@ -496,8 +512,15 @@ def quick_plan(lock_dir: Path, *, fake_file: str | None = None, backend: str = "
         if not result.devices:
             break
         (device,) = result.devices
-        order.append((device.uuid, str(lock_path(lock_dir, device.uuid)), device.index, device.model,
-                      dict(plan.grant((device.uuid,))[1])))
+        order.append(
+            (
+                device.uuid,
+                str(lock_path(lock_dir, device.uuid)),
+                device.index,
+                device.model,
+                dict(plan.grant((device.uuid,))[1]),
+            )
+        )
         busy.add(device.uuid)
     if order:
         out[1] = order
@@ -555,8 +578,9 @@ class _Ready(NamedTuple):
 _ready: dict[_QuickKey, _Ready] = {}
 
 
-def _quick_key(plain: tuple[Any, ...], gpu_models: Any, devices: Any, lock_dir: str | Path | None,
-               fake_file: str | Path | None) -> _QuickKey | None:
+def _quick_key(
+    plain: tuple[Any, ...], gpu_models: Any, devices: Any, lock_dir: str | Path | None, fake_file: str | Path | None
+) -> _QuickKey | None:
     """The key of ``_ready`` for one call, or None where the call must take the full path:
     inside a frame (every call checks that the frame still holds its devices) or with an
     argument that cannot be a key (a list of models, a generator of devices)."""
@@ -566,11 +590,21 @@ def _quick_key(plain: tuple[Any, ...], gpu_models: Any, devices: Any, lock_dir: 
     if not _PLAIN.issuperset(types):
         return None
     for many in (gpu_models, devices):
-        if many is not None and type(many) is not str and not (
-                type(many) is tuple and _PLAIN_ITEMS.issuperset(map(type, many))):
+        if (
+            many is not None
+            and type(many) is not str
+            and not (type(many) is tuple and _PLAIN_ITEMS.issuperset(map(type, many)))
+        ):
             return None
-    return (plain, types, gpu_models, devices, config.lock_dir_name() if lock_dir is None else None,
-            config.fake_gpus_file() if fake_file is None else None, sys.argv[0] if sys.argv else "")
+    return (
+        plain,
+        types,
+        gpu_models,
+        devices,
+        config.lock_dir_name() if lock_dir is None else None,
+        config.fake_gpus_file() if fake_file is None else None,
+        sys.argv[0] if sys.argv else "",
+    )
 
 
 def _remember(key: _QuickKey, acq: _Acquirer) -> None:
@@ -648,8 +682,15 @@ def _setup(request: LeaseRequest, opts: _Options) -> tuple[_Acquirer, float | No
         # sub-locks of those devices, one directory per user and nesting level.
         allocation.check_held(directory)
         directory = prepare_lock_dir(sublock_dir(directory, allocation.level + 1), create=True)
-    acquirer = _Acquirer(request, lock_dir=directory, backend=opts.backend, fake_file=fake, label=text,
-                         kind=opts.kind, allocation=allocation)
+    acquirer = _Acquirer(
+        request,
+        lock_dir=directory,
+        backend=opts.backend,
+        fake_file=fake,
+        label=text,
+        kind=opts.kind,
+        allocation=allocation,
+    )
     return acquirer, timeout_s
 
 
@@ -663,19 +704,51 @@ def _acquire(request: LeaseRequest, opts: _Options, quick_key: _QuickKey | None 
         acq.close()
 
 
-def acquire(request: LeaseRequest, *, wait: bool = False, timeout: float | str | None = None,
-            label: str | None = None, lock_dir: str | Path | None = None, backend: str = "auto",
-            fake_file: str | Path | None = None, kind: str = KIND_API, on_wait: _OnWait | None = None) -> Lease:
+def acquire(
+    request: LeaseRequest,
+    *,
+    wait: bool = False,
+    timeout: float | str | None = None,
+    label: str | None = None,
+    lock_dir: str | Path | None = None,
+    backend: str = "auto",
+    fake_file: str | Path | None = None,
+    kind: str = KIND_API,
+    on_wait: _OnWait | None = None,
+) -> Lease:
     """Acquire ``request`` (blocking while ``wait``); see ``lease`` for the arguments."""
-    return _acquire(request, _Options(wait=wait, timeout=timeout, label=label, lock_dir=lock_dir, backend=backend,
-                                      fake_file=fake_file, kind=kind, on_wait=on_wait))
+    return _acquire(
+        request,
+        _Options(
+            wait=wait,
+            timeout=timeout,
+            label=label,
+            lock_dir=lock_dir,
+            backend=backend,
+            fake_file=fake_file,
+            kind=kind,
+            on_wait=on_wait,
+        ),
+    )
 
 
-def lease(gpus: int | None = None, *, gpu_vendor: str | None = None, gpu_models: str | Iterable[str] = (),
-          gpu_memory_min: str | int | None = None, gpu_memory_free_min: str | int | None = None,
-          devices: Iterable[str | int] | None = None, wait: bool = False, timeout: float | str | None = None,
-          label: str | None = None, lock_dir: str | Path | None = None, backend: str = "auto",
-          fake_file: str | Path | None = None, on_wait: _OnWait | None = None, **deprecated: Any) -> Lease:
+def lease(
+    gpus: int | None = None,
+    *,
+    gpu_vendor: str | None = None,
+    gpu_models: str | Iterable[str] = (),
+    gpu_memory_min: str | int | None = None,
+    gpu_memory_free_min: str | int | None = None,
+    devices: Iterable[str | int] | None = None,
+    wait: bool = False,
+    timeout: float | str | None = None,
+    label: str | None = None,
+    lock_dir: str | Path | None = None,
+    backend: str = "auto",
+    fake_file: str | Path | None = None,
+    on_wait: _OnWait | None = None,
+    **deprecated: Any,
+) -> Lease:
     """Lease ``gpus`` matching local devices exclusively; use as a context manager.
 
     ``gpu_vendor`` (NVIDIA, AMD, Apple, Intel), ``gpu_models`` (any of; DESIGN §5
@@ -693,16 +766,39 @@ def lease(gpus: int | None = None, *, gpu_vendor: str | None = None, gpu_models:
     """
     key = None
     if not deprecated and on_wait is None:
-        key = _quick_key((gpus, gpu_vendor, gpu_memory_min, gpu_memory_free_min, wait, timeout, label, lock_dir,
-                          backend, fake_file), gpu_models, devices, lock_dir, fake_file)
+        key = _quick_key(
+            (gpus, gpu_vendor, gpu_memory_min, gpu_memory_free_min, wait, timeout, label, lock_dir, backend, fake_file),
+            gpu_models,
+            devices,
+            lock_dir,
+            fake_file,
+        )
         if key is not None:
             quick = _quick_lease(key)
             if quick is not None:
                 return quick
-    request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_models, gpu_memory_min=gpu_memory_min,
-                           gpu_memory_free_min=gpu_memory_free_min, devices=devices, deprecated=deprecated)
-    return _acquire(request, _Options(wait=wait, timeout=timeout, label=label, lock_dir=lock_dir, backend=backend,
-                                      fake_file=fake_file, on_wait=on_wait), key)
+    request = make_request(
+        gpus,
+        gpu_vendor=gpu_vendor,
+        gpu_models=gpu_models,
+        gpu_memory_min=gpu_memory_min,
+        gpu_memory_free_min=gpu_memory_free_min,
+        devices=devices,
+        deprecated=deprecated,
+    )
+    return _acquire(
+        request,
+        _Options(
+            wait=wait,
+            timeout=timeout,
+            label=label,
+            lock_dir=lock_dir,
+            backend=backend,
+            fake_file=fake_file,
+            on_wait=on_wait,
+        ),
+        key,
+    )
 
 
 class async_lease:
@@ -711,17 +807,42 @@ class async_lease:
     discovery and free-memory sampling (which may run nvidia-smi) run in a worker thread.
     Cancelling the waiting task leaves the queue and takes nothing."""
 
-    def __init__(self, gpus: int | None = None, *, gpu_vendor: str | None = None,
-                 gpu_models: str | Iterable[str] = (), gpu_memory_min: str | int | None = None,
-                 gpu_memory_free_min: str | int | None = None, devices: Iterable[str | int] | None = None,
-                 wait: bool = False, timeout: float | str | None = None, label: str | None = None,
-                 lock_dir: str | Path | None = None, backend: str = "auto", fake_file: str | Path | None = None,
-                 on_wait: _OnWait | None = None, **deprecated: Any) -> None:
-        self._request = make_request(gpus, gpu_vendor=gpu_vendor, gpu_models=gpu_models,
-                                     gpu_memory_min=gpu_memory_min, gpu_memory_free_min=gpu_memory_free_min,
-                                     devices=devices, deprecated=deprecated)
-        self._opts = _Options(wait=wait, timeout=timeout, label=label, lock_dir=lock_dir, backend=backend,
-                              fake_file=fake_file, on_wait=on_wait)
+    def __init__(
+        self,
+        gpus: int | None = None,
+        *,
+        gpu_vendor: str | None = None,
+        gpu_models: str | Iterable[str] = (),
+        gpu_memory_min: str | int | None = None,
+        gpu_memory_free_min: str | int | None = None,
+        devices: Iterable[str | int] | None = None,
+        wait: bool = False,
+        timeout: float | str | None = None,
+        label: str | None = None,
+        lock_dir: str | Path | None = None,
+        backend: str = "auto",
+        fake_file: str | Path | None = None,
+        on_wait: _OnWait | None = None,
+        **deprecated: Any,
+    ) -> None:
+        self._request = make_request(
+            gpus,
+            gpu_vendor=gpu_vendor,
+            gpu_models=gpu_models,
+            gpu_memory_min=gpu_memory_min,
+            gpu_memory_free_min=gpu_memory_free_min,
+            devices=devices,
+            deprecated=deprecated,
+        )
+        self._opts = _Options(
+            wait=wait,
+            timeout=timeout,
+            label=label,
+            lock_dir=lock_dir,
+            backend=backend,
+            fake_file=fake_file,
+            on_wait=on_wait,
+        )
         self._lease: Lease | None = None
 
     async def _acquire(self) -> Lease:

@@ -86,5 +86,7 @@ def isolation_env(devices: Sequence[Device], *, all_vendors_present: Collection[
 def isolation_key(devices: Sequence[Device], *, all_vendors_present: Collection[str]) -> tuple[object, ...]:
     """Everything :func:`isolation_env` reads of its arguments: equal keys, equal
     environments (a worker keeps the environment its frames share under it)."""
-    return (frozenset(all_vendors_present),
-            tuple((d.uuid, d.index, _vendor_index(d), d.vendor, d.mig_parent_uuid) for d in devices))
+    return (
+        frozenset(all_vendors_present),
+        tuple((d.uuid, d.index, _vendor_index(d), d.vendor, d.mig_parent_uuid) for d in devices),
+    )

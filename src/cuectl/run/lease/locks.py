@@ -67,8 +67,9 @@ _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _prepared: dict[str, Path] = {}
 
 
-def prepare_lock_dir(lock_dir: str | Path, *, create: bool | None = None,
-                     mounts_file: Path = Path("/proc/mounts")) -> Path:
+def prepare_lock_dir(
+    lock_dir: str | Path, *, create: bool | None = None, mounts_file: Path = Path("/proc/mounts")
+) -> Path:
     """Create the lock directory (mode 01777) or check an existing one; return it.
 
     Refuses a directory on a network filesystem: ``flock`` there is either local to one
@@ -87,23 +88,30 @@ def prepare_lock_dir(lock_dir: str | Path, *, create: bool | None = None,
     if done is not None:
         return done
     lock_dir = Path(lock_dir)
-    if not lock_dir.exists() and not (config.create_lock_dir() if create is None else create) \
-            and lock_dir not in config.default_lock_dirs():
-        raise LeaseError(f"lock directory {lock_dir} does not exist, and cuectl creates only its default ones "
-                         f"({', '.join(str(d) for d in config.default_lock_dirs())})",
-                         hint=f"check CUECTL_LOCK_DIR / --lock-dir for a typo; to use it, create it first "
-                              f"(install -d -m 1777 {lock_dir}) or set CUECTL_CREATE_LOCK_DIR=1")
+    if (
+        not lock_dir.exists()
+        and not (config.create_lock_dir() if create is None else create)
+        and lock_dir not in config.default_lock_dirs()
+    ):
+        raise LeaseError(
+            f"lock directory {lock_dir} does not exist, and cuectl creates only its default ones "
+            f"({', '.join(str(d) for d in config.default_lock_dirs())})",
+            hint=f"check CUECTL_LOCK_DIR / --lock-dir for a typo; to use it, create it first "
+            f"(install -d -m 1777 {lock_dir}) or set CUECTL_CREATE_LOCK_DIR=1",
+        )
     fstype = fsutil.is_network_fs(lock_dir, mounts_file)
     if fstype:
-        raise LeaseError(f"lock directory {lock_dir} is on a network filesystem ({fstype}); device locks must be "
-                         f"host-local", hint="set CUECTL_LOCK_DIR or --lock-dir to a local directory, e.g. "
-                                             "/dev/shm/cuectl-locks")
+        raise LeaseError(
+            f"lock directory {lock_dir} is on a network filesystem ({fstype}); device locks must be host-local",
+            hint="set CUECTL_LOCK_DIR or --lock-dir to a local directory, e.g. /dev/shm/cuectl-locks",
+        )
     if os.geteuid() == 0:
         # Before anything is made: root makes no directory where another user could swap it.
         problem = lockfile.unsafe_path(key, lockfile.trusted_owners())
         if problem is not None:
-            raise LeaseError(f"lock directory {lock_dir} is not safe for a root cuectl: {problem}",
-                             hint=lockfile.ROOT_SETUP_HINT)
+            raise LeaseError(
+                f"lock directory {lock_dir} is not safe for a root cuectl: {problem}", hint=lockfile.ROOT_SETUP_HINT
+            )
     _make_lock_dir(lock_dir)
     owner = lockfile.lock_dir_owner(key, recheck=True)
     if lockfile.makes_lock_files(owner):
@@ -124,8 +132,10 @@ def _make_lock_dir(path: Path) -> None:
     except FileExistsError:
         return
     except OSError as exc:
-        raise LeaseError(f"cannot create lock directory {path}: {exc.strerror or exc}",
-                         hint="set CUECTL_LOCK_DIR or --lock-dir to a writable local directory") from None
+        raise LeaseError(
+            f"cannot create lock directory {path}: {exc.strerror or exc}",
+            hint="set CUECTL_LOCK_DIR or --lock-dir to a writable local directory",
+        ) from None
     os.chmod(path, SHARED_DIR_MODE)  # mkdir's mode went through the umask
 
 
@@ -140,13 +150,16 @@ def _make_subdir(path: Path, owner: int) -> None:
     except FileExistsError:
         made = False
     except OSError as exc:
-        raise LeaseError(f"cannot create lock directory {path}: {exc.strerror or exc}",
-                         hint="set CUECTL_LOCK_DIR or --lock-dir to a writable local directory") from None
+        raise LeaseError(
+            f"cannot create lock directory {path}: {exc.strerror or exc}",
+            hint="set CUECTL_LOCK_DIR or --lock-dir to a writable local directory",
+        ) from None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise LeaseError(f"lock directory {path} is not a directory ({exc.strerror or exc})",
-                         hint="remove it; cuectl makes it") from None
+        raise LeaseError(
+            f"lock directory {path} is not a directory ({exc.strerror or exc})", hint="remove it; cuectl makes it"
+        ) from None
     try:
         st = os.fstat(fd)
         if os.geteuid() == 0 and (st.st_uid != owner or stat.S_IMODE(st.st_mode) != SHARED_DIR_MODE):
@@ -158,11 +171,16 @@ def _make_subdir(path: Path, owner: int) -> None:
     finally:
         os.close(fd)
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise LeaseError(f"lock directory {path} is writable by everyone but not sticky: any user could delete a "
-                         f"ticket or a nested lock directory of another", hint=f"chmod 1777 {path}")
+        raise LeaseError(
+            f"lock directory {path} is writable by everyone but not sticky: any user could delete a "
+            f"ticket or a nested lock directory of another",
+            hint=f"chmod 1777 {path}",
+        )
     if not os.access(path, os.W_OK | os.X_OK):
-        raise LeaseError(f"lock directory {path} is not writable by this user",
-                         hint=f"its owner can `chmod 1777 {path}`; or set CUECTL_LOCK_DIR / --lock-dir")
+        raise LeaseError(
+            f"lock directory {path} is not writable by this user",
+            hint=f"its owner can `chmod 1777 {path}`; or set CUECTL_LOCK_DIR / --lock-dir",
+        )
 
 
 def _check_subdir(path: Path, owner: int) -> None:
@@ -170,12 +188,15 @@ def _check_subdir(path: Path, owner: int) -> None:
     user made: it must be there, and writable (every waiter puts its ticket there)."""
     if not path.is_dir():
         directory = path.parent
-        raise LeaseError(f"lock directory {directory} is not set up: {path} is missing, and in this shared lock "
-                         f"directory only {lockfile.makers(owner)} makes it: {lockfile.setup_command(str(directory))}",
-                         hint="root makes a shared lock directory's parts and lock files (docs/leases.md)")
+        raise LeaseError(
+            f"lock directory {directory} is not set up: {path} is missing, and in this shared lock "
+            f"directory only {lockfile.makers(owner)} makes it: {lockfile.setup_command(str(directory))}",
+            hint="root makes a shared lock directory's parts and lock files (docs/leases.md)",
+        )
     if not os.access(path, os.W_OK | os.X_OK):
-        raise LeaseError(f"lock directory {path} is not writable by this user",
-                         hint=f"its owner can `chmod 1777 {path}`")
+        raise LeaseError(
+            f"lock directory {path} is not writable by this user", hint=f"its owner can `chmod 1777 {path}`"
+        )
 
 
 def provision_lock_files(lock_dir: str | Path, devices: Sequence[Device]) -> None:
@@ -378,8 +399,9 @@ _lock_paths: dict[tuple[str, str], Path] = {}
 class DeviceLock:
     """One held device. ``release()`` is idempotent; the kernel releases it anyway at exit."""
 
-    def __init__(self, *, uuid: str, index: int, fd: int, path: Path, since: float, record: dict[str, Any],
-                 writable: bool = True) -> None:
+    def __init__(
+        self, *, uuid: str, index: int, fd: int, path: Path, since: float, record: dict[str, Any], writable: bool = True
+    ) -> None:
         self.uuid = uuid
         self.index = index
         self.path = path
@@ -433,8 +455,15 @@ class DeviceLock:
         return f"DeviceLock(gpu {self.index}, {self.uuid}, {state})"
 
 
-def try_lock(lock_dir: Path, device: Device, *, holder: str, pid: int | None = None, kind: str = KIND_WORKER,
-             label: str | None = None) -> DeviceLock | None:
+def try_lock(
+    lock_dir: Path,
+    device: Device,
+    *,
+    holder: str,
+    pid: int | None = None,
+    kind: str = KIND_WORKER,
+    label: str | None = None,
+) -> DeviceLock | None:
     """Lock one device without waiting; None if someone else holds it.
 
     ``holder`` is what `gpu leases` shows (a frame id or a label); ``pid`` the holding
@@ -446,16 +475,25 @@ def try_lock(lock_dir: Path, device: Device, *, holder: str, pid: int | None = N
     if taken is None:
         return None
     fd, writable, size = taken
-    record, data = fresh_record(device.uuid, device.index, pid=os.getpid() if pid is None else pid, holder=holder,
-                                kind=kind, label=label)
+    record, data = fresh_record(
+        device.uuid, device.index, pid=os.getpid() if pid is None else pid, holder=holder, kind=kind, label=label
+    )
     if writable:
         write_record(fd, data, old_size=size)
-    return DeviceLock(uuid=device.uuid, index=device.index, fd=fd, path=path, since=record["since"], record=record,
-                      writable=writable)
+    return DeviceLock(
+        uuid=device.uuid, index=device.index, fd=fd, path=path, since=record["since"], record=record, writable=writable
+    )
 
 
-def lock_all(lock_dir: Path, devices: Sequence[Device], *, holder: str, pid: int | None = None,
-             kind: str = KIND_WORKER, label: str | None = None) -> tuple[list[DeviceLock] | None, Device | None]:
+def lock_all(
+    lock_dir: Path,
+    devices: Sequence[Device],
+    *,
+    holder: str,
+    pid: int | None = None,
+    kind: str = KIND_WORKER,
+    label: str | None = None,
+) -> tuple[list[DeviceLock] | None, Device | None]:
     """``try_lock_all``, also naming the device that was busy (for the caller's message)."""
     locks: list[DeviceLock] = []
     try:
@@ -477,8 +515,15 @@ def lock_all(lock_dir: Path, devices: Sequence[Device], *, holder: str, pid: int
     return None, device
 
 
-def try_lock_all(lock_dir: Path, devices: Sequence[Device], *, holder: str, pid: int | None = None,
-                 kind: str = KIND_WORKER, label: str | None = None) -> list[DeviceLock] | None:
+def try_lock_all(
+    lock_dir: Path,
+    devices: Sequence[Device],
+    *,
+    holder: str,
+    pid: int | None = None,
+    kind: str = KIND_WORKER,
+    label: str | None = None,
+) -> list[DeviceLock] | None:
     """Lock every device or none (all-or-nothing, without waiting)."""
     locks, _ = lock_all(lock_dir, devices, holder=holder, pid=pid, kind=kind, label=label)
     return locks
@@ -516,9 +561,17 @@ class LeaseInfo:
     host: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "index": self.index, "pid": self.pid, "holder": self.holder,
-                "since": iso(self.since), "kind": self.kind, "label": self.label, "user": self.user,
-                "host": self.host}
+        return {
+            "uuid": self.uuid,
+            "index": self.index,
+            "pid": self.pid,
+            "holder": self.holder,
+            "since": iso(self.since),
+            "kind": self.kind,
+            "label": self.label,
+            "user": self.user,
+            "host": self.host,
+        }
 
     def describe(self) -> str:
         """``gpu 0 held by pid 4242 (train-a, alice, since 2026-…Z)``."""
@@ -581,10 +634,17 @@ def lease_info(path: Path, record: Mapping[str, Any], device: Device | None) -> 
     since = record.get("since")
     index = device.index if device is not None else record.get("index")
     uuid = device.uuid if device is not None else (text("uuid") or path.name[: -len(LOCK_SUFFIX)])
-    return LeaseInfo(uuid=uuid, index=index if isinstance(index, int) else None,
-                     pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
-                     holder=text("holder"), since=float(since) if isinstance(since, (int, float)) else None,
-                     kind=text("kind"), label=text("label"), user=text("user"), host=text("host"))
+    return LeaseInfo(
+        uuid=uuid,
+        index=index if isinstance(index, int) else None,
+        pid=pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+        holder=text("holder"),
+        since=float(since) if isinstance(since, (int, float)) else None,
+        kind=text("kind"),
+        label=text("label"),
+        user=text("user"),
+        host=text("host"),
+    )
 
 
 def open_by(path: Path) -> list[int]:
@@ -628,8 +688,11 @@ def holder_info(path: Path, device: Device | None, *, within: float = 0.01) -> L
     if not pid_alive(recorded):
         live = [pid for pid in open_by(path) if pid != os.getpid()]
         record["pid"] = live[0] if live else None
-        note = (f"inherited from pid {recorded}, which exited" if isinstance(recorded, int) and live
-                else "holder unknown, alive")
+        note = (
+            f"inherited from pid {recorded}, which exited"
+            if isinstance(recorded, int) and live
+            else "holder unknown, alive"
+        )
         record["holder"] = f"{record['holder']} ({note})" if record.get("holder") else note
     return lease_info(path, record, device)
 
@@ -678,8 +741,10 @@ def break_stale(lock_dir: Path, uuid: str) -> bool:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             info = holder_info(path, None)
-            raise Conflict(f"device {uuid} is not stale: {info.describe()}",
-                           hint=f"stop that process; `fuser -v {path}` lists every process holding it") from None
+            raise Conflict(
+                f"device {uuid} is not stale: {info.describe()}",
+                hint=f"stop that process; `fuser -v {path}` lists every process holding it",
+            ) from None
         had_record = os.fstat(fd).st_size > 0
         if writable:
             os.ftruncate(fd, 0)

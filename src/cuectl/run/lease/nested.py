@@ -71,28 +71,33 @@ class Allocation:
         names = ", ".join(f"gpu {index[u]}" if u in index else u for u in self.uuids)
         return f"{len(self.uuids)} device{'s' if len(self.uuids) != 1 else ''} ({names})"
 
-    def restrict(self, candidates: Sequence[Device], inventory: Sequence[Device], *,
-                 named: bool) -> tuple[Device, ...]:
+    def restrict(self, candidates: Sequence[Device], inventory: Sequence[Device], *, named: bool) -> tuple[Device, ...]:
         """The candidates that belong to the frame; a device named outside it is an error."""
         known = {d.uuid for d in inventory}
         missing = [u for u in self.uuids if u not in known]
         if missing:
-            raise NoMatchingDevice(f"inside frame {self.frame}: its device {missing[0]} is not among this host's GPUs",
-                                   hint="the GPU discovery here differs from the worker's (CUECTL_FAKE_GPUS?)")
+            raise NoMatchingDevice(
+                f"inside frame {self.frame}: its device {missing[0]} is not among this host's GPUs",
+                hint="the GPU discovery here differs from the worker's (CUECTL_FAKE_GPUS?)",
+            )
         if named:
             outside = [d for d in candidates if d.uuid not in self.uuids]
             if outside:
                 d = outside[0]
-                raise InvalidDevice(f"inside frame {self.frame}: device {d.index} ({d.uuid}) is not one of the "
-                                    f"frame's devices; the frame has {self._listing(inventory)}",
-                                    hint="a lease inside a frame can use only the frame's devices")
+                raise InvalidDevice(
+                    f"inside frame {self.frame}: device {d.index} ({d.uuid}) is not one of the "
+                    f"frame's devices; the frame has {self._listing(inventory)}",
+                    hint="a lease inside a frame can use only the frame's devices",
+                )
         return tuple(d for d in candidates if d.uuid in self.uuids)
 
     def refusal(self, gpus: int, candidates: Sequence[Device], reason: str | None) -> NoMatchingDevice:
         has = self._listing(candidates)
         if gpus > len(self.uuids):
-            message = (f"inside frame {self.frame}: asks for {gpus} device{'s' if gpus != 1 else ''} but the frame "
-                       f"has {has}; a lease inside a frame can use only the frame's devices")
+            message = (
+                f"inside frame {self.frame}: asks for {gpus} device{'s' if gpus != 1 else ''} but the frame "
+                f"has {has}; a lease inside a frame can use only the frame's devices"
+            )
         else:
             message = f"inside frame {self.frame}: none of its {has} can satisfy the request: {reason}"
         return NoMatchingDevice(message, hint="request the devices in the frame's layer (gpus, gpu_models, ...)")
@@ -102,9 +107,11 @@ class Allocation:
         environment outlived its frame, and sub-locks would guard nothing."""
         for uuid in self.uuids:
             if not probe_held(lock_path(lock_dir, uuid)):
-                raise LeaseError(f"the environment says this runs inside frame {self.frame}, but its device {uuid} "
-                                 f"is not leased: the frame has ended, or this environment was copied from it",
-                                 hint="unset CUE_FRAME_ID and CUE_GPUS to take a lease of your own")
+                raise LeaseError(
+                    f"the environment says this runs inside frame {self.frame}, but its device {uuid} "
+                    f"is not leased: the frame has ended, or this environment was copied from it",
+                    hint="unset CUE_FRAME_ID and CUE_GPUS to take a lease of your own",
+                )
 
 
 def sublock_dir(lock_dir: Path, level: int) -> Path:

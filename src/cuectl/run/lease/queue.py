@@ -24,6 +24,7 @@ from cuectl.run.lockfile import probe_fd
 
 TICKET_SUFFIX = ".ticket"
 
+
 @dataclass(frozen=True)
 class _Ticket:
     candidates: frozenset[str]
@@ -58,8 +59,18 @@ class WaitQueue:
         try:
             os.fchmod(fd, 0o644)  # whatever the umask: other users' waiters must read and probe it
             fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, json.dumps({"candidates": sorted(candidates), "gpus": gpus, "pid": os.getpid(),
-                                     "label": label, "since": time.time()}).encode())
+            os.write(
+                fd,
+                json.dumps(
+                    {
+                        "candidates": sorted(candidates),
+                        "gpus": gpus,
+                        "pid": os.getpid(),
+                        "label": label,
+                        "since": time.time(),
+                    }
+                ).encode(),
+            )
             os.rename(tmp, self.dir / name)
         except BaseException:
             os.close(fd)
@@ -74,8 +85,9 @@ class WaitQueue:
         os.close(self._fd)
         self.own, self._fd = None, -1
 
-    def claims(self, free: Callable[[], Sequence[str]],
-               mine: Collection[str] | None = None) -> tuple[set[str], list[str], int]:
+    def claims(
+        self, free: Callable[[], Sequence[str]], mine: Collection[str] | None = None
+    ) -> tuple[set[str], list[str], int]:
         """What the live waiters older than us would take of the devices that look free
         (``free()``: uuids in preference order, read only if there are older waiters), what
         is left for us, and how many of those waiters compete with us (0: nobody older

@@ -20,8 +20,12 @@ from cuectl.sched.match import device_fits_statically
 
 #: The Python API's keywords before they were named like the flags -> their new names.
 #: Still accepted, with a DeprecationWarning: scripts in the wild use them.
-RENAMED_KEYWORDS = {"vendor": "gpu_vendor", "models": "gpu_models", "min_memory": "gpu_memory_min",
-                    "min_free_memory": "gpu_memory_free_min"}
+RENAMED_KEYWORDS = {
+    "vendor": "gpu_vendor",
+    "models": "gpu_models",
+    "min_memory": "gpu_memory_min",
+    "min_free_memory": "gpu_memory_free_min",
+}
 
 
 @dataclass(frozen=True)
@@ -32,10 +36,17 @@ class LeaseRequest:
     devices: tuple[str, ...] | None = None  # explicit ids (index or uuid) to choose from
 
 
-def make_request(gpus: int | None = None, *, gpu_vendor: str | None = None, gpu_models: str | Iterable[str] = (),
-                 gpu_memory_min: str | int | None = None, gpu_memory_free_min: str | int | None = None,
-                 devices: Iterable[str | int] | str | int | None = None, field_label: Label = keyword_label,
-                 deprecated: Mapping[str, Any] | None = None) -> LeaseRequest:
+def make_request(
+    gpus: int | None = None,
+    *,
+    gpu_vendor: str | None = None,
+    gpu_models: str | Iterable[str] = (),
+    gpu_memory_min: str | int | None = None,
+    gpu_memory_free_min: str | int | None = None,
+    devices: Iterable[str | int] | str | int | None = None,
+    field_label: Label = keyword_label,
+    deprecated: Mapping[str, Any] | None = None,
+) -> LeaseRequest:
     """Validate user input into a ``LeaseRequest``; ``InvalidInput`` (exit 2) otherwise.
 
     ``gpus`` defaults to the number of explicit ``devices``, else 1. Sizes are bytes (int)
@@ -43,8 +54,12 @@ def make_request(gpus: int | None = None, *, gpu_vendor: str | None = None, gpu_
     in messages (``flag_label`` for ``cuectl run``); ``deprecated`` holds values given
     under the old keyword names (``RENAMED_KEYWORDS``).
     """
-    given: dict[str, Any] = {"gpu_vendor": gpu_vendor, "gpu_models": gpu_models, "gpu_memory_min": gpu_memory_min,
-                             "gpu_memory_free_min": gpu_memory_free_min}
+    given: dict[str, Any] = {
+        "gpu_vendor": gpu_vendor,
+        "gpu_models": gpu_models,
+        "gpu_memory_min": gpu_memory_min,
+        "gpu_memory_free_min": gpu_memory_free_min,
+    }
     label = _take_renamed(given, deprecated or {}, field_label)
     ids = _device_ids(devices)
     if gpus is None:
@@ -102,15 +117,19 @@ def resolve_devices(ids: Sequence[str], inventory: Sequence[Device]) -> tuple[De
             matches = [d for d in inventory if d.uuid.casefold() == ident.casefold()]
         if not matches:
             have = ", ".join(f"{d.index} ({d.uuid})" for d in inventory[:8]) or "no GPU"
-            raise InvalidDevice(f"no device {ident!r} on this host (it has: {have})",
-                                hint="use an index or UUID from `cuectl gpu list`")
+            raise InvalidDevice(
+                f"no device {ident!r} on this host (it has: {have})", hint="use an index or UUID from `cuectl gpu list`"
+            )
         if len(matches) > 1:
-            raise InvalidDevice(f"device {ident!r} is ambiguous: {', '.join(d.uuid for d in matches)}",
-                                hint="name it by UUID")
+            raise InvalidDevice(
+                f"device {ident!r} is ambiguous: {', '.join(d.uuid for d in matches)}", hint="name it by UUID"
+            )
         device = matches[0]
         if device.uuid in parents:
-            raise InvalidDevice(f"device {ident!r} is split into MIG instances; lease one of them",
-                                hint="their UUIDs are listed by `cuectl gpu list`")
+            raise InvalidDevice(
+                f"device {ident!r} is split into MIG instances; lease one of them",
+                hint="their UUIDs are listed by `cuectl gpu list`",
+            )
         chosen[device.uuid] = device
     return tuple(chosen.values())
 
@@ -120,5 +139,4 @@ def fitting_uuids(request: GpuRequest, devices: Sequence[Device]) -> frozenset[s
     DESIGN §5), leaving out a MIG-split card (its instances are the devices) — what a
     waiter queues for. Live free memory and holders do not count: they change."""
     parents = {d.mig_parent_uuid for d in devices if d.mig_parent_uuid}
-    return frozenset(d.uuid for d in devices
-                     if d.uuid not in parents and device_fits_statically(request, d) is None)
+    return frozenset(d.uuid for d in devices if d.uuid not in parents and device_fits_statically(request, d) is None)

@@ -242,9 +242,13 @@ class Worker:
         if self._deliverer is None:
             from cuectl.run.notify import Deliverer
 
-            self._deliverer = Deliverer(cast("Store", self.store), deliverer_id=self.worker_id,
-                                        run_as_submitter=self.opts.run_as_submitter, warn=self.warn,
-                                        on_claimed=lambda: self.crash_point("notify_claimed"))
+            self._deliverer = Deliverer(
+                cast("Store", self.store),
+                deliverer_id=self.worker_id,
+                run_as_submitter=self.opts.run_as_submitter,
+                warn=self.warn,
+                on_claimed=lambda: self.crash_point("notify_claimed"),
+            )
         if self.stats.finished and self._may_have_notified():  # after this iteration's `now`
             self._deliverer.step(self.store.clock(), claim=not self.draining, force=True)
         else:
@@ -256,8 +260,10 @@ class Worker:
         worker still runs another frame of its job, which is then not over: no store read for
         it (one a frame on a busy worker; the regular claim every few seconds still runs)."""
         running_jobs = {rf.claim.job_id for rf in self.running.values()}
-        return any(state not in (m.SUCCEEDED, m.WAITING) or claim.job_id not in running_jobs
-                   for claim, _info, state in self.stats.ended)
+        return any(
+            state not in (m.SUCCEEDED, m.WAITING) or claim.job_id not in running_jobs
+            for claim, _info, state in self.stats.ended
+        )
 
     def _delivering(self) -> bool:
         return bool(self._deliverer is not None and self._deliverer.inflight)
@@ -281,8 +287,9 @@ class Worker:
         attempts.update({p.frame_id: p.attempt for p in pending})
         live = self._live_doc()
         try:
-            actions = self.store.heartbeat(self.opts.name, ids, now=now, lease_s=self.opts.lease_timeout_s,
-                                           live=live, attempts=attempts)
+            actions = self.store.heartbeat(
+                self.opts.name, ids, now=now, lease_s=self.opts.lease_timeout_s, live=live, attempts=attempts
+            )
         except StoreError:
             self.link.live_paused = True
             return  # try again next time; frames keep running
@@ -343,9 +350,11 @@ class Worker:
         if stopped:
             lost.append(f"running frame(s) {', '.join(map(str, stopped))} stopped")
         down = time.monotonic() - (link.down_mono or time.monotonic())
-        raise StoreError(f"stopping with the store unavailable for {down:.0f} s ({link.error}): "
-                         f"{' and '.join(lost) or 'nothing lost'}; the next worker of host {self.opts.name} "
-                         "requeues them when it starts (any worker once their lease expires)")
+        raise StoreError(
+            f"stopping with the store unavailable for {down:.0f} s ({link.error}): "
+            f"{' and '.join(lost) or 'nothing lost'}; the next worker of host {self.opts.name} "
+            "requeues them when it starts (any worker once their lease expires)"
+        )
 
     def drain(self, why: str = "asked to stop") -> None:
         """First SIGTERM/SIGINT: claim nothing more; running frames finish. While the store
@@ -354,10 +363,14 @@ class Worker:
             pending = self.link.pending
             waits = f"; {len(pending)} result(s) wait for the store" if pending else ""
             if self.link.down_mono is not None:
-                waits += (f"; the store is unavailable: if it does not answer within {self.opts.lease_timeout_s:g} s, "
-                          "running frames are stopped and the worker exits")
-            self.tell_say(f"draining ({why}): claiming no more frames; {len(self.running)} running frame(s) "
-                          f"finish first{waits} (signal again to stop them now)")
+                waits += (
+                    f"; the store is unavailable: if it does not answer within {self.opts.lease_timeout_s:g} s, "
+                    "running frames are stopped and the worker exits"
+                )
+            self.tell_say(
+                f"draining ({why}): claiming no more frames; {len(self.running)} running frame(s) "
+                f"finish first{waits} (signal again to stop them now)"
+            )
             self.drain_started = time.monotonic()
         self.draining = True
 
@@ -365,8 +378,14 @@ class Worker:
         """Second signal: kill running frames and give them back to the queue."""
         pending = self.link.pending
         if self.running or pending:
-            unrecorded = (f"; {len(pending)} result(s) the store has not recorded are left to the next "
-                          "worker's recovery (requeued)") if pending else ""
+            unrecorded = (
+                (
+                    f"; {len(pending)} result(s) the store has not recorded are left to the next "
+                    "worker's recovery (requeued)"
+                )
+                if pending
+                else ""
+            )
             self.tell_say(f"stopping: killing {len(self.running)} running frame(s) and requeueing them{unrecorded}")
         self.frames.stop_all("worker stopping", requeue=True)
 
@@ -390,9 +409,11 @@ class Worker:
             if layer.gpus <= 0 and not opts.gpu_only:
                 why = cpu_fits(layer.cores, layer.memory_bytes, CpuPool(opts.cores, opts.memory_bytes))
                 if why is not None:
-                    self.too_big[layer.layer_id] = (f"job {layer.job_id} ({layer.job}) layer {layer.layer} needs "
-                                                    f"{cpu_need(layer)}; this host has {opts.cores:g} "
-                                                    f"cores and {format_bytes(opts.memory_bytes)}")
+                    self.too_big[layer.layer_id] = (
+                        f"job {layer.job_id} ({layer.job}) layer {layer.layer} needs "
+                        f"{cpu_need(layer)}; this host has {opts.cores:g} "
+                        f"cores and {format_bytes(opts.memory_bytes)}"
+                    )
         return self.store.running_count() == 0
 
     def done(self) -> bool:

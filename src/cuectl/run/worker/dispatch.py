@@ -47,9 +47,18 @@ class Reservation:
     until: float
 
     def to_json(self) -> dict[str, Any]:
-        return {"layer_id": self.layer_id, "since": self.since, "job_id": self.job_id, "job": self.job,
-                "layer": self.layer, "priority": self.priority, "needs": self.needs, "free": self.free,
-                "uuids": list(self.uuids), "until": self.until}
+        return {
+            "layer_id": self.layer_id,
+            "since": self.since,
+            "job_id": self.job_id,
+            "job": self.job,
+            "layer": self.layer,
+            "priority": self.priority,
+            "needs": self.needs,
+            "free": self.free,
+            "uuids": list(self.uuids),
+            "until": self.until,
+        }
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,12 @@ class DeviceState:
     memory_free_bytes: int | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"state": self.state, "holder": self.holder, "frame_id": self.frame_id,
-                "memory_free_bytes": self.memory_free_bytes}
+        return {
+            "state": self.state,
+            "holder": self.holder,
+            "frame_id": self.frame_id,
+            "memory_free_bytes": self.memory_free_bytes,
+        }
 
 
 @dataclass(frozen=True)
@@ -93,17 +106,25 @@ class DispatchState:
 
     def news_key(self) -> tuple[Any, ...]:
         """What readers cannot check against the store: leases and other programs' use."""
-        return tuple(sorted((u, x.state, str(x.holder)) for u, x in self.devices.items()
-                            if x.state in ("lease", "nimby")))
+        return tuple(
+            sorted((u, x.state, str(x.holder)) for u, x in self.devices.items() if x.state in ("lease", "nimby"))
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"at": self.at, "accepting": self.accepting,
-                "schedule": dict(self.schedule) if self.schedule is not None else None,
-                "allowed_users": list(self.allowed_users), "gpu_only": self.gpu_only,
-                "run_as_submitter": self.run_as_submitter, "cores": self.cores, "cores_free": self.cores_free,
-                "memory_bytes": self.memory_bytes, "memory_free_bytes": self.memory_free_bytes,
-                "devices": {u: s.to_json() for u, s in self.devices.items()},
-                "reservation": self.reservation.to_json() if self.reservation else None}
+        return {
+            "at": self.at,
+            "accepting": self.accepting,
+            "schedule": dict(self.schedule) if self.schedule is not None else None,
+            "allowed_users": list(self.allowed_users),
+            "gpu_only": self.gpu_only,
+            "run_as_submitter": self.run_as_submitter,
+            "cores": self.cores,
+            "cores_free": self.cores_free,
+            "memory_bytes": self.memory_bytes,
+            "memory_free_bytes": self.memory_free_bytes,
+            "devices": {u: s.to_json() for u, s in self.devices.items()},
+            "reservation": self.reservation.to_json() if self.reservation else None,
+        }
 
 
 @dataclass
@@ -195,12 +216,16 @@ class Dispatcher:
             return
         w = self.worker
         if reserving is not None:
-            w.tell_say(f"reserving GPUs for job {reserving.job_id} ({reserving.job}) layer {reserving.layer}: "
-                       f"needs {reserving.needs}, {reserving.free} free now; no lower-priority frame starts on "
-                       "them meanwhile")
+            w.tell_say(
+                f"reserving GPUs for job {reserving.job_id} ({reserving.job}) layer {reserving.layer}: "
+                f"needs {reserving.needs}, {reserving.free} free now; no lower-priority frame starts on "
+                "them meanwhile"
+            )
         elif self.said_reservation is not None:
-            w.tell_say("reservation released" + (" (its time ran out: backfilling)"
-                                                 if self.said_reservation in self.reserve_cooldown else ""))
+            w.tell_say(
+                "reservation released"
+                + (" (its time ran out: backfilling)" if self.said_reservation in self.reserve_cooldown else "")
+            )
         self.said_reservation = now_id
 
     def runnable(self, *, all_sizes: bool = False) -> Iterator[RunnableLayer]:
@@ -222,8 +247,13 @@ class Dispatcher:
         w = self.worker
         memory = [d.memory_total_bytes for d in w.devices if d.memory_total_bytes is not None]
         unknown = any(d.memory_total_bytes is None for d in w.devices)
-        return HostShape(gpus=len(w.devices), gpu_memory_max_bytes=(1 << 62) if unknown else max(memory, default=0),
-                         cores=w.opts.cores, memory_bytes=w.opts.memory_bytes, gpu_only=w.opts.gpu_only)
+        return HostShape(
+            gpus=len(w.devices),
+            gpu_memory_max_bytes=(1 << 62) if unknown else max(memory, default=0),
+            cores=w.opts.cores,
+            memory_bytes=w.opts.memory_bytes,
+            gpu_only=w.opts.gpu_only,
+        )
 
     def could_ever_run(self, layer: RunnableLayer) -> bool:
         """Could this host ever run the layer (GPU model, count and memory; cores and host
@@ -234,8 +264,10 @@ class Dispatcher:
             if layer.gpus > 0:
                 fit = select_devices(GpuRequest.from_record(layer), w.devices).could_ever_fit
             else:
-                fit = not w.opts.gpu_only and cpu_fits(
-                    layer.cores, layer.memory_bytes, CpuPool(w.opts.cores, w.opts.memory_bytes)) is None
+                fit = (
+                    not w.opts.gpu_only
+                    and cpu_fits(layer.cores, layer.memory_bytes, CpuPool(w.opts.cores, w.opts.memory_bytes)) is None
+                )
             if len(self.static_fit) > 100_000:
                 self.static_fit.clear()
             self.static_fit[layer.layer_id] = fit
@@ -254,12 +286,14 @@ class Dispatcher:
         busy = leased | queued_reservations(opts.lock_dir, devices)
         foreign: dict[str, str] = {}
         if opts.nimby_memory_bytes is not None or opts.nimby_util_pct is not None:
-            foreign = foreign_use(devices, leased, max_memory_bytes=opts.nimby_memory_bytes,
-                                  max_util_pct=opts.nimby_util_pct)
+            foreign = foreign_use(
+                devices, leased, max_memory_bytes=opts.nimby_memory_bytes, max_util_pct=opts.nimby_util_pct
+            )
         return busy | set(foreign), foreign
 
-    def reserve(self, layer: RunnableLayer, devices: Sequence[Device], busy: set[str],
-                now: float) -> Reservation | None:
+    def reserve(
+        self, layer: RunnableLayer, devices: Sequence[Device], busy: set[str], now: float
+    ) -> Reservation | None:
         """Hold the free devices ``layer`` could use until enough are free for its next frame
         (None: it may not reserve: reservations off, its time ran out, or a cap holds it back
         anyway). Bounded by ``reservation_timeout_s``, after which it backfills as long."""
@@ -284,8 +318,17 @@ class Dispatcher:
         usable = [d for d in devices if d.uuid not in parents and device_fits_statically(request, d) is None]
         free = tuple(d.uuid for d in usable if d.uuid not in busy)
         self.reservation = Reservation(
-            layer_id=layer.layer_id, since=since, job_id=layer.job_id, job=layer.job, layer=layer.layer,
-            priority=layer.priority, needs=_describe_need(request), free=len(free), uuids=free, until=since + timeout)
+            layer_id=layer.layer_id,
+            since=since,
+            job_id=layer.job_id,
+            job=layer.job,
+            layer=layer.layer,
+            priority=layer.priority,
+            needs=_describe_need(request),
+            free=len(free),
+            uuids=free,
+            until=since + timeout,
+        )
         return self.reservation
 
     def claim_gpu(self, layer: RunnableLayer, devices: Sequence[Device], now: float) -> bool:
@@ -310,8 +353,15 @@ class Dispatcher:
 
         return schedule.closed_reason(datetime.now())
 
-    def publish_state(self, now: float, devices: Sequence[Device] | None, busy: set[str],
-                      foreign: Mapping[str, str], reservation: Reservation | None, closed: str | None) -> None:
+    def publish_state(
+        self,
+        now: float,
+        devices: Sequence[Device] | None,
+        busy: set[str],
+        foreign: Mapping[str, str],
+        reservation: Reservation | None,
+        closed: str | None,
+    ) -> None:
         """What the heartbeat publishes of this pass (docs/scheduling.md): enough for
         pending reasons and `cuectl job why` to name the cause of a wait."""
         w = self.worker
@@ -341,11 +391,19 @@ class Dispatcher:
                 state = "reserved"
             states[d.uuid] = DeviceState(state, holder, frame_id, d.memory_free_bytes)
         self.state = DispatchState(
-            at=now, accepting=closed is None and not w.draining, schedule=schedule,
-            allowed_users=tuple(opts.allowed_users), gpu_only=opts.gpu_only,
-            run_as_submitter=opts.run_as_submitter, cores=opts.cores, cores_free=free_cpu.cores,
-            memory_bytes=opts.memory_bytes, memory_free_bytes=free_cpu.memory_bytes, devices=states,
-            reservation=reservation)
+            at=now,
+            accepting=closed is None and not w.draining,
+            schedule=schedule,
+            allowed_users=tuple(opts.allowed_users),
+            gpu_only=opts.gpu_only,
+            run_as_submitter=opts.run_as_submitter,
+            cores=opts.cores,
+            cores_free=free_cpu.cores,
+            memory_bytes=opts.memory_bytes,
+            memory_free_bytes=free_cpu.memory_bytes,
+            devices=states,
+            reservation=reservation,
+        )
 
     def news(self) -> bool:
         """Is this the first dispatch state, or did the pass change what a reader cannot
@@ -375,8 +433,9 @@ class Dispatcher:
             room += 1
         return room
 
-    def claim(self, layer: RunnableLayer, locks: list[DeviceLock], now: float,
-              devices: Sequence[Device] = (), count: int = 1) -> bool:
+    def claim(
+        self, layer: RunnableLayer, locks: list[DeviceLock], now: float, devices: Sequence[Device] = (), count: int = 1
+    ) -> bool:
         """Claim a frame of ``layer`` on ``devices`` holding ``locks`` — or, for a CPU layer,
         up to ``count`` frames — and launch it; whether all were claimed."""
         w = self.worker
@@ -387,16 +446,30 @@ class Dispatcher:
             # SQLite) for the slots' old frames and their new ones. If it fails they stay pending.
             reports = list(link.pending)
             states, claims = store.complete_and_claim_many(
-                [(p.frame_id, p.attempt, p.result) for p in reports], layer.layer_id, count,
-                reported_at=store.clock(), host=opts.name, worker=w.worker_id, gpu_uuids=uuids,
-                now=now, lease_s=opts.lease_timeout_s, log_dir=opts.log_dir)
-            del link.pending[:len(reports)]
+                [(p.frame_id, p.attempt, p.result) for p in reports],
+                layer.layer_id,
+                count,
+                reported_at=store.clock(),
+                host=opts.name,
+                worker=w.worker_id,
+                gpu_uuids=uuids,
+                now=now,
+                lease_s=opts.lease_timeout_s,
+                log_dir=opts.log_dir,
+            )
+            del link.pending[: len(reports)]
             for p, state in zip(reports, states):
                 link.reported(p.ended, state)
         else:
-            claim = store.claim_frame(layer.layer_id, host=opts.name, worker=w.worker_id,
-                                      gpu_uuids=uuids, now=now, lease_s=opts.lease_timeout_s,
-                                      log_dir=opts.log_dir)
+            claim = store.claim_frame(
+                layer.layer_id,
+                host=opts.name,
+                worker=w.worker_id,
+                gpu_uuids=uuids,
+                now=now,
+                lease_s=opts.lease_timeout_s,
+                log_dir=opts.log_dir,
+            )
             claims = [claim] if claim is not None else []
         for claim in claims:
             w.crash_point("after_claim")

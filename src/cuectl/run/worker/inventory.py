@@ -32,10 +32,18 @@ class HostInventory:
 
     def register(self, now: float) -> None:
         w = self.worker
-        w.store.register_host(HostInfo(
-            name=w.opts.name, cores=w.opts.cores, memory_bytes=w.opts.memory_bytes,
-            gpus=[d.to_json() for d in w.devices], tags=w.opts.tags, worker_pid=os.getpid(),
-            version=__version__), now=now)
+        w.store.register_host(
+            HostInfo(
+                name=w.opts.name,
+                cores=w.opts.cores,
+                memory_bytes=w.opts.memory_bytes,
+                gpus=[d.to_json() for d in w.devices],
+                tags=w.opts.tags,
+                worker_pid=os.getpid(),
+                version=__version__,
+            ),
+            now=now,
+        )
         self.register_due = False
         self.registered = True
         w.link.ok_at = time.time()
@@ -82,10 +90,16 @@ class HostInventory:
         for d in w.devices:
             if d.uuid not in found:
                 why = inventory.problems.get(d.backend)
-                w.unavailable[d.uuid] = {"uuid": d.uuid, "model": d.model, "index": d.index, "since": iso(now),
-                                         "reason": f"{d.backend}: {why}" if why else None}
-                w.tell_warn(f"GPU {d.index} {d.uuid} ({d.model}) is gone{f' ({why})' if why else ''}: "
-                            "no new frames will use it")
+                w.unavailable[d.uuid] = {
+                    "uuid": d.uuid,
+                    "model": d.model,
+                    "index": d.index,
+                    "since": iso(now),
+                    "reason": f"{d.backend}: {why}" if why else None,
+                }
+                w.tell_warn(
+                    f"GPU {d.index} {d.uuid} ({d.model}) is gone{f' ({why})' if why else ''}: no new frames will use it"
+                )
         known = {d.uuid for d in w.devices}
         for d in inventory.devices:
             back = w.unavailable.pop(d.uuid, None) is not None
@@ -97,8 +111,8 @@ class HostInventory:
         w.devices = list(inventory.devices)
         w.sampler = inventory.sampler
         if changed:
-            self.register_due = True   # the store's inventory (host show, pending reasons)
-            w.next_heartbeat = now     # and the unavailable list, at once
+            self.register_due = True  # the store's inventory (host show, pending reasons)
+            w.next_heartbeat = now  # and the unavailable list, at once
 
     def unavailable_doc(self, doc: dict[str, Any]) -> dict[str, Any] | None:
         """``doc`` with the devices that are unavailable now (while there are any, and once

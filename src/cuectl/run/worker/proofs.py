@@ -42,18 +42,42 @@ class Proofs:
         distinct layer content: every field the receipt's digest covers is in the key, so
         a row changed since is checked afresh; the digest itself, a hash of its JSON, is
         computed only then)."""
-        key = (claim.job_id, claim.user, claim.submitted_by, claim.receipt, claim.layer, claim.command,
-               tuple(sorted(claim.env.items())), claim.layer_range, claim.chunk, claim.cwd, claim.job,
-               claim.show, claim.shot)
+        key = (
+            claim.job_id,
+            claim.user,
+            claim.submitted_by,
+            claim.receipt,
+            claim.layer,
+            claim.command,
+            tuple(sorted(claim.env.items())),
+            claim.layer_range,
+            claim.chunk,
+            claim.cwd,
+            claim.job,
+            claim.show,
+            claim.shot,
+        )
         if key in self.proven:
             return
         # The frame's tokens and CUE_* values are made of this claim's fields: once they
         # match the receipt, the worker runs what its user submitted (a job renamed in
         # the store to `$(...)` is refused, never expanded into `sh -c '... #JOB#'`).
-        identity.check_layer(user=claim.user, job_id=claim.job_id, layer=claim.layer, command=claim.command,
-                             env=claim.env, frame_range=claim.layer_range, chunk=claim.chunk,
-                             submitted_by=claim.submitted_by, receipt=claim.receipt, spool=self.store.receipt_dir,
-                             cwd=claim.cwd, job_name=claim.job, show=claim.show, shot=claim.shot)
+        identity.check_layer(
+            user=claim.user,
+            job_id=claim.job_id,
+            layer=claim.layer,
+            command=claim.command,
+            env=claim.env,
+            frame_range=claim.layer_range,
+            chunk=claim.chunk,
+            submitted_by=claim.submitted_by,
+            receipt=claim.receipt,
+            spool=self.store.receipt_dir,
+            cwd=claim.cwd,
+            job_name=claim.job,
+            show=claim.show,
+            shot=claim.shot,
+        )
         self.proven.add(key)
 
     def problem(self, layer: RunnableLayer) -> str | None:
@@ -62,8 +86,13 @@ class Proofs:
         if key in self.proven:
             return None
         if layer.job_id not in self.unproven:
-            problem = identity.proof_problem(user=layer.user, job_id=layer.job_id, submitted_by=layer.submitted_by,
-                                             receipt=layer.receipt, spool=self.store.receipt_dir)
+            problem = identity.proof_problem(
+                user=layer.user,
+                job_id=layer.job_id,
+                submitted_by=layer.submitted_by,
+                receipt=layer.receipt,
+                spool=self.store.receipt_dir,
+            )
             if problem is None:
                 self.proven.add(key)  # the layer's digest is checked again at launch
                 return None

@@ -77,8 +77,14 @@ class Recovery:
             # The orphan's processes — its group and whatever left it (setsid, double
             # forks: re-parented to init when we died) — by the frame environment.
             if info.get("log_path"):
-                launch.kill_by_env({"CUE_FRAME_ID": str(info["frame_id"]), "CUE_ATTEMPT": str(info["attempt"]),
-                                    "CUE_LOG_PATH": str(info["log_path"])}, grace=opts.kill_grace_s)
+                launch.kill_by_env(
+                    {
+                        "CUE_FRAME_ID": str(info["frame_id"]),
+                        "CUE_ATTEMPT": str(info["attempt"]),
+                        "CUE_LOG_PATH": str(info["log_path"]),
+                    },
+                    grace=opts.kill_grace_s,
+                )
         for frame in store.running_on_host(opts.name):
             if frame["id"] not in runfiles and _claimer_may_live(frame.get("worker")):
                 continue
@@ -92,8 +98,10 @@ class Recovery:
         store.release_notifications(f"{opts.name}:", keep=w.worker_id)
         if runfiles or requeued:
             ids = ", ".join(str(i) for i in sorted(requeued)) or "none"
-            w.tell_say(f"recovered after a restart: {len(runfiles)} run file(s) of a previous worker of "
-                       f"{opts.name} cleaned up (orphaned processes killed); requeued frame(s) {ids}")
+            w.tell_say(
+                f"recovered after a restart: {len(runfiles)} run file(s) of a previous worker of "
+                f"{opts.name} cleaned up (orphaned processes killed); requeued frame(s) {ids}"
+            )
         return requeued
 
 
@@ -134,9 +142,14 @@ class RunFiles:
         path = self._paths.get(slot)
         if path is None:
             path = self._paths[slot] = self.state_dir / f"run-{slot}.json"
-        data = json.dumps({"frame_id": claim.frame_id, "attempt": claim.attempt,
-                           "log_path": log_path if log_path is not None else str(Path(claim.log_path)),
-                           "worker_pid": os.getpid()}).encode()
+        data = json.dumps(
+            {
+                "frame_id": claim.frame_id,
+                "attempt": claim.attempt,
+                "log_path": log_path if log_path is not None else str(Path(claim.log_path)),
+                "worker_pid": os.getpid(),
+            }
+        ).encode()
         try:
             self._put(path, data)
         except BaseException:
@@ -231,7 +244,8 @@ def hold_state_dir(state_dir: Path, name: str) -> int:
             f"another cuectl worker ({who}{when}) is already running as host {name!r} on this machine "
             f"(state dir {state_dir})",
             hint="stop it first, or give this worker another --name: workers with different names share "
-                 "this host's GPUs through device leases") from None
+            "this host's GPUs through device leases",
+        ) from None
     except BaseException:
         os.close(fd)
         raise

@@ -110,17 +110,31 @@ class FrameTable:
         opts = w.opts
         log_path = Path(claim.log_path)  # one Path a frame: each costs a parse (hot path)
         ctx = launch.FrameContext(
-            job=claim.job, job_id=str(claim.job_id), layer=claim.layer, layer_id=str(claim.layer_id),
-            frame_id=str(claim.frame_id), frame_number=claim.number, frames=claim.frames,
-            layer_range=claim.layer_range, chunk=claim.chunk, attempt=claim.attempt, cores=claim.cores,
+            job=claim.job,
+            job_id=str(claim.job_id),
+            layer=claim.layer,
+            layer_id=str(claim.layer_id),
+            frame_id=str(claim.frame_id),
+            frame_number=claim.number,
+            frames=claim.frames,
+            layer_range=claim.layer_range,
+            chunk=claim.chunk,
+            attempt=claim.attempt,
+            cores=claim.cores,
             memory_bytes=claim.memory_bytes,
             gpu_memory_bytes=min((d.memory_total_bytes or 0 for d in devices), default=None) if devices else None,
-            log_path=log_path, user=claim.user, show=claim.show or "", shot=claim.shot or "")
+            log_path=log_path,
+            user=claim.user,
+            show=claim.show or "",
+            shot=claim.shot or "",
+        )
         runfile: Path | None = None
         try:
             if type(claim.number) is not int:  # SQLite keeps any value in an INTEGER column
-                raise _BadRow(f"frame {claim.frame_id} of job {claim.job_id} has the number {claim.number!r} "
-                              "in the store, not an integer (the row was edited): refused")
+                raise _BadRow(
+                    f"frame {claim.frame_id} of job {claim.job_id} has the number {claim.number!r} "
+                    "in the store, not an integer (the row was edited): refused"
+                )
             if opts.run_as_submitter:
                 w.proofs.check_layer(claim)
             run_as = self.lookup_run_as(claim.user) if opts.run_as_submitter else None
@@ -133,11 +147,20 @@ class FrameTable:
             runfile = self.runfiles.write(claim, str(log_path))
             rqlog = self.rqlog(claim)
             proc = launch.FrameProcess.start(
-                argv, env=env, log_path=log_path, pass_fds=[lk.fd for lk in locks], cwd=claim.cwd,
-                timeout_s=claim.timeout_s, grace=opts.kill_grace_s, run_as=run_as,
+                argv,
+                env=env,
+                log_path=log_path,
+                pass_fds=[lk.fd for lk in locks],
+                cwd=claim.cwd,
+                timeout_s=claim.timeout_s,
+                grace=opts.kill_grace_s,
+                run_as=run_as,
                 header=launch.log_header(str(claim.frame_id), claim.attempt, opts.name),
-                log_root=self.log_root(), log_limit=claim.log_limit_bytes or opts.log_limit_bytes,
-                footer=(str(claim.frame_id), claim.attempt), rqlog=rqlog)
+                log_root=self.log_root(),
+                log_limit=claim.log_limit_bytes or opts.log_limit_bytes,
+                footer=(str(claim.frame_id), claim.attempt),
+                rqlog=rqlog,
+            )
         except Exception as exc:  # bad command/env, unknown user, unwritable log: fail this attempt
             for lock in locks:
                 lock.release()
@@ -151,22 +174,33 @@ class FrameTable:
             # A directory missing here may exist on another host (a share not mounted yet):
             # a failure like any other, retried, rather than one that never could succeed.
             permanent = bool(why and why.permanent) and not isinstance(exc, _NoDirectory)
-            w.link.report(claim.frame_id, claim.attempt, FrameResult(
-                exit_code=126, started_at=now, ended_at=time.time(), usage={"error": message},
-                failure_kind=why.kind if why else "launch", failure=why.text if why else message,
-                permanent=permanent))
+            w.link.report(
+                claim.frame_id,
+                claim.attempt,
+                FrameResult(
+                    exit_code=126,
+                    started_at=now,
+                    ended_at=time.time(),
+                    usage={"error": message},
+                    failure_kind=why.kind if why else "launch",
+                    failure=why.text if why else message,
+                    permanent=permanent,
+                ),
+            )
             return
         for lock in locks:
             update_holder(lock, pid=proc.pid, holder=f"frame {claim.frame_id}")
         tracker = UsageTracker([d.uuid for d in devices], proc_started(proc, now))
-        rf = RunningFrame(claim=claim, proc=proc, locks=locks, devices=devices, usage=tracker, runfile=runfile,
-                          next_sample=now)  # sample at once: short frames get data too
+        rf = RunningFrame(
+            claim=claim, proc=proc, locks=locks, devices=devices, usage=tracker, runfile=runfile, next_sample=now
+        )  # sample at once: short frames get data too
         self.running[claim.frame_id] = rf
         self.oom_counts[claim.frame_id] = self.oom_kills()
         w.crash_point("after_launch")
 
-    def frame_env(self, claim: ClaimedFrame, ctx: launch.FrameContext, devices: tuple[Device, ...],
-                  run_as: launch.RunAs | None) -> dict[str, str]:
+    def frame_env(
+        self, claim: ClaimedFrame, ctx: launch.FrameContext, devices: tuple[Device, ...], run_as: launch.RunAs | None
+    ) -> dict[str, str]:
         """The frame's environment (``launch.frame_env``), from the template its layer's
         frames share on these devices: made for the first of them, kept under everything
         it is made of, so a change to any (a layer edited, another account, the inventory)
@@ -175,19 +209,35 @@ class FrameTable:
         run_env = run_as.env() if run_as else {}
         key: tuple[Any, ...] | None
         try:
-            key = (claim.layer_id, claim.job_id, claim.job, claim.layer, claim.user, ctx.show, ctx.shot,
-                   claim.layer_range, claim.chunk, claim.cores, claim.memory_bytes, ctx.gpu_memory_bytes,
-                   tuple(run_env.items()), tuple(claim.env.items()),
-                   isolation_key(devices, all_vendors_present=vendors))
+            key = (
+                claim.layer_id,
+                claim.job_id,
+                claim.job,
+                claim.layer,
+                claim.user,
+                ctx.show,
+                ctx.shot,
+                claim.layer_range,
+                claim.chunk,
+                claim.cores,
+                claim.memory_bytes,
+                ctx.gpu_memory_bytes,
+                tuple(run_env.items()),
+                tuple(claim.env.items()),
+                isolation_key(devices, all_vendors_present=vendors),
+            )
             template = self.env_templates.get(key)
         except (TypeError, AttributeError):  # a hostile row's env (not a mapping of strings): made afresh, refused
             key, template = None, None
         if template is None:
             if self.base_env is None:
                 self.base_env = launch.frame_base(config.inherited_environ())
-            template = launch.env_template(ctx, layer_env={**run_env, **claim.env},
-                                           isolation=isolation_env(list(devices), all_vendors_present=vendors),
-                                           base=self.base_env)
+            template = launch.env_template(
+                ctx,
+                layer_env={**run_env, **claim.env},
+                isolation=isolation_env(list(devices), all_vendors_present=vendors),
+                base=self.base_env,
+            )
             if key is not None:
                 if len(self.env_templates) >= ENV_TEMPLATES_KEPT:
                     self.env_templates.clear()  # many layers over a long life: start again
@@ -256,11 +306,20 @@ class FrameTable:
         if rf.devices:
             usage["gpu_models"] = [d.model for d in rf.devices]
         why = self.why_failed(rf, info)
-        result = FrameResult(exit_code=info.exit_code, exit_signal=info.exit_signal, timed_out=info.timed_out,
-                             started_at=info.started_at, ended_at=info.ended_at, max_rss_bytes=info.max_rss_bytes,
-                             cpu_seconds=info.cpu_seconds, user_action=rf.user_action, usage=usage,
-                             failure_kind=why.kind if why else None, failure=why.text if why else None,
-                             permanent=bool(why and why.permanent))
+        result = FrameResult(
+            exit_code=info.exit_code,
+            exit_signal=info.exit_signal,
+            timed_out=info.timed_out,
+            started_at=info.started_at,
+            ended_at=info.ended_at,
+            max_rss_bytes=info.max_rss_bytes,
+            cpu_seconds=info.cpu_seconds,
+            user_action=rf.user_action,
+            usage=usage,
+            failure_kind=why.kind if why else None,
+            failure=why.text if why else None,
+            permanent=bool(why and why.permanent),
+        )
         w.crash_point("before_complete")
         # Recorded with this iteration's next claim, or at its end (``Worker.loop``).
         stats = w.stats
@@ -276,9 +335,15 @@ class FrameTable:
             return failures.log_lost() if info.log_lost else None
         after = self.oom_kills(fresh=True) if before is not None else None
         oom = before is not None and after is not None and after > before
-        why = failures.classify(exit_code=info.exit_code, exit_signal=info.exit_signal, timed_out=info.timed_out,
-                                user_action=rf.user_action, oom_killed=oom, timeout_s=rf.claim.timeout_s,
-                                log_tail=failures.read_log_tail(Path(rf.claim.log_path)))
+        why = failures.classify(
+            exit_code=info.exit_code,
+            exit_signal=info.exit_signal,
+            timed_out=info.timed_out,
+            user_action=rf.user_action,
+            oom_killed=oom,
+            timeout_s=rf.claim.timeout_s,
+            log_tail=failures.read_log_tail(Path(rf.claim.log_path)),
+        )
         if why is not None and info.log_lost:  # the attempt says so too, not only its log
             why = failures.Failure(why.kind, f"{why.text}; {failures.log_lost().text}", why.permanent)
         return why

@@ -61,8 +61,11 @@ class Sampling:
             # only when the values the store has would be more than 1.5 intervals old at the
             # next heartbeat. Publishing every tick wrote the host row twice as often as
             # the heartbeats do (8 writes a minute against 4 at the defaults); this is 6.
-            if (now < w.next_heartbeat and not w.link.live_paused
-                    and w.next_heartbeat - self.tick_published_at > 1.5 * interval):
+            if (
+                now < w.next_heartbeat
+                and not w.link.live_paused
+                and w.next_heartbeat - self.tick_published_at > 1.5 * interval
+            ):
                 w.publish(now)
         else:
             self.sample_frames(sampled, now)
@@ -79,8 +82,16 @@ class Sampling:
             if rf.lost or rf.proc.finished or rf.usage.last_at != now or rf.usage.samples_taken < 2:
                 continue
             util, mem = rf.usage.current()
-            live.append(LiveUsage(frame_id=rf.claim.frame_id, attempt=rf.claim.attempt, sampled_at=now,
-                                  util_pct=util, memory_used_bytes=mem, samples=rf.usage.series_json()))
+            live.append(
+                LiveUsage(
+                    frame_id=rf.claim.frame_id,
+                    attempt=rf.claim.attempt,
+                    sampled_at=now,
+                    util_pct=util,
+                    memory_used_bytes=mem,
+                    samples=rf.usage.series_json(),
+                )
+            )
         if not live or w.link.live_paused:
             return
         try:
@@ -98,8 +109,9 @@ class Sampling:
         sampler = w.sampler
         if (not frames and not every_device) or sampler is None:
             return
-        uuids = sorted({u for rf in frames for u in rf.claim.gpu_uuids}
-                       | ({d.uuid for d in w.devices} if every_device else set()))
+        uuids = sorted(
+            {u for rf in frames for u in rf.claim.gpu_uuids} | ({d.uuid for d in w.devices} if every_device else set())
+        )
         if not uuids:
             return
         pids: set[int] = set()
@@ -125,8 +137,13 @@ class Sampling:
         holders = {u: fid for fid, r in self.worker.running.items() for u in r.claim.gpu_uuids}
         for s in samples.values():
             self.device_values[s.uuid] = {
-                "uuid": s.uuid, "utilization_pct": s.utilization_pct, "memory_used_bytes": s.memory_used_bytes,
-                "memory_free_bytes": s.memory_free_bytes, "sampled_at": now, "frame_id": holders.get(s.uuid)}
+                "uuid": s.uuid,
+                "utilization_pct": s.utilization_pct,
+                "memory_used_bytes": s.memory_used_bytes,
+                "memory_free_bytes": s.memory_free_bytes,
+                "sampled_at": now,
+                "frame_id": holders.get(s.uuid),
+            }
 
     def live_devices(self, now: float) -> list[Device]:
         """The inventory with live free memory (one batch sample), so busy cards are skipped;
@@ -158,5 +175,8 @@ class Sampling:
         entries = [v for u, v in self.device_values.items() if u in wanted]
         if not entries:
             return {}
-        return {"at": max(v["sampled_at"] for v in entries), "sample_interval_s": w.opts.sample_interval_s,
-                "devices": [{**v, "sampled_at": iso(v["sampled_at"])} for v in entries]}
+        return {
+            "at": max(v["sampled_at"] for v in entries),
+            "sample_interval_s": w.opts.sample_interval_s,
+            "devices": [{**v, "sampled_at": iso(v["sampled_at"])} for v in entries],
+        }

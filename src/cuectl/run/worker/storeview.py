@@ -38,20 +38,47 @@ class WorkerStore(Protocol):
     def register_host(self, host: HostInfo, *, now: float) -> None: ...
     def sign_off_host(self, name: str, worker_pid: int | None, *, now: float) -> bool: ...
     def host_inventories(self) -> dict[str, tuple[list[Mapping[str, Any]], bool, list[str]]]: ...
-    def heartbeat(self, host: str, frame_ids: Iterable[int], *, now: float, lease_s: float,
-                  live: Mapping[str, Any] | None = ..., attempts: Mapping[int, int] | None = ...
-                  ) -> dict[int, str | None]: ...
+    def heartbeat(
+        self,
+        host: str,
+        frame_ids: Iterable[int],
+        *,
+        now: float,
+        lease_s: float,
+        live: Mapping[str, Any] | None = ...,
+        attempts: Mapping[int, int] | None = ...,
+    ) -> dict[int, str | None]: ...
     def record_live_usage(self, host: str, usage: Sequence[LiveUsage], *, now: float) -> list[int]: ...
     # dispatch
-    def runnable_layers(self, *, limit: int = ..., after: tuple[Any, ...] | None = ...,
-                        host: HostShape | None = ...) -> list[RunnableLayer]: ...
+    def runnable_layers(
+        self, *, limit: int = ..., after: tuple[Any, ...] | None = ..., host: HostShape | None = ...
+    ) -> list[RunnableLayer]: ...
     def cap_reached(self, layer_id: int) -> str | None: ...
-    def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
-                    now: float, lease_s: float, log_dir: Path | str | None = ...) -> ClaimedFrame | None: ...
-    def complete_and_claim_many(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, count: int,
-                                *, reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str] = ...,
-                                now: float, lease_s: float, log_dir: Path | str | None = ...
-                                ) -> tuple[list[str | None], list[ClaimedFrame]]: ...
+    def claim_frame(
+        self,
+        layer_id: int,
+        *,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str],
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = ...,
+    ) -> ClaimedFrame | None: ...
+    def complete_and_claim_many(
+        self,
+        reports: Sequence[tuple[int, int, FrameResult]],
+        layer_id: int,
+        count: int,
+        *,
+        reported_at: float,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str] = ...,
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = ...,
+    ) -> tuple[list[str | None], list[ClaimedFrame]]: ...
     def complete_frame(self, frame_id: int, attempt: int, result: FrameResult, *, now: float) -> str | None: ...
     # recovery, reaping, idleness
     def running_on_host(self, host: str) -> list[dict[str, Any]]: ...
@@ -118,15 +145,18 @@ class StoreView:
         self.error = exc.message
         if exc.message != self.warned:
             self.warned = exc.message
-            self.worker.tell_warn(f"store unavailable, retrying (back-off up to {STORE_RETRY_MAX_S:g} s; frames "
-                                  f"keep running, their results wait here): {exc.message}")
+            self.worker.tell_warn(
+                f"store unavailable, retrying (back-off up to {STORE_RETRY_MAX_S:g} s; frames "
+                f"keep running, their results wait here): {exc.message}"
+            )
 
     def answered(self) -> None:
         """An iteration's store calls all got through: an outage, if any, is over."""
         self.live_paused = False
         if self.down_since is not None:
-            self.worker.tell_say(f"store back after {time.time() - self.down_since:.1f} s "
-                                 f"({self.down_calls} failed iteration(s))")
+            self.worker.tell_say(
+                f"store back after {time.time() - self.down_since:.1f} s ({self.down_calls} failed iteration(s))"
+            )
             self.down_since, self.down_calls = None, 0
             self.down_mono = self.retry_at = self.error = self.warned = None
 

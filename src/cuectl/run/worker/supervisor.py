@@ -129,8 +129,10 @@ class Supervisor:
                 continue
             if locked and w.opts.until_idle:
                 # Nothing could ever run here: say so instead of exiting 0 having done nothing.
-                raise Conflict(f"host {w.opts.name} is locked: an --until-idle worker would run nothing",
-                               hint=f"cuectl host unlock {w.opts.name}")
+                raise Conflict(
+                    f"host {w.opts.name} is locked: an --until-idle worker would run nothing",
+                    hint=f"cuectl host unlock {w.opts.name}",
+                )
             if locked and w.say:
                 w.say(f"host {w.opts.name} is locked: claiming nothing until `cuectl host unlock {w.opts.name}`")
             return True
@@ -191,9 +193,10 @@ class Supervisor:
                     # rather than exit 0 as if the queue were done.
                     reasons = list(w.too_big.values())
                     more = f" (and {len(reasons) - 1} more layer(s))" if len(reasons) > 1 else ""
-                    raise CuectlError(f"idle, but waiting work can never run on this host: {reasons[0]}{more}",
-                                      hint="submit it with fewer --cores/--memory, or run it on a bigger host "
-                                           "(`cuectl job why JOB`)")
+                    raise CuectlError(
+                        f"idle, but waiting work can never run on this host: {reasons[0]}{more}",
+                        hint="submit it with fewer --cores/--memory, or run it on a bigger host (`cuectl job why JOB`)",
+                    )
                 return 0
             if stats.claimed or stats.finished:
                 continue  # a slot freed or work started: look again at once

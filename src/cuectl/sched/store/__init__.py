@@ -23,12 +23,29 @@ from cuectl.sched.store.base import (
     Token,
 )
 
-__all__ = ["Actor", "ClaimedFrame", "FrameResult", "HostInfo", "HostShape", "LiveUsage", "RunnableLayer", "Store", "Token",
-           "open_store", "roles_sql"]
+__all__ = [
+    "Actor",
+    "ClaimedFrame",
+    "FrameResult",
+    "HostInfo",
+    "HostShape",
+    "LiveUsage",
+    "RunnableLayer",
+    "Store",
+    "Token",
+    "open_store",
+    "roles_sql",
+]
 
 
-def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
-               migrate: bool | None = None, log_dir: Path | str | None = None) -> Store:
+def open_store(
+    url: str,
+    *,
+    create: bool = True,
+    busy_timeout_s: float = 5.0,
+    migrate: bool | None = None,
+    log_dir: Path | str | None = None,
+) -> Store:
     """Open the store named by a path, ``sqlite:///path``, ``postgresql://…`` or
     ``unix:/path`` (the socket of ``cuectl serve --socket`` in front of a store only its
     service account may write; a path whose store has such a socket beside it,
@@ -51,20 +68,26 @@ def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
         try:
             import psycopg  # noqa: F401  (only to tell a missing extra from other import errors)
         except ImportError as exc:
-            raise InvalidInput("PostgreSQL stores need the postgres extra (psycopg 3)",
-                               hint="pip install 'cuectl[postgres]'") from exc
+            raise InvalidInput(
+                "PostgreSQL stores need the postgres extra (psycopg 3)", hint="pip install 'cuectl[postgres]'"
+            ) from exc
         from cuectl.sched.store.postgres import PostgresStore
 
         auto = config.auto_migrate() if migrate is None else migrate
-        return PostgresStore(url, create=create, busy_timeout_s=busy_timeout_s, migrate=auto,
-                             refuse_old=migrate is None and not auto, password=config.take_pg_password(),
-                             log_dir=Path(log_dir) if log_dir else config.log_root(None))
+        return PostgresStore(
+            url,
+            create=create,
+            busy_timeout_s=busy_timeout_s,
+            migrate=auto,
+            refuse_old=migrate is None and not auto,
+            password=config.take_pg_password(),
+            log_dir=Path(log_dir) if log_dir else config.log_root(None),
+        )
     if url.startswith("sqlite:///"):
         # SQLAlchemy convention: sqlite:///relative/path, sqlite:////absolute/path.
-        path = url[len("sqlite:///"):]
+        path = url[len("sqlite:///") :]
     elif "://" in url:
-        raise InvalidInput(f"unsupported store URL {url!r}",
-                           hint="use a file path, sqlite:///path or postgresql://…")
+        raise InvalidInput(f"unsupported store URL {url!r}", hint="use a file path, sqlite:///path or postgresql://…")
     else:
         path = url
     from cuectl.sched.store.sqlite import SQLiteStore
@@ -73,8 +96,9 @@ def open_store(url: str, *, create: bool = True, busy_timeout_s: float = 5.0,
     beside = remote.beside(file)
     if beside is not None:  # a store only its service may write: its socket is the way in
         return remote.connect(beside)
-    store = SQLiteStore(file, create=create, busy_timeout_s=busy_timeout_s,
-                        log_dir=Path(log_dir) if log_dir else config.log_root(file))
+    store = SQLiteStore(
+        file, create=create, busy_timeout_s=busy_timeout_s, log_dir=Path(log_dir) if log_dir else config.log_root(file)
+    )
     legacy = None if log_dir else config.legacy_log_root(file)
     if legacy is not None and legacy != store.log_dir:  # frame logs written before the store had its own
         store.older_log_dirs = (legacy,)

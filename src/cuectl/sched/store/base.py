@@ -123,7 +123,7 @@ class Token:
 
     id: int
     user: str
-    role: str                 # admin | user | viewer
+    role: str  # admin | user | viewer
     label: str | None
     created_at: float
     created_by: str
@@ -133,9 +133,16 @@ class Token:
     def to_json(self) -> dict[str, Any]:
         from cuectl.units import iso
 
-        return {"id": self.id, "user": self.user, "role": self.role, "label": self.label,
-                "created_at": iso(self.created_at), "created_by": self.created_by,
-                "revoked_at": iso(self.revoked_at), "last_used_at": iso(self.last_used_at)}
+        return {
+            "id": self.id,
+            "user": self.user,
+            "role": self.role,
+            "label": self.label,
+            "created_at": iso(self.created_at),
+            "created_by": self.created_by,
+            "revoked_at": iso(self.revoked_at),
+            "last_used_at": iso(self.last_used_at),
+        }
 
 
 TOKEN_ROLES = ("admin", "user", "viewer")
@@ -170,9 +177,9 @@ class LiveUsage:
 
     frame_id: int
     attempt: int
-    sampled_at: float                  # when the latest sample was taken (the store's clock)
-    util_pct: float | None             # mean utilisation over the frame's devices, now
-    memory_used_bytes: int | None      # the most memory used on any one of its devices, now
+    sampled_at: float  # when the latest sample was taken (the store's clock)
+    util_pct: float | None  # mean utilisation over the frame's devices, now
+    memory_used_bytes: int | None  # the most memory used on any one of its devices, now
     # uuid -> the bounded series so far (``[[t, util, mem], ...]``, as the final report stores)
     samples: Mapping[str, Sequence[Sequence[Any]]] = field(default_factory=dict)
 
@@ -202,8 +209,8 @@ class Store(abc.ABC):
     """The whole interface every backend implements (see the contract tests): callers never
     need to know which backend they hold."""
 
-    url: str                 # for messages: a path, or a server URL with its password masked
-    log_dir: Path            # where the frame logs of this store go (``open_store`` resolves it)
+    url: str  # for messages: a path, or a server URL with its password masked
+    log_dir: Path  # where the frame logs of this store go (``open_store`` resolves it)
     local_path: Path | None  # the store's file when it is one on this machine (SQLite), else None
     receipt_dir: Path | None  # where submitters' receipts live (SQLite), else None (sched/identity.py)
     # How long a call waits for a lost database server before it raises StoreUnreachable
@@ -246,18 +253,37 @@ class Store(abc.ABC):
         """Insert the job, its layers and frames in one transaction; return the job id."""
 
     @abc.abstractmethod
-    def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
-                  name: str | None = None, limit: int | None = None, offset: int = 0,
-                  newest_first: bool = False, show: str | None = None, shot: str | None = None,
-                  ids: Sequence[int] | None = None, keep_failed: bool = False) -> list[dict[str, Any]]:
+    def list_jobs(
+        self,
+        *,
+        include_finished: bool = True,
+        user: str | None = None,
+        state: str | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = False,
+        show: str | None = None,
+        shot: str | None = None,
+        ids: Sequence[int] | None = None,
+        keep_failed: bool = False,
+    ) -> list[dict[str, Any]]:
         """Jobs (oldest first, or ``newest_first``) with their frame counts, filtered by exact
         ``user``, ``state``, ``name``, ``show`` and ``shot`` (and ``ids``: only these, at
         most 1000); ``limit``/``offset``: one page. ``keep_failed`` with ``include_finished``
         False: also the FINISHED jobs with DEAD frames, not killed (OpenCue's cue keeps them)."""
 
     @abc.abstractmethod
-    def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
-                   name: str | None = None, show: str | None = None, shot: str | None = None) -> int:
+    def count_jobs(
+        self,
+        *,
+        include_finished: bool = True,
+        user: str | None = None,
+        state: str | None = None,
+        name: str | None = None,
+        show: str | None = None,
+        shot: str | None = None,
+    ) -> int:
         """How many jobs ``list_jobs`` would list with these filters and no page."""
 
     @abc.abstractmethod
@@ -294,19 +320,28 @@ class Store(abc.ABC):
     def retry_jobs(self, refs: Sequence[str | int], *, now: float, force: bool = False) -> list[dict[str, Any]]: ...
 
     @abc.abstractmethod
-    def set_jobs_paused(self, refs: Sequence[str | int], paused: bool, *,
-                        force: bool = False) -> list[dict[str, Any]]: ...
+    def set_jobs_paused(
+        self, refs: Sequence[str | int], paused: bool, *, force: bool = False
+    ) -> list[dict[str, Any]]: ...
 
     @abc.abstractmethod
-    def set_jobs_priority(self, refs: Sequence[str | int], priority: int, *,
-                          force: bool = False) -> list[dict[str, Any]]: ...
+    def set_jobs_priority(
+        self, refs: Sequence[str | int], priority: int, *, force: bool = False
+    ) -> list[dict[str, Any]]: ...
 
     # -- frames --------------------------------------------------------------------------
     @abc.abstractmethod
-    def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
-                    state: str | None = None, limit: int = 1000, after: int | None = None,
-                    ids: Sequence[int] | None = None, changed_since: float | None = None
-                    ) -> tuple[list[dict[str, Any]], int]:
+    def list_frames(
+        self,
+        *,
+        job: str | int | None = None,
+        layer: str | None = None,
+        state: str | None = None,
+        limit: int = 1000,
+        after: int | None = None,
+        ids: Sequence[int] | None = None,
+        changed_since: float | None = None,
+    ) -> tuple[list[dict[str, Any]], int]:
         """Frames in dispatch order, at most ``limit`` (only ids above ``after``: the next
         page; only ``ids``, when given: at most 1000); also the total that matched (ignoring
         ``after``). ``changed_since`` (epoch seconds): only frames that started, ended or
@@ -328,18 +363,26 @@ class Store(abc.ABC):
         ``NotFound`` for no such job or frame, ``Conflict`` for an ambiguous one."""
 
     @abc.abstractmethod
-    def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float,
-                     force: bool = False) -> list[dict[str, Any]]:
+    def frame_action(
+        self, frame_ids: Sequence[int], action: str, *, now: float, force: bool = False
+    ) -> list[dict[str, Any]]:
         """``retry``, ``kill`` or ``eat`` frames; running ones are flagged for their worker."""
 
     @abc.abstractmethod
-    def frames_action(self, frame_ids: Sequence[int], action: str, *, now: float,
-                      force: bool = False) -> list[dict[str, Any]]:
+    def frames_action(
+        self, frame_ids: Sequence[int], action: str, *, now: float, force: bool = False
+    ) -> list[dict[str, Any]]:
         """``frame_action`` for many frames at once (one transaction); ``frame list``'s shape back."""
 
     @abc.abstractmethod
-    def select_frames(self, job: str | int, *, layer: str | None = None, state: str | None = None,
-                      numbers: Iterable[int] | None = None) -> list[int]:
+    def select_frames(
+        self,
+        job: str | int,
+        *,
+        layer: str | None = None,
+        state: str | None = None,
+        numbers: Iterable[int] | None = None,
+    ) -> list[int]:
         """Ids of a job's frames by layer, state and frame number (``frame kill --job J …``)."""
 
     # -- hosts ---------------------------------------------------------------------------
@@ -368,20 +411,37 @@ class Store(abc.ABC):
 
     # -- worker --------------------------------------------------------------------------
     @abc.abstractmethod
-    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None,
-                        host: HostShape | None = None) -> list[RunnableLayer]:
+    def runnable_layers(
+        self, *, limit: int = 500, after: tuple[Any, ...] | None = None, host: HostShape | None = None
+    ) -> list[RunnableLayer]:
         """Read-only: layers with WAITING frames of unpaused jobs, in dispatch order."""
 
     @abc.abstractmethod
-    def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
-                    now: float, lease_s: float, log_dir: Path | str | None = None) -> ClaimedFrame | None:
+    def claim_frame(
+        self,
+        layer_id: int,
+        *,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str],
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = None,
+    ) -> ClaimedFrame | None:
         """Atomically move the layer's next WAITING frame to RUNNING; None if none left.
         The attempt's log goes under ``log_dir`` (default: the store's ``log_dir``)."""
 
     @abc.abstractmethod
-    def heartbeat(self, host: str, frame_ids: Iterable[int], *, now: float, lease_s: float,
-                  live: Mapping[str, Any] | None = None, attempts: Mapping[int, int] | None = None
-                  ) -> dict[int, str | None]:
+    def heartbeat(
+        self,
+        host: str,
+        frame_ids: Iterable[int],
+        *,
+        now: float,
+        lease_s: float,
+        live: Mapping[str, Any] | None = None,
+        attempts: Mapping[int, int] | None = None,
+    ) -> dict[int, str | None]:
         """Extend the host's and its frames' leases; return each frame's pending user action
         (``kill``/``retry``/``eat``, or ``lost`` when the frame is no longer ours — another
         host, or another attempt than ``attempts`` says)."""
@@ -399,10 +459,19 @@ class Store(abc.ABC):
         """Record the end of an attempt (fenced: ignored unless ``attempt`` is current and the
         frame is RUNNING). Returns the new state, or None when the report was stale."""
 
-    def complete_and_claim(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, *,
-                           reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str], now: float,
-                           lease_s: float, log_dir: Path | str | None = None
-                           ) -> tuple[list[str | None], ClaimedFrame | None]:
+    def complete_and_claim(
+        self,
+        reports: Sequence[tuple[int, int, FrameResult]],
+        layer_id: int,
+        *,
+        reported_at: float,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str],
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = None,
+    ) -> tuple[list[str | None], ClaimedFrame | None]:
         """``complete_frame(frame_id, attempt, result, now=reported_at)`` for each report, in
         order, then ``claim_frame(layer_id, ...)``: the new states and the claim. A worker's
         frame that ended and the frame it starts next in the slot go together this way.
@@ -411,25 +480,47 @@ class Store(abc.ABC):
         the pages the two share written once). Either way, after an error some reports may
         have been recorded: reporting them again is harmless (fenced), and no frame was
         claimed unless this returned."""
-        states = [self.complete_frame(frame_id, attempt, result, now=reported_at)
-                  for frame_id, attempt, result in reports]
-        return states, self.claim_frame(layer_id, host=host, worker=worker, gpu_uuids=gpu_uuids, now=now,
-                                        lease_s=lease_s, log_dir=log_dir)
+        states = [
+            self.complete_frame(frame_id, attempt, result, now=reported_at) for frame_id, attempt, result in reports
+        ]
+        return states, self.claim_frame(
+            layer_id, host=host, worker=worker, gpu_uuids=gpu_uuids, now=now, lease_s=lease_s, log_dir=log_dir
+        )
 
-    def complete_and_claim_many(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, count: int,
-                                *, reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str] = (),
-                                now: float, lease_s: float, log_dir: Path | str | None = None
-                                ) -> tuple[list[str | None], list[ClaimedFrame]]:
+    def complete_and_claim_many(
+        self,
+        reports: Sequence[tuple[int, int, FrameResult]],
+        layer_id: int,
+        count: int,
+        *,
+        reported_at: float,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str] = (),
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = None,
+    ) -> tuple[list[str | None], list[ClaimedFrame]]:
         """``complete_and_claim`` claiming up to ``count`` frames of the layer (fewer when it
         has fewer, or its caps allow fewer): a worker whose CPU slots all freed at once
         (``gpu_uuids``: the devices of a GPU frame, claimed one at a time). The same
         guarantees; a backend that can writes it all in one transaction."""
-        states, claim = self.complete_and_claim(reports, layer_id, reported_at=reported_at, host=host, worker=worker,
-                                                gpu_uuids=gpu_uuids, now=now, lease_s=lease_s, log_dir=log_dir)
+        states, claim = self.complete_and_claim(
+            reports,
+            layer_id,
+            reported_at=reported_at,
+            host=host,
+            worker=worker,
+            gpu_uuids=gpu_uuids,
+            now=now,
+            lease_s=lease_s,
+            log_dir=log_dir,
+        )
         claims = [claim] if claim is not None else []
         while claim is not None and len(claims) < count:
-            claim = self.claim_frame(layer_id, host=host, worker=worker, gpu_uuids=gpu_uuids, now=now,
-                                     lease_s=lease_s, log_dir=log_dir)
+            claim = self.claim_frame(
+                layer_id, host=host, worker=worker, gpu_uuids=gpu_uuids, now=now, lease_s=lease_s, log_dir=log_dir
+            )
             if claim is not None:
                 claims.append(claim)
         return states, claims
@@ -469,8 +560,9 @@ class Store(abc.ABC):
 
     # -- accounting ----------------------------------------------------------------------
     @abc.abstractmethod
-    def usage_summary(self, *, since: float, until: float, by: str | None,
-                      with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
+    def usage_summary(
+        self, *, since: float, until: float, by: str | None, with_total: bool = True
+    ) -> tuple[list[UsageGroup], UsageGroup | None]:
         """``cuectl admin report``'s sums (``usage_sql``): one group per value of ``by``
         (``usage_sql.GROUPINGS``; None for one group) over the attempts that ended in
         [since, until), in no order, and the whole window as one more group when
@@ -487,8 +579,9 @@ class Store(abc.ABC):
         """Every named limit: ``name``, ``max_running``, ``running`` and ``waiting`` frames."""
         raise NotImplementedError
 
-    def set_quota(self, kind: str, name: str, *, max_gpus: int | None, max_cores: float | None,
-                  delete: bool = False) -> dict[str, Any] | None:
+    def set_quota(
+        self, kind: str, name: str, *, max_gpus: int | None, max_cores: float | None, delete: bool = False
+    ) -> dict[str, Any] | None:
         """Set (replace) the GPU and core caps of a user's or project's running frames
         (``kind`` user|project; None: that cap off), or remove the quota with ``delete``.
         Admins only. Returns the quota as ``list_quotas`` shows it."""
@@ -656,9 +749,20 @@ class Store(abc.ABC):
 
     # -- dependencies of every OpenCue type (store/depends.py; docs/opencue.md) -----------
     @abc.abstractmethod
-    def add_depend(self, job: str | int, *, layer: str | None = None, frame: int | None = None,
-                   on_job: str | int | None = None, on_layer: str | None = None, on_frame: int | None = None,
-                   how: str = "layer", kind: str | None = None, now: float, force: bool = False) -> dict[str, Any]:
+    def add_depend(
+        self,
+        job: str | int,
+        *,
+        layer: str | None = None,
+        frame: int | None = None,
+        on_job: str | int | None = None,
+        on_layer: str | None = None,
+        on_frame: int | None = None,
+        how: str = "layer",
+        kind: str | None = None,
+        now: float,
+        force: bool = False,
+    ) -> dict[str, Any]:
         """Make ``job`` (or its ``layer``, or that layer's ``frame``) wait on ``on_job`` (this
         job when None; or its ``on_layer``, or that layer's ``on_frame``). ``how``: how a
         layer waits on a layer (layer, frame, previous, any); ``kind``: an OpenCue type
@@ -668,8 +772,9 @@ class Store(abc.ABC):
         ``NotFound`` for a missing job, layer or frame. Returns the dependency's JSON."""
 
     @abc.abstractmethod
-    def drop_depends(self, job: str | int, ids: Sequence[int] | None, *, now: float,
-                     force: bool = False) -> list[dict[str, Any]]:
+    def drop_depends(
+        self, job: str | int, ids: Sequence[int] | None, *, now: float, force: bool = False
+    ) -> list[dict[str, Any]]:
         """Satisfy the job's dependencies ``ids`` (None: all it waits on); owner or admin."""
 
     @abc.abstractmethod
@@ -690,13 +795,15 @@ class Store(abc.ABC):
         """Replace the farm defaults (empty: clear them); admins only, else ``NotOwner``."""
 
     @abc.abstractmethod
-    def list_notifications(self, *, job: str | int | None = None, pending: bool = False,
-                           limit: int = 1000) -> list[dict[str, Any]]:
+    def list_notifications(
+        self, *, job: str | int | None = None, pending: bool = False, limit: int = 1000
+    ) -> list[dict[str, Any]]:
         """Recorded notifications (all, one job's, or those not delivered yet), by id."""
 
     @abc.abstractmethod
-    def claim_notifications(self, worker: str, *, now: float, limit: int = 10,
-                            lease_s: float = 120.0) -> list[dict[str, Any]]:
+    def claim_notifications(
+        self, worker: str, *, now: float, limit: int = 10, lease_s: float = 120.0
+    ) -> list[dict[str, Any]]:
         """Take up to ``limit`` due notifications (not delivered, ``next_at`` reached, no live
         claim) for ``lease_s`` seconds: no two deliverers get the same row. Each comes with
         its job's ``job``, ``user``, ``submitted_by``, ``receipt`` and ``job_notify``."""
@@ -706,8 +813,9 @@ class Store(abc.ABC):
         """Record a delivery (only by the claim's holder); False if the claim was lost."""
 
     @abc.abstractmethod
-    def notification_failed(self, notification_id: int, claimed_by: str, error: str, *, now: float,
-                            give_up: bool = False) -> bool:
+    def notification_failed(
+        self, notification_id: int, claimed_by: str, error: str, *, now: float, give_up: bool = False
+    ) -> bool:
         """Record a failed try: due again after the back-off, or given up after the last
         (or at once: ``give_up``, for one that can never succeed)."""
 

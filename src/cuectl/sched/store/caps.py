@@ -24,12 +24,18 @@ from typing import Any, Callable, Mapping, Sequence
 #: frames_running_job index to use.
 _LAYER_RUNNING = "SELECT COUNT(*) FROM frames r WHERE r.layer_id = ? AND r.state = 'RUNNING'"
 _JOB_RUNNING = "SELECT COUNT(*) FROM frames r WHERE r.job_id = ? AND r.state = 'RUNNING'"
-_JOB_SUM = ("SELECT COALESCE(SUM(rl.{column}), 0) FROM frames r JOIN layers rl ON rl.id = r.layer_id "
-            "WHERE r.job_id = ? AND r.state = 'RUNNING'")
-_LIMIT_RUNNING = ("SELECT COUNT(*) FROM layer_limits ll JOIN frames r ON r.layer_id = ll.layer_id "
-                  "WHERE ll.name = ? AND r.state = 'RUNNING'")
-_OWNER_SUM = ("SELECT COALESCE(SUM(rl.{column}), 0) FROM frames r JOIN jobs rj ON rj.id = r.job_id "
-              "JOIN layers rl ON rl.id = r.layer_id WHERE rj.{owner} = ? AND r.state = 'RUNNING'")
+_JOB_SUM = (
+    "SELECT COALESCE(SUM(rl.{column}), 0) FROM frames r JOIN layers rl ON rl.id = r.layer_id "
+    "WHERE r.job_id = ? AND r.state = 'RUNNING'"
+)
+_LIMIT_RUNNING = (
+    "SELECT COUNT(*) FROM layer_limits ll JOIN frames r ON r.layer_id = ll.layer_id "
+    "WHERE ll.name = ? AND r.state = 'RUNNING'"
+)
+_OWNER_SUM = (
+    "SELECT COALESCE(SUM(rl.{column}), 0) FROM frames r JOIN jobs rj ON rj.id = r.job_id "
+    "JOIN layers rl ON rl.id = r.layer_id WHERE rj.{owner} = ? AND r.state = 'RUNNING'"
+)
 
 QUOTA_KINDS = ("user", "project")
 
@@ -38,9 +44,9 @@ QUOTA_KINDS = ("user", "project")
 class Cap:
     """One cap that applies to a claim: ``(used) + adds <= limit`` must hold."""
 
-    key: str              # names the cap (and its PostgreSQL advisory lock)
-    label: str            # "the job's max_gpus", "limit 'nuke'", "user ada's GPU quota"
-    unit: str             # "running", "GPUs", "cores"
+    key: str  # names the cap (and its PostgreSQL advisory lock)
+    label: str  # "the job's max_gpus", "limit 'nuke'", "user ada's GPU quota"
+    unit: str  # "running", "GPUs", "cores"
     used_sql: str
     used_params: tuple[Any, ...]
     adds: float
@@ -49,7 +55,7 @@ class Cap:
 
 @dataclass(frozen=True)
 class Quota:
-    kind: str             # user | project
+    kind: str  # user | project
     name: str
     max_gpus: int | None
     max_cores: float | None
@@ -69,8 +75,7 @@ def check_limit(name: str, max_running: int | None) -> str:
     return name
 
 
-def check_quota(kind: str, name: str, max_gpus: int | None, max_cores: float | None, *,
-                delete: bool = False) -> str:
+def check_quota(kind: str, name: str, max_gpus: int | None, max_cores: float | None, *, delete: bool = False) -> str:
     """A quota as ``admin quota set KIND NAME --gpus N --cores N`` takes it (InvalidInput else)."""
     from cuectl.errors import InvalidInput
     from cuectl.sched.checks import label_name
@@ -87,30 +92,58 @@ def check_quota(kind: str, name: str, max_gpus: int | None, max_cores: float | N
     if max_cores is not None and not (max_cores >= 0 and max_cores < 1e9):
         raise InvalidInput("--cores: must be 0 or more")
     if not delete and max_gpus is None and max_cores is None:
-        raise InvalidInput("give --gpus and/or --cores", hint="`cuectl admin quota delete user|project NAME` "
-                                                              "removes a quota")
+        raise InvalidInput(
+            "give --gpus and/or --cores", hint="`cuectl admin quota delete user|project NAME` removes a quota"
+        )
     return name
 
 
-def caps_for(layer: Mapping[str, Any], limits: Mapping[str, int],
-             quotas: Mapping[tuple[str, str], Quota]) -> list[Cap]:
+def caps_for(layer: Mapping[str, Any], limits: Mapping[str, int], quotas: Mapping[tuple[str, str], Quota]) -> list[Cap]:
     """Every cap a frame of ``layer`` (a layer row with its job's columns, as the claim
     path reads it) must fit under. ``limits``: name -> max running; ``quotas`` by (kind, name)."""
     caps: list[Cap] = []
     gpus, cores = int(layer["gpus"]), float(layer["cores"])
     if layer["max_running"] is not None:
-        caps.append(Cap(f"layer:{layer['id']}", "the layer's max_running", "running", _LAYER_RUNNING,
-                        (layer["id"],), 1, layer["max_running"]))
+        caps.append(
+            Cap(
+                f"layer:{layer['id']}",
+                "the layer's max_running",
+                "running",
+                _LAYER_RUNNING,
+                (layer["id"],),
+                1,
+                layer["max_running"],
+            )
+        )
     job = layer["job_id"]
     if layer["job_max_running"] is not None:
-        caps.append(Cap(f"job:{job}", "the job's max_running", "running", _JOB_RUNNING, (job,), 1,
-                        layer["job_max_running"]))
+        caps.append(
+            Cap(f"job:{job}", "the job's max_running", "running", _JOB_RUNNING, (job,), 1, layer["job_max_running"])
+        )
     if layer["job_max_gpus"] is not None and gpus > 0:
-        caps.append(Cap(f"job:{job}", "the job's max_gpus", "GPUs", _JOB_SUM.format(column="gpus"), (job,), gpus,
-                        layer["job_max_gpus"]))
+        caps.append(
+            Cap(
+                f"job:{job}",
+                "the job's max_gpus",
+                "GPUs",
+                _JOB_SUM.format(column="gpus"),
+                (job,),
+                gpus,
+                layer["job_max_gpus"],
+            )
+        )
     if layer["job_max_cores"] is not None:
-        caps.append(Cap(f"job:{job}", "the job's max_cores", "cores", _JOB_SUM.format(column="cores"), (job,), cores,
-                        layer["job_max_cores"]))
+        caps.append(
+            Cap(
+                f"job:{job}",
+                "the job's max_cores",
+                "cores",
+                _JOB_SUM.format(column="cores"),
+                (job,),
+                cores,
+                layer["job_max_cores"],
+            )
+        )
     for name in sorted(_names(layer["limits"])):
         if name in limits:
             caps.append(Cap(f"limit:{name}", f"limit '{name}'", "running", _LIMIT_RUNNING, (name,), 1, limits[name]))
@@ -121,11 +154,29 @@ def caps_for(layer: Mapping[str, Any], limits: Mapping[str, int],
         column = '"user"' if kind == "user" else "project"
         whose = f"{kind} {owner}'s"
         if quota.max_gpus is not None and gpus > 0:
-            caps.append(Cap(f"{kind}:{owner}", f"{whose} GPU quota", "GPUs",
-                            _OWNER_SUM.format(column="gpus", owner=column), (owner,), gpus, quota.max_gpus))
+            caps.append(
+                Cap(
+                    f"{kind}:{owner}",
+                    f"{whose} GPU quota",
+                    "GPUs",
+                    _OWNER_SUM.format(column="gpus", owner=column),
+                    (owner,),
+                    gpus,
+                    quota.max_gpus,
+                )
+            )
         if quota.max_cores is not None:
-            caps.append(Cap(f"{kind}:{owner}", f"{whose} core quota", "cores",
-                            _OWNER_SUM.format(column="cores", owner=column), (owner,), cores, quota.max_cores))
+            caps.append(
+                Cap(
+                    f"{kind}:{owner}",
+                    f"{whose} core quota",
+                    "cores",
+                    _OWNER_SUM.format(column="cores", owner=column),
+                    (owner,),
+                    cores,
+                    quota.max_cores,
+                )
+            )
     return caps
 
 
@@ -151,8 +202,9 @@ def lock_keys(caps: Sequence[Cap]) -> list[int]:
     """PostgreSQL advisory lock ids of the caps, sorted and distinct: 64-bit signed
     integers from the caps' keys, so unrelated caps rarely share a lock (sharing one only
     serialises two claims, it never lets a cap be exceeded)."""
-    ids = {int.from_bytes(hashlib.sha256(f"cuectl-cap:{c.key}".encode()).digest()[:8], "big", signed=True)
-           for c in caps}
+    ids = {
+        int.from_bytes(hashlib.sha256(f"cuectl-cap:{c.key}".encode()).digest()[:8], "big", signed=True) for c in caps
+    }
     return sorted(ids)
 
 

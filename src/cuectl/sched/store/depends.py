@@ -33,8 +33,10 @@ _LAYER, _FRAME = "layer", "frame"
 # What a job-level target needs: FINISHED, and killed or without DEAD frames (a job that ended
 # with DEAD frames holds its dependents until they are retried or eaten; OpenCue keeps such a
 # job in the cue, unfinished). Killing a job releases what waits on it, as Cuebot's shutdown.
-RELEASABLE_JOB = ("jobs.state = 'FINISHED' AND (jobs.killed_at IS NOT NULL OR NOT EXISTS "
-                  "(SELECT 1 FROM frames d WHERE d.job_id = jobs.id AND d.state = 'DEAD'))")
+RELEASABLE_JOB = (
+    "jobs.state = 'FINISHED' AND (jobs.killed_at IS NOT NULL OR NOT EXISTS "
+    "(SELECT 1 FROM frames d WHERE d.job_id = jobs.id AND d.state = 'DEAD'))"
+)
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,17 @@ def wake_frames(tx: Tx, counts: Mapping[int, int], now: float) -> int:
     for n, ids in _by_count(counts).items():
         for batch in batches(sorted(ids)):
             inside = marks(len(batch))
-            tx.run(f"UPDATE frames SET depend_count = CASE WHEN depend_count > ? THEN depend_count - ? ELSE 0 END "
-                   f"WHERE id IN ({inside})", (n, n, *batch))
-            woke += tx.run(f"UPDATE frames SET state = 'WAITING', waiting_since = ? WHERE id IN ({inside}) "
-                           "AND state = 'DEPEND' AND depend_count = 0 "
-                           "AND (SELECT depend_count FROM layers WHERE id = frames.layer_id) = 0", (now, *batch))
+            tx.run(
+                f"UPDATE frames SET depend_count = CASE WHEN depend_count > ? THEN depend_count - ? ELSE 0 END "
+                f"WHERE id IN ({inside})",
+                (n, n, *batch),
+            )
+            woke += tx.run(
+                f"UPDATE frames SET state = 'WAITING', waiting_since = ? WHERE id IN ({inside}) "
+                "AND state = 'DEPEND' AND depend_count = 0 "
+                "AND (SELECT depend_count FROM layers WHERE id = frames.layer_id) = 0",
+                (now, *batch),
+            )
     return woke
 
 
@@ -89,11 +97,16 @@ def wake_layers(tx: Tx, counts: Mapping[int, int], now: float) -> int:
     nothing themselves become WAITING. Returns how many frames did."""
     woke = 0
     for layer_id, n in sorted(counts.items()):
-        tx.run("UPDATE layers SET depend_count = CASE WHEN depend_count > ? THEN depend_count - ? ELSE 0 END "
-               "WHERE id = ?", (n, n, layer_id))
-        woke += tx.run("UPDATE frames SET state = 'WAITING', waiting_since = ? WHERE layer_id = ? "
-                       "AND state = 'DEPEND' AND depend_count = 0 AND (SELECT depend_count FROM layers "
-                       "WHERE id = ?) = 0", (now, layer_id, layer_id))
+        tx.run(
+            "UPDATE layers SET depend_count = CASE WHEN depend_count > ? THEN depend_count - ? ELSE 0 END WHERE id = ?",
+            (n, n, layer_id),
+        )
+        woke += tx.run(
+            "UPDATE frames SET state = 'WAITING', waiting_since = ? WHERE layer_id = ? "
+            "AND state = 'DEPEND' AND depend_count = 0 AND (SELECT depend_count FROM layers "
+            "WHERE id = ?) = 0",
+            (now, layer_id, layer_id),
+        )
     return woke
 
 
@@ -111,27 +124,48 @@ def wake(tx: Tx, rows: Iterable[Any], now: float) -> int:
 
 def release_frame(tx: Tx, frame_id: int, layer_id: int, now: float) -> int:
     """What waits on this frame, or on any frame of its layer (it just released)."""
-    woke = wake(tx, tx.all("DELETE FROM depend_edges WHERE (on_kind = 'frame' AND on_id = ?) "
-                           "OR (on_kind = 'any' AND on_id = ?) RETURNING layer_id, frame_id", (frame_id, layer_id)),
-                now)
-    any_layers = Counter(int(r["layer_id"]) for r in tx.all(
-        "DELETE FROM layer_deps WHERE on_layer_id = ? AND any_frame = 1 RETURNING layer_id", (layer_id,)))
+    woke = wake(
+        tx,
+        tx.all(
+            "DELETE FROM depend_edges WHERE (on_kind = 'frame' AND on_id = ?) "
+            "OR (on_kind = 'any' AND on_id = ?) RETURNING layer_id, frame_id",
+            (frame_id, layer_id),
+        ),
+        now,
+    )
+    any_layers = Counter(
+        int(r["layer_id"])
+        for r in tx.all(
+            "DELETE FROM layer_deps WHERE on_layer_id = ? AND any_frame = 1 RETURNING layer_id", (layer_id,)
+        )
+    )
     return woke + (wake_layers(tx, any_layers, now) if any_layers else 0)
 
 
 def release_layer(tx: Tx, layer_id: int, now: float) -> int:
     """What waits on this whole layer (it just completed); ``layer_deps`` are the caller's."""
-    return wake(tx, tx.all("DELETE FROM depend_edges WHERE on_kind = 'layer' AND on_id = ? "
-                           "RETURNING layer_id, frame_id", (layer_id,)), now)
+    return wake(
+        tx,
+        tx.all(
+            "DELETE FROM depend_edges WHERE on_kind = 'layer' AND on_id = ? RETURNING layer_id, frame_id", (layer_id,)
+        ),
+        now,
+    )
 
 
 def release_jobs(tx: Tx, job_ids: Sequence[int], now: float) -> int:
     """What waits on these jobs, where they are finished and releasable (RELEASABLE_JOB)."""
     woke = 0
     for batch in batches(sorted(job_ids)):
-        woke += wake(tx, tx.all(
-            f"DELETE FROM depend_edges WHERE on_kind = 'job' AND on_id IN (SELECT id FROM jobs WHERE id IN "
-            f"({marks(len(batch))}) AND {RELEASABLE_JOB}) RETURNING layer_id, frame_id", batch), now)
+        woke += wake(
+            tx,
+            tx.all(
+                f"DELETE FROM depend_edges WHERE on_kind = 'job' AND on_id IN (SELECT id FROM jobs WHERE id IN "
+                f"({marks(len(batch))}) AND {RELEASABLE_JOB}) RETURNING layer_id, frame_id",
+                batch,
+            ),
+            now,
+        )
     return woke
 
 
@@ -142,12 +176,15 @@ def _frame_done(eaten: bool) -> str:
 
 def layer_frames(tx: Tx, layer_id: int) -> list[tuple[int, tuple[int, ...]]]:
     """(frame id, its frame numbers) of a layer, in dispatch (range) order."""
-    return [(int(r["id"]), tuple(parse_frameset(r["frames"], limit=2**31)))
-            for r in tx.all("SELECT id, frames FROM frames WHERE layer_id = ? ORDER BY id", (layer_id,))]
+    return [
+        (int(r["id"]), tuple(parse_frameset(r["frames"], limit=2**31)))
+        for r in tx.all("SELECT id, frames FROM frames WHERE layer_id = ? ORDER BY id", (layer_id,))
+    ]
 
 
-def frame_pairs(kind: str, mine: Sequence[tuple[int, tuple[int, ...]]],
-                theirs: Sequence[tuple[int, tuple[int, ...]]]) -> set[tuple[int, int]]:
+def frame_pairs(
+    kind: str, mine: Sequence[tuple[int, tuple[int, ...]]], theirs: Sequence[tuple[int, tuple[int, ...]]]
+) -> set[tuple[int, int]]:
     """(waiting frame, frame waited on) of a frame-level dependency between two layers'
     frames (id, numbers), at submit (``lifecycle.plan_submit``) as afterwards.
     ``frame-by-frame``: frame N waits on the frame holding N (several chunks when the
@@ -167,8 +204,12 @@ def frame_pairs(kind: str, mine: Sequence[tuple[int, tuple[int, ...]]],
 def _done_frames(tx: Tx, ids: Iterable[int], eaten: bool) -> set[int]:
     done: set[int] = set()
     for batch in batches(sorted(set(ids))):
-        done |= {int(r["id"]) for r in tx.all(f"SELECT id FROM frames WHERE id IN ({marks(len(batch))}) "
-                                               f"AND state IN {_frame_done(eaten)}", batch)}
+        done |= {
+            int(r["id"])
+            for r in tx.all(
+                f"SELECT id FROM frames WHERE id IN ({marks(len(batch))}) AND state IN {_frame_done(eaten)}", batch
+            )
+        }
     return done
 
 
@@ -176,11 +217,13 @@ def _target_done(tx: Tx, kind: str, target: int, eaten: bool) -> bool:
     if kind == "frame":
         return bool(_done_frames(tx, [target], eaten))
     if kind == "any":
-        return bool(tx.one(f"SELECT 1 FROM frames WHERE layer_id = ? AND state IN {_frame_done(eaten)} LIMIT 1",
-                           (target,)))
+        return bool(
+            tx.one(f"SELECT 1 FROM frames WHERE layer_id = ? AND state IN {_frame_done(eaten)} LIMIT 1", (target,))
+        )
     if kind == "layer":
-        return not tx.one(f"SELECT 1 FROM frames WHERE layer_id = ? AND state NOT IN {_frame_done(eaten)} LIMIT 1",
-                          (target,))
+        return not tx.one(
+            f"SELECT 1 FROM frames WHERE layer_id = ? AND state NOT IN {_frame_done(eaten)} LIMIT 1", (target,)
+        )
     return bool(tx.one(f"SELECT 1 FROM jobs WHERE id = ? AND {RELEASABLE_JOB}", (target,)))
 
 
@@ -209,22 +252,38 @@ def expand(tx: Tx, req: Request, eaten: bool) -> list[tuple[int | None, int | No
         return [(None, req.frame_id, *target)]
     if req.layer_id is not None:
         return [(req.layer_id, None, *target)]
-    return [(int(r["id"]), None, *target) for r in tx.all("SELECT id FROM layers WHERE job_id = ? ORDER BY idx",
-                                                          (req.job_id,))]
+    return [
+        (int(r["id"]), None, *target)
+        for r in tx.all("SELECT id FROM layers WHERE job_id = ? ORDER BY idx", (req.job_id,))
+    ]
 
 
 def add(tx: Tx, req: Request, *, now: float, eaten: bool) -> int:
     """Record ``req`` and make its waiters wait; return its id."""
-    depend_id = int(tx.one(
-        "INSERT INTO depends(type, job_id, layer_id, frame_id, on_job_id, on_layer_id, on_frame_id, any_frame, "
-        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-        (req.type, req.job_id, req.layer_id, req.frame_id, req.on_job_id, req.on_layer_id, req.on_frame_id,
-         int(req.any_frame), now))["id"])
+    depend_id = int(
+        tx.one(
+            "INSERT INTO depends(type, job_id, layer_id, frame_id, on_job_id, on_layer_id, on_frame_id, any_frame, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+            (
+                req.type,
+                req.job_id,
+                req.layer_id,
+                req.frame_id,
+                req.on_job_id,
+                req.on_layer_id,
+                req.on_frame_id,
+                int(req.any_frame),
+                now,
+            ),
+        )["id"]
+    )
     edges = expand(tx, req, eaten)
     if not edges:
         return depend_id
-    tx.many("INSERT INTO depend_edges(depend_id, layer_id, frame_id, on_kind, on_id) VALUES (?, ?, ?, ?, ?)",
-            [(depend_id, *edge) for edge in edges])
+    tx.many(
+        "INSERT INTO depend_edges(depend_id, layer_id, frame_id, on_kind, on_id) VALUES (?, ?, ?, ?, ?)",
+        [(depend_id, *edge) for edge in edges],
+    )
     layers = Counter(layer for layer, _, _, _ in edges if layer is not None)
     frames = Counter(frame for _, frame, _, _ in edges if frame is not None)
     for layer_id, n in sorted(layers.items()):
@@ -243,8 +302,11 @@ def waits_on_job(tx: Tx, start: int, goal: int) -> bool:
     seen, todo = {start}, [start]
     while todo:
         job = todo.pop()
-        for r in tx.all("SELECT DISTINCT d.on_job_id FROM depends d WHERE d.job_id = ? AND d.on_job_id != d.job_id "
-                        "AND EXISTS (SELECT 1 FROM depend_edges e WHERE e.depend_id = d.id)", (job,)):
+        for r in tx.all(
+            "SELECT DISTINCT d.on_job_id FROM depends d WHERE d.job_id = ? AND d.on_job_id != d.job_id "
+            "AND EXISTS (SELECT 1 FROM depend_edges e WHERE e.depend_id = d.id)",
+            (job,),
+        ):
             nxt = int(r["on_job_id"])
             if nxt == goal:
                 return True
@@ -262,24 +324,32 @@ def drop(tx: Tx, job_id: int, depend_ids: Sequence[int] | None, now: float) -> i
     if depend_ids is None:
         frames = "(SELECT id FROM frames WHERE job_id = ?)"
         layers = "(SELECT id FROM layers WHERE job_id = ?)"
-        released += tx.all(f"DELETE FROM depend_edges WHERE frame_id IN {frames} OR layer_id IN {layers} "
-                           "RETURNING layer_id, frame_id", (job_id, job_id))
-        released += tx.all(f"DELETE FROM frame_deps WHERE frame_id IN {frames} RETURNING frame_id, "
-                           "NULL AS layer_id", (job_id,))
-        released += tx.all(f"DELETE FROM layer_deps WHERE layer_id IN {layers} RETURNING layer_id, "
-                           "NULL AS frame_id", (job_id,))
+        released += tx.all(
+            f"DELETE FROM depend_edges WHERE frame_id IN {frames} OR layer_id IN {layers} RETURNING layer_id, frame_id",
+            (job_id, job_id),
+        )
+        released += tx.all(
+            f"DELETE FROM frame_deps WHERE frame_id IN {frames} RETURNING frame_id, NULL AS layer_id", (job_id,)
+        )
+        released += tx.all(
+            f"DELETE FROM layer_deps WHERE layer_id IN {layers} RETURNING layer_id, NULL AS frame_id", (job_id,)
+        )
         tx.run("UPDATE depends SET satisfied_at = ? WHERE job_id = ? AND satisfied_at IS NULL", (now, job_id))
     else:
         for batch in batches(sorted(depend_ids)):
             inside = marks(len(batch))
-            released += tx.all(f"DELETE FROM depend_edges WHERE depend_id IN ({inside}) RETURNING layer_id, frame_id",
-                               batch)
-            released += tx.all(f"DELETE FROM frame_deps WHERE depend_id IN ({inside}) RETURNING frame_id, "
-                               "NULL AS layer_id", batch)
-            released += tx.all(f"DELETE FROM layer_deps WHERE depend_id IN ({inside}) RETURNING layer_id, "
-                               "NULL AS frame_id", batch)
-            tx.run(f"UPDATE depends SET satisfied_at = ? WHERE id IN ({inside}) AND satisfied_at IS NULL",
-                   (now, *batch))
+            released += tx.all(
+                f"DELETE FROM depend_edges WHERE depend_id IN ({inside}) RETURNING layer_id, frame_id", batch
+            )
+            released += tx.all(
+                f"DELETE FROM frame_deps WHERE depend_id IN ({inside}) RETURNING frame_id, NULL AS layer_id", batch
+            )
+            released += tx.all(
+                f"DELETE FROM layer_deps WHERE depend_id IN ({inside}) RETURNING layer_id, NULL AS frame_id", batch
+            )
+            tx.run(
+                f"UPDATE depends SET satisfied_at = ? WHERE id IN ({inside}) AND satisfied_at IS NULL", (now, *batch)
+            )
     return wake(tx, released, now)
 
 
@@ -300,12 +370,20 @@ _DEPEND_SELECT = """
 def depend_json(r: Mapping[str, Any]) -> dict[str, Any]:
     """One ``depends`` row as `job show --json` prints it."""
     state = "dropped" if r["satisfied_at"] is not None else ("waiting" if r["waiting_edges"] else "satisfied")
-    return {"id": int(r["id"]), "type": r["type"], "state": state,
-            "job": {"id": int(r["job_id"]), "name": r["job_name"]}, "layer": r["layer_name"],
-            "frame": r["frame_number"],
-            "on_job": {"id": int(r["on_job_id"]), "name": r["on_job_name"]}, "on_layer": r["on_layer_name"],
-            "on_frame": r["on_frame_number"], "any_frame": bool(r["any_frame"]),
-            "created_at": r["created_at"], "dropped_at": r["satisfied_at"]}
+    return {
+        "id": int(r["id"]),
+        "type": r["type"],
+        "state": state,
+        "job": {"id": int(r["job_id"]), "name": r["job_name"]},
+        "layer": r["layer_name"],
+        "frame": r["frame_number"],
+        "on_job": {"id": int(r["on_job_id"]), "name": r["on_job_name"]},
+        "on_layer": r["on_layer_name"],
+        "on_frame": r["on_frame_number"],
+        "any_frame": bool(r["any_frame"]),
+        "created_at": r["created_at"],
+        "dropped_at": r["satisfied_at"],
+    }
 
 
 def list_sql(where: str) -> str:
@@ -316,14 +394,16 @@ def list_sql(where: str) -> str:
 def stale_sql(eaten: bool) -> str:
     """The edges whose target is done (``sweep``)."""
     done = _frame_done(eaten)
-    return ("SELECT e.id, e.layer_id, e.frame_id FROM depend_edges e WHERE "
-            f"(e.on_kind = 'frame' AND EXISTS (SELECT 1 FROM frames f WHERE f.id = e.on_id AND f.state IN {done})) "
-            f"OR (e.on_kind = 'any' AND EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = e.on_id "
-            f"AND f.state IN {done})) "
-            f"OR (e.on_kind = 'layer' AND NOT EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = e.on_id "
-            f"AND f.state NOT IN {done})) "
-            f"OR (e.on_kind = 'job' AND EXISTS (SELECT 1 FROM jobs WHERE jobs.id = e.on_id AND {RELEASABLE_JOB})) "
-            "ORDER BY e.id")
+    return (
+        "SELECT e.id, e.layer_id, e.frame_id FROM depend_edges e WHERE "
+        f"(e.on_kind = 'frame' AND EXISTS (SELECT 1 FROM frames f WHERE f.id = e.on_id AND f.state IN {done})) "
+        f"OR (e.on_kind = 'any' AND EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = e.on_id "
+        f"AND f.state IN {done})) "
+        f"OR (e.on_kind = 'layer' AND NOT EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = e.on_id "
+        f"AND f.state NOT IN {done})) "
+        f"OR (e.on_kind = 'job' AND EXISTS (SELECT 1 FROM jobs WHERE jobs.id = e.on_id AND {RELEASABLE_JOB})) "
+        "ORDER BY e.id"
+    )
 
 
 def sweep(tx: Tx, now: float, eaten: bool) -> int:
@@ -336,13 +416,15 @@ def sweep(tx: Tx, now: float, eaten: bool) -> int:
         return 0
     removed: list[Any] = []
     for batch in batches([int(r["id"]) for r in stale]):
-        removed += tx.all(f"DELETE FROM depend_edges WHERE id IN ({marks(len(batch))}) RETURNING layer_id, frame_id",
-                          batch)
+        removed += tx.all(
+            f"DELETE FROM depend_edges WHERE id IN ({marks(len(batch))}) RETURNING layer_id, frame_id", batch
+        )
     return wake(tx, removed, now)
 
 
 def check_type(kind: str) -> str:
     if kind not in m.OPENCUE_DEPEND_TYPES:
-        raise InvalidInput(f"--type: {kind!r} is not a dependency type (expected one of "
-                           f"{', '.join(m.OPENCUE_DEPEND_TYPES)})")
+        raise InvalidInput(
+            f"--type: {kind!r} is not a dependency type (expected one of {', '.join(m.OPENCUE_DEPEND_TYPES)})"
+        )
     return kind

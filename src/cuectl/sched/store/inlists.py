@@ -15,4 +15,4 @@ def marks(n: int) -> str:
 
 def batches(ids: Sequence[int]) -> Iterator[list[int]]:
     for start in range(0, len(ids), IN_BATCH):
-        yield list(ids[start:start + IN_BATCH])
+        yield list(ids[start : start + IN_BATCH])

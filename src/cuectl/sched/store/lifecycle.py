@@ -82,7 +82,7 @@ def outcome_reason(dead: Mapping[str | None, int]) -> str | None:
     failed = 0
     for failure, count in dead.items():
         if failure and failure.startswith("killed by ") and failure.endswith(_KILLED_BY):
-            user = failure[len("killed by "):-len(_KILLED_BY)]
+            user = failure[len("killed by ") : -len(_KILLED_BY)]
             killers[user] = killers.get(user, 0) + count
         else:
             failed += count
@@ -121,8 +121,8 @@ FRAME_COLUMNS = ("id", "job_id", "layer_id", "number", "frames", "state", "depen
 class DependRow:
     """One ``depends`` row: what a user asked for, in OpenCue's terms (ids of this job's rows)."""
 
-    type: str                 # one of m.OPENCUE_DEPEND_TYPES
-    layer_id: int | None      # the waiting layer (None: the whole job)
+    type: str  # one of m.OPENCUE_DEPEND_TYPES
+    layer_id: int | None  # the waiting layer (None: the whole job)
     on_layer_id: int | None
     on_frame_id: int | None = None
     any_frame: bool = False
@@ -133,15 +133,16 @@ class SubmitPlan:
     """Every row a submitted job adds besides its job and layer rows, in insert order. The
     edges name their dependency by its index in ``depends`` (the store maps it to the id)."""
 
-    frames: list[tuple[Any, ...]]                 # FRAME_COLUMNS
+    frames: list[tuple[Any, ...]]  # FRAME_COLUMNS
     depends: list[DependRow]
-    frame_deps: list[tuple[int, int, int]]        # (frame_id, on_frame_id, depend index)
-    layer_deps: list[tuple[int, int, int, int]]   # (layer_id, on_layer_id, any_frame, depend index)
+    frame_deps: list[tuple[int, int, int]]  # (frame_id, on_frame_id, depend index)
+    layer_deps: list[tuple[int, int, int, int]]  # (layer_id, on_layer_id, any_frame, depend index)
     edges: list[tuple[int, int | None, int | None, str, int]]  # (depend index, layer_id, frame_id, on_kind, on_id)
 
 
-def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], frame_ids: Sequence[int],
-                now: float) -> SubmitPlan:
+def plan_submit(
+    spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], frame_ids: Sequence[int], now: float
+) -> SubmitPlan:
     """The frame rows of ``spec`` with their final state and dependency count, and the
     dependency rows of its dependencies inside the job, given the ids the store reserved
     for the frames (``frame_ids``, one per chunk, ascending: dispatch order by id is the
@@ -195,42 +196,82 @@ def plan_submit(spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], fram
         for frame_id, chunk in chunk_ids[layer.name]:
             count = waits_on.get(frame_id, 0)
             state = m.DEPEND if (count or layer_blocked) else m.WAITING
-            frames.append((frame_id, job_id, layer_ids[layer.name], chunk[0],
-                           compact_range(chunk) if len(chunk) > 1 else str(chunk[0]), state, count, now))
-    return SubmitPlan(frames, depends, sorted((a, b, i) for (a, b), i in frame_deps.items()), sorted(layer_deps),
-                      edges)
+            frames.append(
+                (
+                    frame_id,
+                    job_id,
+                    layer_ids[layer.name],
+                    chunk[0],
+                    compact_range(chunk) if len(chunk) > 1 else str(chunk[0]),
+                    state,
+                    count,
+                    now,
+                )
+            )
+    return SubmitPlan(frames, depends, sorted((a, b, i) for (a, b), i in frame_deps.items()), sorted(layer_deps), edges)
 
 
 def layer_waits_within(layer: m.LayerSpec) -> int:
     """How many dependencies inside its job a layer as a whole waits on (its depend_count at
     submit): layer-on-layer (all or any frame) and layer-on-frame; frame-level ones count
     on the frames."""
-    return sum(1 for d in layer.depends if d.job is None and d.on is not None
-               and (d.frame is not None or d.type in ("layer", "any")))
+    return sum(
+        1
+        for d in layer.depends
+        if d.job is None and d.on is not None and (d.frame is not None or d.type in ("layer", "any"))
+    )
 
 
 def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
     """The values of ``LAYER_INSERT_COLUMNS`` for one layer of a submitted job."""
     command = layer.command if isinstance(layer.command, str) else list(layer.command)
-    return (job_id, idx, layer.name, json.dumps(command), layer.range, layer.chunk, layer.gpus,
-            layer.gpu_vendor, json.dumps(list(layer.gpu_models)), layer.gpu_memory_min_bytes,
-            layer.cores, layer.memory_bytes, layer.retries, layer.timeout_s,
-            json.dumps(dict(layer.env)), json.dumps(list(layer.tags)),
-            json.dumps([d.to_json() for d in layer.depends]), layer.log_limit_bytes,
-            layer.max_running, json.dumps(list(layer.limits)), layer.retry_delay_s, layer.cwd,
-            layer_waits_within(layer))
+    return (
+        job_id,
+        idx,
+        layer.name,
+        json.dumps(command),
+        layer.range,
+        layer.chunk,
+        layer.gpus,
+        layer.gpu_vendor,
+        json.dumps(list(layer.gpu_models)),
+        layer.gpu_memory_min_bytes,
+        layer.cores,
+        layer.memory_bytes,
+        layer.retries,
+        layer.timeout_s,
+        json.dumps(dict(layer.env)),
+        json.dumps(list(layer.tags)),
+        json.dumps([d.to_json() for d in layer.depends]),
+        layer.log_limit_bytes,
+        layer.max_running,
+        json.dumps(list(layer.limits)),
+        layer.retry_delay_s,
+        layer.cwd,
+        layer_waits_within(layer),
+    )
 
 
-LAYER_COLUMNS = ("id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
-                 "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes, "
-                 "max_running, limits, retry_delay_s, cwd")
+LAYER_COLUMNS = (
+    "id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
+    "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes, "
+    "max_running, limits, retry_delay_s, cwd"
+)
 LAYER_INSERT_COLUMNS = LAYER_COLUMNS.replace("id, ", "", 1) + ", depend_count"
 LAYER_INSERT_COUNT = LAYER_INSERT_COLUMNS.count(",") + 1
 
 
 # -- claiming ---------------------------------------------------------------------------------
-def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, number: int, frames: str,
-                  gpu_uuids: Sequence[str], log_path: str) -> ClaimedFrame:
+def claimed_frame(
+    layer: Mapping[str, Any],
+    *,
+    frame_id: int,
+    attempt: int,
+    number: int,
+    frames: str,
+    gpu_uuids: Sequence[str],
+    log_path: str,
+) -> ClaimedFrame:
     """What a worker is handed for one claimed attempt: the claimed frame row's values and
     its layer row (with ``job_name`` and ``user`` of its job)."""
     # (A layer's frames share its command and environment: each JSON text is parsed once.
@@ -240,16 +281,36 @@ def claimed_frame(layer: Mapping[str, Any], *, frame_id: int, attempt: int, numb
     # value in an INTEGER column (``UPDATE frames SET number = 'x'``), and such a value is
     # handed on as it is, for the launch to refuse, as ``_env`` does: never an error here.)
     return ClaimedFrame(
-        frame_id=int(frame_id), job_id=layer["job_id"], job=layer["job_name"], user=layer["user"],
-        layer_id=layer["id"], layer=layer["name"], number=number,
-        frames=(int(frames),) if frames.isascii() and frames.isdigit() and len(frames) <= 9
-        else tuple(parse_frameset(frames, limit=STORED_CHUNK_LIMIT)), attempt=int(attempt),
-        command=_command(layer["command"]), layer_range=layer["range"],
-        chunk=layer["chunk"], cores=layer["cores"], memory_bytes=layer["memory_bytes"], gpus=layer["gpus"],
-        gpu_memory_min_bytes=layer["gpu_memory_min_bytes"], gpu_uuids=tuple(gpu_uuids),
-        timeout_s=layer["timeout_s"], env=_env(layer["env"]), retries=layer["retries"],
-        log_path=log_path, log_limit_bytes=layer["log_limit_bytes"], submitted_by=layer["submitted_by"],
-        receipt=layer["receipt"], cwd=layer["cwd"], show=layer.get("show"), shot=layer.get("shot"))
+        frame_id=int(frame_id),
+        job_id=layer["job_id"],
+        job=layer["job_name"],
+        user=layer["user"],
+        layer_id=layer["id"],
+        layer=layer["name"],
+        number=number,
+        frames=(int(frames),)
+        if frames.isascii() and frames.isdigit() and len(frames) <= 9
+        else tuple(parse_frameset(frames, limit=STORED_CHUNK_LIMIT)),
+        attempt=int(attempt),
+        command=_command(layer["command"]),
+        layer_range=layer["range"],
+        chunk=layer["chunk"],
+        cores=layer["cores"],
+        memory_bytes=layer["memory_bytes"],
+        gpus=layer["gpus"],
+        gpu_memory_min_bytes=layer["gpu_memory_min_bytes"],
+        gpu_uuids=tuple(gpu_uuids),
+        timeout_s=layer["timeout_s"],
+        env=_env(layer["env"]),
+        retries=layer["retries"],
+        log_path=log_path,
+        log_limit_bytes=layer["log_limit_bytes"],
+        submitted_by=layer["submitted_by"],
+        receipt=layer["receipt"],
+        cwd=layer["cwd"],
+        show=layer.get("show"),
+        shot=layer.get("shot"),
+    )
 
 
 @functools.lru_cache(maxsize=1024)

@@ -27,16 +27,20 @@ MAX_ATTEMPTS = 10
 # A given-up row's next_at: never due.
 NEVER = 1e18
 
-_INSERT = ("INSERT INTO notifications(job_id, event, frame_id, target, created_at, attempts, next_at) "
-           "VALUES (?, ?, ?, ?, ?, 0, ?) ON CONFLICT (job_id, event, frame_id, target) DO UPDATE SET "
-           "created_at = excluded.created_at, attempts = 0, next_at = excluded.next_at, claimed_by = NULL, "
-           "claimed_until = NULL, delivered_at = NULL, error = NULL "
-           "WHERE notifications.created_at < excluded.created_at")
+_INSERT = (
+    "INSERT INTO notifications(job_id, event, frame_id, target, created_at, attempts, next_at) "
+    "VALUES (?, ?, ?, ?, ?, 0, ?) ON CONFLICT (job_id, event, frame_id, target) DO UPDATE SET "
+    "created_at = excluded.created_at, attempts = 0, next_at = excluded.next_at, claimed_by = NULL, "
+    "claimed_until = NULL, delivered_at = NULL, error = NULL "
+    "WHERE notifications.created_at < excluded.created_at"
+)
 # On PostgreSQL with roles.sql (``_guarded``): the same row, written by the tables' owner
 # after it checked the event and the target.
 _GUARDED = "SELECT cuectl_record_notification(?, ?, ?, ?, ?) AS ok"
-_HAS_GUARD = ("SELECT to_regprocedure('cuectl_record_notification(bigint, text, bigint, text, double precision)') "
-              "IS NOT NULL AS ok")
+_HAS_GUARD = (
+    "SELECT to_regprocedure('cuectl_record_notification(bigint, text, bigint, text, double precision)') "
+    "IS NOT NULL AS ok"
+)
 DUE = "delivered_at IS NULL AND next_at <= ? AND attempts < ? AND (claimed_until IS NULL OR claimed_until < ?)"
 
 
@@ -105,13 +109,23 @@ def row_json(row: Any, *, mask: bool = True) -> dict[str, Any]:
         target = json.loads(row["target"])
     except (TypeError, ValueError):
         target = {"kind": "?", "target": row["target"]}
-    return {"id": int(row["id"]), "job_id": int(row["job_id"]), "event": row["event"],
-            "frame_id": int(row["frame_id"]) or None, "kind": target.get("kind"),
-            "target": (nt.mask_url(str(target.get("target"))) if mask and target.get("kind") == "webhook"
-                       else target.get("target")),
-            "created_at": row["created_at"], "attempts": int(row["attempts"]), "next_at": row["next_at"],
-            "claimed_by": row["claimed_by"], "claimed_until": row["claimed_until"],
-            "delivered_at": row["delivered_at"], "error": row["error"]}
+    return {
+        "id": int(row["id"]),
+        "job_id": int(row["job_id"]),
+        "event": row["event"],
+        "frame_id": int(row["frame_id"]) or None,
+        "kind": target.get("kind"),
+        "target": (
+            nt.mask_url(str(target.get("target"))) if mask and target.get("kind") == "webhook" else target.get("target")
+        ),
+        "created_at": row["created_at"],
+        "attempts": int(row["attempts"]),
+        "next_at": row["next_at"],
+        "claimed_by": row["claimed_by"],
+        "claimed_until": row["claimed_until"],
+        "delivered_at": row["delivered_at"],
+        "error": row["error"],
+    }
 
 
 def entries_json(items: Sequence[Notify]) -> list[dict[str, object]]:

@@ -156,9 +156,11 @@ def split_pooler(url: str) -> tuple[str, bool]:
             continue
         value = unquote(value).strip().lower()
         if value not in _TRUE + _FALSE:
-            raise InvalidInput(f"{POOLER_PARAM}={value!r} in the PostgreSQL URL: expected true or false",
-                               hint=f"add ?{POOLER_PARAM}=true when workers connect through PgBouncer in "
-                                    "transaction mode (docs/postgres.md)")
+            raise InvalidInput(
+                f"{POOLER_PARAM}={value!r} in the PostgreSQL URL: expected true or false",
+                hint=f"add ?{POOLER_PARAM}=true when workers connect through PgBouncer in "
+                "transaction mode (docs/postgres.md)",
+            )
         pooled = value in _TRUE
     return base + ("?" + "&".join(kept) if kept else "") + fragment, pooled
 
@@ -172,9 +174,18 @@ class PostgresStore(SQLStore):
     dialect = POSTGRES
     _force_overrides = False  # the server enforces ownership (row-level security): --force cannot pass it
 
-    def __init__(self, url: str, *, log_dir: Path, create: bool = True, busy_timeout_s: float = 5.0,
-                 migrate: bool = True, refuse_old: bool = False, reconnect_s: float = 30.0,
-                 password: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        log_dir: Path,
+        create: bool = True,
+        busy_timeout_s: float = 5.0,
+        migrate: bool = True,
+        refuse_old: bool = False,
+        reconnect_s: float = 30.0,
+        password: str | None = None,
+    ) -> None:
         """Connect (failing fast: a CLI command should not hang on a down server) and bring
         the schema up to date when ``migrate``; otherwise an old schema is opened as is (for
         ``cuectl admin migrate``, which calls ``migrate()`` itself), or refused when
@@ -219,18 +230,28 @@ class PostgresStore(SQLStore):
         try:
             given = conninfo_to_dict(self._dsn)
         except psycopg.Error as exc:
-            raise InvalidInput(f"invalid PostgreSQL URL {self.url}: {self._scrub(_one_line(exc))}",
-                               hint="postgresql://user@host:port/dbname?sslmode=require") from None
-        defaults = {"application_name": "cuectl", "connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
-                    "keepalives_interval": 10, "keepalives_count": 3, "tcp_user_timeout": 30_000}
+            raise InvalidInput(
+                f"invalid PostgreSQL URL {self.url}: {self._scrub(_one_line(exc))}",
+                hint="postgresql://user@host:port/dbname?sslmode=require",
+            ) from None
+        defaults = {
+            "application_name": "cuectl",
+            "connect_timeout": 10,
+            "keepalives": 1,
+            "keepalives_idle": 30,
+            "keepalives_interval": 10,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 30_000,
+        }
         return {k: v for k, v in defaults.items() if k not in given}
 
     def _open(self, **extra: Any) -> Conn:
         # Behind a transaction pooler a prepared statement lives on one server connection
         # and our next transaction may run on another: never prepare there.
         unprepared: dict[str, Any] = {"prepare_threshold": None} if self.pooled else {}
-        return psycopg.connect(self._dsn, autocommit=True, row_factory=dict_row,
-                               **{**self._conn_kwargs, **unprepared, **extra})
+        return psycopg.connect(
+            self._dsn, autocommit=True, row_factory=dict_row, **{**self._conn_kwargs, **unprepared, **extra}
+        )
 
     def _connect(self, **extra: Any) -> Conn:
         conn = self._open(**extra)
@@ -243,10 +264,12 @@ class PostgresStore(SQLStore):
             # Row-lock waits give up like SQLite's busy timeout does (-> StoreBusy), and no
             # statement of ours runs for a minute: one that does is stuck, not working.
             # The same round trip reads the server's clock: leases and heartbeats are on it.
-            row = conn.execute("SELECT set_config('lock_timeout', %s, false), "
-                               "set_config('statement_timeout', %s, false), "
-                               "EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now",
-                               (f"{int(self.busy_timeout_s * 1000)}ms", f"{STATEMENT_TIMEOUT_S * 1000}ms")).fetchone()
+            row = conn.execute(
+                "SELECT set_config('lock_timeout', %s, false), "
+                "set_config('statement_timeout', %s, false), "
+                "EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now",
+                (f"{int(self.busy_timeout_s * 1000)}ms", f"{STATEMENT_TIMEOUT_S * 1000}ms"),
+            ).fetchone()
         if row is not None:
             self._clock_offset = float(row["now"]) - (sent + time.time()) / 2
         if self.acting is not None:  # a reconnect while acting for an API user stays that user
@@ -263,11 +286,15 @@ class PostgresStore(SQLStore):
         try:
             conn.execute("SELECT set_config('role', %s, false)", (role or "none",))
         except psycopg.errors.InsufficientPrivilege:
-            raise NotOwner(f"the database role {self._login_role(conn)!r} may not act as {role!r}",
-                           hint=f'as an admin: GRANT "{role}" TO the API server\'s role (docs/api.md)') from None
+            raise NotOwner(
+                f"the database role {self._login_role(conn)!r} may not act as {role!r}",
+                hint=f'as an admin: GRANT "{role}" TO the API server\'s role (docs/api.md)',
+            ) from None
         except psycopg.errors.InvalidParameterValue:
-            raise NotOwner(f"there is no database role {role!r} to act as",
-                           hint="create a role named like the user (docs/postgres.md)") from None
+            raise NotOwner(
+                f"there is no database role {role!r} to act as",
+                hint="create a role named like the user (docs/postgres.md)",
+            ) from None
 
     @staticmethod
     def _login_role(conn: Conn) -> str:
@@ -280,8 +307,10 @@ class PostgresStore(SQLStore):
         if self.pooled:
             # A role set on a pooled server connection would stay there for the next client
             # (a worker, another request) while our next statement ran as the login role.
-            raise NotOwner(f"cannot act as {actor.name!r} through a transaction pooler ({POOLER_PARAM}=true)",
-                           hint="connect `cuectl serve` straight to PostgreSQL (docs/postgres.md)")
+            raise NotOwner(
+                f"cannot act as {actor.name!r} through a transaction pooler ({POOLER_PARAM}=true)",
+                hint="connect `cuectl serve` straight to PostgreSQL (docs/postgres.md)",
+            )
         if self._conn is not None and not (self._conn.closed or self._conn.broken):
             self._set_role(self._conn, actor.name)
 
@@ -301,14 +330,20 @@ class PostgresStore(SQLStore):
         text = self._scrub(_one_line(exc))
         state = getattr(exc, "sqlstate", None)
         if state == "3D000":
-            return StoreError(f"cannot open {self.url}: {text}",
-                              hint="create the database first (createdb, or CREATE DATABASE as an admin)")
+            return StoreError(
+                f"cannot open {self.url}: {text}",
+                hint="create the database first (createdb, or CREATE DATABASE as an admin)",
+            )
         if state in ("28P01", "28000") or "password" in text.lower():
-            return StoreError(f"cannot log in to {self.url}: {text}",
-                              hint="set PGPASSWORD or add the password to ~/.pgpass (mode 0600); "
-                                   "avoid putting it in --db, where other users can see it")
-        return StoreUnreachable(f"cannot connect to PostgreSQL at {self.url}: {text}",
-                                hint="is the server running and reachable (host, port, sslmode, firewall)?")
+            return StoreError(
+                f"cannot log in to {self.url}: {text}",
+                hint="set PGPASSWORD or add the password to ~/.pgpass (mode 0600); "
+                "avoid putting it in --db, where other users can see it",
+            )
+        return StoreUnreachable(
+            f"cannot connect to PostgreSQL at {self.url}: {text}",
+            hint="is the server running and reachable (host, port, sslmode, firewall)?",
+        )
 
     def _kind(self, exc: psycopg.Error, conn: Conn | None) -> str:
         """``lost`` (reconnect and retry), ``race`` (retry the transaction) or ``fatal``."""
@@ -331,18 +366,24 @@ class PostgresStore(SQLStore):
         state = getattr(exc, "sqlstate", None)
         text = self._scrub(_one_line(exc))
         if state == "55P03":
-            return StoreBusy(f"store {self.url} is locked by another session (waited {self.busy_timeout_s:g} s)",
-                             hint="retry; if it persists, look for a long transaction in pg_stat_activity")
+            return StoreBusy(
+                f"store {self.url} is locked by another session (waited {self.busy_timeout_s:g} s)",
+                hint="retry; if it persists, look for a long transaction in pg_stat_activity",
+            )
         if state == "53100":
-            return StoreError(f"store {self.url}: the server's disk is full ({text}); nothing was changed",
-                              hint="free space on the database server, then retry")
+            return StoreError(
+                f"store {self.url}: the server's disk is full ({text}); nothing was changed",
+                hint="free space on the database server, then retry",
+            )
         if state == "42501":
-            return StoreError(f"store {self.url}: permission denied ({text})",
-                              hint="grant this role access to the cuectl tables (or run `cuectl admin migrate` "
-                                   "as their owner)")
+            return StoreError(
+                f"store {self.url}: permission denied ({text})",
+                hint="grant this role access to the cuectl tables (or run `cuectl admin migrate` as their owner)",
+            )
         if state in ("42P01", "42703"):
-            return StoreError(f"store {self.url} does not have the expected cuectl schema: {text}",
-                              hint="run `cuectl admin migrate`")
+            return StoreError(
+                f"store {self.url} does not have the expected cuectl schema: {text}", hint="run `cuectl admin migrate`"
+            )
         return StoreError(f"store {self.url}: {text}")
 
     def _call(self, fn: Callable[[Conn], T], *, tx: bool = True, idempotent: bool = True) -> T:
@@ -388,16 +429,20 @@ class PostgresStore(SQLStore):
                     raise self._translate(exc) from None
                 if kind == "lost" and committing and not idempotent:
                     self._drop_connection()
-                    raise StoreError(f"lost the connection to {self.url} while committing; the change may or may "
-                                     "not have been stored", hint="check (e.g. `cuectl job list`) before retrying") from exc
+                    raise StoreError(
+                        f"lost the connection to {self.url} while committing; the change may or may "
+                        "not have been stored",
+                        hint="check (e.g. `cuectl job list`) before retrying",
+                    ) from exc
                 now = time.monotonic()
                 if deadline is None:
                     deadline = now + self.reconnect_s
                 if now >= deadline:
                     self._drop_connection()
-                    raise StoreUnreachable(f"store {self.url} unreachable for {self.reconnect_s:g} s: "
-                                           f"{self._scrub(_one_line(exc))}",
-                                           hint="is the server running and reachable?") from None
+                    raise StoreUnreachable(
+                        f"store {self.url} unreachable for {self.reconnect_s:g} s: {self._scrub(_one_line(exc))}",
+                        hint="is the server running and reachable?",
+                    ) from None
                 if kind == "lost":
                     self._drop_connection()
                 time.sleep(min(delay, max(0.0, deadline - now)))
@@ -424,8 +469,11 @@ class PostgresStore(SQLStore):
         finish, these jobs (see the module docstring). Sorted: no lock-order deadlocks."""
         job_ids, frame_ids = sorted(set(jobs)), sorted(set(frames))
         if job_ids or frame_ids:
-            tx.conn.execute("SELECT id FROM jobs WHERE id = ANY(%s) OR id IN (SELECT job_id FROM frames "
-                            "WHERE id = ANY(%s)) ORDER BY id FOR NO KEY UPDATE", (job_ids, frame_ids)).fetchall()
+            tx.conn.execute(
+                "SELECT id FROM jobs WHERE id = ANY(%s) OR id IN (SELECT job_id FROM frames "
+                "WHERE id = ANY(%s)) ORDER BY id FOR NO KEY UPDATE",
+                (job_ids, frame_ids),
+            ).fetchall()
 
     def _notify(self, tx: Tx) -> None:
         """Wake idle workers when this transaction commits (PostgreSQL folds duplicates)."""
@@ -444,24 +492,33 @@ class PostgresStore(SQLStore):
             "SELECT current_user AS name, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) "
             "OR pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = 'jobs'::regclass), 'MEMBER') "
             "OR COALESCE((SELECT pg_has_role(current_user, oid, 'MEMBER') FROM pg_roles "
-            "WHERE rolname = 'cuectl_admin'), false) AS admin")[0]
+            "WHERE rolname = 'cuectl_admin'), false) AS admin"
+        )[0]
         return Actor(row["name"], bool(row["admin"]))
 
     def _reserve_frame_ids(self, tx: Tx, count: int) -> list[int]:
         # The sequence is looked up once (in the subquery), not once per row: 5x faster.
         # Sorted, so dispatch order by id is the spec's order.
-        return sorted(r["id"] for r in tx.conn.execute(
-            "SELECT nextval(s.seq) AS id FROM (SELECT pg_get_serial_sequence('frames', 'id')::regclass AS seq) s, "
-            "generate_series(1, %s)", (count,)).fetchall())
+        return sorted(
+            r["id"]
+            for r in tx.conn.execute(
+                "SELECT nextval(s.seq) AS id FROM (SELECT pg_get_serial_sequence('frames', 'id')::regclass AS seq) s, "
+                "generate_series(1, %s)",
+                (count,),
+            ).fetchall()
+        )
 
     def _bulk_insert(self, tx: Tx, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if not rows:
             return
         if self._copy_allowed is None:
-            self._copy_allowed = bool(tx.conn.execute(
-                "SELECT NOT c.relrowsecurity OR r.rolsuper OR r.rolbypassrls "
-                "OR pg_has_role(current_user, c.relowner, 'USAGE') AS ok FROM pg_class c, pg_roles r "
-                "WHERE c.oid = 'frames'::regclass AND r.rolname = current_user").fetchone()["ok"])
+            self._copy_allowed = bool(
+                tx.conn.execute(
+                    "SELECT NOT c.relrowsecurity OR r.rolsuper OR r.rolbypassrls "
+                    "OR pg_has_role(current_user, c.relowner, 'USAGE') AS ok FROM pg_class c, pg_roles r "
+                    "WHERE c.oid = 'frames'::regclass AND r.rolname = current_user"
+                ).fetchone()["ok"]
+            )
         if not self._copy_allowed:  # PostgreSQL refuses COPY FROM under row-level security
             super()._bulk_insert(tx, table, columns, rows)
             return
@@ -479,36 +536,44 @@ class PostgresStore(SQLStore):
         if version > schema.SCHEMA_VERSION:
             raise self._too_new(version)
         if version == 0 and not create:
-            raise NotFound(f"no cuectl store in {self.url}", hint="create it with `cuectl admin migrate` (or submit a job)")
+            raise NotFound(
+                f"no cuectl store in {self.url}", hint="create it with `cuectl admin migrate` (or submit a job)"
+            )
         if version == schema.SCHEMA_VERSION:
             return
         if migrate:
             self.migrate()
         elif refuse_old:
-            raise StoreError(f"store {self.url} has schema version {version}, this cuectl needs {schema.SCHEMA_VERSION} "
-                             "(automatic migration is off: CUECTL_AUTO_MIGRATE=0)",
-                             hint="run `cuectl admin migrate` once, then restart the workers")
+            raise StoreError(
+                f"store {self.url} has schema version {version}, this cuectl needs {schema.SCHEMA_VERSION} "
+                "(automatic migration is off: CUECTL_AUTO_MIGRATE=0)",
+                hint="run `cuectl admin migrate` once, then restart the workers",
+            )
 
     def _peek_version(self, conn: Conn) -> int:
         """The schema version, 0 for a database without cuectl tables; refuses foreign tables."""
         # Scan pg_class with this statement's snapshot (not to_regclass, whose cached name
         # lookup can miss tables another migrator committed while we waited for its lock),
         # in the schema our CREATE TABLEs go to.
-        present = conn.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                               "WHERE n.nspname = current_schema() AND c.relname = ANY(%s)",
-                               (list(schema.TABLES),)).fetchall()
+        present = conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = current_schema() AND c.relname = ANY(%s)",
+            (list(schema.TABLES),),
+        ).fetchall()
         names = {r["relname"] for r in present}
         if "meta" not in names:
             if names:
-                raise StoreError(f"{self.url} has tables named like cuectl's ({', '.join(sorted(names))}) "
-                                 "but is not a cuectl store",
-                                 hint="use another database, or a schema of its own: "
-                                      "?options=-csearch_path%3Dcuectl")
+                raise StoreError(
+                    f"{self.url} has tables named like cuectl's ({', '.join(sorted(names))}) but is not a cuectl store",
+                    hint="use another database, or a schema of its own: ?options=-csearch_path%3Dcuectl",
+                )
             return 0
         row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
-            raise StoreError(f"{self.url} has a table named meta but is not a cuectl store",
-                             hint="use another database, or a schema of its own: ?options=-csearch_path%3Dcuectl")
+            raise StoreError(
+                f"{self.url} has a table named meta but is not a cuectl store",
+                hint="use another database, or a schema of its own: ?options=-csearch_path%3Dcuectl",
+            )
         return int(row["value"])
 
     def schema_version(self) -> int:
@@ -612,14 +677,33 @@ class PostgresStore(SQLStore):
 
     # -- jobs ------------------------------------------------------------------------------------
     # -- the claim (hot path) ----------------------------------------------------------------------
-    def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
-                    now: float, lease_s: float, log_dir: Path | str | None = None) -> ClaimedFrame | None:
+    def claim_frame(
+        self,
+        layer_id: int,
+        *,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str],
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = None,
+    ) -> ClaimedFrame | None:
         layer = self._layer_row(layer_id)
         # One autocommit statement: SKIP LOCKED makes concurrent claimers take different
         # frames instead of queueing on the same one; a locked host or a paused job claims
         # nothing; the attempt's log path is set in the same statement.
-        params = (layer_id, now, host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now,
-                  str(log_dir or self.log_dir), layer["name"], host)
+        params = (
+            layer_id,
+            now,
+            host,
+            worker,
+            json.dumps(list(gpu_uuids)),
+            now + lease_s,
+            now,
+            str(log_dir or self.log_dir),
+            layer["name"],
+            host,
+        )
         caps = self.layer_caps(layer_id)
         if not caps:
             row = self._call(lambda conn: conn.execute(_CLAIM_FAST, params).fetchone(), tx=False)
@@ -637,8 +721,15 @@ class PostgresStore(SQLStore):
             row = self._call(capped)
         if row is None:
             return None
-        return lifecycle.claimed_frame(layer, frame_id=row["id"], attempt=row["attempts"], number=row["number"],
-                                       frames=row["frames"], gpu_uuids=gpu_uuids, log_path=row["log_path"])
+        return lifecycle.claimed_frame(
+            layer,
+            frame_id=row["id"],
+            attempt=row["attempts"],
+            number=row["number"],
+            frames=row["frames"],
+            gpu_uuids=gpu_uuids,
+            log_path=row["log_path"],
+        )
 
     # -- accounting and maintenance ----------------------------------------------------------------
     def _snapshot(self, fn: Callable[[Fetch], T]) -> T:
@@ -674,8 +765,9 @@ class PostgresStore(SQLStore):
                 with aside.transaction():
                     aside.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
                     aside.execute(f"SET TRANSACTION SNAPSHOT '{snapshot}'")
-                    aside.execute("SELECT set_config('statement_timeout', %s, true)",
-                                  (f"{STATEMENT_TIMEOUT_S * 1000}ms",))
+                    aside.execute(
+                        "SELECT set_config('statement_timeout', %s, true)", (f"{STATEMENT_TIMEOUT_S * 1000}ms",)
+                    )
                     aside.execute("SET LOCAL jit = off")
                     return fn(_tuple_fetch(conn), _tuple_fetch(aside))
             finally:
@@ -684,8 +776,10 @@ class PostgresStore(SQLStore):
         return self._call(in_snapshot)
 
     def backup(self, dest: Path, *, force: bool = False) -> None:
-        raise InvalidInput("admin backup works on SQLite stores; back up PostgreSQL with pg_dump",
-                           hint="pg_dump --format=custom --file=cuectl.dump DBNAME")
+        raise InvalidInput(
+            "admin backup works on SQLite stores; back up PostgreSQL with pg_dump",
+            hint="pg_dump --format=custom --file=cuectl.dump DBNAME",
+        )
 
     # -- doctor --------------------------------------------------------------------------------------
     def integrity_problems(self) -> list[str]:
@@ -713,8 +807,11 @@ class PostgresStore(SQLStore):
         problems = []
         version = self._peek_version(conn)
         if version != schema.SCHEMA_VERSION:
-            fix = ("run `cuectl admin migrate`" if version < schema.SCHEMA_VERSION
-                   else "a newer cuectl migrated it: upgrade this one")
+            fix = (
+                "run `cuectl admin migrate`"
+                if version < schema.SCHEMA_VERSION
+                else "a newer cuectl migrated it: upgrade this one"
+            )
             problems.append(f"schema version {version}, this cuectl expects {schema.SCHEMA_VERSION} ({fix})")
         for table, columns in _expected_columns().items():
             if (table, None) not in present:
@@ -722,23 +819,33 @@ class PostgresStore(SQLStore):
                 continue
             missing = sorted(c for c in columns if (table, c) not in present)
             if missing:
-                problems.append(f"table {table} lacks column(s) {', '.join(missing)} that schema version "
-                                f"{schema.SCHEMA_VERSION} has")
-        trigger = conn.execute("SELECT tgenabled FROM pg_trigger WHERE tgname = 'jobs_submitter' "
-                               "AND tgrelid = to_regclass('jobs')").fetchone()
+                problems.append(
+                    f"table {table} lacks column(s) {', '.join(missing)} that schema version "
+                    f"{schema.SCHEMA_VERSION} has"
+                )
+        trigger = conn.execute(
+            "SELECT tgenabled FROM pg_trigger WHERE tgname = 'jobs_submitter' AND tgrelid = to_regclass('jobs')"
+        ).fetchone()
         if (("jobs", None) in present) and (trigger is None or trigger["tgenabled"] == "D"):
-            problems.append("trigger jobs_submitter is missing or disabled: the server no longer records who "
-                            "submitted each job (jobs.submitted_by), which ownership checks rely on")
+            problems.append(
+                "trigger jobs_submitter is missing or disabled: the server no longer records who "
+                "submitted each job (jobs.submitted_by), which ownership checks rely on"
+            )
         return problems
 
     def doctor_checks(self) -> list[tuple[str, str, str]]:
         """PostgreSQL-only lines for ``cuectl admin doctor`` beside ``integrity_problems``:
         ``(name, status, detail)`` for the connection budget, and what was not checked."""
-        return [self._connection_check(),
-                ("store checks skipped", "ok",
-                 "not checked from a client: the server's files, pages and indexes (run pg_amcheck on the "
-                 "server); dependency counters against the dependencies still unmet; the roles and "
-                 "row-level security of `cuectl admin pg-roles`")]
+        return [
+            self._connection_check(),
+            (
+                "store checks skipped",
+                "ok",
+                "not checked from a client: the server's files, pages and indexes (run pg_amcheck on the "
+                "server); dependency counters against the dependencies still unmet; the roles and "
+                "row-level security of `cuectl admin pg-roles`",
+            ),
+        ]
 
     def _connection_check(self) -> tuple[str, str, str]:
         """Connections the server allows against what the registered workers may open:
@@ -756,28 +863,47 @@ class PostgresStore(SQLStore):
         if self.pooled:
             return self._pooled_check(name, row, limit, where)
         need = hosts * CONNECTIONS_PER_WORKER + CONNECTION_HEADROOM
-        detail = (f"{limit} allowed for non-superusers ({where}; max_connections {row['max']}), {row['used']} in "
-                  f"use; {hosts} registered host(s) x {CONNECTIONS_PER_WORKER} per worker + "
-                  f"{CONNECTION_HEADROOM} for commands and `cuectl serve` = {need}")
+        detail = (
+            f"{limit} allowed for non-superusers ({where}; max_connections {row['max']}), {row['used']} in "
+            f"use; {hosts} registered host(s) x {CONNECTIONS_PER_WORKER} per worker + "
+            f"{CONNECTION_HEADROOM} for commands and `cuectl serve` = {need}"
+        )
         if need > limit:
-            return name, "warn", (detail + ": workers will be refused connections (raise max_connections, "
-                                           f"or let workers share connections through PgBouncer in transaction "
-                                           f"mode, {POOLER_PARAM}=true in their URL: docs/postgres.md)")
+            return (
+                name,
+                "warn",
+                (
+                    detail + ": workers will be refused connections (raise max_connections, "
+                    f"or let workers share connections through PgBouncer in transaction "
+                    f"mode, {POOLER_PARAM}=true in their URL: docs/postgres.md)"
+                ),
+            )
         return name, "ok", detail
 
     @staticmethod
     def _pooled_check(name: str, row: Row, limit: int, where: str) -> tuple[str, str, str]:
         """Behind a transaction pooler the workers share its server connections, so their
         number is not the budget; what our sessions no longer set must come from the role."""
-        detail = (f"through a transaction pooler ({POOLER_PARAM}=true): {row['hosts']} registered host(s) share "
-                  f"its server connections, which its pool size bounds; {limit} allowed for non-superusers "
-                  f"({where}; max_connections {row['max']}), {row['used']} in use")
+        detail = (
+            f"through a transaction pooler ({POOLER_PARAM}=true): {row['hosts']} registered host(s) share "
+            f"its server connections, which its pool size bounds; {limit} allowed for non-superusers "
+            f"({where}; max_connections {row['max']}), {row['used']} in use"
+        )
         unset = [k for k in ("lock_timeout", "statement_timeout") if str(row[k]).strip() in ("0", "")]
         if unset:
-            return name, "warn", (
-                detail + f"; {' and '.join(unset)} not set for this role, so a stuck lock or statement waits "
-                "for ever (ALTER ROLE … IN DATABASE … SET lock_timeout = '5s', statement_timeout = '60s')")
-        return name, "ok", detail + f"; lock_timeout {row['lock_timeout']}, statement_timeout {row['statement_timeout']}"
+            return (
+                name,
+                "warn",
+                (
+                    detail + f"; {' and '.join(unset)} not set for this role, so a stuck lock or statement waits "
+                    "for ever (ALTER ROLE … IN DATABASE … SET lock_timeout = '5s', statement_timeout = '60s')"
+                ),
+            )
+        return (
+            name,
+            "ok",
+            detail + f"; lock_timeout {row['lock_timeout']}, statement_timeout {row['statement_timeout']}",
+        )
 
 
 # -- doctor: what a sound store never holds ---------------------------------------------------------
@@ -799,33 +925,58 @@ _CONNECTIONS_SQL = """
 #: it reads). ``n`` is the total count; at most ``_SHOWN`` rows come back.
 _SHOWN = 5
 _CONSISTENCY: tuple[tuple[str, str, frozenset[tuple[str, str | None]]], ...] = tuple(
-    (what, f"SELECT COUNT(*) OVER () AS n, id, {note} AS note FROM {source} ORDER BY id LIMIT {_SHOWN}",
-     frozenset((t, c) for t, cs in needs.items() for c in (None, *cs)))
+    (
+        what,
+        f"SELECT COUNT(*) OVER () AS n, id, {note} AS note FROM {source} ORDER BY id LIMIT {_SHOWN}",
+        frozenset((t, c) for t, cs in needs.items() for c in (None, *cs)),
+    )
     for what, note, source, needs in (
-        ("RUNNING frames without a host or lease expiry (the reaper never requeues them)", "NULL",
-         "frames WHERE state = 'RUNNING' AND (host IS NULL OR lease_expires IS NULL)",
-         {"frames": ("state", "host", "lease_expires")}),
-        ("RUNNING frames on hosts that are not registered (no worker heartbeats them there)", "host",
-         "frames f WHERE state = 'RUNNING' AND host IS NOT NULL AND NOT EXISTS "
-         "(SELECT 1 FROM hosts h WHERE h.name = f.host)",
-         {"frames": ("state", "host"), "hosts": ("name",)}),
-        ("attempts whose frame is missing", "'frame ' || frame_id",
-         "attempts a WHERE NOT EXISTS (SELECT 1 FROM frames f WHERE f.id = a.frame_id)",
-         {"attempts": ("frame_id",), "frames": ("id",)}),
-        ("frames whose layer is missing", "'layer ' || layer_id",
-         "frames f WHERE NOT EXISTS (SELECT 1 FROM layers l WHERE l.id = f.layer_id)",
-         {"frames": ("layer_id",), "layers": ("id",)}),
-        ("frames whose job is missing", "'job ' || job_id",
-         "frames f WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = f.job_id)",
-         {"frames": ("job_id",), "jobs": ("id",)}),
-        ("layers whose job is missing", "'job ' || job_id",
-         "layers l WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = l.job_id)",
-         {"layers": ("job_id",), "jobs": ("id",)}),
-        ("FINISHED jobs with frames still WAITING, DEPEND or RUNNING", "NULL",
-         "jobs j WHERE state = 'FINISHED' AND EXISTS (SELECT 1 FROM frames f WHERE f.job_id = j.id "
-         "AND f.state IN ('WAITING', 'DEPEND', 'RUNNING'))",
-         {"jobs": ("state",), "frames": ("job_id", "state")}),
-    ))
+        (
+            "RUNNING frames without a host or lease expiry (the reaper never requeues them)",
+            "NULL",
+            "frames WHERE state = 'RUNNING' AND (host IS NULL OR lease_expires IS NULL)",
+            {"frames": ("state", "host", "lease_expires")},
+        ),
+        (
+            "RUNNING frames on hosts that are not registered (no worker heartbeats them there)",
+            "host",
+            "frames f WHERE state = 'RUNNING' AND host IS NOT NULL AND NOT EXISTS "
+            "(SELECT 1 FROM hosts h WHERE h.name = f.host)",
+            {"frames": ("state", "host"), "hosts": ("name",)},
+        ),
+        (
+            "attempts whose frame is missing",
+            "'frame ' || frame_id",
+            "attempts a WHERE NOT EXISTS (SELECT 1 FROM frames f WHERE f.id = a.frame_id)",
+            {"attempts": ("frame_id",), "frames": ("id",)},
+        ),
+        (
+            "frames whose layer is missing",
+            "'layer ' || layer_id",
+            "frames f WHERE NOT EXISTS (SELECT 1 FROM layers l WHERE l.id = f.layer_id)",
+            {"frames": ("layer_id",), "layers": ("id",)},
+        ),
+        (
+            "frames whose job is missing",
+            "'job ' || job_id",
+            "frames f WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = f.job_id)",
+            {"frames": ("job_id",), "jobs": ("id",)},
+        ),
+        (
+            "layers whose job is missing",
+            "'job ' || job_id",
+            "layers l WHERE NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = l.job_id)",
+            {"layers": ("job_id",), "jobs": ("id",)},
+        ),
+        (
+            "FINISHED jobs with frames still WAITING, DEPEND or RUNNING",
+            "NULL",
+            "jobs j WHERE state = 'FINISHED' AND EXISTS (SELECT 1 FROM frames f WHERE f.job_id = j.id "
+            "AND f.state IN ('WAITING', 'DEPEND', 'RUNNING'))",
+            {"jobs": ("state",), "frames": ("job_id", "state")},
+        ),
+    )
+)
 
 
 def _finding(what: str, rows: Sequence[Row]) -> str:
@@ -839,11 +990,13 @@ def _finding(what: str, rows: Sequence[Row]) -> str:
 def _present_columns(conn: Conn) -> set[tuple[str, str | None]]:
     """``(table, column)`` of our schema's tables as the server has them, and ``(table, None)``
     for each table itself."""
-    rows = conn.execute("SELECT c.relname AS t, a.attname AS c FROM pg_class c "
-                        "JOIN pg_namespace n ON n.oid = c.relnamespace "
-                        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
-                        "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relname = ANY(%s)",
-                        (list(schema.TABLES),)).fetchall()
+    rows = conn.execute(
+        "SELECT c.relname AS t, a.attname AS c FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
+        "WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p') AND c.relname = ANY(%s)",
+        (list(schema.TABLES),),
+    ).fetchall()
     return {(r["t"], r["c"]) for r in rows} | {(r["t"], None) for r in rows}
 
 

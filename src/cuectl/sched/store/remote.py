@@ -37,29 +37,106 @@ PATH = "/api/v1/store/"  # + the method's name: POST {"args": [...], "kwargs": {
 # classified (tests/serve/test_store_socket.py checks that every method is).
 READ, OWN, ADMIN, SERVICE = "read", "own", "admin", "service"
 CALLS: dict[str, str] = {
-    **dict.fromkeys((
-        "actor", "schema_version", "clock", "count_jobs", "list_jobs", "get_job", "list_frames", "frame_attempts",
-        "get_frame", "frame_id", "select_frames", "list_hosts", "get_host", "host_inventories", "runnable_layers",
-        "running_bookings", "running_on_host", "running_count", "has_unfinished_work", "layer_frame_counts",
-        "usage_summary", "list_limits", "list_quotas", "list_services", "cap_reached", "farm_figures", "settings",
-        "list_depends", "notify_defaults", "list_notifications", "prunable_jobs", "wait_for_work", "doctor_checks",
-        "get_jobs", "caps_reached",
-    ), READ),
-    **dict.fromkeys((
-        "submit", "set_job_paused", "set_job_priority", "kill_job", "retry_job", "kill_jobs", "retry_jobs",
-        "set_jobs_paused", "set_jobs_priority", "frame_action", "frames_action", "add_depend", "drop_depends",
-        "prune",
-    ), OWN),
-    **dict.fromkeys((
-        "set_limit", "set_quota", "set_service", "delete_service", "create_token", "list_tokens", "revoke_token",
-        "forget_host", "set_host_locked", "set_setting", "set_notify_defaults", "integrity_problems",
-    ), ADMIN),
-    **dict.fromkeys((
-        "register_host", "sign_off_host", "claim_frame", "heartbeat", "record_live_usage", "complete_frame",
-        "complete_and_claim", "complete_and_claim_many", "requeue_frame", "reap", "sweep_depends",
-        "claim_notifications", "notification_delivered", "notification_failed", "release_notifications",
-        "authenticate", "backup", "migrate", "layer_caps",
-    ), SERVICE),
+    **dict.fromkeys(
+        (
+            "actor",
+            "schema_version",
+            "clock",
+            "count_jobs",
+            "list_jobs",
+            "get_job",
+            "list_frames",
+            "frame_attempts",
+            "get_frame",
+            "frame_id",
+            "select_frames",
+            "list_hosts",
+            "get_host",
+            "host_inventories",
+            "runnable_layers",
+            "running_bookings",
+            "running_on_host",
+            "running_count",
+            "has_unfinished_work",
+            "layer_frame_counts",
+            "usage_summary",
+            "list_limits",
+            "list_quotas",
+            "list_services",
+            "cap_reached",
+            "farm_figures",
+            "settings",
+            "list_depends",
+            "notify_defaults",
+            "list_notifications",
+            "prunable_jobs",
+            "wait_for_work",
+            "doctor_checks",
+            "get_jobs",
+            "caps_reached",
+        ),
+        READ,
+    ),
+    **dict.fromkeys(
+        (
+            "submit",
+            "set_job_paused",
+            "set_job_priority",
+            "kill_job",
+            "retry_job",
+            "kill_jobs",
+            "retry_jobs",
+            "set_jobs_paused",
+            "set_jobs_priority",
+            "frame_action",
+            "frames_action",
+            "add_depend",
+            "drop_depends",
+            "prune",
+        ),
+        OWN,
+    ),
+    **dict.fromkeys(
+        (
+            "set_limit",
+            "set_quota",
+            "set_service",
+            "delete_service",
+            "create_token",
+            "list_tokens",
+            "revoke_token",
+            "forget_host",
+            "set_host_locked",
+            "set_setting",
+            "set_notify_defaults",
+            "integrity_problems",
+        ),
+        ADMIN,
+    ),
+    **dict.fromkeys(
+        (
+            "register_host",
+            "sign_off_host",
+            "claim_frame",
+            "heartbeat",
+            "record_live_usage",
+            "complete_frame",
+            "complete_and_claim",
+            "complete_and_claim_many",
+            "requeue_frame",
+            "reap",
+            "sweep_depends",
+            "claim_notifications",
+            "notification_delivered",
+            "notification_failed",
+            "release_notifications",
+            "authenticate",
+            "backup",
+            "migrate",
+            "layer_caps",
+        ),
+        SERVICE,
+    ),
 }
 # Methods that are the client's own business, never a call: closing the connection, the
 # stall guard of a worker, where a log lives, and the database's own wake-up channel.
@@ -71,7 +148,7 @@ def socket_path(url: str) -> Path | None:
     """The socket a store URL names (``unix:/path`` or ``unix:///path``), else None."""
     if not url.startswith(PREFIX):
         return None
-    rest = url[len(PREFIX):]
+    rest = url[len(PREFIX) :]
     return Path(rest[2:] if rest.startswith("///") else rest)
 
 
@@ -135,8 +212,9 @@ class RemoteStore(Store):
                 raw = response.read()
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine) as exc:
                 self._drop()
-                if attempt == 2 or not isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError,
-                                                        ConnectionResetError)):
+                if attempt == 2 or not isinstance(
+                    exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+                ):
                     raise _unreachable(self.path, exc) from None
                 continue
             except OSError as exc:
@@ -145,8 +223,10 @@ class RemoteStore(Store):
             try:
                 return response.status, wire.loads(raw or b"{}")
             except ValueError:
-                raise errors.StoreError(f"{self.url}: the server's answer is not JSON (HTTP {response.status})",
-                                        hint="is a cuectl serve --socket listening there?") from None
+                raise errors.StoreError(
+                    f"{self.url}: the server's answer is not JSON (HTTP {response.status})",
+                    hint="is a cuectl serve --socket listening there?",
+                ) from None
         raise AssertionError("unreachable")
 
     def _drop(self) -> None:
@@ -159,8 +239,10 @@ class RemoteStore(Store):
         self._drop()
 
     def _begin_acting(self, actor: Actor) -> None:
-        raise errors.NotOwner("a store reached through a socket acts as the socket's caller only",
-                              hint="run the server on the store itself (cuectl serve --db PATH)")
+        raise errors.NotOwner(
+            "a store reached through a socket acts as the socket's caller only",
+            hint="run the server on the store itself (cuectl serve --db PATH)",
+        )
 
     def notify_fileno(self) -> int | None:
         return None
@@ -205,13 +287,17 @@ def connect(path: Path) -> Store:
 def _unreachable(path: Path, exc: BaseException) -> errors.StoreError:
     reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
-        return errors.StoreUnreachable(f"no store server at {path} ({reason})",
-                                       hint="start it: cuectl serve --socket PATH (docs/deploy.md, shared mode)")
+        return errors.StoreUnreachable(
+            f"no store server at {path} ({reason})",
+            hint="start it: cuectl serve --socket PATH (docs/deploy.md, shared mode)",
+        )
     if isinstance(exc, PermissionError):
-        return errors.StoreError(f"{path}: permission denied",
-                                 hint="the socket must be mode 0666 in a directory you may enter")
-    return errors.StoreUnreachable(f"the store server at {path} did not answer ({reason})",
-                                   hint="check that `cuectl serve --socket` is running")
+        return errors.StoreError(
+            f"{path}: permission denied", hint="the socket must be mode 0666 in a directory you may enter"
+        )
+    return errors.StoreUnreachable(
+        f"the store server at {path} did not answer ({reason})", hint="check that `cuectl serve --socket` is running"
+    )
 
 
 def _error_of(status: int, data: Any, url: str) -> errors.CuectlError:
@@ -222,8 +308,11 @@ def _error_of(status: int, data: Any, url: str) -> errors.CuectlError:
     name = data.get("error")
     cls = getattr(errors, name, None) if isinstance(name, str) else None
     if not (isinstance(cls, type) and issubclass(cls, errors.CuectlError)):
-        cls = errors.InvalidInput if status in (400, 422) else (
-            errors.NotOwner if status in (401, 403) else errors.StoreError)
+        cls = (
+            errors.InvalidInput
+            if status in (400, 422)
+            else (errors.NotOwner if status in (401, 403) else errors.StoreError)
+        )
     try:
         exc = cls(message, hint=hint if isinstance(hint, str) else None)
     except TypeError:

@@ -316,8 +316,25 @@ _ONLY: dict[tuple[int, str], tuple[str, ...]] = {
 }
 SCHEMA_VERSION = len(MIGRATIONS)
 # Every table of ours: a database holding some of them but no ``meta`` is not a cuectl store.
-TABLES = ("meta", "jobs", "layers", "layer_deps", "frames", "frame_deps", "hosts", "attempts", "samples", "tokens",
-          "limits", "layer_limits", "quotas", "notifications", "depends", "depend_edges", "services")
+TABLES = (
+    "meta",
+    "jobs",
+    "layers",
+    "layer_deps",
+    "frames",
+    "frame_deps",
+    "hosts",
+    "attempts",
+    "samples",
+    "tokens",
+    "limits",
+    "layer_limits",
+    "quotas",
+    "notifications",
+    "depends",
+    "depend_edges",
+    "services",
+)
 
 
 def statements(version: int, dialect: Dialect) -> list[str]:

@@ -66,34 +66,64 @@ _FRAME_SELECT = """
 _FRAME_NAME_RE = re.compile(r"(-?[0-9]+)(?:-([A-Za-z0-9_.-]+))?")
 # Jobs OpenCue would still list as in the cue: unfinished, or finished (not killed) with DEAD
 # frames, which Cuebot keeps PENDING ("Failing") until they are retried or eaten.
-_IN_CUE = ("(j.state != 'FINISHED' OR (j.killed_at IS NULL AND EXISTS "
-           "(SELECT 1 FROM frames fd WHERE fd.job_id = j.id AND fd.state = 'DEAD')))")
+_IN_CUE = (
+    "(j.state != 'FINISHED' OR (j.killed_at IS NULL AND EXISTS "
+    "(SELECT 1 FROM frames fd WHERE fd.job_id = j.id AND fd.state = 'DEAD')))"
+)
 # How stale the claim path's copy of the limits and quotas tables may be (seconds).
 CAPS_TTL_S = 2.0
 SETTINGS_TTL_S = 2.0
 # The largest id a store can hold (SQLite INTEGER, PostgreSQL BIGINT).
 _MAX_ID = 2**63 - 1
 # The columns an attempt's record copies from its frame and layer (``_record_attempt``).
-_ATTEMPT_SOURCE = ("f.state, f.attempts, f.action, f.job_id, f.layer_id, f.host, f.gpu_uuids, f.waiting_since, "
-                   "f.started_at, l.retries, l.cores, l.retry_delay_s")
-_ATTEMPT_COLUMNS = ("frame_id", "attempt", "job_id", "host", "gpu_uuids", "outcome", "waiting_since", "started_at",
-                    "ended_at", "exit_code", "exit_signal", "timed_out", "max_rss_bytes", "cpu_seconds", "cores",
-                    "usage", "gpu_util_mean_pct", "gpu_util_max_pct", "gpu_memory_peak_bytes", "gpu_seconds",
-                    "gpu_busy_seconds", "gpu_models", "failure_kind", "failure")
+_ATTEMPT_SOURCE = (
+    "f.state, f.attempts, f.action, f.job_id, f.layer_id, f.host, f.gpu_uuids, f.waiting_since, "
+    "f.started_at, l.retries, l.cores, l.retry_delay_s"
+)
+_ATTEMPT_COLUMNS = (
+    "frame_id",
+    "attempt",
+    "job_id",
+    "host",
+    "gpu_uuids",
+    "outcome",
+    "waiting_since",
+    "started_at",
+    "ended_at",
+    "exit_code",
+    "exit_signal",
+    "timed_out",
+    "max_rss_bytes",
+    "cpu_seconds",
+    "cores",
+    "usage",
+    "gpu_util_mean_pct",
+    "gpu_util_max_pct",
+    "gpu_memory_peak_bytes",
+    "gpu_seconds",
+    "gpu_busy_seconds",
+    "gpu_models",
+    "failure_kind",
+    "failure",
+)
 # A RUNNING attempt's latest GPU values (``record_live_usage``), cleared when it ends.
 #: Does anything wait on frame ? or on its layer ? (any kind of edge): else completing the
 #: frame has nothing to release (SQLStore._release_dependents).
-_WAITED_ON = ("SELECT 1 WHERE EXISTS (SELECT 1 FROM frame_deps WHERE on_frame_id = ?) "
-              "OR EXISTS (SELECT 1 FROM layer_deps WHERE on_layer_id = ?) "
-              "OR EXISTS (SELECT 1 FROM depend_edges WHERE (on_kind = 'frame' AND on_id = ?) "
-              "OR (on_kind IN ('any', 'layer') AND on_id = ?))")
+_WAITED_ON = (
+    "SELECT 1 WHERE EXISTS (SELECT 1 FROM frame_deps WHERE on_frame_id = ?) "
+    "OR EXISTS (SELECT 1 FROM layer_deps WHERE on_layer_id = ?) "
+    "OR EXISTS (SELECT 1 FROM depend_edges WHERE (on_kind = 'frame' AND on_id = ?) "
+    "OR (on_kind IN ('any', 'layer') AND on_id = ?))"
+)
 _CLEAR_LIVE = "gpu_util_pct = NULL, gpu_memory_used_bytes = NULL, gpu_sampled_at = NULL"
-_UPSERT_SAMPLES = ("INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (?, ?, ?, ?) "
-                   "ON CONFLICT (frame_id, attempt, uuid) DO UPDATE SET points = excluded.points")
+_UPSERT_SAMPLES = (
+    "INSERT INTO samples(frame_id, attempt, uuid, points) VALUES (?, ?, ?, ?) "
+    "ON CONFLICT (frame_id, attempt, uuid) DO UPDATE SET points = excluded.points"
+)
 _RECORD_ATTEMPT = (
     f"INSERT INTO attempts({', '.join(_ATTEMPT_COLUMNS)}) VALUES ({', '.join('?' * len(_ATTEMPT_COLUMNS))}) "
-    "ON CONFLICT (frame_id, attempt) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in _ATTEMPT_COLUMNS[2:]))
+    "ON CONFLICT (frame_id, attempt) DO UPDATE SET " + ", ".join(f"{c} = excluded.{c}" for c in _ATTEMPT_COLUMNS[2:])
+)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -216,8 +246,10 @@ class SQLStore(Store):
 
     # -- schema --------------------------------------------------------------------------------
     def _too_new(self, version: int) -> SchemaTooNew:
-        return SchemaTooNew(f"store {self.url} has schema version {version}, this cuectl knows up to "
-                            f"{schema.SCHEMA_VERSION}", hint="upgrade cuectl; the store was left untouched")
+        return SchemaTooNew(
+            f"store {self.url} has schema version {version}, this cuectl knows up to {schema.SCHEMA_VERSION}",
+            hint="upgrade cuectl; the store was left untouched",
+        )
 
     def _migrate_from(self, tx: Tx, current: int) -> int:
         """Apply the missing versions; the caller holds the migration lock and read
@@ -227,8 +259,11 @@ class SQLStore(Store):
         for version in range(current, schema.SCHEMA_VERSION):
             for statement in schema.statements(version, self.dialect):
                 tx.run(statement)
-        tx.run("INSERT INTO meta(key, value) VALUES ('schema_version', ?) "
-               "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (str(schema.SCHEMA_VERSION),))
+        tx.run(
+            "INSERT INTO meta(key, value) VALUES ('schema_version', ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(schema.SCHEMA_VERSION),),
+        )
         return current
 
     # -- jobs ----------------------------------------------------------------------------------
@@ -237,32 +272,75 @@ class SQLStore(Store):
             nonlocal spec  # each layer's service fills what the layer leaves out (sched/services.py)
             spec = services.apply(spec, tx.all("SELECT * FROM services"))
             self._check_limits_exist(tx, spec)
-            job_id = int(tx.one('INSERT INTO jobs(name, "user", priority, paused, created_at, project, max_running, '
-                                "max_cores, max_gpus, show, shot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                                (spec.name, spec.user, spec.priority, int(spec.paused), now, spec.project,
-                                 spec.max_running, spec.max_cores, spec.max_gpus, spec.show, spec.shot))["id"])
-            layer_ids = {layer.name: int(tx.one(
-                f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(lifecycle.LAYER_INSERT_COUNT)}) "
-                "RETURNING id", lifecycle.layer_row(job_id, idx, layer))["id"]) for idx, layer in enumerate(spec.layers)}
-            self._bulk_insert(tx, "layer_limits", ("name", "layer_id"),
-                              [(name, layer_ids[layer.name]) for layer in spec.layers for name in layer.limits])
+            job_id = int(
+                tx.one(
+                    'INSERT INTO jobs(name, "user", priority, paused, created_at, project, max_running, '
+                    "max_cores, max_gpus, show, shot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                    (
+                        spec.name,
+                        spec.user,
+                        spec.priority,
+                        int(spec.paused),
+                        now,
+                        spec.project,
+                        spec.max_running,
+                        spec.max_cores,
+                        spec.max_gpus,
+                        spec.show,
+                        spec.shot,
+                    ),
+                )["id"]
+            )
+            layer_ids = {
+                layer.name: int(
+                    tx.one(
+                        f"INSERT INTO layers({lifecycle.LAYER_INSERT_COLUMNS}) VALUES ({marks(lifecycle.LAYER_INSERT_COUNT)}) "
+                        "RETURNING id",
+                        lifecycle.layer_row(job_id, idx, layer),
+                    )["id"]
+                )
+                for idx, layer in enumerate(spec.layers)
+            }
+            self._bulk_insert(
+                tx,
+                "layer_limits",
+                ("name", "layer_id"),
+                [(name, layer_ids[layer.name]) for layer in spec.layers for name in layer.limits],
+            )
             if spec.notify:
                 tx.run("UPDATE jobs SET notify = ? WHERE id = ?", (nt.to_json(spec.notify), job_id))
             self._record_submitter(tx, job_id, spec)
             frame_ids = self._reserve_frame_ids(tx, sum(len(chunks) for chunks in spec.chunks))
             plan = lifecycle.plan_submit(spec, job_id, layer_ids, frame_ids, now)
             self._bulk_insert(tx, "frames", lifecycle.FRAME_COLUMNS, plan.frames)
-            depend_ids = [int(tx.one(
-                "INSERT INTO depends(type, job_id, layer_id, on_job_id, on_layer_id, on_frame_id, any_frame, "
-                "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
-                (d.type, job_id, d.layer_id, job_id, d.on_layer_id, d.on_frame_id, int(d.any_frame), now))["id"])
-                for d in plan.depends]
-            self._bulk_insert(tx, "frame_deps", ("frame_id", "on_frame_id", "depend_id"),
-                              [(a, b, depend_ids[i]) for a, b, i in plan.frame_deps])
-            self._bulk_insert(tx, "layer_deps", ("layer_id", "on_layer_id", "any_frame", "depend_id"),
-                              [(a, b, any_frame, depend_ids[i]) for a, b, any_frame, i in plan.layer_deps])
-            self._bulk_insert(tx, "depend_edges", ("depend_id", "layer_id", "frame_id", "on_kind", "on_id"),
-                              [(depend_ids[i], *rest) for i, *rest in plan.edges])
+            depend_ids = [
+                int(
+                    tx.one(
+                        "INSERT INTO depends(type, job_id, layer_id, on_job_id, on_layer_id, on_frame_id, any_frame, "
+                        "created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        (d.type, job_id, d.layer_id, job_id, d.on_layer_id, d.on_frame_id, int(d.any_frame), now),
+                    )["id"]
+                )
+                for d in plan.depends
+            ]
+            self._bulk_insert(
+                tx,
+                "frame_deps",
+                ("frame_id", "on_frame_id", "depend_id"),
+                [(a, b, depend_ids[i]) for a, b, i in plan.frame_deps],
+            )
+            self._bulk_insert(
+                tx,
+                "layer_deps",
+                ("layer_id", "on_layer_id", "any_frame", "depend_id"),
+                [(a, b, any_frame, depend_ids[i]) for a, b, any_frame, i in plan.layer_deps],
+            )
+            self._bulk_insert(
+                tx,
+                "depend_edges",
+                ("depend_id", "layer_id", "frame_id", "on_kind", "on_id"),
+                [(depend_ids[i], *rest) for i, *rest in plan.edges],
+            )
             self._add_spec_depends(tx, spec, job_id, layer_ids, now)
             if not spec.paused:
                 self._notify(tx)
@@ -294,15 +372,29 @@ class SQLStore(Store):
     def _frame_counts(self, where: str, params: Sequence[Any] = ()) -> dict[int, dict[str, int]]:
         """Frames per state of the jobs ``where`` (a condition on jobs j) selects."""
         counts: dict[int, dict[str, int]] = {}
-        for row in self._read(f"SELECT f.job_id, f.state, COUNT(*) AS n FROM frames f JOIN jobs j ON j.id = f.job_id "
-                              f"WHERE {where} GROUP BY f.job_id, f.state", params):
+        for row in self._read(
+            f"SELECT f.job_id, f.state, COUNT(*) AS n FROM frames f JOIN jobs j ON j.id = f.job_id "
+            f"WHERE {where} GROUP BY f.job_id, f.state",
+            params,
+        ):
             counts.setdefault(row["job_id"], {})[row["state"]] = int(row["n"])
         return counts
 
-    def list_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
-                  name: str | None = None, limit: int | None = None, offset: int = 0,
-                  newest_first: bool = False, show: str | None = None, shot: str | None = None,
-                  ids: Sequence[int] | None = None, keep_failed: bool = False) -> list[dict[str, Any]]:
+    def list_jobs(
+        self,
+        *,
+        include_finished: bool = True,
+        user: str | None = None,
+        state: str | None = None,
+        name: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+        newest_first: bool = False,
+        show: str | None = None,
+        shot: str | None = None,
+        ids: Sequence[int] | None = None,
+        keep_failed: bool = False,
+    ) -> list[dict[str, Any]]:
         where, params = self._job_filter(include_finished, user, state, name, show, shot)
         if keep_failed and not include_finished:
             where = where.replace("j.state != 'FINISHED'", _IN_CUE, 1)
@@ -335,22 +427,44 @@ class SQLStore(Store):
         frames counted by failure: only DEAD frames are read."""
         dead: dict[int, dict[str | None, int]] = {}
         for batch in batches(sorted(set(job_ids))):
-            for r in self._read("SELECT job_id, failure, COUNT(*) AS n FROM frames WHERE state = 'DEAD' AND "
-                                f"job_id IN ({marks(len(batch))}) GROUP BY job_id, failure", batch):
+            for r in self._read(
+                "SELECT job_id, failure, COUNT(*) AS n FROM frames WHERE state = 'DEAD' AND "
+                f"job_id IN ({marks(len(batch))}) GROUP BY job_id, failure",
+                batch,
+            ):
                 dead.setdefault(int(r["job_id"]), {})[r["failure"]] = int(r["n"])
         return {job_id: lifecycle.outcome_reason(counts) for job_id, counts in dead.items()}
 
-    def count_jobs(self, *, include_finished: bool = True, user: str | None = None, state: str | None = None,
-                   name: str | None = None, show: str | None = None, shot: str | None = None) -> int:
+    def count_jobs(
+        self,
+        *,
+        include_finished: bool = True,
+        user: str | None = None,
+        state: str | None = None,
+        name: str | None = None,
+        show: str | None = None,
+        shot: str | None = None,
+    ) -> int:
         where, params = self._job_filter(include_finished, user, state, name, show, shot)
         return int(self._read(f"SELECT COUNT(*) AS n FROM jobs j WHERE {where}", params)[0]["n"])
 
     @staticmethod
-    def _job_filter(include_finished: bool, user: str | None, state: str | None,
-                    name: str | None, show: str | None = None, shot: str | None = None) -> tuple[str, list[Any]]:
+    def _job_filter(
+        include_finished: bool,
+        user: str | None,
+        state: str | None,
+        name: str | None,
+        show: str | None = None,
+        shot: str | None = None,
+    ) -> tuple[str, list[Any]]:
         where, params = ["1 = 1" if include_finished else "j.state != 'FINISHED'"], []
-        for column, value in (('j."user"', user), ("j.state", state), ("j.name", name), ("j.show", show),
-                              ("j.shot", shot)):
+        for column, value in (
+            ('j."user"', user),
+            ("j.state", state),
+            ("j.name", name),
+            ("j.show", show),
+            ("j.shot", shot),
+        ):
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
@@ -363,17 +477,29 @@ class SQLStore(Store):
             data["outcome_reason"] = self._outcome_reasons([row["id"]]).get(row["id"])
         data["receipt"] = row["receipt"]
         data["notify"] = [nt.masked(n) for n in nt.from_json(row["notify"])]
-        data["layers"] = [layer_json(r) for r in self._read(
-            f"SELECT {lifecycle.LAYER_COLUMNS}, depend_count FROM layers WHERE job_id = ? ORDER BY idx", (row["id"],))]
+        data["layers"] = [
+            layer_json(r)
+            for r in self._read(
+                f"SELECT {lifecycle.LAYER_COLUMNS}, depend_count FROM layers WHERE job_id = ? ORDER BY idx",
+                (row["id"],),
+            )
+        ]
         data.update(self.list_depends(row["id"]))
         # DEPEND frames of this job that wait on a DEAD frame (they need a retry). Only asked
         # when the job has DEPEND frames: the query's plan scans the frames index.
         # Likewise those waiting on an EATEN frame (OpenCue's rule: depend.satisfy_on_eaten).
         for key, state in (("dead_dependencies", m.DEAD), ("eaten_dependencies", m.EATEN)):
-            data[key] = 0 if not data["frame_counts"].get("DEPEND") else int(self._read(
-                "SELECT COUNT(DISTINCT d.frame_id) AS n FROM frame_deps d JOIN frames f ON f.id = d.on_frame_id "
-                "WHERE f.state = ? AND d.frame_id IN (SELECT id FROM frames WHERE job_id = ? AND state = 'DEPEND')",
-                (state, row["id"]))[0]["n"])
+            data[key] = (
+                0
+                if not data["frame_counts"].get("DEPEND")
+                else int(
+                    self._read(
+                        "SELECT COUNT(DISTINCT d.frame_id) AS n FROM frame_deps d JOIN frames f ON f.id = d.on_frame_id "
+                        "WHERE f.state = ? AND d.frame_id IN (SELECT id FROM frames WHERE job_id = ? AND state = 'DEPEND')",
+                        (state, row["id"]),
+                    )[0]["n"]
+                )
+            )
         return data
 
     # -- ownership -----------------------------------------------------------------------------
@@ -393,16 +519,22 @@ class SQLStore(Store):
         others = [job for job in jobs if (job["submitted_by"] or job["user"]) != actor.name]
         if not others:
             return
-        hint = ("add --force to do it anyway (the store file's permissions are the real boundary)"
-                if overrides else "ask its owner, or an admin" + ("" if self._force_overrides
-                                                                  else " (a member of cuectl_admin)"))
-        named = ", ".join(f"job {job['id']} ({job['name']}) belongs to {job['submitted_by'] or job['user']}"
-                          for job in others[:5])
+        hint = (
+            "add --force to do it anyway (the store file's permissions are the real boundary)"
+            if overrides
+            else "ask its owner, or an admin" + ("" if self._force_overrides else " (a member of cuectl_admin)")
+        )
+        named = ", ".join(
+            f"job {job['id']} ({job['name']}) belongs to {job['submitted_by'] or job['user']}" for job in others[:5]
+        )
         more = f" and {len(others) - 5} more" if len(others) > 5 else ""
         if len(jobs) == 1:
             raise NotOwner(f"{named}, not {actor.name}: only its owner or an admin may change it", hint=hint)
-        raise NotOwner(f"{len(others)} of {len(jobs)} jobs are not {actor.name}'s ({named}{more}): only their "
-                       "owner or an admin may change them; nothing changed", hint=hint)
+        raise NotOwner(
+            f"{len(others)} of {len(jobs)} jobs are not {actor.name}'s ({named}{more}): only their "
+            "owner or an admin may change them; nothing changed",
+            hint=hint,
+        )
 
     def _owned_job(self, ref: str | int, force: bool) -> int:
         row = self._job_row(ref)
@@ -479,8 +611,11 @@ class SQLStore(Store):
             for batch in batches(sorted(ids)):
                 inside = marks(len(batch))
                 tx.run(f"UPDATE frames SET action = 'eat' WHERE job_id IN ({inside}) AND state = 'RUNNING'", batch)
-                tx.run(f"UPDATE frames SET state = 'EATEN', ended_at = ? WHERE job_id IN ({inside}) "
-                       "AND state IN ('WAITING', 'DEPEND', 'DEAD')", (now, *batch))
+                tx.run(
+                    f"UPDATE frames SET state = 'EATEN', ended_at = ? WHERE job_id IN ({inside}) "
+                    "AND state IN ('WAITING', 'DEPEND', 'DEAD')",
+                    (now, *batch),
+                )
                 tx.run(f"UPDATE jobs SET killed_at = ? WHERE id IN ({inside})", (now, *batch))
             self._finish_jobs_if_done(tx, ids, now)
 
@@ -491,29 +626,51 @@ class SQLStore(Store):
         """``_finish_job_if_done`` for many jobs, set-based (a statement per job cost 3 s for
         1,000 jobs on PostgreSQL); keep the two in step. A job that just FINISHED records
         its notification as there — only jobs with a ``notify`` or farm defaults can have one."""
-        live = ("EXISTS (SELECT 1 FROM frames WHERE frames.job_id = jobs.id "
-                "AND frames.state IN ('WAITING', 'DEPEND', 'RUNNING'))")
+        live = (
+            "EXISTS (SELECT 1 FROM frames WHERE frames.job_id = jobs.id "
+            "AND frames.state IN ('WAITING', 'DEPEND', 'RUNNING'))"
+        )
         finished: list[int] = []
         for batch in batches(sorted(ids)):
             inside = marks(len(batch))
-            tx.run(f"UPDATE jobs SET state = 'PENDING', finished_at = NULL WHERE id IN ({inside}) "
-                   f"AND state != 'PENDING' AND {live}", batch)
-            finished += [int(r["id"]) for r in tx.all(
-                f"UPDATE jobs SET state = 'FINISHED', finished_at = ? WHERE id IN ({inside}) "
-                f"AND state != 'FINISHED' AND NOT {live} RETURNING id", (now, *batch))]
+            tx.run(
+                f"UPDATE jobs SET state = 'PENDING', finished_at = NULL WHERE id IN ({inside}) "
+                f"AND state != 'PENDING' AND {live}",
+                batch,
+            )
+            finished += [
+                int(r["id"])
+                for r in tx.all(
+                    f"UPDATE jobs SET state = 'FINISHED', finished_at = ? WHERE id IN ({inside}) "
+                    f"AND state != 'FINISHED' AND NOT {live} RETURNING id",
+                    (now, *batch),
+                )
+            ]
         if finished and not notes.farm_defaults(tx):
-            finished = [int(r["id"]) for batch in batches(finished) for r in tx.all(
-                f"SELECT id FROM jobs WHERE id IN ({marks(len(batch))}) AND notify IS NOT NULL "
-                "AND notify NOT IN ('', '[]')", batch)]
+            finished = [
+                int(r["id"])
+                for batch in batches(finished)
+                for r in tx.all(
+                    f"SELECT id FROM jobs WHERE id IN ({marks(len(batch))}) AND notify IS NOT NULL "
+                    "AND notify NOT IN ('', '[]')",
+                    batch,
+                )
+            ]
         for job_id in finished:
             notes.record_finish(tx, job_id, now)  # in this transaction: recorded once
         if dep.release_jobs(tx, ids, now):  # what waited on these jobs (a kill releases it, as in Cuebot)
             self._notify(tx)
 
     def _retry_ids(self, ids: Sequence[int], now: float) -> None:
-        frames = [int(r["id"]) for batch in batches(sorted(ids)) for r in self._read(
-            f"SELECT id FROM frames WHERE job_id IN ({marks(len(batch))}) AND state IN ('DEAD', 'EATEN') "
-            "ORDER BY id", batch)]
+        frames = [
+            int(r["id"])
+            for batch in batches(sorted(ids))
+            for r in self._read(
+                f"SELECT id FROM frames WHERE job_id IN ({marks(len(batch))}) AND state IN ('DEAD', 'EATEN') "
+                "ORDER BY id",
+                batch,
+            )
+        ]
         if frames:
             self._write(lambda tx: self._apply_actions(tx, frames, "retry", now))
 
@@ -527,8 +684,7 @@ class SQLStore(Store):
         self._retry_ids(ids, now)
         return self._jobs_json(ids)
 
-    def set_jobs_paused(self, refs: Sequence[str | int], paused: bool, *,
-                        force: bool = False) -> list[dict[str, Any]]:
+    def set_jobs_paused(self, refs: Sequence[str | int], paused: bool, *, force: bool = False) -> list[dict[str, Any]]:
         ids = self._owned_jobs(refs, force)
 
         def update(tx: Tx) -> None:
@@ -541,8 +697,9 @@ class SQLStore(Store):
             self._write(update)
         return self._jobs_json(ids)
 
-    def set_jobs_priority(self, refs: Sequence[str | int], priority: int, *,
-                          force: bool = False) -> list[dict[str, Any]]:
+    def set_jobs_priority(
+        self, refs: Sequence[str | int], priority: int, *, force: bool = False
+    ) -> list[dict[str, Any]]:
         priority = fields.priority(priority, "priority")
         ids = self._owned_jobs(refs, force)
 
@@ -558,28 +715,41 @@ class SQLStore(Store):
         # One read says both whether the job has work left and what it is now: a job with
         # work left is nearly always PENDING already, and then nothing is written (this runs
         # for every frame that ends).
-        row = tx.one("SELECT state, EXISTS (SELECT 1 FROM frames WHERE job_id = ? "
-                     "AND state IN ('WAITING', 'DEPEND', 'RUNNING')) AS unfinished FROM jobs WHERE id = ?",
-                     (job_id, job_id))
+        row = tx.one(
+            "SELECT state, EXISTS (SELECT 1 FROM frames WHERE job_id = ? "
+            "AND state IN ('WAITING', 'DEPEND', 'RUNNING')) AS unfinished FROM jobs WHERE id = ?",
+            (job_id, job_id),
+        )
         if row is None:
             return
         if row["unfinished"]:
             if row["state"] != "PENDING":
-                tx.run("UPDATE jobs SET state = 'PENDING', finished_at = NULL WHERE id = ? AND state != 'PENDING'",
-                       (job_id,))
+                tx.run(
+                    "UPDATE jobs SET state = 'PENDING', finished_at = NULL WHERE id = ? AND state != 'PENDING'",
+                    (job_id,),
+                )
         else:
-            if tx.run("UPDATE jobs SET state = 'FINISHED', finished_at = ? WHERE id = ? AND state != 'FINISHED'",
-                      (now, job_id)):
+            if tx.run(
+                "UPDATE jobs SET state = 'FINISHED', finished_at = ? WHERE id = ? AND state != 'FINISHED'",
+                (now, job_id),
+            ):
                 notes.record_finish(tx, job_id, now)  # in this transaction: recorded once
             # (Also when it was FINISHED already: eating its last DEAD frame makes it releasable.)
             if dep.release_jobs(tx, [job_id], now):
                 self._notify(tx)
 
     # -- frames --------------------------------------------------------------------------------
-    def list_frames(self, *, job: str | int | None = None, layer: str | None = None,
-                    state: str | None = None, limit: int = 1000, after: int | None = None,
-                    ids: Sequence[int] | None = None, changed_since: float | None = None
-                    ) -> tuple[list[dict[str, Any]], int]:
+    def list_frames(
+        self,
+        *,
+        job: str | int | None = None,
+        layer: str | None = None,
+        state: str | None = None,
+        limit: int = 1000,
+        after: int | None = None,
+        ids: Sequence[int] | None = None,
+        changed_since: float | None = None,
+    ) -> tuple[list[dict[str, Any]], int]:
         where: list[str] = []
         params: list[Any] = []
         if changed_since is not None:
@@ -603,10 +773,11 @@ class SQLStore(Store):
             where.append("f.state = ?")
             params.append(state)
         clause = ("WHERE " + " AND ".join(where)) if where else ""
-        total = self._read(f"SELECT COUNT(*) AS n FROM frames f JOIN layers l ON l.id = f.layer_id {clause}",
-                           params)[0]["n"]
+        total = self._read(f"SELECT COUNT(*) AS n FROM frames f JOIN layers l ON l.id = f.layer_id {clause}", params)[
+            0
+        ]["n"]
         if after is not None:
-            clause = ("WHERE " + " AND ".join([*where, "f.id > ?"]))
+            clause = "WHERE " + " AND ".join([*where, "f.id > ?"])
             params.append(after)
         rows = self._read(f"{_FRAME_SELECT} {clause} ORDER BY f.id LIMIT ?", [*params, limit])
         return [frame_json(r) for r in rows], int(total)
@@ -615,10 +786,12 @@ class SQLStore(Store):
         out: dict[int, list[dict[str, Any]]] = {}
         for batch in batches(sorted(set(int(i) for i in frame_ids))):
             for r in self._read(
-                    "SELECT frame_id, attempt, host, outcome, started_at, ended_at, exit_code, exit_signal, timed_out, "
-                    "failure_kind, failure, "
-                    "gpu_uuids, gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds "
-                    f"FROM attempts WHERE frame_id IN ({marks(len(batch))}) ORDER BY frame_id, attempt", batch):
+                "SELECT frame_id, attempt, host, outcome, started_at, ended_at, exit_code, exit_signal, timed_out, "
+                "failure_kind, failure, "
+                "gpu_uuids, gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds "
+                f"FROM attempts WHERE frame_id IN ({marks(len(batch))}) ORDER BY frame_id, attempt",
+                batch,
+            ):
                 out.setdefault(int(r["frame_id"]), []).append(attempt_json(r))
         return out
 
@@ -630,8 +803,11 @@ class SQLStore(Store):
         data["log_path"] = rows[0]["log_path"]
         # The series of the latest attempt that has one (a RUNNING attempt's so far), and
         # which attempt that is: its summary in attempt_history goes with these samples.
-        series = self._read("SELECT attempt, uuid, points FROM samples WHERE frame_id = ? AND attempt = "
-                            "(SELECT MAX(attempt) FROM samples WHERE frame_id = ?)", (frame_id, frame_id))
+        series = self._read(
+            "SELECT attempt, uuid, points FROM samples WHERE frame_id = ? AND attempt = "
+            "(SELECT MAX(attempt) FROM samples WHERE frame_id = ?)",
+            (frame_id, frame_id),
+        )
         data["samples"] = samples_json({r["uuid"]: json.loads(r["points"]) for r in series})
         data["samples_attempt"] = int(series[0]["attempt"]) if series else None
         data["attempt_history"] = self.frame_attempts([frame_id]).get(frame_id, [])
@@ -646,30 +822,41 @@ class SQLStore(Store):
         job_ref, slash, name = text.rpartition("/")
         named = _FRAME_NAME_RE.fullmatch(name)
         if not slash or not job_ref.strip() or named is None:
-            raise InvalidInput(f"frame {text!r}: expected a frame id or JOB/FRAME, the frame named as `job show` "
-                               "prints it (sweep2/0003-main)", hint="see `cuectl frame list`")
+            raise InvalidInput(
+                f"frame {text!r}: expected a frame id or JOB/FRAME, the frame named as `job show` "
+                "prints it (sweep2/0003-main)",
+                hint="see `cuectl frame list`",
+            )
         job = self._job_row(job_ref)
         number, layer = int(named.group(1)), named.group(2)
         if abs(number) > _MAX_ID:  # no frame has it, and neither database could compare it
-            raise NotFound(f"job {job['id']} ({job['name']}) has no frame {name!r}",
-                           hint=f"see `cuectl frame list --job {job['id']}`")
-        rows = self._read("SELECT f.id, f.number, l.name FROM frames f JOIN layers l ON l.id = f.layer_id "
-                          "WHERE f.job_id = ? AND f.number = ?" + (" AND l.name = ?" if layer else "") + " ORDER BY f.id",
-                          (job["id"], number, layer) if layer else (job["id"], number))
+            raise NotFound(
+                f"job {job['id']} ({job['name']}) has no frame {name!r}",
+                hint=f"see `cuectl frame list --job {job['id']}`",
+            )
+        rows = self._read(
+            "SELECT f.id, f.number, l.name FROM frames f JOIN layers l ON l.id = f.layer_id "
+            "WHERE f.job_id = ? AND f.number = ?" + (" AND l.name = ?" if layer else "") + " ORDER BY f.id",
+            (job["id"], number, layer) if layer else (job["id"], number),
+        )
         if not rows:
-            raise NotFound(f"job {job['id']} ({job['name']}) has no frame {name!r}",
-                           hint=f"see `cuectl frame list --job {job['id']}`")
+            raise NotFound(
+                f"job {job['id']} ({job['name']}) has no frame {name!r}",
+                hint=f"see `cuectl frame list --job {job['id']}`",
+            )
         if len(rows) > 1:
             names = ", ".join(f"{job['name']}/{frame_name(int(r['number']), r['name'])}" for r in rows[:10])
             raise Conflict(f"frame {text!r} is in {len(rows)} layers ({names})", hint="add the layer to the name")
         return int(rows[0]["id"])
 
-    def frame_action(self, frame_ids: Sequence[int], action: str, *, now: float,
-                     force: bool = False) -> list[dict[str, Any]]:
+    def frame_action(
+        self, frame_ids: Sequence[int], action: str, *, now: float, force: bool = False
+    ) -> list[dict[str, Any]]:
         return [self.get_frame(i) for i in self._frames_action(frame_ids, action, now=now, force=force)]
 
-    def frames_action(self, frame_ids: Sequence[int], action: str, *, now: float,
-                      force: bool = False) -> list[dict[str, Any]]:
+    def frames_action(
+        self, frame_ids: Sequence[int], action: str, *, now: float, force: bool = False
+    ) -> list[dict[str, Any]]:
         """``frame_action`` for many frames: ``frame list``'s shape back, read in batches."""
         ids = self._frames_action(frame_ids, action, now=now, force=force)
         found: dict[int, dict[str, Any]] = {}
@@ -678,8 +865,14 @@ class SQLStore(Store):
                 found[int(r["id"])] = frame_json(r)
         return [found[i] for i in ids if i in found]
 
-    def select_frames(self, job: str | int, *, layer: str | None = None, state: str | None = None,
-                      numbers: Iterable[int] | None = None) -> list[int]:
+    def select_frames(
+        self,
+        job: str | int,
+        *,
+        layer: str | None = None,
+        state: str | None = None,
+        numbers: Iterable[int] | None = None,
+    ) -> list[int]:
         """Ids of the job's frames (in dispatch order) of ``layer``, in ``state``, whose
         number (a chunk's first frame) is in ``numbers``; ``NotFound`` for an unknown layer."""
         job_id = int(self._job_row(job)["id"])
@@ -693,9 +886,15 @@ class SQLStore(Store):
             where.append("f.state = ?")
             params.append(state)
         wanted = None if numbers is None else set(numbers)
-        return [int(r["id"]) for r in self._read(
-            f"SELECT f.id, f.number FROM frames f JOIN layers l ON l.id = f.layer_id WHERE {' AND '.join(where)} "
-            "ORDER BY f.id", params) if wanted is None or int(r["number"]) in wanted]
+        return [
+            int(r["id"])
+            for r in self._read(
+                f"SELECT f.id, f.number FROM frames f JOIN layers l ON l.id = f.layer_id WHERE {' AND '.join(where)} "
+                "ORDER BY f.id",
+                params,
+            )
+            if wanted is None or int(r["number"]) in wanted
+        ]
 
     def _frames_action(self, frame_ids: Sequence[int], action: str, *, now: float, force: bool) -> list[int]:
         """Check every frame exists and every job is the caller's (all or nothing), then
@@ -703,13 +902,22 @@ class SQLStore(Store):
         if action not in lifecycle.ACTIONS:
             raise InvalidInput(f"unknown frame action {action!r}")
         ids = list(dict.fromkeys(int(i) for i in frame_ids))
-        job_of = {int(r["id"]): int(r["job_id"]) for batch in batches(ids)
-                  for r in self._read(f"SELECT id, job_id FROM frames WHERE id IN ({marks(len(batch))})", batch)}
+        job_of = {
+            int(r["id"]): int(r["job_id"])
+            for batch in batches(ids)
+            for r in self._read(f"SELECT id, job_id FROM frames WHERE id IN ({marks(len(batch))})", batch)
+        }
         missing = [i for i in ids if i not in job_of]
         if missing:
             raise NotFound(f"no frame {missing[0]}", hint="see `cuectl frame list`")
-        self._check_owner([job for batch in batches(sorted(set(job_of.values()))) for job in self._read(
-            f"SELECT * FROM jobs WHERE id IN ({marks(len(batch))}) ORDER BY id", batch)], force)
+        self._check_owner(
+            [
+                job
+                for batch in batches(sorted(set(job_of.values())))
+                for job in self._read(f"SELECT * FROM jobs WHERE id IN ({marks(len(batch))}) ORDER BY id", batch)
+            ],
+            force,
+        )
         if ids:
             self._write(lambda tx: self._apply_actions(tx, ids, action, now))
         return ids
@@ -721,8 +929,11 @@ class SQLStore(Store):
 
     def _apply_action(self, tx: Tx, frame_id: int, action: str, now: float) -> int:
         """Apply one action; return how many frames became WAITING (to wake workers)."""
-        row = tx.one(f"SELECT f.state, f.job_id, f.layer_id, f.depend_count FROM frames f WHERE f.id = ?"
-                     f"{self.dialect.lock_rows}", (frame_id,))
+        row = tx.one(
+            f"SELECT f.state, f.job_id, f.layer_id, f.depend_count FROM frames f WHERE f.id = ?"
+            f"{self.dialect.lock_rows}",
+            (frame_id,),
+        )
         state = row["state"]
         woke = 0
         if state == m.RUNNING:
@@ -730,8 +941,10 @@ class SQLStore(Store):
             # group and reports; the final state is decided in complete_frame, which keeps
             # the failure of a killed attempt: who killed it.
             if action == "kill":
-                tx.run("UPDATE frames SET action = ?, failure = ? WHERE id = ?",
-                       (action, lifecycle.killed_by(self.actor().name), frame_id))
+                tx.run(
+                    "UPDATE frames SET action = ?, failure = ? WHERE id = ?",
+                    (action, lifecycle.killed_by(self.actor().name), frame_id),
+                )
             else:
                 tx.run("UPDATE frames SET action = ? WHERE id = ?", (action, frame_id))
             return 0
@@ -742,14 +955,19 @@ class SQLStore(Store):
                 return 0
             layer_waits = tx.one("SELECT depend_count FROM layers WHERE id = ?", (row["layer_id"],))["depend_count"]
             new = lifecycle.retried_state(row["depend_count"], layer_waits)
-            tx.run("UPDATE frames SET state = ?, waiting_since = ?, ended_at = NULL, action = NULL, retry_at = NULL "
-                   "WHERE id = ?", (new, now, frame_id))
+            tx.run(
+                "UPDATE frames SET state = ?, waiting_since = ?, ended_at = NULL, action = NULL, retry_at = NULL "
+                "WHERE id = ?",
+                (new, now, frame_id),
+            )
             tx.run("UPDATE jobs SET killed_at = NULL WHERE id = ? AND killed_at IS NOT NULL", (row["job_id"],))
             woke = int(new == m.WAITING)
         elif action == "kill":
             if state in (m.WAITING, m.DEPEND):
-                tx.run("UPDATE frames SET state = 'DEAD', ended_at = ?, failure = ? WHERE id = ?",
-                       (now, lifecycle.killed_by(self.actor().name), frame_id))
+                tx.run(
+                    "UPDATE frames SET state = 'DEAD', ended_at = ?, failure = ? WHERE id = ?",
+                    (now, lifecycle.killed_by(self.actor().name), frame_id),
+                )
                 notes.record_dead(tx, row["job_id"], frame_id, now)
         elif state != m.EATEN:  # eat
             tx.run("UPDATE frames SET state = 'EATEN', ended_at = ? WHERE id = ?", (now, frame_id))
@@ -771,18 +989,25 @@ class SQLStore(Store):
         # three deletes and the scan of the layer below (a third of a completion's cost).
         if tx.one(_WAITED_ON, (frame_id, layer_id, frame_id, layer_id)) is None:
             return 0
-        released = {int(r["frame_id"]): 1 for r in tx.all(
-            "DELETE FROM frame_deps WHERE on_frame_id = ? RETURNING frame_id", (frame_id,))}
+        released = {
+            int(r["frame_id"]): 1
+            for r in tx.all("DELETE FROM frame_deps WHERE on_frame_id = ? RETURNING frame_id", (frame_id,))
+        }
         woke = dep.wake_frames(tx, released, now) if released else 0
         woke += dep.release_frame(tx, frame_id, layer_id, now)  # other jobs' edges, any-frame waits
-        if tx.one("SELECT 1 FROM frames WHERE layer_id = ? AND state IN ('WAITING', 'DEPEND', 'RUNNING', 'DEAD') "
-                  "LIMIT 1", (layer_id,)):
+        if tx.one(
+            "SELECT 1 FROM frames WHERE layer_id = ? AND state IN ('WAITING', 'DEPEND', 'RUNNING', 'DEAD') LIMIT 1",
+            (layer_id,),
+        ):
             return woke
         if not self._satisfy_on_eaten(tx) and tx.one(
-                "SELECT 1 FROM frames WHERE layer_id = ? AND state = 'EATEN' LIMIT 1", (layer_id,)):
+            "SELECT 1 FROM frames WHERE layer_id = ? AND state = 'EATEN' LIMIT 1", (layer_id,)
+        ):
             return woke  # OpenCue: a layer with EATEN frames never completes its dependencies
-        layers = {int(r["layer_id"]): 1 for r in tx.all(
-            "DELETE FROM layer_deps WHERE on_layer_id = ? RETURNING layer_id", (layer_id,))}
+        layers = {
+            int(r["layer_id"]): 1
+            for r in tx.all("DELETE FROM layer_deps WHERE on_layer_id = ? RETURNING layer_id", (layer_id,))
+        }
         woke += dep.wake_layers(tx, layers, now) if layers else 0
         return woke + dep.release_layer(tx, layer_id, now)
 
@@ -798,19 +1023,25 @@ class SQLStore(Store):
 
     def settings(self) -> list[dict[str, Any]]:
         values = _read_settings(self._read)
-        return [{"name": name, "value": values[name], "default": default, "help": text}
-                for name, (default, text) in m.SETTINGS.items()]
+        return [
+            {"name": name, "value": values[name], "default": default, "help": text}
+            for name, (default, text) in m.SETTINGS.items()
+        ]
 
     def set_setting(self, name: str, value: str | bool, *, now: float) -> list[dict[str, Any]]:
         if name not in m.SETTINGS:
-            raise InvalidInput(f"NAME: {name!r} is not a store setting (known: {', '.join(m.SETTINGS)})",
-                               hint="see `cuectl admin setting list`")
+            raise InvalidInput(
+                f"NAME: {name!r} is not a store setting (known: {', '.join(m.SETTINGS)})",
+                hint="see `cuectl admin setting list`",
+            )
         flag = _setting_value(value)
         self._admin_only(f"setting set {name}", "store settings")
 
         def change(tx: Tx) -> None:
-            tx.run("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                   (name, "true" if flag else "false"))
+            tx.run(
+                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (name, "true" if flag else "false"),
+            )
             self._settings_read_at = -1e18  # this transaction reads the new value
             if name == m.SATISFY_ON_EATEN and flag and self._release_eaten(tx, now):
                 self._notify(tx)
@@ -824,22 +1055,27 @@ class SQLStore(Store):
     def _release_eaten(self, tx: Tx, now: float) -> int:
         """Satisfy what already waits on EATEN frames (depend.satisfy_on_eaten was just set),
         as Cuebot's stale-depend sweep would; return how many frames became WAITING."""
-        pending = ("FROM frames f WHERE f.state = 'EATEN' AND (EXISTS (SELECT 1 FROM frame_deps d "
-                   "WHERE d.on_frame_id = f.id) OR EXISTS (SELECT 1 FROM layer_deps d WHERE d.on_layer_id = f.layer_id))")
+        pending = (
+            "FROM frames f WHERE f.state = 'EATEN' AND (EXISTS (SELECT 1 FROM frame_deps d "
+            "WHERE d.on_frame_id = f.id) OR EXISTS (SELECT 1 FROM layer_deps d WHERE d.on_layer_id = f.layer_id))"
+        )
         jobs = sorted({int(r["job_id"]) for r in tx.all(f"SELECT DISTINCT f.job_id {pending}")})
         if not jobs:
             return 0
         self._lock_jobs(tx, jobs=jobs)
-        return sum(self._release_dependents(tx, r["id"], r["layer_id"], now)
-                   for r in tx.all(f"SELECT f.id, f.layer_id {pending} ORDER BY f.id")) + dep.sweep(tx, now, True)
+        return sum(
+            self._release_dependents(tx, r["id"], r["layer_id"], now)
+            for r in tx.all(f"SELECT f.id, f.layer_id {pending} ORDER BY f.id")
+        ) + dep.sweep(tx, now, True)
 
     # -- dependencies of every OpenCue type (store/depends.py) ---------------------------------
     def _layer_id(self, tx: Tx, job: Row, name: str) -> int:
         row = tx.one("SELECT id FROM layers WHERE job_id = ? AND name = ?", (job["id"], name))
         if row is None:
             names = [r["name"] for r in tx.all("SELECT name FROM layers WHERE job_id = ? ORDER BY idx", (job["id"],))]
-            raise NotFound(f"job {job['id']} ({job['name']}) has no layer {name!r}",
-                           hint=f"its layers: {', '.join(names[:20])}")
+            raise NotFound(
+                f"job {job['id']} ({job['name']}) has no layer {name!r}", hint=f"its layers: {', '.join(names[:20])}"
+            )
         return int(row["id"])
 
     @staticmethod
@@ -850,8 +1086,19 @@ class SQLStore(Store):
                 return fid
         raise NotFound(f"layer {layer!r} of job {job['id']} ({job['name']}) has no frame {number}")
 
-    def _depend_request(self, tx: Tx, job: Row, *, layer: str | None, frame: int | None, on_job: Row,
-                        on_layer: str | None, on_frame: int | None, how: str, kind: str | None) -> dep.Request:
+    def _depend_request(
+        self,
+        tx: Tx,
+        job: Row,
+        *,
+        layer: str | None,
+        frame: int | None,
+        on_job: Row,
+        on_layer: str | None,
+        on_frame: int | None,
+        how: str,
+        kind: str | None,
+    ) -> dep.Request:
         """Resolve names to ids and check that the combination is one of OpenCue's types."""
         if frame is not None and layer is None:
             raise InvalidInput("--frame: a frame needs its --layer")
@@ -863,37 +1110,65 @@ class SQLStore(Store):
             how = "frame" if kind == "frame-by-frame" else "previous"
         derived = "layer-on-sim-frame" if kind == "layer-on-sim-frame" else dep.depend_type(waiter, target, how)
         if how in ("frame", "previous", "any") and (waiter, target) != ("layer", "layer"):
-            raise InvalidInput(f"{'--any-frame' if how == 'any' else derived}: only a layer waits on a layer that way "
-                               f"(this is {waiter}-on-{target})")
+            raise InvalidInput(
+                f"{'--any-frame' if how == 'any' else derived}: only a layer waits on a layer that way "
+                f"(this is {waiter}-on-{target})"
+            )
         if kind is not None and kind != derived:
-            raise InvalidInput(f"--type {kind}: the options given make a {derived} dependency",
-                               hint="a job waits with neither --layer nor --frame; a layer with --layer; "
-                                    "a frame with --layer and --frame (likewise --on-*)")
+            raise InvalidInput(
+                f"--type {kind}: the options given make a {derived} dependency",
+                hint="a job waits with neither --layer nor --frame; a layer with --layer; "
+                "a frame with --layer and --frame (likewise --on-*)",
+            )
         if derived == "layer-on-sim-frame" and (waiter, target) != ("layer", "frame"):
-            raise InvalidInput(f"--type layer-on-sim-frame: needs --layer and --on-layer with --on-frame "
-                               f"(this is {waiter}-on-{target})")
+            raise InvalidInput(
+                f"--type layer-on-sim-frame: needs --layer and --on-layer with --on-frame "
+                f"(this is {waiter}-on-{target})"
+            )
         layer_id = None if layer is None else self._layer_id(tx, job, layer)
         on_layer_id = None if on_layer is None else self._layer_id(tx, on_job, on_layer)
         req = dep.Request(
-            type=derived, job_id=int(job["id"]), on_job_id=int(on_job["id"]), layer_id=layer_id,
-            frame_id=None if frame is None or layer is None or layer_id is None
+            type=derived,
+            job_id=int(job["id"]),
+            on_job_id=int(on_job["id"]),
+            layer_id=layer_id,
+            frame_id=None
+            if frame is None or layer is None or layer_id is None
             else self._frame_id(tx, job, layer, layer_id, frame),
             on_layer_id=on_layer_id,
-            on_frame_id=None if on_frame is None or on_layer is None or on_layer_id is None
+            on_frame_id=None
+            if on_frame is None or on_layer is None or on_layer_id is None
             else self._frame_id(tx, on_job, on_layer, on_layer_id, on_frame),
-            any_frame=how == "any")
-        same = (req.job_id == req.on_job_id and (req.layer_id, req.frame_id) == (req.on_layer_id, req.on_frame_id))
-        if same and derived != "previous-frame" or (
-                derived in ("job-on-job", "layer-on-job", "frame-on-job") and req.job_id == req.on_job_id):
+            any_frame=how == "any",
+        )
+        same = req.job_id == req.on_job_id and (req.layer_id, req.frame_id) == (req.on_layer_id, req.on_frame_id)
+        if (
+            same
+            and derived != "previous-frame"
+            or (derived in ("job-on-job", "layer-on-job", "frame-on-job") and req.job_id == req.on_job_id)
+        ):
             raise InvalidInput(f"a {derived} dependency of job {job['id']} on itself would never be met")
         if req.on_job_id != req.job_id and dep.waits_on_job(tx, req.on_job_id, req.job_id):
-            raise InvalidInput(f"job {on_job['id']} ({on_job['name']}) already waits on job {job['id']} "
-                               f"({job['name']}): this dependency would make them wait on each other forever")
+            raise InvalidInput(
+                f"job {on_job['id']} ({on_job['name']}) already waits on job {job['id']} "
+                f"({job['name']}): this dependency would make them wait on each other forever"
+            )
         return req
 
-    def add_depend(self, job: str | int, *, layer: str | None = None, frame: int | None = None,
-                   on_job: str | int | None = None, on_layer: str | None = None, on_frame: int | None = None,
-                   how: str = "layer", kind: str | None = None, now: float, force: bool = False) -> dict[str, Any]:
+    def add_depend(
+        self,
+        job: str | int,
+        *,
+        layer: str | None = None,
+        frame: int | None = None,
+        on_job: str | int | None = None,
+        on_layer: str | None = None,
+        on_frame: int | None = None,
+        how: str = "layer",
+        kind: str | None = None,
+        now: float,
+        force: bool = False,
+    ) -> dict[str, Any]:
         """Make a job, one of its layers or one of its frames wait on a job, layer or frame
         (``cuectl job depend``; docs/opencue.md). Only the waiting job's owner or an admin."""
         waiter = self._job_row(job)
@@ -904,8 +1179,17 @@ class SQLStore(Store):
         def insert(tx: Tx) -> int:
             target = waiter if on_job is None else self._job_row(on_job, tx.all)
             self._lock_jobs(tx, jobs=[int(waiter["id"]), int(target["id"])])
-            req = self._depend_request(tx, waiter, layer=layer, frame=frame, on_job=target, on_layer=on_layer,
-                                       on_frame=on_frame, how=how, kind=kind)
+            req = self._depend_request(
+                tx,
+                waiter,
+                layer=layer,
+                frame=frame,
+                on_job=target,
+                on_layer=on_layer,
+                on_frame=on_frame,
+                how=how,
+                kind=kind,
+            )
             depend_id = dep.add(tx, req, now=now, eaten=self._satisfy_on_eaten(tx))
             self._finish_job_if_done(tx, int(waiter["id"]), now)
             return depend_id
@@ -913,11 +1197,11 @@ class SQLStore(Store):
         depend_id = self._write(insert, idempotent=False)
         return dep.depend_json(self._read(dep.list_sql("d.id = ?"), (depend_id,))[0])
 
-    def _add_spec_depends(self, tx: Tx, spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int],
-                          now: float) -> None:
+    def _add_spec_depends(self, tx: Tx, spec: m.JobSpec, job_id: int, layer_ids: Mapping[str, int], now: float) -> None:
         """A submitted job's dependencies on other jobs (``depends:`` naming a ``job``)."""
         wanted = [(None, d) for d in spec.depends] + [
-            (layer.name, d) for layer in spec.layers for d in layer.depends if d.job is not None]
+            (layer.name, d) for layer in spec.layers for d in layer.depends if d.job is not None
+        ]
         if not wanted:
             return
         job = tx.one("SELECT * FROM jobs WHERE id = ?", (job_id,))
@@ -926,24 +1210,33 @@ class SQLStore(Store):
             assert d.job is not None
             target = self._job_row(d.job, tx.all)
             self._lock_jobs(tx, jobs=[int(target["id"])])
-            req = self._depend_request(tx, job, layer=layer, frame=None, on_job=target, on_layer=d.on,
-                                       on_frame=d.frame, how=d.type, kind=None)
+            req = self._depend_request(
+                tx, job, layer=layer, frame=None, on_job=target, on_layer=d.on, on_frame=d.frame, how=d.type, kind=None
+            )
             dep.add(tx, req, now=now, eaten=eaten)
 
-    def drop_depends(self, job: str | int, ids: Sequence[int] | None, *, now: float,
-                     force: bool = False) -> list[dict[str, Any]]:
+    def drop_depends(
+        self, job: str | int, ids: Sequence[int] | None, *, now: float, force: bool = False
+    ) -> list[dict[str, Any]]:
         """Satisfy a job's dependencies by id (None: every one it waits on), as OpenCue's
         dropDepends; return them as they are now."""
         row = self._job_row(job)
         self._check_owner([row], force)
         job_id = int(row["id"])
         if ids is not None:
-            mine = {int(r["id"]) for batch in batches(sorted(set(ids))) for r in self._read(
-                f"SELECT id FROM depends WHERE job_id = ? AND id IN ({marks(len(batch))})", (job_id, *batch))}
+            mine = {
+                int(r["id"])
+                for batch in batches(sorted(set(ids)))
+                for r in self._read(
+                    f"SELECT id FROM depends WHERE job_id = ? AND id IN ({marks(len(batch))})", (job_id, *batch)
+                )
+            }
             missing = sorted(set(ids) - mine)
             if missing:
-                raise NotFound(f"job {job_id} ({row['name']}) has no dependency {', '.join(map(str, missing))}",
-                               hint=f"see `cuectl job show {job_id}`")
+                raise NotFound(
+                    f"job {job_id} ({row['name']}) has no dependency {', '.join(map(str, missing))}",
+                    hint=f"see `cuectl job show {job_id}`",
+                )
 
         def release(tx: Tx) -> None:
             self._lock_jobs(tx, jobs=[job_id])
@@ -952,15 +1245,22 @@ class SQLStore(Store):
             self._finish_job_if_done(tx, job_id, now)
 
         self._write(release)
-        return self.list_depends(job_id)["depends"] if ids is None else [
-            d for d in self.list_depends(job_id)["depends"] if d["id"] in set(ids)]
+        return (
+            self.list_depends(job_id)["depends"]
+            if ids is None
+            else [d for d in self.list_depends(job_id)["depends"] if d["id"] in set(ids)]
+        )
 
     def list_depends(self, job: str | int) -> dict[str, list[dict[str, Any]]]:
         """What a job waits on (``depends``) and what waits on it (``dependents``)."""
         job_id = int(self._job_row(job)["id"])
-        return {"depends": [dep.depend_json(r) for r in self._read(dep.list_sql("d.job_id = ?"), (job_id,))],
-                "dependents": [dep.depend_json(r) for r in self._read(
-                    dep.list_sql("d.on_job_id = ? AND d.job_id != ?"), (job_id, job_id))]}
+        return {
+            "depends": [dep.depend_json(r) for r in self._read(dep.list_sql("d.job_id = ?"), (job_id,))],
+            "dependents": [
+                dep.depend_json(r)
+                for r in self._read(dep.list_sql("d.on_job_id = ? AND d.job_id != ?"), (job_id, job_id))
+            ],
+        }
 
     def sweep_depends(self, *, now: float) -> int:
         """Release dependencies whose target is done but were not released (store/depends.py
@@ -980,14 +1280,26 @@ class SQLStore(Store):
 
     # -- hosts ---------------------------------------------------------------------------------
     def register_host(self, host: HostInfo, *, now: float) -> None:
-        self._write(lambda tx: tx.run(
-            "INSERT INTO hosts(name, cores, memory_bytes, gpus, tags, registered_at, last_heartbeat, worker_pid, "
-            "version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
-            "cores = excluded.cores, memory_bytes = excluded.memory_bytes, gpus = excluded.gpus, "
-            "tags = excluded.tags, registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat, "
-            "worker_pid = excluded.worker_pid, version = excluded.version",
-            (host.name, host.cores, host.memory_bytes, json.dumps(list(host.gpus)), json.dumps(list(host.tags)),
-             now, now, host.worker_pid, host.version)))
+        self._write(
+            lambda tx: tx.run(
+                "INSERT INTO hosts(name, cores, memory_bytes, gpus, tags, registered_at, last_heartbeat, worker_pid, "
+                "version) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                "cores = excluded.cores, memory_bytes = excluded.memory_bytes, gpus = excluded.gpus, "
+                "tags = excluded.tags, registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat, "
+                "worker_pid = excluded.worker_pid, version = excluded.version",
+                (
+                    host.name,
+                    host.cores,
+                    host.memory_bytes,
+                    json.dumps(list(host.gpus)),
+                    json.dumps(list(host.tags)),
+                    now,
+                    now,
+                    host.worker_pid,
+                    host.version,
+                ),
+            )
+        )
 
     def list_hosts(self, *, now: float, down_after: float) -> list[dict[str, Any]]:
         return [host_json(r, now=now, down_after=down_after) for r in self._read("SELECT * FROM hosts ORDER BY name")]
@@ -997,8 +1309,10 @@ class SQLStore(Store):
         if not rows:
             raise NotFound(f"no host {name!r}", hint="see `cuectl host list`")
         data = host_json(rows[0], now=now, down_after=down_after)
-        data["running_frames"] = [r["id"] for r in self._read(
-            "SELECT id FROM frames WHERE host = ? AND state = 'RUNNING' ORDER BY id", (name,))]
+        data["running_frames"] = [
+            r["id"]
+            for r in self._read("SELECT id FROM frames WHERE host = ? AND state = 'RUNNING' ORDER BY id", (name,))
+        ]
         return data
 
     def set_host_locked(self, name: str, locked: bool) -> dict[str, Any]:
@@ -1016,18 +1330,26 @@ class SQLStore(Store):
         # or heartbeat of any worker of this host outdates: no column to add, and a host
         # never reads DOWN while a worker beats for it.
         mark = json.dumps({"at": now, views.SIGNED_OFF: True})
-        return bool(self._write(lambda tx: tx.run(
-            "UPDATE hosts SET last_heartbeat = ?, live = ?, worker_pid = NULL "
-            "WHERE name = ? AND (worker_pid = ? OR (worker_pid IS NULL AND ? IS NULL))",
-            (now, mark, name, worker_pid, worker_pid))))
+        return bool(
+            self._write(
+                lambda tx: tx.run(
+                    "UPDATE hosts SET last_heartbeat = ?, live = ?, worker_pid = NULL "
+                    "WHERE name = ? AND (worker_pid = ? OR (worker_pid IS NULL AND ? IS NULL))",
+                    (now, mark, name, worker_pid, worker_pid),
+                )
+            )
+        )
 
     def host_inventories(self) -> dict[str, tuple[list[Mapping[str, Any]], bool, list[str]]]:
-        return {r["name"]: (json.loads(r["gpus"]), bool(r["locked"]), json.loads(r["tags"]))
-                for r in self._read("SELECT name, gpus, locked, tags FROM hosts")}
+        return {
+            r["name"]: (json.loads(r["gpus"]), bool(r["locked"]), json.loads(r["tags"]))
+            for r in self._read("SELECT name, gpus, locked, tags FROM hosts")
+        }
 
     # -- worker --------------------------------------------------------------------------------
-    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None,
-                        host: HostShape | None = None) -> list[RunnableLayer]:
+    def runnable_layers(
+        self, *, limit: int = 500, after: tuple[Any, ...] | None = None, host: HostShape | None = None
+    ) -> list[RunnableLayer]:
         # Keyset paging in dispatch order: ``after`` is the last page's final layer's
         # ``order_key``, so a worker reads on past any number of layers it cannot run (a
         # fixed window let 200 unrunnable layers starve everything behind them). ``host``
@@ -1036,15 +1358,24 @@ class SQLStore(Store):
         page, params = "", []
         if after is not None:
             priority, created_at, job_id, idx = after
-            page = ("AND (j.priority < ? OR (j.priority = ? AND (j.created_at > ? OR (j.created_at = ? AND "
-                    "(j.id > ? OR (j.id = ? AND l.idx > ?)))))) ")
+            page = (
+                "AND (j.priority < ? OR (j.priority = ? AND (j.created_at > ? OR (j.created_at = ? AND "
+                "(j.id > ? OR (j.id = ? AND l.idx > ?)))))) "
+            )
             params = [priority, priority, created_at, created_at, job_id, job_id, idx]
         if host is not None:
-            page += ("AND l.gpus <= ? AND (l.gpus = 0 OR l.gpu_memory_min_bytes <= ?) "
-                     "AND (l.gpus > 0 OR (? = 0 AND l.cores <= ? AND l.memory_bytes <= ?)) ")
+            page += (
+                "AND l.gpus <= ? AND (l.gpus = 0 OR l.gpu_memory_min_bytes <= ?) "
+                "AND (l.gpus > 0 OR (? = 0 AND l.cores <= ? AND l.memory_bytes <= ?)) "
+            )
             # (a GiB of slack: a device satisfies a request its total rounds up to, match.py)
-            params += [host.gpus, host.gpu_memory_max_bytes + (1 << 30), int(host.gpu_only), host.cores + 1e-9,
-                       host.memory_bytes]
+            params += [
+                host.gpus,
+                host.gpu_memory_max_bytes + (1 << 30),
+                int(host.gpu_only),
+                host.cores + 1e-9,
+                host.memory_bytes,
+            ]
         params.append(limit)
         rows = self._read(
             "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
@@ -1053,49 +1384,84 @@ class SQLStore(Store):
             "FROM layers l JOIN jobs j ON j.id = l.job_id "
             "WHERE j.state = 'PENDING' AND j.paused = 0 AND l.depend_count >= 0 "
             "AND EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = l.id AND f.state = 'WAITING') "
-            f"{page}ORDER BY j.priority DESC, j.created_at, j.id, l.idx LIMIT ?", params)
-        return [RunnableLayer(layer_id=r["id"], job_id=r["job_id"], job=r["job_name"], layer=r["name"],
-                              priority=r["priority"], gpus=r["gpus"], gpu_vendor=r["gpu_vendor"],
-                              gpu_models=_json_tuple(r["gpu_models"]),
-                              gpu_memory_min_bytes=r["gpu_memory_min_bytes"], cores=r["cores"],
-                              memory_bytes=r["memory_bytes"], tags=_json_tuple(r["tags"]), waiting=1,
-                              user=r["user"], submitted_by=r["submitted_by"], receipt=r["receipt"],
-                              order_key=(r["priority"], r["created_at"], r["job_id"], r["idx"]))
-                for r in rows]
+            f"{page}ORDER BY j.priority DESC, j.created_at, j.id, l.idx LIMIT ?",
+            params,
+        )
+        return [
+            RunnableLayer(
+                layer_id=r["id"],
+                job_id=r["job_id"],
+                job=r["job_name"],
+                layer=r["name"],
+                priority=r["priority"],
+                gpus=r["gpus"],
+                gpu_vendor=r["gpu_vendor"],
+                gpu_models=_json_tuple(r["gpu_models"]),
+                gpu_memory_min_bytes=r["gpu_memory_min_bytes"],
+                cores=r["cores"],
+                memory_bytes=r["memory_bytes"],
+                tags=_json_tuple(r["tags"]),
+                waiting=1,
+                user=r["user"],
+                submitted_by=r["submitted_by"],
+                receipt=r["receipt"],
+                order_key=(r["priority"], r["created_at"], r["job_id"], r["idx"]),
+            )
+            for r in rows
+        ]
 
     def _layer_row(self, layer_id: int) -> Row:
         """The layer (with its job's name and user) for the claim path, read once."""
         row = self._layer_cache.get(layer_id)
         if row is None:
             columns = ", ".join(f"l.{c.strip()}" for c in lifecycle.LAYER_COLUMNS.split(","))
-            rows = self._read(f'SELECT {columns}, j.name AS job_name, j."user" AS "user", j.submitted_by, j.receipt, '
-                              "j.project, j.show, j.shot, j.max_running AS job_max_running, j.max_cores AS job_max_cores, "
-                              "j.max_gpus AS job_max_gpus "
-                              "FROM layers l JOIN jobs j ON j.id = l.job_id WHERE l.id = ?", (layer_id,))
+            rows = self._read(
+                f'SELECT {columns}, j.name AS job_name, j."user" AS "user", j.submitted_by, j.receipt, '
+                "j.project, j.show, j.shot, j.max_running AS job_max_running, j.max_cores AS job_max_cores, "
+                "j.max_gpus AS job_max_gpus "
+                "FROM layers l JOIN jobs j ON j.id = l.job_id WHERE l.id = ?",
+                (layer_id,),
+            )
             if not rows:
                 raise NotFound(f"no layer {layer_id}")
             row = dict(rows[0])
             # The limits it holds as layer_limits says (rows its owner cannot change after
             # submit, unlike the layer's own copy of the list: roles.sql).
-            row["limits"] = json.dumps([r["name"] for r in self._read(
-                "SELECT name FROM layer_limits WHERE layer_id = ? ORDER BY name", (layer_id,))])
+            row["limits"] = json.dumps(
+                [
+                    r["name"]
+                    for r in self._read("SELECT name FROM layer_limits WHERE layer_id = ? ORDER BY name", (layer_id,))
+                ]
+            )
             if len(self._layer_cache) > 4096:
                 self._layer_cache.clear()
             self._layer_cache[layer_id] = row
         return row
 
-    def heartbeat(self, host: str, frame_ids: Iterable[int], *, now: float, lease_s: float,
-                  live: Mapping[str, Any] | None = None, attempts: Mapping[int, int] | None = None
-                  ) -> dict[int, str | None]:
+    def heartbeat(
+        self,
+        host: str,
+        frame_ids: Iterable[int],
+        *,
+        now: float,
+        lease_s: float,
+        live: Mapping[str, Any] | None = None,
+        attempts: Mapping[int, int] | None = None,
+    ) -> dict[int, str | None]:
         ids = [int(i) for i in frame_ids]
 
         def beat(tx: Tx) -> list[Row]:
-            tx.run("UPDATE hosts SET last_heartbeat = ?, live = COALESCE(CAST(? AS TEXT), live) WHERE name = ?",
-                   (now, json.dumps(live) if live is not None else None, host))
+            tx.run(
+                "UPDATE hosts SET last_heartbeat = ?, live = COALESCE(CAST(? AS TEXT), live) WHERE name = ?",
+                (now, json.dumps(live) if live is not None else None, host),
+            )
             if not ids:  # a host runs at most a few hundred frames: one IN list holds them
                 return []
-            tx.run(f"UPDATE frames SET lease_expires = ? WHERE id IN ({marks(len(ids))}) AND host = ? "
-                   "AND state = 'RUNNING'", (now + lease_s, *ids, host))
+            tx.run(
+                f"UPDATE frames SET lease_expires = ? WHERE id IN ({marks(len(ids))}) AND host = ? "
+                "AND state = 'RUNNING'",
+                (now + lease_s, *ids, host),
+            )
             return tx.all(f"SELECT id, state, host, action, attempts FROM frames WHERE id IN ({marks(len(ids))})", ids)
 
         result: dict[int, str | None] = {i: "lost" for i in ids}
@@ -1116,12 +1482,16 @@ class SQLStore(Store):
             # in a cycle.
             written, series = [], []
             for u in sorted(usage, key=lambda u: u.frame_id):
-                if tx.run("UPDATE frames SET gpu_util_pct = ?, gpu_memory_used_bytes = ?, gpu_sampled_at = ? "
-                          "WHERE id = ? AND attempts = ? AND host = ? AND state = 'RUNNING'",
-                          (u.util_pct, u.memory_used_bytes, u.sampled_at, u.frame_id, u.attempt, host)):
+                if tx.run(
+                    "UPDATE frames SET gpu_util_pct = ?, gpu_memory_used_bytes = ?, gpu_sampled_at = ? "
+                    "WHERE id = ? AND attempts = ? AND host = ? AND state = 'RUNNING'",
+                    (u.util_pct, u.memory_used_bytes, u.sampled_at, u.frame_id, u.attempt, host),
+                ):
                     written.append(u.frame_id)
-                    series += [(u.frame_id, u.attempt, uuid, json.dumps([list(p) for p in points]))
-                               for uuid, points in u.samples.items()]
+                    series += [
+                        (u.frame_id, u.attempt, uuid, json.dumps([list(p) for p in points]))
+                        for uuid, points in u.samples.items()
+                    ]
             if series:
                 tx.many(_UPSERT_SAMPLES, series)
             return written
@@ -1132,8 +1502,11 @@ class SQLStore(Store):
         """The frame with what its attempt record needs, locked (its job first: the lock order
         of every writer); None unless it is RUNNING ``attempt`` (fencing)."""
         self._lock_jobs(tx, frames=[frame_id])
-        row = tx.one(f"SELECT {_ATTEMPT_SOURCE} FROM frames f JOIN layers l ON l.id = f.layer_id WHERE f.id = ?"
-                     f"{self.dialect.lock_rows}", (frame_id,))
+        row = tx.one(
+            f"SELECT {_ATTEMPT_SOURCE} FROM frames f JOIN layers l ON l.id = f.layer_id WHERE f.id = ?"
+            f"{self.dialect.lock_rows}",
+            (frame_id,),
+        )
         if row is None or row["state"] != m.RUNNING or row["attempts"] != attempt:
             return None
         return row
@@ -1142,8 +1515,9 @@ class SQLStore(Store):
         # Safe to repeat after a lost COMMIT: the repeat is fenced and returns None.
         return self._write(lambda tx: self._complete(tx, frame_id, attempt, result, now))
 
-    def _complete(self, tx: Tx, frame_id: int, attempt: int, result: FrameResult, now: float,
-                  ended_jobs: set[int] | None = None) -> str | None:
+    def _complete(
+        self, tx: Tx, frame_id: int, attempt: int, result: FrameResult, now: float, ended_jobs: set[int] | None = None
+    ) -> str | None:
         """``complete_frame``'s work, in ``tx``. ``ended_jobs``: collect the frame's job
         there instead of finishing it if done now — the caller does it once per job, after
         all of a transaction's frames (``_finish_jobs_if_done``)."""
@@ -1162,11 +1536,27 @@ class SQLStore(Store):
             "started_at = COALESCE(?, started_at), ended_at = ?, max_rss_bytes = ?, cpu_seconds = ?, "
             "gpu_util_mean_pct = ?, gpu_util_max_pct = ?, gpu_memory_peak_bytes = ?, gpu_seconds = ?, "
             "gpu_busy_seconds = ?, waiting_since = CASE WHEN ? THEN ? ELSE waiting_since END WHERE id = ?",
-            (new_state, result.exit_code, retry_at, outcome in ("succeeded", "failed", "timeout"), failure, result.exit_signal,
-             result.started_at, result.ended_at or now,
-             result.max_rss_bytes, result.cpu_seconds, usage.get("gpu_util_mean_pct"),
-             usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"), usage.get("gpu_seconds"),
-             usage.get("gpu_busy_seconds"), new_state == m.WAITING, now, frame_id))
+            (
+                new_state,
+                result.exit_code,
+                retry_at,
+                outcome in ("succeeded", "failed", "timeout"),
+                failure,
+                result.exit_signal,
+                result.started_at,
+                result.ended_at or now,
+                result.max_rss_bytes,
+                result.cpu_seconds,
+                usage.get("gpu_util_mean_pct"),
+                usage.get("gpu_util_max_pct"),
+                usage.get("gpu_memory_peak_bytes"),
+                usage.get("gpu_seconds"),
+                usage.get("gpu_busy_seconds"),
+                new_state == m.WAITING,
+                now,
+                frame_id,
+            ),
+        )
         self._record_attempt(tx, frame_id, attempt, row, outcome, result, now)
         woke = int(new_state == m.WAITING)
         if new_state in m.RELEASING_STATES or (new_state == m.EATEN and self._satisfy_on_eaten(tx)):
@@ -1181,8 +1571,9 @@ class SQLStore(Store):
             self._notify(tx)
         return new_state
 
-    def _complete_many(self, tx: Tx, reports: Sequence[tuple[int, int, FrameResult]], now: float,
-                       defer_job: int | None = None) -> tuple[list[str | None], bool]:
+    def _complete_many(
+        self, tx: Tx, reports: Sequence[tuple[int, int, FrameResult]], now: float, defer_job: int | None = None
+    ) -> tuple[list[str | None], bool]:
         """``_complete`` for each report in order, and each of their jobs finished if done,
         once (a worker's reports often are frames of one job). ``defer_job``: that job is
         left to the caller, who is about to claim a frame of it (see ``complete_and_claim_many``);
@@ -1196,31 +1587,54 @@ class SQLStore(Store):
         return states, deferred
 
     @staticmethod
-    def _record_attempt(tx: Tx, frame_id: int, attempt: int, row: Row, outcome: str, result: FrameResult | None,
-                        now: float) -> None:
+    def _record_attempt(
+        tx: Tx, frame_id: int, attempt: int, row: Row, outcome: str, result: FrameResult | None, now: float
+    ) -> None:
         usage = dict(result.usage) if result and result.usage else {}
         samples = usage.pop("samples", None) or {}
-        tx.run(_RECORD_ATTEMPT, (
-            frame_id, attempt, row["job_id"], row["host"], row["gpu_uuids"] or "[]", outcome, row["waiting_since"],
-            (result.started_at if result and result.started_at else row["started_at"]),
-            (result.ended_at if result and result.ended_at else now),
-            result.exit_code if result else None, result.exit_signal if result else None,
-            int(bool(result and result.timed_out)), result.max_rss_bytes if result else None,
-            result.cpu_seconds if result else None, row["cores"], json.dumps(usage) if usage else None,
-            usage.get("gpu_util_mean_pct"), usage.get("gpu_util_max_pct"), usage.get("gpu_memory_peak_bytes"),
-            usage.get("gpu_seconds"), usage.get("gpu_busy_seconds"),
-            json.dumps(usage["gpu_models"]) if usage.get("gpu_models") else None,
-            *_attempt_failure(outcome, result)))
+        tx.run(
+            _RECORD_ATTEMPT,
+            (
+                frame_id,
+                attempt,
+                row["job_id"],
+                row["host"],
+                row["gpu_uuids"] or "[]",
+                outcome,
+                row["waiting_since"],
+                (result.started_at if result and result.started_at else row["started_at"]),
+                (result.ended_at if result and result.ended_at else now),
+                result.exit_code if result else None,
+                result.exit_signal if result else None,
+                int(bool(result and result.timed_out)),
+                result.max_rss_bytes if result else None,
+                result.cpu_seconds if result else None,
+                row["cores"],
+                json.dumps(usage) if usage else None,
+                usage.get("gpu_util_mean_pct"),
+                usage.get("gpu_util_max_pct"),
+                usage.get("gpu_memory_peak_bytes"),
+                usage.get("gpu_seconds"),
+                usage.get("gpu_busy_seconds"),
+                json.dumps(usage["gpu_models"]) if usage.get("gpu_models") else None,
+                *_attempt_failure(outcome, result),
+            ),
+        )
         if samples:
-            tx.many(_UPSERT_SAMPLES, [(frame_id, attempt, uuid, json.dumps(points)) for uuid, points in samples.items()])
+            tx.many(
+                _UPSERT_SAMPLES, [(frame_id, attempt, uuid, json.dumps(points)) for uuid, points in samples.items()]
+            )
 
     def requeue_frame(self, frame_id: int, attempt: int, *, now: float, reason: str) -> str | None:
         def requeue(tx: Tx) -> str | None:
             row = self._running_frame(tx, frame_id, attempt)
             if row is None:
                 return None
-            tx.run(f"UPDATE frames SET state = 'WAITING', action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
-                   "waiting_since = ?, ended_at = ? WHERE id = ?", (now, now, frame_id))
+            tx.run(
+                f"UPDATE frames SET state = 'WAITING', action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
+                "waiting_since = ?, ended_at = ? WHERE id = ?",
+                (now, now, frame_id),
+            )
             self._record_attempt(tx, frame_id, attempt, row, reason, None, now)
             self._notify(tx)
             return m.WAITING
@@ -1229,26 +1643,34 @@ class SQLStore(Store):
 
     def layer_frame_counts(self, job_id: int) -> dict[int, dict[str, int]]:
         counts: dict[int, dict[str, int]] = {}
-        for row in self._read("SELECT layer_id, state, COUNT(*) AS n FROM frames WHERE job_id = ? "
-                              "GROUP BY layer_id, state", (int(job_id),)):
+        for row in self._read(
+            "SELECT layer_id, state, COUNT(*) AS n FROM frames WHERE job_id = ? GROUP BY layer_id, state",
+            (int(job_id),),
+        ):
             counts.setdefault(int(row["layer_id"]), {})[row["state"]] = int(row["n"])
         return counts
 
     def running_bookings(self, host: str | None = None) -> list[dict[str, Any]]:
         clause, params = ("AND f.host = ?", (host,)) if host is not None else ("", ())
         rows = self._read(
-            "SELECT f.id, f.job_id, j.name AS job_name, j.\"user\" AS job_user, j.show AS job_show, "
+            'SELECT f.id, f.job_id, j.name AS job_name, j."user" AS job_user, j.show AS job_show, '
             "f.layer_id, l.name AS layer_name, f.number, f.host, f.gpu_uuids, f.attempts, f.started_at, "
             "f.lease_expires, f.max_rss_bytes, f.gpu_memory_used_bytes, f.log_path, "
             "l.cores, l.memory_bytes, l.gpus, l.gpu_memory_min_bytes "
             "FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id "
-            f"WHERE f.state = 'RUNNING' {clause} ORDER BY f.id", params)
+            f"WHERE f.state = 'RUNNING' {clause} ORDER BY f.id",
+            params,
+        )
         return [{**dict(r), "gpu_uuids": json.loads(r["gpu_uuids"]) if r["gpu_uuids"] else []} for r in rows]
 
     def running_on_host(self, host: str) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._read(
-            "SELECT id, attempts, worker, gpu_uuids, lease_expires FROM frames WHERE host = ? AND state = 'RUNNING'",
-            (host,))]
+        return [
+            dict(r)
+            for r in self._read(
+                "SELECT id, attempts, worker, gpu_uuids, lease_expires FROM frames WHERE host = ? AND state = 'RUNNING'",
+                (host,),
+            )
+        ]
 
     def reap(self, *, now: float) -> list[int]:
         # Read first: an idle farm must not take a write transaction on every poll.
@@ -1256,8 +1678,9 @@ class SQLStore(Store):
             return []
 
         def reap_expired(tx: Tx) -> list[int]:
-            expired = [r["id"] for r in tx.all("SELECT id FROM frames WHERE state = 'RUNNING' AND lease_expires < ?",
-                                               (now,))]
+            expired = [
+                r["id"] for r in tx.all("SELECT id FROM frames WHERE state = 'RUNNING' AND lease_expires < ?", (now,))
+            ]
             # Re-read under the locks: a heartbeat or a completion may have come in meanwhile,
             # and another host may be reaping the same frames.
             return self._lose_frames(tx, expired, "f.lease_expires < ?", (now,), now)
@@ -1271,14 +1694,19 @@ class SQLStore(Store):
         self._lock_jobs(tx, frames=ids)
         lost, woke = [], 0
         for batch in batches(ids):
-            rows = tx.all(f"SELECT f.id, {_ATTEMPT_SOURCE} FROM frames f JOIN layers l ON l.id = f.layer_id "
-                          f"WHERE f.id IN ({marks(len(batch))}) AND f.state = 'RUNNING' AND {still} "
-                          f"ORDER BY f.id{self.dialect.lock_rows}", (*batch, *params))
+            rows = tx.all(
+                f"SELECT f.id, {_ATTEMPT_SOURCE} FROM frames f JOIN layers l ON l.id = f.layer_id "
+                f"WHERE f.id IN ({marks(len(batch))}) AND f.state = 'RUNNING' AND {still} "
+                f"ORDER BY f.id{self.dialect.lock_rows}",
+                (*batch, *params),
+            )
             for row in rows:
                 new = lifecycle.reaped_state(row["action"], row["attempts"], row["retries"])
-                tx.run(f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
-                       "ended_at = ?, waiting_since = ?, failure = ? WHERE id = ?",
-                       (new, now, now, lifecycle.LOST_FAILURE, row["id"]))
+                tx.run(
+                    f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
+                    "ended_at = ?, waiting_since = ?, failure = ? WHERE id = ?",
+                    (new, now, now, lifecycle.LOST_FAILURE, row["id"]),
+                )
                 self._record_attempt(tx, row["id"], row["attempts"], row, "lost", None, now)
                 woke += int(new == m.WAITING)
                 if new == m.EATEN:
@@ -1304,9 +1732,13 @@ class SQLStore(Store):
         (an admin's change reaches every worker within that); ``fresh`` reads them now."""
         now = time.monotonic()
         if fresh or now - self._caps_read_at > CAPS_TTL_S:
-            self._limits = {r["name"]: int(r["max_running"]) for r in self._read("SELECT name, max_running FROM limits")}
-            self._quotas = {(r["kind"], r["name"]): capsmod.Quota(r["kind"], r["name"], r["max_gpus"], r["max_cores"])
-                            for r in self._read("SELECT kind, name, max_gpus, max_cores FROM quotas")}
+            self._limits = {
+                r["name"]: int(r["max_running"]) for r in self._read("SELECT name, max_running FROM limits")
+            }
+            self._quotas = {
+                (r["kind"], r["name"]): capsmod.Quota(r["kind"], r["name"], r["max_gpus"], r["max_cores"])
+                for r in self._read("SELECT kind, name, max_gpus, max_cores FROM quotas")
+            }
             self._caps_read_at = now
         return self._limits, self._quotas
 
@@ -1317,8 +1749,10 @@ class SQLStore(Store):
 
     def cap_reached(self, layer_id: int) -> str | None:
         """Which cap holds this layer's next frame back right now, or None (pending reasons)."""
-        return capsmod.explain(self.layer_caps(layer_id, fresh=True),
-                               lambda sql, params: self._read(f"SELECT ({sql}) AS v", params)[0]["v"])
+        return capsmod.explain(
+            self.layer_caps(layer_id, fresh=True),
+            lambda sql, params: self._read(f"SELECT ({sql}) AS v", params)[0]["v"],
+        )
 
     def _check_limits_exist(self, tx: Tx, spec: m.JobSpec) -> None:
         names = sorted({n for layer in spec.layers for n in layer.limits})
@@ -1327,9 +1761,10 @@ class SQLStore(Store):
         known = {r["name"] for r in tx.all(f"SELECT name FROM limits WHERE name IN ({marks(len(names))})", names)}
         missing = [n for n in names if n not in known]
         if missing:
-            raise InvalidInput(f"limits: no limit named {', '.join(repr(n) for n in missing)}",
-                               hint="see `cuectl admin limit list`; an admin creates one with "
-                                    "`cuectl admin limit set NAME N`")
+            raise InvalidInput(
+                f"limits: no limit named {', '.join(repr(n) for n in missing)}",
+                hint="see `cuectl admin limit list`; an admin creates one with `cuectl admin limit set NAME N`",
+            )
 
     def set_limit(self, name: str, max_running: int | None) -> dict[str, Any] | None:
         """Create or change a named limit (None: remove it); admins only."""
@@ -1338,15 +1773,23 @@ class SQLStore(Store):
 
         def change(tx: Tx) -> None:
             if max_running is None:
-                if tx.one("SELECT 1 AS x FROM layer_limits ll JOIN frames f ON f.layer_id = ll.layer_id "
-                          "WHERE ll.name = ? AND f.state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1", (name,)):
-                    raise Conflict(f"limit {name!r} is held by unfinished frames",
-                                   hint="finish or kill those jobs first, or raise the limit instead")
+                if tx.one(
+                    "SELECT 1 AS x FROM layer_limits ll JOIN frames f ON f.layer_id = ll.layer_id "
+                    "WHERE ll.name = ? AND f.state IN ('WAITING', 'DEPEND', 'RUNNING') LIMIT 1",
+                    (name,),
+                ):
+                    raise Conflict(
+                        f"limit {name!r} is held by unfinished frames",
+                        hint="finish or kill those jobs first, or raise the limit instead",
+                    )
                 if tx.run("DELETE FROM limits WHERE name = ?", (name,)) == 0:
                     raise NotFound(f"no limit {name!r}", hint="see `cuectl admin limit list`")
                 return
-            tx.run("INSERT INTO limits(name, max_running) VALUES (?, ?) "
-                   "ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running", (name, max_running))
+            tx.run(
+                "INSERT INTO limits(name, max_running) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running",
+                (name, max_running),
+            )
             self._notify(tx)  # a raised limit may let waiting frames run
 
         self._write(change)
@@ -1363,12 +1806,21 @@ class SQLStore(Store):
             " WHERE ll.name = li.name AND f.state = 'RUNNING') AS running, "
             "(SELECT COUNT(*) FROM layer_limits ll JOIN frames f ON f.layer_id = ll.layer_id "
             " WHERE ll.name = li.name AND f.state = 'WAITING') AS waiting "
-            "FROM limits li ORDER BY li.name")
-        return [{"name": r["name"], "max_running": int(r["max_running"]), "running": int(r["running"]),
-                 "waiting": int(r["waiting"])} for r in rows]
+            "FROM limits li ORDER BY li.name"
+        )
+        return [
+            {
+                "name": r["name"],
+                "max_running": int(r["max_running"]),
+                "running": int(r["running"]),
+                "waiting": int(r["waiting"]),
+            }
+            for r in rows
+        ]
 
-    def set_quota(self, kind: str, name: str, *, max_gpus: int | None, max_cores: float | None,
-                  delete: bool = False) -> dict[str, Any] | None:
+    def set_quota(
+        self, kind: str, name: str, *, max_gpus: int | None, max_cores: float | None, delete: bool = False
+    ) -> dict[str, Any] | None:
         """Set a user's or project's GPU and core caps (None: that cap off); ``delete``
         removes the quota. Admins only."""
         name = capsmod.check_quota(kind, name, max_gpus, max_cores, delete=delete)
@@ -1379,9 +1831,12 @@ class SQLStore(Store):
                 if tx.run("DELETE FROM quotas WHERE kind = ? AND name = ?", (kind, name)) == 0:
                     raise NotFound(f"no quota for {kind} {name!r}", hint="see `cuectl admin quota list`")
             else:
-                tx.run("INSERT INTO quotas(kind, name, max_gpus, max_cores) VALUES (?, ?, ?, ?) "
-                       "ON CONFLICT (kind, name) DO UPDATE SET max_gpus = excluded.max_gpus, "
-                       "max_cores = excluded.max_cores", (kind, name, max_gpus, max_cores))
+                tx.run(
+                    "INSERT INTO quotas(kind, name, max_gpus, max_cores) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT (kind, name) DO UPDATE SET max_gpus = excluded.max_gpus, "
+                    "max_cores = excluded.max_cores",
+                    (kind, name, max_gpus, max_cores),
+                )
             self._notify(tx)
 
         self._write(change)
@@ -1395,11 +1850,19 @@ class SQLStore(Store):
         out = []
         for r in self._read("SELECT kind, name, max_gpus, max_cores FROM quotas ORDER BY kind, name"):
             column = '"user"' if r["kind"] == "user" else "project"
-            used = self._read("SELECT COALESCE(SUM(l.gpus), 0) AS gpus, COALESCE(SUM(l.cores), 0) AS cores "
-                              "FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id "
-                              f"WHERE j.{column} = ? AND f.state = 'RUNNING'", (r["name"],))[0]
-            out.append({**capsmod.Quota(r["kind"], r["name"], r["max_gpus"], r["max_cores"]).to_json(),
-                        "gpus_in_use": int(used["gpus"]), "cores_in_use": float(used["cores"])})
+            used = self._read(
+                "SELECT COALESCE(SUM(l.gpus), 0) AS gpus, COALESCE(SUM(l.cores), 0) AS cores "
+                "FROM frames f JOIN jobs j ON j.id = f.job_id JOIN layers l ON l.id = f.layer_id "
+                f"WHERE j.{column} = ? AND f.state = 'RUNNING'",
+                (r["name"],),
+            )[0]
+            out.append(
+                {
+                    **capsmod.Quota(r["kind"], r["name"], r["max_gpus"], r["max_cores"]).to_json(),
+                    "gpus_in_use": int(used["gpus"]),
+                    "cores_in_use": float(used["cores"]),
+                }
+            )
         return out
 
     # -- services (``cuectl admin service``; sched/services.py) ---------------------------------
@@ -1411,15 +1874,19 @@ class SQLStore(Store):
         def change(tx: Tx) -> None:
             tx.run("INSERT INTO services(name) VALUES (?) ON CONFLICT (name) DO NOTHING", (name,))
             if checked:
-                tx.run(f"UPDATE services SET {', '.join(f'{column} = ?' for column in checked)} WHERE name = ?",
-                       (*checked.values(), name))
+                tx.run(
+                    f"UPDATE services SET {', '.join(f'{column} = ?' for column in checked)} WHERE name = ?",
+                    (*checked.values(), name),
+                )
 
         self._write(change)
         return next(r for r in self.list_services() if r["name"] == name)
 
     def list_services(self) -> list[dict[str, Any]]:
-        return [services.row_json(r) for r in self._read(
-            f"SELECT name, {', '.join(services.FIELDS)} FROM services ORDER BY name")]
+        return [
+            services.row_json(r)
+            for r in self._read(f"SELECT name, {', '.join(services.FIELDS)} FROM services ORDER BY name")
+        ]
 
     def delete_service(self, name: str) -> None:
         name = services.check_name(name)
@@ -1435,8 +1902,10 @@ class SQLStore(Store):
     def _admin_only(self, what: str, manage: str = "API tokens") -> Actor:
         actor = self.actor()
         if not actor.admin:
-            raise NotOwner(f"{what}: only an admin may manage {manage}, not {actor.name}",
-                           hint="ask an admin (root or the store's owner; PostgreSQL: a member of cuectl_admin)")
+            raise NotOwner(
+                f"{what}: only an admin may manage {manage}, not {actor.name}",
+                hint="ask an admin (root or the store's owner; PostgreSQL: a member of cuectl_admin)",
+            )
         return actor
 
     def create_token(self, user: str, *, role: str, label: str | None, now: float) -> tuple[Token, str]:
@@ -1446,9 +1915,13 @@ class SQLStore(Store):
             raise InvalidInput(f"USER: {user!r} is not a user name")
         actor = self._admin_only("token create")
         secret = "cuectl_" + secrets.token_urlsafe(32)
-        row = self._write(lambda tx: tx.one(
-            'INSERT INTO tokens("user", role, hash, label, created_at, created_by) VALUES (?, ?, ?, ?, ?, ?) '
-            "RETURNING *", (user, role, _token_hash(secret), label, now, actor.name)))
+        row = self._write(
+            lambda tx: tx.one(
+                'INSERT INTO tokens("user", role, hash, label, created_at, created_by) VALUES (?, ?, ?, ?, ?, ?) '
+                "RETURNING *",
+                (user, role, _token_hash(secret), label, now, actor.name),
+            )
+        )
         return _token(row), secret
 
     def list_tokens(self) -> list[Token]:
@@ -1457,8 +1930,11 @@ class SQLStore(Store):
 
     def revoke_token(self, token_id: int, *, now: float) -> Token:
         self._admin_only("token revoke")
-        row = self._write(lambda tx: tx.one("UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ? "
-                                            "RETURNING *", (now, token_id)))
+        row = self._write(
+            lambda tx: tx.one(
+                "UPDATE tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ? RETURNING *", (now, token_id)
+            )
+        )
         if row is None:
             raise NotFound(f"no token {token_id}", hint="see `cuectl admin token list`")
         return _token(row)
@@ -1474,16 +1950,21 @@ class SQLStore(Store):
             return None
         row = rows[0]
         if row["last_used_at"] is None or now - float(row["last_used_at"]) >= self.LAST_USED_RESOLUTION_S:
-            updated = self._write(lambda tx: tx.one("UPDATE tokens SET last_used_at = ? WHERE hash = ? "
-                                                    "AND revoked_at IS NULL RETURNING *", (now, digest)))
+            updated = self._write(
+                lambda tx: tx.one(
+                    "UPDATE tokens SET last_used_at = ? WHERE hash = ? AND revoked_at IS NULL RETURNING *",
+                    (now, digest),
+                )
+            )
             if updated is None:  # revoked in between
                 return None
             row = updated
         return _token(row)
 
     # -- accounting and maintenance ------------------------------------------------------------
-    def usage_summary(self, *, since: float, until: float, by: str | None,
-                      with_total: bool = True) -> tuple[list[UsageGroup], UsageGroup | None]:
+    def usage_summary(
+        self, *, since: float, until: float, by: str | None, with_total: bool = True
+    ) -> tuple[list[UsageGroup], UsageGroup | None]:
         """Accounting sums per group over the attempts that ended in [since, until) (see
         ``usage_sql``), read from one snapshot so a worker finishing a frame meanwhile
         cannot make the groups and their waits disagree."""
@@ -1492,38 +1973,63 @@ class SQLStore(Store):
         param = self.dialect.param
 
         def summarise(fetch: Fetch, aside: Fetch | None) -> tuple[list[UsageGroup], UsageGroup | None]:
-            in_window = int(fetch(f"SELECT COUNT(*) FROM attempts WHERE ended_at >= {param('since')} "
-                                  f"AND ended_at < {param('until')}", window)[0][0])
+            in_window = int(
+                fetch(
+                    f"SELECT COUNT(*) FROM attempts WHERE ended_at >= {param('since')} AND ended_at < {param('until')}",
+                    window,
+                )[0][0]
+            )
             if not in_window:
                 return [], (UsageGroup(()) if with_total else None)
-            return usage_sql.summarise(fetch, self.dialect, since=since, until=until, by=by,
-                                       hint=self._scan_hint(fetch, in_window), with_total=with_total,
-                                       fetch_aside=aside)
+            return usage_sql.summarise(
+                fetch,
+                self.dialect,
+                since=since,
+                until=until,
+                by=by,
+                hint=self._scan_hint(fetch, in_window),
+                with_total=with_total,
+                fetch_aside=aside,
+            )
 
         return self._snapshot_pair(summarise)
 
     def farm_figures(self) -> FarmFigures:
         held = "gpu_uuids IS NOT NULL AND gpu_uuids <> '[]'"
         duration = "(ended_at - started_at)"
-        buckets = ", ".join(f"SUM(CASE WHEN {duration} <= {bound!r} THEN 1 ELSE 0 END) AS b{i}"
-                            for i, bound in enumerate(LEASE_BUCKETS_S))
+        buckets = ", ".join(
+            f"SUM(CASE WHEN {duration} <= {bound!r} THEN 1 ELSE 0 END) AS b{i}"
+            for i, bound in enumerate(LEASE_BUCKETS_S)
+        )
 
         def read(fetch: Fetch) -> FarmFigures:
-            states = {str(state): int(n) for state, n in fetch(
-                "SELECT state, COUNT(*) FROM frames GROUP BY state", {})}
+            states = {str(state): int(n) for state, n in fetch("SELECT state, COUNT(*) FROM frames GROUP BY state", {})}
             active = int(fetch("SELECT COUNT(*) FROM jobs WHERE state != 'FINISHED'", {})[0][0])
-            depth = [(int(job_id), str(job), str(layer), int(n)) for job_id, job, layer, n in fetch(
-                "SELECT j.id, j.name, l.name, COUNT(*) FROM frames f JOIN layers l ON l.id = f.layer_id "
-                "JOIN jobs j ON j.id = f.job_id WHERE f.state = 'WAITING' GROUP BY j.id, j.name, l.id, l.name "
-                "ORDER BY j.id, l.id", {})]
+            depth = [
+                (int(job_id), str(job), str(layer), int(n))
+                for job_id, job, layer, n in fetch(
+                    "SELECT j.id, j.name, l.name, COUNT(*) FROM frames f JOIN layers l ON l.id = f.layer_id "
+                    "JOIN jobs j ON j.id = f.job_id WHERE f.state = 'WAITING' GROUP BY j.id, j.name, l.id, l.name "
+                    "ORDER BY j.id, l.id",
+                    {},
+                )
+            ]
             running = int(fetch(f"SELECT COUNT(*) FROM frames WHERE state = 'RUNNING' AND {held}", {})[0][0])
-            row = fetch(f"SELECT COUNT(*), SUM({duration}), {buckets} FROM attempts "
-                        f"WHERE {held} AND started_at IS NOT NULL AND ended_at IS NOT NULL", {})[0]
+            row = fetch(
+                f"SELECT COUNT(*), SUM({duration}), {buckets} FROM attempts "
+                f"WHERE {held} AND started_at IS NOT NULL AND ended_at IS NOT NULL",
+                {},
+            )[0]
             count = int(row[0] or 0)
-            return FarmFigures(frames_by_state=states, active_jobs=active, queue_depth=depth,
-                               lease_acquisitions=count + running, lease_count=count,
-                               lease_seconds_sum=float(row[1] or 0.0),
-                               lease_bucket_counts=[int(v or 0) for v in row[2:]])
+            return FarmFigures(
+                frames_by_state=states,
+                active_jobs=active,
+                queue_depth=depth,
+                lease_acquisitions=count + running,
+                lease_count=count,
+                lease_seconds_sum=float(row[1] or 0.0),
+                lease_bucket_counts=[int(v or 0) for v in row[2:]],
+            )
 
         return self._snapshot(read)
 
@@ -1532,8 +2038,13 @@ class SQLStore(Store):
         mine = "" if actor.admin else 'AND COALESCE(submitted_by, "user") = ? '
 
         def delete(tx: Tx) -> list[int]:
-            ids = [int(r["id"]) for r in tx.all(f"SELECT id FROM jobs WHERE state = 'FINISHED' AND finished_at < ? "
-                                                f"{mine}ORDER BY id", (before,) if actor.admin else (before, actor.name))]
+            ids = [
+                int(r["id"])
+                for r in tx.all(
+                    f"SELECT id FROM jobs WHERE state = 'FINISHED' AND finished_at < ? {mine}ORDER BY id",
+                    (before,) if actor.admin else (before, actor.name),
+                )
+            ]
             self._lock_jobs(tx, jobs=ids)
             for batch in batches(ids):
                 jobs = f"({marks(len(batch))})"
@@ -1541,24 +2052,33 @@ class SQLStore(Store):
                 layers = f"(SELECT id FROM layers WHERE job_id IN {jobs})"
                 # What still waits on a pruned job (it ended with DEAD frames) is released: the
                 # job it waited on is gone for good.
-                woke = dep.wake(tx, tx.all(
-                    f"DELETE FROM depend_edges WHERE ((on_kind = 'frame' AND on_id IN {frames}) OR (on_kind IN "
-                    f"('layer', 'any') AND on_id IN {layers}) OR (on_kind = 'job' AND on_id IN {jobs})) AND "
-                    f"depend_id NOT IN (SELECT id FROM depends WHERE job_id IN {jobs}) RETURNING layer_id, frame_id",
-                    batch * 4), time.time())
+                woke = dep.wake(
+                    tx,
+                    tx.all(
+                        f"DELETE FROM depend_edges WHERE ((on_kind = 'frame' AND on_id IN {frames}) OR (on_kind IN "
+                        f"('layer', 'any') AND on_id IN {layers}) OR (on_kind = 'job' AND on_id IN {jobs})) AND "
+                        f"depend_id NOT IN (SELECT id FROM depends WHERE job_id IN {jobs}) RETURNING layer_id, frame_id",
+                        batch * 4,
+                    ),
+                    time.time(),
+                )
                 if woke:
                     self._notify(tx)
                 for statement, times in (
-                        (f"DELETE FROM depend_edges WHERE depend_id IN (SELECT id FROM depends WHERE job_id IN {jobs}) "
-                         f"OR frame_id IN {frames} OR layer_id IN {layers}", 3),
-                        (f"DELETE FROM depends WHERE job_id IN {jobs}", 1),
-                        (f"DELETE FROM frame_deps WHERE frame_id IN {frames} OR on_frame_id IN {frames}", 2),
-                        (f"DELETE FROM layer_deps WHERE layer_id IN (SELECT id FROM layers WHERE job_id IN {jobs})", 1),
-                        (f"DELETE FROM attempts WHERE job_id IN {jobs}", 1),
-                        (f"DELETE FROM samples WHERE frame_id IN {frames}", 1),
-                        (f"DELETE FROM frames WHERE job_id IN {jobs}", 1),
-                        (f"DELETE FROM layers WHERE job_id IN {jobs}", 1),
-                        (f"DELETE FROM jobs WHERE id IN {jobs}", 1)):
+                    (
+                        f"DELETE FROM depend_edges WHERE depend_id IN (SELECT id FROM depends WHERE job_id IN {jobs}) "
+                        f"OR frame_id IN {frames} OR layer_id IN {layers}",
+                        3,
+                    ),
+                    (f"DELETE FROM depends WHERE job_id IN {jobs}", 1),
+                    (f"DELETE FROM frame_deps WHERE frame_id IN {frames} OR on_frame_id IN {frames}", 2),
+                    (f"DELETE FROM layer_deps WHERE layer_id IN (SELECT id FROM layers WHERE job_id IN {jobs})", 1),
+                    (f"DELETE FROM attempts WHERE job_id IN {jobs}", 1),
+                    (f"DELETE FROM samples WHERE frame_id IN {frames}", 1),
+                    (f"DELETE FROM frames WHERE job_id IN {jobs}", 1),
+                    (f"DELETE FROM layers WHERE job_id IN {jobs}", 1),
+                    (f"DELETE FROM jobs WHERE id IN {jobs}", 1),
+                ):
                     tx.run(statement, batch * times)
             return ids
 
@@ -1569,18 +2089,23 @@ class SQLStore(Store):
     def prunable_jobs(self, *, before: float) -> list[dict[str, Any]]:
         actor = self.actor()
         mine = "" if actor.admin else 'AND COALESCE(submitted_by, "user") = ? '
-        rows = self._read('SELECT id, name, "user" AS "user", finished_at FROM jobs '
-                          f"WHERE state = 'FINISHED' AND finished_at < ? {mine}ORDER BY id",
-                          (before,) if actor.admin else (before, actor.name))
-        return [{"id": int(r["id"]), "name": r["name"], "user": r["user"], "finished_at": r["finished_at"]}
-                for r in rows]
+        rows = self._read(
+            'SELECT id, name, "user" AS "user", finished_at FROM jobs '
+            f"WHERE state = 'FINISHED' AND finished_at < ? {mine}ORDER BY id",
+            (before,) if actor.admin else (before, actor.name),
+        )
+        return [
+            {"id": int(r["id"]), "name": r["name"], "user": r["user"], "finished_at": r["finished_at"]} for r in rows
+        ]
 
     # -- forgetting a dead host (``cuectl host forget``) ---------------------------------------
     def forget_host(self, name: str, *, now: float, down_after: float, force: bool = False) -> dict[str, Any]:
         actor = self.actor()
         if not actor.admin:
-            raise NotOwner(f"host forget: only an admin may forget a host, not {actor.name}",
-                           hint="ask an admin (root or the store's owner; PostgreSQL: a member of cuectl_admin)")
+            raise NotOwner(
+                f"host forget: only an admin may forget a host, not {actor.name}",
+                hint="ask an admin (root or the store's owner; PostgreSQL: a member of cuectl_admin)",
+            )
 
         def forget(tx: Tx) -> dict[str, Any]:
             # The host row first (aliased f for the dialect's lock clause), then its frames'
@@ -1589,19 +2114,31 @@ class SQLStore(Store):
             if host is None:
                 raise NotFound(f"no host {name!r}", hint="see `cuectl host list`")
             data = host_json(host, now=now, down_after=down_after)
-            running = [int(r["id"]) for r in tx.all(
-                "SELECT id FROM frames WHERE host = ? AND state = 'RUNNING' ORDER BY id", (name,))]
+            running = [
+                int(r["id"])
+                for r in tx.all("SELECT id FROM frames WHERE host = ? AND state = 'RUNNING' ORDER BY id", (name,))
+            ]
             if not force and (data["state"] == "UP" or running):
-                why = (f"it is UP (last heartbeat {data['last_heartbeat']})" if data["state"] == "UP"
-                       else f"{len(running)} frame(s) are RUNNING on it")
-                raise Conflict(f"host {name!r} not forgotten: {why}",
-                               hint="stop its worker first, or use --force to forget it anyway "
-                                    "(its RUNNING frames are requeued as lost)")
+                why = (
+                    f"it is UP (last heartbeat {data['last_heartbeat']})"
+                    if data["state"] == "UP"
+                    else f"{len(running)} frame(s) are RUNNING on it"
+                )
+                raise Conflict(
+                    f"host {name!r} not forgotten: {why}",
+                    hint="stop its worker first, or use --force to forget it anyway "
+                    "(its RUNNING frames are requeued as lost)",
+                )
             # As ``reap`` does for an expired lease: each frame is lost.
             lost = self._lose_frames(tx, running, "f.host = ?", (name,), now)
             tx.run("DELETE FROM hosts WHERE name = ?", (name,))
-            return {"name": name, "state": data["state"], "last_heartbeat": data["last_heartbeat"],
-                    "gpus": [g.get("uuid") for g in data["gpus"]], "requeued": lost}
+            return {
+                "name": name,
+                "state": data["state"],
+                "last_heartbeat": data["last_heartbeat"],
+                "gpus": [g.get("uuid") for g in data["gpus"]],
+                "requeued": lost,
+            }
 
         # Not repeated after a lost COMMIT: the repeat would find no host and say so.
         return self._write(forget, idempotent=False)
@@ -1620,65 +2157,93 @@ class SQLStore(Store):
 
         def change(tx: Tx) -> None:
             if checked:
-                tx.run("INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                       (notes.DEFAULTS_KEY, nt.to_json(checked)))
+                tx.run(
+                    "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                    (notes.DEFAULTS_KEY, nt.to_json(checked)),
+                )
             else:
                 tx.run("DELETE FROM meta WHERE key = ?", (notes.DEFAULTS_KEY,))
 
         self._write(change)
         return self.notify_defaults()
 
-    def list_notifications(self, *, job: str | int | None = None, pending: bool = False,
-                           limit: int = 1000) -> list[dict[str, Any]]:
+    def list_notifications(
+        self, *, job: str | int | None = None, pending: bool = False, limit: int = 1000
+    ) -> list[dict[str, Any]]:
         where, params = ["1 = 1"], []
         if job is not None:
             where.append("job_id = ?")
             params.append(self._job_row(job)["id"])
         if pending:
             where.append("delivered_at IS NULL")
-        rows = self._read(f"SELECT * FROM notifications WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",
-                          [*params, int(limit)])
+        rows = self._read(
+            f"SELECT * FROM notifications WHERE {' AND '.join(where)} ORDER BY id LIMIT ?", [*params, int(limit)]
+        )
         return [notes.row_json(r) for r in rows]
 
-    def claim_notifications(self, worker: str, *, now: float, limit: int = 10,
-                            lease_s: float = 120.0) -> list[dict[str, Any]]:
+    def claim_notifications(
+        self, worker: str, *, now: float, limit: int = 10, lease_s: float = 120.0
+    ) -> list[dict[str, Any]]:
         due = (now, notes.MAX_ATTEMPTS, now)
         # Read first: an idle farm must not take a write transaction on every poll.
         if not self._read(f"SELECT 1 AS x FROM notifications WHERE {notes.DUE} LIMIT 1", due):
             return []
 
         def claim(tx: Tx) -> list[Row]:
-            ids = [r["id"] for r in tx.all(f"SELECT id FROM notifications WHERE {notes.DUE} "
-                                           "ORDER BY next_at, id LIMIT ?", (*due, int(limit)))]
+            ids = [
+                r["id"]
+                for r in tx.all(
+                    f"SELECT id FROM notifications WHERE {notes.DUE} ORDER BY next_at, id LIMIT ?", (*due, int(limit))
+                )
+            ]
             got = []
             for nid in ids:  # conditional: a row another deliverer took meanwhile is skipped
-                if tx.run(f"UPDATE notifications SET claimed_by = ?, claimed_until = ? WHERE id = ? AND {notes.DUE}",
-                          (worker, now + lease_s, nid, *due)):
+                if tx.run(
+                    f"UPDATE notifications SET claimed_by = ?, claimed_until = ? WHERE id = ? AND {notes.DUE}",
+                    (worker, now + lease_s, nid, *due),
+                ):
                     got.append(nid)
             if not got:
                 return []
-            return tx.all('SELECT n.*, j.name AS job_name, j."user" AS "user", j.submitted_by, j.receipt, j.notify '
-                          f"FROM notifications n JOIN jobs j ON j.id = n.job_id WHERE n.id IN ({marks(len(got))}) "
-                          "ORDER BY n.id", got)
+            return tx.all(
+                'SELECT n.*, j.name AS job_name, j."user" AS "user", j.submitted_by, j.receipt, j.notify '
+                f"FROM notifications n JOIN jobs j ON j.id = n.job_id WHERE n.id IN ({marks(len(got))}) "
+                "ORDER BY n.id",
+                got,
+            )
 
         out = []
         for r in self._write(claim):
             data = notes.row_json(r, mask=False)
-            data.update(job=r["job_name"], user=r["user"], submitted_by=r["submitted_by"], receipt=r["receipt"],
-                        job_notify=notes.entries_json(nt.from_json(r["notify"])))
+            data.update(
+                job=r["job_name"],
+                user=r["user"],
+                submitted_by=r["submitted_by"],
+                receipt=r["receipt"],
+                job_notify=notes.entries_json(nt.from_json(r["notify"])),
+            )
             out.append(data)
         return out
 
     def notification_delivered(self, notification_id: int, claimed_by: str, *, now: float) -> bool:
-        return bool(self._write(lambda tx: tx.run(
-            "UPDATE notifications SET delivered_at = ?, claimed_until = NULL, error = NULL "
-            "WHERE id = ? AND claimed_by = ? AND delivered_at IS NULL", (now, notification_id, claimed_by))))
+        return bool(
+            self._write(
+                lambda tx: tx.run(
+                    "UPDATE notifications SET delivered_at = ?, claimed_until = NULL, error = NULL "
+                    "WHERE id = ? AND claimed_by = ? AND delivered_at IS NULL",
+                    (now, notification_id, claimed_by),
+                )
+            )
+        )
 
-    def notification_failed(self, notification_id: int, claimed_by: str, error: str, *, now: float,
-                            give_up: bool = False) -> bool:
+    def notification_failed(
+        self, notification_id: int, claimed_by: str, error: str, *, now: float, give_up: bool = False
+    ) -> bool:
         def fail(tx: Tx) -> bool:
-            row = tx.one("SELECT attempts FROM notifications WHERE id = ? AND claimed_by = ? AND delivered_at IS NULL",
-                         (notification_id, claimed_by))
+            row = tx.one(
+                "SELECT attempts FROM notifications WHERE id = ? AND claimed_by = ? AND delivered_at IS NULL",
+                (notification_id, claimed_by),
+            )
             if row is None:
                 return False
             failures = int(row["attempts"]) + 1
@@ -1686,18 +2251,28 @@ class SQLStore(Store):
                 next_at, text = notes.NEVER, f"gave up after {failures} attempt(s): {error}"
             else:
                 next_at, text = now + notes.retry_delay(failures), error
-            return bool(tx.run("UPDATE notifications SET attempts = ?, next_at = ?, error = ?, claimed_until = NULL "
-                               "WHERE id = ? AND claimed_by = ?",
-                               (failures, next_at, text[:2000], notification_id, claimed_by)))
+            return bool(
+                tx.run(
+                    "UPDATE notifications SET attempts = ?, next_at = ?, error = ?, claimed_until = NULL "
+                    "WHERE id = ? AND claimed_by = ?",
+                    (failures, next_at, text[:2000], notification_id, claimed_by),
+                )
+            )
 
         return self._write(fail)
 
     def release_notifications(self, claimed_by_prefix: str, *, keep: str | None = None) -> int:
         """Claims of a deliverer known dead (a restarted worker's predecessor): due again now."""
         pattern = claimed_by_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        return int(self._write(lambda tx: tx.run(
-            "UPDATE notifications SET claimed_until = NULL WHERE delivered_at IS NULL AND claimed_until IS NOT NULL "
-            "AND claimed_by LIKE ? ESCAPE '\\' AND claimed_by != ?", (pattern, keep or ""))))
+        return int(
+            self._write(
+                lambda tx: tx.run(
+                    "UPDATE notifications SET claimed_until = NULL WHERE delivered_at IS NULL AND claimed_until IS NOT NULL "
+                    "AND claimed_by LIKE ? ESCAPE '\\' AND claimed_by != ?",
+                    (pattern, keep or ""),
+                )
+            )
+        )
 
 
 def _as_id(text: str) -> int | None:
@@ -1716,6 +2291,13 @@ def _token_hash(secret: str) -> str:
 
 
 def _token(row: Row) -> Token:
-    return Token(id=int(row["id"]), user=row["user"], role=row["role"], label=row["label"],
-                 created_at=row["created_at"], created_by=row["created_by"], revoked_at=row["revoked_at"],
-                 last_used_at=row["last_used_at"])
+    return Token(
+        id=int(row["id"]),
+        user=row["user"],
+        role=row["role"],
+        label=row["label"],
+        created_at=row["created_at"],
+        created_by=row["created_by"],
+        revoked_at=row["revoked_at"],
+        last_used_at=row["last_used_at"],
+    )

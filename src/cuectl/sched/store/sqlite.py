@@ -50,7 +50,8 @@ _CLAIM_SQL = (
     "AND state = 'WAITING' "
     "AND (SELECT paused FROM jobs WHERE id = frames.job_id) = 0 "
     "AND NOT EXISTS (SELECT 1 FROM hosts WHERE name = ? AND locked = 1){caps} "
-    "RETURNING id, attempts, number, frames, log_path")
+    "RETURNING id, attempts, number, frames, log_path"
+)
 _CLAIM_FAST = _CLAIM_SQL.format(caps="")
 
 
@@ -71,8 +72,9 @@ def _tuple_fetch(conn: sqlite3.Connection) -> Fetch:
 class SQLiteStore(SQLStore):
     dialect = SQLITE
 
-    def __init__(self, path: str | Path, *, create: bool = True, busy_timeout_s: float = 5.0,
-                 log_dir: Path | None = None) -> None:
+    def __init__(
+        self, path: str | Path, *, create: bool = True, busy_timeout_s: float = 5.0, log_dir: Path | None = None
+    ) -> None:
         self.path = Path(path).expanduser()
         super().__init__(log_dir=log_dir or self.path.parent / f"{self.path.name}-logs")  # (config.log_root)
         self.url = str(self.path)
@@ -86,8 +88,9 @@ class SQLiteStore(SQLStore):
         self._check_location(create)
         self._identity = self._file_identity()  # the file we open; see _check_same_file
         try:
-            self.conn = sqlite3.connect(str(self.path), timeout=busy_timeout_s,
-                                        isolation_level=None, check_same_thread=False)
+            self.conn = sqlite3.connect(
+                str(self.path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
             self.conn.row_factory = sqlite3.Row
             self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
             self._configure_and_migrate()
@@ -107,8 +110,10 @@ class SQLiteStore(SQLStore):
         now = self._file_identity()
         if now != self._identity:
             what = "deleted" if now is None else "replaced by another file"
-            raise StoreGone(f"store {self.path} was {what} while in use; nothing more is written to it",
-                            hint="restore it (or point --db at the right store) and start again")
+            raise StoreGone(
+                f"store {self.path} was {what} while in use; nothing more is written to it",
+                hint="restore it (or point --db at the right store) and start again",
+            )
 
     # -- opening -------------------------------------------------------------------------------
     def _check_location(self, create: bool) -> None:
@@ -122,11 +127,16 @@ class SQLiteStore(SQLStore):
             raise InvalidInput(f"store path {self.path} is a directory")
         net = fsutil.is_network_fs(self.path.parent)
         if net:
-            raise StoreError(f"store {self.path} is on a network filesystem ({net}); SQLite locking is not safe there",
-                             hint="use PostgreSQL for workers on several hosts: --db postgresql://…")
+            raise StoreError(
+                f"store {self.path} is on a network filesystem ({net}); SQLite locking is not safe there",
+                hint="use PostgreSQL for workers on several hosts: --db postgresql://…",
+            )
         if not self.path.exists():
             if not create:
-                raise NotFound(f"no store at {self.path}", hint=f"create it with `cuectl --db {self.path} admin migrate` (or submit a job), or pass --db")
+                raise NotFound(
+                    f"no store at {self.path}",
+                    hint=f"create it with `cuectl --db {self.path} admin migrate` (or submit a job), or pass --db",
+                )
             fsutil.ensure_private_dir(self.path.parent)
             fsutil.create_private_file(self.path)
         elif not os.access(self.path, os.R_OK | os.W_OK):
@@ -135,8 +145,10 @@ class SQLiteStore(SQLStore):
         elif self.path.stat().st_size == 0 and not self._being_created():
             # SQLite would take an empty file for a new database and fill it: a store
             # truncated by accident must not come back silently empty.
-            raise StoreError(f"{self.path} is empty (0 bytes): not a cuectl store; it was left untouched",
-                             hint="restore it from `cuectl admin backup`, or delete it to start a new store")
+            raise StoreError(
+                f"{self.path} is empty (0 bytes): not a cuectl store; it was left untouched",
+                hint="restore it from `cuectl admin backup`, or delete it to start a new store",
+            )
 
     def _being_created(self, wait_s: float = 3.0) -> bool:
         """Whether an empty store file is one another process has just created and is
@@ -161,8 +173,12 @@ class SQLiteStore(SQLStore):
         """``permission denied: PATH (group G can write it)`` for a user outside the store's
         group: who may use it, and how to get access (docs/security.md)."""
         who, group = fsutil.who_can_write(self.path)
-        hint = (f"ask an admin to add you to group {group} (then log in again), or use a store of your own: "
-                "--db ~/my-queue.db" if group else "use a store of your own: --db ~/my-queue.db")
+        hint = (
+            f"ask an admin to add you to group {group} (then log in again), or use a store of your own: "
+            "--db ~/my-queue.db"
+            if group
+            else "use a store of your own: --db ~/my-queue.db"
+        )
         return StoreError(f"permission denied: {self.path} ({who})", hint=hint)
 
     def _configure_and_migrate(self) -> None:
@@ -170,8 +186,10 @@ class SQLiteStore(SQLStore):
         app_id = conn.execute("PRAGMA application_id").fetchone()[0]
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if app_id not in (0, APPLICATION_ID) or (app_id == 0 and tables and "meta" not in tables):
-            raise StoreError(f"{self.path} is a SQLite database but not a cuectl store",
-                             hint="pass --db with a new or existing cuectl store")
+            raise StoreError(
+                f"{self.path} is a SQLite database but not a cuectl store",
+                hint="pass --db with a new or existing cuectl store",
+            )
         if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
             conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -184,7 +202,9 @@ class SQLiteStore(SQLStore):
 
     def _migrate(self, tx: Tx) -> None:
         # Re-read under the write lock: another process may have migrated meanwhile.
-        self._migrate_from(tx, self.schema_version() if tx.one("SELECT 1 FROM sqlite_master WHERE name = 'meta'") else 0)
+        self._migrate_from(
+            tx, self.schema_version() if tx.one("SELECT 1 FROM sqlite_master WHERE name = 'meta'") else 0
+        )
         tx.run(f"PRAGMA application_id = {APPLICATION_ID}")
 
     def schema_version(self) -> int:
@@ -243,8 +263,10 @@ class SQLiteStore(SQLStore):
     def _reserve_frame_ids(self, tx: Tx, count: int) -> list[int]:
         # We hold the write lock: the ids after the largest ever used (AUTOINCREMENT's
         # sqlite_sequence, so pruned frames' ids are not reused) are ours.
-        row = tx.one("SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'frames'), 0), "
-                     "COALESCE((SELECT MAX(id) FROM frames), 0)) + 1 AS first")
+        row = tx.one(
+            "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'frames'), 0), "
+            "COALESCE((SELECT MAX(id) FROM frames), 0)) + 1 AS first"
+        )
         first = int(row["first"])
         return list(range(first, first + count))
 
@@ -268,42 +290,69 @@ class SQLiteStore(SQLStore):
         # Any writer of the file could set the user label: the receipt's owner, set by the
         # kernel, is the proof (sched/identity.py). We hold the write lock; should the
         # transaction fail, the receipt names a job id that is never committed.
-        digests = {layer.name: identity.layer_digest(
-            job_id=job_id, user=spec.user, layer=layer.name, command=layer.command, env=dict(layer.env),
-            frame_range=layer.range, chunk=layer.chunk, cwd=layer.cwd, job_name=spec.name, show=spec.show,
-            shot=spec.shot) for layer in spec.layers}
+        digests = {
+            layer.name: identity.layer_digest(
+                job_id=job_id,
+                user=spec.user,
+                layer=layer.name,
+                command=layer.command,
+                env=dict(layer.env),
+                frame_range=layer.range,
+                chunk=layer.chunk,
+                cwd=layer.cwd,
+                job_name=spec.name,
+                show=spec.show,
+                shot=spec.shot,
+            )
+            for layer in spec.layers
+        }
         try:
             spool = identity.ensure_spool(self.path.parent)
-            name = identity.write_receipt(spool, job_id=job_id, user=spec.user, digests=digests,
-                                          owner=spec.user if self.acting is not None else None,
-                                          notify_commands=[n.target for n in spec.notify if n.kind == "command"])
+            name = identity.write_receipt(
+                spool,
+                job_id=job_id,
+                user=spec.user,
+                digests=digests,
+                owner=spec.user if self.acting is not None else None,
+                notify_commands=[n.target for n in spec.notify if n.kind == "command"],
+            )
         except OSError as exc:
-            raise StoreError(f"cannot write the submit receipt in {self.path.parent / identity.SPOOL}: "
-                             f"{exc.strerror or exc}", hint="check that you may write the store's directory") from None
+            raise StoreError(
+                f"cannot write the submit receipt in {self.path.parent / identity.SPOOL}: {exc.strerror or exc}",
+                hint="check that you may write the store's directory",
+            ) from None
         tx.run("UPDATE jobs SET receipt = ? WHERE id = ?", (name, job_id))
 
     def _translate(self, exc: sqlite3.DatabaseError) -> StoreError:
         text = str(exc)
         if "locked" in text or "busy" in text:
-            return StoreBusy(f"store {self.path} is locked by another process (waited {self.busy_timeout_s:g} s)",
-                             hint="retry; if it persists, look for a process holding a long transaction")
+            return StoreBusy(
+                f"store {self.path} is locked by another process (waited {self.busy_timeout_s:g} s)",
+                hint="retry; if it persists, look for a process holding a long transaction",
+            )
         if "not a database" in text or "malformed" in text:
-            return StoreError(f"{self.path} is not a usable cuectl store: {text}",
-                              hint="restore it from `cuectl admin backup`, or pass --db with another store")
+            return StoreError(
+                f"{self.path} is not a usable cuectl store: {text}",
+                hint="restore it from `cuectl admin backup`, or pass --db with another store",
+            )
         if "full" in text:
-            return StoreError(f"store {self.path}: disk full ({text}); nothing was changed",
-                              hint="free space, then retry")
+            return StoreError(
+                f"store {self.path}: disk full ({text}); nothing was changed", hint="free space, then retry"
+            )
         if "disk I/O error" in text:
-            return StoreError(f"store {self.path}: write failed ({text}: disk full, a file size limit, or a "
-                              "failing disk); the transaction was rolled back",
-                              hint="free space or raise the limit, then retry; `cuectl admin doctor` checks the file")
+            return StoreError(
+                f"store {self.path}: write failed ({text}: disk full, a file size limit, or a "
+                "failing disk); the transaction was rolled back",
+                hint="free space or raise the limit, then retry; `cuectl admin doctor` checks the file",
+            )
         if "readonly" in text or "unable to open" in text:
             return StoreError(f"store {self.path} cannot be written: {text}", hint="check the file permissions")
         return StoreError(f"store {self.path}: {text}")
 
     # -- the claim (hot path) ------------------------------------------------------------------
-    def runnable_layers(self, *, limit: int = 500, after: tuple[Any, ...] | None = None,
-                        host: HostShape | None = None) -> list[RunnableLayer]:
+    def runnable_layers(
+        self, *, limit: int = 500, after: tuple[Any, ...] | None = None, host: HostShape | None = None
+    ) -> list[RunnableLayer]:
         # A worker makes this read every pass, on a busy one every frame (~0.1 ms of its
         # ~1.3 ms). Its answer changes only when another connection commits, which
         # ``PRAGMA data_version`` tells for the price of a statement, or when this one makes
@@ -323,8 +372,17 @@ class SQLiteStore(SQLStore):
         self._runnable_cache = (key, layers)
         return list(layers)
 
-    def claim_frame(self, layer_id: int, *, host: str, worker: str, gpu_uuids: Sequence[str],
-                    now: float, lease_s: float, log_dir: Path | str | None = None) -> ClaimedFrame | None:
+    def claim_frame(
+        self,
+        layer_id: int,
+        *,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str],
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = None,
+    ) -> ClaimedFrame | None:
         layer, sql, params = self._claim_statement(layer_id, host, worker, gpu_uuids, now, lease_s, log_dir)
         try:
             row = self.conn.execute(sql, params).fetchone()  # one statement: its own transaction
@@ -334,19 +392,47 @@ class SQLiteStore(SQLStore):
             self._queue_writes += 1  # the dispatch read named a layer with nothing to claim here now
         return self._claimed(layer, row, gpu_uuids)
 
-    def complete_and_claim(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, *,
-                           reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str], now: float,
-                           lease_s: float, log_dir: Path | str | None = None
-                           ) -> tuple[list[str | None], ClaimedFrame | None]:
-        states, claims = self.complete_and_claim_many(reports, layer_id, 1, reported_at=reported_at, host=host,
-                                                      worker=worker, gpu_uuids=gpu_uuids, now=now, lease_s=lease_s,
-                                                      log_dir=log_dir)
+    def complete_and_claim(
+        self,
+        reports: Sequence[tuple[int, int, FrameResult]],
+        layer_id: int,
+        *,
+        reported_at: float,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str],
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = None,
+    ) -> tuple[list[str | None], ClaimedFrame | None]:
+        states, claims = self.complete_and_claim_many(
+            reports,
+            layer_id,
+            1,
+            reported_at=reported_at,
+            host=host,
+            worker=worker,
+            gpu_uuids=gpu_uuids,
+            now=now,
+            lease_s=lease_s,
+            log_dir=log_dir,
+        )
         return states, (claims[0] if claims else None)
 
-    def complete_and_claim_many(self, reports: Sequence[tuple[int, int, FrameResult]], layer_id: int, count: int,
-                                *, reported_at: float, host: str, worker: str, gpu_uuids: Sequence[str] = (),
-                                now: float, lease_s: float, log_dir: Path | str | None = None
-                                ) -> tuple[list[str | None], list[ClaimedFrame]]:
+    def complete_and_claim_many(
+        self,
+        reports: Sequence[tuple[int, int, FrameResult]],
+        layer_id: int,
+        count: int,
+        *,
+        reported_at: float,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str] = (),
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None = None,
+    ) -> tuple[list[str | None], list[ClaimedFrame]]:
         # One transaction: a no-op frame's completion and claim write mostly the same pages
         # (its layer's and job's index entries), which two commits wrote to the WAL twice;
         # and a claim outside one costs a commit of its own (~0.25 ms, as much as the
@@ -373,21 +459,45 @@ class SQLiteStore(SQLStore):
             self._queue_writes += 1  # as in claim_frame
         return states, [claim for row in rows if (claim := self._claimed(layer, row, gpu_uuids)) is not None]
 
-    def _claim_statement(self, layer_id: int, host: str, worker: str, gpu_uuids: Sequence[str], now: float,
-                         lease_s: float, log_dir: Path | str | None) -> tuple[Row, str, tuple[Any, ...]]:
+    def _claim_statement(
+        self,
+        layer_id: int,
+        host: str,
+        worker: str,
+        gpu_uuids: Sequence[str],
+        now: float,
+        lease_s: float,
+        log_dir: Path | str | None,
+    ) -> tuple[Row, str, tuple[Any, ...]]:
         """The layer's row, and the UPDATE ... RETURNING that claims its next frame."""
         layer = self._layer_row(layer_id)
         condition, cap_params = capsmod.claim_condition(self.layer_caps(layer_id))
         sql = _CLAIM_SQL.format(caps=f" AND {condition}") if condition else _CLAIM_FAST
-        return layer, sql, (host, worker, json.dumps(list(gpu_uuids)), now + lease_s, now,
-                            str(log_dir or self.log_dir), layer["name"], layer_id, now, host, *cap_params)
+        return (
+            layer,
+            sql,
+            (
+                host,
+                worker,
+                json.dumps(list(gpu_uuids)),
+                now + lease_s,
+                now,
+                str(log_dir or self.log_dir),
+                layer["name"],
+                layer_id,
+                now,
+                host,
+                *cap_params,
+            ),
+        )
 
     @staticmethod
     def _claimed(layer: Row, row: Any, gpu_uuids: Sequence[str]) -> ClaimedFrame | None:
         if row is None:
             return None
-        return lifecycle.claimed_frame(layer, frame_id=row[0], attempt=row[1], number=row[2], frames=row[3],
-                                       gpu_uuids=gpu_uuids, log_path=row[4])
+        return lifecycle.claimed_frame(
+            layer, frame_id=row[0], attempt=row[1], number=row[2], frames=row[3], gpu_uuids=gpu_uuids, log_path=row[4]
+        )
 
     # -- accounting and maintenance ------------------------------------------------------------
     def _snapshot(self, fn: Callable[[Fetch], T]) -> T:
@@ -408,8 +518,9 @@ class SQLiteStore(SQLStore):
         for longer than a moment is read on this connection alone, as before."""
         self._check_same_file()  # the second connection opens the path: it must still be our file
         try:
-            aside = sqlite3.connect(str(self.path), timeout=self.busy_timeout_s, isolation_level=None,
-                                    check_same_thread=False)
+            aside = sqlite3.connect(
+                str(self.path), timeout=self.busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
         except sqlite3.DatabaseError:
             return super()._snapshot_pair(fn)
         try:
@@ -484,8 +595,9 @@ class SQLiteStore(SQLStore):
                 try:
                     os.link(tmp, dest)
                 except FileExistsError:
-                    raise InvalidInput(f"backup target {dest} already exists; nothing was written",
-                                       hint="pass --force to replace it") from None
+                    raise InvalidInput(
+                        f"backup target {dest} already exists; nothing was written", hint="pass --force to replace it"
+                    ) from None
                 tmp.unlink()
             tmp = None
         except sqlite3.DatabaseError as exc:
@@ -514,16 +626,22 @@ class SQLiteStore(SQLStore):
                 except OSError:
                     pass
             if same:
-                raise InvalidInput(f"backup target {dest} is the live store or one of its files ({path}); nothing was written",
-                                   hint="back up to a new file, e.g. cuectl-backup.db")
+                raise InvalidInput(
+                    f"backup target {dest} is the live store or one of its files ({path}); nothing was written",
+                    hint="back up to a new file, e.g. cuectl-backup.db",
+                )
         if st is None:
             return
         if not stat.S_ISREG(st.st_mode):
-            raise InvalidInput(f"backup target {dest} exists and is not a regular file ({_file_kind(st.st_mode)}); "
-                               "nothing was written", hint="give the path of a new file")
+            raise InvalidInput(
+                f"backup target {dest} exists and is not a regular file ({_file_kind(st.st_mode)}); "
+                "nothing was written",
+                hint="give the path of a new file",
+            )
         if not force:
-            raise InvalidInput(f"backup target {dest} already exists; nothing was written",
-                               hint="pass --force to replace it")
+            raise InvalidInput(
+                f"backup target {dest} already exists; nothing was written", hint="pass --force to replace it"
+            )
 
     def integrity_problems(self) -> list[str]:
         """``PRAGMA integrity_check``: an empty list when the file is sound."""
@@ -532,9 +650,14 @@ class SQLiteStore(SQLStore):
 
 
 def _file_kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"

@@ -35,9 +35,22 @@ MAX_DEPTH = 64  # a JobSpec nests about 6 levels: deeper is refused, never a Rec
 
 
 def _types() -> dict[str, type]:
-    classes: tuple[type, ...] = (m.JobSpec, m.LayerSpec, m.Notify, m.Dependency, base.HostInfo, base.FrameResult,
-                                 base.LiveUsage, base.Token, base.Actor, base.FarmFigures, base.ClaimedFrame,
-                                 base.RunnableLayer, base.HostShape, UsageGroup)
+    classes: tuple[type, ...] = (
+        m.JobSpec,
+        m.LayerSpec,
+        m.Notify,
+        m.Dependency,
+        base.HostInfo,
+        base.FrameResult,
+        base.LiveUsage,
+        base.Token,
+        base.Actor,
+        base.FarmFigures,
+        base.ClaimedFrame,
+        base.RunnableLayer,
+        base.HostShape,
+        UsageGroup,
+    )
     return {cls.__name__: cls for cls in classes}
 
 
@@ -66,8 +79,10 @@ def encode(value: Any) -> Any:
     if isinstance(value, PurePath):
         return {"__path": str(value)}
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and type(value).__name__ in TYPES:
-        return {"__dc": type(value).__name__,
-                "f": {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+        return {
+            "__dc": type(value).__name__,
+            "f": {f.name: encode(getattr(value, f.name)) for f in dataclasses.fields(value)},
+        }
     raise TypeError(f"cannot send a {type(value).__name__} to the store")
 
 
@@ -88,7 +103,7 @@ def decode(data: Any, *, typed: bool = False, depth: int = 0) -> Any:
         return {k: decode(v, typed=typed, depth=depth + 1) for k, v in data.items()}
     if len(data) != 1:
         raise InvalidInput(f"a store call holds a value of no known form: {_short(data)}")
-    (tag, inner), = data.items()
+    ((tag, inner),) = data.items()
     if tag == "__float" and inner in ("inf", "-inf", "nan"):
         return float(inner)
     if tag == "__path" and isinstance(inner, str):
@@ -114,7 +129,7 @@ def loads(raw: bytes | str) -> Any:
 
 def _untag(obj: dict[str, Any]) -> Any:
     if len(obj) == 1:
-        (tag, inner), = obj.items()
+        ((tag, inner),) = obj.items()
         if tag == "__tuple":
             return tuple(inner)
         if tag == "__set":
@@ -190,8 +205,9 @@ def _fits(value: Any, hint: Any) -> bool:
     if origin in (frozenset, set):
         return isinstance(value, frozenset) and all(_fits(v, args[0]) for v in value)
     if origin in (dict, typing.Mapping, _abc("Mapping")):
-        return isinstance(value, dict) and (not args or all(_fits(k, args[0]) and _fits(v, args[1])
-                                                            for k, v in value.items()))
+        return isinstance(value, dict) and (
+            not args or all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
+        )
     return False  # an annotation this checker does not know: refuse rather than trust
 
 
