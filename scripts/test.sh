@@ -45,6 +45,9 @@ command -v kubectl >/dev/null || echo "scripts/test.sh: kubectl is not installed
 # Type-check first (settings and the file list are in pyproject.toml's [tool.mypy]);
 # a type error fails the run before any test starts.
 .venv/bin/python -m mypy
+# Lint and format checks (pyproject.toml's [tool.ruff]): `ruff format` fixes the layout.
+.venv/bin/ruff check src tests bench scripts
+.venv/bin/ruff format --check src tests bench scripts
 # One pytest worker per core, at most 4 (pytest-xdist): most tests wait on real processes,
 # servers and files rather than compute, and every test is isolated (its own store, lock
 # and state dirs, ports, database). CUECTL_TEST_WORKERS sets the count (1: in-process, as
