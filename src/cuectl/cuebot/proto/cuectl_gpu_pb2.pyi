@@ -1,36 +1,13 @@
-from collections.abc import Iterable as _Iterable
-from collections.abc import Mapping as _Mapping
-from typing import ClassVar as _ClassVar
-from typing import Optional as _Optional
-from typing import Union as _Union
-
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from google.protobuf.internal import containers as _containers
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GpuDevice(_message.Message):
-    __slots__ = (
-        "id",
-        "vendor",
-        "model",
-        "memory_bytes",
-        "pci_bus",
-        "driver_version",
-        "cuda_version",
-        "metal_version",
-        "api_version",
-        "uuid",
-        "index",
-        "attributes",
-        "utilization_pct",
-        "memory_used_bytes",
-        "sampled_at",
-        "holder",
-        "holder_frame_id",
-        "holder_kind",
-    )
+    __slots__ = ("id", "vendor", "model", "memory_bytes", "pci_bus", "driver_version", "cuda_version", "metal_version", "api_version", "uuid", "index", "attributes", "utilization_pct", "memory_used_bytes", "sampled_at", "holder", "holder_frame_id", "holder_kind")
     class AttributesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,7 +15,6 @@ class GpuDevice(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
-
     ID_FIELD_NUMBER: _ClassVar[int]
     VENDOR_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -75,39 +51,10 @@ class GpuDevice(_message.Message):
     holder: str
     holder_frame_id: str
     holder_kind: str
-    def __init__(
-        self,
-        id: _Optional[str] = ...,
-        vendor: _Optional[str] = ...,
-        model: _Optional[str] = ...,
-        memory_bytes: _Optional[int] = ...,
-        pci_bus: _Optional[str] = ...,
-        driver_version: _Optional[str] = ...,
-        cuda_version: _Optional[str] = ...,
-        metal_version: _Optional[str] = ...,
-        api_version: _Optional[str] = ...,
-        uuid: _Optional[str] = ...,
-        index: _Optional[int] = ...,
-        attributes: _Optional[_Mapping[str, str]] = ...,
-        utilization_pct: _Optional[float] = ...,
-        memory_used_bytes: _Optional[int] = ...,
-        sampled_at: _Optional[float] = ...,
-        holder: _Optional[str] = ...,
-        holder_frame_id: _Optional[str] = ...,
-        holder_kind: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., vendor: _Optional[str] = ..., model: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., pci_bus: _Optional[str] = ..., driver_version: _Optional[str] = ..., cuda_version: _Optional[str] = ..., metal_version: _Optional[str] = ..., api_version: _Optional[str] = ..., uuid: _Optional[str] = ..., index: _Optional[int] = ..., attributes: _Optional[_Mapping[str, str]] = ..., utilization_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., sampled_at: _Optional[float] = ..., holder: _Optional[str] = ..., holder_frame_id: _Optional[str] = ..., holder_kind: _Optional[str] = ...) -> None: ...
 
 class GpuUsage(_message.Message):
-    __slots__ = (
-        "device_id",
-        "utilization_pct",
-        "memory_used_bytes",
-        "sampled_at",
-        "utilization_mean_pct",
-        "utilization_max_pct",
-        "memory_peak_bytes",
-        "gpu_seconds",
-    )
+    __slots__ = ("device_id", "utilization_pct", "memory_used_bytes", "sampled_at", "utilization_mean_pct", "utilization_max_pct", "memory_peak_bytes", "gpu_seconds")
     DEVICE_ID_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_PCT_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -124,17 +71,7 @@ class GpuUsage(_message.Message):
     utilization_max_pct: float
     memory_peak_bytes: int
     gpu_seconds: float
-    def __init__(
-        self,
-        device_id: _Optional[str] = ...,
-        utilization_pct: _Optional[float] = ...,
-        memory_used_bytes: _Optional[int] = ...,
-        sampled_at: _Optional[float] = ...,
-        utilization_mean_pct: _Optional[float] = ...,
-        utilization_max_pct: _Optional[float] = ...,
-        memory_peak_bytes: _Optional[int] = ...,
-        gpu_seconds: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, device_id: _Optional[str] = ..., utilization_pct: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., sampled_at: _Optional[float] = ..., utilization_mean_pct: _Optional[float] = ..., utilization_max_pct: _Optional[float] = ..., memory_peak_bytes: _Optional[int] = ..., gpu_seconds: _Optional[float] = ...) -> None: ...
 
 class LayerGpuRequest(_message.Message):
     __slots__ = ("gpus", "gpu_vendor", "gpu_models_allowed", "min_gpu_memory_bytes")
@@ -146,13 +83,7 @@ class LayerGpuRequest(_message.Message):
     gpu_vendor: str
     gpu_models_allowed: _containers.RepeatedScalarFieldContainer[str]
     min_gpu_memory_bytes: int
-    def __init__(
-        self,
-        gpus: _Optional[int] = ...,
-        gpu_vendor: _Optional[str] = ...,
-        gpu_models_allowed: _Optional[_Iterable[str]] = ...,
-        min_gpu_memory_bytes: _Optional[int] = ...,
-    ) -> None: ...
+    def __init__(self, gpus: _Optional[int] = ..., gpu_vendor: _Optional[str] = ..., gpu_models_allowed: _Optional[_Iterable[str]] = ..., min_gpu_memory_bytes: _Optional[int] = ...) -> None: ...
 
 class GetHostGpusRequest(_message.Message):
     __slots__ = ("host",)
@@ -166,11 +97,7 @@ class GetHostGpusResponse(_message.Message):
     SAMPLE_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     devices: _containers.RepeatedCompositeFieldContainer[GpuDevice]
     sample_interval_s: float
-    def __init__(
-        self,
-        devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ...,
-        sample_interval_s: _Optional[float] = ...,
-    ) -> None: ...
+    def __init__(self, devices: _Optional[_Iterable[_Union[GpuDevice, _Mapping]]] = ..., sample_interval_s: _Optional[float] = ...) -> None: ...
 
 class GetFrameGpuUsageRequest(_message.Message):
     __slots__ = ("frame_id",)
@@ -190,14 +117,7 @@ class GetFrameGpuUsageResponse(_message.Message):
     total: GpuUsage
     attempt: int
     frame_id: str
-    def __init__(
-        self,
-        current: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ...,
-        summary: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ...,
-        total: _Optional[_Union[GpuUsage, _Mapping]] = ...,
-        attempt: _Optional[int] = ...,
-        frame_id: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, current: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., summary: _Optional[_Iterable[_Union[GpuUsage, _Mapping]]] = ..., total: _Optional[_Union[GpuUsage, _Mapping]] = ..., attempt: _Optional[int] = ..., frame_id: _Optional[str] = ...) -> None: ...
 
 class GetLayerGpuRequestRequest(_message.Message):
     __slots__ = ("job", "layer")
@@ -215,9 +135,4 @@ class GetLayerGpuRequestResponse(_message.Message):
     request: LayerGpuRequest
     job_id: str
     layer_id: str
-    def __init__(
-        self,
-        request: _Optional[_Union[LayerGpuRequest, _Mapping]] = ...,
-        job_id: _Optional[str] = ...,
-        layer_id: _Optional[str] = ...,
-    ) -> None: ...
+    def __init__(self, request: _Optional[_Union[LayerGpuRequest, _Mapping]] = ..., job_id: _Optional[str] = ..., layer_id: _Optional[str] = ...) -> None: ...
