@@ -85,6 +85,32 @@ def memory_satisfies(total_bytes: int | None, requested_bytes: int) -> bool:
     return total_bytes >= requested_bytes or nominal_gib(total_bytes) * GIB >= requested_bytes
 
 
+#: A dotted version: one to six whole numbers (``8.9``, ``535.104.05``, ``12.2``).
+_VERSION_RE = re.compile(r"^[0-9]{1,9}(?:\.[0-9]{1,9}){0,5}$")
+
+
+def version_key(text: str | None) -> tuple[int, ...] | None:
+    """The numeric parts of a dotted version (``"535.104.05"`` -> ``(535, 104, 5)``), or
+    None when ``text`` is not one (unknown, empty, ``gfx90a``). Parts compare as numbers,
+    so ``8.9 < 8.10`` and ``535.104.05 < 550``."""
+    if text is None:
+        return None
+    stripped = str(text).strip()
+    if not _VERSION_RE.match(stripped):
+        return None
+    return tuple(int(part) for part in stripped.split("."))
+
+
+def version_at_least(have: str | None, want: str) -> bool:
+    """True when version ``have`` is ``want`` or newer, numerically part by part, missing
+    parts counting as 0 (``12`` == ``12.0``); an unknown or malformed ``have`` never is."""
+    got, need = version_key(have), version_key(want)
+    if got is None or need is None:
+        return False
+    width = max(len(got), len(need))
+    return got + (0,) * (width - len(got)) >= need + (0,) * (width - len(need))
+
+
 def format_bytes(n: int | None) -> str:
     if n is None:
         return "-"

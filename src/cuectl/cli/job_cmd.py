@@ -58,6 +58,15 @@ def submit(
         [], "--gpu-model", help="Allowed model (repeatable): A100, 'RTX 4090', '*V100*'."
     ),
     gpu_memory_min: Optional[str] = typer.Option(None, "--gpu-memory-min", help="Memory per device, e.g. 24G."),
+    gpu_capability_min: Optional[str] = typer.Option(
+        None, "--gpu-capability-min", metavar="X.Y", help="CUDA compute capability per device, at least (8.9)."
+    ),
+    gpu_driver_min: Optional[str] = typer.Option(
+        None, "--gpu-driver-min", metavar="VERSION", help="Driver version per device, at least (535.104.05)."
+    ),
+    gpu_cuda_min: Optional[str] = typer.Option(
+        None, "--gpu-cuda-min", metavar="X.Y", help="The driver's CUDA version, at least (12.2)."
+    ),
     cores: Optional[float] = typer.Option(None, "--cores", help="CPU cores reserved per frame (at least 0.1)."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Host RAM reserved per frame, e.g. 8G."),
     priority: int = typer.Option(0, "--priority", help="Higher runs first."),
@@ -397,6 +406,9 @@ def job_show(
                 gpu += " " + "|".join(layer["gpu_models"])
             if layer["gpu_memory_min_bytes"]:
                 gpu += f" >={format_bytes(layer['gpu_memory_min_bytes'])}"
+            for key, what in (("gpu_capability_min", "cc"), ("gpu_driver_min", "driver"), ("gpu_cuda_min", "CUDA")):
+                if layer.get(key):
+                    gpu += f" {what}>={layer[key]}"
         deps = ", ".join(_layer_dep_text(d) for d in layer["depends"]) or "-"
         rows.append(
             [

@@ -62,6 +62,7 @@ class Device:
     pci_bus_id: str | None = None
     driver_version: str | None = None
     compute_capability: str | None = None
+    cuda_version: str | None = None  # the driver's CUDA version (NVIDIA): "12.2"
     # MIG: a MIG instance names its parent card; a card with MIG on lists its instances.
     mig_parent_uuid: str | None = None
     mig_profile: str | None = None
@@ -84,6 +85,7 @@ class Device:
             "pci_bus_id": self.pci_bus_id,
             "driver_version": self.driver_version,
             "compute_capability": self.compute_capability,
+            "cuda_version": self.cuda_version,
             "backend": self.backend,
             "mig_parent_uuid": self.mig_parent_uuid,
             "mig_profile": self.mig_profile,

@@ -9,6 +9,9 @@ devices:
     memory: 16160MiB       # a size string (bare number = MiB) or an int of bytes
     uuid: GPU-...          # optional: default derived from host + position
     pci_bus_id: "0000:1a:00.0"   # optional, quoted: orders the vendor's devices, as NVML does
+    driver_version: "535.104.05"  # optional, quoted: what --gpu-driver-min compares
+    compute_capability: "7.0"     # optional, quoted: --gpu-capability-min (AMD: the gfx name)
+    cuda_version: "12.2"          # optional, quoted: the driver's CUDA version, --gpu-cuda-min
   - model: "NVIDIA H100 80GB HBM3"
     memory: 81559MiB
     mig:                   # MIG on: the instances are the devices, the card is not
@@ -67,6 +70,7 @@ _DEVICE_KEYS = {
     "pci_bus_id",
     "driver_version",
     "compute_capability",
+    "cuda_version",
     "mig",
     "unified_memory",
     "healthy",
@@ -211,7 +215,7 @@ def _parse_card(index: int, raw: Mapping[str, Any], uuid_host: str) -> Device:
     memory = _memory(f"{where}.memory", raw["memory"])
     device_uuid = _uuid(f"{where}.uuid", raw.get("uuid")) or default_fake_uuid(uuid_host, index)
     optional = {}
-    for key in ("pci_bus_id", "driver_version", "compute_capability"):
+    for key in ("pci_bus_id", "driver_version", "compute_capability", "cuda_version"):
         value = raw.get(key)
         if value is not None and not isinstance(value, (str, int, float)):
             raise InvalidInput(f"{where}.{key}: expected a string, got {value!r}")
@@ -228,6 +232,7 @@ def _parse_card(index: int, raw: Mapping[str, Any], uuid_host: str) -> Device:
         pci_bus_id=_pci_bus_id(f"{where}.pci_bus_id", raw.get("pci_bus_id")),
         driver_version=optional["driver_version"],
         compute_capability=optional["compute_capability"],
+        cuda_version=optional["cuda_version"],
     )
 
 

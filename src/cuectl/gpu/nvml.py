@@ -169,14 +169,15 @@ class NvmlBackend(Backend):
         except lib.NVMLError as exc:
             raise self._error(exc, "listing devices") from None
         cuda = self._optional(lib.nvmlSystemGetCudaDriverVersion)
-        api = f"CUDA {cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) and cuda > 0 else None
+        cuda_version = f"{cuda // 1000}.{(cuda % 1000) // 10}" if isinstance(cuda, int) and cuda > 0 else None
+        api = f"CUDA {cuda_version}" if cuda_version else None
         handles: dict[str, _Handle] = {}
         devices: list[Device] = []
         self.skipped = []
         for i in range(count):
             try:
                 handle = lib.nvmlDeviceGetHandleByIndex(i)
-                card = self._card(handle, i, driver, api)
+                card = self._card(handle, i, driver, api, cuda_version)
             except lib.NVMLError as exc:
                 # Under Slurm/cgroup device limits NVML counts every GPU but refuses the
                 # ones this job was not given (NO_PERMISSION): those are not ours to lease.
@@ -201,7 +202,7 @@ class NvmlBackend(Backend):
     def _error_hint(messages: list[str]) -> str | None:
         return next((hint for text, hint in _HINTS.values() if any(m.startswith(text) for m in messages)), None)
 
-    def _card(self, handle: Any, index: int, driver: str, api: str | None) -> Device:
+    def _card(self, handle: Any, index: int, driver: str, api: str | None, cuda_version: str | None = None) -> Device:
         lib = self._lib()
         mem = self._memory_info(handle)
         util = self._optional(lambda: lib.nvmlDeviceGetUtilizationRates(handle))
@@ -220,6 +221,7 @@ class NvmlBackend(Backend):
             driver_version=driver,
             compute_capability=f"{cc[0]}.{cc[1]}" if cc else None,
             api_version=api,
+            cuda_version=cuda_version,
             attributes={"vendor_index": index},
         )
 
@@ -279,6 +281,7 @@ class NvmlBackend(Backend):
                         mig_parent_uuid=card.uuid,
                         mig_profile=profile,
                         api_version=card.api_version,
+                        cuda_version=card.cuda_version,
                         attributes={"vendor_index": card.index, "mig_device_index": slot, "gpu_instance_id": gi},
                     ),
                 )

@@ -319,6 +319,7 @@ def parse_xml(text: str) -> list[XmlGpu]:
             pci_bus_id=normalize_pci_bus_id(_text(gpu, "pci/pci_bus_id") or gpu.get("id")),
             driver_version=driver,
             api_version=f"CUDA {cuda}" if cuda else None,
+            cuda_version=cuda or None,
             attributes={"vendor_index": index},
         )
         mig_enabled = (_text(gpu, "mig_mode/current_mig") or "").lower() == "enabled"
@@ -474,6 +475,7 @@ class SmiBackend(Backend):
                     pci_bus_id=row.pci_bus_id,
                     driver_version=row.driver_version,
                     compute_capability=row.compute_capability,
+                    cuda_version=xml.device.cuda_version if xml else None,
                     mig_parent_uuid=row.uuid,
                     mig_profile=mig.profile,
                     attributes={

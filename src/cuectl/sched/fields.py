@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cuectl.errors import InvalidInput
-from cuectl.units import parse_size
+from cuectl.units import parse_size, version_key
 
 #: A field's name (``gpu_models``) -> its label as the user spelled it (``--gpu-model``).
 Label = Callable[[str], str]
@@ -106,6 +106,20 @@ def size_bytes(value: Any, label: str) -> int:
     if result > MAX_BYTES:
         raise InvalidInput(f"{label}: {value!r} is too large")
     return result
+
+
+def version(value: Any, label: str) -> str:
+    """A dotted version constraint (``8.9``, ``535.104.05``): the text, stripped. Numbers
+    are taken as written (YAML reads ``8.9`` as a number): quote a version whose last part
+    ends in 0 (``"8.10"``), which a number would lose."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise InvalidInput(f"{label}: expected a version like 8.9, got {describe(value)}")
+    text = value.strip() if isinstance(value, str) else repr(value)
+    if version_key(text) is None:
+        raise InvalidInput(
+            f"{label}: invalid version {quote(text)} (expected numbers separated by dots, like 8.9 or 535.104.05)"
+        )
+    return text
 
 
 MIN_LOG_LIMIT = 4096  # the cut marker alone is ~150 bytes; below a few KiB a log says nothing

@@ -26,13 +26,29 @@ from cuectl.sched.fields import (
     keyword_label,
     quote,
     size_bytes,
+    version,
     whole_number,
 )
 
 MAX_GPUS = 1024
 MAX_MODEL_CHARS = 200
 # Device constraints; on a request for 0 GPUs each one is refused rather than ignored.
-_CONSTRAINTS = ("gpu_vendor", "gpu_models", "gpu_memory_min", "gpu_memory_free_min")
+_CONSTRAINTS = (
+    "gpu_vendor",
+    "gpu_models",
+    "gpu_memory_min",
+    "gpu_memory_free_min",
+    "gpu_capability_min",
+    "gpu_driver_min",
+    "gpu_cuda_min",
+)
+#: The dotted-version minimums (``--gpu-capability-min 8.9``), each against the device's
+#: field of this name; versions compare numerically (units.version_at_least).
+VERSION_MINIMUMS = {
+    "gpu_capability_min": "compute_capability",
+    "gpu_driver_min": "driver_version",
+    "gpu_cuda_min": "cuda_version",
+}
 
 
 class GpuFields(Protocol):
@@ -50,6 +66,15 @@ class GpuFields(Protocol):
     @property
     def gpu_memory_min_bytes(self) -> int: ...
 
+    @property
+    def gpu_capability_min(self) -> str | None: ...
+
+    @property
+    def gpu_driver_min(self) -> str | None: ...
+
+    @property
+    def gpu_cuda_min(self) -> str | None: ...
+
 
 @dataclass(frozen=True)
 class GpuRequest:
@@ -60,6 +85,9 @@ class GpuRequest:
     gpu_models: tuple[str, ...] = ()  # model patterns, any of; empty = any
     gpu_memory_min_bytes: int = 0  # total memory per device
     gpu_memory_free_min_bytes: int = 0  # free memory per device now (ad-hoc leases only); 0 = no check
+    gpu_capability_min: str | None = None  # CUDA compute capability, "8.9"; None = any
+    gpu_driver_min: str | None = None  # driver version, "535.104.05"; None = any
+    gpu_cuda_min: str | None = None  # the driver's CUDA version, "12.2"; None = any
 
     def __post_init__(self) -> None:
         # A list passed by a caller would make the frozen dataclass unhashable.
@@ -75,6 +103,9 @@ class GpuRequest:
         gpu_models: Any = None,
         gpu_memory_min: Any = None,
         gpu_memory_free_min: Any = None,
+        gpu_capability_min: Any = None,
+        gpu_driver_min: Any = None,
+        gpu_cuda_min: Any = None,
         label: Label = keyword_label,
     ) -> GpuRequest:
         """Validate user input; ``InvalidInput`` naming the field via ``label`` otherwise.
@@ -89,6 +120,9 @@ class GpuRequest:
             "gpu_models": gpu_models,
             "gpu_memory_min": gpu_memory_min,
             "gpu_memory_free_min": gpu_memory_free_min,
+            "gpu_capability_min": gpu_capability_min,
+            "gpu_driver_min": gpu_driver_min,
+            "gpu_cuda_min": gpu_cuda_min,
         }
         if count == 0:
             # A device constraint without devices is almost surely a forgotten --gpus;
@@ -106,6 +140,9 @@ class GpuRequest:
             gpu_memory_free_min_bytes=(
                 0 if gpu_memory_free_min is None else size_bytes(gpu_memory_free_min, label("gpu_memory_free_min"))
             ),
+            gpu_capability_min=_version(gpu_capability_min, label("gpu_capability_min")),
+            gpu_driver_min=_version(gpu_driver_min, label("gpu_driver_min")),
+            gpu_cuda_min=_version(gpu_cuda_min, label("gpu_cuda_min")),
         )
 
     @classmethod
@@ -118,13 +155,23 @@ class GpuRequest:
                 gpu_vendor=record["gpu_vendor"],
                 gpu_models=tuple(record["gpu_models"]),
                 gpu_memory_min_bytes=record["gpu_memory_min_bytes"],
+                gpu_capability_min=record.get("gpu_capability_min"),
+                gpu_driver_min=record.get("gpu_driver_min"),
+                gpu_cuda_min=record.get("gpu_cuda_min"),
             )
         return cls(
             gpus=record.gpus,
             gpu_vendor=record.gpu_vendor,
             gpu_models=tuple(record.gpu_models),
             gpu_memory_min_bytes=record.gpu_memory_min_bytes,
+            gpu_capability_min=record.gpu_capability_min,
+            gpu_driver_min=record.gpu_driver_min,
+            gpu_cuda_min=record.gpu_cuda_min,
         )
+
+
+def _version(value: Any, label: str) -> str | None:
+    return None if value is None else version(value, label)
 
 
 def _vendor(value: Any, label: str) -> str:

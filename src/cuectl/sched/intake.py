@@ -187,6 +187,9 @@ class SubmitFlags:
     gpu_vendor: str | None = _flag("--gpu-vendor", level=LAYER)
     gpu_models: tuple[str, ...] | None = _flag("--gpu-model", level=LAYER, kind="list")
     gpu_memory_min: str | None = _flag("--gpu-memory-min", level=LAYER)
+    gpu_capability_min: str | None = _flag("--gpu-capability-min", level=LAYER)
+    gpu_driver_min: str | None = _flag("--gpu-driver-min", level=LAYER)
+    gpu_cuda_min: str | None = _flag("--gpu-cuda-min", level=LAYER)
     cores: float | None = _flag("--cores", level=LAYER, kind="float")
     memory: str | None = _flag("--memory", level=LAYER)
     priority: int | None = _flag("--priority", level=JOB, kind="int")
@@ -252,7 +255,9 @@ class SubmitFlags:
         from cuectl.sched import spec as specs
 
         checked = {k: v for k, v in flags.items() if k not in ("cwd", "export")}
-        if {"gpu_vendor", "gpu_models", "gpu_memory_min"} & set(checked):
+        if {"gpu_vendor", "gpu_models", "gpu_memory_min", "gpu_capability_min", "gpu_driver_min", "gpu_cuda_min"} & set(
+            checked
+        ):
             checked.setdefault("gpus", 1)  # the spec's layer may ask for GPUs: only the flags' own values are checked
         trial: dict[str, Any] = {"name": "x", **_flag_keywords(checked)}
         specs.spec_from_flags(command=["true"], **trial)  # errors name the flag

@@ -26,6 +26,11 @@ Rules, and the choices made where DESIGN is silent:
 - **Preference.** Among eligible devices take the smallest first — by total memory
   (unknown = largest), then index, then uuid — keeping big GPUs for big frames. The
   order depends only on the devices, never on the order they are listed in.
+- **Versions.** ``gpu_capability_min``, ``gpu_driver_min`` and ``gpu_cuda_min`` need the
+  device's compute capability, driver version and CUDA version to be at least that,
+  compared numerically part by part (``8.9 < 8.10``, ``535.104.05 < 550``). A device that
+  does not report the value, or reports something that is not a dotted version (an AMD
+  card's ``gfx90a``), does not meet the constraint.
 - **Tags.** A layer with tags runs only on hosts that have *all* of them; tags compare
   case-insensitively (``GPU`` and ``gpu`` are one tag). One entry may list alternatives
   with ``|`` (``"desktop | render"``, OpenCue's spelling): a host with *any* of them
@@ -41,8 +46,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from cuectl.gpu.device import Device, normalize_vendor
-from cuectl.sched.gpu_request import GpuRequest
-from cuectl.units import GIB, format_bytes, memory_satisfies
+from cuectl.sched.gpu_request import VERSION_MINIMUMS, GpuRequest
+from cuectl.units import GIB, format_bytes, memory_satisfies, version_at_least
 
 __all__ = [
     "CpuPool",
@@ -167,6 +172,26 @@ def device_fits_statically(request: GpuRequest, device: Device) -> str | None:
     if not _memory_ok(request, device):
         need = max(request.gpu_memory_min_bytes, request.gpu_memory_free_min_bytes)
         return f"memory {_size(device.memory_total_bytes)} < {format_bytes(need)}"
+    return _versions_fail(request, device)
+
+
+#: How a failed version minimum reads: ``compute capability 7.0 < 8.0``.
+_VERSION_NAMES = {
+    "compute_capability": "compute capability",
+    "driver_version": "driver",
+    "cuda_version": "CUDA",
+}
+
+
+def _versions_fail(request: GpuRequest, device: Device) -> str | None:
+    for field, attribute in VERSION_MINIMUMS.items():
+        want = getattr(request, field)
+        if want is None:
+            continue
+        have = getattr(device, attribute)
+        if not version_at_least(have, want):
+            shown = "unknown" if have is None else str(have)
+            return f"{_VERSION_NAMES[attribute]} {shown} < {want}"
     return None
 
 
@@ -236,7 +261,15 @@ def _constraints(request: GpuRequest) -> list[tuple[str, str, _Check]]:
         out.append(("model", f"model {_models_label(request.gpu_models)}", lambda d: _model_ok(request, d)))
     if request.gpu_memory_min_bytes > 0 or request.gpu_memory_free_min_bytes > 0:
         out.append(("memory", _memory_label(request), lambda d: _memory_ok(request, d)))
+    for field, attribute in VERSION_MINIMUMS.items():
+        want = getattr(request, field)
+        if want is not None:
+            out.append((attribute, f"{_VERSION_NAMES[attribute]} >= {want}", _version_check(attribute, want)))
     return out
+
+
+def _version_check(attribute: str, want: str) -> _Check:
+    return lambda d: version_at_least(getattr(d, attribute), want)
 
 
 def _models_label(models: Sequence[str]) -> str:
@@ -267,6 +300,11 @@ def _describe_request(request: GpuRequest) -> str:
         sizes.append(f">= {_request_size(request.gpu_memory_min_bytes)}")
     if request.gpu_memory_free_min_bytes > 0:
         sizes.append(f">= {_request_size(request.gpu_memory_free_min_bytes)} free")
+    sizes += [
+        f"{_VERSION_NAMES[attribute]} >= {getattr(request, field)}"
+        for field, attribute in VERSION_MINIMUMS.items()
+        if getattr(request, field) is not None
+    ]
     if sizes:
         text += " with " + " and ".join(sizes)
     return text
@@ -280,8 +318,10 @@ def _device_name(device: Device) -> str:
     return model or device.vendor or "unknown"
 
 
-def _inventory(devices: Sequence[Device], *, with_memory: bool) -> str:
-    """``NVIDIA Tesla V100-SXM2-16GB ×4`` — identical devices grouped, in index order."""
+def _inventory(devices: Sequence[Device], *, with_memory: bool, version: str | None = None) -> str:
+    """``NVIDIA Tesla V100-SXM2-16GB ×4`` — identical devices grouped, in index order;
+    ``version``: a device attribute (``driver_version``) to show beside each, when a
+    version minimum is what rules them out."""
     if not devices:
         return "no GPUs"
     groups: dict[str, int] = {}
@@ -289,6 +329,8 @@ def _inventory(devices: Sequence[Device], *, with_memory: bool) -> str:
         name = _device_name(d)
         if with_memory:
             name += f" {_size(d.memory_total_bytes)}"
+        if version is not None:
+            name += f" ({_VERSION_NAMES[version]} {getattr(d, version) or 'unknown'})"
         groups[name] = groups.get(name, 0) + 1
     items = [name if n == 1 else f"{name} ×{n}" for name, n in groups.items()]
     return _cap(items, ", ")
@@ -308,6 +350,7 @@ class _Shortfall:
     best: int  # most leasable devices matching ``labels`` on one host
     best_host: str | None
     memory_bound: bool  # the binding constraint is memory: show sizes in summaries
+    version: str | None = None  # the binding constraint is this device version: show it
 
 
 def _shortfall(request: GpuRequest, hosts: Mapping[str, Sequence[Device]]) -> _Shortfall | None:
@@ -330,7 +373,13 @@ def _shortfall(request: GpuRequest, hosts: Mapping[str, Sequence[Device]]) -> _S
             if count > best:
                 best, best_host = count, name
         if best < request.gpus:
-            return _Shortfall(tuple(labels), best, best_host, memory_bound=kind == "memory")
+            return _Shortfall(
+                tuple(labels),
+                best,
+                best_host,
+                memory_bound=kind == "memory",
+                version=kind if kind in _VERSION_NAMES else None,
+            )
     return None
 
 
@@ -340,7 +389,7 @@ def _host_static_reason(request: GpuRequest, devices: Sequence[Device], short: _
         return f"needs {_plural(request.gpus, 'GPU device')}; host has {have}"
     matching = ", ".join(short.labels)
     if short.best == 0:
-        return f"no device matches {matching} (host has {_inventory(devices, with_memory=short.memory_bound)})"
+        return f"no device matches {matching} (host has {_inventory(devices, with_memory=short.memory_bound, version=short.version)})"
     return f"needs {_plural(request.gpus, 'device')} matching {matching}; host has {short.best} matching"
 
 
@@ -403,7 +452,7 @@ def explain_hosts(request: GpuRequest, hosts: Mapping[str, Sequence[Device]]) ->
     if short.best > 0:
         return f"no registered host has {noun} (most: {short.best} on {short.best_host})"
     summaries = [
-        f"{_inventory(devs, with_memory=short.memory_bound)} on {name}"
+        f"{_inventory(devs, with_memory=short.memory_bound, version=short.version)} on {name}"
         for name, devs in sorted(hosts.items())
         if _leasable(devs)
     ]

@@ -122,6 +122,11 @@ class LayerSpec:
     gpu_vendor: str | None = None  # normalised: NVIDIA, AMD, Apple, Intel
     gpu_models: tuple[str, ...] = ()
     gpu_memory_min_bytes: int = 0
+    # Per-device version minimums, dotted texts as given (None: any): CUDA compute
+    # capability, driver version, the driver's CUDA version (sched/match.py compares them).
+    gpu_capability_min: str | None = None
+    gpu_driver_min: str | None = None
+    gpu_cuda_min: str | None = None
     cores: float = 1.0
     memory_bytes: int = 0
     retries: int = 3

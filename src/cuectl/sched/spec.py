@@ -81,6 +81,9 @@ LAYER_KEYS = (
     "gpu_vendor",
     "gpu_models",
     "gpu_memory_min",
+    "gpu_capability_min",
+    "gpu_driver_min",
+    "gpu_cuda_min",
     "cores",
     "memory",
     "retries",
@@ -589,6 +592,9 @@ def _build_layer(
         gpu_vendor=get("gpu_vendor"),
         gpu_models=get("gpu_models"),
         gpu_memory_min=_mib_if_number(get("gpu_memory_min")),
+        gpu_capability_min=get("gpu_capability_min"),
+        gpu_driver_min=get("gpu_driver_min"),
+        gpu_cuda_min=get("gpu_cuda_min"),
         label=label,
     )
     fields.update(
@@ -596,6 +602,9 @@ def _build_layer(
         gpu_vendor=gpu.gpu_vendor,
         gpu_models=gpu.gpu_models,
         gpu_memory_min_bytes=gpu.gpu_memory_min_bytes,
+        gpu_capability_min=gpu.gpu_capability_min,
+        gpu_driver_min=gpu.gpu_driver_min,
+        gpu_cuda_min=gpu.gpu_cuda_min,
     )
     if get("cores") is not None:
         fields["cores"] = cores_field(get("cores"), label("cores"))
@@ -915,6 +924,9 @@ def spec_from_flags(
     gpu_vendor: str | None = None,
     gpu_models: Sequence[str] = (),
     gpu_memory_min: str | None = None,
+    gpu_capability_min: str | None = None,
+    gpu_driver_min: str | None = None,
+    gpu_cuda_min: str | None = None,
     cores: float | None = None,
     memory: str | None = None,
     priority: int = 0,
@@ -967,6 +979,9 @@ def spec_from_flags(
         "gpu_vendor": gpu_vendor,
         "gpu_models": _as_flag_list(gpu_models),
         "gpu_memory_min": gpu_memory_min,
+        "gpu_capability_min": gpu_capability_min,
+        "gpu_driver_min": gpu_driver_min,
+        "gpu_cuda_min": gpu_cuda_min,
         "cores": cores,
         "memory": memory,
         "retries": retries,

@@ -53,6 +53,14 @@ ENV: Schema = {
     "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
 }
 DIRECTORY: Schema = {"type": "string", "minLength": 1}
+VERSION: Schema = {
+    "anyOf": [
+        {"type": "string", "pattern": r"^\s*[0-9]{1,9}(\.[0-9]{1,9}){0,5}\s*$"},
+        {"type": "number", "minimum": 0},
+    ],
+    "description": "a dotted version, compared numerically part by part (8.9 < 8.10, 535.104.05 < 550)",
+    "examples": ["8.9", "535.104.05", "12.2"],
+}
 
 PROBLEM: Schema = _obj(
     {
@@ -165,6 +173,9 @@ LAYER: Schema = _obj(
         "gpu_vendor": STR_N,
         "gpu_models": STRINGS,
         "gpu_memory_min_bytes": INT_N,
+        "gpu_capability_min": STR_N,
+        "gpu_driver_min": STR_N,
+        "gpu_cuda_min": STR_N,
         "cores": NUM,
         "memory_bytes": INT_N,
         "retries": INT,
@@ -374,6 +385,9 @@ LAYER_SPEC: Schema = _obj(
         "gpu_vendor": {"type": "string", "examples": list(VENDORS)},
         "gpu_models": ONE_OR_MANY,
         "gpu_memory_min": SIZE,
+        "gpu_capability_min": VERSION,
+        "gpu_driver_min": VERSION,
+        "gpu_cuda_min": VERSION,
         "cores": {"type": "number", "minimum": 0.1},
         "memory": SIZE,
         "retries": {"type": "integer", "minimum": 0, "maximum": 1000},

@@ -42,6 +42,10 @@ class RunnableLayer:
     memory_bytes: int
     tags: tuple[str, ...]
     waiting: int
+    # Per-device version minimums (LayerSpec's; None: any).
+    gpu_capability_min: str | None = None
+    gpu_driver_min: str | None = None
+    gpu_cuda_min: str | None = None
     user: str = ""  # the submitting user (workers may restrict whose work they run)
     # What proves ``user`` submitted it (sched/identity.py): the server-recorded role, or
     # the name of the submitter's receipt file.

@@ -248,6 +248,9 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
         json.dumps(list(layer.limits)),
         layer.retry_delay_s,
         layer.cwd,
+        layer.gpu_capability_min,
+        layer.gpu_driver_min,
+        layer.gpu_cuda_min,
         layer_waits_within(layer),
     )
 
@@ -255,7 +258,7 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
 LAYER_COLUMNS = (
     "id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
     "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes, "
-    "max_running, limits, retry_delay_s, cwd"
+    "max_running, limits, retry_delay_s, cwd, gpu_capability_min, gpu_driver_min, gpu_cuda_min"
 )
 LAYER_INSERT_COLUMNS = LAYER_COLUMNS.replace("id, ", "", 1) + ", depend_count"
 LAYER_INSERT_COUNT = LAYER_INSERT_COLUMNS.count(",") + 1

@@ -281,6 +281,14 @@ MIGRATIONS: tuple[str, ...] = (
         timeout_s REAL
     );
     """,
+    # v9: a layer's per-device version minimums (docs/scheduling.md): CUDA compute
+    # capability, driver version and the driver's CUDA version, dotted texts as submitted
+    # (NULL: any), compared numerically by the worker's device match.
+    """
+    ALTER TABLE layers ADD COLUMN gpu_capability_min TEXT;
+    ALTER TABLE layers ADD COLUMN gpu_driver_min TEXT;
+    ALTER TABLE layers ADD COLUMN gpu_cuda_min TEXT;
+    """,
 )
 
 

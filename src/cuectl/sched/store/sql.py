@@ -1379,6 +1379,7 @@ class SQLStore(Store):
         params.append(limit)
         rows = self._read(
             "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
+            "l.gpu_capability_min, l.gpu_driver_min, l.gpu_cuda_min, "
             'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user", j.submitted_by, j.receipt, '
             "j.created_at, l.idx "
             "FROM layers l JOIN jobs j ON j.id = l.job_id "
@@ -1402,6 +1403,9 @@ class SQLStore(Store):
                 memory_bytes=r["memory_bytes"],
                 tags=_json_tuple(r["tags"]),
                 waiting=1,
+                gpu_capability_min=r["gpu_capability_min"],
+                gpu_driver_min=r["gpu_driver_min"],
+                gpu_cuda_min=r["gpu_cuda_min"],
                 user=r["user"],
                 submitted_by=r["submitted_by"],
                 receipt=r["receipt"],
