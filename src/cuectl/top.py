@@ -149,6 +149,9 @@ def _device(gpu: Mapping[str, Any], live: Mapping[str, Any] | None, holder: dict
         "utilization_pct": live.get("utilization_pct") if live else None,
         "memory_used_bytes": used,
         "memory_total_bytes": total,
+        "compute_capability": gpu.get("compute_capability"),
+        "driver_version": gpu.get("driver_version"),
+        "cuda_version": gpu.get("cuda_version"),
         # When those values were read (None: never); past two sampling intervals the values
         # above are None and these say how old the last ones are.
         "sampled_at": live["sampled_at"] if live else None,

@@ -89,6 +89,15 @@ def test_a_minimum_no_device_meets_waits_and_job_why_names_it(farm):
     why = farm.cuectl("job", "why", str(job), check=False)
     assert "compute capability >= 9.0" in why.stdout + why.stderr, why
     assert "7.0" in why.stdout + why.stderr  # what the host has
+    # `host list` filters devices by the same rules: the V100 meets 7.0 (the AMD card's gfx90a
+    # is no CUDA capability), nothing meets 9.0, and a malformed version is an input error.
+    listed = json.loads(farm.cuectl("host", "list", "--json", "--gpu-capability-min", "7.0").stdout)["hosts"]
+    assert [(h["name"], [g["model"] for g in h["gpus"]]) for h in listed] == [("old-farm", [OLD["model"]])]
+    listed = json.loads(farm.cuectl("host", "list", "--json", "--gpu-driver-min", "535.104.5").stdout)["hosts"]
+    assert [g["driver_version"] for g in listed[0]["gpus"]] == ["535.104.05"]  # 05 == 5: numbers
+    assert json.loads(farm.cuectl("host", "list", "--json", "--gpu-cuda-min", "12.10").stdout)["hosts"] == []
+    bad = farm.cuectl("host", "list", "--gpu-cuda-min", "12.x", check=False)
+    assert bad.returncode == 2 and "--gpu-cuda-min: invalid version '12.x'" in bad.stderr, bad
     proc.terminate()
     proc.wait(30)
     assert farm.starts() == []

@@ -31,21 +31,39 @@ def host_list(
     gpu_memory_min: Optional[str] = typer.Option(
         None, "--gpu-memory-min", help="Only hosts with GPUs of at least this memory (24G; a number is MiB)."
     ),
+    gpu_capability_min: Optional[str] = typer.Option(
+        None, "--gpu-capability-min", metavar="X.Y", help="Only GPUs of at least this CUDA compute capability."
+    ),
+    gpu_driver_min: Optional[str] = typer.Option(
+        None, "--gpu-driver-min", metavar="VERSION", help="Only GPUs with at least this driver version."
+    ),
+    gpu_cuda_min: Optional[str] = typer.Option(
+        None, "--gpu-cuda-min", metavar="X.Y", help="Only GPUs whose driver's CUDA version is at least this."
+    ),
 ) -> None:
     """List registered hosts with UP/DOWN state and devices (with a GPU filter: only the
     hosts, and in --json only the devices, that match it)."""
-    from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor
+    from cuectl.sched.fields import flag_label
+    from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor, parse_versions
     from cuectl.units import format_bytes
 
     vendor = parse_vendor(vendor, "--vendor")  # a misspelt vendor is an error, not an empty list
     memory_min = parse_memory_min(gpu_memory_min, "--gpu-memory-min")
+    versions = parse_versions(
+        {"gpu_capability_min": gpu_capability_min, "gpu_driver_min": gpu_driver_min, "gpu_cuda_min": gpu_cuda_min},
+        flag_label,
+    )
     store = ctx.obj.store()
     hosts = store.list_hosts(now=store.clock(), down_after=m.HOST_DOWN_AFTER_S)
-    if vendor or model or memory_min:
+    if vendor or model or memory_min or versions:
         hosts = [
             {
                 **h,
-                "gpus": [g for g in h["gpus"] if device_matches(g, vendor=vendor, model=model, memory_min=memory_min)],
+                "gpus": [
+                    g
+                    for g in h["gpus"]
+                    if device_matches(g, vendor=vendor, model=model, memory_min=memory_min, versions=versions)
+                ],
             }
             for h in hosts
         ]

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import accumulate, count
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam  # pathlib.Path is the other Path here
@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from cuectl import __version__
 from cuectl.errors import CuectlError, InvalidInput, NotFound
 from cuectl.sched import model as m
-from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor
+from cuectl.sched.hostfilter import device_matches, parse_memory_min, parse_vendor, parse_versions
 from cuectl.sched.store import Store
 from cuectl.sched.store.pool import StorePool
 from cuectl.serve import problems
@@ -341,7 +341,13 @@ def create_app(settings: Settings) -> FastAPI:
         return who.to_json()
 
     # -- hosts ---------------------------------------------------------------------------------
-    def _hosts(vendor: str | None, model: str | None, memory_min: int | None, state: str | None) -> dict[str, Any]:
+    def _hosts(
+        vendor: str | None,
+        model: str | None,
+        memory_min: int | None,
+        state: str | None,
+        versions: Mapping[str, str] | None = None,
+    ) -> dict[str, Any]:
         from cuectl.top import snapshot
 
         snap = snapshot(pool.get(), lock_dir=settings.lock_dir, frame_limit=MAX_PAGE, waiting=False)
@@ -350,9 +356,11 @@ def create_app(settings: Settings) -> FastAPI:
             if state is not None and host["state"] != state:
                 continue
             devices = [
-                d for d in host["devices"] if device_matches(d, vendor=vendor, model=model, memory_min=memory_min)
+                d
+                for d in host["devices"]
+                if device_matches(d, vendor=vendor, model=model, memory_min=memory_min, versions=versions)
             ]
-            if (vendor or model or memory_min) and not devices:
+            if (vendor or model or memory_min or versions) and not devices:
                 continue
             hosts.append({**host, "devices": devices})
         return {"hosts": hosts, "at": snap["at"]}
@@ -366,11 +374,19 @@ def create_app(settings: Settings) -> FastAPI:
         ),
         gpu_memory_min: Optional[str] = Query(None, description="Memory per device: 24G, 24576 (MiB)"),
         state: Optional[str] = Query(None, description="UP or DOWN"),
+        gpu_capability_min: Optional[str] = Query(
+            None, description="CUDA compute capability per device, at least: 8.9"
+        ),
+        gpu_driver_min: Optional[str] = Query(None, description="Driver version per device, at least: 535.104.05"),
+        gpu_cuda_min: Optional[str] = Query(None, description="The driver's CUDA version, at least: 12.2"),
     ) -> Response:
         memory = _memory_param(gpu_memory_min)
         wanted_state = _choice(state, "state", ("UP", "DOWN"))
         wanted_vendor = _vendor_param(vendor)
-        return await cached(request, lambda: _hosts(wanted_vendor, model, memory, wanted_state))
+        versions = _versions_param(
+            {"gpu_capability_min": gpu_capability_min, "gpu_driver_min": gpu_driver_min, "gpu_cuda_min": gpu_cuda_min}
+        )
+        return await cached(request, lambda: _hosts(wanted_vendor, model, memory, wanted_state, versions))
 
     @app.get(f"{API}/hosts/{{name}}/gpus", tags=["hosts"], summary="One host's GPUs with live values")
     def host_gpus(name: str, who: Principal = Depends(caller)) -> dict[str, Any]:
@@ -919,6 +935,13 @@ def _memory_param(value: str | None) -> int | None:
         return parse_memory_min(value, "gpu_memory_min")
     except InvalidInput as exc:
         raise Problem(422, exc.message, field="gpu_memory_min") from None
+
+
+def _versions_param(given: Mapping[str, str | None]) -> dict[str, str]:
+    try:
+        return parse_versions(given, lambda field: field)
+    except InvalidInput as exc:
+        raise Problem(422, exc.message, field=exc.message.split(":", 1)[0]) from None
 
 
 async def _submitted_source(request: Request) -> Any:
