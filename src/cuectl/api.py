@@ -89,6 +89,9 @@ class Job:
         gpu_vendor: str | None = None,
         gpu_models: Sequence[str] | str = (),
         gpu_memory_min: str | int | None = None,
+        gpu_capability_min: str | float | None = None,
+        gpu_driver_min: str | float | None = None,
+        gpu_cuda_min: str | float | None = None,
         cores: float | None = None,
         memory: str | int | None = None,
         retries: int | None = None,
@@ -105,7 +108,8 @@ class Job:
 
         ``command``: a list is argv, run as is; a string runs through ``/bin/sh -c``.
         Sizes (``memory``, ``gpu_memory_min``) are strings like ``"8G"``; a bare number is
-        MiB, as in YAML. ``timeout`` is a duration (``"2h"``) or seconds. ``service``: the
+        MiB, as in YAML. ``gpu_capability_min``, ``gpu_driver_min``, ``gpu_cuda_min``: dotted
+        versions each device must meet (``"8.9"``, ``"535.104.05"``). ``timeout`` is a duration (``"2h"``) or seconds. ``service``: the
         service whose defaults fill what the layer leaves out (a list: the first the store
         has); ``gpus`` left out is then the service's count."""
         layer: dict[str, Any] = {
@@ -120,6 +124,9 @@ class Job:
             "gpu_vendor": gpu_vendor,
             "gpu_models": ([gpu_models] if isinstance(gpu_models, str) else list(gpu_models)) or None,
             "gpu_memory_min": gpu_memory_min,
+            "gpu_capability_min": gpu_capability_min,
+            "gpu_driver_min": gpu_driver_min,
+            "gpu_cuda_min": gpu_cuda_min,
             "cores": cores,
             "memory": memory,
             "retries": retries,

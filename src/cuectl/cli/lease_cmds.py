@@ -54,6 +54,15 @@ def run_cmd(
         metavar="SIZE",
         help="Free memory per device right now, e.g. 8G.",
     ),
+    gpu_capability_min: Optional[str] = typer.Option(
+        None, "--gpu-capability-min", metavar="X.Y", help="CUDA compute capability per device, at least (8.9)."
+    ),
+    gpu_driver_min: Optional[str] = typer.Option(
+        None, "--gpu-driver-min", metavar="VERSION", help="Driver version per device, at least (535.104.05)."
+    ),
+    gpu_cuda_min: Optional[str] = typer.Option(
+        None, "--gpu-cuda-min", metavar="X.Y", help="The driver's CUDA version, at least (12.2)."
+    ),
     device: Optional[List[str]] = typer.Option(
         None, "--device", metavar="ID", help="Choose among these devices only: index or UUID (repeatable)."
     ),
@@ -81,6 +90,9 @@ def run_cmd(
         gpu_models=gpu_model or (),
         gpu_memory_min=gpu_memory_min,
         gpu_memory_free_min=gpu_memory_free_min,
+        gpu_capability_min=gpu_capability_min,
+        gpu_driver_min=gpu_driver_min,
+        gpu_cuda_min=gpu_cuda_min,
         devices=device or None,
         wait=wait,
         timeout=timeout,

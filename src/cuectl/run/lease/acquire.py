@@ -739,6 +739,9 @@ def lease(
     gpu_models: str | Iterable[str] = (),
     gpu_memory_min: str | int | None = None,
     gpu_memory_free_min: str | int | None = None,
+    gpu_capability_min: str | float | None = None,
+    gpu_driver_min: str | float | None = None,
+    gpu_cuda_min: str | float | None = None,
     devices: Iterable[str | int] | None = None,
     wait: bool = False,
     timeout: float | str | None = None,
@@ -753,7 +756,8 @@ def lease(
 
     ``gpu_vendor`` (NVIDIA, AMD, Apple, Intel), ``gpu_models`` (any of; DESIGN §5
     matching), ``gpu_memory_min`` (per device, total), ``gpu_memory_free_min`` (per
-    device, free now), ``devices`` (explicit indices/UUIDs to choose from) — named and
+    device, free now), ``gpu_capability_min``, ``gpu_driver_min``, ``gpu_cuda_min``
+    (dotted versions per device, at least: ``"8.9"``, ``"535.104.05"``), ``devices`` (explicit indices/UUIDs to choose from) — named and
     validated as the ``cuectl run`` flags. ``wait``: block until free, FIFO among this
     host's waiters; ``timeout`` (seconds or ``"10m"``) bounds the wait. ``label`` is what
     `cuectl gpu leases` shows. ``on_wait`` is called once, with the reason, when the call
@@ -767,7 +771,21 @@ def lease(
     key = None
     if not deprecated and on_wait is None:
         key = _quick_key(
-            (gpus, gpu_vendor, gpu_memory_min, gpu_memory_free_min, wait, timeout, label, lock_dir, backend, fake_file),
+            (
+                gpus,
+                gpu_vendor,
+                gpu_memory_min,
+                gpu_memory_free_min,
+                gpu_capability_min,
+                gpu_driver_min,
+                gpu_cuda_min,
+                wait,
+                timeout,
+                label,
+                lock_dir,
+                backend,
+                fake_file,
+            ),
             gpu_models,
             devices,
             lock_dir,
@@ -783,6 +801,9 @@ def lease(
         gpu_models=gpu_models,
         gpu_memory_min=gpu_memory_min,
         gpu_memory_free_min=gpu_memory_free_min,
+        gpu_capability_min=gpu_capability_min,
+        gpu_driver_min=gpu_driver_min,
+        gpu_cuda_min=gpu_cuda_min,
         devices=devices,
         deprecated=deprecated,
     )
@@ -815,6 +836,9 @@ class async_lease:
         gpu_models: str | Iterable[str] = (),
         gpu_memory_min: str | int | None = None,
         gpu_memory_free_min: str | int | None = None,
+        gpu_capability_min: str | float | None = None,
+        gpu_driver_min: str | float | None = None,
+        gpu_cuda_min: str | float | None = None,
         devices: Iterable[str | int] | None = None,
         wait: bool = False,
         timeout: float | str | None = None,
@@ -831,6 +855,9 @@ class async_lease:
             gpu_models=gpu_models,
             gpu_memory_min=gpu_memory_min,
             gpu_memory_free_min=gpu_memory_free_min,
+            gpu_capability_min=gpu_capability_min,
+            gpu_driver_min=gpu_driver_min,
+            gpu_cuda_min=gpu_cuda_min,
             devices=devices,
             deprecated=deprecated,
         )

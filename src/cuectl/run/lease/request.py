@@ -43,6 +43,9 @@ def make_request(
     gpu_models: str | Iterable[str] = (),
     gpu_memory_min: str | int | None = None,
     gpu_memory_free_min: str | int | None = None,
+    gpu_capability_min: str | float | None = None,
+    gpu_driver_min: str | float | None = None,
+    gpu_cuda_min: str | float | None = None,
     devices: Iterable[str | int] | str | int | None = None,
     field_label: Label = keyword_label,
     deprecated: Mapping[str, Any] | None = None,
@@ -59,6 +62,9 @@ def make_request(
         "gpu_models": gpu_models,
         "gpu_memory_min": gpu_memory_min,
         "gpu_memory_free_min": gpu_memory_free_min,
+        "gpu_capability_min": gpu_capability_min,
+        "gpu_driver_min": gpu_driver_min,
+        "gpu_cuda_min": gpu_cuda_min,
     }
     label = _take_renamed(given, deprecated or {}, field_label)
     ids = _device_ids(devices)
