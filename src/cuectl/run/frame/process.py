@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from cuectl.errors import InvalidInput
 from cuectl.run import procs
@@ -456,11 +456,13 @@ class FrameProcess:
         elif footer is not None:
             _append_log(self.log_path, footer)
 
-    def __del__(self) -> None:
+    def __del__(self, _close: Callable[[int], None] = os.close) -> None:
+        # os.close bound at definition: at interpreter exit the module's globals may be
+        # None already, and a frame object collected then must not print a traceback.
         cap = getattr(self, "_log_cap", None)
         if cap is not None:
             try:
-                os.close(cap.fd)
+                _close(cap.fd)
             except OSError:
                 pass
 
