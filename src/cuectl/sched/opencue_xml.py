@@ -66,7 +66,7 @@ _LAYER_CHILDREN = (
 )
 # cuectl's extension of the spec (docs/opencue-xml.md, "cuectl's extension elements"): a
 # layer's per-device GPU request as a YAML spec has it, which no CJSL version can say.
-EXTENSION_ELEMENTS = ("gpu_vendor", "gpu_models_allowed", "min_gpu_memory_bytes", "retry_on_gpu_oom")
+EXTENSION_ELEMENTS = ("gpu_vendor", "gpu_models_allowed", "min_gpu_memory_bytes")
 _LAYER_TYPES = ("RENDER", "UTIL", "POST")
 _PROJECT_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}", re.ASCII)
 _TRUE = ("true", "1", "yes", "y", "on", "t")
@@ -383,7 +383,7 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
     if kind not in _LAYER_TYPES:
         raise InvalidInput(f"{label}: type must be Render, Util or Post, got {element.get('type')!r}")
     for child in element:
-        if child.tag not in _LAYER_CHILDREN and child.tag not in EXTENSION_ELEMENTS:
+        if child.tag not in _LAYER_CHILDREN and child.tag not in EXTENSION_ELEMENTS + VERSION_ELEMENTS:
             note(f"<{child.tag}>", "not an element of any CJSL version")
     cmd = (element.find("cmd").text or "").strip() if element.find("cmd") is not None else ""
     if not cmd:
@@ -423,9 +423,6 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
             # OpenCue's figure is the frame's total across its GPUs; cuectl's is per device.
             layer["gpu_memory_min"] = f"{-(-total // gpus)}K"
     _gpu_extension(element, layer, gpus, label)
-    retry_on_gpu_oom = _text(element.find("retry_on_gpu_oom"))
-    if retry_on_gpu_oom:  # validated with the layer, as the YAML key (same or bigger)
-        layer["retry_on_gpu_oom"] = retry_on_gpu_oom
     timeout = _text(element.find("timeout"))
     if timeout:
         minutes = _int(timeout, f"{label}: <timeout>")
@@ -465,9 +462,14 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
     return layer, kind
 
 
+# cuectl's extension elements for a layer's per-device version minimums: the YAML keys of
+# the same names (<gpu_capability_min>8.9</gpu_capability_min>).
+VERSION_ELEMENTS = ("gpu_capability_min", "gpu_driver_min", "gpu_cuda_min")
+
+
 def _gpu_extension(element: Any, layer: dict[str, Any], gpus: int, label: str) -> None:
     """cuectl's extension elements of ``<layer>`` into the layer's ``gpu_vendor``,
-    ``gpu_models`` and ``gpu_memory_min``, validated as a YAML spec's keys are (the same
+    ``gpu_models``, ``gpu_memory_min`` and version minimums, validated as a YAML spec's keys are (the same
     rules and messages, each naming its element). An empty element, or a minimum of 0, is
     the same as none: a spec writer may emit every element whatever the layer asks."""
     from cuectl.sched.gpu_request import GpuRequest
@@ -484,12 +486,14 @@ def _gpu_extension(element: Any, layer: dict[str, Any], gpus: int, label: str) -
     memory = _int(memory_text, f"{label}: <min_gpu_memory_bytes>") if memory_text else 0
     if memory < 0:
         raise InvalidInput(f"{label}: <min_gpu_memory_bytes>: must be 0 or more, got {memory_text!r}")
-    if vendor is None and models is None and not memory:
+    versions = {key: _text(element.find(key)) or None for key in VERSION_ELEMENTS}
+    if vendor is None and models is None and not memory and not any(versions.values()):
         return
     elements = {
         "gpu_vendor": "<gpu_vendor>",
         "gpu_models": "<gpu_models_allowed>",
         "gpu_memory_min": "<min_gpu_memory_bytes>",
+        **{key: f"<{key}>" for key in VERSION_ELEMENTS},
     }
     # The field at fault leads the message with the layer's label; <gpus> is named within it.
     request = GpuRequest.parse(
@@ -497,12 +501,16 @@ def _gpu_extension(element: Any, layer: dict[str, Any], gpus: int, label: str) -
         gpu_vendor=vendor,
         gpu_models=models,
         gpu_memory_min=memory or None,
+        **versions,
         label=lambda field: f"{label}: {elements[field]}" if field in elements else f"<{field}>",
     )
     if request.gpu_vendor is not None:
         layer["gpu_vendor"] = request.gpu_vendor
     if request.gpu_models:
         layer["gpu_models"] = list(request.gpu_models)
+    for key in VERSION_ELEMENTS:
+        if getattr(request, key) is not None:
+            layer[key] = getattr(request, key)
     if request.gpu_memory_min_bytes:
         # With <gpu_memory> too, a device must meet both: the larger minimum per device.
         from cuectl.units import parse_size

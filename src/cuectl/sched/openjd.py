@@ -42,6 +42,13 @@ _GPU, _GPU_MEMORY, _VCPU, _MEMORY = (
 # (``cuectl:attr.gpu.model``), as GPU constraints (docs/openjd.md).
 _GPU_MODEL_ATTRS = ("attr.gpu.model",)
 _GPU_VENDOR_ATTRS = ("attr.gpu.vendor",)
+# Farm-defined amounts (any vendor prefix, as the attributes) whose min is a per-device
+# version minimum: its decimal as written (8.9, 12.2, 550), compared as versions.
+_GPU_VERSION_AMOUNTS = {
+    "amount.gpu.compute_capability": "gpu_capability_min",
+    "amount.gpu.driver": "gpu_driver_min",
+    "amount.gpu.cuda": "gpu_cuda_min",
+}
 
 
 def is_openjd(data: Any) -> bool:
@@ -185,8 +192,17 @@ def _host_requirements(step: Any, layer: dict[str, Any], where: str, notes: list
                 layer["memory"] = str(int(math.ceil(low)))  # MiB
             if high is not None:
                 notes.append(f"{where}: {amount.name} max not honoured (cuectl reserves the minimum)")
+        elif name.split(":", 1)[-1] in _GPU_VERSION_AMOUNTS:
+            key = _GPU_VERSION_AMOUNTS[name.split(":", 1)[-1]]
+            if amount.min is not None:
+                layer[key] = str(amount.min)  # the Decimal's own text: 8.10 stays 8.10
+            if high is not None:
+                notes.append(f"{where}: {amount.name} max not honoured (cuectl has no upper bound on versions)")
         else:
             notes.append(f"{where}: host requirement {amount.name} not honoured (cuectl does not track it)")
+    if any(key in layer for key in _GPU_VERSION_AMOUNTS.values()) and not layer.get("gpus"):
+        layer["gpus"] = 1
+        notes.append(f"{where}: a GPU version minimum without {_GPU}: asks for 1 GPU")
     if layer.get("gpu_memory_min") and not layer.get("gpus"):
         layer["gpus"] = 1
         notes.append(f"{where}: {_GPU_MEMORY} without {_GPU}: asks for 1 GPU")
