@@ -103,6 +103,7 @@ class Job:
         limits: Sequence[str] | str = (),
         retry_delay: str | float | None = None,
         service: str | Sequence[str] | None = None,
+        retry_on_gpu_oom: str | None = None,
     ) -> Job:
         """Add a layer (the keys of docs/job-spec.md) and return the job, for chaining.
 
@@ -137,6 +138,7 @@ class Job:
             "max_running": max_running,
             "limits": ([limits] if isinstance(limits, str) else list(limits)) or None,
             "retry_delay": retry_delay,
+            "retry_on_gpu_oom": retry_on_gpu_oom,
             "service": service if service is None or isinstance(service, str) else list(service),
         }
         layer.update({key: value for key, value in optional.items() if value is not None})

@@ -133,6 +133,13 @@ def submit(
         metavar="DUR",
         help="Wait before a failed frame runs again, doubled per further failure (default 2s; 0: at once).",
     ),
+    retry_on_gpu_oom: Optional[str] = typer.Option(
+        None,
+        "--retry-on-gpu-oom",
+        metavar="same|bigger",
+        help="bigger: a frame that ran out of GPU memory runs again only on a device with more "
+        "memory (DEAD at once when the farm has none); same (default): on any fitting device.",
+    ),
     chdir: Optional[str] = typer.Option(
         None, "--chdir", "-D", metavar="DIR", help="Directory the frames run in (default: this one, as sbatch)."
     ),

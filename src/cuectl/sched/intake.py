@@ -208,6 +208,7 @@ class SubmitFlags:
     max_gpus: int | None = _flag("--max-gpus", level=JOB, kind="int")
     limits: tuple[str, ...] | None = _flag("--limit", level=LAYER, kind="list")
     retry_delay: str | None = _flag("--retry-delay", level=LAYER)
+    retry_on_gpu_oom: str | None = _flag("--retry-on-gpu-oom", level=LAYER)
     cwd: str | None = _flag("--chdir", "-D", level=JOB)
     export: str | None = _flag("--export", level=JOB)
 

@@ -44,6 +44,10 @@ DEFAULT_RETRY_DELAY_S = 2.0
 MAX_RETRY_DELAY_S = 600.0
 
 
+# The values of a layer's ``retry_on_gpu_oom`` (the first is the default).
+RETRY_ON_GPU_OOM = ("same", "bigger")
+
+
 def retry_delay(first_s: float | None, failures: int) -> float:
     """Seconds before the next attempt after ``failures`` failed ones (1 = the first)."""
     base = DEFAULT_RETRY_DELAY_S if first_s is None else first_s
@@ -141,6 +145,10 @@ class LayerSpec:
     limits: tuple[str, ...] = ()
     # Seconds before a failed frame runs again; doubled for each further failure (None: the default).
     retry_delay_s: float | None = None
+    # Where an attempt that ran out of GPU memory (failure kind ``gpu-oom``) runs again:
+    # ``same`` (any fitting device, like any failure) or ``bigger`` (only devices with more
+    # memory than the one it failed on; DEAD at once when the farm has none). RETRY_ON_GPU_OOM.
+    retry_on_gpu_oom: str = "same"
     # The directory its frames run in (absolute; None: the worker's own, for specs built by
     # library callers that capture nothing).
     cwd: str | None = None

@@ -66,7 +66,7 @@ _LAYER_CHILDREN = (
 )
 # cuectl's extension of the spec (docs/opencue-xml.md, "cuectl's extension elements"): a
 # layer's per-device GPU request as a YAML spec has it, which no CJSL version can say.
-EXTENSION_ELEMENTS = ("gpu_vendor", "gpu_models_allowed", "min_gpu_memory_bytes")
+EXTENSION_ELEMENTS = ("gpu_vendor", "gpu_models_allowed", "min_gpu_memory_bytes", "retry_on_gpu_oom")
 _LAYER_TYPES = ("RENDER", "UTIL", "POST")
 _PROJECT_RE = re.compile(r"[A-Za-z0-9_.-]{1,100}", re.ASCII)
 _TRUE = ("true", "1", "yes", "y", "on", "t")
@@ -423,6 +423,9 @@ def _layer(element: Any, label: str, job_note: Any) -> tuple[dict[str, Any], str
             # OpenCue's figure is the frame's total across its GPUs; cuectl's is per device.
             layer["gpu_memory_min"] = f"{-(-total // gpus)}K"
     _gpu_extension(element, layer, gpus, label)
+    retry_on_gpu_oom = _text(element.find("retry_on_gpu_oom"))
+    if retry_on_gpu_oom:  # validated with the layer, as the YAML key (same or bigger)
+        layer["retry_on_gpu_oom"] = retry_on_gpu_oom
     timeout = _text(element.find("timeout"))
     if timeout:
         minutes = _int(timeout, f"{label}: <timeout>")

@@ -40,7 +40,7 @@ from cuectl.sched.fields import (
 from cuectl.sched.fields import priority as check_priority
 from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
 from cuectl.sched.gpu_request import GpuRequest
-from cuectl.sched.model import DEPEND_TYPES, Dependency, JobSpec, LayerSpec, Notify
+from cuectl.sched.model import DEPEND_TYPES, RETRY_ON_GPU_OOM, Dependency, JobSpec, LayerSpec, Notify
 from cuectl.units import parse_duration
 
 MAX_SPEC_BYTES = 10 * 1024 * 1024
@@ -95,6 +95,7 @@ LAYER_KEYS = (
     "max_running",
     "limits",
     "retry_delay",
+    "retry_on_gpu_oom",
     "cwd",
     "type",
     "service",
@@ -628,6 +629,8 @@ def _build_layer(
         fields["limits"] = limit_names(get("limits"), label("limits"))
     if get("retry_delay") is not None:
         fields["retry_delay_s"] = _retry_delay(get("retry_delay"), label("retry_delay"))
+    if get("retry_on_gpu_oom") is not None:
+        fields["retry_on_gpu_oom"] = _retry_on_gpu_oom(get("retry_on_gpu_oom"), label, gpu.gpus)
     if get("type") is not None:
         kind = expect_str(get("type"), label("type"))
         fields["type"] = next((t for t in LAYER_TYPES if t.casefold() == kind.strip().casefold()), None)
@@ -643,6 +646,17 @@ def _build_layer(
     # What the layer set itself, which no service overrides (sched/services.py).
     fields["explicit"] = frozenset(f for key, f in SERVICE_KEYS.items() if get(key) is not None)
     return LayerSpec(**fields), deps
+
+
+def _retry_on_gpu_oom(value: Any, label: Label, gpus: int) -> str:
+    """``same`` or ``bigger`` (any case); ``bigger`` only for a layer that asks for GPUs."""
+    where = label("retry_on_gpu_oom")
+    text = expect_str(value, where).strip().lower()
+    if text not in RETRY_ON_GPU_OOM:
+        raise InvalidInput(f"{where}: {quote(text)} is not one of {', '.join(RETRY_ON_GPU_OOM)}")
+    if text == "bigger" and gpus == 0:
+        raise InvalidInput(f"{where}: only applies to GPU requests; set {label('gpus')} to 1 or more")
+    return text
 
 
 def _post_layers_last(
@@ -948,6 +962,7 @@ def spec_from_flags(
     limits: Sequence[str] = (),
     notify: Sequence[Notify] = (),
     retry_delay: str | None = None,
+    retry_on_gpu_oom: str | None = None,
     chdir: str | None = None,
     export: str | None = None,
     cwd: str | None = None,
@@ -991,6 +1006,7 @@ def spec_from_flags(
         "log_limit": log_limit,
         "limits": _as_flag_list(limits) or None,
         "retry_delay": retry_delay,
+        "retry_on_gpu_oom": retry_on_gpu_oom,
         "service": service,
     }
     home = (environ or {}).get("HOME")

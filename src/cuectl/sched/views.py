@@ -181,6 +181,7 @@ def layer_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "max_running": row["max_running"],
         "limits": _loads(row["limits"], []),
         "retry_delay_s": row["retry_delay_s"],
+        "retry_on_gpu_oom": row["retry_on_gpu_oom"] or "same",
         "cwd": row["cwd"],
     }
 
@@ -222,6 +223,9 @@ def frame_json(row: Mapping[str, Any]) -> dict[str, Any]:
         # may run again (its retry back-off; None: at once).
         "failure": row["failure"],
         "retry_at": iso(row["retry_at"]) if row["state"] == "WAITING" else None,
+        # The total memory of the device it last ran out of GPU memory on, when its layer
+        # says ``retry_on_gpu_oom: bigger``: it runs again only on bigger ones (None: never).
+        "gpu_oom_bytes": row["gpu_oom_bytes"],
         # A RUNNING frame's latest sample (the worker writes it every --sample-interval):
         # mean utilisation over its devices, the most memory on any one, and when.
         "gpu_util_pct": row["gpu_util_pct"] if running else None,

@@ -45,6 +45,7 @@ from cuectl.sched.match import (
     select_devices,
     tags_fit,
 )
+from cuectl.sched.store.lifecycle import bigger_devices
 from cuectl.units import format_bytes, format_duration, iso
 
 # Host line kinds (``check`` in JSON), in the order they are tested.
@@ -244,9 +245,13 @@ def _static(layer: Mapping[str, Any], host: Mapping[str, Any]) -> tuple[str, str
         missing = sorted(set(t.casefold() for t in layer["tags"]) - set(t.casefold() for t in host.get("tags") or []))
         return "tags", f"lacks the tag{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
     if layer["gpus"] > 0:
-        match = select_devices(GpuRequest.from_record(layer), _devices(host))
+        request = GpuRequest.from_record(layer)
+        match = select_devices(request, _devices(host))
         if not match.could_ever_fit:
             return "devices", match.reason or "no fitting devices"
+        oom = _gpu_oom_bytes(layer)
+        if oom and not select_devices(request, bigger_devices(_devices(host), oom)).could_ever_fit:
+            return "devices", f"{_oom_text(oom)}; this host has none"
         return None
     d = dispatch_of(host)
     if d is not None and d.get("gpu_only"):
@@ -257,6 +262,16 @@ def _static(layer: Mapping[str, Any], host: Mapping[str, Any]) -> tuple[str, str
     if layer["memory_bytes"] and layer["memory_bytes"] > memory:
         return "size", f"needs {format_bytes(layer['memory_bytes'])} of memory; host has {format_bytes(memory)}"
     return None
+
+
+def _gpu_oom_bytes(layer: Mapping[str, Any]) -> int:
+    """The device size the layer's WAITING frames ran out of GPU memory on, each wanting a
+    bigger one (``retry_on_gpu_oom: bigger``; 0: some frame takes any fitting device)."""
+    return int(layer.get("waiting_gpu_oom_bytes") or 0)
+
+
+def _oom_text(oom: int) -> str:
+    return f"ran out of GPU memory on {format_bytes(oom)}: waits for a GPU bigger than {format_bytes(oom)}"
 
 
 def _live_free(host: Mapping[str, Any]) -> dict[str, int | None]:
@@ -285,7 +300,7 @@ def _gpu_now(layer: Mapping[str, Any], host: Mapping[str, Any], farm: Farm) -> t
     holders = farm.frame_holders()
     live_free = _live_free(host)
 
-    devices = _devices(host)
+    devices = bigger_devices(_devices(host), _gpu_oom_bytes(layer))
     parents = {x.mig_parent_uuid for x in devices if x.mig_parent_uuid}
     fitting = sorted(
         (x for x in devices if x.uuid not in parents and device_fits_statically(request, x) is None),
@@ -403,7 +418,14 @@ def _farm_static(layer: Mapping[str, Any], hosts: Sequence[Mapping[str, Any]]) -
     if not tagged:
         return f"no registered host has the tags {', '.join(layer['tags'])}"
     if layer["gpus"] > 0:
-        return explain_hosts(GpuRequest.from_record(layer), {h["name"]: _devices(h) for h in tagged})
+        request = GpuRequest.from_record(layer)
+        static = explain_hosts(request, {h["name"]: _devices(h) for h in tagged})
+        oom = _gpu_oom_bytes(layer)
+        if static is None and oom:
+            bigger = {h["name"]: bigger_devices(_devices(h), oom) for h in tagged}
+            if not any(select_devices(request, devs).could_ever_fit for devs in bigger.values()):
+                return f"{_oom_text(oom)}; no registered host has one (`cuectl frame retry` once one is added)"
+        return static
     cpu = [h for h in tagged if not (dispatch_of(h) or {}).get("gpu_only")]
     if not cpu:
         return "every host with its tags runs GPU frames only (worker --gpu-only)"
@@ -662,6 +684,9 @@ def frame_reasons(store: Any, frames: list[dict[str, Any]], *, now: float | None
         reason = None
         if layer is not None:
             reason = layer.depend_reason if f["state"] == m.DEPEND else layer.waiting_reason
+        oom = f.get("gpu_oom_bytes") or 0
+        if f["state"] == m.WAITING and oom and layer is not None and _oom_text(oom) not in (reason or ""):
+            reason = _oom_text(oom) + (f"; {reason}" if reason else "")
         retry_at = _epoch(f.get("retry_at"), when)
         if f["state"] == m.WAITING and retry_at is not None and retry_at > when:
             reason = f"retry back-off until {f['retry_at']}" + (f"; {reason}" if reason else "")

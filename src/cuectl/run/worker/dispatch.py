@@ -17,6 +17,7 @@ from cuectl.run.lease import DeviceLock, held_uuids, queued_reservations, try_lo
 from cuectl.run.lease.locks import lock_path, read_record
 from cuectl.sched.match import CpuPool, GpuRequest, cpu_fits, device_fits_statically, select_devices
 from cuectl.sched.store import HostShape, RunnableLayer
+from cuectl.sched.store.lifecycle import bigger_devices
 from cuectl.units import format_bytes
 
 if TYPE_CHECKING:
@@ -181,14 +182,16 @@ class Dispatcher:
                     continue
                 if devices_now is None:
                     devices_now = w.sampling.live_devices(now)
+                # Frames that ran out of GPU memory and asked for bigger devices get only those.
+                offered = bigger_devices(devices_now, layer.gpu_oom_bytes)
                 while not w.reached_max():
                     busy, foreign = self.busy(devices_now)
-                    result = select_devices(GpuRequest.from_record(layer), devices_now, busy=busy | reserved)
+                    result = select_devices(GpuRequest.from_record(layer), offered, busy=busy | reserved)
                     if not result.devices:
                         # Only a multi-GPU frame can starve: a 1-GPU frame comes first in the
                         # next pass and takes the first device it can use that frees up.
                         if reserving is None and result.could_ever_fit and layer.gpus > 1:
-                            reserving = self.reserve(layer, devices_now, busy, now)
+                            reserving = self.reserve(layer, offered, busy, now)
                             if reserving is not None:
                                 reserved |= set(reserving.uuids)
                         break

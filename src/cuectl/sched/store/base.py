@@ -53,6 +53,10 @@ class RunnableLayer:
     receipt: str | None = None
     # Where it sorts in dispatch order: ``runnable_layers(after=...)`` reads on from here.
     order_key: tuple[Any, ...] | None = None
+    # ``retry_on_gpu_oom: bigger`` and every WAITING frame ran out of GPU memory last time:
+    # the smallest device total memory they failed on, which each device given to the
+    # layer's next claim must exceed (0: no such bound; docs/scheduling.md).
+    gpu_oom_bytes: int = 0
 
 
 @dataclass(frozen=True)

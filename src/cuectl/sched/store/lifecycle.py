@@ -13,11 +13,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from cuectl.gpu.device import Device
 from cuectl.sched import model as m
 from cuectl.sched.dialect import Dialect
 from cuectl.sched.frameset import compact_range, parse_frameset
 from cuectl.sched.store import depends as depends_mod
 from cuectl.sched.store.base import ClaimedFrame, FrameResult
+from cuectl.units import format_bytes
 
 # A stored chunk was validated at submit time; re-reading it must not depend on this
 # process's CUECTL_FRAME_LIMIT (a worker may run with a smaller one than the submitter).
@@ -64,6 +66,67 @@ def failure_text(result: FrameResult) -> str | None:
 
 
 LOST_FAILURE = "worker lost (no heartbeat)"
+
+
+# -- a GPU out-of-memory retried on a bigger GPU (``retry_on_gpu_oom: bigger``) ------------
+def bigger_devices(devices: Sequence[Device], gpu_oom_bytes: int) -> list[Device]:
+    """The devices with more total memory than ``gpu_oom_bytes`` (all when it is 0); a
+    device of unknown size is never bigger."""
+    if gpu_oom_bytes <= 0:
+        return list(devices)
+    return [d for d in devices if d.memory_total_bytes is not None and d.memory_total_bytes > gpu_oom_bytes]
+
+
+def failed_device_bytes(gpu_uuids: Sequence[str], inventory: Sequence[Mapping[str, Any]]) -> int | None:
+    """The total memory of the largest of an attempt's devices, from its host's registered
+    inventory: the size its next attempt must exceed. None when none of them is known (no
+    devices, or the host re-registered without them): the frame is retried as usual."""
+    sizes = [
+        int(d["memory_total_bytes"])
+        for d in inventory
+        if d.get("uuid") in gpu_uuids and isinstance(d.get("memory_total_bytes"), int)
+    ]
+    return max(sizes) if sizes else None
+
+
+def bigger_gpu_host(
+    layer: Mapping[str, Any], hosts: Sequence[Mapping[str, Any]], gpu_oom_bytes: int, now: float
+) -> str | None:
+    """A host that could ever run ``layer`` (a row with its GPU request and tags) on devices
+    bigger than ``gpu_oom_bytes``: registered, UP (a heartbeat within HOST_DOWN_AFTER_S and
+    not signed off), with the layer's tags, and ``gpus`` devices that meet the layer's
+    vendor, model, memory and version constraints and each have more memory. Locked hosts and busy
+    or drained devices count: those are passing states. None: no such host in the farm."""
+    from cuectl.sched.match import GpuRequest, device_fits_statically
+
+    request = GpuRequest(
+        gpus=int(layer["gpus"]),
+        gpu_vendor=layer["gpu_vendor"],
+        gpu_models=tuple(json.loads(layer["gpu_models"] or "[]")),
+        gpu_memory_min_bytes=int(layer["gpu_memory_min_bytes"] or 0),
+        gpu_capability_min=layer["gpu_capability_min"],
+        gpu_driver_min=layer["gpu_driver_min"],
+        gpu_cuda_min=layer["gpu_cuda_min"],
+    )
+    tags = set(json.loads(layer["tags"] or "[]"))
+    for host in hosts:
+        live = json.loads(host["live"]) if host["live"] else None
+        signed_off = isinstance(live, dict) and live.get("signed_off") is True
+        if signed_off or host["last_heartbeat"] is None or now - host["last_heartbeat"] > m.HOST_DOWN_AFTER_S:
+            continue
+        if not tags <= set(json.loads(host["tags"] or "[]")):
+            continue
+        devices = [Device.from_json(d) for d in json.loads(host["gpus"] or "[]")]
+        fitting = [d for d in bigger_devices(devices, gpu_oom_bytes) if device_fits_statically(request, d) is None]
+        if len(fitting) >= request.gpus:
+            return str(host["name"])
+    return None
+
+
+def no_bigger_gpu(gpu_oom_bytes: int) -> str:
+    """The DEAD frame's reason when the farm has no device bigger than it failed on."""
+    return f"gpu-oom: no GPU bigger than {format_bytes(gpu_oom_bytes)} (retry_on_gpu_oom: bigger)"
+
 
 # What a user's kill leaves on a frame as its failure: who ended it, so a job that ends
 # FAILED for it says so ("1 frame killed by alice"), not only that a frame is DEAD.
@@ -248,6 +311,7 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
         json.dumps(list(layer.limits)),
         layer.retry_delay_s,
         layer.cwd,
+        None if layer.retry_on_gpu_oom == m.RETRY_ON_GPU_OOM[0] else layer.retry_on_gpu_oom,
         layer.gpu_capability_min,
         layer.gpu_driver_min,
         layer.gpu_cuda_min,
@@ -258,7 +322,7 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
 LAYER_COLUMNS = (
     "id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
     "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes, "
-    "max_running, limits, retry_delay_s, cwd, gpu_capability_min, gpu_driver_min, gpu_cuda_min"
+    "max_running, limits, retry_delay_s, cwd, retry_on_gpu_oom, gpu_capability_min, gpu_driver_min, gpu_cuda_min"
 )
 LAYER_INSERT_COLUMNS = LAYER_COLUMNS.replace("id, ", "", 1) + ", depend_count"
 LAYER_INSERT_COUNT = LAYER_INSERT_COLUMNS.count(",") + 1

@@ -82,6 +82,7 @@ _MIGRATE_LOCK = 0x4355454301
 _CLAIM_SQL = f"""
     WITH next AS (
         SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING' AND (retry_at IS NULL OR retry_at <= ?)
+            AND (gpu_oom_bytes IS NULL OR gpu_oom_bytes < ?)
         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
     )
     UPDATE frames f SET state = 'RUNNING', attempts = f.attempts + 1, host = ?, worker = ?,
@@ -695,6 +696,7 @@ class PostgresStore(SQLStore):
         params = (
             layer_id,
             now,
+            self._claim_gpu_bytes(layer, host, gpu_uuids),
             host,
             worker,
             json.dumps(list(gpu_uuids)),

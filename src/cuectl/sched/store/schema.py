@@ -289,6 +289,14 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE layers ADD COLUMN gpu_driver_min TEXT;
     ALTER TABLE layers ADD COLUMN gpu_cuda_min TEXT;
     """,
+    # v10: a GPU out-of-memory retried on a bigger GPU (docs/scheduling.md): the layer's
+    # choice (NULL: ``same``, retried on any fitting device), and per frame the total
+    # memory of the largest device its last attempt ran out of memory on (NULL: none), so
+    # its next attempt is given only devices with more.
+    """
+    ALTER TABLE layers ADD COLUMN retry_on_gpu_oom TEXT;
+    ALTER TABLE frames ADD COLUMN gpu_oom_bytes INTEGER;
+    """,
 )
 
 

@@ -78,7 +78,8 @@ _MAX_ID = 2**63 - 1
 # The columns an attempt's record copies from its frame and layer (``_record_attempt``).
 _ATTEMPT_SOURCE = (
     "f.state, f.attempts, f.action, f.job_id, f.layer_id, f.host, f.gpu_uuids, f.waiting_since, "
-    "f.started_at, l.retries, l.cores, l.retry_delay_s"
+    "f.started_at, l.retries, l.cores, l.retry_delay_s, f.gpu_oom_bytes, l.retry_on_gpu_oom, l.gpus, l.gpu_vendor, "
+    "l.gpu_models, l.gpu_memory_min_bytes, l.tags, l.gpu_capability_min, l.gpu_driver_min, l.gpu_cuda_min"
 )
 _ATTEMPT_COLUMNS = (
     "frame_id",
@@ -484,6 +485,19 @@ class SQLStore(Store):
                 (row["id"],),
             )
         ]
+        bigger = [layer["id"] for layer in data["layers"] if layer["retry_on_gpu_oom"] == "bigger"]
+        floors: dict[int, int] = {}
+        if bigger:  # what their WAITING frames wait for: a device bigger than this (0: any)
+            floors = {
+                r["layer_id"]: int(r["floor"] or 0)
+                for r in self._read(
+                    "SELECT layer_id, MIN(COALESCE(gpu_oom_bytes, 0)) AS floor FROM frames "
+                    f"WHERE layer_id IN ({marks(len(bigger))}) AND state = 'WAITING' GROUP BY layer_id",
+                    bigger,
+                )
+            }
+        for layer in data["layers"]:
+            layer["waiting_gpu_oom_bytes"] = floors.get(layer["id"], 0)
         data.update(self.list_depends(row["id"]))
         # DEPEND frames of this job that wait on a DEAD frame (they need a retry). Only asked
         # when the job has DEPEND frames: the query's plan scans the frames index.
@@ -1381,7 +1395,8 @@ class SQLStore(Store):
             "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
             "l.gpu_capability_min, l.gpu_driver_min, l.gpu_cuda_min, "
             'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user", j.submitted_by, j.receipt, '
-            "j.created_at, l.idx "
+            "j.created_at, l.idx, CASE WHEN l.retry_on_gpu_oom IS NULL THEN 0 ELSE (SELECT MIN(COALESCE(fo.gpu_oom_bytes, 0)) "
+            "FROM frames fo WHERE fo.layer_id = l.id AND fo.state = 'WAITING') END AS gpu_oom_bytes "
             "FROM layers l JOIN jobs j ON j.id = l.job_id "
             "WHERE j.state = 'PENDING' AND j.paused = 0 AND l.depend_count >= 0 "
             "AND EXISTS (SELECT 1 FROM frames f WHERE f.layer_id = l.id AND f.state = 'WAITING') "
@@ -1410,9 +1425,25 @@ class SQLStore(Store):
                 submitted_by=r["submitted_by"],
                 receipt=r["receipt"],
                 order_key=(r["priority"], r["created_at"], r["job_id"], r["idx"]),
+                gpu_oom_bytes=int(r["gpu_oom_bytes"] or 0),
             )
             for r in rows
         ]
+
+    def _claim_gpu_bytes(self, layer: Row, host: str, gpu_uuids: Sequence[str]) -> int:
+        """What a claim of ``layer`` on ``gpu_uuids`` offers a frame that ran out of GPU
+        memory: the smallest total memory of those devices by the host's registered
+        inventory (a frame is claimed only if it failed on less; unknown: 0, only frames
+        that never ran out). A layer without ``retry_on_gpu_oom: bigger`` never sets the
+        bound, so it costs that layer no read."""
+        if layer["retry_on_gpu_oom"] != "bigger":
+            return _MAX_ID
+        rows = self._read("SELECT gpus FROM hosts WHERE name = ?", (host,))
+        inventory = {d.get("uuid"): d.get("memory_total_bytes") for d in json.loads(rows[0]["gpus"])} if rows else {}
+        sizes = [inventory.get(uuid) for uuid in gpu_uuids]
+        if not sizes or any(not isinstance(size, int) for size in sizes):
+            return 0
+        return min(int(size) for size in sizes if isinstance(size, int))
 
     def _layer_row(self, layer_id: int) -> Row:
         """The layer (with its job's name and user) for the claim path, read once."""
@@ -1531,6 +1562,20 @@ class SQLStore(Store):
         new_state, outcome = lifecycle.next_state(result, row["action"], attempt, row["retries"])
         usage = dict(result.usage)
         failure = lifecycle.failure_text(result) if outcome in ("failed", "timeout") else None
+        gpu_oom_bytes = row["gpu_oom_bytes"]
+        if row["retry_on_gpu_oom"] == "bigger" and outcome == "failed" and result.failure_kind == "gpu-oom":
+            # Out of GPU memory on a layer that asked for bigger devices: the frame keeps the
+            # size it failed on (the largest so far), and its next attempt gets only devices
+            # with more; with none in the farm it is DEAD now rather than failing again.
+            inventory = tx.all("SELECT gpus FROM hosts WHERE name = ?", (row["host"],))
+            failed = lifecycle.failed_device_bytes(
+                _json_tuple(row["gpu_uuids"] or "[]"), json.loads(inventory[0]["gpus"]) if inventory else []
+            )
+            if failed is not None:
+                gpu_oom_bytes = max(failed, gpu_oom_bytes or 0)
+                hosts = tx.all("SELECT name, gpus, tags, last_heartbeat, live FROM hosts ORDER BY name")
+                if new_state == m.WAITING and lifecycle.bigger_gpu_host(row, hosts, gpu_oom_bytes, now) is None:
+                    new_state, failure = m.DEAD, f"{lifecycle.no_bigger_gpu(gpu_oom_bytes)}; {failure}"
         # A failed frame's next attempt waits (back-off); a user's retry does not.
         delay = m.retry_delay(row["retry_delay_s"], attempt) if new_state == m.WAITING and failure else 0.0
         retry_at = now + delay if delay > 0 else None
@@ -1539,7 +1584,8 @@ class SQLStore(Store):
             "retry_at = ?, failure = CASE WHEN ? THEN ? ELSE failure END, exit_signal = ?, "
             "started_at = COALESCE(?, started_at), ended_at = ?, max_rss_bytes = ?, cpu_seconds = ?, "
             "gpu_util_mean_pct = ?, gpu_util_max_pct = ?, gpu_memory_peak_bytes = ?, gpu_seconds = ?, "
-            "gpu_busy_seconds = ?, waiting_since = CASE WHEN ? THEN ? ELSE waiting_since END WHERE id = ?",
+            "gpu_busy_seconds = ?, gpu_oom_bytes = ?, waiting_since = CASE WHEN ? THEN ? ELSE waiting_since END "
+            "WHERE id = ?",
             (
                 new_state,
                 result.exit_code,
@@ -1556,6 +1602,7 @@ class SQLStore(Store):
                 usage.get("gpu_memory_peak_bytes"),
                 usage.get("gpu_seconds"),
                 usage.get("gpu_busy_seconds"),
+                gpu_oom_bytes,
                 new_state == m.WAITING,
                 now,
                 frame_id,

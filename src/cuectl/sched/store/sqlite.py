@@ -46,7 +46,7 @@ _CLAIM_SQL = (
     "gpu_util_max_pct = NULL, gpu_memory_peak_bytes = NULL, gpu_seconds = NULL, gpu_busy_seconds = NULL, "
     f"retry_at = NULL, log_path = {lifecycle.log_path_sql(SQLITE)} "
     "WHERE id = (SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING' "
-    "AND (retry_at IS NULL OR retry_at <= ?) ORDER BY id LIMIT 1) "
+    "AND (retry_at IS NULL OR retry_at <= ?) AND (gpu_oom_bytes IS NULL OR gpu_oom_bytes < ?) ORDER BY id LIMIT 1) "
     "AND state = 'WAITING' "
     "AND (SELECT paused FROM jobs WHERE id = frames.job_id) = 0 "
     "AND NOT EXISTS (SELECT 1 FROM hosts WHERE name = ? AND locked = 1){caps} "
@@ -486,6 +486,7 @@ class SQLiteStore(SQLStore):
                 layer["name"],
                 layer_id,
                 now,
+                self._claim_gpu_bytes(layer, host, gpu_uuids),
                 host,
                 *cap_params,
             ),
