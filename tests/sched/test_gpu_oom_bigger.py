@@ -12,6 +12,7 @@ import pytest
 from cuectl.errors import InvalidInput
 from cuectl.gpu.device import Device
 from cuectl.sched import model as m
+from cuectl.sched.preview import spec_json
 from cuectl.sched.spec import spec_from_flags, spec_from_mapping
 from cuectl.sched.store import FrameResult, HostInfo
 from cuectl.sched.why import explain_job, frame_reasons
@@ -66,11 +67,11 @@ def test_spec_key_and_flag():
         {"name": "j", "layers": [{"name": "a", "command": "x", "gpus": 1, "retry_on_gpu_oom": "Bigger"}]}, user="u"
     )
     assert spec.layers[0].retry_on_gpu_oom == "bigger"
-    assert spec_from_mapping({"name": "j", "layers": [{"name": "a", "command": "x"}]}, user="u").layers[
-        0
-    ].retry_on_gpu_oom == ("same")
+    plain = spec_from_mapping({"name": "j", "layers": [{"name": "a", "command": "x"}]}, user="u")
+    assert plain.layers[0].retry_on_gpu_oom == "same"
     flags = spec_from_flags(name="j", command=["x"], user="u", gpus=1, retry_on_gpu_oom="bigger")
     assert flags.layers[0].retry_on_gpu_oom == "bigger"
+    assert spec_json(flags)["layers"][0]["retry_on_gpu_oom"] == "bigger"  # submit --dry-run
     with pytest.raises(InvalidInput, match=r"--retry-on-gpu-oom: 'larger' is not one of same, bigger"):
         spec_from_flags(name="j", command=["x"], user="u", gpus=1, retry_on_gpu_oom="larger")
     with pytest.raises(InvalidInput, match=r"layers\[0\].retry_on_gpu_oom: only applies to GPU requests"):

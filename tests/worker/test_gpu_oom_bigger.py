@@ -96,6 +96,7 @@ def test_dead_after_one_attempt_when_no_bigger_device_exists(farm):
     flags = ("--gpus", "1", "--retries", "3", "--retry-delay", "0", "--retry-on-gpu-oom", "bigger")
     job = int(farm.cuectl("submit", "--name", "grows", *flags, "--", *oom_layer(runs, "none")["command"]).stdout)
     assert farm.job(job)["layers"][0]["retry_on_gpu_oom"] == "bigger"
+    assert "\t3, bigger GPU on OOM\t" in farm.cuectl("job", "show", str(job)).stdout
     res = farm.run_worker(fake, timeout=60)
     assert res.returncode == 0, res.stderr
     (frame,) = farm.frames(job)

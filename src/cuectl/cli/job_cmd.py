@@ -425,7 +425,10 @@ def job_show(
                 gpu,
                 layer["cores"],
                 format_bytes(layer["memory_bytes"]) if layer["memory_bytes"] else "-",
-                layer["retries"],
+                # A frame that runs out of GPU memory retries on a bigger device (docs/scheduling.md).
+                f"{layer['retries']}, bigger GPU on OOM"
+                if layer.get("retry_on_gpu_oom") == "bigger"
+                else layer["retries"],
                 format_duration(layer["timeout_s"]),
                 deps,
             ]

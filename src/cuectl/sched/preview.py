@@ -35,6 +35,7 @@ def spec_json(spec: JobSpec) -> dict[str, Any]:
                 "max_running": layer.max_running,
                 "limits": list(layer.limits),
                 "retry_delay_s": layer.retry_delay_s,
+                "retry_on_gpu_oom": layer.retry_on_gpu_oom,
                 "cwd": layer.cwd,
                 # The service named (a list: the first the store has); its defaults are applied
                 # when the job is submitted, not in a dry run (no store is opened).
