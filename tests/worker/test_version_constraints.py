@@ -113,6 +113,12 @@ def test_malformed_versions_are_input_errors(farm):
         res = farm.cuectl("submit", "--name", "bad", "--gpus", "1", flag, value, "--", "true", check=False)
         assert res.returncode == 2, (flag, value, res)
         assert flag in res.stderr and "invalid version" in res.stderr, res.stderr
+    # --dry-run shows what would be asked, as submitted.
+    dry = farm.cuectl(
+        "submit", "--dry-run", "--json", "--name", "x", "--gpus", "1", "--gpu-cuda-min", "12.10", "--", "true"
+    )
+    (layer,) = json.loads(dry.stdout)["jobs"][0]["layers"]
+    assert (layer["gpu_cuda_min"], layer["gpu_capability_min"]) == ("12.10", None)
     # Without --gpus a device constraint is refused rather than ignored.
     res = farm.cuectl("submit", "--name", "bad", "--gpu-driver-min", "550", "--", "true", check=False)
     assert res.returncode == 2 and "--gpu-driver-min: only applies to GPU requests" in res.stderr
