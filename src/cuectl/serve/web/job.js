@@ -40,6 +40,9 @@ function gpuText(layer) {
   const parts = [`${layer.gpus} \u00d7 ${layer.gpu_vendor || "any vendor"}`];
   parts.push((layer.gpu_models || []).length ? layer.gpu_models.join(", ") : "any model");
   if (layer.gpu_memory_min_bytes) parts.push(`\u2265 ${size(layer.gpu_memory_min_bytes)}`);
+  for (const [key, what] of [["gpu_capability_min", "compute"], ["gpu_driver_min", "driver"], ["gpu_cuda_min", "CUDA"]]) {
+    if (layer[key]) parts.push(`${what} \u2265 ${layer[key]}`);
+  }
   return parts.join(" \u00b7 ");
 }
 

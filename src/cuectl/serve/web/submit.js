@@ -19,9 +19,14 @@ const FIELDS = [
   ["gpu_vendor", "GPU vendor", null, null],
   ["gpu_models", "GPU models", {placeholder: "A100, RTX 4090", autocomplete: "off"}, "comma-separated; any of them"],
   ["gpu_memory_min", "GPU memory at least", {placeholder: "16G"}, "per device: 16G, 24G, 512M"],
+  ["gpu_capability_min", "Compute capability at least", {placeholder: "8.9", autocomplete: "off"},
+   "CUDA, per device: 8.9 < 8.10"],
+  ["gpu_driver_min", "Driver at least", {placeholder: "535.104.05", autocomplete: "off"}, "per device"],
+  ["gpu_cuda_min", "CUDA at least", {placeholder: "12.2", autocomplete: "off"}, "the driver's CUDA version"],
 ];
 const GROUPS = [["Job", ["name", "priority"]], ["What runs", ["layer", "command", "range", "chunk"]],
-  ["GPUs", ["gpus", "gpu_vendor", "gpu_models", "gpu_memory_min"]]];
+  ["GPUs", ["gpus", "gpu_vendor", "gpu_models", "gpu_memory_min", "gpu_capability_min", "gpu_driver_min",
+            "gpu_cuda_min"]]];
 
 /** "12" -> 12; anything else stays text, for the server to refuse with its own message. */
 const whole = (text) => (/^[+-]?\d+$/.test(text) ? Number(text) : text);
@@ -96,6 +101,8 @@ function submitForm(main) {
     const models = v.gpu_models.split(",").map((m) => m.trim()).filter(Boolean);
     if (models.length) layer.gpu_models = models;
     if (v.gpu_memory_min) layer.gpu_memory_min = v.gpu_memory_min;
+    // Versions as text: "8.10" is not the number 8.1.
+    for (const key of ["gpu_capability_min", "gpu_driver_min", "gpu_cuda_min"]) if (v[key]) layer[key] = v[key];
     const job = {name: v.name, layers: [layer]};
     if (v.priority) job.priority = whole(v.priority);
     return job;
