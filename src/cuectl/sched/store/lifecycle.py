@@ -95,8 +95,9 @@ def bigger_gpu_host(
     """A host that could ever run ``layer`` (a row with its GPU request and tags) on devices
     bigger than ``gpu_oom_bytes``: registered, UP (a heartbeat within HOST_DOWN_AFTER_S and
     not signed off), with the layer's tags, and ``gpus`` devices that meet the layer's
-    vendor, model, memory and version constraints and each have more memory. Locked hosts and busy
-    or drained devices count: those are passing states. None: no such host in the farm."""
+    vendor, model, memory and version constraints and each have more memory. Locked hosts
+    and busy or leased devices count: those are passing states. None: no such host in the
+    farm."""
     from cuectl.sched.match import GpuRequest, device_fits_statically
 
     request = GpuRequest(
