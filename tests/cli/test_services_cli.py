@@ -45,7 +45,9 @@ def test_set_list_update_clear_delete(cli):
         )
     ).stdout
     assert out.startswith("service render: cores 4, memory 8") and "tags linux,fast" in out and "timeout" in out
-    row = _ok(cli("admin", "service", "set", "cuda", "--gpus", "2", "--gpu-memory", "24G", "--json")).json()
+    row = _ok(
+        cli("admin", "service", "set", "cuda", "--gpus", "2", "--gpu-memory", "24G", "--gpu-cuda-min", "12.2", "--json")
+    ).json()
     assert row == {
         "name": "cuda",
         "cores": None,
@@ -54,6 +56,9 @@ def test_set_list_update_clear_delete(cli):
         "gpu_memory_min_bytes": 24 * GIB,
         "tags": None,
         "timeout_s": None,
+        "gpu_capability_min": None,
+        "gpu_driver_min": None,
+        "gpu_cuda_min": "12.2",
     }
     # An update keeps what it does not name; `none` clears a field.
     row = _ok(cli("admin", "service", "set", "render", "--cores", "8", "--timeout", "none", "--json")).json()

@@ -153,7 +153,7 @@ def test_old_schema_migrates_forward_with_its_data(pg_url):
         conn.execute("INSERT INTO meta VALUES ('schema_version', '1')")
         conn.execute("INSERT INTO jobs(name, \"user\", created_at) VALUES ('old', 'bob', 1.0)")
     s = open_store(pg_url)
-    assert s.schema_version() == schema.SCHEMA_VERSION == 10
+    assert s.schema_version() == schema.SCHEMA_VERSION == 11
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()
@@ -208,9 +208,9 @@ def test_auto_migrate_off_needs_admin_migrate(pg_url, monkeypatch):
     assert code == 0, err_text
     assert "0 -> 10" in out
     code, out, _ = run_cli("--db", pg_url, "admin", "migrate", "--json")
-    assert json.loads(out) == {"store": pg_url, "from_version": 10, "to_version": 10, "migrated": False}
+    assert json.loads(out) == {"store": pg_url, "from_version": 11, "to_version": 11, "migrated": False}
     s = open_store(pg_url)
-    assert s.schema_version() == 10
+    assert s.schema_version() == 11
     s.close()
 
 

@@ -50,6 +50,9 @@ def test_set_list_update_clear_delete(store):
         "gpu_memory_min_bytes": None,
         "tags": ["linux"],
         "timeout_s": 7200.0,
+        "gpu_capability_min": None,
+        "gpu_driver_min": None,
+        "gpu_cuda_min": None,
     }
     # An update changes only what it gives; None clears a field.
     row = store.set_service("render", {"cores": 8, "timeout_s": None})
@@ -89,6 +92,9 @@ def test_bad_values_are_refused_and_change_nothing(store, name, values, message)
             "gpu_memory_min_bytes": None,
             "tags": None,
             "timeout_s": None,
+            "gpu_capability_min": None,
+            "gpu_driver_min": None,
+            "gpu_cuda_min": None,
         }
     ]
 

@@ -713,7 +713,7 @@ def test_existing_store_reopens_with_data(store_url: str):
     job_id = s.submit(job(), now=NOW)
     s.close()
     s = open_store(path)
-    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 10
+    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 11
     s.close()
 
 
@@ -796,7 +796,7 @@ def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
     conn.execute("INSERT INTO jobs(name, user, created_at) VALUES ('old', 'bob', 1.0)")
     conn.close()
     s = open_store(str(path))
-    assert s.schema_version() == SCHEMA_VERSION == 10
+    assert s.schema_version() == SCHEMA_VERSION == 11
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()

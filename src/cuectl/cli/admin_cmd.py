@@ -356,6 +356,9 @@ def _service_text(row: dict) -> str:
         parts.append(f"tags {','.join(row['tags']) or '-'}")
     if row["timeout_s"] is not None:
         parts.append(f"timeout {format_duration(row['timeout_s'])}")
+    for key, what in (("gpu_capability_min", "compute"), ("gpu_driver_min", "driver"), ("gpu_cuda_min", "CUDA")):
+        if row.get(key) is not None:
+            parts.append(f"{what} >= {row[key]}")
     return ", ".join(parts) or "no defaults"
 
 
@@ -378,6 +381,15 @@ def service_set(
     timeout: Optional[str] = typer.Option(
         None, "--timeout", metavar="DURATION", help="Per-frame timeout, e.g. 2h" + _CLEARS
     ),
+    gpu_capability_min: Optional[str] = typer.Option(
+        None, "--gpu-capability-min", metavar="X.Y", help="CUDA compute capability per device, at least" + _CLEARS
+    ),
+    gpu_driver_min: Optional[str] = typer.Option(
+        None, "--gpu-driver-min", metavar="VERSION", help="Driver version per device, at least" + _CLEARS
+    ),
+    gpu_cuda_min: Optional[str] = typer.Option(
+        None, "--gpu-cuda-min", metavar="X.Y", help="The driver's CUDA version, at least" + _CLEARS
+    ),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Create a service, or change it: options not given keep their value; `none` clears one.
@@ -395,6 +407,9 @@ def service_set(
             "gpu_memory_min_bytes": gpu_memory,
             "tags": tags,
             "timeout_s": timeout,
+            "gpu_capability_min": gpu_capability_min,
+            "gpu_driver_min": gpu_driver_min,
+            "gpu_cuda_min": gpu_cuda_min,
         }
     )
     row = ctx.obj.store().set_service(name, values)

@@ -1,7 +1,7 @@
 """Services: OpenCue's named resource defaults (``cuectl admin service``, docs/scheduling.md).
 
 A service (``render``, ``nuke``, ``cuda``) gives defaults for a layer's cores, memory, GPU
-count, GPU memory per device, tags and timeout. A layer names one with ``service:`` (or
+count, GPU memory per device, version minimums per device, tags and timeout. A layer names one with ``service:`` (or
 ``--service``); each of those fields the layer does not set itself takes the service's
 value when the job is submitted. A layer without ``service:`` takes the ``default``
 service's values, if an admin created one (Cuebot applies its default service the same
@@ -24,7 +24,20 @@ from cuectl.errors import InvalidInput
 from cuectl.sched.model import JobSpec, LayerSpec
 
 # The LayerSpec fields a service fills, in the order of the services table's columns.
-FIELDS = ("cores", "memory_bytes", "gpus", "gpu_memory_min_bytes", "tags", "timeout_s")
+FIELDS = (
+    "cores",
+    "memory_bytes",
+    "gpus",
+    "gpu_memory_min_bytes",
+    "tags",
+    "timeout_s",
+    "gpu_capability_min",
+    "gpu_driver_min",
+    "gpu_cuda_min",
+)
+# The per-device constraints: given only to a layer that ends up with GPUs.
+_PER_DEVICE = ("gpu_memory_min_bytes", "gpu_capability_min", "gpu_driver_min", "gpu_cuda_min")
+_VERSIONS = ("gpu_capability_min", "gpu_driver_min", "gpu_cuda_min")
 # `cuectl admin service set` options, per field.
 OPTIONS = {
     "cores": "--cores",
@@ -33,6 +46,9 @@ OPTIONS = {
     "gpu_memory_min_bytes": "--gpu-memory",
     "tags": "--tags",
     "timeout_s": "--timeout",
+    "gpu_capability_min": "--gpu-capability-min",
+    "gpu_driver_min": "--gpu-driver-min",
+    "gpu_cuda_min": "--gpu-cuda-min",
 }
 DEFAULT = "default"  # the service of layers that name none
 CLEAR = "none"  # `admin service set NAME --cores none`: the service gives no cores any more
@@ -64,6 +80,8 @@ def parse_options(raw: Mapping[str, str | None]) -> dict[str, Any]:
             out[field_name] = _number(text, option, int)
         elif field_name in ("memory_bytes", "gpu_memory_min_bytes"):
             out[field_name] = size_bytes(text.strip(), option)
+        elif field_name in _VERSIONS:
+            out[field_name] = text.strip()
         elif field_name == "tags":
             out[field_name] = [t for t in (part.strip() for part in text.split(",")) if t]
             if not out[field_name]:
@@ -85,7 +103,7 @@ def check_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """Column values (field -> value; None clears it) checked as a layer's own would be:
     cores as ``cores:``, sizes as ``memory:``, tags as ``tags:``, the timeout as ``timeout:``."""
     from cuectl.sched.checks import cores_field, tags_field, timeout_field
-    from cuectl.sched.fields import size_bytes, whole_number
+    from cuectl.sched.fields import size_bytes, version, whole_number
     from cuectl.sched.gpu_request import MAX_GPUS
 
     out: dict[str, Any] = {}
@@ -101,6 +119,8 @@ def check_values(values: Mapping[str, Any]) -> dict[str, Any]:
             out[field_name] = whole_number(value, option, minimum=0, maximum=MAX_GPUS)
         elif field_name in ("memory_bytes", "gpu_memory_min_bytes"):
             out[field_name] = size_bytes(value, option)
+        elif field_name in _VERSIONS:
+            out[field_name] = version(value, option)
         elif field_name == "tags":
             out[field_name] = list(tags_field(value, option))
         else:
@@ -127,6 +147,7 @@ def row_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_memory_min_bytes": None if row["gpu_memory_min_bytes"] is None else int(row["gpu_memory_min_bytes"]),
         "tags": None if tags is None else list(json.loads(tags)),
         "timeout_s": None if row["timeout_s"] is None else float(row["timeout_s"]),
+        **{key: row[key] for key in _VERSIONS},
     }
 
 
@@ -168,15 +189,16 @@ def apply(spec: JobSpec, rows: Iterable[Mapping[str, Any]]) -> JobSpec:
             continue
         own = explicit_fields(layer)
         changes: dict[str, Any] = {
-            f: service[f] for f in FIELDS if f not in own and service[f] is not None and f != "gpu_memory_min_bytes"
+            f: service[f] for f in FIELDS if f not in own and service[f] is not None and f not in _PER_DEVICE
         }
         if "tags" in changes:
             changes["tags"] = tuple(changes["tags"])
         gpus = changes.get("gpus", layer.gpus)
         # GPU memory is a per-device constraint: it means something only for a layer that
         # gets devices (a service may serve CPU and GPU layers alike).
-        if "gpu_memory_min_bytes" not in own and service["gpu_memory_min_bytes"] is not None and gpus > 0:
-            changes["gpu_memory_min_bytes"] = service["gpu_memory_min_bytes"]
+        for f in _PER_DEVICE:
+            if f not in own and service[f] is not None and gpus > 0:
+                changes[f] = service[f]
         if not changes:
             layers.append(layer)
             continue
@@ -187,6 +209,9 @@ def apply(spec: JobSpec, rows: Iterable[Mapping[str, Any]]) -> JobSpec:
                 gpu_vendor=layer.gpu_vendor,
                 gpu_models=layer.gpu_models or None,
                 gpu_memory_min=layer.gpu_memory_min_bytes or None,
+                gpu_capability_min=layer.gpu_capability_min,
+                gpu_driver_min=layer.gpu_driver_min,
+                gpu_cuda_min=layer.gpu_cuda_min,
             )
         except InvalidInput as exc:
             raise InvalidInput(f"layer {layer.name}: with service {service['name']!r}: {exc.message}") from None

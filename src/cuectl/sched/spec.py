@@ -337,6 +337,9 @@ SERVICE_KEYS = {
     "memory": "memory_bytes",
     "gpus": "gpus",
     "gpu_memory_min": "gpu_memory_min_bytes",
+    "gpu_capability_min": "gpu_capability_min",
+    "gpu_driver_min": "gpu_driver_min",
+    "gpu_cuda_min": "gpu_cuda_min",
     "tags": "tags",
     "timeout": "timeout_s",
 }

@@ -297,6 +297,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE layers ADD COLUMN retry_on_gpu_oom TEXT;
     ALTER TABLE frames ADD COLUMN gpu_oom_bytes INTEGER;
     """,
+    # v11: a service's defaults for the per-device version minimums (NULL: none).
+    """
+    ALTER TABLE services ADD COLUMN gpu_capability_min TEXT;
+    ALTER TABLE services ADD COLUMN gpu_driver_min TEXT;
+    ALTER TABLE services ADD COLUMN gpu_cuda_min TEXT;
+    """,
 )
 
 
