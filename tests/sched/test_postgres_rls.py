@@ -376,6 +376,26 @@ TABLES = {
         _A,
     ),
     "services": ("name = 'svc'", "INSERT INTO services(name) VALUES ('new')", "cores = cores", _ALL, _A, _A, _A),
+    # What workers see on their devices, and devices out of service: everyone reads them,
+    # workers and admins write them (docs/gpu-health.md).
+    "gpu_events": (
+        "frame_id = {F1}",
+        "INSERT INTO gpu_events(host, kind, at, job_id, frame_id, attempt) VALUES ('h1', 'idle', 2, {A}, {F1}, 1)",
+        "detail = detail",
+        _ALL,
+        _P,
+        _P,
+        _P,
+    ),
+    "device_states": (
+        "host = 'h1'",
+        "INSERT INTO device_states(host, uuid, state, since) VALUES ('h1', 'GPU-new', 'drained', 1)",
+        "reason = reason",
+        _ALL,
+        _P,
+        _P,
+        _P,
+    ),
     "meta": (
         "key = 'notify_defaults'",
         "INSERT INTO meta(key, value) VALUES ('depend.satisfy_on_eaten', '1')",
@@ -456,6 +476,9 @@ def matrix(pg_server):
             "INSERT INTO limits(name, max_running) VALUES ('lic', 1)",
             "INSERT INTO quotas(kind, name, max_gpus) VALUES ('user', 'alice', 1)",
             "INSERT INTO services(name) VALUES ('svc')",
+            "INSERT INTO gpu_events(host, kind, at, job_id, frame_id, attempt, detail) "
+            "VALUES ('h1', 'escape', 1, {A}, {F1}, 1, 'x')",
+            "INSERT INTO device_states(host, uuid, state, reason, since) VALUES ('h1', 'GPU-0', 'drained', 'x', 1)",
             "INSERT INTO meta(key, value) VALUES ('notify_defaults', '[]')",
         ):
             conn.execute(q.format(**ids))

@@ -17,6 +17,7 @@ import pytest
 from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.errors import Conflict, InvalidInput, NotFound, SchemaTooNew, StoreError
+from cuectl.sched.store.schema import SCHEMA_VERSION
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, HostInfo, LiveUsage, open_store
@@ -713,7 +714,7 @@ def test_existing_store_reopens_with_data(store_url: str):
     job_id = s.submit(job(), now=NOW)
     s.close()
     s = open_store(path)
-    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == 11
+    assert s.get_job(job_id)["name"] == "j" and s.schema_version() == SCHEMA_VERSION
     s.close()
 
 
@@ -796,7 +797,7 @@ def test_sqlite_migrates_a_v1_store_forward(tmp_path: Path):
     conn.execute("INSERT INTO jobs(name, user, created_at) VALUES ('old', 'bob', 1.0)")
     conn.close()
     s = open_store(str(path))
-    assert s.schema_version() == SCHEMA_VERSION == 11
+    assert s.schema_version() == SCHEMA_VERSION == 12
     assert s.get_job("old")["user"] == "bob"
     assert s.usage_summary(since=0, until=2e9, by="job", with_total=False) == ([], None)
     s.close()

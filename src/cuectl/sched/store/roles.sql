@@ -342,3 +342,9 @@ CREATE POLICY cuectl_defaults ON meta FOR ALL TO cuectl_admin
 -- defaults of its layers' services); only admins change them.
 GRANT SELECT ON services TO cuectl_user, cuectl_worker, cuectl_admin;
 GRANT INSERT, UPDATE, DELETE ON services TO cuectl_admin;
+
+-- GPU events and device states (schema 12, docs/gpu-health.md): everyone reads them (a
+-- user sees why her frame was flagged, why a device is out of service); workers record
+-- what they see on their devices and drain sick ones, admins drain and undrain by hand.
+GRANT SELECT ON gpu_events, device_states TO cuectl_user, cuectl_worker, cuectl_admin;
+GRANT INSERT, UPDATE, DELETE ON gpu_events, device_states TO cuectl_worker, cuectl_admin;

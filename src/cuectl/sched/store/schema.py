@@ -303,6 +303,51 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE services ADD COLUMN gpu_driver_min TEXT;
     ALTER TABLE services ADD COLUMN gpu_cuda_min TEXT;
     """,
+    # v12: the GPU's own truth (docs/gpu-health.md). Per layer: what to do about a frame's
+    # process on a device it was not given (``gpu_escape``: warn|kill, NULL: the worker's
+    # default), about devices held idle (``gpu_idle_limit_s`` seconds under
+    # ``gpu_idle_util`` %, then ``gpu_idle_action``: warn|kill), and a share of one GPU by
+    # memory budget (``gpu_share_bytes``, NULL: whole devices) with its enforcement
+    # (``gpu_share_enforce``: warn|kill). ``gpu_events``: what the worker saw on the devices
+    # (escape, foreign, idle, over-budget, xid, lost, drain ...), per attempt where a frame
+    # is concerned (NULL frame: a lease's or a device's own). ``device_states``: devices taken
+    # out of service on a host (drained by hand or by the worker, lost), with why; a device
+    # without a row is ok. Per attempt, the device-seconds it held idle by the layer's rule.
+    """
+    ALTER TABLE layers ADD COLUMN gpu_escape TEXT;
+    ALTER TABLE layers ADD COLUMN gpu_idle_limit_s REAL;
+    ALTER TABLE layers ADD COLUMN gpu_idle_action TEXT;
+    ALTER TABLE layers ADD COLUMN gpu_idle_util REAL;
+    ALTER TABLE layers ADD COLUMN gpu_share_bytes INTEGER;
+    ALTER TABLE layers ADD COLUMN gpu_share_enforce TEXT;
+    ALTER TABLE attempts ADD COLUMN gpu_idle_seconds REAL;
+    CREATE TABLE gpu_events (
+        id {ID},
+        host TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        at REAL NOT NULL,
+        job_id INTEGER REFERENCES jobs(id) ON DELETE CASCADE,
+        frame_id INTEGER REFERENCES frames(id) ON DELETE CASCADE,
+        attempt INTEGER,
+        device_uuid TEXT,
+        device_index INTEGER,
+        pid INTEGER,
+        memory_bytes INTEGER,
+        detail TEXT
+    );
+    CREATE INDEX gpu_events_frame ON gpu_events(frame_id, attempt);
+    CREATE INDEX gpu_events_kind ON gpu_events(kind, at);
+    CREATE TABLE device_states (
+        host TEXT NOT NULL,
+        uuid TEXT NOT NULL,
+        state TEXT NOT NULL,
+        reason TEXT,
+        since REAL NOT NULL,
+        by_user TEXT,
+        automatic INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (host, uuid)
+    );
+    """,
 )
 
 
@@ -356,6 +401,8 @@ TABLES = (
     "depends",
     "depend_edges",
     "services",
+    "gpu_events",
+    "device_states",
 )
 
 
