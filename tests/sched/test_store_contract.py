@@ -17,10 +17,10 @@ import pytest
 from storedriver import pg_roles  # tests/storedriver.py (tests/ is on sys.path)
 
 from cuectl.errors import Conflict, InvalidInput, NotFound, SchemaTooNew, StoreError
-from cuectl.sched.store.schema import SCHEMA_VERSION
 from cuectl.sched import model as m
 from cuectl.sched.spec import spec_from_mapping
 from cuectl.sched.store import FrameResult, HostInfo, LiveUsage, open_store
+from cuectl.sched.store.schema import SCHEMA_VERSION
 from cuectl.sched.views import samples_json
 
 NOW = 1_700_000_000.0
@@ -1429,3 +1429,54 @@ def test_get_jobs_and_caps_reached_answer_a_list_in_one_call(store):
     assert store.get_jobs([]) == [] and store.caps_reached([]) == {}
     with pytest.raises(NotFound):
         store.get_jobs([ids[0], 987654])
+
+
+def test_gpu_events_are_kept_per_attempt_counted_and_go_with_their_job(store):
+    from cuectl.sched.store import GpuEvent
+
+    job_id = store.submit(job(layers=[{"name": "r", "command": ["true"], "range": "1-2"}]), now=NOW)
+    a = claim_next(store)
+    escape = GpuEvent(
+        kind="escape",
+        at=NOW + 5,
+        device_uuid="GPU-b",
+        device_index=1,
+        pid=4242,
+        memory_bytes=512 * 1024**2,
+        detail="pid 4242 on GPU 1, not given to the frame",
+        frame_id=a.frame_id,
+        attempt=1,
+    )
+    xid = GpuEvent(
+        kind="xid", at=NOW + 6, device_uuid="GPU-a", device_index=0, detail="Xid 79: GPU has fallen off the bus"
+    )
+    gone = GpuEvent(kind="idle", at=NOW + 7, frame_id=999_999, attempt=1)  # no such frame: dropped
+    assert store.record_gpu_events("h1", [escape, xid, gone]) == 2
+    assert store.record_gpu_events("h1", []) == 0
+    kept = store.gpu_events(frame_id=a.frame_id)
+    assert kept == [escape.__class__(**{**escape.__dict__, "host": "h1"})]
+    assert kept[0].to_json() == {
+        "kind": "escape",
+        "device": "GPU-b",
+        "pid": 4242,
+        "at": "2023-11-14T22:13:25.000Z",
+        "detail": "pid 4242 on GPU 1, not given to the frame",
+        "device_index": 1,
+        "memory_bytes": 512 * 1024**2,
+        "host": "h1",
+        "frame_id": a.frame_id,
+        "attempt": 1,
+    }
+    assert [e.kind for e in store.gpu_events(job_id=job_id)] == ["escape"]
+    assert [e.kind for e in store.gpu_events(host="h1")] == ["escape", "xid"]
+    assert [e.kind for e in store.gpu_events(kinds=["xid"])] == ["xid"]
+    assert [e.kind for e in store.gpu_events(limit=1)] == ["xid"]  # the newest
+    assert store.gpu_event_counts() == {"escape": 1, "xid:79": 1}
+    with pytest.raises(InvalidInput, match="unknown GPU event kind"):
+        store.record_gpu_events("h1", [GpuEvent(kind="bogus", at=NOW)])
+    # Pruning the finished job removes its events (the device's own stay).
+    b = claim_next(store)
+    store.complete_frame(a.frame_id, 1, ok(), now=NOW + 10)
+    store.complete_frame(b.frame_id, 1, ok(), now=NOW + 10)
+    assert store.prune(before=NOW + 1000) == [job_id]
+    assert [e.kind for e in store.gpu_events()] == ["xid"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 from cuectl.errors import StoreError
-from cuectl.sched.store import ClaimedFrame, FrameResult, HostInfo, HostShape, LiveUsage, RunnableLayer
+from cuectl.sched.store import ClaimedFrame, FrameResult, GpuEvent, HostInfo, HostShape, LiveUsage, RunnableLayer
 
 if TYPE_CHECKING:
     from cuectl.run.worker.core import Worker
@@ -49,6 +49,7 @@ class WorkerStore(Protocol):
         attempts: Mapping[int, int] | None = ...,
     ) -> dict[int, str | None]: ...
     def record_live_usage(self, host: str, usage: Sequence[LiveUsage], *, now: float) -> list[int]: ...
+    def record_gpu_events(self, host: str, events: Sequence[GpuEvent]) -> int: ...
     # dispatch
     def runnable_layers(
         self, *, limit: int = ..., after: tuple[Any, ...] | None = ..., host: HostShape | None = ...

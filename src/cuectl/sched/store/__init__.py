@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from cuectl.sched.store.base import (
+    GPU_EVENT_KINDS,
     Actor,
     ClaimedFrame,
     FrameResult,
+    GpuEvent,
     HostInfo,
     HostShape,
     LiveUsage,
@@ -29,6 +31,8 @@ __all__ = [
     "FrameResult",
     "HostInfo",
     "HostShape",
+    "GpuEvent",
+    "GPU_EVENT_KINDS",
     "LiveUsage",
     "RunnableLayer",
     "Store",

@@ -192,6 +192,60 @@ class LiveUsage:
     samples: Mapping[str, Sequence[Sequence[Any]]] = field(default_factory=dict)
 
 
+#: What a worker records about its devices (docs/gpu-health.md): a frame's process on a device
+#: it does not hold, another program's memory on a held device, devices held idle, a share
+#: over its budget, a device's own trouble (Xid, lost, ECC) and its drains.
+GPU_EVENT_KINDS = (
+    "escape",
+    "foreign",
+    "idle",
+    "over-budget",
+    "xid",
+    "lost",
+    "ecc",
+    "drained",
+    "undrained",
+    "suspect",
+)
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """One thing a worker saw on a device (``Store.record_gpu_events``). ``frame_id`` and
+    ``attempt`` name the attempt concerned (None: a lease's, or the device's own event);
+    ``device_uuid``/``device_index`` the device; ``pid``/``memory_bytes`` the process and its
+    memory there when one is concerned; ``detail`` one line for people."""
+
+    kind: str
+    at: float
+    device_uuid: str | None = None
+    device_index: int | None = None
+    pid: int | None = None
+    memory_bytes: int | None = None
+    detail: str | None = None
+    frame_id: int | None = None
+    attempt: int | None = None
+    host: str | None = None  # filled in by the store from the recording host
+
+    def to_json(self) -> dict[str, Any]:
+        """``frame show --json``'s ``gpu_events`` entry: ``kind``, ``device`` (its uuid),
+        ``pid``, ``at`` (ISO time), ``detail``, then the rest."""
+        from cuectl.units import iso
+
+        return {
+            "kind": self.kind,
+            "device": self.device_uuid,
+            "pid": self.pid,
+            "at": iso(self.at),
+            "detail": self.detail,
+            "device_index": self.device_index,
+            "memory_bytes": self.memory_bytes,
+            "host": self.host,
+            "frame_id": self.frame_id,
+            "attempt": self.attempt,
+        }
+
+
 @dataclass(frozen=True)
 class Actor:
     """The caller, for ownership checks: a SQLite store's OS user (admin: root or the
@@ -461,6 +515,31 @@ class Store(abc.ABC):
         series so far (one row per device, replaced each time: bounded, not a row per
         sample). Fenced like completions: frames not RUNNING ``attempt`` on ``host`` are
         skipped. Returns the frame ids written."""
+
+    @abc.abstractmethod
+    def record_gpu_events(self, host: str, events: Sequence[GpuEvent]) -> int:
+        """Keep what ``host``'s worker saw on its devices (docs/gpu-health.md), in one
+        transaction. An event naming a frame is kept with the frame's job (and goes with
+        it) and only while that frame exists. Returns how many were kept."""
+
+    @abc.abstractmethod
+    def gpu_events(
+        self,
+        *,
+        frame_id: int | None = None,
+        job_id: int | None = None,
+        host: str | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[GpuEvent]:
+        """Recorded GPU events, oldest first, narrowed by what is given (the newest
+        ``limit`` of them)."""
+
+    @abc.abstractmethod
+    def gpu_event_counts(self) -> dict[str, int]:
+        """How many events of each kind the store keeps (``/metrics`` counters; pruning a
+        job removes its events, which a scraper takes for a counter reset); ``xid:<code>``
+        counts each Xid code on its own."""
 
     @abc.abstractmethod
     def complete_frame(self, frame_id: int, attempt: int, result: FrameResult, *, now: float) -> str | None:

@@ -39,11 +39,13 @@ from cuectl.sched.store import depends as dep
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store import notifications as notes
 from cuectl.sched.store.base import (
+    GPU_EVENT_KINDS,
     LEASE_BUCKETS_S,
     TOKEN_ROLES,
     Actor,
     FarmFigures,
     FrameResult,
+    GpuEvent,
     HostInfo,
     HostShape,
     LiveUsage,
@@ -1532,6 +1534,83 @@ class SQLStore(Store):
             return written
 
         return self._write(record)
+
+    # -- GPU events (docs/gpu-health.md) ------------------------------------------------------------
+    def record_gpu_events(self, host: str, events: Sequence[GpuEvent]) -> int:
+        for e in events:
+            if e.kind not in GPU_EVENT_KINDS:
+                raise InvalidInput(f"unknown GPU event kind {e.kind!r} (one of {', '.join(GPU_EVENT_KINDS)})")
+        if not events:
+            return 0
+        columns = "host, kind, at, device_uuid, device_index, pid, memory_bytes, detail"
+
+        def record(tx: Tx) -> int:
+            kept = 0
+            for e in events:
+                values = (host, e.kind, e.at, e.device_uuid, e.device_index, e.pid, e.memory_bytes, e.detail)
+                if e.frame_id is None:
+                    kept += tx.run(f"INSERT INTO gpu_events ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values)
+                else:
+                    # The frame's job from the frame itself: an event cannot be filed under
+                    # another job, and one for a frame deleted meanwhile is dropped.
+                    kept += tx.run(
+                        f"INSERT INTO gpu_events ({columns}, job_id, frame_id, attempt) "
+                        "SELECT ?, ?, ?, ?, ?, ?, ?, ?, job_id, id, ? FROM frames WHERE id = ?",
+                        (*values, e.attempt, e.frame_id),
+                    )
+            return kept
+
+        return self._write(record)
+
+    def gpu_events(
+        self,
+        *,
+        frame_id: int | None = None,
+        job_id: int | None = None,
+        host: str | None = None,
+        kinds: Sequence[str] | None = None,
+        limit: int = 1000,
+    ) -> list[GpuEvent]:
+        where, params = [], []
+        for column, value in (("frame_id", frame_id), ("job_id", job_id), ("host", host)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if kinds:
+            where.append(f"kind IN ({marks(len(kinds))})")
+            params += list(kinds)
+        clause = f"WHERE {' AND '.join(where)} " if where else ""
+        rows = self._read(
+            "SELECT * FROM (SELECT id, host, kind, at, frame_id, attempt, device_uuid, device_index, pid, "
+            f"memory_bytes, detail FROM gpu_events {clause}ORDER BY id DESC LIMIT ?) newest ORDER BY id",
+            (*params, max(0, int(limit))),
+        )
+        return [
+            GpuEvent(
+                kind=r["kind"],
+                at=r["at"],
+                device_uuid=r["device_uuid"],
+                device_index=r["device_index"],
+                pid=r["pid"],
+                memory_bytes=r["memory_bytes"],
+                detail=r["detail"],
+                frame_id=r["frame_id"],
+                attempt=r["attempt"],
+                host=r["host"],
+            )
+            for r in rows
+        ]
+
+    def gpu_event_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for r in self._read("SELECT kind, detail, COUNT(*) AS n FROM gpu_events GROUP BY kind, detail"):
+            kind = str(r["kind"])
+            if kind == "xid":
+                # "Xid 79: GPU has fallen off the bus" -> xid:79
+                code = str(r["detail"] or "").split(":", 1)[0].removeprefix("Xid").strip()
+                kind = f"xid:{code or '?'}"
+            counts[kind] = counts.get(kind, 0) + int(r["n"])
+        return counts
 
     def _running_frame(self, tx: Tx, frame_id: int, attempt: int) -> Row | None:
         """The frame with what its attempt record needs, locked (its job first: the lock order

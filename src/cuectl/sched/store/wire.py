@@ -43,6 +43,7 @@ def _types() -> dict[str, type]:
         base.HostInfo,
         base.FrameResult,
         base.LiveUsage,
+        base.GpuEvent,
         base.Token,
         base.Actor,
         base.FarmFigures,
