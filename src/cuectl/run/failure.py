@@ -20,7 +20,16 @@ kind                  text                                                    pe
 ``signal``            ``killed by signal 9 (SIGKILL)``                        no
 ``exit``              ``exit 1``                                              no
 ``log-lost``          ``the log's filesystem was full: output was lost …``    no
+``gpu-escape``        ``GPU escape: pid 4242 on GPU 1 (GPU-…), not given …``  no
+``gpu-idle``          ``GPU idle: under 5 % on every device for 30m …``       no
+``gpu-over-budget``   ``GPU share over budget: 12.0 GiB on GPU 0 …``          no
+``device-failed``     ``device failed: Xid 79 on GPU 1 …`` (not counted)      no
 ====================  ======================================================  =========
+
+The ``gpu-*`` kinds are the worker's own GPU policies (docs/gpu-health.md); a frame stopped
+for ``gpu-escape`` is not retried on the same host. ``device-failed``: the frame's device was
+drained as sick while it ran; the attempt is not the frame's failure and does not count
+against its retries.
 
 ``permanent``: the same command on the same farm cannot succeed by running again, so the
 frame should go DEAD at once instead of burning its retries.
@@ -68,6 +77,10 @@ KINDS = (
     "launch",
     "killed",
     "log-lost",
+    "gpu-escape",
+    "gpu-idle",
+    "gpu-over-budget",
+    "device-failed",
 )
 
 # Shell conventions (launch.EXIT_NOT_FOUND / EXIT_CANNOT_EXECUTE): the command is missing or

@@ -155,6 +155,9 @@ class FrameProcess:
         self._last_cpu = 0.0
         self._log_cap = log_cap  # owns a read-write fd of the log while the frame runs
         self._footer = footer  # (frame id, attempt): the log's last line says how it ended
+        # Warnings the worker adds before that line (a GPU escape, devices held idle): the
+        # end of the log is where a user looks first.
+        self._footer_notes: list[str] = []
         # Escapees (see track_strays): the frame's CUE_FRAME_ID, its lease files, and the
         # strays already sent SIGTERM.
         self._marker: str | None = None
@@ -366,6 +369,13 @@ class FrameProcess:
         assert info is not None  # wait() without a timeout only returns a result
         return info
 
+    def add_footer_note(self, line: str) -> None:
+        """A one-line warning written just before the footer when the attempt ends (each
+        distinct line once)."""
+        line = " ".join(line.split())
+        if line and line not in self._footer_notes:
+            self._footer_notes.append(line)
+
     @property
     def finished(self) -> bool:
         return self._result is not None
@@ -450,6 +460,8 @@ class FrameProcess:
                 grace=grace,
                 sigkilled=self._kill_sent_at is not None,
             )
+            if self._footer_notes:
+                footer = "\n".join([*(f"=== cuectl: warning: {n} ===" for n in self._footer_notes), footer])
         if self._log_cap is not None:
             cap, self._log_cap = self._log_cap, None
             cap.finish(footer, lost=lost)

@@ -48,6 +48,12 @@ class RunningFrame:
     # Every pid seen in the frame's tree: the final sample, taken after the frame exited,
     # still attributes per-process values reported for them (a backend lags a little).
     seen_pids: set[int] = field(default_factory=set)
+    # Why the worker itself stopped the frame (a GPU policy: an escape, devices held idle, a
+    # share over its budget; a sick device): the attempt's failure whatever its exit status
+    # says (``FrameTable.stop``). None: not stopped by the worker.
+    stopped_for: failures.Failure | None = None
+    # What the GPU checks keep between samples for this frame (run/worker/gpuwatch.py).
+    watch: dict[str, Any] = field(default_factory=dict)
 
 
 class _NoDirectory(CuectlError):
@@ -329,8 +335,11 @@ class FrameTable:
 
     def why_failed(self, rf: RunningFrame, info: launch.ExitInfo) -> failures.Failure | None:
         """Why the attempt failed, from its exit, its log's tail (GPU out of memory) and the
-        kernel's OOM-kill counter (it rose while the frame ran: the OOM killer)."""
+        kernel's OOM-kill counter (it rose while the frame ran: the OOM killer); a frame the
+        worker stopped (``stop``) failed for that reason, however it exited."""
         before = self.oom_counts.pop(rf.claim.frame_id, None)  # (popped for every frame: no leak)
+        if rf.stopped_for is not None and rf.user_action is None:
+            return rf.stopped_for
         if info.exit_code == 0 and not info.timed_out and not info.exit_signal and rf.user_action is None:
             return failures.log_lost() if info.log_lost else None
         after = self.oom_kills(fresh=True) if before is not None else None
@@ -362,6 +371,19 @@ class FrameTable:
         return self.oom_read[1]
 
     # -- stopping --------------------------------------------------------------------------
+    def stop(self, rf: RunningFrame, failure: failures.Failure) -> bool:
+        """Stop one frame for a reason of the worker's own (``failure``: its kind, e.g.
+        ``gpu-escape``, and line), as a timeout does: TERM the group, KILL after the grace.
+        The attempt ends with that failure (``why_failed``). False when it was already
+        stopped or has ended (the first reason stands)."""
+        if rf.stopped_for is not None or rf.proc.finished or rf.user_action is not None:
+            return False
+        rf.stopped_for = failure
+        rf.proc.add_footer_note(f"stopped: {failure.text}")
+        rf.proc.kill(grace=self.worker.opts.kill_grace_s, reason=failure.kind)
+        self.worker.tell_warn(f"frame {rf.claim.frame_id} (job {rf.claim.job}) stopped: {failure.text}")
+        return True
+
     def stop_all(self, reason: str, *, requeue: bool) -> list[int]:
         """Kill every running frame (a short grace), free its devices and run file and, with
         ``requeue``, give it back to the queue (best effort: else its lease expires and
