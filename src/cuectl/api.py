@@ -104,6 +104,12 @@ class Job:
         retry_delay: str | float | None = None,
         service: str | Sequence[str] | None = None,
         retry_on_gpu_oom: str | None = None,
+        gpu_escape: str | None = None,
+        gpu_idle_limit: str | float | None = None,
+        gpu_idle_action: str | None = None,
+        gpu_idle_util: float | None = None,
+        gpu_share: str | int | None = None,
+        gpu_share_enforce: str | None = None,
     ) -> Job:
         """Add a layer (the keys of docs/job-spec.md) and return the job, for chaining.
 
@@ -119,7 +125,8 @@ class Job:
             "range": range,
             "chunk": chunk,
         }
-        if gpus is not None or service is None:  # left out: the service's count (cuectl admin service)
+        if gpus is not None or (service is None and gpu_share is None):
+            # left out: the service's count (cuectl admin service); with a share, one GPU
             layer["gpus"] = 0 if gpus is None else gpus
         optional: dict[str, Any] = {
             "gpu_vendor": gpu_vendor,
@@ -139,6 +146,12 @@ class Job:
             "limits": ([limits] if isinstance(limits, str) else list(limits)) or None,
             "retry_delay": retry_delay,
             "retry_on_gpu_oom": retry_on_gpu_oom,
+            "gpu_escape": gpu_escape,
+            "gpu_idle_limit": gpu_idle_limit,
+            "gpu_idle_action": gpu_idle_action,
+            "gpu_idle_util": gpu_idle_util,
+            "gpu_share": gpu_share,
+            "gpu_share_enforce": gpu_share_enforce,
             "service": service if service is None or isinstance(service, str) else list(service),
         }
         layer.update({key: value for key, value in optional.items() if value is not None})

@@ -140,6 +140,40 @@ def submit(
         help="bigger: a frame that ran out of GPU memory runs again only on a device with more "
         "memory (DEAD at once when the farm has none); same (default): on any fitting device.",
     ),
+    gpu_escape: Optional[str] = typer.Option(
+        None,
+        "--gpu-escape",
+        metavar="warn|kill",
+        help="A frame's process on a GPU it was not given: warn (the worker's default) or kill "
+        "(failure gpu-escape, not retried on that host); docs/gpu-health.md.",
+    ),
+    gpu_idle_limit: Optional[str] = typer.Option(
+        None,
+        "--gpu-idle-limit",
+        metavar="DUR",
+        help="Flag a frame whose every GPU stays under --gpu-idle-util for this long (e.g. 30m).",
+    ),
+    gpu_idle_action: Optional[str] = typer.Option(
+        None,
+        "--gpu-idle-action",
+        metavar="warn|kill",
+        help="What an idle frame gets: warn (default) or kill (gpu-idle).",
+    ),
+    gpu_idle_util: Optional[float] = typer.Option(
+        None, "--gpu-idle-util", metavar="PCT", help="Utilisation under which a held GPU counts as idle (default 5)."
+    ),
+    gpu_share: Optional[str] = typer.Option(
+        None,
+        "--gpu-share",
+        metavar="SIZE",
+        help="Part of one GPU by memory budget (e.g. 10G): frames share a device while their budgets fit it.",
+    ),
+    gpu_share_enforce: Optional[str] = typer.Option(
+        None,
+        "--gpu-share-enforce",
+        metavar="warn|kill",
+        help="A share over its budget: kill (default, after two samples over) or warn.",
+    ),
     chdir: Optional[str] = typer.Option(
         None, "--chdir", "-D", metavar="DIR", help="Directory the frames run in (default: this one, as sbatch)."
     ),

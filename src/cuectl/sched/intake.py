@@ -209,6 +209,12 @@ class SubmitFlags:
     limits: tuple[str, ...] | None = _flag("--limit", level=LAYER, kind="list")
     retry_delay: str | None = _flag("--retry-delay", level=LAYER)
     retry_on_gpu_oom: str | None = _flag("--retry-on-gpu-oom", level=LAYER)
+    gpu_escape: str | None = _flag("--gpu-escape", level=LAYER)
+    gpu_idle_limit: str | None = _flag("--gpu-idle-limit", level=LAYER)
+    gpu_idle_action: str | None = _flag("--gpu-idle-action", level=LAYER)
+    gpu_idle_util: float | None = _flag("--gpu-idle-util", level=LAYER, kind="float")
+    gpu_share: str | None = _flag("--gpu-share", level=LAYER)
+    gpu_share_enforce: str | None = _flag("--gpu-share-enforce", level=LAYER)
     cwd: str | None = _flag("--chdir", "-D", level=JOB)
     export: str | None = _flag("--export", level=JOB)
 
@@ -256,9 +262,7 @@ class SubmitFlags:
         from cuectl.sched import spec as specs
 
         checked = {k: v for k, v in flags.items() if k not in ("cwd", "export")}
-        if {"gpu_vendor", "gpu_models", "gpu_memory_min", "gpu_capability_min", "gpu_driver_min", "gpu_cuda_min"} & set(
-            checked
-        ):
+        if _GPU_FLAGS & set(checked):
             checked.setdefault("gpus", 1)  # the spec's layer may ask for GPUs: only the flags' own values are checked
         trial: dict[str, Any] = {"name": "x", **_flag_keywords(checked)}
         specs.spec_from_flags(command=["true"], **trial)  # errors name the flag
@@ -294,6 +298,24 @@ class SubmitFlags:
 
 
 FLAG_FIELDS = tuple(dataclasses.fields(SubmitFlags))
+# Flags that only apply to a GPU request: checked alone as if with --gpus 1 (the spec's
+# layer may ask for GPUs itself).
+_GPU_FLAGS = frozenset(
+    {
+        "gpu_vendor",
+        "gpu_models",
+        "gpu_memory_min",
+        "gpu_capability_min",
+        "gpu_driver_min",
+        "gpu_cuda_min",
+        "gpu_escape",
+        "gpu_idle_limit",
+        "gpu_idle_action",
+        "gpu_idle_util",
+        "gpu_share",
+        "gpu_share_enforce",
+    }
+)
 _KEYS = {f.name: f.metadata["key"] or f.name for f in FLAG_FIELDS}
 _LEVELS = {f.name: f.metadata["level"] for f in FLAG_FIELDS}
 _OPTIONS = {f.name: f.metadata["flags"][0] for f in FLAG_FIELDS}

@@ -46,6 +46,11 @@ MAX_RETRY_DELAY_S = 600.0
 
 # The values of a layer's ``retry_on_gpu_oom`` (the first is the default).
 RETRY_ON_GPU_OOM = ("same", "bigger")
+# What the worker does when a GPU policy trips (docs/gpu-health.md): ``gpu_escape``,
+# ``gpu_idle_action`` and ``gpu_share_enforce`` take one of these.
+GPU_POLICY_ACTIONS = ("warn", "kill")
+# The utilisation under which a held device counts as idle, unless a layer says otherwise.
+DEFAULT_GPU_IDLE_UTIL = 5.0
 
 
 def retry_delay(first_s: float | None, failures: int) -> float:
@@ -149,6 +154,18 @@ class LayerSpec:
     # ``same`` (any fitting device, like any failure) or ``bigger`` (only devices with more
     # memory than the one it failed on; DEAD at once when the farm has none). RETRY_ON_GPU_OOM.
     retry_on_gpu_oom: str = "same"
+    # GPU policies (docs/gpu-health.md); None: the worker's own setting (its flags of the
+    # same names). ``gpu_escape``: a frame's process on a device it was not given (warn|kill);
+    # ``gpu_idle_limit_s``: every held device under ``gpu_idle_util`` % for this long is
+    # idle, then ``gpu_idle_action`` (warn|kill).
+    gpu_escape: str | None = None
+    gpu_idle_limit_s: float | None = None
+    gpu_idle_action: str | None = None
+    gpu_idle_util: float | None = None
+    # Part of one GPU by memory budget (None: whole devices): frames with shares go on one
+    # device while their budgets fit it; over budget, ``gpu_share_enforce`` (warn|kill, None: kill).
+    gpu_share_bytes: int | None = None
+    gpu_share_enforce: str | None = None
     # The directory its frames run in (absolute; None: the worker's own, for specs built by
     # library callers that capture nothing).
     cwd: str | None = None

@@ -39,6 +39,12 @@ def spec_json(spec: JobSpec) -> dict[str, Any]:
                 "limits": list(layer.limits),
                 "retry_delay_s": layer.retry_delay_s,
                 "retry_on_gpu_oom": layer.retry_on_gpu_oom,
+                "gpu_escape": layer.gpu_escape,
+                "gpu_idle_limit_s": layer.gpu_idle_limit_s,
+                "gpu_idle_action": layer.gpu_idle_action,
+                "gpu_idle_util": layer.gpu_idle_util,
+                "gpu_share_bytes": layer.gpu_share_bytes,
+                "gpu_share_enforce": layer.gpu_share_enforce,
                 "cwd": layer.cwd,
                 # The service named (a list: the first the store has); its defaults are applied
                 # when the job is submitted, not in a dry run (no store is opened).

@@ -40,7 +40,15 @@ from cuectl.sched.fields import (
 from cuectl.sched.fields import priority as check_priority
 from cuectl.sched.frameset import MAX_FRAME, chunk_frames, parse_frameset
 from cuectl.sched.gpu_request import GpuRequest
-from cuectl.sched.model import DEPEND_TYPES, RETRY_ON_GPU_OOM, Dependency, JobSpec, LayerSpec, Notify
+from cuectl.sched.model import (
+    DEPEND_TYPES,
+    GPU_POLICY_ACTIONS,
+    RETRY_ON_GPU_OOM,
+    Dependency,
+    JobSpec,
+    LayerSpec,
+    Notify,
+)
 from cuectl.units import parse_duration
 
 MAX_SPEC_BYTES = 10 * 1024 * 1024
@@ -96,6 +104,12 @@ LAYER_KEYS = (
     "limits",
     "retry_delay",
     "retry_on_gpu_oom",
+    "gpu_escape",
+    "gpu_idle_limit",
+    "gpu_idle_action",
+    "gpu_idle_util",
+    "gpu_share",
+    "gpu_share_enforce",
     "cwd",
     "type",
     "service",
@@ -592,7 +606,8 @@ def _build_layer(
     if get("chunk") is not None:
         fields["chunk"] = whole_number(get("chunk"), label("chunk"), minimum=1, maximum=MAX_FRAME)
     gpu = GpuRequest.parse(
-        gpus=0 if get("gpus") is None else get("gpus"),
+        # A share is part of one GPU: asking for one asks for a GPU.
+        gpus=(1 if get("gpu_share") is not None else 0) if get("gpus") is None else get("gpus"),
         gpu_vendor=get("gpu_vendor"),
         gpu_models=get("gpu_models"),
         gpu_memory_min=_mib_if_number(get("gpu_memory_min")),
@@ -634,6 +649,7 @@ def _build_layer(
         fields["retry_delay_s"] = _retry_delay(get("retry_delay"), label("retry_delay"))
     if get("retry_on_gpu_oom") is not None:
         fields["retry_on_gpu_oom"] = _retry_on_gpu_oom(get("retry_on_gpu_oom"), label, gpu.gpus)
+    fields.update(_gpu_policies(get, label, gpu.gpus))
     if get("type") is not None:
         kind = expect_str(get("type"), label("type"))
         fields["type"] = next((t for t in LAYER_TYPES if t.casefold() == kind.strip().casefold()), None)
@@ -660,6 +676,60 @@ def _retry_on_gpu_oom(value: Any, label: Label, gpus: int) -> str:
     if text == "bigger" and gpus == 0:
         raise InvalidInput(f"{where}: only applies to GPU requests; set {label('gpus')} to 1 or more")
     return text
+
+
+def _gpu_policies(get: Callable[[str], Any], label: Label, gpus: int) -> dict[str, Any]:
+    """A layer's GPU policy keys (docs/gpu-health.md) as LayerSpec fields: each only for a
+    layer that asks for GPUs; ``gpu_share`` for exactly one."""
+    out: dict[str, Any] = {}
+    given = [key for key in _GPU_POLICY_KEYS if get(key) is not None]
+    if not given:
+        return out
+    if gpus == 0:
+        raise InvalidInput(f"{label(given[0])}: only applies to GPU requests; set {label('gpus')} to 1 or more")
+    for key in ("gpu_escape", "gpu_idle_action", "gpu_share_enforce"):
+        if get(key) is not None:
+            text = expect_str(get(key), label(key)).strip().lower()
+            if text not in GPU_POLICY_ACTIONS:
+                raise InvalidInput(f"{label(key)}: {quote(text)} is not one of {', '.join(GPU_POLICY_ACTIONS)}")
+            out[key] = text
+    if get("gpu_idle_limit") is not None:
+        out["gpu_idle_limit_s"] = timeout_field(get("gpu_idle_limit"), label("gpu_idle_limit"))
+    if get("gpu_idle_util") is not None:
+        out["gpu_idle_util"] = _percent(get("gpu_idle_util"), label("gpu_idle_util"))
+    if get("gpu_share") is not None:
+        where = label("gpu_share")
+        if gpus != 1:
+            raise InvalidInput(f"{where}: a share is part of one GPU; {label('gpus')} is {gpus}, set it to 1")
+        share = size_bytes(_mib_if_number(get("gpu_share")), where)
+        if share <= 0:
+            raise InvalidInput(f"{where}: must be more than 0 (leave it out for whole devices)")
+        out["gpu_share_bytes"] = share
+    elif get("gpu_share_enforce") is not None:
+        raise InvalidInput(f"{label('gpu_share_enforce')}: only applies with {label('gpu_share')}")
+    return out
+
+
+_GPU_POLICY_KEYS = (
+    "gpu_escape",
+    "gpu_idle_limit",
+    "gpu_idle_action",
+    "gpu_idle_util",
+    "gpu_share",
+    "gpu_share_enforce",
+)
+
+
+def _percent(value: Any, where: str) -> float:
+    """A percentage from 0 to 100: ``5``, ``5.5`` or ``"5%"``."""
+    text = value.strip().removesuffix("%").strip() if isinstance(value, str) else value
+    try:
+        pct = float(text) if not isinstance(text, bool) else math.nan
+    except (TypeError, ValueError):
+        raise InvalidInput(f"{where}: expected a percentage from 0 to 100, got {describe(value)}") from None
+    if not math.isfinite(pct) or not 0 <= pct <= 100:
+        raise InvalidInput(f"{where}: expected a percentage from 0 to 100, got {describe(value)}")
+    return pct
 
 
 def _post_layers_last(
@@ -966,6 +1036,12 @@ def spec_from_flags(
     notify: Sequence[Notify] = (),
     retry_delay: str | None = None,
     retry_on_gpu_oom: str | None = None,
+    gpu_escape: str | None = None,
+    gpu_idle_limit: str | None = None,
+    gpu_idle_action: str | None = None,
+    gpu_idle_util: float | None = None,
+    gpu_share: str | None = None,
+    gpu_share_enforce: str | None = None,
     chdir: str | None = None,
     export: str | None = None,
     cwd: str | None = None,
@@ -1010,6 +1086,12 @@ def spec_from_flags(
         "limits": _as_flag_list(limits) or None,
         "retry_delay": retry_delay,
         "retry_on_gpu_oom": retry_on_gpu_oom,
+        "gpu_escape": gpu_escape,
+        "gpu_idle_limit": gpu_idle_limit,
+        "gpu_idle_action": gpu_idle_action,
+        "gpu_idle_util": gpu_idle_util,
+        "gpu_share": gpu_share,
+        "gpu_share_enforce": gpu_share_enforce,
         "service": service,
     }
     home = (environ or {}).get("HOME")

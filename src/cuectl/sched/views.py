@@ -182,6 +182,13 @@ def layer_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "limits": _loads(row["limits"], []),
         "retry_delay_s": row["retry_delay_s"],
         "retry_on_gpu_oom": row["retry_on_gpu_oom"] or "same",
+        # GPU policies (docs/gpu-health.md); None: the worker's own setting.
+        "gpu_escape": row["gpu_escape"],
+        "gpu_idle_limit_s": row["gpu_idle_limit_s"],
+        "gpu_idle_action": row["gpu_idle_action"],
+        "gpu_idle_util": row["gpu_idle_util"],
+        "gpu_share_bytes": row["gpu_share_bytes"],
+        "gpu_share_enforce": row["gpu_share_enforce"],
         "cwd": row["cwd"],
     }
 

@@ -57,6 +57,8 @@ class RunnableLayer:
     # the smallest device total memory they failed on, which each device given to the
     # layer's next claim must exceed (0: no such bound; docs/scheduling.md).
     gpu_oom_bytes: int = 0
+    # Part of one GPU by memory budget (None: whole devices; docs/gpu-health.md).
+    gpu_share_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,14 @@ class ClaimedFrame:
     cwd: str | None = None  # where it runs (None: the worker's own directory)
     show: str | None = None  # the job's show and shot (CUE_SHOW, CUE_SHOT); None: none
     shot: str | None = None
+    # The layer's GPU policies (LayerSpec's; None: the worker's own setting) and its share
+    # of one GPU (None: whole devices); docs/gpu-health.md.
+    gpu_escape: str | None = None
+    gpu_idle_limit_s: float | None = None
+    gpu_idle_action: str | None = None
+    gpu_idle_util: float | None = None
+    gpu_share_bytes: int | None = None
+    gpu_share_enforce: str | None = None
 
 
 @dataclass(frozen=True)

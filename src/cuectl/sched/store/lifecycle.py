@@ -316,6 +316,12 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
         layer.gpu_capability_min,
         layer.gpu_driver_min,
         layer.gpu_cuda_min,
+        layer.gpu_escape,
+        layer.gpu_idle_limit_s,
+        layer.gpu_idle_action,
+        layer.gpu_idle_util,
+        layer.gpu_share_bytes,
+        layer.gpu_share_enforce,
         layer_waits_within(layer),
     )
 
@@ -323,7 +329,8 @@ def layer_row(job_id: int, idx: int, layer: m.LayerSpec) -> tuple[Any, ...]:
 LAYER_COLUMNS = (
     "id, job_id, idx, name, command, range, chunk, gpus, gpu_vendor, gpu_models, "
     "gpu_memory_min_bytes, cores, memory_bytes, retries, timeout_s, env, tags, depends, log_limit_bytes, "
-    "max_running, limits, retry_delay_s, cwd, retry_on_gpu_oom, gpu_capability_min, gpu_driver_min, gpu_cuda_min"
+    "max_running, limits, retry_delay_s, cwd, retry_on_gpu_oom, gpu_capability_min, gpu_driver_min, gpu_cuda_min, "
+    "gpu_escape, gpu_idle_limit_s, gpu_idle_action, gpu_idle_util, gpu_share_bytes, gpu_share_enforce"
 )
 LAYER_INSERT_COLUMNS = LAYER_COLUMNS.replace("id, ", "", 1) + ", depend_count"
 LAYER_INSERT_COUNT = LAYER_INSERT_COLUMNS.count(",") + 1
@@ -378,6 +385,12 @@ def claimed_frame(
         cwd=layer["cwd"],
         show=layer.get("show"),
         shot=layer.get("shot"),
+        gpu_escape=layer.get("gpu_escape"),
+        gpu_idle_limit_s=layer.get("gpu_idle_limit_s"),
+        gpu_idle_action=layer.get("gpu_idle_action"),
+        gpu_idle_util=layer.get("gpu_idle_util"),
+        gpu_share_bytes=layer.get("gpu_share_bytes"),
+        gpu_share_enforce=layer.get("gpu_share_enforce"),
     )
 
 

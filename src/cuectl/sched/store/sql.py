@@ -1395,7 +1395,7 @@ class SQLStore(Store):
         params.append(limit)
         rows = self._read(
             "SELECT l.id, l.job_id, j.name AS job_name, l.name, j.priority, l.gpus, l.gpu_vendor, l.gpu_models, "
-            "l.gpu_capability_min, l.gpu_driver_min, l.gpu_cuda_min, "
+            "l.gpu_capability_min, l.gpu_driver_min, l.gpu_cuda_min, l.gpu_share_bytes, "
             'l.gpu_memory_min_bytes, l.cores, l.memory_bytes, l.tags, j."user" AS "user", j.submitted_by, j.receipt, '
             "j.created_at, l.idx, CASE WHEN l.retry_on_gpu_oom IS NULL THEN 0 ELSE (SELECT MIN(COALESCE(fo.gpu_oom_bytes, 0)) "
             "FROM frames fo WHERE fo.layer_id = l.id AND fo.state = 'WAITING') END AS gpu_oom_bytes "
@@ -1428,6 +1428,7 @@ class SQLStore(Store):
                 receipt=r["receipt"],
                 order_key=(r["priority"], r["created_at"], r["job_id"], r["idx"]),
                 gpu_oom_bytes=int(r["gpu_oom_bytes"] or 0),
+                gpu_share_bytes=r["gpu_share_bytes"],
             )
             for r in rows
         ]
