@@ -43,6 +43,7 @@ _RUN_VALUE_OPTIONS = {
     "--gpu-driver-min": "gpu_driver_min",
     "--gpu-cuda-min": "gpu_cuda_min",
     "--device": "devices",
+    "--gpu-share": "gpu_share",
     "--timeout": "timeout",
     "--label": "label",
     "--lock-dir": "lock_dir",

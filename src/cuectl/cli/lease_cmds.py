@@ -66,6 +66,12 @@ def run_cmd(
     device: Optional[List[str]] = typer.Option(
         None, "--device", metavar="ID", help="Choose among these devices only: index or UUID (repeatable)."
     ),
+    gpu_share: Optional[str] = typer.Option(
+        None,
+        "--gpu-share",
+        metavar="SIZE",
+        help="Part of one GPU by memory budget (e.g. 8G), beside other shares, instead of a whole device.",
+    ),
     wait: bool = typer.Option(
         True, "--wait/--no-wait", help="Wait for a free device (first come, first served) or fail at once."
     ),
@@ -94,6 +100,7 @@ def run_cmd(
         gpu_driver_min=gpu_driver_min,
         gpu_cuda_min=gpu_cuda_min,
         devices=device or None,
+        gpu_share=gpu_share,
         wait=wait,
         timeout=timeout,
         label=label,
@@ -111,11 +118,17 @@ def leases_cmd(
     from cuectl import config
     from cuectl.gpu import discover
     from cuectl.run.lease import list_leases
+    from cuectl.run.lease.shares import share_infos
 
     directory = lock_dir or config.lock_dir()
     devices = discover().devices
     leases = list_leases(directory)
     by_uuid = {info.uuid: info for info in leases}
+    # Shares of a device (docs/gpu-health.md): one lease object each, with its budget.
+    shares = share_infos(Path(directory))
+    shared: dict[str, list[dict[str, object]]] = {}
+    for info, budget in shares:
+        shared.setdefault(info.uuid, []).append({**info.to_json(), "share_bytes": budget})
     if as_json:
         term.emit_json(
             {
@@ -127,17 +140,25 @@ def leases_cmd(
                         "vendor": d.vendor,
                         "model": d.model,
                         "lease": by_uuid[d.uuid].to_json() if d.uuid in by_uuid else None,
+                        "shares": shared.get(d.uuid, []),
                     }
                     for d in devices
                 ],
-                "leases": [info.to_json() for info in leases],
+                "leases": [{**info.to_json(), "share_bytes": None} for info in leases]
+                + [s for d in shared.values() for s in d],
             }
         )
         return
     known = {d.uuid for d in devices}
-    rows = [_row(d.index, d.model, d.uuid, by_uuid.get(d.uuid)) for d in devices]
+    rows: list[list[object]] = []
+    for d in devices:
+        if d.uuid in shared:
+            rows += [_row(d.index, d.model, d.uuid, info, budget) for info, budget in shares if info.uuid == d.uuid]
+        else:
+            rows.append(_row(d.index, d.model, d.uuid, by_uuid.get(d.uuid)))
     # Locks of devices this discovery does not list (another fake file, a MIG change).
     rows += [_row(i.index, "?", i.uuid, i) for i in leases if i.uuid not in known]
+    rows += [_row(i.index, "?", i.uuid, i, budget) for i, budget in shares if i.uuid not in known]
     footer = None if devices or leases else f"no GPU found and no lease held in {directory}"
     C = term.Col  # on a narrow terminal the UUID goes first (the index and model name the device)
     term.table(
@@ -156,9 +177,10 @@ def leases_cmd(
     )
 
 
-def _row(index: int | None, model: str, uuid: str, info: LeaseInfo | None) -> list[object]:
+def _row(index: int | None, model: str, uuid: str, info: LeaseInfo | None, share: int | None = None) -> list[object]:
     if info is None:
         return [index, model, uuid, "(free)", None, None, None, None]
-    from cuectl.units import iso
+    from cuectl.units import format_bytes, iso
 
-    return [index, model, uuid, info.holder, info.kind, info.pid, info.user, iso(info.since)]
+    holder = info.holder if share is None else f"{info.holder} (share {format_bytes(share)})"
+    return [index, model, uuid, holder, info.kind, info.pid, info.user, iso(info.since)]

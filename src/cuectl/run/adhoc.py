@@ -87,6 +87,7 @@ def run_command(
     gpu_driver_min: str | None = None,
     gpu_cuda_min: str | None = None,
     devices: Sequence[str] | None = None,
+    gpu_share: str | None = None,
     wait: bool = True,
     timeout: str | None = None,
     label: str | None = None,
@@ -114,6 +115,7 @@ def run_command(
         gpu_driver_min=gpu_driver_min,
         gpu_cuda_min=gpu_cuda_min,
         devices=devices,
+        gpu_share=gpu_share,
         field_label=flag_label,
     )
 
@@ -174,7 +176,13 @@ def _save_quick(devices: tuple[object, ...], held: Lease) -> None:
 
 def acquired_message(held: Lease) -> str:
     """What ``cuectl run`` says once it holds its lease."""
-    return child_message([(d.index, d.model, d.uuid) for d in held.devices])
+    text = child_message([(d.index, d.model, d.uuid) for d in held.devices])
+    share = held.env.get("CUE_GPU_SHARE_BYTES")
+    if share is not None:
+        from cuectl.units import format_bytes
+
+        text += f", a share of {format_bytes(int(share))}"
+    return text
 
 
 def run_with_lease(

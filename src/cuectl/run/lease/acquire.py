@@ -27,6 +27,7 @@ from cuectl.run.lease.isolation import isolation_env
 from cuectl.run.lease.locks import (
     KIND_API,
     DeviceLock,
+    LeaseInfo,
     holder_info,
     lock_all,
     lock_path,
@@ -37,9 +38,10 @@ from cuectl.run.lease.locks import (
 from cuectl.run.lease.nested import LEVEL_VAR, Allocation, sublock_dir
 from cuectl.run.lease.queue import WaitQueue, predicted_free, ticket_names
 from cuectl.run.lease.request import LeaseRequest, fitting_uuids, make_request, resolve_devices
+from cuectl.run.lease.shares import NoRoom, ShareLock, mps_running, share_env, share_infos, take_share
 from cuectl.run.lockfile import elsewhere_warning, held_elsewhere
 from cuectl.sched.match import MatchResult, select_devices
-from cuectl.units import parse_duration
+from cuectl.units import format_bytes, parse_duration
 
 #: How often a waiter looks again; jittered so that waiters do not move in lock-step.
 POLL_S = 0.05
@@ -134,7 +136,7 @@ class Lease:
     def fds(self) -> tuple[int, ...]:
         """The lock fds, for ``Popen(pass_fds=lease.fds)``: the child then keeps the devices
         leased for as long as it runs, even if this process dies."""
-        return tuple(lock.share() for lock in self._locks)
+        return tuple(fd for lock in self._locks for fd in lock.share_fds())
 
     def set_holder_pid(self, pid: int) -> None:
         """Name ``pid`` (a child given ``fds``) as the holder in `gpu leases`: it is the
@@ -193,9 +195,18 @@ class _Plan:
         gpu = request.gpu
         self.fitting = fitting_uuids(gpu, self.candidates)
         self.needs_sample = gpu.gpus > 0 and (gpu.gpu_memory_min_bytes > 0 or gpu.gpu_memory_free_min_bytes > 0)
+        share = request.share_bytes
+        if share is not None:
+            # A share fits a device with at least its budget of memory; whether there is
+            # room now is the ledger's to say, less what other programs use (sampled).
+            self.fitting = frozenset(u for u in self.fitting if (self._total(u) or 0) >= share)
+            self.needs_sample = True
         self._by_uuid = {d.uuid: d for d in self.candidates}
         self._first: MatchResult | None = None
         self._grants: dict[tuple[str, ...], tuple[list[Device], dict[str, str]]] = {}
+
+    def _total(self, uuid: str) -> int | None:
+        return next((d.memory_total_bytes for d in self.candidates if d.uuid == uuid), None)
 
     def first_choice(self, devices: Sequence[Device]) -> MatchResult:
         """``select_devices`` with nothing busy among ``devices`` (the candidates, free memory unknown)."""
@@ -272,6 +283,17 @@ class _Acquirer:
     def _check_static(self) -> None:
         if self.gpu_request.gpus == 0:
             return
+        share = self.request.share_bytes
+        if share is not None and not any(
+            (d.memory_total_bytes or 0) >= share and select_devices(self.gpu_request, [d]).could_ever_fit
+            for d in self.candidates
+        ):
+            sizes = [d.memory_total_bytes for d in self.candidates if d.memory_total_bytes]
+            largest = f" (the largest has {format_bytes(max(sizes))})" if sizes else ""
+            raise InvalidInput(
+                f"{self.request.share_label}: {format_bytes(share)} is more than the memory of every "
+                f"{'matching ' if self.candidates else ''}device here{largest}"
+            )
         result = select_devices(self.gpu_request, self.candidates)
         if not result.could_ever_fit and self.allocation is not None:
             raise self.allocation.refusal(self.gpu_request.gpus, self.candidates, result.reason)
@@ -307,6 +329,8 @@ class _Acquirer:
         """Take the devices now or raise ``DevicesBusy`` / ``InsufficientFreeMemory``."""
         if self.gpu_request.gpus == 0:
             return self._lease([])
+        if self.request.share_bytes is not None:
+            return self._share_attempt(self.request.share_bytes)
         devices = self._devices_now()
         busy, waiters = self._queued_before_us()
         failed: list[Device] = []
@@ -331,6 +355,45 @@ class _Acquirer:
             failed.append(lost)
         raise self._refusal(devices, busy, failed, waiters, result.reason if result else None)
 
+    def _share_attempt(self, share: int) -> Lease:
+        """A share of ``share`` bytes of one device with room in its ledger, or raise
+        ``DevicesBusy`` naming why each device tried had none."""
+        devices = [d for d in self._devices_now() if d.uuid in self.fitting]
+        busy, waiters = self._queued_before_us()
+        tried = set(busy)
+        refused: list[tuple[Device, NoRoom]] = []
+        for _ in range(len(devices) + 1):
+            result = select_devices(self.gpu_request, devices, busy=tried)
+            if result.devices is None:
+                break
+            (device,) = result.devices
+            used = None
+            free = self._free.get(device.uuid) if self._free is not None else None
+            if free is not None and device.memory_total_bytes:
+                used = max(0, device.memory_total_bytes - free)
+            got = take_share(
+                self.lock_dir, device, share, holder=self.label, kind=self.kind, label=self.label, used_bytes=used
+            )
+            if isinstance(got, ShareLock):
+                return self._lease([got])
+            tried.add(device.uuid)
+            refused.append((device, got))
+        holders: list[dict[str, Any]] = []
+        parts = []
+        for device, why in refused:
+            parts.append(why.reason)
+            if why.exclusive:
+                info = holder_info(lock_path(self.lock_dir, device.uuid), device, within=0.25)
+                parts[-1] = info.describe()
+                holders.append(info.to_json())
+            else:
+                holders += [dict(info.to_json(), budget_bytes=b) for info, b in share_infos(self.lock_dir, [device])]
+        if waiters:
+            parts.append(f"{waiters} earlier waiter{'s' if waiters != 1 else ''} queued before this share")
+        message = f"cannot take a {format_bytes(share)} GPU share now: " + ("; ".join(parts) or "all busy")
+        return_hint = "to queue for it instead, use --wait (Python: wait=True)"
+        raise DevicesBusy(message, holders=holders, hint=return_hint)
+
     def _queued_before_us(self) -> tuple[set[str], int]:
         """Devices we must leave alone for older waiters, and how many of them there are.
 
@@ -349,6 +412,11 @@ class _Acquirer:
 
     def _lease(self, locks: list[DeviceLock]) -> Lease:
         devices, env = self.plan.grant(tuple(lock.uuid for lock in locks))
+        if self.request.share_bytes is not None:
+            # The program's budget, and MPS's limit of it where an MPS server runs; the
+            # memory it is granted is its budget, not the device's.
+            env = {**env, **share_env(self.request.share_bytes, mps=mps_running())}
+            env["CUE_GPU_MEMORY"] = str(self.request.share_bytes)
         warn_if_held_elsewhere(self.lock_dir, locks)
         return Lease(locks, devices, env, self.lock_dir, self.label)
 
@@ -364,9 +432,20 @@ class _Acquirer:
                 )
         # An error path: waiting a little for a brand-new holder's record costs nothing and
         # names the holder (a loaded CI machine needed more than the 2 ms this once allowed).
-        paths = [(lock_path(self.lock_dir, d.uuid), d) for d in failed]
-        holders = [holder_info(path, d, within=0.25) for path, d in paths]
-        parts = [h.describe() for h in holders]
+        holders: list[LeaseInfo] = []
+        parts: list[str] = []
+        for d in failed:
+            shared = share_infos(self.lock_dir, [d])
+            if shared:  # held by shares (whose shared lock says nothing of who holds it)
+                holders += [info for info, _ in shared]
+                parts.append(
+                    f"gpu {d.index} shared by "
+                    + ", ".join(f"pid {i.pid} ({i.holder}, {format_bytes(b)})" for i, b in shared)
+                )
+                continue
+            holder = holder_info(lock_path(self.lock_dir, d.uuid), d, within=0.25)
+            holders.append(holder)
+            parts.append(holder.describe())
         if waiters:
             parts.append(
                 f"{waiters} earlier waiter{'s' if waiters != 1 else ''} queued for {'them' if len(busy) > 1 else 'it'}"
@@ -743,6 +822,7 @@ def lease(
     gpu_driver_min: str | float | None = None,
     gpu_cuda_min: str | float | None = None,
     devices: Iterable[str | int] | None = None,
+    gpu_share: str | int | None = None,
     wait: bool = False,
     timeout: float | str | None = None,
     label: str | None = None,
@@ -758,7 +838,9 @@ def lease(
     matching), ``gpu_memory_min`` (per device, total), ``gpu_memory_free_min`` (per
     device, free now), ``gpu_capability_min``, ``gpu_driver_min``, ``gpu_cuda_min``
     (dotted versions per device, at least: ``"8.9"``, ``"535.104.05"``), ``devices`` (explicit indices/UUIDs to choose from) — named and
-    validated as the ``cuectl run`` flags. ``wait``: block until free, FIFO among this
+    validated as the ``cuectl run`` flags. ``gpu_share`` (``"8G"`` or bytes): part of one
+    device by memory budget, beside other shares, instead of whole devices
+    (docs/gpu-health.md); ``lease.env`` then carries ``CUE_GPU_SHARE_BYTES``. ``wait``: block until free, FIFO among this
     host's waiters; ``timeout`` (seconds or ``"10m"``) bounds the wait. ``label`` is what
     `cuectl gpu leases` shows. ``on_wait`` is called once, with the reason, when the call
     starts waiting. The old keywords ``vendor``, ``models``, ``min_memory`` and
@@ -779,6 +861,7 @@ def lease(
                 gpu_capability_min,
                 gpu_driver_min,
                 gpu_cuda_min,
+                gpu_share,
                 wait,
                 timeout,
                 label,
@@ -805,6 +888,7 @@ def lease(
         gpu_driver_min=gpu_driver_min,
         gpu_cuda_min=gpu_cuda_min,
         devices=devices,
+        gpu_share=gpu_share,
         deprecated=deprecated,
     )
     return _acquire(
@@ -840,6 +924,7 @@ class async_lease:
         gpu_driver_min: str | float | None = None,
         gpu_cuda_min: str | float | None = None,
         devices: Iterable[str | int] | None = None,
+        gpu_share: str | int | None = None,
         wait: bool = False,
         timeout: float | str | None = None,
         label: str | None = None,
@@ -859,6 +944,7 @@ class async_lease:
             gpu_driver_min=gpu_driver_min,
             gpu_cuda_min=gpu_cuda_min,
             devices=devices,
+            gpu_share=gpu_share,
             deprecated=deprecated,
         )
         self._opts = _Options(

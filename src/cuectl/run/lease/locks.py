@@ -212,8 +212,11 @@ def provision_lock_files(lock_dir: str | Path, devices: Sequence[Device]) -> Non
         return
     owner = lockfile.lock_dir_owner(key)
     if lockfile.shares(owner) and lockfile.makes_lock_files(owner):
+        from cuectl.run.lease.shares import provision_ledger  # (it imports this module)
+
         for device in todo:
             lockfile.ensure_lock_file(str(lock_path(Path(lock_dir), device.uuid)), owner)
+            provision_ledger(Path(lock_dir), device.uuid, owner)
     if len(_provisioned) >= 4096:
         _provisioned.clear()
     _provisioned.update((key, d.uuid) for d in todo)
@@ -436,6 +439,17 @@ class DeviceLock:
         self.shared = True
         return self._fd
 
+    def share_fds(self) -> tuple[int, ...]:
+        """Every fd a child must be given to hold this lease (``Popen(pass_fds=...)``): the
+        lock's, and for a share (``shares.ShareLock``) its ledger entry's too."""
+        return (self.share(),)
+
+    def write_record(self) -> None:
+        """Write ``record`` where `gpu leases` reads it: into the lock file."""
+        fd = self._fd
+        if self.writable and fd >= 0:
+            write_record(fd, encode_record(self.record))
+
     def release(self) -> None:
         """Give up the device (idempotent).
 
@@ -534,13 +548,7 @@ def update_holder(lock: DeviceLock, *, pid: int, holder: str | None = None) -> N
     lock.record["pid"] = pid
     if holder is not None:
         lock.record["holder"] = holder
-    _write_record(lock)
-
-
-def _write_record(lock: DeviceLock) -> None:
-    fd = lock._fd
-    if lock.writable and fd >= 0:
-        write_record(fd, encode_record(lock.record))
+    lock.write_record()
 
 
 # ============================================================================ who holds what
@@ -718,7 +726,12 @@ def held_uuids(lock_dir: Path, devices: Sequence[Device]) -> set[str]:
     directory) also makes the lock file of each device it has (``provision_lock_files``),
     which users of a shared lock directory cannot make themselves."""
     provision_lock_files(lock_dir, devices)
-    return {d.uuid for d in devices if probe_held(lock_path(Path(lock_dir), d.uuid))}
+    from cuectl.run.lease.shares import shared_uuids  # (it imports this module)
+
+    held = {d.uuid for d in devices if probe_held(lock_path(Path(lock_dir), d.uuid))}
+    # A shared lock is no holder to the probe above (shared locks coexist): shares are
+    # found in the devices' budget ledgers. Either way nothing exclusive may start there.
+    return held | shared_uuids(lock_dir, devices)
 
 
 def break_stale(lock_dir: Path, uuid: str) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from cuectl.errors import InvalidDevice, InvalidInput
 from cuectl.gpu.device import Device
-from cuectl.sched.fields import Label, keyword_label
+from cuectl.sched.fields import Label, keyword_label, size_bytes
 from cuectl.sched.gpu_request import GpuRequest
 from cuectl.sched.match import device_fits_statically
 
@@ -34,6 +34,10 @@ class LeaseRequest:
 
     gpu: GpuRequest
     devices: tuple[str, ...] | None = None  # explicit ids (index or uuid) to choose from
+    #: A share of one device by memory budget (``gpu_share``), bytes; None: whole devices.
+    share_bytes: int | None = None
+    #: How messages name ``share_bytes``: ``--gpu-share`` or ``gpu_share``.
+    share_label: str = "gpu_share"
 
 
 def make_request(
@@ -47,6 +51,7 @@ def make_request(
     gpu_driver_min: str | float | None = None,
     gpu_cuda_min: str | float | None = None,
     devices: Iterable[str | int] | str | int | None = None,
+    gpu_share: str | int | None = None,
     field_label: Label = keyword_label,
     deprecated: Mapping[str, Any] | None = None,
 ) -> LeaseRequest:
@@ -68,9 +73,28 @@ def make_request(
     }
     label = _take_renamed(given, deprecated or {}, field_label)
     ids = _device_ids(devices)
+    share = None
+    if gpu_share is not None:
+        share = _share(gpu_share, gpus, label)
+        gpus = 1
     if gpus is None:
         gpus = len(ids) if ids else 1
-    return LeaseRequest(GpuRequest.parse(gpus=gpus, label=label, **given), ids)
+    gpu = GpuRequest.parse(gpus=gpus, label=label, **given)
+    if share is None:
+        return LeaseRequest(gpu, ids)
+    return LeaseRequest(gpu, ids, share, label("gpu_share"))
+
+
+def _share(value: str | int, gpus: Any, label: Label) -> int:
+    """``gpu_share`` in bytes, checked as the job spec's key is: more than 0, and only
+    with one GPU (a share is part of one device)."""
+    where = label("gpu_share")
+    if gpus is not None and not (type(gpus) is int and gpus == 1):
+        raise InvalidInput(f"{where}: a share is part of one GPU; {label('gpus')} is {gpus}, set it to 1")
+    share = size_bytes(value, where)
+    if share <= 0:
+        raise InvalidInput(f"{where}: must be more than 0 (leave it out for whole devices)")
+    return share
 
 
 def _take_renamed(given: dict[str, Any], deprecated: Mapping[str, Any], field_label: Label) -> Label:
