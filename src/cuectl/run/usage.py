@@ -11,6 +11,10 @@ Summary (DESIGN §4 usage, docs/accounting.md):
 - ``gpu_memory_peak_bytes``: the highest memory seen on any one of its devices;
 - ``gpu_seconds``: wall time × devices (allocated);
 - ``gpu_busy_seconds``: Σ utilisation × interval over devices (used).
+
+A share of one device (``gpu_share``) counts its part of the device (budget / memory) of
+``gpu_seconds`` — three 8 GiB shares of a 24 GiB card for an hour are one device-hour
+between them — and at most that of ``gpu_busy_seconds``.
 """
 
 from __future__ import annotations
@@ -80,6 +84,12 @@ class UsageTracker:
         self.samples_taken = 0
         self.last_at: float | None = None  # when the latest sample was added
         self._now: dict[str, tuple[float | None, int | None]] = {}  # uuid -> latest (util, mem)
+        # uuid -> the latest memory of the frame's own processes there and its biggest
+        # process (None: the backend listed no process, so nothing is known of the frame's own).
+        self._own: dict[str, tuple[int | None, int | None]] = {}
+        #: A share of one device (budget / its memory): GPU-seconds allocated and busy count
+        #: that part of the device's time (docs/accounting.md). None: whole devices.
+        self.share_fraction: float | None = None
 
     def add(self, samples: Mapping[str, DeviceSample], pids: Collection[int], now: float) -> None:
         for uuid in self.uuids:
@@ -87,6 +97,12 @@ class UsageTracker:
             if sample is None:
                 continue
             util, mem = _frame_values(sample, pids)
+            if sample.processes:
+                own = [p for p in sample.processes if p.pid in pids and p.memory_used_bytes is not None]
+                biggest = max(own, key=lambda p: p.memory_used_bytes or 0) if own else None
+                self._own[uuid] = (sum(p.memory_used_bytes or 0 for p in own), biggest.pid if biggest else None)
+            else:
+                self._own.pop(uuid, None)
             self._integrate(uuid, util, now)
             if util is not None:
                 self._util_max = util if self._util_max is None else max(self._util_max, util)
@@ -103,6 +119,19 @@ class UsageTracker:
         utils = [u for u, _ in self._now.values() if u is not None]
         mems = [m for _, m in self._now.values() if m is not None]
         return (round(sum(utils) / len(utils), 2) if utils else None), (max(mems) if mems else None)
+
+    def own_memory(self, uuid: str) -> int | None:
+        """The memory of the frame's own processes on ``uuid`` at the latest sample (0 when
+        the device lists processes and none is the frame's); None when the backend listed
+        none there: unlike ``current``, never the whole device's use, which neighbours
+        sharing it (``gpu_share``) are part of."""
+        own = self._own.get(uuid)
+        return own[0] if own is not None else None
+
+    def own_biggest_pid(self, uuid: str) -> int | None:
+        """The frame's process using the most memory on ``uuid`` at the latest sample."""
+        own = self._own.get(uuid)
+        return own[1] if own is not None else None
 
     def series_json(self) -> dict[str, list[list[Any]]]:
         """The bounded series so far, per device, as stored (``[[t, util, mem], ...]``)."""
@@ -130,11 +159,18 @@ class UsageTracker:
             if self._util_weight > 0
             else (self._util_max if self.samples_taken else None)
         )
+        allocated = wall * len(self.uuids)
+        busy = self._busy
+        if self.share_fraction is not None:
+            # Its part of the device's time; busy no more than that (the device's own
+            # utilisation, where the backend gives none per process, is its neighbours' too).
+            allocated *= self.share_fraction
+            busy = min(busy, allocated)
         return {
             "gpu_util_mean_pct": round(mean, 2) if mean is not None else None,
             "gpu_util_max_pct": self._util_max,
             "gpu_memory_peak_bytes": self._mem_peak,
-            "gpu_seconds": round(wall * len(self.uuids), 3),
-            "gpu_busy_seconds": round(self._busy, 3),
+            "gpu_seconds": round(allocated, 3),
+            "gpu_busy_seconds": round(busy, 3),
             "samples": self.series_json(),
         }

@@ -718,8 +718,9 @@ def list_leases(lock_dir: Path, devices: Sequence[Device] | None = None) -> list
     return sorted(out, key=lambda i: (i.index is None, i.index if i.index is not None else 0, i.uuid))
 
 
-def held_uuids(lock_dir: Path, devices: Sequence[Device]) -> set[str]:
-    """UUIDs of ``devices`` whose lock someone holds right now (a hint: it may change at once).
+def held_uuids(lock_dir: Path, devices: Sequence[Device], *, shares: bool = True) -> set[str]:
+    """UUIDs of ``devices`` whose lock someone holds right now (a hint: it may change at once);
+    with ``shares`` (the default) those with a live share too, else only those held whole.
 
     The worker asks this at every look at its devices, from its first pass on and after
     every re-discovery: so a root worker (or the service account's, in its lock
@@ -731,7 +732,7 @@ def held_uuids(lock_dir: Path, devices: Sequence[Device]) -> set[str]:
     held = {d.uuid for d in devices if probe_held(lock_path(Path(lock_dir), d.uuid))}
     # A shared lock is no holder to the probe above (shared locks coexist): shares are
     # found in the devices' budget ledgers. Either way nothing exclusive may start there.
-    return held | shared_uuids(lock_dir, devices)
+    return held | shared_uuids(lock_dir, devices) if shares else held
 
 
 def break_stale(lock_dir: Path, uuid: str) -> bool:

@@ -20,6 +20,8 @@ from cuectl.sched.store import HostShape, RunnableLayer
 from cuectl.sched.store.lifecycle import bigger_devices
 from cuectl.units import format_bytes
 
+from . import shares
+
 if TYPE_CHECKING:
     from cuectl.run.worker.core import Worker
 
@@ -184,6 +186,9 @@ class Dispatcher:
                     devices_now = w.sampling.live_devices(now)
                 # Frames that ran out of GPU memory and asked for bigger devices get only those.
                 offered = bigger_devices(devices_now, layer.gpu_oom_bytes)
+                if layer.gpu_share_bytes:  # part of one device by memory budget (shares.py)
+                    shares.claim_shares(self, layer, offered, reserved, now)
+                    continue
                 while not w.reached_max():
                     busy, foreign = self.busy(devices_now)
                     result = select_devices(GpuRequest.from_record(layer), offered, busy=busy | reserved)
@@ -264,7 +269,9 @@ class Dispatcher:
         fit = self.static_fit.get(layer.layer_id)
         if fit is None:
             w = self.worker
-            if layer.gpus > 0:
+            if layer.gpu_share_bytes:
+                fit = shares.could_fit(layer, w.devices)
+            elif layer.gpus > 0:
                 fit = select_devices(GpuRequest.from_record(layer), w.devices).could_ever_fit
             else:
                 fit = (
@@ -276,14 +283,15 @@ class Dispatcher:
             self.static_fit[layer.layer_id] = fit
         return fit
 
-    def busy(self, devices: Sequence[Device]) -> tuple[set[str], dict[str, str]]:
+    def busy(self, devices: Sequence[Device], *, for_share: bool = False) -> tuple[set[str], dict[str, str]]:
         """Devices nothing new may start on now: this worker's frames, anyone's lease, what
         queued `cuectl run --wait` callers are about to take, and (NIMBY) devices another
-        program uses; the last with why."""
+        program uses; the last with why. ``for_share``: for a share of a device
+        (``gpu_share``), which shares do not keep out (their ledger says if it fits)."""
         w = self.worker
         opts = w.opts
-        mine = {u for r in w.running.values() for u in r.claim.gpu_uuids}
-        leased = mine | held_uuids(opts.lock_dir, devices)
+        mine = {u for r in w.running.values() if not (for_share and r.claim.gpu_share_bytes) for u in r.claim.gpu_uuids}
+        leased = mine | held_uuids(opts.lock_dir, devices, shares=not for_share)
         # Devices that `cuectl run --wait` / lease(wait=True) callers queued for are left
         # to them: they asked first, and a busy farm would otherwise starve them.
         busy = leased | queued_reservations(opts.lock_dir, devices)

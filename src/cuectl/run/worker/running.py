@@ -19,6 +19,7 @@ from cuectl.run.lease import DeviceLock, isolation_env, isolation_key, update_ho
 from cuectl.run.usage import UsageTracker
 from cuectl.sched.store import ClaimedFrame, FrameResult
 
+from . import shares
 from .recovery import RunFiles
 from .storeview import Pending
 
@@ -128,7 +129,12 @@ class FrameTable:
             attempt=claim.attempt,
             cores=claim.cores,
             memory_bytes=claim.memory_bytes,
-            gpu_memory_bytes=min((d.memory_total_bytes or 0 for d in devices), default=None) if devices else None,
+            # A share's memory is its budget (gpu_share), not the device's.
+            gpu_memory_bytes=(
+                claim.gpu_share_bytes or min((d.memory_total_bytes or 0 for d in devices), default=None)
+                if devices
+                else None
+            ),
             log_path=log_path,
             user=claim.user,
             show=claim.show or "",
@@ -156,7 +162,7 @@ class FrameTable:
                 argv,
                 env=env,
                 log_path=log_path,
-                pass_fds=[lk.fd for lk in locks],
+                pass_fds=[fd for lk in locks for fd in lk.share_fds()],
                 cwd=claim.cwd,
                 timeout_s=claim.timeout_s,
                 grace=opts.kill_grace_s,
@@ -200,6 +206,8 @@ class FrameTable:
         rf = RunningFrame(
             claim=claim, proc=proc, locks=locks, devices=devices, usage=tracker, runfile=runfile, next_sample=now
         )  # sample at once: short frames get data too
+        if claim.gpu_share_bytes:
+            tracker.share_fraction = shares.fraction(rf)  # a share counts its part of the device
         self.running[claim.frame_id] = rf
         self.oom_counts[claim.frame_id] = self.oom_kills()
         w.crash_point("after_launch")
@@ -231,6 +239,7 @@ class FrameTable:
                 tuple(run_env.items()),
                 tuple(claim.env.items()),
                 isolation_key(devices, all_vendors_present=vendors),
+                claim.gpu_share_bytes,
             )
             template = self.env_templates.get(key)
         except (TypeError, AttributeError):  # a hostile row's env (not a mapping of strings): made afresh, refused
@@ -238,10 +247,13 @@ class FrameTable:
         if template is None:
             if self.base_env is None:
                 self.base_env = launch.frame_base(config.inherited_environ())
+            isolation = isolation_env(list(devices), all_vendors_present=vendors)
+            if claim.gpu_share_bytes:  # its budget, and MPS's limit where MPS runs (shares.py)
+                isolation.update(shares.frame_env(claim.gpu_share_bytes, {**self.base_env, **claim.env}))
             template = launch.env_template(
                 ctx,
                 layer_env={**run_env, **claim.env},
-                isolation=isolation_env(list(devices), all_vendors_present=vendors),
+                isolation=isolation,
                 base=self.base_env,
             )
             if key is not None:

@@ -13,6 +13,7 @@ from cuectl.run import launch
 from cuectl.sched.store import LiveUsage
 from cuectl.units import iso
 
+from . import shares
 from .running import RunningFrame
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ class Sampling:
             return
         for rf in frames:
             rf.usage.add(samples, frame_pids[rf.claim.frame_id], now)
+        shares.check(w, frames, now)  # share frames against their memory budgets
         self.note_samples(samples, now)
 
     def note_samples(self, samples: Mapping[str, Any], now: float) -> None:
