@@ -27,12 +27,24 @@ BACKENDS = ("sqlite", "postgres", "pgbouncer", "socket")
 #: reader per report), not in its SQL: the contract suite calls every store method, the
 #: notify tests race claimers and completions, the aside tests read reports. Running every
 #: store test a third time would cost the suite over a minute and test the same SQL again.
-POOLED_MODULES = {"test_store_contract", "test_notify_store", "test_usage_sql_aside", "test_bulk_store"}
+POOLED_MODULES = {
+    "test_store_contract",
+    "test_device_states",
+    "test_notify_store",
+    "test_usage_sql_aside",
+    "test_bulk_store",
+}
 
 #: The modules whose tests also run on "socket": a SQLite store reached through
 #: ``cuectl serve --socket`` (``unix:PATH``, sched/store/remote.py) as its owner, so every
 #: store method and record crosses the wire both ways. The other modules test SQL.
-SOCKET_MODULES = {"test_store_contract", "test_bulk_store", "test_depends_store", "test_notify_store"}
+SOCKET_MODULES = {
+    "test_store_contract",
+    "test_device_states",
+    "test_bulk_store",
+    "test_depends_store",
+    "test_notify_store",
+}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -126,6 +126,19 @@ def worker(
         help="Seconds the highest-priority GPU frame that does not fit yet "
         "may hold the free GPUs it could use (0: no reservations).",
     ),
+    gpu_xid_drain: List[str] = typer.Option(
+        [],
+        "--gpu-xid-drain",
+        metavar="XID",
+        help="Also drain a GPU on these Xid codes, besides the critical ones (48,63,64,74,79,92,94,95; "
+        "docs/gpu-health.md). Comma list or repeated.",
+    ),
+    gpu_suspect_jobs: int = typer.Option(
+        3,
+        "--gpu-suspect-jobs",
+        metavar="K",
+        help="Drain a GPU on which K different jobs failed while they succeeded on other GPUs (0: never).",
+    ),
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
     _refuse_unsupported_platform()
@@ -155,6 +168,11 @@ def worker(
         raise InvalidInput("--rediscover-interval must be 0 (only on SIGHUP) or more")
     if reservation_timeout < 0:
         raise InvalidInput("--reservation-timeout must be 0 (no reservations) or more")
+    if gpu_suspect_jobs < 0:
+        raise InvalidInput("--gpu-suspect-jobs must be 0 (never) or more")
+    from cuectl.run.worker.health import xid_codes
+
+    extra_xids = xid_codes(gpu_xid_drain, "--gpu-xid-drain")
     if nimby_util is not None and not 0 <= nimby_util <= 100:
         raise InvalidInput("--nimby-util must be a percentage from 0 to 100")
     nimby_bytes = None
@@ -217,6 +235,8 @@ def worker(
         nimby_util=nimby_util,
         available=schedule,
         reservation_timeout=reservation_timeout,
+        gpu_xid_drain=extra_xids,
+        gpu_suspect_jobs=gpu_suspect_jobs,
     )
     w.warn = term.warn
     w.say = term.info

@@ -30,6 +30,7 @@ from cuectl.gpu.device import (
     VENDORS,
     BackendStatus,
     Device,
+    DeviceHealth,
     DeviceSample,
     ProcessSample,
     normalize_pci_bus_id,
@@ -146,6 +147,24 @@ class Discovery:
                 self.sample_errors.pop(backend.name, None)
             except GpuError as exc:
                 self.sample_errors[backend.name] = exc.message
+        return out
+
+    def health(self, uuids: Sequence[str] | None = None) -> dict[str, DeviceHealth]:
+        """Each device's health (``Backend.health``), one batch per backend; a backend that
+        fails leaves its devices unknown (its error is in ``sample_errors``)."""
+        wanted = [d.uuid for d in self.devices] if uuids is None else list(dict.fromkeys(uuids))
+        groups: dict[int, tuple[Backend, list[str]]] = {}
+        for u in wanted:
+            backend = self._route.get(u)
+            if backend is not None:
+                groups.setdefault(id(backend), (backend, []))[1].append(u)
+        out: dict[str, DeviceHealth] = {}
+        for backend, group in groups.values():
+            try:
+                out.update(backend.health(group))
+            except GpuError as exc:
+                self.sample_errors[backend.name] = exc.message
+                out.update({u: DeviceHealth.unknown(u) for u in group})
         return out
 
     def backend_of(self, uuid: str) -> Backend | None:

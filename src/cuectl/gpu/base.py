@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Collection, Mapping, Sequence
 
 from cuectl.errors import BackendUnavailable
-from cuectl.gpu.device import Device, DeviceSample
+from cuectl.gpu.device import Device, DeviceHealth, DeviceSample
 from cuectl.units import GIB, KIB, MIB, TIB
 
 #: Seconds any GPU tool may take. nvidia-smi on a host with a wedged GPU can block for
@@ -58,6 +58,14 @@ class Backend(abc.ABC):
 
         ``DeviceSample.processes`` lists only processes whose pid is in ``pids``.
         """
+
+    def health(self, uuids: Sequence[str]) -> dict[str, DeviceHealth]:
+        """What the backend can tell of each device's health (docs/gpu-health.md): gone,
+        Xid events since the last call, uncorrectable ECC errors, pending retirement or
+        remapping. The default, for a backend that cannot tell: unknown for each (no
+        signal). Like ``sample``: one batch for all of ``uuids``; never raises for a value
+        the device does not report."""
+        return {u: DeviceHealth.unknown(u) for u in uuids}
 
     def known_devices(self) -> dict[str, Device]:
         """The devices of the last discovery, discovering once if nothing is known yet."""

@@ -134,3 +134,62 @@ class BackendStatus:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "ok": self.ok, "error": self.error, "hint": self.hint}
+
+
+#: Xid codes that mean the device needs attention before it runs more work (NVIDIA's Xid
+#: catalogue, DCGM's and NVSentinel's "fatal" set): 48 double-bit ECC error, 63/64 page
+#: retirement or row remapping event/failure, 74 NVLink error, 79 fallen off the bus, 92 high
+#: single-bit ECC rate, 94/95 contained/uncontained ECC error. Others (13 graphics engine
+#: exception, 31 MMU fault, 43 stopped on a user's bad kernel ...) are usually the program's
+#: own fault: counted, not drained. docs/gpu-health.md, "The Xid list and why".
+CRITICAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95})
+
+#: What each Xid is, for the drain's reason (``Xid 79: GPU has fallen off the bus``).
+XID_NAMES = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup, due to previous errors",
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint/warning",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "video processor exception",
+    69: "graphics engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+}
+
+
+def xid_text(code: int) -> str:
+    """``Xid 79: GPU has fallen off the bus`` (``Xid 12`` for one without a name here)."""
+    name = XID_NAMES.get(code)
+    return f"Xid {code}: {name}" if name else f"Xid {code}"
+
+
+@dataclass(frozen=True)
+class DeviceHealth:
+    """What a backend can tell of one device's health at one reading (``Backend.health``).
+
+    ``known``: the backend read something (False: it cannot tell; no signal either way).
+    ``lost``: why the device is gone (NVML's GPU_IS_LOST, a tool's "GPU is lost"), else None.
+    ``xids``: Xid events since the previous reading. ``problems``: conditions that persist
+    until the device is reset (uncorrectable ECC errors, pending page retirement or row
+    remapping), one line each. "Not supported" by the device is no problem, never an error.
+    """
+
+    uuid: str
+    known: bool = True
+    lost: str | None = None
+    xids: tuple[int, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def unknown(cls, uuid: str) -> "DeviceHealth":
+        return cls(uuid=uuid, known=False)

@@ -39,6 +39,19 @@ Sampling reads ``<state_dir>/<p>.json`` for the device at position ``p`` of the 
     {"utilization_pct": 73, "memory_used_bytes": 5368709120,
      "processes": [{"pid": 1234, "memory_used_bytes": 1073741824, "utilization_pct": 40}]}
 
+The same file carries the device's health (``Backend.health``, docs/gpu-health.md), read at
+each health reading (every sampling interval of a worker)::
+
+    {"xid": [79], "lost": true, "ecc_uncorrectable": 2,
+     "retirement_pending": true, "remap_pending": true}
+
+``xid`` lists Xid events since the last read: a list is reported once per change of the
+file (its size, time and inode), so a test that writes ``{"xid": [79]}`` gets one event,
+not one per reading. ``lost: true`` is a GPU that fell off the bus (NVML's GPU_IS_LOST).
+``ecc_uncorrectable`` is the volatile uncorrectable ECC count, ``retirement_pending`` and
+``remap_pending`` NVML's pending page retirement and row remapping: conditions that last
+until the device is reset, read at every call.
+
 A missing file means an idle device (0 % and 0 bytes used). A file that cannot be read as
 such JSON (a test frame may be half-way through writing it) gives ``None`` values for that
 sample rather than an error: a sampler must not die on one bad reading. As on real
@@ -58,7 +71,15 @@ from typing import Any, Collection, Iterator, Mapping, Sequence
 from cuectl import config
 from cuectl.errors import BackendUnavailable, InvalidInput
 from cuectl.gpu.base import Backend, clamp_pct, free_bytes
-from cuectl.gpu.device import VENDORS, Device, DeviceSample, ProcessSample, normalize_pci_bus_id, normalize_vendor
+from cuectl.gpu.device import (
+    VENDORS,
+    Device,
+    DeviceHealth,
+    DeviceSample,
+    ProcessSample,
+    normalize_pci_bus_id,
+    normalize_vendor,
+)
 from cuectl.units import MIB, parse_size
 
 _TOP_KEYS = {"host", "state_dir", "devices"}
@@ -473,6 +494,11 @@ def _processes(raw: Any) -> tuple[ProcessSample, ...]:
     return tuple(out)
 
 
+#: State file -> (mtime, size, inode) when its ``xid`` list was last reported: per process,
+#: not per backend, so a re-discovery (a new backend) does not report the same events again.
+_XID_SEEN: dict[str, tuple[int, int, int]] = {}
+
+
 class FakeBackend(Backend):
     name = "fake"
 
@@ -501,6 +527,46 @@ class FakeBackend(Backend):
     def _reading(self, device: Device) -> _Reading:
         cfg = self.config
         return read_state(cfg.state_dir, cfg.state_files.get(device.uuid, str(device.index)))
+
+    def health(self, uuids: Sequence[str]) -> dict[str, DeviceHealth]:
+        cfg = self.config
+        known = {d.uuid for d in cfg.devices}
+        out: dict[str, DeviceHealth] = {}
+        for u in uuids:
+            if u not in known:
+                continue
+            stem = cfg.state_files.get(u)
+            out[u] = self._health(u, None if cfg.state_dir is None or stem is None else cfg.state_dir / f"{stem}.json")
+        return out
+
+    def _health(self, uuid: str, path: Path | None) -> DeviceHealth:
+        if path is None:
+            return DeviceHealth(uuid=uuid)
+        try:
+            st = path.stat()
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return DeviceHealth(uuid=uuid)
+        except (OSError, ValueError):
+            return DeviceHealth.unknown(uuid)  # half-written: no signal this time
+        if not isinstance(data, dict):
+            return DeviceHealth.unknown(uuid)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        xids: tuple[int, ...] = ()
+        raw = data.get("xid")
+        if isinstance(raw, list) and _XID_SEEN.get(str(path)) != stamp:
+            _XID_SEEN[str(path)] = stamp
+            xids = tuple(x for x in raw if isinstance(x, int) and not isinstance(x, bool) and 0 < x < 1 << 16)
+        problems = []
+        ecc = _int(data.get("ecc_uncorrectable"))
+        if ecc:
+            problems.append(f"uncorrectable ECC errors: {ecc} since the last reset")
+        if data.get("retirement_pending") is True:
+            problems.append("page retirement pending (needs a reset)")
+        if data.get("remap_pending") is True:
+            problems.append("row remapping pending (needs a reset)")
+        lost = "GPU is lost (fallen off the bus)" if data.get("lost") is True else None
+        return DeviceHealth(uuid=uuid, lost=lost, xids=xids, problems=tuple(problems))
 
     def sample(self, uuids: Sequence[str], pids: Collection[int] = ()) -> dict[str, DeviceSample]:
         by_uuid = {d.uuid: d for d in self.config.devices}

@@ -13,7 +13,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Collection, Sequence, TypeVar
 
 from cuectl import config
 from cuectl.errors import BackendUnavailable, CuectlError, InvalidInput, StoreUnreachable
@@ -124,7 +124,10 @@ def inventory_of(discovery: Discovery, devices: Sequence[str] | None = None, exc
     if devices is not None or exclude:
         found = select_inventory(found, devices, exclude)
     return Inventory(
-        devices=tuple(found), sampler=lambda uuids, pids: discovery.sample(uuids, pids), problems=discovery.problems()
+        devices=tuple(found),
+        sampler=lambda uuids, pids: discovery.sample(uuids, pids),
+        problems=discovery.problems(),
+        health=discovery.health,
     )
 
 
@@ -153,11 +156,14 @@ def build_worker(
     nimby_util: float | None = None,
     available: Schedule | None = None,
     reservation_timeout: float = 1800.0,
+    gpu_xid_drain: Collection[int] = (),
+    gpu_suspect_jobs: int = 3,
 ) -> tuple[Worker, Discovery]:
     """The worker for this host. ``discovery``: the GPUs found already (``discover_gpus``),
     else found here with ``backend``; the worker finds them again with the same backend
     every ``rediscover_interval`` seconds (0: only on SIGHUP)."""
     from cuectl.gpu import discover
+    from cuectl.gpu.device import CRITICAL_XIDS
     from cuectl.run.lease import prepare_lock_dir
     from cuectl.run.worker import Worker, WorkerOptions
 
@@ -200,6 +206,8 @@ def build_worker(
         nimby_util_pct=nimby_util,
         schedule=available,
         reservation_timeout_s=reservation_timeout,
+        gpu_xid_drain=CRITICAL_XIDS | frozenset(gpu_xid_drain),
+        gpu_suspect_jobs=gpu_suspect_jobs,
     )
     first = inventory_of(discovery, devices, exclude_devices)
     # Re-discovery uses the backend the worker was started with, but never fails for want
@@ -209,6 +217,7 @@ def build_worker(
         opts=opts,
         devices=list(first.devices),
         sampler=first.sampler,
+        health_reader=first.health,
         rediscover=lambda: inventory_of(discover(backend), devices, exclude_devices),
     )
     # A call that waits long for a lost server stalls the whole loop: frames that end meanwhile

@@ -23,8 +23,9 @@ from cuectl.sched.store import ClaimedFrame
 from cuectl.units import format_bytes
 
 from .dispatch import Dispatcher, cpu_need
+from .health import Health
 from .inventory import HostInventory
-from .options import Inventory, Sampler, WorkerOptions
+from .options import HealthReader, Inventory, Sampler, WorkerOptions
 from .proofs import Proofs
 from .recovery import Recovery, RunFiles
 from .running import FrameTable, RunningFrame
@@ -50,6 +51,8 @@ class Worker:
     opts: WorkerOptions
     devices: Sequence[Device]
     sampler: Sampler | None = None
+    # Reads each device's health (run/worker/health.py); None: the backend cannot tell.
+    health_reader: HealthReader | None = None
     # Finds the GPUs again (``--rediscover-interval``, SIGHUP); None: the inventory is fixed.
     rediscover: Callable[[], Inventory] | None = None
     # Devices found before that the last discovery did not find: uuid -> what `host show`
@@ -82,6 +85,7 @@ class Worker:
         self.proofs = Proofs(self.store, lambda: self.opts, self.tell_warn)
         self.inventory = HostInventory(self)
         self.recovery = Recovery(self)
+        self.health = Health(self)  # sick devices out of service (docs/gpu-health.md)
 
     # -- what the collaborators share ------------------------------------------------------
     @property
@@ -274,6 +278,7 @@ class Worker:
         (sampling.py), the dispatch state, and the devices that are unavailable now (while
         there are any, and once after)."""
         doc = self.sampling.live_entries()
+        doc.update(self.health.live_doc())
         state = self.dispatch.state
         if state is not None:
             doc["dispatch"] = state.to_json()

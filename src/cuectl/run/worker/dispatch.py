@@ -294,7 +294,7 @@ class Dispatcher:
         leased = mine | held_uuids(opts.lock_dir, devices, shares=not for_share)
         # Devices that `cuectl run --wait` / lease(wait=True) callers queued for are left
         # to them: they asked first, and a busy farm would otherwise starve them.
-        busy = leased | queued_reservations(opts.lock_dir, devices)
+        busy = leased | queued_reservations(opts.lock_dir, devices) | w.health.out_of_service()
         foreign: dict[str, str] = {}
         if opts.nimby_memory_bytes is not None or opts.nimby_util_pct is not None:
             foreign = foreign_use(

@@ -110,6 +110,7 @@ class HostInventory:
             w.dispatch.inventory_changed()
         w.devices = list(inventory.devices)
         w.sampler = inventory.sampler
+        w.health_reader = inventory.health
         if changed:
             self.register_due = True  # the store's inventory (host show, pending reasons)
             w.next_heartbeat = now  # and the unavailable list, at once

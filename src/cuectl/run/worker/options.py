@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from cuectl.gpu.device import Device
+from cuectl.gpu.device import CRITICAL_XIDS, Device
 from cuectl.run import launch
 from cuectl.run.hostschedule import Schedule
 
@@ -47,10 +47,17 @@ class WorkerOptions:
     # How long the highest-priority GPU frame that does not fit yet may hold the free devices
     # it could use (a reservation) before backfill gets them again for as long (0: never reserve).
     reservation_timeout_s: float = 1800.0
+    # Sick GPUs (docs/gpu-health.md): the Xid codes that drain a device (the critical ones,
+    # and any the admin adds with --gpu-xid-drain), and how many different jobs must fail on
+    # a device while they succeed elsewhere to drain it as suspect (0: never).
+    gpu_xid_drain: frozenset[int] = CRITICAL_XIDS
+    gpu_suspect_jobs: int = 3
 
 
 #: ``sampler(uuids, pids)``: live values of those devices (``cuectl.gpu.Discovery.sample``).
 Sampler = Callable[[Sequence[str], Sequence[int]], dict]
+#: ``health(uuids)``: uuid -> ``DeviceHealth`` (``cuectl.gpu.Discovery.health``).
+HealthReader = Callable[[Sequence[str]], dict]
 
 
 @dataclass(frozen=True)
@@ -62,3 +69,5 @@ class Inventory:
     devices: tuple[Device, ...]
     sampler: Sampler | None = None
     problems: Mapping[str, str] = field(default_factory=dict)
+    # ``health(uuids)``: each device's health (``cuectl.gpu.Discovery.health``); None: unknown.
+    health: HealthReader | None = None

@@ -57,6 +57,7 @@ class Sampling:
             self.next_device_sample = now + interval
             self.tick_at = now
             self.sample_frames(sampled, now, every_device=True)
+            w.health.check(now)  # sick devices out of service (run/worker/health.py)
             # Readers take a value older than two intervals for unknown. The heartbeat
             # carries the latest sample; between heartbeats the host row alone is written
             # only when the values the store has would be more than 1.5 intervals old at the

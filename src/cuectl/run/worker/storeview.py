@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 from cuectl.errors import StoreError
-from cuectl.sched.store import ClaimedFrame, FrameResult, GpuEvent, HostInfo, HostShape, LiveUsage, RunnableLayer
+from cuectl.sched.store import (
+    Actor,
+    ClaimedFrame,
+    DeviceState,
+    FrameResult,
+    GpuEvent,
+    HostInfo,
+    HostShape,
+    LiveUsage,
+    RunnableLayer,
+)
 
 if TYPE_CHECKING:
     from cuectl.run.worker.core import Worker
@@ -50,6 +60,12 @@ class WorkerStore(Protocol):
     ) -> dict[int, str | None]: ...
     def record_live_usage(self, host: str, usage: Sequence[LiveUsage], *, now: float) -> list[int]: ...
     def record_gpu_events(self, host: str, events: Sequence[GpuEvent]) -> int: ...
+    # sick devices (run/worker/health.py)
+    def actor(self) -> Actor: ...
+    def device_states(self, host: str | None = ...) -> list[DeviceState]: ...
+    def set_device_state(self, host: str, uuid: str, state: str, reason: str | None, *, now: float) -> bool: ...
+    def failed_attempts(self, host: str, since: float) -> list[tuple[int, tuple[str, ...], float]]: ...
+    def jobs_succeeded_elsewhere(self, job_ids: Sequence[int], host: str, uuid: str) -> set[int]: ...
     # dispatch
     def runnable_layers(
         self, *, limit: int = ..., after: tuple[Any, ...] | None = ..., host: HostShape | None = ...

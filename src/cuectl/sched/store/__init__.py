@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from cuectl.sched.store.base import (
+    DEVICE_STATES,
     GPU_EVENT_KINDS,
     Actor,
     ClaimedFrame,
+    DeviceState,
     FrameResult,
     GpuEvent,
     HostInfo,
@@ -29,6 +31,8 @@ __all__ = [
     "Actor",
     "ClaimedFrame",
     "FrameResult",
+    "DEVICE_STATES",
+    "DeviceState",
     "HostInfo",
     "HostShape",
     "GpuEvent",

@@ -256,6 +256,45 @@ class GpuEvent:
         }
 
 
+#: A device's service state on its host (docs/gpu-health.md): ``ok`` (no row, or undrained),
+#: ``drained`` (no new frame or lease; by hand or because it is sick) and ``lost`` (gone).
+DEVICE_STATES = ("ok", "drained", "lost")
+#: The longest drain reason kept; longer ones are cut (a worker's) or refused (a person's).
+DEVICE_REASON_MAX = 200
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """One device's service state on ``host`` (``Store.device_states``). ``automatic``: the
+    worker drained it (sick); such a drain ends only by ``undrain``. ``since``: epoch seconds
+    of the last change; ``by_user``: who changed it (the worker's user when automatic)."""
+
+    host: str
+    uuid: str
+    state: str = "ok"
+    reason: str | None = None
+    since: float | None = None
+    by_user: str | None = None
+    automatic: bool = False
+
+    @property
+    def in_service(self) -> bool:
+        return self.state == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        from cuectl.units import iso
+
+        return {
+            "host": self.host,
+            "uuid": self.uuid,
+            "state": self.state,
+            "reason": self.reason,
+            "since": iso(self.since),
+            "by": self.by_user,
+            "automatic": self.automatic,
+        }
+
+
 @dataclass(frozen=True)
 class Actor:
     """The caller, for ownership checks: a SQLite store's OS user (admin: root or the
@@ -550,6 +589,43 @@ class Store(abc.ABC):
         """How many events of each kind the store keeps (``/metrics`` counters; pruning a
         job removes its events, which a scraper takes for a counter reset); ``xid:<code>``
         counts each Xid code on its own."""
+
+    # -- device states (docs/gpu-health.md) -----------------------------------------------------
+    @abc.abstractmethod
+    def device_states(self, host: str | None = None) -> list[DeviceState]:
+        """Devices with a recorded state (all hosts, or ``host``'s), by host and uuid; a
+        device without one is ok."""
+
+    @abc.abstractmethod
+    def set_device_state(self, host: str, uuid: str, state: str, reason: str | None, *, now: float) -> bool:
+        """The worker of ``host`` takes a sick device out of service (``drained``) or finds
+        it gone (``lost``), automatically: it comes back only by ``undrain_device``. The
+        reason is cleaned (control characters) and cut to ``DEVICE_REASON_MAX``. Whether it
+        changed anything."""
+
+    @abc.abstractmethod
+    def drain_device(self, host: str, device: str, *, reason: str, now: float) -> DeviceState:
+        """A person drains ``device`` (its uuid, or its index on ``host``) by hand: no new
+        frame or lease gets it; a frame running on it finishes. Admins, or the host's owner
+        (the user its worker runs as; on PostgreSQL admins only): else ``NotOwner``.
+        ``InvalidInput`` for an empty, multi-line or over-long reason, ``NotFound`` for an
+        unknown host or device; nothing changed then."""
+
+    @abc.abstractmethod
+    def undrain_device(self, host: str, device: str, *, now: float) -> DeviceState:
+        """Back in service (a drain by hand or the worker's, a lost device found again); the
+        same rights as ``drain_device``."""
+
+    @abc.abstractmethod
+    def failed_attempts(self, host: str, since: float) -> list[tuple[int, tuple[str, ...], float]]:
+        """(job id, devices, ended at) of the attempts that failed on ``host``'s GPUs and
+        ended after ``since`` (``failed`` outcome, kind exit or signal): the suspect rule's
+        evidence (docs/gpu-health.md), oldest first."""
+
+    @abc.abstractmethod
+    def jobs_succeeded_elsewhere(self, job_ids: Sequence[int], host: str, uuid: str) -> set[int]:
+        """Those of ``job_ids`` with an attempt that succeeded without ``uuid`` of ``host``
+        (another device or another host)."""
 
     @abc.abstractmethod
     def complete_frame(self, frame_id: int, attempt: int, result: FrameResult, *, now: float) -> str | None:

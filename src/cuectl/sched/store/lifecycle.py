@@ -35,8 +35,20 @@ def _succeeded(result: FrameResult) -> bool:
     return result.exit_code == 0 and not result.timed_out and result.failure_kind is None
 
 
-def next_state(result: FrameResult, action: str | None, attempt: int, retries: int) -> tuple[str, str]:
-    """The frame's state after an attempt ends, and the attempt's outcome label."""
+#: The attempt outcome (and failure kind) of a frame stopped because its device was drained
+#: as sick while it ran (docs/gpu-health.md): not the frame's failure, so its retries are not
+#: spent — the frame waits again at once, and these attempts are left out of the count.
+DEVICE_FAILED = "device-failed"
+#: Outcomes that do not count against a frame's retries.
+UNCOUNTED_OUTCOMES = (DEVICE_FAILED,)
+
+
+def next_state(
+    result: FrameResult, action: str | None, attempt: int, retries: int, uncounted: int = 0
+) -> tuple[str, str]:
+    """The frame's state after an attempt ends, and the attempt's outcome label.
+    ``uncounted``: how many of the frame's earlier attempts did not count (``device-failed``):
+    the retries are compared with the attempts that did."""
     if action == "eat":
         return m.EATEN, "eaten"
     if action == "kill":
@@ -45,10 +57,12 @@ def next_state(result: FrameResult, action: str | None, attempt: int, retries: i
         return m.WAITING, "retried"
     if _succeeded(result):
         return m.SUCCEEDED, "succeeded"
+    if result.failure_kind == DEVICE_FAILED:
+        return m.WAITING, DEVICE_FAILED  # the device's failure, not the frame's
     outcome = "timeout" if result.timed_out else "failed"
     # A failure that can never succeed (command not found, no such user here) would only
     # burn the retries: DEAD at once, with its reason.
-    return (m.WAITING if attempt <= retries and not result.permanent else m.DEAD), outcome
+    return (m.WAITING if attempt - uncounted <= retries and not result.permanent else m.DEAD), outcome
 
 
 def failure_text(result: FrameResult) -> str | None:
@@ -160,14 +174,15 @@ def _frames(count: int) -> str:
     return f"{count} frame{'' if count == 1 else 's'}"
 
 
-def reaped_state(action: str | None, attempt: int, retries: int) -> str:
+def reaped_state(action: str | None, attempt: int, retries: int, uncounted: int = 0) -> str:
     """The state of a RUNNING frame whose worker went silent (its lease expired): the
-    attempt counts, and a pending user action still applies."""
+    attempt counts (``uncounted`` earlier ones did not), and a pending user action still
+    applies."""
     if action == "eat":
         return m.EATEN
     if action == "kill":
         return m.DEAD
-    if action == "retry" or attempt <= retries:
+    if action == "retry" or attempt - uncounted <= retries:
         return m.WAITING
     return m.DEAD
 

@@ -36,6 +36,7 @@ from cuectl.sched import notify as nt
 from cuectl.sched.dialect import Dialect
 from cuectl.sched.store import caps as capsmod
 from cuectl.sched.store import depends as dep
+from cuectl.sched.store import devices as devstates
 from cuectl.sched.store import lifecycle, schema
 from cuectl.sched.store import notifications as notes
 from cuectl.sched.store.base import (
@@ -43,6 +44,7 @@ from cuectl.sched.store.base import (
     LEASE_BUCKETS_S,
     TOKEN_ROLES,
     Actor,
+    DeviceState,
     FarmFigures,
     FrameResult,
     GpuEvent,
@@ -141,6 +143,8 @@ def _attempt_failure(outcome: str, result: FrameResult | None) -> tuple[str | No
     user ended; "lost" for a worker that went silent."""
     if outcome == "lost":
         return "lost", lifecycle.LOST_FAILURE
+    if result is not None and outcome == lifecycle.DEVICE_FAILED:
+        return lifecycle.DEVICE_FAILED, lifecycle.failure_text(result)
     if result is None or outcome not in ("failed", "timeout"):
         return None, None
     return result.failure_kind or ("timeout" if result.timed_out else "exit"), lifecycle.failure_text(result)
@@ -1318,13 +1322,19 @@ class SQLStore(Store):
         )
 
     def list_hosts(self, *, now: float, down_after: float) -> list[dict[str, Any]]:
-        return [host_json(r, now=now, down_after=down_after) for r in self._read("SELECT * FROM hosts ORDER BY name")]
+        states = devstates.by_host(self.device_states())
+        return [
+            devstates.with_states(host_json(r, now=now, down_after=down_after), states.get(r["name"], {}))
+            for r in self._read("SELECT * FROM hosts ORDER BY name")
+        ]
 
     def get_host(self, name: str, *, now: float, down_after: float) -> dict[str, Any]:
         rows = self._read("SELECT * FROM hosts WHERE name = ?", (name,))
         if not rows:
             raise NotFound(f"no host {name!r}", hint="see `cuectl host list`")
-        data = host_json(rows[0], now=now, down_after=down_after)
+        data = devstates.with_states(
+            host_json(rows[0], now=now, down_after=down_after), {d.uuid: d for d in self.device_states(name)}
+        )
         data["running_frames"] = [
             r["id"]
             for r in self._read("SELECT id FROM frames WHERE host = ? AND state = 'RUNNING' ORDER BY id", (name,))
@@ -1613,6 +1623,90 @@ class SQLStore(Store):
             counts[kind] = counts.get(kind, 0) + int(r["n"])
         return counts
 
+    # -- device states (docs/gpu-health.md; store/devices.py) ---------------------------------------
+    def device_states(self, host: str | None = None) -> list[DeviceState]:
+        clause, params = ("WHERE host = ? ", (host,)) if host is not None else ("", ())
+        return [
+            devstates.from_row(r)
+            for r in self._read(f"SELECT * FROM device_states {clause}ORDER BY host, uuid", params)
+        ]
+
+    def set_device_state(self, host: str, uuid: str, state: str, reason: str | None, *, now: float) -> bool:
+        devstates.check_state(state)
+        text = devstates.clean_text(reason)
+        by = self.actor().name
+
+        def write(tx: Tx) -> bool:
+            old = tx.one("SELECT state, reason FROM device_states WHERE host = ? AND uuid = ?", (host, uuid))
+            if old is not None and old["state"] == state and old["reason"] == text:
+                return False
+            self._put_device_state(tx, host, uuid, state, text, now, by, automatic=state != "ok")
+            return True
+
+        return bool(self._write(write))
+
+    @staticmethod
+    def _put_device_state(
+        tx: Tx, host: str, uuid: str, state: str, reason: str | None, now: float, by: str | None, *, automatic: bool
+    ) -> None:
+        tx.run(
+            "INSERT INTO device_states(host, uuid, state, reason, since, by_user, automatic) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (host, uuid) DO UPDATE SET state = excluded.state, "
+            "reason = excluded.reason, since = excluded.since, by_user = excluded.by_user, "
+            "automatic = excluded.automatic",
+            (host, uuid, state, reason, now, by, int(automatic)),
+        )
+
+    def drain_device(self, host: str, device: str, *, reason: str, now: float) -> DeviceState:
+        text = devstates.person_reason(reason)
+        return self._by_hand(host, device, "drained", text, now, "gpu drain")
+
+    def undrain_device(self, host: str, device: str, *, now: float) -> DeviceState:
+        return self._by_hand(host, device, "ok", None, now, "gpu undrain")
+
+    def _by_hand(self, host: str, device: str, state: str, reason: str | None, now: float, what: str) -> DeviceState:
+        actor = self.actor()
+        rows = self._read("SELECT name, gpus, live FROM hosts WHERE name = ?", (host,))
+        if not rows:
+            raise NotFound(f"no host {host!r}", hint="see `cuectl host list`")
+        uuid = devstates.resolve(host, rows[0]["gpus"], device)
+        if not actor.admin:
+            # The host's owner: the user its worker runs as (it publishes it). Not on
+            # PostgreSQL, where only workers and admins may write device states (roles.sql).
+            try:
+                live = json.loads(rows[0]["live"] or "null")
+            except ValueError:
+                live = None
+            owner = live.get("worker_user") if isinstance(live, dict) and self._force_overrides else None
+            if owner is None or owner != actor.name:
+                raise NotOwner(
+                    f"{what}: only an admin{' or the host’s owner' if self._force_overrides else ''} may drain or "
+                    f"undrain a device of host {host}, not {actor.name}",
+                    hint="ask an admin" + ("" if self._force_overrides else " (a member of cuectl_admin)"),
+                )
+        self._write(lambda tx: self._put_device_state(tx, host, uuid, state, reason, now, actor.name, automatic=False))
+        return next(s for s in self.device_states(host) if s.uuid == uuid)
+
+    def failed_attempts(self, host: str, since: float) -> list[tuple[int, tuple[str, ...], float]]:
+        rows = self._read(
+            "SELECT job_id, gpu_uuids, ended_at FROM attempts WHERE ended_at > ? AND host = ? AND outcome = 'failed' "
+            "AND failure_kind IN ('exit', 'signal') AND gpu_uuids <> '[]' ORDER BY ended_at",
+            (since, host),
+        )
+        return [(int(r["job_id"]), _json_tuple(r["gpu_uuids"] or "[]"), float(r["ended_at"])) for r in rows]
+
+    def jobs_succeeded_elsewhere(self, job_ids: Sequence[int], host: str, uuid: str) -> set[int]:
+        out: set[int] = set()
+        for batch in batches(sorted({int(j) for j in job_ids})):
+            for r in self._read(
+                f"SELECT job_id, host, gpu_uuids FROM attempts WHERE job_id IN ({marks(len(batch))}) "
+                "AND outcome = 'succeeded'",
+                tuple(batch),
+            ):
+                if r["host"] != host or uuid not in _json_tuple(r["gpu_uuids"] or "[]"):
+                    out.add(int(r["job_id"]))
+        return out
+
     def _running_frame(self, tx: Tx, frame_id: int, attempt: int) -> Row | None:
         """The frame with what its attempt record needs, locked (its job first: the lock order
         of every writer); None unless it is RUNNING ``attempt`` (fencing)."""
@@ -1640,6 +1734,12 @@ class SQLStore(Store):
         if row is None:
             return None  # a stale report from an older attempt changes nothing
         new_state, outcome = lifecycle.next_state(result, row["action"], attempt, row["retries"])
+        if new_state == m.DEAD and row["action"] is None and outcome != "killed":
+            # Out of retries by the attempt number: unless some attempts did not count (a
+            # sick device's), read only on this rare path.
+            uncounted = self._uncounted_attempts(tx, frame_id)
+            if uncounted:
+                new_state, outcome = lifecycle.next_state(result, None, attempt, row["retries"], uncounted)
         usage = dict(result.usage)
         failure = lifecycle.failure_text(result) if outcome in ("failed", "timeout") else None
         gpu_oom_bytes = row["gpu_oom_bytes"]
@@ -1756,6 +1856,16 @@ class SQLStore(Store):
                 _UPSERT_SAMPLES, [(frame_id, attempt, uuid, json.dumps(points)) for uuid, points in samples.items()]
             )
 
+    @staticmethod
+    def _uncounted_attempts(tx: Tx, frame_id: int) -> int:
+        """How many of the frame's attempts do not count against its retries."""
+        row = tx.one(
+            f"SELECT COUNT(*) AS n FROM attempts WHERE frame_id = ? AND outcome IN "
+            f"({marks(len(lifecycle.UNCOUNTED_OUTCOMES))})",
+            (frame_id, *lifecycle.UNCOUNTED_OUTCOMES),
+        )
+        return int(row["n"]) if row is not None else 0
+
     def requeue_frame(self, frame_id: int, attempt: int, *, now: float, reason: str) -> str | None:
         def requeue(tx: Tx) -> str | None:
             row = self._running_frame(tx, frame_id, attempt)
@@ -1833,6 +1943,9 @@ class SQLStore(Store):
             )
             for row in rows:
                 new = lifecycle.reaped_state(row["action"], row["attempts"], row["retries"])
+                if new == m.DEAD and row["action"] is None:
+                    uncounted = self._uncounted_attempts(tx, row["id"])
+                    new = lifecycle.reaped_state(None, row["attempts"], row["retries"], uncounted)
                 tx.run(
                     f"UPDATE frames SET state = ?, action = NULL, lease_expires = NULL, {_CLEAR_LIVE}, "
                     "ended_at = ?, waiting_since = ?, failure = ? WHERE id = ?",

@@ -44,6 +44,7 @@ def _types() -> dict[str, type]:
         base.FrameResult,
         base.LiveUsage,
         base.GpuEvent,
+        base.DeviceState,
         base.Token,
         base.Actor,
         base.FarmFigures,
