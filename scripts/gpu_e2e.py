@@ -58,7 +58,7 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
-CHECKS = ("inventory", "isolation", "overlap", "usage", "run-lease", "mig")
+CHECKS = ("inventory", "isolation", "overlap", "usage", "run-lease", "share", "mig")
 SMI_QUERY = "--query-gpu=uuid,name,memory.total,pci.bus_id,driver_version"
 SMI_FORMAT = "--format=csv,noheader,nounits"
 
@@ -258,6 +258,8 @@ def probe_main(argv: Sequence[str]) -> int:
                 "CUE_GPUS",
                 "CUE_GPU_UUIDS",
                 "CUE_FRAME_ID",
+                "CUE_GPU_SHARE_BYTES",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
             )
         },
     }
@@ -739,7 +741,65 @@ def check_run_lease(ctx: Ctx) -> Result:
     return Result("run-lease", FAIL if problems else PASS, "; ".join([*problems, *details]))
 
 
-# --------------------------------------------------------------------------- 6 MIG
+# --------------------------------------------------------------------------- 6 shares
+
+#: What each of the two shares allocates on top of its framework's own use (the CUDA
+#: context and the matmul operands of the busy loop: ~1.5 GiB with PyTorch), and its budget.
+SHARE_ALLOC = 512 * MIB
+SHARE_BUDGET = 4 * GIB
+
+
+def check_share(ctx: Ctx, device: str) -> Result:
+    """Two frames with a memory budget (``--gpu-share``) on one GPU: they run at the same
+    time, on that device, each told its budget, and each stays within it (nothing stopped
+    as over budget; the worker's own record of the frame's peak is under the budget)."""
+    listed = {d["uuid"]: d for d in ctx.cuectl_json("gpu", "list", "--json")["devices"]}
+    total = int(listed[device]["memory_total_bytes"] or 0)
+    # Two budgets must fit the device: 4 GiB each, less on a card under 9 GiB.
+    budget = min(SHARE_BUDGET, int(total * 0.45)) // MIB * MIB
+    outs = [ctx.out_file("share-a"), ctx.out_file("share-b")]
+    # Each allocates and computes where it can (PyTorch or CuPy); else, as on fake GPUs,
+    # whose devices list no processes, it only holds its share.
+    allocates = not ctx.fake and (_importable("torch") or _importable("cupy"))
+    if allocates:
+        extra = ["--busy", str(ctx.hold_s), "--alloc-bytes", str(SHARE_ALLOC)]
+    else:
+        extra = ["--hold", str(ctx.hold_s)]
+    jobs = [
+        ctx.submit(1, ctx.probe_cmd(o, *extra), "--name", f"e2e-share-{i}", "--gpu-share", f"{budget // MIB}M")
+        for i, o in enumerate(outs)
+    ]
+    ctx.worker("--sample-interval", "0.5", "--devices", device)
+    frames = [ctx.frame(j, show=True) for j in jobs]
+    bad = [f"frame {f['id']} is {f['state']} ({f.get('failure')})" for f in frames if f["state"] != "SUCCEEDED"]
+    if bad:
+        return Result("share", FAIL, "; ".join(bad))
+    reps = [read_report(o) for o in outs]
+    problems = [f"share {n}: {e}" for n, r in zip("ab", reps) for e in r.get("errors", [])]
+    leases = [tuple(f["gpu_uuids"]) for f in frames]
+    if leases[0] != leases[1] or leases[0] != (device,):
+        problems.append(f"the shares leased {leases}, expected both on {device}")
+    (s1, e1), (s2, e2) = ((r["start"], r["end"]) for r in reps)
+    if e1 <= s2 or e2 <= s1:
+        problems.append("the two shares did not run at the same time")
+    told = [r["env"].get("CUE_GPU_SHARE_BYTES") for r in reps]
+    if told != [str(budget)] * 2:
+        problems.append(f"CUE_GPU_SHARE_BYTES was {told}, expected {budget} for both")
+    peaks = [f.get("gpu_memory_peak_bytes") for f in frames]
+    if not ctx.fake:
+        problems += [
+            f"share {n} peaked at {_gib(p)}, over its {_gib(budget)}" for n, p in zip("ab", peaks) if p and p > budget
+        ]
+    mps = [r["env"].get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") for r in reps]
+    detail = (
+        f"two {_gib(budget)} shares of {_gib(total)} on {device}: A {s1 - min(s1, s2):.2f}-{e1 - min(s1, s2):.2f}s, "
+        f"B {s2 - min(s1, s2):.2f}-{e2 - min(s1, s2):.2f}s; peaks {', '.join(_gib(p) for p in peaks)}"
+        f"{'' if allocates else ' (no allocation: fake GPUs, or no PyTorch/CuPy)'}; MPS limit {mps[0]}"
+    )
+    return Result("share", FAIL if problems else PASS, "; ".join([*problems, detail]))
+
+
+# --------------------------------------------------------------------------- 7 MIG
 
 _MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s+(MIG-[^)\s]+)\)", re.M)
 
@@ -941,7 +1001,7 @@ def run_checks(ctx: Ctx, names: Sequence[str]) -> list[Result]:
     for name in names:
         t0 = time.monotonic()
         try:
-            if name in ("overlap", "usage") and not devices:
+            if name in ("overlap", "usage", "share") and not devices:
                 devices, mig_only = plain_devices(ctx)
             if name == "inventory":
                 r = check_inventory(ctx)
@@ -953,6 +1013,8 @@ def run_checks(ctx: Ctx, names: Sequence[str]) -> list[Result]:
                 r = check_usage(ctx, devices, mig_only)
             elif name == "run-lease":
                 r = check_run_lease(ctx)
+            elif name == "share":
+                r = check_share(ctx, devices[0])
             else:
                 r = check_mig(ctx)
         except (CheckError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:
