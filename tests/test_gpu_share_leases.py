@@ -274,3 +274,19 @@ def test_100_racing_cuectl_run_shares_never_exceed_the_device(tmp_path, monkeypa
         peak = max(peak, booked)
     assert peak <= 24 * GIB, peak / GIB
     assert booked == 0
+
+
+def test_async_lease_takes_a_share_too(fake):
+    import asyncio
+
+    from cuectl.run.lease import async_lease
+
+    async def main() -> tuple[str, str]:
+        async with async_lease(devices=[1], gpu_share="6G") as first:
+            with pytest.raises(DevicesBusy, match=r"18\.0 GiB of 24\.0 GiB left"):
+                await async_lease(devices=[1], gpu_share="19G")
+            return first.env["CUE_GPU_SHARE_BYTES"], first.uuids[0]
+
+    budget, uuid = asyncio.run(main())
+    assert budget == str(6 * GIB)
+    assert live_shares(_lock_dir(), uuid) == []
