@@ -87,6 +87,11 @@ def test_xid_79_drains_the_device_and_the_frame_reruns_elsewhere_uncounted(farm)
         )
         farm.wait_for(lambda: farm.frames(again)[0]["state"] == "SUCCEEDED", what="the next frame")
         assert farm.frames(again)[0]["gpu_uuids"] == [other]
+        # Leases leave it out too (`cuectl run`, twice: the second may take the quick path).
+        show = [sys.executable, "-c", "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])"]
+        for _ in range(2):
+            res = farm.cuectl("run", "--gpus", "1", "--", *show, fake=fake)
+            assert res.stdout.strip() == str(1 - index) and other in res.stderr, (res.stdout, res.stderr)
     finally:
         stop(proc)
     (frame,) = farm.frames(job)

@@ -275,6 +275,8 @@ def run(kw: dict[str, Any], say: Any) -> int | None:
     label = child.lease_label(kw.get("label") or child.command_label(argv))
     if gpus and _waiters(lock_dir):
         return None  # first come, first served: the full path queues behind them
+    if gpus and _out_of_service(lock_dir):
+        return None  # a device is drained or lost: the full path leaves it out
     held: list[tuple[int, bool, dict[str, Any]]] = []
     try:
         grant = _lock_first(grants, label, held) if gpus else grants[0]
@@ -288,6 +290,15 @@ def run(kw: dict[str, Any], say: Any) -> int | None:
     finally:
         for fd, writable, _ in held:
             unlock(fd, shared=True, writable=writable)  # the command had them: close ours only
+
+
+def _out_of_service(lock_dir: str) -> bool:
+    """Does the lock directory say a device is out of service (lease/outofservice.py's
+    directory has an entry)? Kept to ``os`` here."""
+    try:
+        return bool(os.listdir(os.path.join(lock_dir, "out-of-service")))
+    except OSError:
+        return False
 
 
 def _lock_first(grants: Sequence[Any], label: str, held: list[tuple[int, bool, dict[str, Any]]]) -> Any:

@@ -23,6 +23,7 @@ from cuectl.errors import DevicesBusy, InsufficientFreeMemory, InvalidInput, Lea
 from cuectl.gpu import Discovery, discover
 from cuectl.gpu.device import Device
 from cuectl.run.child import lease_label
+from cuectl.run.lease import outofservice
 from cuectl.run.lease.isolation import isolation_env
 from cuectl.run.lease.locks import (
     KIND_API,
@@ -333,6 +334,7 @@ class _Acquirer:
             return self._share_attempt(self.request.share_bytes)
         devices = self._devices_now()
         busy, waiters = self._queued_before_us()
+        busy |= self._out_of_service()
         failed: list[Device] = []
         result = None
         # Choose among the devices not known busy, lock them, and on a lost race mark the
@@ -393,6 +395,10 @@ class _Acquirer:
         message = f"cannot take a {format_bytes(share)} GPU share now: " + ("; ".join(parts) or "all busy")
         return_hint = "to queue for it instead, use --wait (Python: wait=True)"
         raise DevicesBusy(message, holders=holders, hint=return_hint)
+
+    def _out_of_service(self) -> set[str]:
+        """Devices their worker drained or found lost (lease/outofservice.py): never leased."""
+        return set(outofservice.read(self.lock_dir))
 
     def _queued_before_us(self) -> tuple[set[str], int]:
         """Devices we must leave alone for older waiters, and how many of them there are.
@@ -713,6 +719,8 @@ def _quick_lease(key: _QuickKey) -> Lease | None:
         return _granted(ready, [])
     if ticket_names(ready.queue_dir):
         return None
+    if outofservice.any_present(ready.lock_dir):
+        return None  # a device is drained: the full path leaves it out
     choice = plan.first_choice(plan.candidates)
     if choice.devices is None:
         return None

@@ -89,6 +89,9 @@ class Health:
     evidence_until: float | None = None
     states_read: bool = False
     user: str | None = None
+    # What the lock directory says is out of service (run/lease/outofservice.py), as last
+    # written; None: not written yet (the first tick clears what an earlier worker left).
+    published: dict[str, str] | None = None
 
     # -- what the rest of the worker asks --------------------------------------------------
     def out_of_service(self) -> set[str]:
@@ -124,6 +127,7 @@ class Health:
         if not w.link.waiting():
             self._sync(now)
         self._stop_frames()
+        self._publish()
 
     def _judge(self, d: Device, h: DeviceHealth, now: float) -> None:
         opts = self.worker.opts
@@ -174,6 +178,22 @@ class Health:
                         rf, failures.Failure("device-failed", f"device failed: {decision.reason} on {where}", False)
                     )
                     break
+
+    def _publish(self) -> None:
+        """Tell leases (``cuectl run``, ``cuectl.lease()``) which devices are out of service:
+        a file per device beside the locks (run/lease/outofservice.py)."""
+        from cuectl.run.lease import outofservice
+
+        w = self.worker
+        out = {u: s.reason or s.state for u, s in self.states.items() if not s.in_service}
+        out.update({u: d.reason for u, d in self.sick.items()})
+        mine = {d.uuid for d in w.devices}
+        out = {u: why for u, why in out.items() if u in mine}
+        if out == self.published:
+            return
+        owned = mine | set(self.published or {})
+        if outofservice.publish(w.opts.lock_dir, owned, out):
+            self.published = out
 
     # -- the store -------------------------------------------------------------------------
     def _sync(self, now: float) -> None:
