@@ -60,6 +60,7 @@ def render(store: Store, *, snapshot: dict[str, Any]) -> tuple[bytes, str]:
     just before; the store's counts are read here, in one read snapshot of the database
     (``Store.farm_figures``)."""
     registry = CollectorRegistry()
+    registry.register(_GpuHealthCollector(store.device_states(), store.gpu_event_counts()))
     registry.register(_FarmCollector(store.farm_figures(), snapshot))
     return generate_latest(registry), CONTENT_TYPE
 
@@ -321,3 +322,29 @@ def _epoch(text: Any) -> float | None:
         return parse_time(text, now=0.0)
     except InvalidInput:
         return None
+
+
+class _GpuHealthCollector:
+    """Sick GPUs (docs/gpu-health.md): the devices out of service now, and the Xid events the
+    workers recorded, per code."""
+
+    def __init__(self, states: Sequence[Any], counts: Mapping[str, int]) -> None:
+        self.states, self.counts = states, counts
+
+    def collect(self) -> Iterator[Metric]:
+        drained = GaugeMetricFamily(
+            "cuectl_gpu_drained",
+            "1 for each device out of service on its host (state drained or lost; why: `host show`).",
+            labels=["host", "uuid", "state"],
+        )
+        for s in self.states:
+            if not s.in_service:
+                drained.add_metric([s.host, s.uuid, s.state], 1.0)
+        yield drained
+        xids = CounterMetricFamily(
+            "cuectl_gpu_xid", "Xid events the workers saw on their GPUs, per Xid code.", labels=["xid"]
+        )
+        for kind, n in sorted(self.counts.items()):
+            if kind.startswith("xid:"):
+                xids.add_metric([kind.removeprefix("xid:")], float(n))
+        yield xids
