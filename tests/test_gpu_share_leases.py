@@ -290,3 +290,15 @@ def test_async_lease_takes_a_share_too(fake):
     budget, uuid = asyncio.run(main())
     assert budget == str(6 * GIB)
     assert live_shares(_lock_dir(), uuid) == []
+
+
+def test_a_share_leaves_a_drained_device_out(fake):
+    from cuectl.run.lease import outofservice
+
+    lock_dir = leases.prepare_lock_dir(_lock_dir())
+    first, second = (d.uuid for d in discover("fake", fake_file=fake).devices)
+    outofservice.publish(lock_dir, {first}, {first: "Xid 79"})
+    with cuectl.lease(gpu_share="4G") as held:
+        assert held.uuids == (second,)
+    with pytest.raises(DevicesBusy):
+        cuectl.lease(devices=[0], gpu_share="4G")

@@ -362,7 +362,7 @@ class _Acquirer:
         ``DevicesBusy`` naming why each device tried had none."""
         devices = [d for d in self._devices_now() if d.uuid in self.fitting]
         busy, waiters = self._queued_before_us()
-        tried = set(busy)
+        tried = set(busy) | self._out_of_service()  # drained or lost: no share either
         refused: list[tuple[Device, NoRoom]] = []
         for _ in range(len(devices) + 1):
             result = select_devices(self.gpu_request, devices, busy=tried)
