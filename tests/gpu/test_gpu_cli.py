@@ -40,7 +40,11 @@ def test_list_json_shape(fake_env: Path) -> None:
     result = runner.invoke(app, ["list", "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert set(doc) == {"devices", "backends"}
+    # host and states_unknown: each device's state comes from the store of this machine's
+    # host (docs/gpu-health.md); run without one here, every device is ok and it says why.
+    assert set(doc) == {"devices", "backends", "host", "states_unknown"}
+    assert doc["states_unknown"] == "no store"
+    assert [(d["state"], d["reason"]) for d in doc["devices"]] == [("ok", None), ("ok", None)]
     assert doc["backends"] == [{"name": "fake", "ok": True, "error": None, "hint": None}]
     first, second = doc["devices"]
     for key in (
@@ -73,7 +77,7 @@ def test_list_table_when_piped(fake_env: Path) -> None:
     result = runner.invoke(app, ["list"])
     assert result.exit_code == 0
     header, row0, row1 = result.stdout.splitlines()
-    assert header.split("\t") == ["index", "uuid", "vendor", "model", "memory", "free", "util", "driver"]
+    assert header.split("\t") == ["index", "uuid", "vendor", "model", "memory", "free", "util", "driver", "state"]
     assert row0.split("\t") == [
         "0",
         "GPU-11111111…",
@@ -83,6 +87,7 @@ def test_list_table_when_piped(fake_env: Path) -> None:
         "15.8 GiB",
         "0%",
         "-",
+        "ok",
     ]
     assert row1.split("\t")[4:7] == ["80.0 GiB", "75.0 GiB", "73%"]
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Collection, Sequence, TypeVar
 
 from cuectl.errors import BackendUnavailable
 from cuectl.gpu.base import Backend, clamp_pct
-from cuectl.gpu.device import Device, DeviceSample, ProcessSample, normalize_pci_bus_id
+from cuectl.gpu.device import Device, DeviceHealth, DeviceSample, ProcessSample, normalize_pci_bus_id
 
 # NVML return codes (nvml.h; stable across releases). Kept here so that a stand-in module
 # needs only NVMLError with a ``value``.
@@ -286,6 +286,97 @@ class NvmlBackend(Backend):
                     ),
                 )
             )
+        return out
+
+    # -- health (docs/gpu-health.md)
+
+    def health(self, uuids: Sequence[str]) -> dict[str, DeviceHealth]:
+        """Xid events since the last call (an event set, read with a zero timeout), GPU_IS_LOST
+        or an unknown error on every query (gone), uncorrectable volatile ECC errors, pending
+        page retirement, pending or failed row remapping. NOT_SUPPORTED is no signal. A MIG
+        instance is as healthy as its card (the queries are the card's)."""
+        self.known_devices()
+        lib = self._lib()
+        xids = self._xid_events(lib)
+        out: dict[str, DeviceHealth] = {}
+        for u in uuids:
+            h = self._handles.get(u)
+            if h is None:
+                continue
+            card = (
+                self._optional(lambda: lib.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h.handle)) if h.is_mig else None
+            )
+            out[u] = self._card_health(lib, u, card if card is not None else h.handle, tuple(xids.get(u, ())))
+        return out
+
+    def _card_health(self, lib: Any, uuid: str, handle: Any, xids: tuple[int, ...]) -> DeviceHealth:
+        problems: list[str] = []
+        errors: list[int] = []
+
+        def ask(fn: Callable[[], T]) -> T | None:
+            try:
+                return fn()
+            except lib.NVMLError as exc:
+                errors.append(getattr(exc, "value", ERROR_UNKNOWN))
+                return None
+
+        uncorrected = getattr(lib, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+        volatile = getattr(lib, "NVML_VOLATILE_ECC", 0)
+        ecc = ask(lambda: lib.nvmlDeviceGetTotalEccErrors(handle, uncorrected, volatile))
+        if isinstance(ecc, int) and 0 < ecc < _NOT_AVAILABLE_ULL:
+            problems.append(f"uncorrectable ECC errors: {ecc} since the last reset")
+        pending = ask(lambda: lib.nvmlDeviceGetRetiredPagesPendingStatus(handle))
+        if pending == getattr(lib, "NVML_FEATURE_ENABLED", 1):
+            problems.append("page retirement pending (needs a reset)")
+        rows = ask(lambda: lib.nvmlDeviceGetRemappedRows(handle))
+        if isinstance(rows, (tuple, list)) and len(rows) >= 4:
+            if rows[2]:
+                problems.append("row remapping pending (needs a reset)")
+            if rows[3]:
+                problems.append("row remapping failed (needs a reset)")
+        lost = None
+        if ERROR_GPU_IS_LOST in errors:
+            lost = "GPU is lost (NVML: GPU_IS_LOST)"
+        elif errors and len(errors) == 3 and all(e == ERROR_UNKNOWN for e in errors):
+            lost = "NVML answers every query with an unknown error"
+        known = lost is not None or bool(xids) or len(errors) < 3  # something answered
+        return DeviceHealth(uuid=uuid, known=known, lost=lost, xids=xids, problems=tuple(problems))
+
+    def _xid_events(self, lib: Any) -> dict[str, list[int]]:
+        """uuid -> the Xid codes NVML reported since the last call. The event set is made
+        once (each whole card registered for critical Xid events; a card that cannot be is
+        left out) and read without waiting."""
+        event_set = getattr(self, "_event_set", None)
+        if event_set is None:
+            kind = getattr(lib, "nvmlEventTypeXidCriticalError", 8)
+            try:
+                event_set = lib.nvmlEventSetCreate()
+            except (lib.NVMLError, AttributeError):
+                self._event_set = False
+                return {}
+            for h in self._handles.values():
+                if not h.is_mig:
+                    self._optional(lambda: lib.nvmlDeviceRegisterEvents(h.handle, kind, event_set))
+            self._event_set = event_set
+        if event_set is False:
+            return {}
+        out: dict[str, list[int]] = {}
+        for _ in range(256):  # bounded: a storm of events must not stall the worker
+            try:
+                data = lib.nvmlEventSetWait(event_set, 0)
+            except lib.NVMLError:
+                break  # TIMEOUT: nothing more (or the set is gone)
+            raw = self._optional(lambda: lib.nvmlDeviceGetUUID(data.device))
+            uuid = _text(raw) if raw is not None else None
+            code = getattr(data, "eventData", None)
+            if uuid and isinstance(code, int):
+                out.setdefault(uuid, []).append(code)
+                for u, h in self._handles.items():  # its MIG instances see it too
+                    if h.is_mig and u not in out:
+                        card = self._optional(lambda: lib.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(h.handle))
+                        parent = self._optional(lambda: lib.nvmlDeviceGetUUID(card)) if card is not None else None
+                        if parent is not None and _text(parent) == uuid:
+                            out.setdefault(u, []).append(code)
         return out
 
     # -- sampling

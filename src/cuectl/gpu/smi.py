@@ -28,9 +28,11 @@ from typing import Collection, Iterable, Sequence
 
 from cuectl.errors import BackendOutputError, BackendUnavailable
 from cuectl.gpu.base import Backend, ToolResult, clamp_pct, clean, free_bytes, parse_bytes, parse_float, run_tool
-from cuectl.gpu.device import Device, DeviceSample, ProcessSample, normalize_pci_bus_id
+from cuectl.gpu.device import Device, DeviceHealth, DeviceSample, ProcessSample, normalize_pci_bus_id
 
 TOOL = "nvidia-smi"
+#: How often the health reading runs ``nvidia-smi -q -x`` at most (seconds); between, the last one.
+HEALTH_EVERY_S = 60.0
 INSTALL_HINT = (
     "install the NVIDIA driver (it ships nvidia-smi); inside a container run it with the "
     "NVIDIA container runtime (--gpus all)"
@@ -327,6 +329,55 @@ def parse_xml(text: str) -> list[XmlGpu]:
     return out
 
 
+#: What nvidia-smi prints for a card it cannot reach any more (on stdout, per card):
+#: ``Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost. Reboot ...``.
+_LOST_RE = re.compile(r"Unable to determine the device handle for GPU\s+([0-9A-Fa-f:.]+)\s*:\s*([^\n]*)")
+
+
+def parse_xml_health(text: str) -> dict[str, DeviceHealth]:
+    """``nvidia-smi -q -x`` -> each card's health (docs/gpu-health.md): uncorrectable ECC
+    errors since the last reset (the volatile counts: ``*_uncorrectable``, or the older
+    ``double_bit/total``), pending page retirement, pending or failed row remapping. "N/A"
+    (not supported) is no problem. Xid events are not in nvidia-smi's output."""
+    try:
+        root = ET.fromstring(text.strip())
+    except ET.ParseError as exc:
+        raise BackendOutputError(f"{TOOL} -q -x: not XML ({exc})") from None
+    out: dict[str, DeviceHealth] = {}
+    for gpu in root.findall("gpu"):
+        uuid = _text(gpu, "uuid")
+        if uuid is None:
+            continue
+        problems = []
+        volatile = gpu.find("ecc_errors/volatile")
+        uncorrectable = 0
+        if volatile is not None:
+            counts = [e for e in volatile.iter() if "uncorrectable" in e.tag]
+            counts += [t for db in volatile.iter("double_bit") for t in db.iter("total")]  # older drivers
+            uncorrectable = sum(int(parse_float(e.text) or 0) for e in counts if e.text)
+        if uncorrectable:
+            problems.append(f"uncorrectable ECC errors: {uncorrectable} since the last reset")
+        if "yes" in (
+            (_text(gpu, "retired_pages/pending_retirement") or "").lower(),
+            (_text(gpu, "retired_pages/pending_blacklist") or "").lower(),
+        ):
+            problems.append("page retirement pending (needs a reset)")
+        if (_text(gpu, "remapped_rows/remapped_row_pending") or "").lower() == "yes":
+            problems.append("row remapping pending (needs a reset)")
+        if (_text(gpu, "remapped_rows/remapped_row_failure") or "").lower() == "yes":
+            problems.append("row remapping failed (needs a reset)")
+        out[uuid] = DeviceHealth(uuid=uuid, problems=tuple(problems))
+    return out
+
+
+def lost_bus_ids(output: str) -> dict[str, str]:
+    """PCI bus id -> why, for the cards nvidia-smi says it cannot reach ("GPU is lost")."""
+    return {
+        str(normalize_pci_bus_id(m.group(1))): clean(m.group(2).rstrip(". ")) or "GPU is lost"
+        for m in _LOST_RE.finditer(output)
+    }
+
+
 def parse_smi_xml(text: str) -> list[Device]:
     """The whole cards of an ``nvidia-smi -q -x`` log as devices (MIG instances aside)."""
     return [g.device for g in parse_xml(text)]
@@ -401,6 +452,29 @@ class SmiBackend(Backend):
         self._dropped_fields: set[str] = set()
         # MIG instance uuid -> parent card uuid, from the last discovery.
         self._mig_parent: dict[str, str] = {}
+
+    # -- health (docs/gpu-health.md): one ``-q -x`` a minute at most (it costs ~0.1-1 s)
+
+    def health(self, uuids: Sequence[str]) -> dict[str, DeviceHealth]:
+        now = time.monotonic()
+        cached = getattr(self, "_health_cache", None)
+        if cached is None or now - cached[0] >= HEALTH_EVERY_S:
+            result = self._run(["-q", "-x"])
+            lost = lost_bus_ids(result.output)
+            readings = parse_xml_health(result.stdout) if result.returncode == 0 and result.stdout.strip() else {}
+            for device in self.known_devices().values():
+                bus = device.pci_bus_id
+                if bus is not None and bus in lost and device.mig_parent_uuid is None:
+                    readings[device.uuid] = DeviceHealth(uuid=device.uuid, lost=lost[bus])
+            self._health_cache = cached = (now, readings)
+        readings = cached[1]
+        out: dict[str, DeviceHealth] = {}
+        for u in uuids:
+            h = readings.get(u)
+            parent = readings.get(self._mig_parent.get(u, ""))
+            # A MIG instance is as healthy as its card.
+            out[u] = h if h is not None else replace(parent, uuid=u) if parent is not None else DeviceHealth.unknown(u)
+        return out
 
     # -- running nvidia-smi
 
