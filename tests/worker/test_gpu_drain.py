@@ -195,3 +195,35 @@ def test_the_suspect_rule_drains_one_device_and_the_host_keeps_working(farm):
     gpus = host_gpus(farm, "suspect-host")
     assert gpus[bad]["reason"] == "suspect: 3 jobs failed here and succeeded elsewhere"
     assert gpus[uuids[1]]["state"] == "ok"
+
+
+def test_a_user_who_is_neither_admin_nor_the_hosts_owner_cannot_drain(shared_farm, os_users):
+    """On a shared machine (the root-owned store behind `cuectl serve --socket`) a user's
+    `gpu drain` reaches the store as that user, who is neither an admin nor the host's owner
+    (its worker runs as root): one error line, the permission exit code, nothing changed.
+    Root (an admin) drains and undrains."""
+    from farmlib import cuectl_cmd
+
+    from cuectl.errors import NotOwner
+    from cuectl.sched.store import HostInfo
+
+    (alice,) = os_users("alice")
+    gpus = [{"index": 0, "uuid": "GPU-a", "vendor": "NVIDIA", "model": "T4", "backend": "fake"}]
+    store = open_store(str(shared_farm.db))
+    try:
+        store.register_host(HostInfo(name="shared-host", cores=4, memory_bytes=1 << 33, gpus=gpus), now=0)
+        store.heartbeat("shared-host", [], now=0, lease_s=60, live={"at": 0, "worker_user": "root"})
+    finally:
+        store.close()
+    for args in (["drain", "0", "--reason", "mine now"], ["undrain", "0"]):
+        res = alice.run(
+            [*cuectl_cmd(), "--db", str(shared_farm.db), "gpu", *args, "--host", "shared-host"],
+            env=shared_farm.env(),
+            cwd=shared_farm.tmp,
+        )
+        assert res.returncode == NotOwner.exit_code, res.stderr
+        assert res.stderr.startswith("error: gpu ") and "only an admin or the host’s owner" in res.stderr
+        assert f"not {alice.name}" in res.stderr and len(res.stderr.strip().splitlines()) <= 2  # (and a hint)
+    assert host_gpus(shared_farm, "shared-host")["GPU-a"]["state"] == "ok"
+    shared_farm.cuectl("gpu", "drain", "GPU-a", "--host", "shared-host", "--reason", "RMA")
+    assert host_gpus(shared_farm, "shared-host")["GPU-a"]["reason"] == "RMA"
