@@ -128,7 +128,9 @@ class Discovery:
                 self._route[d.uuid] = backend
                 self.devices.append(replace(d, index=len(self.devices)))
 
-    def sample(self, uuids: Sequence[str] | None = None, pids: Collection[int] = ()) -> dict[str, DeviceSample]:
+    def sample(
+        self, uuids: Sequence[str] | None = None, pids: Collection[int] = (), *, every_process: bool = False
+    ) -> dict[str, DeviceSample]:
         """Live values of ``uuids`` (default: every device); unknown uuids are skipped.
 
         One batch call per backend. A backend whose tool fails leaves its devices out of
@@ -143,7 +145,7 @@ class Discovery:
         out: dict[str, DeviceSample] = {}
         for backend, group in groups.values():
             try:
-                out.update(backend.sample(group, pids))
+                out.update(backend.sample(group, pids, every_process=every_process))
                 self.sample_errors.pop(backend.name, None)
             except GpuError as exc:
                 self.sample_errors[backend.name] = exc.message

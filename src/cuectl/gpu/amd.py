@@ -350,6 +350,13 @@ def parse_fdinfo(text: str) -> FdinfoUsage | None:
     )
 
 
+def _all_pids(proc_root: Path) -> list[int]:
+    try:
+        return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+    except OSError:
+        return []
+
+
 def process_vram(pids: Collection[int], proc_root: Path = DEFAULT_PROC_ROOT) -> dict[str, dict[int, int]]:
     """PCI bus id -> {pid: VRAM bytes} for ``pids``, from their DRM file descriptors.
 
@@ -435,14 +442,19 @@ class AmdBackend(Backend):
     def _discover_rocm_smi(self) -> list[Device]:
         return parse_rocm_smi(self._tool_json("rocm-smi", ROCM_SMI_DISCOVER_ARGS))
 
-    def sample(self, uuids: Sequence[str], pids: Collection[int] = ()) -> dict[str, DeviceSample]:
+    def sample(
+        self, uuids: Sequence[str], pids: Collection[int] = (), *, every_process: bool = False
+    ) -> dict[str, DeviceSample]:
         known = self.known_devices()
         wanted = [known[u] for u in dict.fromkeys(uuids) if u in known]
         if not wanted:
             return {}
         now = time.time()
         live = self._live(wanted)
-        vram = process_vram(set(pids), self.proc_root) if pids else {}
+        if every_process:  # every process this user may read the descriptors of (all, as root)
+            vram = process_vram(_all_pids(self.proc_root), self.proc_root)
+        else:
+            vram = process_vram(set(pids), self.proc_root) if pids else {}
         out = {}
         for d in wanted:
             util, used, free = live.get(d.uuid, (None, None, None))

@@ -153,7 +153,9 @@ class AppleBackend(Backend):
         value = parse_float(result.stdout) if result.returncode == 0 else None
         return int(value) if value is not None else None
 
-    def sample(self, uuids: Sequence[str], pids: Collection[int] = ()) -> dict[str, DeviceSample]:
+    def sample(
+        self, uuids: Sequence[str], pids: Collection[int] = (), *, every_process: bool = False
+    ) -> dict[str, DeviceSample]:
         known = self.known_devices()
         wanted = [u for u in dict.fromkeys(uuids) if u in known]
         if not wanted:

@@ -53,10 +53,15 @@ class Backend(abc.ABC):
         """Backend-specific discovery; ``Device.index`` is the backend's own order."""
 
     @abc.abstractmethod
-    def sample(self, uuids: Sequence[str], pids: Collection[int] = ()) -> dict[str, DeviceSample]:
+    def sample(
+        self, uuids: Sequence[str], pids: Collection[int] = (), *, every_process: bool = False
+    ) -> dict[str, DeviceSample]:
         """Live utilisation and memory of ``uuids`` (unknown ones are skipped).
 
-        ``DeviceSample.processes`` lists only processes whose pid is in ``pids``.
+        ``DeviceSample.processes`` lists only processes whose pid is in ``pids``, or, with
+        ``every_process``, every process the tool sees on the device (whoever runs it: the
+        worker's ownership map, docs/gpu-health.md); the pids of another PID namespace are
+        as the tool gives them.
         """
 
     def health(self, uuids: Sequence[str]) -> dict[str, DeviceHealth]:

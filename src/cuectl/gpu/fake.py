@@ -568,7 +568,9 @@ class FakeBackend(Backend):
         lost = "GPU is lost (fallen off the bus)" if data.get("lost") is True else None
         return DeviceHealth(uuid=uuid, lost=lost, xids=xids, problems=tuple(problems))
 
-    def sample(self, uuids: Sequence[str], pids: Collection[int] = ()) -> dict[str, DeviceSample]:
+    def sample(
+        self, uuids: Sequence[str], pids: Collection[int] = (), *, every_process: bool = False
+    ) -> dict[str, DeviceSample]:
         by_uuid = {d.uuid: d for d in self.config.devices}
         wanted = set(pids)
         now = time.time()
@@ -584,7 +586,9 @@ class FakeBackend(Backend):
                 utilization_pct=_utilization(device, reading),
                 memory_used_bytes=reading.memory_used_bytes,
                 memory_free_bytes=_free(device, reading),
-                processes=tuple(p for p in reading.processes if p.pid in wanted),
+                processes=reading.processes
+                if every_process
+                else tuple(p for p in reading.processes if p.pid in wanted),
             )
         return out
 

@@ -381,7 +381,9 @@ class NvmlBackend(Backend):
 
     # -- sampling
 
-    def sample(self, uuids: Sequence[str], pids: Collection[int] = ()) -> dict[str, DeviceSample]:
+    def sample(
+        self, uuids: Sequence[str], pids: Collection[int] = (), *, every_process: bool = False
+    ) -> dict[str, DeviceSample]:
         self.known_devices()
         lib = self._lib()
         wanted_pids = set(pids)
@@ -394,7 +396,9 @@ class NvmlBackend(Backend):
             mem = self._memory_info(h.handle)
             # Utilisation is not reported for MIG instances (NVML returns NOT_SUPPORTED).
             util = None if h.is_mig else self._optional(lambda: lib.nvmlDeviceGetUtilizationRates(h.handle))
-            procs = self._processes(u, h, wanted_pids) if wanted_pids else ()
+            procs = (
+                self._processes(u, h, None if every_process else wanted_pids) if wanted_pids or every_process else ()
+            )
             out[u] = DeviceSample(
                 uuid=u,
                 timestamp=now,
@@ -405,12 +409,16 @@ class NvmlBackend(Backend):
             )
         return out
 
-    def _processes(self, uuid: str, h: _Handle, pids: set[int]) -> tuple[ProcessSample, ...]:
+    def _processes(self, uuid: str, h: _Handle, pids: set[int] | None) -> tuple[ProcessSample, ...]:
+        """The processes of ``pids`` on the device (None: every one, compute and graphics:
+        a viewport or a game holds memory too)."""
         lib = self._lib()
-        running = self._optional(lambda: lib.nvmlDeviceGetComputeRunningProcesses(h.handle)) or []
+        running = list(self._optional(lambda: lib.nvmlDeviceGetComputeRunningProcesses(h.handle)) or [])
+        if pids is None:
+            running += list(self._optional(lambda: lib.nvmlDeviceGetGraphicsRunningProcesses(h.handle)) or [])
         memory: dict[int, int | None] = {}
         for p in running:
-            if p.pid in pids:
+            if pids is None or p.pid in pids:
                 used = getattr(p, "usedGpuMemory", None)
                 memory[p.pid] = None if used is None or used >= _NOT_AVAILABLE_ULL else int(used)
         util = {} if h.is_mig else self._process_util(uuid, h, pids)
@@ -419,7 +427,7 @@ class NvmlBackend(Backend):
             for pid in sorted(set(memory) | set(util))
         )
 
-    def _process_util(self, uuid: str, h: _Handle, pids: set[int]) -> dict[int, float]:
+    def _process_util(self, uuid: str, h: _Handle, pids: set[int] | None) -> dict[int, float]:
         """Mean SM utilisation per pid over the samples NVML took since the last call."""
         lib = self._lib()
         since = self._last_seen.get(uuid, 0)
@@ -428,7 +436,7 @@ class NvmlBackend(Backend):
         newest = since
         for s in samples:
             newest = max(newest, int(s.timeStamp))
-            if s.pid in pids:
+            if pids is None or s.pid in pids:
                 sums.setdefault(s.pid, []).append(float(s.smUtil))
         self._last_seen[uuid] = newest
         return {pid: min(100.0, max(0.0, sum(v) / len(v))) for pid, v in sums.items()}

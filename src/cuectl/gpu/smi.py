@@ -563,7 +563,9 @@ class SmiBackend(Backend):
 
     # -- sampling
 
-    def sample(self, uuids: Sequence[str], pids: Collection[int] = ()) -> dict[str, DeviceSample]:
+    def sample(
+        self, uuids: Sequence[str], pids: Collection[int] = (), *, every_process: bool = False
+    ) -> dict[str, DeviceSample]:
         known = self.known_devices()
         wanted = [u for u in dict.fromkeys(uuids) if u in known]
         if not wanted:
@@ -578,7 +580,7 @@ class SmiBackend(Backend):
                     SAMPLE_FIELDS,
                 )
             }
-        procs = self._processes(wanted, set(pids)) if pids else {}
+        procs = self._processes(wanted, None if every_process else set(pids)) if pids or every_process else {}
         out = {}
         for u in wanted:
             row = rows.get(u)
@@ -599,8 +601,9 @@ class SmiBackend(Backend):
             )
         return out
 
-    def _processes(self, wanted: Sequence[str], pids: set[int]) -> dict[str, tuple[ProcessSample, ...]]:
-        """Per-process memory of ``pids`` on ``wanted`` devices (one extra spawn).
+    def _processes(self, wanted: Sequence[str], pids: set[int] | None) -> dict[str, tuple[ProcessSample, ...]]:
+        """Per-process memory of ``pids`` (None: every compute process) on ``wanted``
+        devices (one extra spawn).
 
         nvidia-smi names the parent card, not the MIG instance, for processes in a MIG
         instance; such a process is credited to the instance when exactly one of the
@@ -622,7 +625,7 @@ class SmiBackend(Backend):
         out: dict[str, list[ProcessSample]] = {}
         for r in rows:
             dest = target.get(r.gpu_uuid or "")
-            if dest is None or r.pid not in pids:
+            if dest is None or (pids is not None and r.pid not in pids):
                 continue
             out.setdefault(dest, []).append(ProcessSample(pid=r.pid, memory_used_bytes=r.memory_used_bytes))
         return {u: tuple(v) for u, v in out.items()}
