@@ -58,7 +58,7 @@ ROW_KEYS = (
     "wait_p50_s",
     "wait_p95_s",
 )
-EXTRA_KEYS = ("gpu_seconds_wasted", "attempts", "labels")
+EXTRA_KEYS = ("gpu_seconds_wasted", "gpu_seconds_held_idle", "attempts", "labels")
 
 
 # -- building rows -------------------------------------------------------------------------
@@ -82,6 +82,9 @@ class ReportRow:
     core_seconds: float = 0.0
     wait_p50_s: float | None = None
     wait_p95_s: float | None = None
+    # Device-seconds frames held idle past their layer's gpu_idle_limit (docs/gpu-health.md):
+    # the part of "wasted" a rule flagged.
+    gpu_seconds_held_idle: float = 0.0
 
     @property
     def gpu_seconds_wasted(self) -> float:
@@ -112,6 +115,7 @@ class ReportRow:
             "wait_p50_s": _round(self.wait_p50_s, 3),
             "wait_p95_s": _round(self.wait_p95_s, 3),
             "gpu_seconds_wasted": _round(self.gpu_seconds_wasted, 3),
+            "gpu_seconds_held_idle": _round(self.gpu_seconds_held_idle, 3),
             "attempts": self.attempts,
             "labels": dict(self.labels),
         }
@@ -174,6 +178,7 @@ def report_row(group: UsageGroup, name: str, labels: dict[str, str] | None = Non
         core_seconds=group.core_seconds,
         wait_p50_s=percentile(group.waits, 50),
         wait_p95_s=percentile(group.waits, 95),
+        gpu_seconds_held_idle=group.gpu_seconds_idle,
     )
 
 
@@ -214,7 +219,7 @@ def _round(value: float | None, digits: int) -> float | None:
 
 
 # -- rendering -----------------------------------------------------------------------------
-CSV_COLUMNS = ROW_KEYS + ("gpu_seconds_wasted", "attempts")
+CSV_COLUMNS = ROW_KEYS + ("gpu_seconds_wasted", "gpu_seconds_held_idle", "attempts")
 
 
 def render_csv(rows: Sequence[ReportRow]) -> str:
@@ -256,6 +261,11 @@ PROM_FAMILIES: tuple[tuple[str, str, Callable[[ReportRow], float | int | None]],
     ),
     ("gpu_seconds_busy", "GPU-seconds the devices were busy (utilisation x time).", lambda r: r.gpu_seconds_busy),
     ("gpu_seconds_wasted", "GPU-seconds allocated but idle (allocated - busy).", lambda r: r.gpu_seconds_wasted),
+    (
+        "gpu_seconds_held_idle",
+        "GPU-seconds frames held idle past their layer's gpu_idle_limit.",
+        lambda r: r.gpu_seconds_held_idle,
+    ),
     ("gpu_efficiency_ratio", "Busy / allocated GPU-seconds (0-1).", lambda r: _ratio(r.gpu_efficiency_pct)),
     (
         "gpu_utilization_mean_ratio",

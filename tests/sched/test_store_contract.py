@@ -1480,3 +1480,36 @@ def test_gpu_events_are_kept_per_attempt_counted_and_go_with_their_job(store):
     store.complete_frame(b.frame_id, 1, ok(), now=NOW + 10)
     assert store.prune(before=NOW + 1000) == [job_id]
     assert [e.kind for e in store.gpu_events()] == ["xid"]
+
+
+def test_a_frame_stopped_for_a_gpu_escape_is_not_retried_on_that_host_while_another_is_up(store):
+    from cuectl.sched.store import HostInfo
+
+    def escaped():
+        return FrameResult(
+            exit_code=None,
+            exit_signal=15,
+            started_at=NOW,
+            ended_at=NOW + 1,
+            failure_kind="gpu-escape",
+            failure="GPU escape: pid 4242 on GPU 1",
+        )
+
+    # Alone on the farm: retried where it is (else it could never run again).
+    store.register_host(HostInfo(name="h1", cores=4, memory_bytes=1 << 30, gpus=[]), now=NOW)
+    store.submit(job(layers=[{"name": "r", "command": ["true"], "retries": 3}]), now=NOW)
+    a = claim_next(store, host="h1")
+    assert store.complete_frame(a.frame_id, 1, escaped(), now=NOW + 1) == "WAITING"
+    assert claim_next(store, host="h1", now=NOW + 2) is not None
+    # With h2 up: the next attempt is for any host but h1.
+    store.register_host(HostInfo(name="h2", cores=4, memory_bytes=1 << 30, gpus=[]), now=NOW + 2)
+    assert store.complete_frame(a.frame_id, 2, escaped(), now=NOW + 3) == "WAITING"
+    assert claim_next(store, host="h1", now=NOW + 4) is None
+    again = claim_next(store, host="h2", now=NOW + 4)
+    assert again is not None and again.frame_id == a.frame_id and again.attempt == 3
+    # Claimed: the bar is gone (an ordinary failure there is retried anywhere).
+    assert (
+        store.complete_frame(a.frame_id, 3, FrameResult(exit_code=1, started_at=NOW, ended_at=NOW + 5), now=NOW + 5)
+        == "WAITING"
+    )
+    assert claim_next(store, host="h2", now=NOW + 6) is not None

@@ -389,7 +389,7 @@ def test_json_shape_and_frame_reasons(store):
     host(store, "n1", dispatch_doc=dispatch(cores_free=0.0))
     job = submit(store, "j", {"name": "a", "range": "1-2"}, {"name": "b", "depends": [{"layer": "a"}]})
     data = why(store, job).to_json()
-    assert set(data) == {"job", "at", "pending_reason", "layers"}
+    assert set(data) == {"job", "at", "pending_reason", "layers", "gpu_events"} and data["gpu_events"] == []
     assert data["job"]["id"] == job and [layer["name"] for layer in data["layers"]] == ["a", "b"]
     a = data["layers"][0]
     assert a["counts"] == {"WAITING": 2} and a["hosts"][0]["host"] == "n1" and a["hosts"][0]["can_run"] is False

@@ -22,6 +22,7 @@ TABLE_COLUMNS = (
     "GPU-H ALLOC",
     "GPU-H BUSY",
     "WASTED",
+    "HELD IDLE",
     "EFF%",
     "UTIL%",
     "PEAK MEM",
@@ -100,6 +101,7 @@ def _cells(row, *, gpu: bool) -> list:
         _hours(row.gpu_seconds_allocated) if gpu else None,
         _hours(row.gpu_seconds_busy) if gpu else None,
         _hours(row.gpu_seconds_wasted) if gpu else None,
+        _hours(row.gpu_seconds_held_idle) if gpu else None,
         _pct(row.gpu_efficiency_pct),
         _pct(row.gpu_util_mean_pct),
         format_bytes(row.gpu_memory_peak_bytes) if row.gpu_memory_peak_bytes is not None else None,
@@ -123,6 +125,7 @@ def _table(rows, total, *, by: str, start: float, end: float) -> None:
         TABLE_COLUMNS,
         cells,
         title=f"Accounting by {by}, attempts that ended from {window}",
-        footer=f"window {window} (UTC); GPU-H in device-hours; WASTED = allocated - busy; "
+        footer=f"window {window} (UTC); GPU-H in device-hours; WASTED = allocated - busy; HELD IDLE: held idle past a "
+        "gpu_idle_limit (docs/gpu-health.md); "
         "figures explained in docs/accounting.md",
     )

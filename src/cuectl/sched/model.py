@@ -180,7 +180,8 @@ class LayerSpec:
     explicit: frozenset[str] | None = field(default=None, compare=False)
 
 
-NOTIFY_EVENTS = ("finished", "failed", "dead")
+# ``gpu_idle``: a frame held its GPUs idle past its layer's limit (docs/gpu-health.md).
+NOTIFY_EVENTS = ("finished", "failed", "dead", "gpu_idle")
 NOTIFY_KINDS = ("command", "webhook", "email")
 
 

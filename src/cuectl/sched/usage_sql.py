@@ -65,6 +65,8 @@ class UsageGroup:
     util_weight: float = 0.0  # Σ allocated over the same attempts
     gpu_memory_peak_bytes: int | None = None
     waits: list[float] = field(default_factory=list)  # queue waits of its attempts, sorted
+    # Device-seconds held idle past the layers' gpu_idle_limit (docs/gpu-health.md).
+    gpu_seconds_idle: float = 0.0
 
 
 _KEYS: dict[str | None, tuple[str, ...]] = {
@@ -192,6 +194,7 @@ def _select(keys: list[str], share: str, source: str, d: Dialect, waits_only: bo
         "COALESCE(a.cores, 0) AS cores",
         f"COALESCE(a.gpu_seconds, ({wall}) * {d.json_len('a.gpu_uuids')}) AS alloc",
         "COALESCE(a.gpu_busy_seconds, 0) AS busy",
+        "COALESCE(a.gpu_idle_seconds, 0) AS idle",
         "a.gpu_util_mean_pct AS util",
         "a.gpu_memory_peak_bytes AS mem",
         f"{dead} AS dead",
@@ -220,7 +223,7 @@ def _sums_sql(base: str, nkeys: int) -> str:
         f"SUM(CASE WHEN outcome = '{SUCCEEDED}' THEN 1 ELSE 0 END), SUM(CASE WHEN attempt > 1 THEN 1 ELSE 0 END), "
         "SUM(dead), SUM(wall), SUM(cores * wall), SUM(alloc * share), SUM(busy * share), "
         "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN util * alloc * share ELSE 0 END), "
-        "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN alloc * share ELSE 0 END), MAX(mem) "
+        "SUM(CASE WHEN util IS NOT NULL AND alloc > 0 THEN alloc * share ELSE 0 END), MAX(mem), SUM(idle * share) "
         f"FROM ({base}) t{group}"
     )
 
@@ -320,7 +323,7 @@ def _sums(
     groups: dict[tuple, UsageGroup] = {}
     for row in fetch(_sums_sql(base, nkeys), params):
         key = tuple(row[:nkeys])
-        (frames, attempts, succeeded, retries, dead, wall, cores, alloc, busy, util_w, util_n, mem) = row[nkeys:]
+        (frames, attempts, succeeded, retries, dead, wall, cores, alloc, busy, util_w, util_n, mem, idle) = row[nkeys:]
         groups[key] = UsageGroup(
             key,
             int(frames),
@@ -335,6 +338,7 @@ def _sums(
             float(util_w or 0),
             float(util_n or 0),
             None if mem is None else int(mem),
+            gpu_seconds_idle=float(idle or 0),
         )
     return groups
 
@@ -526,6 +530,7 @@ def _total(rows: list[UsageGroup], by: str, window_frames: int) -> UsageGroup:
             "gpu_seconds_busy",
             "util_weighted",
             "util_weight",
+            "gpu_seconds_idle",
         ):
             setattr(total, name, getattr(total, name) + getattr(row, name))
         if row.gpu_memory_peak_bytes is not None:

@@ -267,6 +267,8 @@ def attempt_json(row: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_util_max_pct": row["gpu_util_max_pct"],
         "gpu_memory_peak_bytes": row["gpu_memory_peak_bytes"],
         "gpu_seconds": row["gpu_seconds"],
+        # Device-seconds held idle past the layer's gpu_idle_limit (None: no idle rule applied).
+        "gpu_idle_seconds": row["gpu_idle_seconds"],
     }
 
 

@@ -112,6 +112,9 @@ class JobExplanation:
     reason: str | None  # the short form: ``pending_reason``
     layers: list[LayerExplanation]
     at: float = 0.0
+    # What workers saw on the devices of its frames lately (escapes, foreign processes, idle
+    # devices, shares over budget, sick devices: docs/gpu-health.md), newest last.
+    gpu_events: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -119,6 +122,7 @@ class JobExplanation:
             "at": iso(self.at),
             "pending_reason": self.reason,
             "layers": [layer.to_json() for layer in self.layers],
+            "gpu_events": list(self.gpu_events),
         }
 
 
@@ -654,7 +658,13 @@ def explain_job(store: Any, ref: str | int, *, now: float | None = None) -> JobE
     """Why each layer of job ``ref`` (id or unique name) waits, per host. NotFound/Conflict."""
     job = store.get_job(ref)
     farm = Farm.read(store, store.clock() if now is None else now)
-    return explain_loaded(store, job, farm, unproven=identity.job_proof_problem(job, store.receipt_dir))
+    out = explain_loaded(store, job, farm, unproven=identity.job_proof_problem(job, store.receipt_dir))
+    out.gpu_events = [e.to_json() for e in store.gpu_events(job_id=job["id"], limit=GPU_EVENTS_SHOWN)]
+    return out
+
+
+#: How many of a job's latest GPU events ``job why`` shows.
+GPU_EVENTS_SHOWN = 20
 
 
 def frame_reasons(store: Any, frames: list[dict[str, Any]], *, now: float | None = None) -> list[dict[str, Any]]:

@@ -274,6 +274,7 @@ ATTEMPT: Schema = _obj(
         "gpu_util_max_pct": NUM_N,
         "gpu_memory_peak_bytes": INT_N,
         "gpu_seconds": NUM_N,
+        "gpu_idle_seconds": NUM_N,
     },
     ("attempt",),
 )
@@ -310,9 +311,28 @@ FRAME: Schema = _obj(
         "attempt_history": {"type": "array", "items": ref("Attempt")},
         "samples": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "array"}}},
         "samples_attempt": INT_N,
+        "gpu_events": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "kind": {"type": "string"},
+                    "device": STR_N,
+                    "pid": INT_N,
+                    "at": TIME_N,
+                    "detail": STR_N,
+                    "device_index": INT_N,
+                    "memory_bytes": INT_N,
+                    "host": STR_N,
+                    "frame_id": INT_N,
+                    "attempt": INT_N,
+                },
+                ("kind", "device", "pid", "at", "detail"),
+            ),
+        },
     },
     ("id", "job_id", "job", "layer", "number", "name", "state", "attempts"),
-    description="A frame (docs/json.md, frame); samples and samples_attempt in GET /frames/{id} only.",
+    description="A frame (docs/json.md, frame); samples, samples_attempt and gpu_events (docs/gpu-health.md) "
+    "in GET /frames/{id} only.",
 )
 FRAME_LIST: Schema = _obj(
     {"frames": {"type": "array", "items": ref("Frame")}, "total": INT, "limit": INT, "next_after": INT_N},

@@ -54,10 +54,12 @@ def farm_defaults(tx: Any) -> tuple[Notify, ...]:
     return nt.from_json(row["value"]) if row else ()
 
 
-def record(tx: Any, job_id: int, event: str, frame_id: int, now: float) -> int:
+def record(tx: Any, job_id: int, event: str, frame_id: int, now: float, *, worker_only: bool = False) -> int:
     """Record ``event`` of the job (``frame_id`` 0) or of its frame for every target of the
     job's ``notify`` and the farm defaults that asks for it; the caller's transaction is the
-    one that made it happen. Returns how many rows were written."""
+    one that made it happen. ``worker_only``: an event only workers record (``gpu_idle``,
+    with the GPU event that says so): written directly, as workers may. Returns how many
+    rows were written."""
     row = tx.one("SELECT notify FROM jobs WHERE id = ?", (job_id,))
     if row is None:
         return 0
@@ -67,7 +69,7 @@ def record(tx: Any, job_id: int, event: str, frame_id: int, now: float) -> int:
             targets.setdefault(nt.target_json(item), item)
     if not targets:
         return 0
-    if _guarded(tx):
+    if not worker_only and _guarded(tx):
         return sum(bool(tx.one(_GUARDED, (job_id, event, frame_id, target, now))["ok"]) for target in targets)
     for target in targets:
         tx.run(_INSERT, (job_id, event, frame_id, target, now, now))

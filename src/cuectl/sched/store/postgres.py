@@ -82,14 +82,14 @@ _MIGRATE_LOCK = 0x4355454301
 _CLAIM_SQL = f"""
     WITH next AS (
         SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING' AND (retry_at IS NULL OR retry_at <= ?)
-            AND (gpu_oom_bytes IS NULL OR gpu_oom_bytes < ?)
+            AND (gpu_oom_bytes IS NULL OR gpu_oom_bytes < ?) AND (avoid_host IS NULL OR avoid_host <> ?)
         ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED
     )
     UPDATE frames f SET state = 'RUNNING', attempts = f.attempts + 1, host = ?, worker = ?,
         gpu_uuids = ?, lease_expires = ?, started_at = ?, ended_at = NULL, action = NULL,
         exit_code = NULL, exit_signal = NULL, max_rss_bytes = NULL, cpu_seconds = NULL, gpu_util_mean_pct = NULL,
         gpu_util_max_pct = NULL, gpu_memory_peak_bytes = NULL, gpu_seconds = NULL, gpu_busy_seconds = NULL,
-        retry_at = NULL, log_path = {lifecycle.log_path_sql(POSTGRES, "f")}
+        retry_at = NULL, avoid_host = NULL, log_path = {lifecycle.log_path_sql(POSTGRES, "f")}
     FROM next
     WHERE f.id = next.id
       AND (SELECT paused FROM jobs WHERE id = f.job_id) = 0
@@ -697,6 +697,7 @@ class PostgresStore(SQLStore):
             layer_id,
             now,
             self._claim_gpu_bytes(layer, host, gpu_uuids),
+            host,
             host,
             worker,
             json.dumps(list(gpu_uuids)),

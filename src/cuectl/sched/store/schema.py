@@ -313,7 +313,10 @@ MIGRATIONS: tuple[str, ...] = (
     # is concerned (NULL frame: a lease's or a device's own). ``device_states``: devices taken
     # out of service on a host (drained by hand or by the worker, lost), with why; a device
     # without a row is ok. Per attempt, the device-seconds it held idle by the layer's rule.
+    # Per frame, a host its next attempt must not run on (its last attempt was stopped there
+    # for a GPU escape), cleared by the next claim.
     """
+    ALTER TABLE frames ADD COLUMN avoid_host TEXT;
     ALTER TABLE layers ADD COLUMN gpu_escape TEXT;
     ALTER TABLE layers ADD COLUMN gpu_idle_limit_s REAL;
     ALTER TABLE layers ADD COLUMN gpu_idle_action TEXT;

@@ -110,6 +110,7 @@ _ATTEMPT_COLUMNS = (
     "gpu_models",
     "failure_kind",
     "failure",
+    "gpu_idle_seconds",
 )
 # A RUNNING attempt's latest GPU values (``record_live_usage``), cleared when it ends.
 #: Does anything wait on frame ? or on its layer ? (any kind of edge): else completing the
@@ -808,7 +809,7 @@ class SQLStore(Store):
             for r in self._read(
                 "SELECT frame_id, attempt, host, outcome, started_at, ended_at, exit_code, exit_signal, timed_out, "
                 "failure_kind, failure, "
-                "gpu_uuids, gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds "
+                "gpu_uuids, gpu_util_mean_pct, gpu_util_max_pct, gpu_memory_peak_bytes, gpu_seconds, gpu_idle_seconds "
                 f"FROM attempts WHERE frame_id IN ({marks(len(batch))}) ORDER BY frame_id, attempt",
                 batch,
             ):
@@ -831,6 +832,8 @@ class SQLStore(Store):
         data["samples"] = samples_json({r["uuid"]: json.loads(r["points"]) for r in series})
         data["samples_attempt"] = int(series[0]["attempt"]) if series else None
         data["attempt_history"] = self.frame_attempts([frame_id]).get(frame_id, [])
+        # What the workers saw on the devices while it ran (docs/gpu-health.md).
+        data["gpu_events"] = [e.to_json() for e in self.gpu_events(frame_id=frame_id, limit=200)]
         return data
 
     def frame_id(self, ref: str | int) -> int:
@@ -1564,11 +1567,16 @@ class SQLStore(Store):
                 else:
                     # The frame's job from the frame itself: an event cannot be filed under
                     # another job, and one for a frame deleted meanwhile is dropped.
+                    row = tx.one("SELECT job_id FROM frames WHERE id = ?", (e.frame_id,))
+                    if row is None:
+                        continue
                     kept += tx.run(
                         f"INSERT INTO gpu_events ({columns}, job_id, frame_id, attempt) "
-                        "SELECT ?, ?, ?, ?, ?, ?, ?, ?, job_id, id, ? FROM frames WHERE id = ?",
-                        (*values, e.attempt, e.frame_id),
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (*values, row["job_id"], e.frame_id, e.attempt),
                     )
+                    if e.kind == "idle":  # the owner is told through the job's notifications
+                        notes.record(tx, int(row["job_id"]), "gpu_idle", int(e.frame_id), e.at, worker_only=True)
             return kept
 
         return self._write(record)
@@ -1789,6 +1797,14 @@ class SQLStore(Store):
             ),
         )
         self._record_attempt(tx, frame_id, attempt, row, outcome, result, now)
+        if new_state == m.WAITING and result.failure_kind == "gpu-escape" and row["host"]:
+            # Not retried on the host where it escaped its devices, while another is up to take it.
+            other = tx.one(
+                "SELECT 1 AS x FROM hosts WHERE name <> ? AND last_heartbeat >= ? LIMIT 1",
+                (row["host"], now - m.HOST_DOWN_AFTER_S),
+            )
+            if other is not None:
+                tx.run("UPDATE frames SET avoid_host = ? WHERE id = ?", (row["host"], frame_id))
         woke = int(new_state == m.WAITING)
         if new_state in m.RELEASING_STATES or (new_state == m.EATEN and self._satisfy_on_eaten(tx)):
             woke += self._release_dependents(tx, frame_id, row["layer_id"], now)
@@ -1849,6 +1865,7 @@ class SQLStore(Store):
                 usage.get("gpu_busy_seconds"),
                 json.dumps(usage["gpu_models"]) if usage.get("gpu_models") else None,
                 *_attempt_failure(outcome, result),
+                usage.get("gpu_idle_seconds"),
             ),
         )
         if samples:

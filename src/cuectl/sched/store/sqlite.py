@@ -44,9 +44,10 @@ _CLAIM_SQL = (
     "lease_expires = ?, started_at = ?, ended_at = NULL, action = NULL, exit_code = NULL, "
     "exit_signal = NULL, max_rss_bytes = NULL, cpu_seconds = NULL, gpu_util_mean_pct = NULL, "
     "gpu_util_max_pct = NULL, gpu_memory_peak_bytes = NULL, gpu_seconds = NULL, gpu_busy_seconds = NULL, "
-    f"retry_at = NULL, log_path = {lifecycle.log_path_sql(SQLITE)} "
+    f"retry_at = NULL, avoid_host = NULL, log_path = {lifecycle.log_path_sql(SQLITE)} "
     "WHERE id = (SELECT id FROM frames WHERE layer_id = ? AND state = 'WAITING' "
-    "AND (retry_at IS NULL OR retry_at <= ?) AND (gpu_oom_bytes IS NULL OR gpu_oom_bytes < ?) ORDER BY id LIMIT 1) "
+    "AND (retry_at IS NULL OR retry_at <= ?) AND (gpu_oom_bytes IS NULL OR gpu_oom_bytes < ?) "
+    "AND (avoid_host IS NULL OR avoid_host <> ?) ORDER BY id LIMIT 1) "
     "AND state = 'WAITING' "
     "AND (SELECT paused FROM jobs WHERE id = frames.job_id) = 0 "
     "AND NOT EXISTS (SELECT 1 FROM hosts WHERE name = ? AND locked = 1){caps} "
@@ -487,6 +488,7 @@ class SQLiteStore(SQLStore):
                 layer_id,
                 now,
                 self._claim_gpu_bytes(layer, host, gpu_uuids),
+                host,
                 host,
                 *cap_params,
             ),
