@@ -85,8 +85,51 @@ def live_values(live_doc: Mapping[str, Any] | None, *, now: float) -> dict[str, 
             "sample_age_s": None if age is None else round(age, 3),
             "fresh": fresh,
             "frame_id": frame_id if isinstance(frame_id, int) and not isinstance(frame_id, bool) else None,
+            # Whose processes run on it, and whether a frame holds it idle (docs/gpu-health.md).
+            "processes": _processes(d.get("processes")) if fresh else [],
+            "held_idle": d.get("held_idle") is True and fresh,
         }
     return out
+
+
+# What a process entry of a host's live document may hold: every value is checked, as any
+# member of a shared store's group can write that document.
+_PROCESS_OWNERS = ("frame", "lease", "foreign")
+
+
+def _processes(value: Any, most: int = 64) -> list[dict[str, Any]]:
+    """The published processes of one device (``run/worker/gpuwatch.py``), each entry's
+    values checked: pid, user, memory_bytes, utilization_pct, owner, frame_id, holder."""
+    out: list[dict[str, Any]] = []
+    for p in value if isinstance(value, list) else []:
+        if not isinstance(p, Mapping) or not _whole(p.get("pid")) or p.get("owner") not in _PROCESS_OWNERS:
+            continue
+        util = p.get("utilization_pct")
+        out.append(
+            {
+                "pid": p["pid"],
+                "user": _text(p.get("user")),
+                "memory_bytes": p.get("memory_bytes") if _whole(p.get("memory_bytes")) else None,
+                "utilization_pct": util if isinstance(util, (int, float)) and not isinstance(util, bool) else None,
+                "owner": p["owner"],
+                "frame_id": p.get("frame_id") if _whole(p.get("frame_id")) else None,
+                "holder": _text(p.get("holder")),
+            }
+        )
+        if len(out) >= most:
+            break
+    return out
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _text(value: Any, most: int = 200) -> str | None:
+    """A published name, one line of printable characters (a hostile one cannot move the cursor)."""
+    if not isinstance(value, str):
+        return None
+    return "".join(ch if ch.isprintable() else "?" for ch in value[:most])
 
 
 def _local_leases(lock_dir: Path | None) -> list[Any]:
@@ -157,6 +200,8 @@ def _device(gpu: Mapping[str, Any], live: Mapping[str, Any] | None, holder: dict
         "sampled_at": live["sampled_at"] if live else None,
         "sample_age_s": live["sample_age_s"] if live else None,
         "holder": holder,
+        "processes": live["processes"] if live else [],
+        "held_idle": bool(live and live["held_idle"]),
     }
 
 

@@ -572,6 +572,13 @@ def job_why(
             term.line(f"    cap: {layer.cap}")
         for h in layer.hosts:
             term.line(f"    {h.host}: {h.reason}")
+    if result.gpu_events:
+        term.line()
+        term.line("GPU events (latest; docs/gpu-health.md):")
+        for e in result.gpu_events:
+            term.line(
+                f"    {e['at']} frame {e['frame_id']} attempt {e['attempt']} on {e['host']}: {e['kind']}: {e['detail']}"
+            )
 
 
 def _job_change(ctx: typer.Context, as_json: bool, data: dict, message: str) -> None:
@@ -1095,6 +1102,13 @@ def frame_show(ctx: typer.Context, frame: str = FRAME_ARG, as_json: bool = JSON_
                 ]
                 for a in data["attempt_history"]
             ],
+        )
+    if data.get("gpu_events"):
+        term.line()
+        C = term.Col
+        term.table(
+            ["ATTEMPT", C("AT", "time"), "EVENT", C("DEVICE", fit="name"), "PID", C("DETAIL", fit="free")],
+            [[e["attempt"], e["at"], e["kind"], e["device_index"], e["pid"], e["detail"]] for e in data["gpu_events"]],
         )
 
 

@@ -74,6 +74,13 @@ def _holder(holder: dict[str, Any] | None) -> str:
     return f"{name}{pid}" + (f" ({who})" if who else "")
 
 
+def _owner(p: dict[str, Any]) -> str:
+    """Whose a process on a GPU is: ``frame 12 (job shot)``, a lease's holder, or ``foreign``."""
+    if p["owner"] == "foreign":
+        return "foreign (not run by cuectl)"
+    return p.get("holder") or p["owner"]
+
+
 def header(snap: dict[str, Any], *, short: bool = False) -> str:
     """The summary line; ``short``: its time as the tables show times (the live view)."""
     t = snap["totals"]
@@ -104,7 +111,7 @@ def sections(snap: dict[str, Any]) -> list[Section]:
                     term.Cell(_bar(d["utilization_pct"]), term.util_colour(d["utilization_pct"])),
                     _util(d),
                     _memory(d["memory_used_bytes"], d["memory_total_bytes"]),
-                    _holder(d["holder"]),
+                    _holder(d["holder"]) + (" (held idle)" if d.get("held_idle") else ""),
                 ]
             )
     frames = [
@@ -119,6 +126,19 @@ def sections(snap: dict[str, Any]) -> list[Section]:
             str(f["attempts"]),
         ]
         for f in snap["frames"]
+    ]
+    processes = [
+        [
+            h["name"],
+            "-" if d["index"] is None else str(d["index"]),
+            str(p["pid"]),
+            p["user"] or "?",
+            _memory(p["memory_bytes"], None),
+            _owner(p),
+        ]
+        for h in snap["hosts"]
+        for d in h["devices"]
+        for p in d.get("processes") or []
     ]
     waiting = [
         [
@@ -161,6 +181,24 @@ def sections(snap: dict[str, Any]) -> list[Section]:
                 C("ATTEMPT", drop=3),
             ],
             frames,
+        ),
+        *(
+            [
+                (
+                    "GPU processes",
+                    [
+                        C("HOST", fit="name"),
+                        C("GPU"),
+                        C("PID"),
+                        C("USER", fit="name"),
+                        C("MEMORY"),
+                        C("OWNER", fit="free"),
+                    ],
+                    processes,
+                )
+            ]
+            if processes
+            else []
         ),
         (
             f"Waiting jobs ({len(snap['waiting'])})",

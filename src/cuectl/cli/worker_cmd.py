@@ -139,6 +139,25 @@ def worker(
         metavar="K",
         help="Drain a GPU on which K different jobs failed while they succeeded on other GPUs (0: never).",
     ),
+    gpu_escape: str = typer.Option(
+        "warn",
+        "--gpu-escape",
+        metavar="warn|kill",
+        help="A frame's process on a GPU it was not given, for layers that set no gpu_escape: "
+        "warn, or kill (failure gpu-escape).",
+    ),
+    gpu_idle_limit: Optional[str] = typer.Option(
+        None,
+        "--gpu-idle-limit",
+        metavar="DUR",
+        help="Flag frames whose every GPU stays under --gpu-idle-util this long (e.g. 30m), for layers that set none.",
+    ),
+    gpu_idle_action: str = typer.Option(
+        "warn", "--gpu-idle-action", metavar="warn|kill", help="What an idle frame gets: warn, or kill (gpu-idle)."
+    ),
+    gpu_idle_util: float = typer.Option(
+        5.0, "--gpu-idle-util", metavar="PCT", help="Utilisation under which a held GPU counts as idle."
+    ),
 ) -> None:
     """Run frames on this host: register, claim what fits, lease devices, report."""
     _refuse_unsupported_platform()
@@ -168,6 +187,11 @@ def worker(
         raise InvalidInput("--rediscover-interval must be 0 (only on SIGHUP) or more")
     if reservation_timeout < 0:
         raise InvalidInput("--reservation-timeout must be 0 (no reservations) or more")
+    from cuectl.run.worker.gpuwatch import farm_policy
+
+    gpu_policy = farm_policy(
+        escape=gpu_escape, idle_limit=gpu_idle_limit, idle_action=gpu_idle_action, idle_util=gpu_idle_util
+    )
     if gpu_suspect_jobs < 0:
         raise InvalidInput("--gpu-suspect-jobs must be 0 (never) or more")
     from cuectl.run.worker.health import xid_codes
@@ -237,6 +261,7 @@ def worker(
         reservation_timeout=reservation_timeout,
         gpu_xid_drain=extra_xids,
         gpu_suspect_jobs=gpu_suspect_jobs,
+        gpu_policy=gpu_policy,
     )
     w.warn = term.warn
     w.say = term.info

@@ -13,7 +13,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Collection, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping, Sequence, TypeVar
 
 from cuectl import config
 from cuectl.errors import BackendUnavailable, CuectlError, InvalidInput, StoreUnreachable
@@ -125,7 +125,7 @@ def inventory_of(discovery: Discovery, devices: Sequence[str] | None = None, exc
         found = select_inventory(found, devices, exclude)
     return Inventory(
         devices=tuple(found),
-        sampler=lambda uuids, pids: discovery.sample(uuids, pids),
+        sampler=lambda uuids, pids, every_process=False: discovery.sample(uuids, pids, every_process=every_process),
         problems=discovery.problems(),
         health=discovery.health,
     )
@@ -158,6 +158,7 @@ def build_worker(
     reservation_timeout: float = 1800.0,
     gpu_xid_drain: Collection[int] = (),
     gpu_suspect_jobs: int = 3,
+    gpu_policy: Mapping[str, Any] | None = None,
 ) -> tuple[Worker, Discovery]:
     """The worker for this host. ``discovery``: the GPUs found already (``discover_gpus``),
     else found here with ``backend``; the worker finds them again with the same backend
@@ -206,6 +207,7 @@ def build_worker(
         nimby_util_pct=nimby_util,
         schedule=available,
         reservation_timeout_s=reservation_timeout,
+        **dict(gpu_policy or {}),
         gpu_xid_drain=CRITICAL_XIDS | frozenset(gpu_xid_drain),
         gpu_suspect_jobs=gpu_suspect_jobs,
     )

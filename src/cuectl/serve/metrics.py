@@ -62,7 +62,48 @@ def render(store: Store, *, snapshot: dict[str, Any]) -> tuple[bytes, str]:
     registry = CollectorRegistry()
     registry.register(_GpuHealthCollector(store.device_states(), store.gpu_event_counts()))
     registry.register(_FarmCollector(store.farm_figures(), snapshot))
+    registry.register(_GpuWatchCollector(store.gpu_event_counts(), snapshot))
     return generate_latest(registry), CONTENT_TYPE
+
+
+class _GpuWatchCollector:
+    """What workers saw on their GPUs (docs/gpu-health.md): events recorded in the store, by
+    kind, and the devices a frame holds idle now (from the hosts' published devices)."""
+
+    def __init__(self, counts: Mapping[str, int], snapshot: Mapping[str, Any]) -> None:
+        self.counts, self.snapshot = counts, snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        counts = self.counts
+        yield CounterMetricFamily(
+            "cuectl_gpu_escapes",
+            "Frame processes seen on a GPU the frame was not given (events kept in the store).",
+            value=counts.get("escape", 0),
+        )
+        yield CounterMetricFamily(
+            "cuectl_gpu_foreign_processes",
+            "Processes not run by cuectl seen holding memory on a GPU a frame or lease held.",
+            value=counts.get("foreign", 0),
+        )
+        yield CounterMetricFamily(
+            "cuectl_gpu_idle_events",
+            "Frames that held every GPU under their idle threshold past their gpu_idle_limit.",
+            value=counts.get("idle", 0),
+        )
+        idle = GaugeMetricFamily(
+            "cuectl_gpu_held_idle",
+            "Whether a frame holds the device idle now (past its gpu_idle_limit).",
+            labels=DEVICE_LABELS,
+        )
+        for host, device in _all_devices(self.snapshot):
+            if device.get("holder") is not None:
+                idle.add_metric(_device_labels(host, device), 1.0 if device.get("held_idle") else 0.0)
+        yield idle
+        yield GaugeMetricFamily(
+            "cuectl_gpus_held_idle",
+            "Devices a frame holds idle now (past its gpu_idle_limit), farm-wide.",
+            value=sum(1 for _host, device in _all_devices(self.snapshot) if device.get("held_idle")),
+        )
 
 
 # How ``device_states`` files each device: exactly one of these.

@@ -460,13 +460,15 @@ class FrameProcess:
                 grace=grace,
                 sigkilled=self._kill_sent_at is not None,
             )
-            if self._footer_notes:
-                footer = "\n".join([*(f"=== cuectl: warning: {n} ===" for n in self._footer_notes), footer])
+        lines = [f"=== cuectl: warning: {n} ===" for n in self._footer_notes] if footer is not None else []
+        if footer is not None:
+            lines.append(footer)
         if self._log_cap is not None:
             cap, self._log_cap = self._log_cap, None
-            cap.finish(footer, lost=lost)
-        elif footer is not None:
-            _append_log(self.log_path, footer)
+            cap.finish(lines or None, lost=lost)
+        else:
+            for line in lines:
+                _append_log(self.log_path, line)
 
     def __del__(self, _close: Callable[[int], None] = os.close) -> None:
         # os.close bound at definition: at interpreter exit the module's globals may be

@@ -11,7 +11,7 @@ import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from cuectl import config
 from cuectl.units import iso
@@ -512,7 +512,7 @@ class _LogCap:
             return False
         return size > self.last_size and st.f_bavail * st.f_frsize < _free_space_floor(st)
 
-    def finish(self, footer: str | None = None, *, lost: bool = False) -> None:
+    def finish(self, footer: str | Sequence[str] | None = None, *, lost: bool = False) -> None:
         """The frame is gone: cut to the limit with as much tail as fits, note what was cut,
         then add ``footer`` (one line, see :func:`log_footer`): the limit counts the frame's
         output, so the notes after the cut are always there. ``lost`` (``space_lost``): cut
@@ -538,7 +538,9 @@ class _LogCap:
                 ).encode()
                 os.pwrite(self.fd, note, os.fstat(self.fd).st_size)
             if footer is not None:
-                os.pwrite(self.fd, _line_bytes(footer), os.fstat(self.fd).st_size)
+                # (one line, or the worker's warnings and then that line: each kept one line)
+                lines = [footer] if isinstance(footer, str) else list(footer)
+                os.pwrite(self.fd, b"".join(_line_bytes(line) for line in lines), os.fstat(self.fd).st_size)
         except OSError:
             pass  # disk full or gone: the log is what it is
         finally:

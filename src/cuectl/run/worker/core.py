@@ -23,6 +23,7 @@ from cuectl.sched.store import ClaimedFrame
 from cuectl.units import format_bytes
 
 from .dispatch import Dispatcher, cpu_need
+from .gpuwatch import GpuWatch
 from .health import Health
 from .inventory import HostInventory
 from .options import HealthReader, Inventory, Sampler, WorkerOptions
@@ -81,6 +82,7 @@ class Worker:
         self.link = StoreView(self)
         self.frames = FrameTable(self)
         self.sampling = Sampling(self)
+        self.gpuwatch = GpuWatch(self)
         self.dispatch = Dispatcher(self)
         self.proofs = Proofs(self.store, lambda: self.opts, self.tell_warn)
         self.inventory = HostInventory(self)

@@ -300,6 +300,8 @@ class Dispatcher:
             foreign = foreign_use(
                 devices, leased, max_memory_bytes=opts.nimby_memory_bytes, max_util_pct=opts.nimby_util_pct
             )
+            # Which processes, as the last sample of every device saw them (gpuwatch.py).
+            foreign = {u: why + w.gpuwatch.foreign_detail(u) for u, why in foreign.items()}
         return busy | set(foreign), foreign
 
     def reserve(

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 from cuectl.gpu.device import CRITICAL_XIDS, Device
 from cuectl.run import launch
 from cuectl.run.hostschedule import Schedule
+from cuectl.sched.model import DEFAULT_GPU_IDLE_UTIL
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,22 @@ class WorkerOptions:
     # a device while they succeed elsewhere to drain it as suspect (0: never).
     gpu_xid_drain: frozenset[int] = CRITICAL_XIDS
     gpu_suspect_jobs: int = 3
+    # The farm's GPU policies (docs/gpu-health.md), for layers that set none: a frame's
+    # process on a device it was not given (warn|kill); every held device under
+    # ``gpu_idle_util`` % for ``gpu_idle_limit_s`` (None: no idle rule), then warn|kill.
+    gpu_escape: str = "warn"
+    gpu_idle_limit_s: float | None = None
+    gpu_idle_action: str = "warn"
+    gpu_idle_util: float = DEFAULT_GPU_IDLE_UTIL
 
 
-#: ``sampler(uuids, pids)``: live values of those devices (``cuectl.gpu.Discovery.sample``).
-Sampler = Callable[[Sequence[str], Sequence[int]], dict]
+class Sampler(Protocol):
+    """``sampler(uuids, pids)``: live values of those devices (``cuectl.gpu.Discovery.sample``);
+    ``every_process``: with every process on each device, not only ``pids``."""
+
+    def __call__(self, uuids: Sequence[str], pids: Sequence[int], *, every_process: bool = False) -> dict: ...
+
+
 #: ``health(uuids)``: uuid -> ``DeviceHealth`` (``cuectl.gpu.Discovery.health``).
 HealthReader = Callable[[Sequence[str]], dict]
 

@@ -323,6 +323,10 @@ class FrameTable:
         usage = rf.usage.summary(info.ended_at)
         if rf.devices:
             usage["gpu_models"] = [d.model for d in rf.devices]
+            idle = w.gpuwatch.idle_seconds(rf)
+            if idle is not None:
+                usage["gpu_idle_seconds"] = idle  # held idle past the layer's limit (admin report)
+        w.gpuwatch.forget(rf.claim.frame_id)
         why = self.why_failed(rf, info)
         result = FrameResult(
             exit_code=info.exit_code,

@@ -125,13 +125,17 @@ class Sampling:
             frame_pids[rf.claim.frame_id] = set(rf.seen_pids)
             pids |= frame_pids[rf.claim.frame_id]
         try:
-            samples = sampler(uuids, sorted(pids))
+            # Each interval's sample of every device lists every process on them: whose
+            # each is (gpuwatch.py) is how escapes, foreign use and idle devices are seen.
+            samples = sampler(uuids, sorted(pids), every_process=every_device)
         except Exception:
             return
         for rf in frames:
             rf.usage.add(samples, frame_pids[rf.claim.frame_id], now)
         shares.check(w, frames, now)  # share frames against their memory budgets
         self.note_samples(samples, now)
+        if every_device:
+            w.gpuwatch.observe(samples, now)
 
     def note_samples(self, samples: Mapping[str, Any], now: float) -> None:
         """Keep each sampled device's values with the time they were read and the frame of
@@ -147,6 +151,13 @@ class Sampling:
                 "sampled_at": now,
                 "frame_id": holders.get(s.uuid),
             }
+        watch = self.worker.gpuwatch
+        idle = watch.held_idle()
+        for uuid, entry in self.device_values.items():
+            # Whose processes run on it (pid, user, memory, owner), from the last sample of
+            # every device, and whether a frame holds it idle (docs/gpu-health.md).
+            entry["processes"] = watch.process_entries(uuid)
+            entry["held_idle"] = uuid in idle
 
     def live_devices(self, now: float) -> list[Device]:
         """The inventory with live free memory (one batch sample), so busy cards are skipped;

@@ -27,6 +27,8 @@ export function hostPage(main, ctx, nameText) {
   const meta = el("p", {class: "muted job-meta", id: "host-meta"});
   const gpus = el("tbody");
   const frames = el("tbody");
+  const procs = el("tbody");
+  const noProcs = el("p", {class: "muted empty", text: "No process is on its GPUs.", hidden: true});
   const noFrames = el("p", {class: "muted empty", text: "No frame is running here.", hidden: true});
   const head = (labels, classes) => el("thead", {}, el("tr", {}, labels.map((h, i) => el("th", {scope: "col", class: classes[i], text: h}))));
   main.append(
@@ -36,6 +38,10 @@ export function hostPage(main, ctx, nameText) {
     el("h2", {text: "GPUs"}),
     el("div", {class: "table-wrap"}, el("table", {id: "host-gpus", class: "fixed"},
       head(["GPU", "Model", "Util", "Memory", "Holder"], ["index num", "model", "util num", "mem num", "holder"]), gpus)),
+    el("h2", {text: "GPU processes"}),
+    el("div", {class: "table-wrap"}, el("table", {id: "host-procs", class: "fixed"},
+      head(["GPU", "PID", "User", "Memory (GB)", "Owner"], ["index num", "pid num", "user", "mem num", "owner"]), procs)),
+    noProcs,
     el("h2", {text: "Running frames"}),
     el("div", {class: "table-wrap"}, el("table", {id: "host-frames", class: "fixed"},
       head(["Job", "Frame", "GPU", "GPU Util %", "GPU Mem (GB)", "Runtime"],
@@ -70,7 +76,7 @@ export function hostPage(main, ctx, nameText) {
       if (d.utilization_pct !== null) bar.firstChild.style.width = `${Math.min(100, d.utilization_pct)}%`;
       const h = d.holder;
       const frame = h && h.kind === "frame" ? jobOf.get(h.frame_id) : null;
-      const holder = !h ? "-" : h.kind === "foreign" ? "foreign" : h.label || h.kind;
+      const holder = (!h ? "-" : h.kind === "foreign" ? "foreign" : h.label || h.kind) + (d.held_idle ? " (held idle)" : "");
       return el("tr", {"data-gpu-uuid": d.uuid || ""},
         el("td", {class: "index num", text: d.index ?? "-"}),
         el("td", {class: "model", text: d.model || "-", title: `${d.model || ""} ${d.uuid || ""}`.trim()}),
@@ -79,6 +85,15 @@ export function hostPage(main, ctx, nameText) {
         el("td", {class: "holder", "data-kind": h ? h.kind : null, title: h ? [h.kind, h.user, h.pid && `pid ${h.pid}`].filter(Boolean).join(" ") : null},
           frame ? el("a", {href: `#/jobs/${frame.job_id}`, text: holder}) : holder));
     }) : [el("tr", {}, el("td", {colspan: 5, class: "muted", text: "no GPUs"}))]));
+    // Whose each process on a GPU is (docs/gpu-health.md): a frame, a lease, or nobody's.
+    const rows = host.devices.flatMap((d) => (d.processes || []).map((p) => ({d, p})));
+    procs.replaceChildren(...rows.map(({d, p}) => el("tr", {"data-pid": p.pid, "data-owner": p.owner},
+      el("td", {class: "index num", text: d.index ?? "-"}),
+      el("td", {class: "pid num", text: p.pid}),
+      el("td", {class: "user", text: p.user || "?"}),
+      el("td", {class: "mem num", text: gb(p.memory_bytes)}),
+      el("td", {class: "owner", text: p.owner === "foreign" ? "foreign (not run by cuectl)" : p.holder || p.owner}))));
+    noProcs.hidden = rows.length > 0;
     const now = Date.now();
     frames.replaceChildren(...host.running_frames.map((f) => {
       const gpu = gpuLabel(f.gpu_uuids, names, f.host);

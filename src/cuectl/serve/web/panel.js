@@ -23,6 +23,12 @@ export function framePanel(host, frame, onClose, gpuLabel = (f) => ({text: (f.gp
   const logStatus = el("span", {class: "muted"});
   const log = el("pre", {id: "log-view", tabindex: 0, "aria-label": `Log of frame ${frame.name}`});
   const attempts = el("tbody");
+  const events = el("tbody");
+  const eventsBox = el("details", {class: "gpu-events", id: "gpu-events", hidden: true, open: true},
+    el("summary", {text: "GPU events"}),
+    el("div", {class: "table-wrap"}, el("table", {},
+      el("thead", {}, el("tr", {}, ["#", "At", "Event", "GPU", "PID", "Detail"].map((t) => el("th", {scope: "col", text: t})))),
+      events)));
   const panel = el("aside", {id: "frame-panel", "aria-labelledby": "frame-panel-title"},
     el("div", {class: "panel-head"},
        el("h2", {id: "frame-panel-title", text: `${frame.job} / ${frame.name}`}), state, close),
@@ -35,6 +41,7 @@ export function framePanel(host, frame, onClose, gpuLabel = (f) => ({text: (f.gp
        el("div", {class: "table-wrap"}, el("table", {},
          el("thead", {}, el("tr", {}, ["#", "Host", "Outcome", "Exit", "Util % mean", "Mem peak (GB)", "Runtime"]
            .map((t) => el("th", {scope: "col", text: t})))), attempts))),
+    eventsBox,
     el("div", {class: "log-head"}, el("h3", {text: "Log"}), logStatus),
     log);
   host.append(panel);
@@ -73,6 +80,13 @@ export function framePanel(host, frame, onClose, gpuLabel = (f) => ({text: (f.gp
         el("td", {text: a.exit_code ?? (a.exit_signal ? `sig ${a.exit_signal}` : "-")}),
         el("td", {text: pct(a.gpu_util_mean_pct)}), el("td", {text: gb(a.gpu_memory_peak_bytes)}),
         el("td", {text: duration(a.started_at && a.ended_at ? (Date.parse(a.ended_at) - Date.parse(a.started_at)) / 1000 : null)}))));
+      // What the worker saw on the devices: escapes, foreign processes, idle devices, ...
+      const seen = data.gpu_events || [];
+      events.replaceChildren(...seen.map((e) => el("tr", {"data-kind": e.kind},
+        el("td", {text: e.attempt ?? "-"}), el("td", {text: e.at || "-"}), el("td", {class: "kind", text: e.kind}),
+        el("td", {text: e.device_index ?? e.device ?? "-"}), el("td", {text: e.pid ?? "-"}),
+        el("td", {class: "detail", text: e.detail || ""}))));
+      eventsBox.hidden = seen.length === 0;
       if (data.state !== "RUNNING" && usage) {
         usage.stop();
         usage = null;
