@@ -58,7 +58,7 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
-CHECKS = ("inventory", "isolation", "overlap", "usage", "run-lease", "share", "mig")
+CHECKS = ("inventory", "isolation", "overlap", "usage", "run-lease", "share", "escape", "idle", "mig")
 SMI_QUERY = "--query-gpu=uuid,name,memory.total,pci.bus_id,driver_version"
 SMI_FORMAT = "--format=csv,noheader,nounits"
 
@@ -234,6 +234,28 @@ def _busy_real(seconds: float, alloc_bytes: int) -> dict[str, Any]:
     return {"busy_start": start, "busy_end": end, "allocated_bytes": allocated, "matmuls": n, "busy_lib": "cupy"}
 
 
+def _escape(a: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    """Allocate on the device ``a.escape`` names (not given to this frame) and hold it for
+    ``a.hold`` s: on fake GPUs by listing this pid in that device's state file."""
+    if a.fake_state:
+        stem = json.loads(a.fake_positions)[norm_uuid(a.escape)]
+        path = Path(a.fake_state) / f"{stem}.json"
+        entry = {"pid": os.getpid(), "memory_used_bytes": 1 << 30, "utilization_pct": 50}
+        path.write_text(json.dumps({"utilization_pct": 50, "memory_used_bytes": 1 << 30, "processes": [entry]}))
+        time.sleep(a.hold)
+        path.unlink()
+        return {"escaped_to": a.escape, "escape_lib": "fake"}
+    import torch
+
+    order = [norm_uuid(_uuid_text(torch.cuda.get_device_properties(i).uuid)) for i in range(torch.cuda.device_count())]
+    index = order.index(norm_uuid(a.escape))
+    block = torch.ones(1 << 30, dtype=torch.uint8, device=f"cuda:{index}")
+    torch.cuda.synchronize(index)
+    time.sleep(a.hold)
+    del block
+    return {"escaped_to": a.escape, "escape_lib": "torch", "escape_index": index}
+
+
 def probe_main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="gpu_e2e.py probe")
     p.add_argument("--out", required=True)
@@ -244,8 +266,19 @@ def probe_main(argv: Sequence[str]) -> int:
     p.add_argument("--fake-state", help="fake mode: the fake GPU state_dir")
     p.add_argument("--fake-positions", help="fake mode: JSON {uuid: state file stem}")
     p.add_argument("--cuda-lib", default="auto", choices=("auto", *_CUDA_VIEWS))
+    p.add_argument(
+        "--escape",
+        metavar="UUID",
+        help="reset CUDA_VISIBLE_DEVICES to every device and use this one, which the frame was not given",
+    )
     a = p.parse_args(argv)
     env = dict(os.environ)
+    if a.escape:
+        # What a careless program does: overrides the isolation before CUDA starts, so it
+        # sees every GPU, and allocates on one it was not given (docs/gpu-health.md).
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env = dict(os.environ)
     report: dict[str, Any] = {
         "pid": os.getpid(),
         "start": time.time(),
@@ -288,7 +321,12 @@ def probe_main(argv: Sequence[str]) -> int:
                 + (f" ({'; '.join(failed)})" if failed else "")
             )
         report["cuda_lib_failures"] = failed
-    if a.busy > 0:
+    if a.escape:
+        try:
+            report.update(_escape(a, env))
+        except Exception as exc:
+            errors.append(f"escape: {type(exc).__name__}: {exc}")
+    elif a.busy > 0:
         try:
             if a.fake_state:
                 report.update(
@@ -799,6 +837,55 @@ def check_share(ctx: Ctx, device: str) -> Result:
     return Result("share", FAIL if problems else PASS, "; ".join([*problems, detail]))
 
 
+# --------------------------------------------------------------------------- escapes, idle
+
+
+def check_escape(ctx: Ctx, device: str) -> Result:
+    """A CPU frame (no GPU given, CUDA_VISIBLE_DEVICES hidden) that resets
+    CUDA_VISIBLE_DEVICES and allocates on ``device`` anyway: the worker, sampling every
+    process on every device, records an ``escape`` event on the attempt, naming the device
+    and the frame's pid (docs/gpu-health.md)."""
+    if not ctx.fake and not _importable("torch"):
+        return Result("escape", SKIP, "needs PyTorch in this interpreter to allocate on a GPU")
+    out = ctx.out_file("escape")
+    extra = ["--escape", device, "--hold", str(max(ctx.hold_s, 3.0))]
+    if ctx.fake:
+        extra += ["--fake-state", str(ctx.fake_state), "--fake-positions", json.dumps(ctx.fake_positions)]
+    job = ctx.submit(0, ctx.probe_cmd(out, *extra), "--name", "e2e-escape")
+    ctx.worker("--sample-interval", "0.5")
+    frame = ctx.frame(job, show=True)
+    rep = read_report(out)
+    problems = [f"probe: {e}" for e in rep.get("errors", [])]
+    escapes = [e for e in frame.get("gpu_events") or [] if e["kind"] == "escape"]
+    if not escapes:
+        problems.append("no escape event was recorded")
+    elif norm_uuid(escapes[0]["device"]) != norm_uuid(device) or escapes[0]["pid"] != rep.get("pid"):
+        problems.append(
+            f"the escape names {escapes[0]['device']} pid {escapes[0]['pid']}, expected {device} pid {rep.get('pid')}"
+        )
+    detail = escapes[0]["detail"] if escapes else f"frame {frame['id']} {frame['state']}"
+    return Result("escape", FAIL if problems else PASS, "; ".join([*problems, detail]))
+
+
+def check_idle(ctx: Ctx) -> Result:
+    """A 1-GPU frame that computes nothing for longer than its ``--gpu-idle-limit``: an
+    ``idle`` event on the attempt and the device-seconds held idle kept with it."""
+    out = ctx.out_file("idle")
+    job = ctx.submit(
+        1, ctx.probe_cmd(out, "--hold", str(max(ctx.idle_s, 4.0))), "--name", "e2e-idle", "--gpu-idle-limit", "2s"
+    )
+    ctx.worker("--sample-interval", "0.5")
+    frame = ctx.frame(job, show=True)
+    idle = [e for e in frame.get("gpu_events") or [] if e["kind"] == "idle"]
+    history = frame.get("attempt_history") or [{}]
+    held = history[-1].get("gpu_idle_seconds")
+    problems = [] if idle else ["no idle event was recorded"]
+    if not held:
+        problems.append(f"no idle device-seconds on the attempt ({held})")
+    detail = f"{idle[0]['detail']}; held idle {held} s" if idle else f"frame {frame['id']} {frame['state']}"
+    return Result("idle", FAIL if problems else PASS, "; ".join([*problems, detail]))
+
+
 # --------------------------------------------------------------------------- 7 MIG
 
 _MIG_LINE = re.compile(r"^\s+MIG\s+(\S+)\s+Device\s+(\d+):\s+\(UUID:\s+(MIG-[^)\s]+)\)", re.M)
@@ -1001,7 +1088,7 @@ def run_checks(ctx: Ctx, names: Sequence[str]) -> list[Result]:
     for name in names:
         t0 = time.monotonic()
         try:
-            if name in ("overlap", "usage", "share") and not devices:
+            if name in ("overlap", "usage", "share", "escape") and not devices:
                 devices, mig_only = plain_devices(ctx)
             if name == "inventory":
                 r = check_inventory(ctx)
@@ -1015,6 +1102,10 @@ def run_checks(ctx: Ctx, names: Sequence[str]) -> list[Result]:
                 r = check_run_lease(ctx)
             elif name == "share":
                 r = check_share(ctx, devices[0])
+            elif name == "escape":
+                r = check_escape(ctx, devices[0])
+            elif name == "idle":
+                r = check_idle(ctx)
             else:
                 r = check_mig(ctx)
         except (CheckError, subprocess.TimeoutExpired, OSError, ValueError, KeyError) as exc:

@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gpu_e2e.py"
 SHELL = REPO / "scripts" / "gpu-e2e.sh"
-ALL_CHECKS = ["inventory", "isolation", "overlap", "usage", "run-lease", "share", "mig"]
+ALL_CHECKS = ["inventory", "isolation", "overlap", "usage", "run-lease", "share", "escape", "idle", "mig"]
 
 
 def _load() -> ModuleType:
@@ -69,7 +69,7 @@ def test_shell_entry_point_fake_mode_passes(tmp_path: Path) -> None:
         assert any(
             line.startswith(name + " ") and ("PASS" in line or "SKIP" in line) for line in res.stdout.splitlines()
         ), res.stdout
-    assert "gpu-e2e: OK: 6 passed, 0 failed, 1 skipped" in res.stdout
+    assert "gpu-e2e: OK: 8 passed, 0 failed, 1 skipped" in res.stdout
     # the shell installed cuectl offline into a temporary place it removed afterwards
     assert "installing cuectl from" in res.stderr
     assert not list(tmp_path.glob("cuectl-gpu-e2e-*"))
