@@ -244,6 +244,8 @@ def snapshot(
     frames, frames_total = store.list_frames(state=m.RUNNING, limit=frame_limit)
     frames_by_uuid = {uuid: f for f in frames for uuid in (f.get("gpu_uuids") or [])}
     leases = {info.uuid: info for info in _local_leases(lock_dir)} if local_leases else {}
+    # Devices out of service (drained or lost, with why: docs/gpu-health.md); the rest are ok.
+    states = {(s.host, s.uuid): s for s in store.device_states()}
 
     hosts = []
     for h in store.list_hosts(now=now, down_after=down_after):
@@ -252,7 +254,11 @@ def snapshot(
         devices = []
         for gpu in sorted(h.get("gpus") or [], key=lambda g: (g.get("index") is None, g.get("index") or 0)):
             live = live_by_uuid.get(gpu.get("uuid"))
-            devices.append(_device(gpu, live, _holder(gpu.get("uuid", ""), frames_by_uuid, leases, live)))
+            device = _device(gpu, live, _holder(gpu.get("uuid", ""), frames_by_uuid, leases, live))
+            state = states.get((h["name"], gpu.get("uuid")))
+            device["state"] = state.state if state is not None else "ok"
+            device["reason"] = state.reason if state is not None else None
+            devices.append(device)
         hosts.append(
             {
                 "name": h["name"],

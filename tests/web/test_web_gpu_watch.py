@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 from webfarm import expect, login, wait_for
 
@@ -66,6 +67,16 @@ def test_the_host_page_lists_gpu_processes_and_the_frame_panel_its_gpu_events(fa
         expect(events.locator('tr[data-kind="foreign"] .detail')).to_contain_text(f"pid {other.pid}")
         farm.api("POST", f"/jobs/{job['id']}/kill", token=ada)
         assert worker.poll() is None
+
+        # A device taken out of service shows so on the hosts page and the host's page, with why.
+        with farm.store() as store:
+            store.drain_device("gpu-watch", str(held), reason="Xid 79: GPU has fallen off the bus", now=time.time())
+        page.goto(f"{farm.url}/#/hosts")
+        row = page.locator(f'#hosts-table tr[data-host="gpu-watch"][data-device-state="drained"]')
+        expect(row.locator(".state")).to_contain_text("gpu drained: Xid 79: GPU has fallen off the bus", timeout=30_000)
+        page.goto(f"{farm.url}/#/hosts/gpu-watch")
+        drained = page.locator('#host-gpus tr[data-device-state="drained"] .holder')
+        expect(drained).to_have_text("drained: Xid 79: GPU has fallen off the bus", timeout=30_000)
     finally:
         other.kill()
         other.wait()

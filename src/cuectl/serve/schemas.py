@@ -121,11 +121,31 @@ HOST_DEVICE: Schema = _obj(
         "sampled_at": TIME_N,
         "sample_age_s": NUM_N,
         "holder": _or_null(ref("Holder")),
+        "state": {"enum": ["ok", "drained", "lost"]},
+        "reason": STR_N,
+        "held_idle": {"type": "boolean"},
+        "processes": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "pid": INT,
+                    "user": STR_N,
+                    "memory_bytes": INT_N,
+                    "utilization_pct": NUM_N,
+                    "owner": {"enum": ["frame", "lease", "foreign"]},
+                    "frame_id": INT_N,
+                    "holder": STR_N,
+                },
+                ("pid", "owner"),
+            ),
+        },
     },
     ("uuid",),
     description="A device with its last live sample (docs/api.md, hosts): utilization_pct and "
     "memory_used_bytes are null once that is older than two of its worker's sampling "
-    "intervals; sampled_at and sample_age_s say when it was read.",
+    "intervals; sampled_at and sample_age_s say when it was read. state/reason: in service "
+    "or not (docs/gpu-health.md); processes: whose each process on it is; held_idle: a frame "
+    "holds it idle past its gpu_idle_limit.",
 )
 HOST: Schema = _obj(
     {

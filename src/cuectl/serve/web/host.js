@@ -76,8 +76,9 @@ export function hostPage(main, ctx, nameText) {
       if (d.utilization_pct !== null) bar.firstChild.style.width = `${Math.min(100, d.utilization_pct)}%`;
       const h = d.holder;
       const frame = h && h.kind === "frame" ? jobOf.get(h.frame_id) : null;
-      const holder = (!h ? "-" : h.kind === "foreign" ? "foreign" : h.label || h.kind) + (d.held_idle ? " (held idle)" : "");
-      return el("tr", {"data-gpu-uuid": d.uuid || ""},
+      let holder = (!h ? "-" : h.kind === "foreign" ? "foreign" : h.label || h.kind) + (d.held_idle ? " (held idle)" : "");
+      if (d.state && d.state !== "ok") holder = `${d.state}: ${d.reason || "no reason given"}`; // out of service, and why
+      return el("tr", {"data-gpu-uuid": d.uuid || "", "data-device-state": d.state || "ok"},
         el("td", {class: "index num", text: d.index ?? "-"}),
         el("td", {class: "model", text: d.model || "-", title: `${d.model || ""} ${d.uuid || ""}`.trim()}),
         el("td", {class: "util num", title: d.sampled_at ? `sampled ${d.sampled_at}` : null}, utilText(d), bar),

@@ -104,13 +104,16 @@ export function hostsPage(main) {
       for (const d of devices) items.push({host, d});
     }
     for (const {host, d} of sorter.sort(items)) {
-      const state = host.state + (host.locked ? " \u00b7 locked" : "");
+      // A device out of service says so, and why (docs/gpu-health.md): "drained: Xid 79: ...".
+      const out = d && d.state && d.state !== "ok" ? ` \u00b7 gpu ${d.state}: ${d.reason || "no reason given"}` : "";
+      const state = host.state + (host.locked ? " \u00b7 locked" : "") + out;
       const used = d && d.memory_used_bytes;
       const total = d && d.memory_total_bytes;
       const bar = el("span", {class: "meter", "aria-hidden": "true"}, el("span"));
       if (d && d.utilization_pct !== null) bar.firstChild.style.width = `${Math.min(100, d.utilization_pct)}%`;
       const holder = d ? holderText(d.holder) : "-";
-      const tr = el("tr", {"data-host": host.name, "data-gpu-uuid": d ? d.uuid || "" : "", "data-state": host.state},
+      const tr = el("tr", {"data-host": host.name, "data-gpu-uuid": d ? d.uuid || "" : "", "data-state": host.state,
+                           "data-device-state": d ? d.state || "ok" : null},
         el("td", {class: "host", title: host.name}, el("a", {href: `#/hosts/${encodeURIComponent(host.name)}`, text: host.name})),
         el("td", {class: "index num", text: d ? d.index ?? "-" : "-"}),
         el("td", {class: "util num", title: d && d.sampled_at ? `sampled ${d.sampled_at}` : null}, utilText(d), d ? bar : null),
