@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from farmlib import RTX4090
+from farmlib import RTX4090, cuectl_cmd
 from test_scheduling import host_live, stop  # tests/worker's helpers (on sys.path)
 
 # The frame: writes a process entry of its own pid on the device it was NOT given (the state
@@ -264,3 +264,32 @@ def test_a_device_held_idle_now_shows_in_top_and_metrics(farm):
         gate.write_text("")
         stop(proc)
     assert farm.frames(job)[0]["state"] == "SUCCEEDED"
+
+
+def test_the_farms_idle_rule_stops_an_idle_cuectl_run_lease(farm):
+    fake = farm.host("idlease", [RTX4090], state=True)  # no state file: 0 % busy
+    proc = farm.start_worker(fake, "--gpu-idle-limit", "1s", "--gpu-idle-action", "kill")
+    try:
+        farm.wait_for(lambda: host_live(farm, "idlease").get("devices"), what="the worker up")
+        start = time.monotonic()
+        run = subprocess.run(
+            [*cuectl_cmd(), "--db", str(farm.db), "run", "--gpus", "1", "--", "sleep", "60"],
+            env=farm.env(CUECTL_FAKE_GPUS=str(fake)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=farm.tmp,
+        )
+        assert time.monotonic() - start < 50, "the idle lease was left to sleep its minute"
+        assert run.returncode != 0, run
+    finally:
+        stop(proc)
+    from cuectl.sched.store import open_store
+
+    store = open_store(str(farm.db))
+    try:
+        (event,) = store.gpu_events(kinds=["idle"])
+    finally:
+        store.close()
+    assert event.frame_id is None and event.host == "idlease"
+    assert "under 5 % for" in event.detail and event.detail.endswith(": stopped (SIGTERM)"), event.detail

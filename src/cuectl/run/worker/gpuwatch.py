@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import signal
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
@@ -109,6 +110,8 @@ class GpuWatch:
     stranger_leases: dict[int, Lease | None] = field(default_factory=dict)
     since_pass: int = 0
     lease_uuids: dict[int, set[str]] = field(default_factory=dict)  # lease holder pid -> its devices
+    # Ad-hoc leases held idle: holder pid -> (since when, told already) (``idle_leases``).
+    lease_idle: dict[int, tuple[float, bool]] = field(default_factory=dict)
 
     # -- the map --------------------------------------------------------------------------------
     def observe(self, samples: Mapping[str, DeviceSample], now: float) -> None:
@@ -158,6 +161,8 @@ class GpuWatch:
                         self.foreign(held_by, device, uuid, proc, now)
         for rf in frames:
             self.idle(rf, samples, now)
+        if w.opts.gpu_idle_limit_s is not None:
+            self.idle_leases(samples, leases if table is not None else self.leases(), now)
         self.flush()
 
     def owned(
@@ -329,6 +334,51 @@ class GpuWatch:
         else:
             w.tell_warn(f"frame {claim.frame_id} (job {claim.job}): GPU idle: {detail}")
         # The store tells the job's owner with the event (its notifications' ``gpu_idle``).
+
+    def idle_leases(self, samples: Mapping[str, DeviceSample], leases: Mapping[int, Lease], now: float) -> None:
+        """The farm's idle rule (``cuectl worker --gpu-idle-limit``) for ad-hoc leases of
+        this host's devices (`cuectl run`, `cuectl.lease()`), which carry no rule of their
+        own: an ``idle`` event (no frame) when every device a holder leases stays under the
+        threshold for the limit, and under ``--gpu-idle-action kill`` a SIGTERM to the
+        holder, as `cuectl run` forwards to its command (when this worker may signal it:
+        root, or the same user)."""
+        w = self.worker
+        limit, threshold = w.opts.gpu_idle_limit_s, w.opts.gpu_idle_util
+        assert limit is not None
+        seen: dict[int, tuple[float, bool]] = {}
+        for pid, lease in leases.items():
+            uuids = sorted(self.lease_devices(lease))
+            utils = [samples[u].utilization_pct if u in samples else None for u in uuids]
+            if not uuids or any(u is None or u >= threshold for u in utils):
+                continue  # in use, or unknown: not idle
+            since, told = self.lease_idle.get(pid, (now, False))
+            seen[pid] = (since, told)
+            if told or now - since < limit:
+                continue
+            devices = ", ".join(_device_name(_device(w.devices, u), u) for u in uuids)
+            detail = (
+                f"{lease.label} held {devices} under {threshold:g} % for {format_duration(now - since)} "
+                f"(limit {format_duration(limit)})"
+            )
+            if w.opts.gpu_idle_action == "kill":
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                    detail += ": stopped (SIGTERM)"
+                except OSError as exc:
+                    detail += f": could not be stopped ({exc.strerror or exc})"
+            self.add(
+                GpuEvent(
+                    kind="idle",
+                    at=now,
+                    device_uuid=uuids[0],
+                    device_index=_index(w.devices, uuids[0]),
+                    pid=pid,
+                    detail=detail,
+                )
+            )
+            w.tell_warn(f"GPU idle: {detail}")
+            seen[pid] = (since, True)
+        self.lease_idle = seen
 
     @staticmethod
     def idle_seconds(rf: RunningFrame) -> float | None:
