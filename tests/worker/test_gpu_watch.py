@@ -293,3 +293,38 @@ def test_the_farms_idle_rule_stops_an_idle_cuectl_run_lease(farm):
         store.close()
     assert event.frame_id is None and event.host == "idlease"
     assert "under 5 % for" in event.detail and event.detail.endswith(": stopped (SIGTERM)"), event.detail
+
+
+def test_a_forged_lock_record_gets_no_process_signalled(farm):
+    """Whoever holds a device's lock writes its record: one naming another process (here a
+    root-owned victim) must not make the root worker's idle rule SIGTERM that process."""
+    import os as _os
+
+    fake = farm.host("forged", [RTX4090], state=True)
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    proc = farm.start_worker(fake, "--gpu-idle-limit", "1s", "--gpu-idle-action", "kill")
+    holder = None
+    try:
+        farm.wait_for(lambda: host_live(farm, "forged").get("devices"), what="the worker up")
+        holder = subprocess.Popen(
+            [*cuectl_cmd(), "--db", str(farm.db), "run", "--gpus", "1", "--", "sleep", "60"],
+            env=farm.env(CUECTL_FAKE_GPUS=str(fake)),
+            cwd=farm.tmp,
+        )
+        lock_dir = Path(_os.environ["CUECTL_LOCK_DIR"])
+        device = farm.wait_for(
+            lambda: next((f for f in lock_dir.glob("*.lock") if f.read_text().strip()), None), what="the lease's record"
+        )
+        record = json.loads(device.read_text())
+        record["pid"] = victim.pid  # the holder names someone else's process
+        with open(device, "r+") as f:  # in place: the holder's lock stays held
+            f.write(json.dumps(record).ljust(len(device.read_text())))
+        time.sleep(4)  # 4 idle limits of the worker's rule, sampling every 0.2 s
+        assert victim.poll() is None, "the worker signalled the process a forged record named"
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        victim.kill()
+        victim.wait()
+        stop(proc)

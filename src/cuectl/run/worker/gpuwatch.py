@@ -29,6 +29,7 @@ import os
 import pwd
 import signal
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Sequence
 
 from cuectl.errors import StoreError
@@ -196,7 +197,10 @@ class GpuWatch:
         for uuid in held_uuids(w.opts.lock_dir, w.devices) - mine:
             record = read_record(lock_path(w.opts.lock_dir, uuid)) or {}
             pid = record.get("pid")
-            if type(pid) is not int or pid <= 0:
+            # A lock record is written by whoever holds the lock: the pid counts only if that
+            # process really has the device's lock file open (a record naming someone
+            # else's process must not make it a lease, nor get it signalled).
+            if type(pid) is not int or pid <= 0 or not _has_open(pid, lock_path(w.opts.lock_dir, uuid)):
                 continue
             what = record.get("label") or record.get("holder") or record.get("kind") or "lease"
             who = f" ({record['user']})" if isinstance(record.get("user"), str) else ""
@@ -204,7 +208,8 @@ class GpuWatch:
             self.lease_uuids.setdefault(pid, set()).add(uuid)
         # Shares of a device (gpu_share) keep their holders in the device's ledger.
         for info, _budget in share_infos(w.opts.lock_dir, w.devices):
-            if info.pid is None or info.pid <= 0:  # (a frame's own share: its processes are the frame's first)
+            # (a frame's own share: its processes are the frame's first)
+            if info.pid is None or info.pid <= 0 or not _has_open(info.pid, lock_path(w.opts.lock_dir, info.uuid)):
                 continue
             who = f" ({info.user})" if info.user else ""
             out.setdefault(
@@ -471,6 +476,24 @@ def _holds(rf: RunningFrame, uuid: str, by_uuid: Mapping[str, Device]) -> bool:
     if device is not None and device.mig_parent_uuid in held:
         return True
     return any(by_uuid[h].mig_parent_uuid == uuid for h in held if h in by_uuid)
+
+
+def _has_open(pid: int, path: Path) -> bool:
+    """Does process ``pid`` have ``path`` open (one of its descriptors)? False when that
+    cannot be read (gone, or another user's process for a worker that is not root)."""
+    fd_dir = f"/proc/{pid}/fd"
+    target = os.fspath(path)
+    try:
+        names = os.listdir(fd_dir)
+    except OSError:
+        return False
+    for name in names:
+        try:
+            if os.readlink(f"{fd_dir}/{name}") == target:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _lease_of(pid: int, leases: Mapping[int, Lease], table: Mapping[int, tuple[int, int, bool]] | None) -> Lease | None:
