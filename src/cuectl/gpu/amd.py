@@ -45,7 +45,7 @@ from cuectl.gpu.base import (
     parse_float,
     run_tool,
 )
-from cuectl.gpu.device import Device, DeviceSample, ProcessSample, normalize_pci_bus_id
+from cuectl.gpu.device import Device, DeviceHealth, DeviceSample, ProcessSample, normalize_pci_bus_id
 
 AMD_VENDOR_ID = "0x1002"
 INSTALL_HINT = "install ROCm (it ships amd-smi and rocm-smi) and the amdgpu kernel driver"
@@ -350,6 +350,26 @@ def parse_fdinfo(text: str) -> FdinfoUsage | None:
     )
 
 
+def ras_problems(ras_dir: Path) -> tuple[str, ...]:
+    """Uncorrectable error counts of amdgpu's RAS blocks (``<block>_err_count`` files holding
+    ``ue: N`` and ``ce: N`` lines, as the kernel documents them), one line per block with
+    any: ``uncorrectable RAS errors in umc: 2``. Corrected errors (``ce``) are no problem."""
+    try:
+        names = sorted(n for n in os.listdir(ras_dir) if n.endswith("_err_count"))
+    except OSError:
+        return ()
+    out = []
+    for name in names:
+        counts = {}
+        for line in (_read(ras_dir / name) or "").splitlines():
+            key, _, value = line.partition(":")
+            if value.strip().isdigit():
+                counts[key.strip().lower()] = int(value.strip())
+        if counts.get("ue", 0) > 0:
+            out.append(f"uncorrectable RAS errors in {name[: -len('_err_count')]}: {counts['ue']}")
+    return tuple(out)
+
+
 def _all_pids(proc_root: Path) -> list[int]:
     try:
         return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
@@ -470,6 +490,33 @@ class AmdBackend(Backend):
                 memory_free_bytes=free,
                 processes=procs,
             )
+        return out
+
+    def health(self, uuids: Sequence[str]) -> dict[str, DeviceHealth]:
+        """What amdgpu's sysfs tells of each device (docs/gpu-health.md): uncorrectable RAS
+        errors (``device/ras/<block>_err_count``: ``ue: N``) are a problem that persists until
+        the device is reset; a card found through sysfs whose directory is gone is lost (fell
+        off the bus, or its driver was unbound). A device sysfs cannot show (amd-smi's
+        numbering, no ``ras`` directory: RAS off or not supported) gives no signal."""
+        known = self.known_devices()
+        out: dict[str, DeviceHealth] = {}
+        for u in uuids:
+            d = known.get(u)
+            if d is None:
+                continue
+            card = d.attributes.get("card")
+            dev = self.sysfs_root / str(card) / "device" if isinstance(card, str) and card else None
+            if dev is None or not self.sysfs_root.is_dir():
+                out[u] = DeviceHealth.unknown(u)
+            elif not dev.exists():
+                found_here = d.attributes.get("source") == "sysfs"
+                out[u] = (
+                    DeviceHealth(uuid=u, lost=f"{card} is gone from {self.sysfs_root} (fell off the bus, or unbound)")
+                    if found_here
+                    else DeviceHealth.unknown(u)
+                )
+            else:
+                out[u] = DeviceHealth(uuid=u, problems=ras_problems(dev / "ras"))
         return out
 
     def _live(self, devices: Sequence[Device]) -> dict[str, tuple[float | None, int | None, int | None]]:
