@@ -135,14 +135,29 @@ def _text(value: Any, most: int = 200) -> str | None:
 def _local_leases(lock_dir: Path | None) -> list[Any]:
     """The local lock directory's held leases; none when it cannot be read (top is a view:
     a missing or unreadable directory is not an error)."""
+    from dataclasses import replace
+
     from cuectl import config
     from cuectl.errors import CuectlError
     from cuectl.run.lease import list_leases
+    from cuectl.run.lease.shares import share_infos
 
+    where = lock_dir or config.lock_dir()
     try:
-        return list(list_leases(lock_dir or config.lock_dir()))
+        held = list(list_leases(where))
+        # Shares of a device (gpu_share) are held in its ledger: one holder line per device,
+        # naming the first share and how many there are.
+        shares: dict[str, list[Any]] = {}
+        for info, _budget in share_infos(where):
+            shares.setdefault(info.uuid, []).append(info)
     except (CuectlError, OSError):
         return []
+    for infos in shares.values():
+        first = infos[0]
+        label = first.label or first.holder or "a share"
+        more = f" and {len(infos) - 1} more share{'s' if len(infos) > 2 else ''}" if len(infos) > 1 else " (a share)"
+        held.append(replace(first, label=f"{label}{more}"))
+    return held
 
 
 def _holder(
