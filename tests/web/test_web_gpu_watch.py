@@ -72,7 +72,7 @@ def test_the_host_page_lists_gpu_processes_and_the_frame_panel_its_gpu_events(fa
         with farm.store() as store:
             store.drain_device("gpu-watch", str(held), reason="Xid 79: GPU has fallen off the bus", now=time.time())
         page.goto(f"{farm.url}/#/hosts")
-        row = page.locator(f'#hosts-table tr[data-host="gpu-watch"][data-device-state="drained"]')
+        row = page.locator('#hosts-table tr[data-host="gpu-watch"][data-device-state="drained"]')
         expect(row.locator(".state")).to_contain_text("gpu drained: Xid 79: GPU has fallen off the bus", timeout=30_000)
         page.goto(f"{farm.url}/#/hosts/gpu-watch")
         drained = page.locator('#host-gpus tr[data-device-state="drained"] .holder')
