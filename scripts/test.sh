@@ -28,6 +28,9 @@ fi
 command -v systemd-analyze >/dev/null || missing+=(systemd)
 # PgBouncer (transaction mode) for the pooled-store tests (tests/pgpooler.py).
 command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+# podman with runc, and mmdebstrap for its Debian base image, for the worker image test
+# (tests/deploy/test_image_podman.py builds deploy/docker/Dockerfile and runs a worker in it).
+for tool in podman runc mmdebstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "scripts/test.sh: installing ${missing[*]} for the tests (apt-get)" >&2
