@@ -203,3 +203,26 @@ def test_environment_matches_the_kubernetes_worker():
 )
 def test_header_says_how_to_build_and_run(needle: str):
     assert needle in DOCKERFILE.read_text()
+
+
+def test_deploy_doc_covers_the_image_podman_and_gpu_access():
+    text = (REPO / "docs" / "deploy.md").read_text()
+    for arg in args_with_defaults():  # every build argument is documented
+        assert f"`{arg}`" in text, arg
+    for needle in [
+        "podman build --format docker -f deploy/docker/Dockerfile",
+        "--secret id=ca-bundle,src=",
+        "nvidia-ctk cdi generate",
+        "--device nvidia.com/gpu=all",
+        "NVIDIA Container Toolkit",
+        "uid/gid 10001",
+        "cuectl worker --probe",
+        '--hostname "$(hostname)"',
+        "--no-healthcheck",
+        "error setting rlimit type 7",
+    ]:
+        assert needle in text, needle
+    assert re.search(r"\*\*\d+ MB\*\*", text), "the image's measured size"
+    contributing = (REPO / "docs" / "contributing.md").read_text()
+    for needle in ["The container image test", "cgroupfs", "CERTIFICATE_VERIFY_FAILED", "mmdebstrap"]:
+        assert needle in contributing, needle
