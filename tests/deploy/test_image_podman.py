@@ -247,7 +247,8 @@ def test_the_worker_image_builds_and_a_containerised_worker_drains_a_gpu_job(pod
     store, locks, out, logs, state, gpus = (tmp_path / d for d in ("store", "locks", "out", "logs", "state", "gpus"))
     for d in (store, out, logs, state, gpus):
         d.mkdir()
-    locks.mkdir(mode=0o1777)
+    locks.mkdir()
+    locks.chmod(0o1777)  # as `install -d -m 1777 -o 10001 -g 10001 /run/cuectl/locks` makes it
     fake = gpus / "gpus.yaml"
     fake.write_text(
         yaml.safe_dump(
