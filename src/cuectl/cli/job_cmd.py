@@ -946,8 +946,12 @@ def job_undepend(
         term.emit_json(data)
         return
     term.line(
-        f"dropped {len(depends) if depends else 'every'} dependenc{'y' if depends and len(depends) == 1 else 'ies'}"
-        f" of job {job}"
+        (
+            f"dropped {len(depends)} dependenc{'y' if len(depends) == 1 else 'ies'}"
+            if depends
+            else "dropped every dependency"
+        )
+        + f" of job {job}"
     )
 
 
@@ -1303,8 +1307,9 @@ def frame_eat(
     as_json: bool = JSON_OPT,
     force: bool = FORCE_OPT,
 ) -> None:
-    """Mark frames done without running them (dependents are released): ids, or --job J
-    [--layer L] [--state S] [--range R]; more than one asks on a terminal unless --yes."""
+    """Mark frames done without running them (their dependents stay waiting, as in Cuebot,
+    unless depend.satisfy_on_eaten is set): ids, or --job J [--layer L] [--state S]
+    [--range R]; more than one asks on a terminal unless --yes."""
     _frame_action(ctx, frames, "eat", as_json, force, job, layer, state, range_, yes)
 
 

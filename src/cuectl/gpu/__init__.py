@@ -136,14 +136,8 @@ class Discovery:
         One batch call per backend. A backend whose tool fails leaves its devices out of
         the result and records why in ``sample_errors``; the others still report.
         """
-        wanted = [d.uuid for d in self.devices] if uuids is None else list(dict.fromkeys(uuids))
-        groups: dict[int, tuple[Backend, list[str]]] = {}
-        for u in wanted:
-            backend = self._route.get(u)
-            if backend is not None:
-                groups.setdefault(id(backend), (backend, []))[1].append(u)
         out: dict[str, DeviceSample] = {}
-        for backend, group in groups.values():
+        for backend, group in self._by_backend(uuids):
             try:
                 out.update(backend.sample(group, pids, every_process=every_process))
                 self.sample_errors.pop(backend.name, None)
@@ -154,20 +148,25 @@ class Discovery:
     def health(self, uuids: Sequence[str] | None = None) -> dict[str, DeviceHealth]:
         """Each device's health (``Backend.health``), one batch per backend; a backend that
         fails leaves its devices unknown (its error is in ``sample_errors``)."""
-        wanted = [d.uuid for d in self.devices] if uuids is None else list(dict.fromkeys(uuids))
-        groups: dict[int, tuple[Backend, list[str]]] = {}
-        for u in wanted:
-            backend = self._route.get(u)
-            if backend is not None:
-                groups.setdefault(id(backend), (backend, []))[1].append(u)
         out: dict[str, DeviceHealth] = {}
-        for backend, group in groups.values():
+        for backend, group in self._by_backend(uuids):
             try:
                 out.update(backend.health(group))
             except GpuError as exc:
                 self.sample_errors[backend.name] = exc.message
                 out.update({u: DeviceHealth.unknown(u) for u in group})
         return out
+
+    def _by_backend(self, uuids: Sequence[str] | None) -> list[tuple[Backend, list[str]]]:
+        """``uuids`` (default: every device) grouped by the backend that found them, each
+        once, unknown ones left out: what one batch call per backend asks about."""
+        wanted = [d.uuid for d in self.devices] if uuids is None else list(dict.fromkeys(uuids))
+        groups: dict[int, tuple[Backend, list[str]]] = {}
+        for u in wanted:
+            backend = self._route.get(u)
+            if backend is not None:
+                groups.setdefault(id(backend), (backend, []))[1].append(u)
+        return list(groups.values())
 
     def backend_of(self, uuid: str) -> Backend | None:
         return self._route.get(uuid)

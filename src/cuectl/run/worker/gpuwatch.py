@@ -246,19 +246,7 @@ class GpuWatch:
         where = _device_name(device, uuid)
         memory = f", {format_bytes(proc.memory_bytes)}" if proc.memory_bytes else ""
         detail = f"pid {proc.pid} on {where}, which frame {claim.frame_id} was not given{memory}"
-        self.add(
-            GpuEvent(
-                kind="escape",
-                at=now,
-                device_uuid=uuid,
-                device_index=device.index if device else None,
-                pid=proc.pid,
-                memory_bytes=proc.memory_bytes,
-                detail=detail,
-                frame_id=claim.frame_id,
-                attempt=claim.attempt,
-            )
-        )
+        self.add(_process_event("escape", now, device, uuid, proc, detail, rf))
         rf.proc.add_footer_note(f"GPU escape: {detail}")
         policy = claim.gpu_escape or self.worker.opts.gpu_escape
         if policy == "kill":
@@ -280,19 +268,7 @@ class GpuWatch:
             f"pid {proc.pid}{who} holds {format_bytes(proc.memory_bytes or 0)} on {_device_name(device, uuid)}, "
             f"which {held} holds: not run by cuectl"
         )
-        self.add(
-            GpuEvent(
-                kind="foreign",
-                at=now,
-                device_uuid=uuid,
-                device_index=device.index if device else None,
-                pid=proc.pid,
-                memory_bytes=proc.memory_bytes,
-                detail=detail,
-                frame_id=holder,
-                attempt=rf.claim.attempt if rf is not None else None,
-            )
-        )
+        self.add(_process_event("foreign", now, device, uuid, proc, detail, rf))
 
     def idle(self, rf: RunningFrame, samples: Mapping[str, DeviceSample], now: float) -> None:
         """Track how long every device of ``rf`` has been under its idle threshold."""
@@ -464,6 +440,23 @@ def farm_policy(*, escape: str, idle_limit: str | None, idle_action: str, idle_u
     out["gpu_idle_util"] = float(idle_util)
     out["gpu_idle_limit_s"] = timeout_field(idle_limit, "--gpu-idle-limit") if idle_limit is not None else None
     return out
+
+
+def _process_event(
+    kind: str, at: float, device: Device | None, uuid: str, proc: OwnedProcess, detail: str, rf: RunningFrame | None
+) -> GpuEvent:
+    """A GPU event about one process on one device, on ``rf``'s attempt (None: no frame's)."""
+    return GpuEvent(
+        kind=kind,
+        at=at,
+        device_uuid=uuid,
+        device_index=device.index if device else None,
+        pid=proc.pid,
+        memory_bytes=proc.memory_bytes,
+        detail=detail,
+        frame_id=rf.claim.frame_id if rf is not None else None,
+        attempt=rf.claim.attempt if rf is not None else None,
+    )
 
 
 def _holds(rf: RunningFrame, uuid: str, by_uuid: Mapping[str, Device]) -> bool:
