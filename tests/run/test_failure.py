@@ -4,6 +4,7 @@ the frameworks print them, the log tail, and the cgroup OOM-kill counter."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -159,7 +160,14 @@ def test_every_kind_is_listed() -> None:
         "launch",
         "killed",
         "log-lost",
+        "gpu-escape",
+        "gpu-idle",
+        "gpu-over-budget",
+        "device-failed",
     }
+    # ... and each is in the module's table of kinds, which programs and docs/json.md read.
+    documented = set(re.findall(r"^``([a-z-]+)``\s", failure.__doc__ or "", re.M))
+    assert documented == set(failure.KINDS)
 
 
 # -- GPU out of memory, as the frameworks print it -----------------------------------------
