@@ -278,9 +278,8 @@ class GpuWatch:
         if limit is None or not claim.gpu_uuids or rf.proc.finished:
             return
         threshold = claim.gpu_idle_util if claim.gpu_idle_util is not None else w.opts.gpu_idle_util
-        utils = [samples[u].utilization_pct if u in samples else None for u in claim.gpu_uuids]
         watch = rf.watch
-        if any(u is None for u in utils) or any(u >= threshold for u in utils if u is not None):
+        if not _all_idle(samples, claim.gpu_uuids, threshold):
             # In use (or unknown: MIG instances report none): the stretch ends; what it
             # held idle past the limit was counted as it went.
             watch.pop("idle_since", None)
@@ -329,8 +328,7 @@ class GpuWatch:
         seen: dict[int, tuple[float, bool]] = {}
         for pid, lease in leases.items():
             uuids = sorted(self.lease_devices(lease))
-            utils = [samples[u].utilization_pct if u in samples else None for u in uuids]
-            if not uuids or any(u is None or u >= threshold for u in utils):
+            if not _all_idle(samples, uuids, threshold):
                 continue  # in use, or unknown: not idle
             since, told = self.lease_idle.get(pid, (now, False))
             seen[pid] = (since, told)
@@ -440,6 +438,13 @@ def farm_policy(*, escape: str, idle_limit: str | None, idle_action: str, idle_u
     out["gpu_idle_util"] = float(idle_util)
     out["gpu_idle_limit_s"] = timeout_field(idle_limit, "--gpu-idle-limit") if idle_limit is not None else None
     return out
+
+
+def _all_idle(samples: Mapping[str, DeviceSample], uuids: Sequence[str], threshold: float) -> bool:
+    """Is every one of ``uuids`` sampled under ``threshold`` % now? A device not sampled, or
+    whose utilisation is unknown (a MIG instance), is not idle; neither is an empty set."""
+    utils = [samples[u].utilization_pct if u in samples else None for u in uuids]
+    return bool(utils) and all(u is not None and u < threshold for u in utils)
 
 
 def _process_event(
