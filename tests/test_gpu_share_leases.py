@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -99,6 +100,18 @@ class Holder:
             except ProcessLookupError:
                 pass
         self.proc.wait(30)
+        # SIGKILL is delivered, not done: the command (in a group of its own, no longer
+        # `cuectl run`'s child to wait for) holds the share until it has exited.
+        pid = getattr(self, "command_pid", None)
+        deadline = time.monotonic() + 30
+        while pid is not None and time.monotonic() < deadline:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                break  # gone
+            if state in ("Z", "X"):
+                break  # exited (a zombie holds no descriptors, no lock)
+            time.sleep(0.01)
 
 
 @pytest.fixture
